@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# `make run`: the whole console on an embedded default (SQLite, a local Redis, the local
+# Docker engine as an emulated-GPU host). Ctrl-C stops everything it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cleanup() { bash .ci/dev-services.sh stop >&2 || true; }
+trap cleanup EXIT
+eval "$(bash .ci/dev-services.sh start)"
+
+export PATH="$PWD/.venv/bin:$PATH"
+export DEBUG="${DEBUG:-1}" PORT="${PORT:-8000}"
+python manage.py migrate --no-input -v0
+python manage.py seed_demo --local-engine "$SUANLI_LOCAL_ENGINE" | tee .run/dev/logins.txt
+cat <<MSG
+
+  Suanli is starting on  http://127.0.0.1:${PORT}/
+  Admin (operator):      http://127.0.0.1:${PORT}/admin/
+  Ctrl-C stops the web server, the worker, the cron scheduler and the services started for it.
+
+MSG
+honcho start -f Procfile -p "$PORT"

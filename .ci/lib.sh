@@ -1,0 +1,295 @@
+# shellcheck shell=bash
+# Shared helpers for .ci/services.sh (test suite) and .ci/dev-services.sh
+# (`make run`). Sourced, never executed: it only defines functions and a few
+# constants, so sourcing it has no side effects.
+#
+# Convention used by every helper: progress goes to stderr, so that callers can
+# keep stdout clean for `export` lines (`eval "$(.ci/services.sh start)"`).
+
+CI_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$CI_DIR/.." && pwd)"
+
+SUANLI_IMAGE="${SUANLI_IMAGE:-suanli/busybox:latest}"
+# The static busybox from busybox-static. /bin/busybox is also what the
+# dynamically linked `busybox` package installs, so we verify it is static
+# before copying it into a rootfs that has no libc.
+BUSYBOX_BIN="${BUSYBOX_BIN:-/bin/busybox}"
+# Any docker client works: /usr/local/bin/docker or docker.io's /usr/bin/docker.
+# API version negotiation takes care of client/daemon version differences.
+DOCKER_CLI="${DOCKER_CLI:-docker}"
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-ci}" "$*" >&2; }
+warn() { printf '[%s] WARNING: %s\n' "${LOG_TAG:-ci}" "$*" >&2; }
+die() { printf '[%s] ERROR: %s\n' "${LOG_TAG:-ci}" "$*" >&2; exit 1; }
+
+is_root() { [[ "$(id -u)" -eq 0 ]]; }
+
+# now_ms: wall clock in milliseconds, for the timing summary.
+now_ms() { date +%s%3N; }
+
+# wait_until SECONDS DESCRIPTION CMD...: poll CMD every 0.25 s until it
+# succeeds. Returns 1 (does not exit) on timeout so callers can print context
+# such as a log tail before dying.
+wait_until() {
+    local timeout="$1" what="$2"
+    shift 2
+    local deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            warn "timed out after ${timeout}s waiting for $what"
+            return 1
+        fi
+        sleep 0.25
+    done
+}
+
+# pid_from_file FILE: print the pid in FILE if that process is alive.
+pid_from_file() {
+    local f="$1" pid
+    [[ -s "$f" ]] || return 1
+    pid="$(tr -dc '0-9' <"$f")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+    printf '%s\n' "$pid"
+}
+
+# pids_with_arg STRING: pids of processes whose command line contains STRING.
+# Used to find the containerd (and shims) a given dockerd spawned: they carry
+# that engine's private exec-root path in their arguments, so matching on the
+# path only ever hits processes belonging to that engine.
+pids_with_arg() {
+    local needle="$1" d cmd
+    for d in /proc/[0-9]*; do
+        [[ "${d#/proc/}" == "$$" ]] && continue
+        cmd="$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" || continue
+        [[ "$cmd" == *"$needle"* ]] && printf '%s\n' "${d#/proc/}"
+    done
+    return 0
+}
+
+# kill_and_wait SECONDS PID...: SIGTERM, wait, then SIGKILL what is left.
+kill_and_wait() {
+    local timeout="$1"
+    shift
+    local pids=("$@") alive p deadline=$((SECONDS + timeout))
+    ((${#pids[@]})) || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    while :; do
+        alive=()
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+        ((${#alive[@]})) || return 0
+        if ((SECONDS >= deadline)); then
+            warn "pid(s) ${alive[*]} ignored SIGTERM for ${timeout}s; sending SIGKILL"
+            kill -KILL "${alive[@]}" 2>/dev/null || true
+            sleep 0.5
+            return 0
+        fi
+        sleep 0.25
+    done
+}
+
+# write_env FILE NAME=VALUE...: print `export` lines on stdout and also save
+# them to FILE so other shells / Make can `source` them later.
+write_env() {
+    local file="$1" kv out=""
+    shift
+    local name value
+    for kv in "$@"; do
+        name="${kv%%=*}" value="${kv#*=}"
+        # Plain values stay unquoted (friendlier for dotenv readers and
+        # `include` in make); anything else is single-quoted for the shell.
+        if [[ ! "$value" =~ ^[A-Za-z0-9_./:@,=+%-]*$ ]]; then
+            value="'${value//\'/\'\\\'\'}'"
+        fi
+        out+="export $name=$value"$'\n'
+    done
+    mkdir -p "$(dirname "$file")"
+    printf '%s' "$out" >"$file.tmp" && mv -f "$file.tmp" "$file"
+    printf '%s' "$out"
+}
+
+# ---------------------------------------------------------------- redis ----
+
+# redis_up PORT: true when something answers PING on 127.0.0.1:PORT.
+redis_up() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
+
+# start_redis PORT DIR EXTRA_ARGS...: daemonized redis with its dir, pidfile
+# and log inside DIR. No-op when a redis already answers on PORT.
+start_redis() {
+    local port="$1" dir="$2"
+    shift 2
+    if redis_up "$port"; then
+        log "redis already answering on 127.0.0.1:$port"
+        return 0
+    fi
+    command -v redis-server >/dev/null || die "redis-server not installed (run .ci/install.sh redis-server)"
+    mkdir -p "$dir"
+    log "starting redis on 127.0.0.1:$port (dir $dir)"
+    redis-server --port "$port" --bind 127.0.0.1 --daemonize yes \
+        --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "$@" \
+        || die "redis-server failed to start; see $dir/redis.log"
+    if ! wait_until 20 "redis PONG on port $port" redis_up "$port"; then
+        tail -n 20 "$dir/redis.log" >&2 || true
+        die "redis did not come up"
+    fi
+}
+
+# stop_redis PORT DIR: stop the redis whose pidfile is in DIR (i.e. only one we
+# started). Never touches a redis that merely happens to use the same port.
+stop_redis() {
+    local port="$1" dir="$2" pid
+    if ! pid="$(pid_from_file "$dir/redis.pid")"; then
+        log "redis (port $port): not running from $dir, nothing to stop"
+        rm -f "$dir/redis.pid"
+        return 0
+    fi
+    log "stopping redis pid $pid (port $port)"
+    redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    kill_and_wait 10 "$pid"
+    rm -f "$dir/redis.pid"
+}
+
+# --------------------------------------------------------------- docker ----
+
+# docker_up HOST: true when the engine at HOST (unix://...) answers.
+docker_up() { "$DOCKER_CLI" -H "$1" info >/dev/null 2>&1; }
+
+# start_dockerd HOST STATE_DIR LOG PIDFILE ARGS...: start dockerd in the
+# background, detached (setsid + nohup) so it outlives this script, and wait
+# up to 60 s for HOST to answer. If it dies and the log blames iptables (common
+# in containers/VMs without netfilter), retry once with --iptables=false and
+# leave a marker file STATE_DIR/iptables-disabled so the reason is visible.
+start_dockerd() {
+    local host="$1" state="$2" logf="$3" pidfile="$4"
+    shift 4
+    local args=("$@") attempt pid
+    command -v dockerd >/dev/null || die "dockerd not installed (run .ci/install.sh docker.io)"
+    mkdir -p "$state" "$(dirname "$logf")"
+    rm -f "$state/iptables-disabled"
+    for attempt in normal no-iptables; do
+        if [[ "$attempt" == no-iptables ]]; then
+            args+=(--iptables=false)
+            echo "dockerd failed with iptables enabled; restarted with --iptables=false" >"$state/iptables-disabled"
+            warn "dockerd for $host failed because of iptables; retrying with --iptables=false"
+        fi
+        printf '\n===== %s starting dockerd %s\n' "$(date -Is)" "${args[*]}" >>"$logf"
+        # stdin from /dev/null and its own session: no SIGHUP/SIGINT from our
+        # terminal or from make reaches it after we exit.
+        setsid nohup dockerd --pidfile "$pidfile" "${args[@]}" </dev/null >>"$logf" 2>&1 &
+        pid=$!
+        local deadline=$((SECONDS + 60))
+        while ! docker_up "$host"; do
+            if ! kill -0 "$pid" 2>/dev/null; then
+                break
+            fi
+            if ((SECONDS >= deadline)); then
+                warn "dockerd (pid $pid) did not answer on $host within 60s; last log lines:"
+                tail -n 30 "$logf" >&2 || true
+                kill_and_wait 10 "$pid"
+                exit 1
+            fi
+            sleep 0.5
+        done
+        if docker_up "$host"; then
+            if [[ "$attempt" == normal ]]; then
+                log "dockerd up on $host (pid $pid)"
+            else
+                log "dockerd up on $host (pid $pid, iptables DISABLED, see $state/iptables-disabled)"
+            fi
+            return 0
+        fi
+        # Process exited. Only an iptables problem is worth a second try.
+        if [[ "$attempt" == normal ]] &&
+            tail -n 40 "$logf" | grep -qiE 'iptables|nf_tables|netfilter|xtables'; then
+            continue
+        fi
+        warn "dockerd exited before answering on $host; last log lines:"
+        tail -n 30 "$logf" >&2 || true
+        exit 1
+    done
+}
+
+# stop_dockerd PIDFILE EXEC_ROOT TIMEOUT: SIGTERM the dockerd from PIDFILE,
+# SIGKILL after TIMEOUT s, then make sure the containerd (and any shims) it
+# spawned under EXEC_ROOT are gone too: a SIGKILLed dockerd leaves them behind.
+stop_dockerd() {
+    local pidfile="$1" exec_root="$2" timeout="${3:-20}" pid leftovers
+    if pid="$(pid_from_file "$pidfile")"; then
+        log "stopping dockerd pid $pid"
+        kill_and_wait "$timeout" "$pid"
+    fi
+    rm -f "$pidfile"
+    if [[ -n "$exec_root" ]]; then
+        mapfile -t leftovers < <(pids_with_arg "$exec_root/containerd")
+        if ((${#leftovers[@]})); then
+            log "stopping leftover containerd/shim pid(s) ${leftovers[*]}"
+            kill_and_wait 10 "${leftovers[@]}"
+        fi
+    fi
+}
+
+# ------------------------------------------------------- busybox image ----
+
+# build_busybox_rootfs TARBALL: a minimal root filesystem made of the static
+# busybox and one symlink per applet, enough for `sh`, `echo`, `sleep`, `nc`,
+# `wget`, `dd`, `env`... Rebuilt only when missing or older than the busybox
+# binary. Written atomically so an interrupted build never leaves a half tar.
+build_busybox_rootfs() {
+    local tarball="$1" root applet n=0
+    if [[ -s "$tarball" && "$tarball" -nt "$BUSYBOX_BIN" ]]; then
+        return 0
+    fi
+    [[ -x "$BUSYBOX_BIN" ]] || die "$BUSYBOX_BIN missing (run .ci/install.sh busybox-static)"
+    # ldd exits non-zero for static binaries ("not a dynamic executable"); a
+    # dynamic busybox would fail inside the image with "no such file" for libc.
+    if ldd "$BUSYBOX_BIN" >/dev/null 2>&1; then
+        die "$BUSYBOX_BIN is dynamically linked; install busybox-static instead of busybox"
+    fi
+    "$BUSYBOX_BIN" --list >/dev/null 2>&1 || die "$BUSYBOX_BIN --list failed"
+
+    log "building busybox rootfs $tarball"
+    mkdir -p "$(dirname "$tarball")"
+    # Leftovers of an interrupted earlier build.
+    rm -rf "$(dirname "$tarball")"/.rootfs.*
+    root="$(mktemp -d "$(dirname "$tarball")/.rootfs.XXXXXX")"
+    mkdir -p "$root"/{bin,etc,root,tmp,usr/bin,proc,sys,dev}
+    chmod 1777 "$root/tmp"
+    chmod 700 "$root/root"
+    install -m 0755 "$BUSYBOX_BIN" "$root/bin/busybox"
+    while IFS= read -r applet; do
+        # `busybox --list` includes "busybox" itself; linking it would replace
+        # the binary with a self-referencing symlink.
+        [[ -z "$applet" || "$applet" == busybox || "$applet" == */* ]] && continue
+        ln -sf busybox "$root/bin/$applet"
+        n=$((n + 1))
+    done < <("$BUSYBOX_BIN" --list)
+    # Scripts with `#!/usr/bin/env sh` shebangs.
+    ln -sf ../../bin/busybox "$root/usr/bin/env"
+    cat >"$root/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+EOF
+    cat >"$root/etc/group" <<'EOF'
+root:x:0:
+nogroup:x:65534:
+EOF
+    tar --numeric-owner --owner=0 --group=0 -C "$root" -cf "$tarball.tmp" . \
+        && mv -f "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+    log "rootfs has busybox + $n applet links"
+}
+
+# ensure_busybox_image HOST TARBALL: `docker import` the rootfs as
+# $SUANLI_IMAGE unless the engine already has it (data roots are kept between
+# runs, so this is normally a cache hit), then smoke-test it.
+ensure_busybox_image() {
+    local host="$1" tarball="$2" out
+    if ! "$DOCKER_CLI" -H "$host" image inspect "$SUANLI_IMAGE" >/dev/null 2>&1; then
+        build_busybox_rootfs "$tarball"
+        log "importing $SUANLI_IMAGE into $host"
+        "$DOCKER_CLI" -H "$host" import --change 'CMD ["/bin/sh"]' "$tarball" "$SUANLI_IMAGE" >/dev/null
+    fi
+    out="$("$DOCKER_CLI" -H "$host" run --rm "$SUANLI_IMAGE" echo ok 2>&1)" ||
+        die "smoke test '$DOCKER_CLI -H $host run --rm $SUANLI_IMAGE echo ok' failed: $out"
+    [[ "$out" == ok ]] || die "unexpected smoke-test output on $host: $out"
+    log "$SUANLI_IMAGE runs on $host"
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make test`: start the real parts, run lint, layering and the suite, stop what we started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=0
+cleanup() { if [ "$started" = 1 ]; then bash .ci/services.sh stop >&2 || true; fi; }
+trap cleanup EXIT
+eval "$(bash .ci/services.sh start)"
+started=1
+
+export PATH="$PWD/.venv/bin:$PATH"
+# Production-like settings, but plain HTTP for the live test server.
+export DEBUG=0 SUANLI_HTTPS=0 SUANLI_STATIC_MANIFEST=0 SECRET_KEY="test-only-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export ALLOWED_HOSTS="localhost,127.0.0.1,testserver" SUANLI_STORAGE_ROOT="$PWD/.run/test/storage"
+export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
+mkdir -p "$SUANLI_SCREENSHOTS" staticfiles
+
+echo "== lint: ruff check, ruff format --check, import-linter layers"
+ruff check .
+ruff format --check .
+lint-imports
+
+echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES"
+python -m pytest "$@"

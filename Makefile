@@ -1,0 +1,44 @@
+# The two commands of the README (`make run`, `make test`) and the checks CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: run test lint format bench venv services-up services-down clean
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+## make run: the whole console on SQLite, a local Redis and the local Docker engine.
+run: venv
+	@bash .ci/dev-run.sh
+
+## make test: installs what is missing, starts PostgreSQL, Redis and two Docker engines, runs everything.
+test:
+	@bash .ci/install.sh
+	@$(MAKE) --no-print-directory venv
+	@bash .ci/test.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+services-up:
+	@bash .ci/services.sh start
+
+services-down:
+	@bash .ci/services.sh stop
+
+clean:
+	bash .ci/services.sh stop --clean || true
+	rm -rf .run staticfiles db.sqlite3

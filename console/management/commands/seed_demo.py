@@ -1,0 +1,45 @@
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from jobs.catalog import seed_catalog
+
+DEMO_USERS = [
+    # username, password, operator?
+    ("operator", "suanli-operator", True),
+    ("researcher", "suanli-researcher", False),
+]
+
+
+class Command(BaseCommand):
+    help = "Seed the catalog and the demo accounts; register the local engine when given."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--local-engine", default="", help="e.g. unix:///var/run/docker.sock")
+
+    def handle(self, *args, **opts):
+        with transaction.atomic():
+            seed_catalog()
+            User = get_user_model()
+            for username, password, operator in DEMO_USERS:
+                user, _ = User.objects.get_or_create(username=username)
+                user.is_staff = user.is_superuser = operator
+                user.set_password(password)
+                user.save()
+        if opts["local_engine"]:
+            call_command(
+                "register_host",
+                name="local",
+                engine=opts["local_engine"],
+                address="127.0.0.1",
+                zone="zone-a",
+                gpu_model="a100-80gb",
+                gpus=8,
+                stdout=self.stdout,
+                stderr=self.stderr,
+            )
+        self.stdout.write("Demo logins:")
+        for username, password, operator in DEMO_USERS:
+            role = "operator (also the Django admin)" if operator else "researcher"
+            self.stdout.write(f"  {role:34} {username} / {password}")

@@ -1,0 +1,153 @@
+from django.contrib import admin, messages
+from django.db.models import Count
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from jobs import services
+from jobs.forms import HostForm
+from jobs.models import GpuModel, GpuSlot, Host, Image, InstanceType
+
+
+def report_check(request, host: Host) -> None:
+    if host.state == Host.State.DOWN:
+        messages.error(request, f"Host {host.name} did not answer: {host.last_error}")
+    else:
+        kind = "emulated GPUs" if host.emulated_gpu else "NVIDIA runtime"
+        messages.success(
+            request,
+            f"Host {host.name} is {host.state}: Docker {host.docker_version}, {host.cpu_count} CPUs, "
+            f"{host.memory_gb} GB, {kind}.",
+        )
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    form = HostForm
+    change_form_template = "admin/jobs/host/change_form.html"
+    list_display = [
+        "name",
+        "zone",
+        "gpus",
+        "state_badge",
+        "gpu_kind",
+        "docker_version",
+        "last_seen",
+    ]
+    list_filter = ["state", "zone", "gpu_model", "rdma", "emulated_gpu"]
+    search_fields = ["name", "address", "engine_url"]
+    actions = ["check_now", "drain", "undrain"]
+    readonly_fields = [
+        "state",
+        "drain_requested",
+        "emulated_gpu",
+        "docker_version",
+        "operating_system",
+        "cpu_count",
+        "memory_bytes",
+        "last_checked",
+        "last_seen",
+        "last_error",
+    ]
+    fieldsets = [
+        (None, {"fields": ["name", "engine_url", "address", "zone"]}),
+        ("GPUs", {"fields": ["gpu_model", "gpu_count", "rdma"]}),
+        (
+            "TLS (tcp:// engines)",
+            {
+                "fields": ["tls_ca", "tls_cert", "tls_key"],
+                "description": "PEM text of the engine's client TLS files.",
+            },
+        ),
+        ("Health (from the last check)", {"fields": readonly_fields}),
+    ]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("gpu_model")
+            .annotate(slot_total=Count("slots"))
+        )
+
+    @admin.display(description="GPUs")
+    def gpus(self, host: Host) -> str:
+        return f"{host.gpu_count} x {host.gpu_model}" if host.gpu_model_id else "CPU only"
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, host: Host) -> str:
+        return format_html(
+            '<span class="badge badge-{}">{}</span>', host.state, host.get_state_display()
+        )
+
+    @admin.display(description="GPU kind", boolean=False)
+    def gpu_kind(self, host: Host) -> str:
+        return "emulated" if host.emulated_gpu else "NVIDIA"
+
+    def save_model(self, request, obj, form, change):
+        services.host_save(host=obj)
+
+    def response_post_save_add(self, request, obj):
+        report_check(request, services.host_check(host_id=obj.pk))
+        return super().response_post_save_add(request, obj)
+
+    def response_post_save_change(self, request, obj):
+        report_check(request, services.host_check(host_id=obj.pk))
+        return super().response_post_save_change(request, obj)
+
+    def get_urls(self):
+        urls = super().get_urls()
+        check = require_POST(self.admin_site.admin_view(self.check_view))
+        return [path("<int:host_id>/check/", check, name="jobs_host_check"), *urls]
+
+    def check_view(self, request, host_id: int):
+        if not self.has_change_permission(request):
+            return redirect("admin:index")
+        host = get_object_or_404(Host, pk=host_id)
+        report_check(request, services.host_check(host_id=host.pk))
+        return redirect(reverse("admin:jobs_host_change", args=[host.pk]))
+
+    @admin.action(description="Check now")
+    def check_now(self, request, queryset):
+        for host in queryset:
+            report_check(request, services.host_check(host_id=host.pk))
+
+    @admin.action(description="Drain (no new placements)")
+    def drain(self, request, queryset):
+        for host in queryset:
+            services.host_set_draining(host=host, draining=True)
+        messages.success(request, f"Draining {queryset.count()} host(s); what runs on them stays.")
+
+    @admin.action(description="Bring back from draining")
+    def undrain(self, request, queryset):
+        for host in queryset:
+            services.host_set_draining(host=host, draining=False)
+        messages.success(request, f"{queryset.count()} host(s) take new work again.")
+
+
+@admin.register(GpuSlot)
+class GpuSlotAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "host", "index"]
+    list_filter = ["host__zone", "host"]
+
+    def has_add_permission(self, request):
+        return False  # slots follow the host's GPU count
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "memory_gb", "bf16", "nvlink"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(InstanceType)
+class InstanceTypeAdmin(admin.ModelAdmin):
+    list_display = ["name", "vcpus", "memory_gb", "description"]
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ["name", "reference", "framework", "cuda_version", "active"]
+    list_filter = ["active", "framework"]
+    search_fields = ["name", "reference"]

@@ -1,0 +1,139 @@
+"""Checks on what operators and researchers type, with messages that say what to write."""
+
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from django.core.exceptions import ValidationError
+
+_HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+# Docker's reference grammar, simplified: [registry[:port]/]path[:tag][@digest].
+_IMAGE_REF = re.compile(
+    r"^(?:(?P<registry>[a-zA-Z0-9.-]+(?::[0-9]{1,5})?)/)?"
+    r"(?P<path>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+UNIX_HINT = "unix:///var/run/docker.sock"
+TCP_HINT = "tcp://gpu-host-1.example.com:2376"
+
+
+def validate_host_name(value: str) -> None:
+    if not _HOST_NAME.match(value or ""):
+        raise ValidationError(
+            "Use lower-case letters, digits and dashes (e.g. gpu-a100-01), at most 63 characters."
+        )
+
+
+def _is_hostname(value: str) -> bool:
+    if not value or len(value) > 253:
+        return False
+    return all(_DNS_LABEL.match(label) for label in value.rstrip(".").split("."))
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def validate_address(value: str) -> None:
+    if not (_is_ip(value) or _is_hostname(value)):
+        raise ValidationError(
+            "Give a host name or an IP address other hosts can reach, e.g. 10.0.0.12 or gpu-01.lan."
+        )
+
+
+def validate_engine_url(value: str) -> str:
+    """Return "unix" or "tcp" for a well-formed engine URL, else raise with what to write."""
+    value = (value or "").strip()
+    if "\x00" in value or any(ch.isspace() for ch in value):
+        raise ValidationError("The engine URL may not contain spaces or control characters.")
+    if value.startswith("unix://"):
+        path = value[len("unix://") :]
+        if not path.startswith("/"):
+            raise ValidationError(f"A unix socket needs an absolute path, e.g. {UNIX_HINT}.")
+        if "/../" in path + "/" or "/./" in path + "/" or "//" in path:
+            raise ValidationError(
+                f"Write the socket path plainly, without '..' or '//', e.g. {UNIX_HINT}."
+            )
+        return "unix"
+    if value.startswith("tcp://"):
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError:
+            raise ValidationError(
+                f"The port must be a number from 1 to 65535, e.g. {TCP_HINT}."
+            ) from None
+        if (
+            parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or parts.username
+            or parts.password
+        ):
+            raise ValidationError(f"Give only host and port, e.g. {TCP_HINT}.")
+        host = parts.hostname or ""
+        if not (_is_ip(host) or _is_hostname(host)):
+            raise ValidationError(
+                f"'{host or value}' is not a host name or IP address; e.g. {TCP_HINT}."
+            )
+        if port is None or not 1 <= port <= 65535:
+            raise ValidationError(f"Give the engine's TLS port, usually 2376: {TCP_HINT}.")
+        return "tcp"
+    raise ValidationError(
+        f"Use {UNIX_HINT} for the local engine or {TCP_HINT} (with TLS) for a remote one."
+    )
+
+
+def validate_pem_certificate(value: str) -> None:
+    try:
+        x509.load_pem_x509_certificates(value.strip().encode())
+    except ValueError:
+        raise ValidationError(
+            "This is not a PEM certificate: paste the whole file, from -----BEGIN CERTIFICATE----- "
+            "to -----END CERTIFICATE-----."
+        ) from None
+
+
+def _private_key(value: str):
+    return serialization.load_pem_private_key(value.strip().encode(), password=None)
+
+
+def validate_pem_private_key(value: str) -> None:
+    try:
+        _private_key(value)
+    except TypeError:
+        raise ValidationError("This key is encrypted: give the unencrypted PEM key.") from None
+    except ValueError:
+        raise ValidationError(
+            "This is not a PEM private key: paste the whole key file, from -----BEGIN ... PRIVATE KEY-----."
+        ) from None
+
+
+def validate_key_matches_cert(key_pem: str, cert_pem: str) -> None:
+    if not key_pem.strip() or not cert_pem.strip():
+        return
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.strip().encode())
+        key = _private_key(key_pem)
+    except (ValueError, TypeError):
+        return  # each field reports its own parse error
+    fmt = serialization.PublicFormat.SubjectPublicKeyInfo
+    enc = serialization.Encoding.DER
+    if cert.public_key().public_bytes(enc, fmt) != key.public_key().public_bytes(enc, fmt):
+        raise ValidationError("This key does not belong to the client certificate above.")
+
+
+def validate_image_reference(value: str) -> None:
+    value = (value or "").strip()
+    if len(value) > 255 or not _IMAGE_REF.match(value):
+        raise ValidationError(
+            "Not a Docker image reference: write it as name:tag, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
+        )

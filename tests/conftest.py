@@ -1,0 +1,91 @@
+"""Shared personas and real parts: the PostgreSQL, Redis and two Docker engines that
+`make test` starts (.ci/services.sh). Nothing of ours is mocked."""
+
+import os
+
+import docker
+import pytest
+from django.contrib.auth import get_user_model
+
+from jobs import services
+from jobs.catalog import seed_catalog
+from jobs.models import GpuModel, Host
+
+TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
+
+
+def _engine_urls() -> list[str]:
+    return [u for u in os.environ.get("SUANLI_TEST_ENGINES", "").split(",") if u]
+
+
+def pytest_report_header(config):
+    from django.db import connection
+
+    lines = [
+        f"database: {connection.vendor} {connection.settings_dict.get('HOST') or connection.settings_dict['NAME']}"
+    ]
+    for url in _engine_urls():
+        try:
+            client = docker.DockerClient(base_url=url, timeout=5)
+            lines.append(f"docker engine: {url} (Docker {client.version()['Version']})")
+            client.close()
+        except Exception as exc:  # the header must never stop the run; the tests will say it
+            lines.append(f"docker engine: {url} NOT ANSWERING: {exc}")
+    return lines
+
+
+@pytest.fixture(scope="session")
+def engine_urls() -> list[str]:
+    urls = _engine_urls()
+    if len(urls) < 2:
+        pytest.fail(
+            "SUANLI_TEST_ENGINES must name two Docker engines; run the suite with `make test`, "
+            "which starts them (.ci/services.sh)."
+        )
+    return urls
+
+
+@pytest.fixture
+def catalog(db):
+    seed_catalog()
+    return {m.slug: m for m in GpuModel.objects.all()}
+
+
+@pytest.fixture
+def operator(db):
+    return get_user_model().objects.create_user(
+        "olga", password="olga-pass-123", is_staff=True, is_superuser=True
+    )
+
+
+@pytest.fixture
+def alice(db):
+    return get_user_model().objects.create_user("alice", password="alice-pass-123")
+
+
+@pytest.fixture
+def bob(db):
+    return get_user_model().objects.create_user("bob", password="bob-pass-123")
+
+
+@pytest.fixture
+def make_host(catalog, engine_urls):
+    """Register a host through the real service and check it against its real engine."""
+
+    def make(
+        name="gpu-a-01", *, engine=0, zone="zone-a", model="a100-80gb", gpus=8, check=True, **extra
+    ):
+        url = engine_urls[engine] if isinstance(engine, int) else engine
+        host = Host(
+            name=name,
+            engine_url=url,
+            address="127.0.0.1",
+            zone=zone,
+            gpu_model=catalog[model] if model else None,
+            gpu_count=gpus,
+            **extra,
+        )
+        services.host_save(host=host)
+        return services.host_check(host_id=host.pk) if check else host
+
+    return make

@@ -1,0 +1,83 @@
+"""Through Debian's Chromium, as a person would."""
+
+import os
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+CHROMIUM = os.environ.get("SUANLI_CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+# Playwright's sync API runs an event loop in this thread; our test code's ORM calls are
+# still plain synchronous calls between page steps.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1366, "height": 800})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def _login(page, live_server, username, password):
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+
+
+def test_researcher_sees_the_fleets_free_gpus(page, live_server, alice, make_host):
+    make_host("gpu-a-01", engine=0, zone="zone-a", model="a100-80gb", gpus=8)
+    make_host("gpu-b-01", engine=1, zone="zone-b", model="t4-16gb", gpus=4)
+    _login(page, live_server, "alice", "alice-pass-123")
+    expect(page.get_by_test_id("free-gpus")).to_have_text("12")
+    table = page.locator("#availability")
+    expect(table).to_contain_text("A100 80 GB")
+    expect(table).to_contain_text("zone-b")
+    page.screenshot(
+        path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/dashboard.png", full_page=True
+    )
+
+
+def test_operator_adds_a_host_in_the_admin_and_sees_it_healthy(
+    page, live_server, operator, catalog, engine_urls
+):
+    _login(page, live_server, "olga", "olga-pass-123")
+    page.goto(f"{live_server.url}/admin/jobs/host/add/")
+    page.fill("#id_name", "gpu-b-07")
+    page.fill("#id_engine_url", engine_urls[1])
+    page.fill("#id_address", "127.0.0.1")
+    page.fill("#id_zone", "zone-b")
+    page.select_option("#id_gpu_model", label="H100 80 GB")
+    page.fill("#id_gpu_count", "4")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("Host gpu-b-07 is active: Docker")
+    page.goto(f"{live_server.url}/ops/hosts/")
+    row = page.locator("tr[data-host=gpu-b-07]")
+    expect(row).to_contain_text("active")
+    expect(row).to_contain_text("4 x H100 80 GB")
+    expect(row).to_contain_text("emulated GPUs")
+    page.screenshot(
+        path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/ops_hosts.png", full_page=True
+    )

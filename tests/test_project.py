@@ -1,0 +1,46 @@
+"""The project's own contracts: deploy settings, layering, lint."""
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def _run(args, env=None):
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_check_deploy_with_production_settings_prints_no_warnings():
+    env = {
+        "PATH": os.environ["PATH"],
+        "DEBUG": "0",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "console.example.com",
+    }
+    result = _run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues (0 silenced)." in result.stdout
+
+
+def test_missing_secret_key_in_production_is_refused():
+    env = {"PATH": os.environ["PATH"], "DEBUG": "0", "ALLOWED_HOSTS": "console.example.com"}
+    result = _run([sys.executable, "manage.py", "check"], env)
+    assert result.returncode != 0
+    assert "SECRET_KEY (or SECRET_KEY_FILE) must be set" in result.stderr
+
+
+def test_apps_keep_their_layers():
+    result = _run([str(BIN / "lint-imports")])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_migrations_are_complete():
+    result = _run([sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"])
+    assert result.returncode == 0, result.stdout + result.stderr
