@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 cleanup() { bash .ci/dev-services.sh stop >&2 || true; }
 trap cleanup EXIT
-eval "$(bash .ci/dev-services.sh start)"
+env_out="$(bash .ci/dev-services.sh start)"  # a failed start stops here (set -e)
+eval "$env_out"
 
 export PATH="$PWD/.venv/bin:$PATH"
 export DEBUG="${DEBUG:-1}" PORT="${PORT:-8000}"

@@ -11,7 +11,7 @@
 set -euo pipefail
 
 LOG_TAG=install
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ALL_PACKAGES=(postgresql redis-server docker.io busybox-static chromium iproute2 iptables)
@@ -58,9 +58,15 @@ done
 if ((${#missing[@]})); then
     if is_root && command -v apt-get >/dev/null; then
         log "installing: ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >&2
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+        # Unattended: no debconf questions, no conffile prompts, no
+        # needrestart restarting services (e.g. a running postgres) behind our
+        # back; wait for an apt lock held by e.g. unattended-upgrades.
+        export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
+        apt_opts=(-o DPkg::Lock::Timeout=300)
+        apt-get "${apt_opts[@]}" update -qq >&2
+        apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends \
+            -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+            "${missing[@]}" >&2
     else
         log "missing packages: ${missing[*]}"
         log "install them with:"

@@ -7,6 +7,7 @@
 # keep stdout clean for `export` lines (`eval "$(.ci/services.sh start)"`).
 
 CI_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck disable=SC2034  # used by the scripts that source this file
 REPO_ROOT="$(cd "$CI_DIR/.." && pwd)"
 
 SUANLI_IMAGE="${SUANLI_IMAGE:-suanli/busybox:latest}"
@@ -18,14 +19,17 @@ BUSYBOX_BIN="${BUSYBOX_BIN:-/bin/busybox}"
 # API version negotiation takes care of client/daemon version differences.
 DOCKER_CLI="${DOCKER_CLI:-docker}"
 
-log() { printf '[%s] %s\n' "${LOG_TAG:-ci}" "$*" >&2; }
-warn() { printf '[%s] WARNING: %s\n' "${LOG_TAG:-ci}" "$*" >&2; }
+# Microseconds since the epoch without forking (bash >= 5).
+_usec() { local t="${EPOCHREALTIME/./}"; printf '%s' "${t:-$(date +%s%6N)}"; }
+_CI_T0="$(_usec)"
+# Log lines carry the time since the script started, so slow steps show up
+# in CI logs without extra tooling.
+_elapsed() { local d=$((($(_usec) - _CI_T0) / 100000)); printf '%d.%ds' $((d / 10)) $((d % 10)); }
+log() { printf '[%s %s] %s\n' "${LOG_TAG:-ci}" "$(_elapsed)" "$*" >&2; }
+warn() { printf '[%s %s] WARNING: %s\n' "${LOG_TAG:-ci}" "$(_elapsed)" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "${LOG_TAG:-ci}" "$*" >&2; exit 1; }
 
 is_root() { [[ "$(id -u)" -eq 0 ]]; }
-
-# now_ms: wall clock in milliseconds, for the timing summary.
-now_ms() { date +%s%3N; }
 
 # wait_until SECONDS DESCRIPTION CMD...: poll CMD every 0.25 s until it
 # succeeds. Returns 1 (does not exit) on timeout so callers can print context
@@ -43,12 +47,25 @@ wait_until() {
     done
 }
 
+# proc_alive PID: running and not a zombie. Zombies count as dead: where PID 1
+# does not reap orphans (some sandboxes/VMs) an exited daemon stays a zombie
+# forever and `kill -0` alone would still report it alive.
+proc_alive() {
+    local stat state
+    kill -0 "$1" 2>/dev/null || return 1
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    # Field 3, after "(comm)" which may itself contain spaces.
+    state="${stat##*) }"
+    state="${state%% *}"
+    [[ -n "$state" && "$state" != Z ]]
+}
+
 # pid_from_file FILE: print the pid in FILE if that process is alive.
 pid_from_file() {
     local f="$1" pid
     [[ -s "$f" ]] || return 1
     pid="$(tr -dc '0-9' <"$f")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ -n "$pid" ]] && proc_alive "$pid" || return 1
     printf '%s\n' "$pid"
 }
 
@@ -57,13 +74,14 @@ pid_from_file() {
 # that engine's private exec-root path in their arguments, so matching on the
 # path only ever hits processes belonging to that engine.
 pids_with_arg() {
-    local needle="$1" d cmd
-    for d in /proc/[0-9]*; do
-        [[ "${d#/proc/}" == "$$" ]] && continue
-        cmd="$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" || continue
-        [[ "$cmd" == *"$needle"* ]] && printf '%s\n' "${d#/proc/}"
-    done
-    return 0
+    local f
+    # One grep over all cmdlines (NUL-separated, hence -a) instead of a fork
+    # per process; processes that exit meanwhile are silently skipped.
+    while IFS= read -r f; do
+        f="${f#/proc/}"
+        f="${f%/cmdline}"
+        [[ "$f" != "$$" && "$f" != "$BASHPID" ]] && printf '%s\n' "$f"
+    done < <(grep -alF -- "$1" /proc/[0-9]*/cmdline 2>/dev/null || true)
 }
 
 # kill_and_wait SECONDS PID...: SIGTERM, wait, then SIGKILL what is left.
@@ -75,7 +93,7 @@ kill_and_wait() {
     kill -TERM "${pids[@]}" 2>/dev/null || true
     while :; do
         alive=()
-        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+        for p in "${pids[@]}"; do proc_alive "$p" && alive+=("$p"); done
         ((${#alive[@]})) || return 0
         if ((SECONDS >= deadline)); then
             warn "pid(s) ${alive[*]} ignored SIGTERM for ${timeout}s; sending SIGKILL"
@@ -178,7 +196,7 @@ start_dockerd() {
         pid=$!
         local deadline=$((SECONDS + 60))
         while ! docker_up "$host"; do
-            if ! kill -0 "$pid" 2>/dev/null; then
+            if ! proc_alive "$pid"; then
                 break
             fi
             if ((SECONDS >= deadline)); then
@@ -224,6 +242,11 @@ stop_dockerd() {
             log "stopping leftover containerd/shim pid(s) ${leftovers[*]}"
             kill_and_wait 10 "${leftovers[@]}"
         fi
+        # The next dockerd trusts this pidfile: if the pid in it still
+        # "exists" (e.g. an unreaped zombie, or a recycled pid) it waits for a
+        # containerd that never answers, then fails with "timeout waiting for
+        # containerd to start". Nothing runs from this exec root now.
+        rm -f "$exec_root/containerd/containerd.pid"
     fi
 }
 

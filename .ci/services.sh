@@ -20,7 +20,7 @@
 set -euo pipefail
 
 LOG_TAG=services
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Default under the repo root (not $PWD) so running from a subdirectory still
@@ -123,6 +123,7 @@ SQL
         cat "$RUN_DIR/psql-check.err" >&2
         die "password login as suanli@127.0.0.1:$PG_PORT failed; check 'host all all 127.0.0.1/32 scram-sha-256' in $(pg_super -d postgres -Atc 'show hba_file')"
     fi
+    rm -f "$RUN_DIR/psql-check.err"
     log "PostgreSQL OK: suanli@127.0.0.1:$PG_PORT/suanli"
 }
 
@@ -175,6 +176,14 @@ start_engine() {
     stop_dockerd "$dir/docker.pid" "$dir/exec" 10
     rm -f "$sock"
     mkdir -p "$dir/data" "$dir/exec"
+    # Forget the network state of the previous run (images stay cached).
+    # Observed with docker.io 20.10: a dockerd restarting on a data root whose
+    # store still holds the previous "bridge" network, after `stop` deleted
+    # and we recreated suanli-X, deletes ANOTHER bridge while clearing that
+    # stale network -- here it deleted the system docker0 under a running
+    # dev dockerd. Without the store it starts clean and touches nothing.
+    # `stop` removed all containers, so nothing refers to these networks.
+    rm -f "$dir/data/network/files/local-kv.db"
     # Own bridge per engine, created before dockerd: with --bridge NAME dockerd
     # uses an existing bridge as is. (`--bridge none` would be worse: dockerd
     # then deletes any docker0, i.e. the bridge of another engine.)
@@ -210,16 +219,20 @@ stop_engine() {
     remove_containers "$e"
     stop_dockerd "$dir/docker.pid" "$dir/exec" 20
     rm -f "$(engine_sock "$e")"
+    # dockerd leaves exec/netns/default (an nsfs bind mount) behind even on a
+    # clean exit; unmount it so a plain `rm -rf .run` works later.
+    unmount_under "$dir"
     if ip link show "$br" >/dev/null 2>&1; then
         ip link del "$br"
     fi
 }
 
-# unmount_under DIR: a SIGKILLed dockerd/containerd can leave overlay, shm and
-# netns mounts behind, which would make `rm -rf` fail with EBUSY.
+# unmount_under DIR: dockerd leaves its netns/default mount behind, and a
+# SIGKILLed dockerd/containerd can also leave overlay and shm mounts; all of
+# them make `rm -rf` fail with EBUSY. Only call once dockerd is gone.
 unmount_under() {
     local dir="$1" m
-    awk '{ print $2 }' /proc/mounts | grep -F "$dir/" | sort -r | while read -r m; do
+    awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r | while read -r m; do
         umount -l "$m" 2>/dev/null || warn "could not unmount $m"
     done
 }
@@ -238,23 +251,39 @@ print_env() {
 
 cmd_start() {
     is_root || die "services.sh start needs root (dockerd, bridges, pg_ctlcluster)"
-    local t0 e
-    t0="$(now_ms)"
+    local e
     # No-op (dpkg-query only) when everything is already installed.
     "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables
-    start_postgres
+    # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
+    # alongside. The engines start one after the other on purpose: a starting
+    # dockerd flushes and recreates the shared DOCKER iptables chains, which
+    # would race with the other engine doing the same.
+    start_postgres &
+    local pg_job=$! jobs=() j rc=0
     start_redis "$REDIS_PORT" "$REDIS_DIR" --save '' --appendonly no
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
-    for e in "${ENGINES[@]}"; do ensure_busybox_image "$(engine_host "$e")" "$BUSYBOX_TAR"; done
-    local dt=$(($(now_ms) - t0))
-    log "all test services up in $((dt / 1000)).$((dt % 1000 / 100))s"
+    build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
+    for e in "${ENGINES[@]}"; do
+        ensure_busybox_image "$(engine_host "$e")" "$BUSYBOX_TAR" &
+        jobs+=($!)
+    done
+    for j in "${jobs[@]}" "$pg_job"; do wait "$j" || rc=1; done
+    ((rc == 0)) || die "some service failed to start (see messages above)"
+    log "all test services up"
     print_env
 }
 
 cmd_stop() {
     local clean="${1:-}" e
     is_root || die "services.sh stop needs root"
-    for e in "${ENGINES[@]}"; do stop_engine "$e"; done
+    # Engines in parallel: each dockerd takes a few seconds to shut down.
+    local pids=() p rc=0
+    for e in "${ENGINES[@]}"; do
+        stop_engine "$e" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    ((rc == 0)) || die "stopping an engine failed"
     stop_redis "$REDIS_PORT" "$REDIS_DIR"
     stop_postgres
     if [[ "$clean" == --clean ]]; then
@@ -266,9 +295,14 @@ cmd_stop() {
 }
 
 # All state changes are serialized: two concurrent `start`s (e.g. parallel make
-# targets) must not race each other creating bridges or dockerds.
-exec 9>"$RUN_DIR/.lock"
-flock 9
+# targets) must not race each other creating bridges or dockerds. Re-exec under
+# `flock -o` rather than `exec 9>lock; flock 9`: with -o the lock fd is NOT
+# inherited by this script, so the daemons it starts (postgres, redis, dockerd)
+# do not keep holding the lock after we exit.
+if [[ "${_SUANLI_SERVICES_LOCK:-}" != "$RUN_DIR" ]]; then
+    export _SUANLI_SERVICES_LOCK="$RUN_DIR"
+    exec flock -o "$RUN_DIR/.lock" "${BASH:-bash}" "$0" "$@"
+fi
 
 case "${1:-}" in
 start) cmd_start ;;

@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 started=0
 cleanup() { if [ "$started" = 1 ]; then bash .ci/services.sh stop >&2 || true; fi; }
 trap cleanup EXIT
-eval "$(bash .ci/services.sh start)"
-started=1
+started=1  # a half-finished start is cleaned up too
+env_out="$(bash .ci/services.sh start)"
+eval "$env_out"
 
 export PATH="$PWD/.venv/bin:$PATH"
 # Production-like settings, but plain HTTP for the live test server.

@@ -6,3 +6,6 @@ from rq import cron
 from jobs import tasks as job_tasks
 
 cron.register(job_tasks.hosts_check_all, "default", interval=settings.SUANLI_HOST_CHECK_INTERVAL)
+# Placement also runs on every change that frees or asks for capacity; this is the safety net.
+cron.register(job_tasks.place_pending, "default", interval=settings.SUANLI_PLACEMENT_INTERVAL)
+cron.register(job_tasks.clusters_release_idle, "default", interval=60)

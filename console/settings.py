@@ -166,3 +166,6 @@ STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
     "console.staticfinders.PlotlyFinder",
 ]
+
+SUANLI_MAX_NODES = envint("SUANLI_MAX_NODES", 16)
+SUANLI_PLACEMENT_INTERVAL = envint("SUANLI_PLACEMENT_INTERVAL", 15)

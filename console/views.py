@@ -4,14 +4,17 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from console.forms import ZONE_SPREAD_NOTE, ClusterForm, ResizeForm, SshKeyForm
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Host, Image, InstanceType
+from jobs.models import Cluster, Host, Image, InstanceType, SshKey
 
 
 @login_required
@@ -68,3 +71,148 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"ok": True})
+
+
+# -- clusters -------------------------------------------------------------------------------
+
+
+@login_required
+def cluster_list(request):
+    clusters = fleet.clusters_for(request.user).prefetch_related("node_set__host")
+    active = [c for c in clusters if c.state not in (Cluster.State.RELEASED, Cluster.State.FAILED)]
+    ended = [c for c in clusters if c not in active][:50]
+    return render(request, "console/cluster_list.html", {"active": active, "ended": ended})
+
+
+@login_required
+def cluster_new(request):
+    form = ClusterForm(request.POST or None, owner=request.user)
+    if request.method == "POST" and form.is_valid():
+        cluster = fleet_services.cluster_create(owner=request.user, spec=form.spec())
+        messages.success(
+            request,
+            f"Cluster {cluster.name} requested: {cluster.shape}. It runs as soon as it is placed.",
+        )
+        return redirect("cluster_detail", cluster_id=cluster.pk)
+    return render(
+        request, "console/cluster_new.html", {"form": form, "zone_note": ZONE_SPREAD_NOTE}
+    )
+
+
+def _cluster_context(cluster: Cluster) -> dict:
+    return {
+        "cluster": cluster,
+        "nodes": fleet.live_nodes(cluster),
+        "events": cluster.events.all(),
+        "volumes": cluster.volumes.all(),
+        "ssh_keys": cluster.ssh_keys.all(),
+        "position": fleet.queue_position(cluster),
+        "resize_form": ResizeForm(initial={"nodes": cluster.nodes}),
+    }
+
+
+@login_required
+def cluster_detail(request, cluster_id: int):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    return render(request, "console/cluster_detail.html", _cluster_context(cluster))
+
+
+@login_required
+def cluster_status(request, cluster_id: int):
+    """The part of the cluster page that changes; polled with htmx while it moves."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    return render(request, "console/_cluster_status.html", _cluster_context(cluster))
+
+
+@login_required
+@require_POST
+def cluster_release(request, cluster_id: int):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
+        messages.warning(request, f"Cluster {cluster.name} is already {cluster.state}.")
+    else:
+        fleet_services.cluster_release(
+            cluster=cluster, reason=f"released by {request.user.username}"
+        )
+        messages.success(request, f"Cluster {cluster.name} released; its GPUs are free again.")
+    return redirect("cluster_detail", cluster_id=cluster.pk)
+
+
+@login_required
+@require_POST
+def cluster_resize(request, cluster_id: int):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    form = ResizeForm(request.POST)
+    if form.is_valid():
+        try:
+            cluster = fleet_services.cluster_resize(
+                cluster=cluster, nodes=form.cleaned_data["nodes"]
+            )
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+        else:
+            messages.success(request, f"Cluster {cluster.name} now has {cluster.nodes} node(s).")
+    else:
+        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+    return redirect("cluster_detail", cluster_id=cluster.pk)
+
+
+# -- SSH keys -------------------------------------------------------------------------------
+
+
+@login_required
+def ssh_keys(request):
+    form = SshKeyForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            key = fleet_services.ssh_key_add(
+                owner=request.user,
+                name=form.cleaned_data["name"],
+                public_key=form.cleaned_data["public_key"],
+            )
+        except ValidationError as exc:
+            form.add_error("public_key", exc.messages[0])
+        else:
+            messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
+            return redirect("ssh_keys")
+    keys = SshKey.objects.filter(owner=request.user)
+    return render(request, "console/ssh_keys.html", {"form": form, "keys": keys})
+
+
+@login_required
+@require_POST
+def ssh_key_delete(request, key_id: int):
+    key = get_object_or_404(SshKey, pk=key_id, owner=request.user)
+    key.delete()
+    messages.success(
+        request, f"Key {key.name} removed. Running clusters keep the keys they started with."
+    )
+    return redirect("ssh_keys")
+
+
+# -- operator pages ---------------------------------------------------------------------------
+
+
+@staff_member_required
+def ops_queue(request):
+    now = timezone.now()
+    pending = fleet.queue()
+    for position, cluster in enumerate(pending, start=1):
+        cluster.position = position
+        cluster.waiting = now - cluster.queued_at
+    return render(request, "console/ops_queue.html", {"pending": pending})
+
+
+@staff_member_required
+@require_POST
+def ops_host_drain(request, host_id: int):
+    host = get_object_or_404(Host, pk=host_id)
+    draining = request.POST.get("draining") == "1"
+    host = fleet_services.host_set_draining(host=host, draining=draining)
+    if draining:
+        messages.success(
+            request, f"Host {host.name} is draining: no new placements; running nodes stay."
+        )
+    else:
+        messages.success(request, f"Host {host.name} takes new work again.")
+    return redirect("ops_hosts")

@@ -1,5 +1,6 @@
 """The engine's state: the fleet (hosts and their GPU slots) and the catalogs it offers."""
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -208,16 +209,186 @@ def _collect(add, field, check, *args) -> None:
 
 
 class GpuSlot(models.Model):
-    """One GPU of one host. A slot is held by at most one node (issue: clusters)."""
+    """One GPU of one host. A slot is held by at most one node: `node` is that node."""
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="slots")
     index = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(
+        "Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="slots"
+    )
 
     class Meta:
         ordering = ["host", "index"]
         constraints = [
             models.UniqueConstraint(fields=["host", "index"], name="gpu_slot_unique_index")
         ]
+        indexes = [models.Index(fields=["host", "node"], name="gpu_slot_free_idx")]
 
     def __str__(self) -> str:
         return f"{self.host.name}/gpu{self.index}"
+
+
+class SshKey(models.Model):
+    """A researcher's public key, installed on the nodes of the clusters that name it."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys"
+    )
+    name = models.CharField(max_length=80)
+    public_key = models.TextField()
+    key_type = models.CharField(max_length=40)
+    bits = models.PositiveIntegerField()
+    fingerprint = models.CharField(max_length=80)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "fingerprint"], name="ssh_key_unique_per_owner"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
+
+
+class Cluster(models.Model):
+    """What a researcher rents: `nodes x gpus_per_node` of one GPU model (or CPU-only
+    nodes of one instance type), gang-placed on the hosts."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        RUNNING = "running", "running"
+        RELEASING = "releasing", "releasing"
+        RELEASED = "released", "released"
+        FAILED = "failed", "failed"
+
+    class Network(models.TextChoices):
+        STANDARD = "standard", "standard"
+        RDMA = "rdma", "high-performance (RDMA)"
+
+    class ReleasePolicy(models.TextChoices):
+        AFTER_LAST_JOB = "after_last_job", "when the last job ends"
+        IDLE = "idle", "after N idle minutes"
+        NEVER = "never", "never (release by hand)"
+
+    HOLDS_CAPACITY = (State.RUNNING, State.RELEASING)
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="clusters"
+    )
+    name = models.CharField(max_length=63)
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    instance_type = models.ForeignKey(
+        InstanceType, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    nodes = models.PositiveSmallIntegerField()
+    gpus_per_node = models.PositiveSmallIntegerField(default=0)
+    image = models.ForeignKey(
+        Image, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    image_reference = models.CharField(max_length=255)
+    network = models.CharField(max_length=10, choices=Network.choices, default=Network.STANDARD)
+    zone = models.CharField(max_length=40, blank=True, help_text="Empty: any zone.")
+    spot = models.BooleanField(default=False)
+    ssh_keys = models.ManyToManyField(SshKey, blank=True, related_name="clusters")
+    release_policy = models.CharField(
+        max_length=20, choices=ReleasePolicy.choices, default=ReleasePolicy.AFTER_LAST_JOB
+    )
+    idle_minutes = models.PositiveIntegerField(null=True, blank=True)
+
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    state_reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(default=timezone.now, help_text="Place in the queue (FIFO).")
+    running_since = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    last_active_at = models.DateTimeField(default=timezone.now, help_text="For the idle policy.")
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "queued_at"], name="cluster_queue_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return self.instance_type_id is not None
+
+    @property
+    def resource_label(self) -> str:
+        return str(self.instance_type.name) if self.is_cpu_only else str(self.gpu_model)
+
+    @property
+    def shape(self) -> str:
+        if self.is_cpu_only:
+            return f"{self.nodes} x {self.instance_type.name}"
+        return f"{self.nodes} x {self.gpus_per_node} {self.gpu_model}"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in (self.State.PENDING, self.State.RUNNING)
+
+
+class ClusterEvent(models.Model):
+    """The cluster's timeline: each state it entered, resizes, and why."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=20)
+    message = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class Node(models.Model):
+    """One member of a cluster, on one host. A node released by a resize or a release keeps
+    its row (with `released_at`) so the timeline can say where it ran."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="node_set")
+    index = models.PositiveSmallIntegerField()
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="nodes")
+    gpu_indices = models.JSONField(default=list, help_text="Indices of the host's GPUs it holds.")
+    vcpus = models.PositiveSmallIntegerField(default=0, help_text="CPU-only nodes: reserved vCPUs.")
+    placed_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "index"],
+                condition=models.Q(released_at__isnull=True),
+                name="node_unique_live_index",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/node{self.index}"
+
+
+class Volume(models.Model):
+    """A sub-path of the owner's storage root, mounted at an absolute container path."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="volumes")
+    source = models.CharField(max_length=255, help_text="Relative to the owner's storage root.")
+    target = models.CharField(max_length=255)
+    read_only = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["target"]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.target}{':ro' if self.read_only else ''}"

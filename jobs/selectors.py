@@ -3,8 +3,9 @@
 from dataclasses import dataclass
 
 from django.db.models import Count, Q, QuerySet
+from django.http import Http404
 
-from jobs.models import Host
+from jobs.models import Cluster, Host, Node
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ def fleet_availability() -> list[Availability]:
         .values("gpu_model__name", "gpu_model__memory_gb", "zone")
         .annotate(
             total=Count("slots"),
+            free=Count("slots", filter=Q(slots__node__isnull=True)),
             hosts=Count("id", distinct=True),
             emulated=Count("id", filter=Q(emulated_gpu=True), distinct=True),
         )
@@ -35,7 +37,7 @@ def fleet_availability() -> list[Availability]:
             gpu_model=row["gpu_model__name"],
             memory_gb=row["gpu_model__memory_gb"],
             zone=row["zone"],
-            free=row["total"],
+            free=row["free"],
             total=row["total"],
             hosts=row["hosts"],
             emulated_hosts=row["emulated"],
@@ -45,4 +47,83 @@ def fleet_availability() -> list[Availability]:
 
 
 def hosts_with_occupancy() -> QuerySet[Host]:
-    return Host.objects.select_related("gpu_model").annotate(slot_total=Count("slots"))
+    return Host.objects.select_related("gpu_model").annotate(
+        slot_total=Count("slots", distinct=True),
+        slot_held=Count("slots", filter=Q(slots__node__isnull=False), distinct=True),
+        node_count=Count("nodes", filter=Q(nodes__released_at__isnull=True), distinct=True),
+    )
+
+
+def gpu_capacity_by_model() -> dict[int, dict]:
+    """Per GPU model: free GPUs per zone, the largest host's GPU count, and whether any
+    RDMA host offers it. Active hosts only."""
+    out: dict[int, dict] = {}
+    rows = (
+        Host.objects.filter(state=Host.State.ACTIVE, gpu_model__isnull=False)
+        .values("gpu_model_id", "zone", "rdma", "gpu_count")
+        .annotate(free=Count("slots", filter=Q(slots__node__isnull=True)))
+    )
+    for row in rows:
+        entry = out.setdefault(
+            row["gpu_model_id"], {"zones": {}, "largest": 0, "rdma_zones": set()}
+        )
+        entry["zones"][row["zone"]] = entry["zones"].get(row["zone"], 0) + row["free"]
+        entry["largest"] = max(entry["largest"], row["gpu_count"])
+        if row["rdma"]:
+            entry["rdma_zones"].add(row["zone"])
+    return out
+
+
+def active_zones() -> list[str]:
+    return list(
+        Host.objects.filter(state=Host.State.ACTIVE)
+        .values_list("zone", flat=True)
+        .distinct()
+        .order_by("zone")
+    )
+
+
+def rdma_available() -> bool:
+    return Host.objects.filter(state=Host.State.ACTIVE, rdma=True).exists()
+
+
+def clusters_for(user) -> QuerySet[Cluster]:
+    return Cluster.objects.filter(owner=user).select_related("gpu_model", "instance_type")
+
+
+def cluster_for_user(user, cluster_id: int) -> Cluster:
+    """The one place that decides who may see a cluster: its owner. Others get 404."""
+    try:
+        return clusters_for(user).get(pk=cluster_id)
+    except Cluster.DoesNotExist:
+        raise Http404("No such cluster.") from None
+
+
+def live_nodes(cluster: Cluster) -> QuerySet[Node]:
+    return (
+        cluster.node_set.filter(released_at__isnull=True).select_related("host").order_by("index")
+    )
+
+
+def queue() -> list[Cluster]:
+    """All pending clusters in placement order."""
+    return list(
+        Cluster.objects.filter(state=Cluster.State.PENDING)
+        .select_related("owner", "gpu_model", "instance_type")
+        .order_by("queued_at", "id")
+    )
+
+
+def queue_position(cluster: Cluster) -> int | None:
+    if cluster.state != Cluster.State.PENDING:
+        return None
+    ahead = Cluster.objects.filter(state=Cluster.State.PENDING).filter(
+        Q(queued_at__lt=cluster.queued_at) | Q(queued_at=cluster.queued_at, id__lt=cluster.id)
+    )
+    return ahead.count() + 1
+
+
+def largest_cpu_host() -> int:
+    from django.db.models import Max
+
+    return Host.objects.filter(state=Host.State.ACTIVE).aggregate(m=Max("cpu_count"))["m"] or 0

@@ -1,10 +1,27 @@
 """Writes that concern the fleet. Keyword-only, atomic where they span rows."""
 
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import engine
-from jobs.models import GpuSlot, Host
+from jobs import engine, storage, validators
+from jobs.models import (
+    Cluster,
+    ClusterEvent,
+    GpuModel,
+    GpuSlot,
+    Host,
+    Image,
+    InstanceType,
+    Node,
+    SshKey,
+    Volume,
+)
+from jobs.storage import VolumeSpec
 
 
 @transaction.atomic
@@ -14,7 +31,16 @@ def host_sync_slots(*, host: Host) -> None:
     want = set(range(host.gpu_count))
     GpuSlot.objects.bulk_create([GpuSlot(host=host, index=i) for i in sorted(want - have)])
     if have - want:
+        held = host.slots.filter(index__in=have - want, node__isnull=False).count()
+        if held:
+            raise ValidationError(
+                {
+                    "gpu_count": f"{held} of the GPUs to remove are held by clusters; release them or drain first."
+                }
+            )
         host.slots.filter(index__in=have - want).delete()
+    if want - have:
+        request_placement()
 
 
 @transaction.atomic
@@ -32,6 +58,7 @@ def host_check(*, host_id: int) -> Host:
     The engine is asked outside any transaction so a slow engine holds no row lock.
     """
     host = Host.objects.get(pk=host_id)
+    was = host.state
     now = timezone.now()
     try:
         facts = engine.engine_facts(host)
@@ -50,6 +77,8 @@ def host_check(*, host_id: int) -> Host:
             last_error="",
         )
     host.refresh_from_db()
+    if was != Host.State.ACTIVE and host.state == Host.State.ACTIVE:
+        request_placement()  # capacity is back
     return host
 
 
@@ -61,4 +90,211 @@ def host_set_draining(*, host: Host, draining: bool) -> Host:
     if host.state != Host.State.DOWN:
         host.state = Host.State.DRAINING if draining else Host.State.ACTIVE
     host.save(update_fields=["drain_requested", "state"])
+    if host.state == Host.State.ACTIVE:
+        request_placement()
     return host
+
+
+# -- clusters ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: int
+    gpu_model: GpuModel | None = None
+    gpus_per_node: int = 0
+    instance_type: InstanceType | None = None
+    image: Image | None = None
+    image_reference: str = ""
+    network: str = Cluster.Network.STANDARD
+    zone: str = ""
+    spot: bool = False
+    volumes: tuple[VolumeSpec, ...] = ()
+    ssh_keys: tuple[SshKey, ...] = ()
+    release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
+    idle_minutes: int | None = None
+
+
+def request_placement() -> None:
+    """Run a placement pass after this transaction commits (deduplicated)."""
+    from jobs import tasks
+
+    transaction.on_commit(
+        lambda: tasks.enqueue_unique(
+            "default",
+            tasks.place_pending,
+            job_id="place-pending",
+            again_if_running=True,
+            result_ttl=60,
+        )
+    )
+
+
+def _event(cluster: Cluster, kind: str, message: str = "", at=None) -> None:
+    ClusterEvent.objects.create(
+        cluster=cluster, kind=kind, message=message[:300], at=at or timezone.now()
+    )
+
+
+@transaction.atomic
+def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
+    now = timezone.now()
+    cluster = Cluster.objects.create(
+        owner=owner,
+        name=spec.name,
+        gpu_model=spec.gpu_model,
+        gpus_per_node=0 if spec.instance_type else spec.gpus_per_node,
+        instance_type=spec.instance_type,
+        nodes=spec.nodes,
+        image=spec.image,
+        image_reference=spec.image_reference or (spec.image.reference if spec.image else ""),
+        network=spec.network,
+        zone=spec.zone,
+        spot=spec.spot,
+        release_policy=spec.release_policy,
+        idle_minutes=spec.idle_minutes
+        if spec.release_policy == Cluster.ReleasePolicy.IDLE
+        else None,
+        state=Cluster.State.PENDING,
+        state_reason="waiting for the scheduler",
+        created_at=now,
+        queued_at=now,
+        last_active_at=now,
+    )
+    Volume.objects.bulk_create(
+        [
+            Volume(cluster=cluster, source=v.source, target=v.target, read_only=v.read_only)
+            for v in spec.volumes
+        ]
+    )
+    if spec.ssh_keys:
+        cluster.ssh_keys.set(spec.ssh_keys)
+    storage.ensure_folders(storage.tenant_root(owner.pk), list(spec.volumes))
+    _event(cluster, "pending", f"requested {cluster.shape}", at=now)
+    request_placement()
+    return cluster
+
+
+def _free_nodes(nodes, now) -> int:
+    ids = [n.pk for n in nodes]
+    GpuSlot.objects.filter(node_id__in=ids).update(node=None)
+    return Node.objects.filter(pk__in=ids).update(released_at=now)
+
+
+@transaction.atomic
+def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") -> Cluster:
+    """Give the cluster's capacity back at once. Idempotent."""
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
+        return cluster
+    now = timezone.now()
+    was_pending = cluster.state == Cluster.State.PENDING
+    if not was_pending:
+        _event(cluster, "releasing", reason, at=now)
+    live = list(cluster.node_set.filter(released_at__isnull=True))
+    _free_nodes(live, now)
+    cluster.state = Cluster.State.RELEASED
+    cluster.state_reason = reason[:300]
+    cluster.released_at = now
+    cluster.save(update_fields=["state", "state_reason", "released_at"])
+    _event(cluster, "released", reason if was_pending else "capacity returned", at=now)
+    if live:
+        request_placement()
+    return cluster
+
+
+@transaction.atomic
+def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
+    """Add or remove nodes of a running cluster. Added nodes are placed now or not at all."""
+    from jobs import scheduler
+
+    cluster = (
+        Cluster.objects.select_for_update(of=("self",))
+        .select_related("gpu_model", "instance_type")
+        .get(pk=cluster.pk)
+    )
+    if cluster.state != Cluster.State.RUNNING:
+        raise ValidationError(
+            f"Only a running cluster can be resized; this one is {cluster.state}."
+        )
+    if not 1 <= nodes <= settings.SUANLI_MAX_NODES:
+        raise ValidationError(f"A cluster has 1 to {settings.SUANLI_MAX_NODES} nodes.")
+    live = list(cluster.node_set.filter(released_at__isnull=True).order_by("index"))
+    if nodes == len(live):
+        raise ValidationError(f"The cluster already has {nodes} node{'s' if nodes != 1 else ''}.")
+    now = timezone.now()
+    before = len(live)
+    if nodes < before:
+        _free_nodes(live[nodes:], now)
+        request_placement()
+        message = f"{before} -> {nodes} nodes: released " + ", ".join(
+            f"node {n.index}" for n in live[nodes:]
+        )
+    else:
+        fleet = scheduler.Fleet.load()
+        extra = Cluster(
+            pk=cluster.pk,
+            gpu_model=cluster.gpu_model,
+            instance_type=cluster.instance_type,
+            gpus_per_node=cluster.gpus_per_node,
+            nodes=nodes - before,
+            network=cluster.network,
+            # RDMA clusters stay in their zone; others prefer it but may not need to.
+            zone=cluster.zone
+            or (live[0].host.zone if cluster.network == Cluster.Network.RDMA else ""),
+        )
+        hosts = fleet.plan(extra)
+        if hosts is None:
+            raise ValidationError(
+                f"No room for {scheduler.shortage_text(extra, fleet).removeprefix('waiting for ')}."
+            )
+        try:
+            added = scheduler.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
+        except scheduler.Conflict:
+            raise ValidationError(
+                "The capacity was just taken by another request; try again."
+            ) from None
+        message = f"{before} -> {nodes} nodes: " + scheduler.describe_nodes(added)
+    cluster.nodes = nodes
+    cluster.last_active_at = now
+    cluster.save(update_fields=["nodes", "last_active_at"])
+    _event(cluster, "resized", message, at=now)
+    return cluster
+
+
+def clusters_release_idle(*, now=None) -> list[int]:
+    """Release running clusters whose idle policy has run out."""
+    now = now or timezone.now()
+    released = []
+    candidates = Cluster.objects.filter(
+        state=Cluster.State.RUNNING,
+        release_policy=Cluster.ReleasePolicy.IDLE,
+        idle_minutes__isnull=False,
+    )
+    for cluster in candidates:
+        if cluster.last_active_at + timedelta(minutes=cluster.idle_minutes) <= now:
+            cluster_release(
+                cluster=cluster,
+                reason=f"released automatically after {cluster.idle_minutes} idle minutes",
+            )
+            released.append(cluster.pk)
+    return released
+
+
+# -- SSH keys -------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def ssh_key_add(*, owner, name: str, public_key: str) -> SshKey:
+    parsed = validators.parse_ssh_public_key(public_key)
+    if SshKey.objects.filter(owner=owner, fingerprint=parsed["fingerprint"]).exists():
+        raise ValidationError({"public_key": "You have added this key already."})
+    return SshKey.objects.create(
+        owner=owner,
+        name=name or parsed["comment"] or parsed["key_type"],
+        public_key=parsed["public_key"],
+        key_type=parsed["key_type"],
+        bits=parsed["bits"],
+        fingerprint=parsed["fingerprint"],
+    )

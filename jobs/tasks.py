@@ -9,14 +9,22 @@ from jobs.models import Host
 _PENDING = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
 
 
-def enqueue_unique(queue_name: str, func, *args, job_id: str, **options):
-    """Enqueue unless a job with this id is still waiting or running (RQ itself would
-    overwrite it and queue it twice)."""
+def enqueue_unique(queue_name: str, func, *args, job_id: str, again_if_running=False, **options):
+    """Enqueue unless a job with this id is still waiting (RQ itself would overwrite it and
+    queue it twice). With `again_if_running`, a job that is already running gets one
+    follow-up queued behind it, for work that must see what changed after it started."""
     queue = django_rq.get_queue(queue_name)
-    existing = queue.fetch_job(job_id)
-    if existing is not None and existing.get_status(refresh=True) in _PENDING:
-        return existing
-    return queue.enqueue(func, *args, job_id=job_id, **options)
+    for candidate in (job_id, f"{job_id}.next") if again_if_running else (job_id,):
+        existing = queue.fetch_job(candidate)
+        status = existing.get_status(refresh=True) if existing is not None else None
+        if status in _PENDING - {JobStatus.STARTED}:
+            return existing
+        if status == JobStatus.STARTED:
+            if again_if_running:
+                continue
+            return existing
+        return queue.enqueue(func, *args, job_id=candidate, **options)
+    return None
 
 
 def host_check(host_id: int) -> str:
@@ -36,3 +44,13 @@ def hosts_check_all() -> int:
             failure_ttl=3600,
         )
     return len(ids)
+
+
+def place_pending() -> int:
+    from jobs import scheduler
+
+    return len(scheduler.place_pending().placed)
+
+
+def clusters_release_idle() -> int:
+    return len(services.clusters_release_idle())

@@ -5,6 +5,7 @@ import re
 from urllib.parse import urlsplit
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from django.core.exceptions import ValidationError
 
@@ -137,3 +138,51 @@ def validate_image_reference(value: str) -> None:
         raise ValidationError(
             "Not a Docker image reference: write it as name:tag, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
         )
+
+
+def parse_ssh_public_key(text: str) -> dict:
+    """Parse an OpenSSH public key line; return its type, bits and SHA256 fingerprint."""
+    import base64
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
+
+    line = " ".join((text or "").split())
+    parts = line.split(" ")
+    if len(parts) < 2 or not parts[0]:
+        raise ValidationError(
+            "Paste one public key line, e.g. 'ssh-ed25519 AAAAC3Nza... you@laptop' (from ~/.ssh/id_ed25519.pub)."
+        )
+    try:
+        key = serialization.load_ssh_public_key(f"{parts[0]} {parts[1]}".encode())
+        blob = base64.b64decode(parts[1], validate=True)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise ValidationError(
+            "This is not an OpenSSH public key. Paste the contents of your .pub file "
+            "(ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa)."
+        ) from None
+    if isinstance(key, dsa.DSAPublicKey):
+        raise ValidationError(
+            "DSA keys are no longer safe; use an ed25519 key (ssh-keygen -t ed25519)."
+        )
+    if isinstance(key, rsa.RSAPublicKey):
+        bits = key.key_size
+        if bits < 2048:
+            raise ValidationError(
+                f"This RSA key has {bits} bits; use at least 2048 (or ssh-keygen -t ed25519)."
+            )
+    elif isinstance(key, ec.EllipticCurvePublicKey):
+        bits = key.curve.key_size
+    elif isinstance(key, ed25519.Ed25519PublicKey):
+        bits = 256
+    else:
+        raise ValidationError("Use an ed25519, ecdsa or rsa (2048+ bits) key.")
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return {
+        "key_type": parts[0],
+        "bits": bits,
+        "fingerprint": f"SHA256:{digest}",
+        "public_key": f"{parts[0]} {parts[1]}"
+        + (f" {' '.join(parts[2:])}" if len(parts) > 2 else ""),
+        "comment": " ".join(parts[2:]),
+    }

@@ -89,3 +89,46 @@ def make_host(catalog, engine_urls):
         return services.host_check(host_id=host.pk) if check else host
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _fresh_redis(settings):
+    """Every test starts with empty queues on the test Redis (a dedicated server)."""
+    import django_rq
+
+    try:
+        django_rq.get_connection("default").flushdb()
+    except Exception as exc:  # the suite needs Redis; say so plainly
+        pytest.fail(
+            f"Redis at {settings.REDIS_URL} does not answer ({exc}); run the suite with `make test`."
+        )
+
+
+@pytest.fixture
+def storage_root(settings, tmp_path):
+    settings.SUANLI_STORAGE_ROOT = tmp_path / "storage"
+    return settings.SUANLI_STORAGE_ROOT
+
+
+@pytest.fixture
+def make_cluster(catalog, storage_root):
+    """Request a cluster through the real service (it waits for placement)."""
+    from jobs.models import Cluster, Image
+    from jobs.services import ClusterSpec, cluster_create
+
+    def make(owner, name="c1", *, nodes=1, gpus=1, model="a100-80gb", cpu=None, **extra):
+        from jobs.models import InstanceType
+
+        spec = ClusterSpec(
+            name=name,
+            nodes=nodes,
+            gpu_model=None if cpu else catalog[model],
+            gpus_per_node=0 if cpu else gpus,
+            instance_type=InstanceType.objects.get(name=cpu) if cpu else None,
+            image=Image.objects.get(reference=TEST_IMAGE),
+            **extra,
+        )
+        return cluster_create(owner=owner, spec=spec)
+
+    make.Cluster = Cluster
+    return make

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Backing services for the interactive dev console (`make run`).
+#
+#   eval "$(.ci/dev-services.sh)"     # same as `start`
+#   .ci/dev-services.sh start         # ensure redis + local docker, print env
+#   .ci/dev-services.sh env           # print the env without starting
+#   .ci/dev-services.sh stop          # stop only what `start` started
+#
+# - Redis: REDIS_URL from the environment is used as is. Otherwise a
+#   project-local redis on 127.0.0.1:${SUANLI_DEV_REDIS_PORT:-6389} with its
+#   data in .run/dev/redis (default RDB snapshots, so dev state survives).
+# - Docker: the machine's engine at /var/run/docker.sock. If it does not answer
+#   and we are root, start the system dockerd in the background (log and
+#   pidfile in .run/dev/) and remember that we did.
+# - The engine gets the image suanli/busybox:latest when it lacks it.
+# Prints `export` lines on stdout (also written to .run/dev/env.sh); progress
+# goes to stderr.
+set -euo pipefail
+
+LOG_TAG=dev-services
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DEV_DIR="${DEV_RUN_DIR:-$REPO_ROOT/.run/dev}"
+REDIS_PORT="${SUANLI_DEV_REDIS_PORT:-6389}"
+REDIS_DIR="$DEV_DIR/redis"
+LOCAL_ENGINE=unix:///var/run/docker.sock
+DOCKERD_PID="$DEV_DIR/dockerd.pid"
+DOCKERD_MARKER="$DEV_DIR/dockerd.started-by-us"
+# exec-root of a default dockerd: its managed containerd runs from here.
+SYSTEM_EXEC_ROOT=/var/run/docker
+
+redis_url() {
+    printf '%s\n' "${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
+}
+
+print_env() {
+    write_env "$DEV_DIR/env.sh" \
+        "REDIS_URL=$(redis_url)" \
+        "SUANLI_LOCAL_ENGINE=$LOCAL_ENGINE"
+}
+
+ensure_packages() {
+    local needed=(docker.io busybox-static)
+    [[ -n "${REDIS_URL:-}" ]] || needed+=(redis-server)
+    # As root this installs what is missing; otherwise it lists what is
+    # missing with the apt-get command to run, and fails.
+    "$CI_DIR/install.sh" "${needed[@]}" ||
+        die "missing packages (see above); install them, then rerun"
+}
+
+ensure_docker() {
+    if docker_up "$LOCAL_ENGINE"; then
+        log "using the running Docker engine at $LOCAL_ENGINE"
+        return 0
+    fi
+    if ! is_root; then
+        die "no Docker engine answers at $LOCAL_ENGINE. Start it (e.g. 'sudo systemctl start docker' or 'sudo $0') and make sure you can use it ('sudo usermod -aG docker $USER', then log in again)"
+    fi
+    if [[ -f "$DOCKERD_MARKER" ]]; then
+        # Ours from an earlier start, now dead or hung: clean up after it
+        # (its containerd may be left over) before starting a new one.
+        stop_dockerd "$DOCKERD_PID" "$SYSTEM_EXEC_ROOT" 30
+    fi
+    log "no Docker engine at $LOCAL_ENGINE; starting the system dockerd"
+    # Default dockerd (socket /var/run/docker.sock, data /var/lib/docker);
+    # only the pidfile and log are ours, so `stop` knows what to stop.
+    start_dockerd "$LOCAL_ENGINE" "$DEV_DIR" "$DEV_DIR/dockerd.log" "$DOCKERD_PID"
+    date -Is >"$DOCKERD_MARKER"
+}
+
+cmd_start() {
+    mkdir -p "$DEV_DIR"
+    ensure_packages
+    if [[ -n "${REDIS_URL:-}" ]]; then
+        log "using REDIS_URL from the environment ($REDIS_URL)"
+    else
+        start_redis "$REDIS_PORT" "$REDIS_DIR"
+    fi
+    ensure_docker
+    ensure_busybox_image "$LOCAL_ENGINE" "$DEV_DIR/busybox-rootfs.tar"
+    log "dev services up"
+    print_env
+}
+
+cmd_stop() {
+    # Pidfile-based: a redis we did not start has no pidfile in our dir.
+    stop_redis "$REDIS_PORT" "$REDIS_DIR"
+    if [[ -f "$DOCKERD_MARKER" ]]; then
+        # dockerd stops its containers on shutdown (15 s each at most).
+        stop_dockerd "$DOCKERD_PID" "$SYSTEM_EXEC_ROOT" 30
+        rm -f "$DOCKERD_MARKER"
+    else
+        log "dockerd was not started by us; leaving it alone"
+    fi
+    log "dev services stopped"
+}
+
+# Serialize concurrent invocations. `flock -o` keeps the lock fd out of this
+# script, so daemons started below do not inherit (and hold) the lock.
+mkdir -p "$DEV_DIR"
+if [[ "${_SUANLI_DEV_LOCK:-}" != "$DEV_DIR" ]]; then
+    export _SUANLI_DEV_LOCK="$DEV_DIR"
+    exec flock -o "$DEV_DIR/.lock" "${BASH:-bash}" "$0" "$@"
+fi
+
+case "${1:-start}" in
+start) cmd_start ;;
+stop) cmd_stop ;;
+env) print_env ;;
+*)
+    echo "usage: $0 [start] | stop | env" >&2
+    exit 2
+    ;;
+esac

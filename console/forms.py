@@ -1,0 +1,250 @@
+"""Researchers' forms. Validation says what to write instead; nothing is half-created."""
+
+from django import forms
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from jobs import selectors as fleet
+from jobs import storage, validators
+from jobs.models import Cluster, GpuModel, Image, InstanceType, SshKey
+from jobs.services import ClusterSpec
+
+CUSTOM_IMAGE = "custom"
+ZONE_SPREAD_NOTE = "Spreading nodes over zones costs about 5 % more communication time."
+
+
+class ClusterForm(forms.Form):
+    name = forms.CharField(
+        max_length=63, help_text="Lower-case letters, digits and dashes, e.g. llama-ft-1."
+    )
+    resource = forms.ChoiceField(label="GPU model or CPU-only type")
+    nodes = forms.IntegerField(min_value=1, initial=1)
+    gpus_per_node = forms.IntegerField(
+        label="GPUs per node", min_value=1, initial=1, required=False
+    )
+    image = forms.ChoiceField()
+    custom_image = forms.CharField(
+        label="Custom image reference", required=False, max_length=255,
+        help_text="Only with 'Custom image', e.g. nvcr.io/nvidia/pytorch:24.05-py3.",
+    )  # fmt: skip
+    network = forms.ChoiceField(
+        choices=Cluster.Network.choices, initial=Cluster.Network.STANDARD, widget=forms.RadioSelect
+    )
+    zone = forms.ChoiceField(required=False, help_text=ZONE_SPREAD_NOTE)
+    spot = forms.BooleanField(
+        required=False, label="Spot (cheaper; the operator may take it back with notice)"
+    )
+    volumes = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        initial="workspace:/workspace",
+        help_text="One per line: storage-folder:/container/path[:ro], e.g. datasets/imagenet:/workspace/data:ro. "
+        "Folders are relative to your storage and are created when missing.",
+    )
+    ssh_keys = forms.ModelMultipleChoiceField(
+        queryset=SshKey.objects.none(),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="SSH keys",
+    )
+    release_policy = forms.ChoiceField(
+        choices=Cluster.ReleasePolicy.choices,
+        initial=Cluster.ReleasePolicy.AFTER_LAST_JOB,
+        widget=forms.RadioSelect,
+    )
+    idle_minutes = forms.IntegerField(
+        min_value=1, max_value=7 * 24 * 60, required=False, label="Idle minutes"
+    )
+
+    def __init__(self, *args, owner, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+        self.capacity = fleet.gpu_capacity_by_model()
+        self.gpu_models = {m.slug: m for m in GpuModel.objects.all()}
+        self.instance_types = {t.name: t for t in InstanceType.objects.all()}
+        choices = []
+        for slug, model in self.gpu_models.items():
+            cap = self.capacity.get(model.pk)
+            if cap:
+                per_zone = ", ".join(f"{z} {n}" for z, n in sorted(cap["zones"].items()))
+                label = f"{model.name} — {sum(cap['zones'].values())} free ({per_zone})"
+            else:
+                label = f"{model.name} — no host now"
+            choices.append((f"gpu:{slug}", label))
+        cpu = [(f"cpu:{name}", f"CPU only: {t}") for name, t in self.instance_types.items()]
+        self.fields["resource"].choices = [("GPUs", choices), ("CPU-only (for debugging)", cpu)]
+        self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}
+        self.fields["image"].choices = [
+            (pk, f"{i.name} ({i.reference})") for pk, i in self.images.items()
+        ] + [(CUSTOM_IMAGE, "Custom image…")]
+        self.zones = fleet.active_zones()
+        self.fields["zone"].choices = [("", "Any zone")] + [(z, z) for z in self.zones]
+        self.rdma = fleet.rdma_available()
+        if not self.rdma:
+            self.fields["network"].choices = [(Cluster.Network.STANDARD, "standard")]
+            self.fields[
+                "network"
+            ].help_text = "High-performance (RDMA) networking is offered where RDMA hosts exist; none does now."
+        else:
+            self.fields["network"].help_text = "RDMA clusters stay within one zone."
+        self.fields["nodes"].max_value = settings.SUANLI_MAX_NODES
+        self.fields["nodes"].widget.attrs["max"] = settings.SUANLI_MAX_NODES
+        self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        try:
+            validators.validate_host_name(name)
+        except ValidationError:
+            raise ValidationError(
+                "Use lower-case letters, digits and dashes, e.g. llama-ft-1."
+            ) from None
+        if Cluster.objects.filter(
+            owner=self.owner, name=name, state__in=[Cluster.State.PENDING, Cluster.State.RUNNING]
+        ).exists():
+            raise ValidationError("You have an active cluster with this name already.")
+        return name
+
+    def clean_nodes(self):
+        nodes = self.cleaned_data["nodes"]
+        if nodes > settings.SUANLI_MAX_NODES:
+            raise ValidationError(f"At most {settings.SUANLI_MAX_NODES} nodes per cluster.")
+        return nodes
+
+    def clean_volumes(self):
+        return storage.parse_volumes(
+            self.cleaned_data.get("volumes", ""), root=storage.tenant_root(self.owner.pk)
+        )
+
+    def clean(self):
+        data = super().clean()
+        kind, _, key = (data.get("resource") or "").partition(":")
+        gpu_model = instance_type = None
+        if kind == "gpu":
+            gpu_model = self.gpu_models.get(key)
+        elif kind == "cpu":
+            instance_type = self.instance_types.get(key)
+        if data.get("resource") and gpu_model is None and instance_type is None:
+            self.add_error("resource", "Unknown GPU model or instance type.")
+        zone = data.get("zone") or ""
+        network = data.get("network") or Cluster.Network.STANDARD
+        if gpu_model is not None:
+            gpus = data.get("gpus_per_node")
+            cap = self.capacity.get(gpu_model.pk)
+            if not cap:
+                self.add_error(
+                    "resource", f"No active host offers {gpu_model.name} now; pick another model."
+                )
+            elif gpus is None:
+                self.add_error("gpus_per_node", "How many GPUs per node?")
+            elif gpus > cap["largest"]:
+                self.add_error(
+                    "gpus_per_node",
+                    f"The largest {gpu_model.name} host has {cap['largest']} GPUs: a node's GPUs come from one host. "
+                    "Use more nodes instead.",
+                )
+            elif zone and zone not in cap["zones"]:
+                self.add_error(
+                    "zone",
+                    f"No {gpu_model.name} host in {zone}; offered in: {', '.join(sorted(cap['zones']))}.",
+                )
+            if cap and network == Cluster.Network.RDMA:
+                rdma_zones = cap["rdma_zones"]
+                if not rdma_zones:
+                    self.add_error(
+                        "network",
+                        f"No RDMA host offers {gpu_model.name}; choose standard networking.",
+                    )
+                elif zone and zone not in rdma_zones:
+                    self.add_error(
+                        "zone",
+                        f"RDMA {gpu_model.name} hosts are in {', '.join(sorted(rdma_zones))} only.",
+                    )
+        elif instance_type is not None:
+            largest = fleet.largest_cpu_host()
+            if network == Cluster.Network.RDMA:
+                self.add_error("network", "CPU-only instances use standard networking.")
+            if largest < instance_type.vcpus:
+                self.add_error(
+                    "resource",
+                    f"{instance_type.name} needs {instance_type.vcpus} vCPUs; the largest active host has {largest}.",
+                )
+        if network == Cluster.Network.RDMA and not self.rdma:
+            self.add_error("network", "No RDMA host exists; choose standard networking.")
+        image = None
+        reference = ""
+        if data.get("image") == CUSTOM_IMAGE:
+            reference = (data.get("custom_image") or "").strip()
+            if not reference:
+                self.add_error(
+                    "custom_image",
+                    "Give the image reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime.",
+                )
+            else:
+                try:
+                    validators.validate_image_reference(reference)
+                except ValidationError as exc:
+                    self.add_error("custom_image", exc.messages[0])
+        elif data.get("image"):
+            image = self.images.get(data["image"])
+            reference = image.reference if image else ""
+        policy = data.get("release_policy")
+        if policy == Cluster.ReleasePolicy.IDLE and not data.get("idle_minutes"):
+            self.add_error(
+                "idle_minutes", "After how many idle minutes should the cluster be released?"
+            )
+        data.update(
+            gpu_model=gpu_model, instance_type=instance_type, image_obj=image, reference=reference
+        )
+        return data
+
+    def spec(self) -> ClusterSpec:
+        d = self.cleaned_data
+        return ClusterSpec(
+            name=d["name"],
+            nodes=d["nodes"],
+            gpu_model=d["gpu_model"],
+            gpus_per_node=d.get("gpus_per_node") or 0 if d["gpu_model"] else 0,
+            instance_type=d["instance_type"],
+            image=d["image_obj"],
+            image_reference=d["reference"],
+            network=d["network"],
+            zone=d.get("zone") or "",
+            spot=d.get("spot", False),
+            volumes=tuple(d["volumes"]),
+            ssh_keys=tuple(d["ssh_keys"]),
+            release_policy=d["release_policy"],
+            idle_minutes=d.get("idle_minutes"),
+        )
+
+
+class ResizeForm(forms.Form):
+    nodes = forms.IntegerField(min_value=1, label="Nodes")
+
+    def clean_nodes(self):
+        nodes = self.cleaned_data["nodes"]
+        if nodes > settings.SUANLI_MAX_NODES:
+            raise ValidationError(f"At most {settings.SUANLI_MAX_NODES} nodes per cluster.")
+        return nodes
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(
+        max_length=80, required=False, help_text="Defaults to the key's comment."
+    )
+    public_key = forms.CharField(
+        widget=forms.Textarea(
+            attrs={
+                "rows": 3,
+                "spellcheck": "false",
+                "placeholder": "ssh-ed25519 AAAA... you@laptop",
+            }
+        ),
+        max_length=16384,
+        help_text="The contents of your .pub file: ed25519, ecdsa, or rsa with at least 2048 bits.",
+    )
+
+    def clean_public_key(self):
+        value = self.cleaned_data["public_key"]
+        self.parsed = validators.parse_ssh_public_key(value)
+        return value

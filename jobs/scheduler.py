@@ -1,0 +1,439 @@
+"""Gang placement of pending clusters onto hosts.
+
+A pass loads the free capacity of every active host once (three queries), then walks the
+queue first-in-first-out and plans each cluster in memory:
+
+* **Gang**: all nodes of a cluster are placed, or none.
+* **Best fit**: each node goes to the host with the fewest free GPUs that still fit it, so
+  whole hosts stay free for large requests. Free counts are kept in buckets (0..16 free),
+  so finding that host costs a few set look-ups whatever the fleet's size.
+* **One zone first**: nodes are kept in one zone when they fit there (spreading costs
+  about 5 % in communication); RDMA clusters never spread.
+* **Fairness**: the first cluster in line for a resource (a GPU model or a CPU type) that
+  does not fit *reserves* every host it could use for the rest of the pass. Newer requests
+  for that resource are placed only on hosts the head cannot use, so a stream of small
+  requests can never starve it.
+
+A plan is committed in its own transaction that locks the chosen GPU slots with
+`SELECT ... FOR UPDATE SKIP LOCKED` and re-checks they are still free; if another
+scheduler got there first, nothing of the cluster is written and it is planned again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HostCap:
+    id: int
+    name: str
+    zone: str
+    rdma: bool
+    gpu_model_id: int | None
+    gpu_total: int
+    free: int
+    cpu_total: int
+    cpu_free: int
+
+
+@dataclass
+class PassReport:
+    placed: list[int] = field(default_factory=list)
+    waiting: int = 0
+    conflicts: int = 0
+
+
+class Conflict(Exception):
+    """Another scheduler took capacity this plan counted on."""
+
+
+def _pool_key(cap: HostCap) -> tuple:
+    return (cap.gpu_model_id, cap.zone, cap.rdma)
+
+
+class Fleet:
+    """Free capacity of the active hosts, in memory, for one pass."""
+
+    def __init__(self, hosts: list[HostCap]):
+        self.hosts: dict[int, HostCap] = {h.id: h for h in hosts}
+        # pool -> free count -> host ids; only GPU hosts are bucketed.
+        self.buckets: dict[tuple, list[set[int]]] = defaultdict(
+            lambda: [set() for _ in range(MAX_GPUS_PER_HOST + 1)]
+        )
+        self.reserved: dict[str, set[int]] = defaultdict(set)
+        for cap in hosts:
+            if cap.gpu_model_id is not None:
+                self.buckets[_pool_key(cap)][cap.free].add(cap.id)
+
+    @classmethod
+    def load(cls) -> Fleet:
+        free = dict(
+            GpuSlot.objects.filter(host__state=Host.State.ACTIVE, node__isnull=True)
+            .values_list("host_id")
+            .annotate(n=Count("id"))
+        )
+        cpu_used = dict(
+            Node.objects.filter(
+                released_at__isnull=True, vcpus__gt=0, host__state=Host.State.ACTIVE
+            )
+            .values_list("host_id")
+            .annotate(n=Sum("vcpus"))
+        )
+        rows = Host.objects.filter(state=Host.State.ACTIVE).values_list(
+            "id", "name", "zone", "rdma", "gpu_model_id", "gpu_count", "cpu_count"
+        )
+        return cls(
+            [
+                HostCap(
+                    id=i,
+                    name=name,
+                    zone=zone,
+                    rdma=rdma,
+                    gpu_model_id=model,
+                    gpu_total=gpus,
+                    free=free.get(i, 0),
+                    cpu_total=cpus or 0,
+                    cpu_free=(cpus or 0) - (cpu_used.get(i) or 0),
+                )
+                for i, name, zone, rdma, model, gpus, cpus in rows
+            ]
+        )
+
+    # -- what a cluster may use ------------------------------------------------------
+    def pools_for(self, cluster: Cluster) -> dict[str, list[tuple]]:
+        """Matching GPU pools, grouped by zone."""
+        zones: dict[str, list[tuple]] = defaultdict(list)
+        for key in self.buckets:
+            model, zone, rdma = key
+            if model != cluster.gpu_model_id:
+                continue
+            if cluster.zone and zone != cluster.zone:
+                continue
+            if cluster.network == Cluster.Network.RDMA and not rdma:
+                continue
+            zones[zone].append(key)
+        return zones
+
+    def usable_hosts(self, cluster: Cluster) -> list[HostCap]:
+        """Every active host that could ever hold a node of this cluster."""
+        out = []
+        for cap in self.hosts.values():
+            if cluster.zone and cap.zone != cluster.zone:
+                continue
+            if cluster.is_cpu_only:
+                if cap.cpu_total >= cluster.instance_type.vcpus:
+                    out.append(cap)
+                continue
+            if cap.gpu_model_id != cluster.gpu_model_id or cap.gpu_total < cluster.gpus_per_node:
+                continue
+            if cluster.network == Cluster.Network.RDMA and not cap.rdma:
+                continue
+            out.append(cap)
+        return out
+
+    # -- planning ---------------------------------------------------------------------
+    def _fit_gpu(self, pools: list[tuple], nodes: int, gpus: int) -> list[int] | None:
+        overlay: dict[int, int] = {}  # hosts this plan already uses -> their free count after it
+        chosen: list[int] = []
+        for _ in range(nodes):
+            best: tuple[int, int] | None = None  # (free, host id)
+            for host_id, left in overlay.items():
+                if left >= gpus and (best is None or left < best[0]):
+                    best = (left, host_id)
+            for key in pools:
+                buckets = self.buckets[key]
+                top = best[0] if best else MAX_GPUS_PER_HOST + 1
+                for free in range(gpus, top):
+                    # Reserved hosts are out of the buckets already (reserve_for).
+                    host_id = next((h for h in buckets[free] if h not in overlay), None)
+                    if host_id is not None:
+                        best = (free, host_id)
+                        break
+            if best is None:
+                return None
+            overlay[best[1]] = best[0] - gpus
+            chosen.append(best[1])
+        return chosen
+
+    def _fit_cpu(
+        self, hosts: list[HostCap], nodes: int, vcpus: int, reserved: set[int]
+    ) -> list[int] | None:
+        left = {h.id: h.cpu_free for h in hosts if h.id not in reserved}
+        chosen = []
+        for _ in range(nodes):
+            fits = [(free, hid) for hid, free in left.items() if free >= vcpus]
+            if not fits:
+                return None
+            free, hid = min(fits)
+            left[hid] = free - vcpus
+            chosen.append(hid)
+        return chosen
+
+    def plan(self, cluster: Cluster) -> list[int] | None:
+        """Host id per node (index order), or None when the cluster does not fit now."""
+        reserved = self.reserved[resource_key(cluster)]
+        if cluster.is_cpu_only:
+            by_zone: dict[str, list[HostCap]] = defaultdict(list)
+            for cap in self.usable_hosts(cluster):
+                by_zone[cap.zone].append(cap)
+            vcpus = cluster.instance_type.vcpus
+            options = [
+                self._fit_cpu(hosts, cluster.nodes, vcpus, reserved) for hosts in by_zone.values()
+            ]
+            options = [o for o in options if o]
+            if options:
+                return options[0]
+            if not cluster.zone:
+                return self._fit_cpu(
+                    [h for hs in by_zone.values() for h in hs], cluster.nodes, vcpus, reserved
+                )
+            return None
+        zones = self.pools_for(cluster)
+        best: tuple[int, list[int]] | None = None
+        for pools in zones.values():
+            chosen = self._fit_gpu(pools, cluster.nodes, cluster.gpus_per_node)
+            if chosen is not None:
+                leftover = sum(self.hosts[h].free for h in set(chosen)) - cluster.total_gpus
+                if best is None or leftover < best[0]:
+                    best = (leftover, chosen)
+        if best is not None:
+            return best[1]
+        if not cluster.zone and cluster.network == Cluster.Network.STANDARD and len(zones) > 1:
+            return self._fit_gpu(
+                [k for pools in zones.values() for k in pools], cluster.nodes, cluster.gpus_per_node
+            )
+        return None
+
+    # -- bookkeeping after a commit -------------------------------------------------------
+    def _rebucket(self, cap: HostCap, free: int) -> None:
+        bucket = self.buckets[_pool_key(cap)]
+        bucket[cap.free].discard(cap.id)
+        cap.free = free
+        if cap.id not in self.reserved[f"gpu:{cap.gpu_model_id}"]:
+            bucket[cap.free].add(cap.id)
+
+    def take(self, host_id: int, gpus: int, vcpus: int = 0) -> None:
+        cap = self.hosts[host_id]
+        if gpus:
+            self._rebucket(cap, cap.free - gpus)
+        cap.cpu_free -= vcpus
+
+    def set_free(self, host_id: int, free: int) -> None:
+        cap = self.hosts.get(host_id)
+        if cap is not None and cap.gpu_model_id is not None:
+            self._rebucket(cap, free)
+
+    def reserve_for(self, cluster: Cluster) -> None:
+        hosts = self.usable_hosts(cluster)
+        self.reserved[resource_key(cluster)].update(h.id for h in hosts)
+        if not cluster.is_cpu_only:
+            for cap in hosts:
+                self.buckets[_pool_key(cap)][cap.free].discard(cap.id)
+
+    def room(self, cluster: Cluster) -> tuple[int, int]:
+        """(nodes that would fit now one by one, GPUs or vCPUs free) on usable, unreserved hosts."""
+        reserved = self.reserved[resource_key(cluster)]
+        hosts = [h for h in self.usable_hosts(cluster) if h.id not in reserved]
+        if cluster.is_cpu_only:
+            need = cluster.instance_type.vcpus
+            return sum(max(h.cpu_free, 0) // need for h in hosts), sum(
+                max(h.cpu_free, 0) for h in hosts
+            )
+        return sum(h.free // cluster.gpus_per_node for h in hosts), sum(h.free for h in hosts)
+
+
+def resource_key(cluster: Cluster) -> str:
+    return (
+        f"cpu:{cluster.instance_type_id}" if cluster.is_cpu_only else f"gpu:{cluster.gpu_model_id}"
+    )
+
+
+def shortage_text(cluster: Cluster, fleet: Fleet) -> str:
+    where = f"in {cluster.zone}" if cluster.zone else "in any zone"
+    rdma = " with RDMA" if cluster.network == Cluster.Network.RDMA else ""
+    if not fleet.usable_hosts(cluster):
+        return (
+            f"no active host{rdma} {where} is large enough for a node of {cluster.shape} "
+            "(hosts may be draining or down)"
+        )
+    fit, free = fleet.room(cluster)
+    unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
+    room = "room for no node now" if fit == 0 else f"room for {fit} of {cluster.nodes} nodes now"
+    return f"waiting for {cluster.shape}{rdma} {where}; {room} ({free} {unit} free)"
+
+
+def _commit(cluster_id: int, hosts: list[int], fleet: Fleet) -> Cluster | None:
+    """Write one plan: lock the cluster and the slots, re-check, create the nodes."""
+    now = timezone.now()
+    with transaction.atomic():
+        cluster = (
+            Cluster.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("gpu_model", "instance_type")
+            .filter(pk=cluster_id, state=Cluster.State.PENDING)
+            .first()
+        )
+        if cluster is None:
+            return None  # released meanwhile, or another scheduler is placing it
+        start = cluster.node_set.filter(released_at__isnull=True).count()
+        nodes = place_nodes(cluster=cluster, hosts=hosts, first_index=start, now=now)
+        cluster.state = Cluster.State.RUNNING
+        cluster.state_reason = ""
+        cluster.running_since = now
+        cluster.last_active_at = now
+        cluster.save(update_fields=["state", "state_reason", "running_since", "last_active_at"])
+        ClusterEvent.objects.create(
+            cluster=cluster, at=now, kind="running", message=describe_nodes(nodes)
+        )
+    for host_id in hosts:
+        fleet.take(host_id, cluster.gpus_per_node, nodes[0].vcpus)
+    return cluster
+
+
+def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) -> list[Node]:
+    """Create nodes on `hosts` (one per entry) holding their slots. Runs inside the caller's
+    transaction; raises Conflict, writing nothing, when the capacity is gone."""
+    gpus = cluster.gpus_per_node
+    vcpus = cluster.instance_type.vcpus if cluster.is_cpu_only else 0
+    need: dict[int, int] = defaultdict(int)
+    for host_id in hosts:
+        need[host_id] += 1
+    slots_by_host: dict[int, list[GpuSlot]] = defaultdict(list)
+    with transaction.atomic():  # a savepoint: a Conflict leaves nothing behind
+        if gpus:
+            slots = (
+                GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
+                .filter(host_id__in=need, node__isnull=True, host__state=Host.State.ACTIVE)
+                .order_by("host_id", "index")
+            )
+            for slot in slots:
+                slots_by_host[slot.host_id].append(slot)
+            for host_id, count in need.items():
+                if len(slots_by_host[host_id]) < count * gpus:
+                    raise Conflict(host_id)
+        else:
+            caps = {
+                h.id: h
+                for h in Host.objects.select_for_update().filter(
+                    id__in=need, state=Host.State.ACTIVE
+                )
+            }
+            used = dict(
+                Node.objects.filter(host_id__in=need, released_at__isnull=True)
+                .values_list("host_id")
+                .annotate(n=Sum("vcpus"))
+            )
+            for host_id, count in need.items():
+                cap = caps.get(host_id)
+                if cap is None or (cap.cpu_count or 0) - (used.get(host_id) or 0) < count * vcpus:
+                    raise Conflict(host_id)
+        nodes = []
+        taken: list[GpuSlot] = []
+        for offset, host_id in enumerate(hosts):
+            mine = slots_by_host[host_id][:gpus]
+            slots_by_host[host_id] = slots_by_host[host_id][gpus:]
+            nodes.append(
+                Node(
+                    cluster=cluster,
+                    index=first_index + offset,
+                    host_id=host_id,
+                    gpu_indices=[s.index for s in mine],
+                    vcpus=vcpus,
+                    placed_at=now,
+                )
+            )
+            taken.append(mine)
+        Node.objects.bulk_create(nodes)
+        changed = []
+        for node, mine in zip(nodes, taken, strict=True):
+            for slot in mine:
+                slot.node = node
+                changed.append(slot)
+        if changed:
+            GpuSlot.objects.bulk_update(changed, ["node"])
+    return nodes
+
+
+def describe_nodes(nodes: list[Node]) -> str:
+    names = dict(Host.objects.filter(id__in={n.host_id for n in nodes}).values_list("id", "name"))
+    parts = []
+    for node in nodes:
+        where = names.get(node.host_id, f"host {node.host_id}")
+        gpus = f" GPU {format_indices(node.gpu_indices)}" if node.gpu_indices else ""
+        parts.append(f"node {node.index} on {where}{gpus}")
+    return ("placed: " + ", ".join(parts))[:300]
+
+
+def format_indices(indices: list[int]) -> str:
+    if not indices:
+        return "—"
+    if indices == list(range(indices[0], indices[-1] + 1)) and len(indices) > 2:
+        return f"{indices[0]}-{indices[-1]}"
+    return ",".join(str(i) for i in indices)
+
+
+def place_pending(*, fleet: Fleet | None = None) -> PassReport:
+    """One pass over the queue. Safe to run twice, and by several workers at once."""
+    fleet = fleet or Fleet.load()
+    report = PassReport()
+    heads: dict[str, Cluster] = {}
+    reasons: list[Cluster] = []
+    pending = (
+        Cluster.objects.filter(state=Cluster.State.PENDING)
+        .select_related("gpu_model", "instance_type")
+        .order_by("queued_at", "id")
+    )
+    for cluster in pending.iterator(chunk_size=2000):
+        key = resource_key(cluster)
+        placed = None
+        for _attempt in range(3):
+            hosts = fleet.plan(cluster)
+            if hosts is None:
+                break
+            try:
+                placed = _commit(cluster.pk, hosts, fleet)
+            except Conflict as exc:
+                report.conflicts += 1
+                host_id = exc.args[0]
+                fleet.set_free(
+                    host_id, GpuSlot.objects.filter(host_id=host_id, node__isnull=True).count()
+                )
+                continue
+            break
+        if placed is not None:
+            report.placed.append(placed.pk)
+            continue
+        if hosts is not None:
+            continue  # lost to a concurrent scheduler three times, or no longer pending
+        report.waiting += 1
+        reason = shortage_text(cluster, fleet)
+        head = heads.get(key)
+        if head is None:
+            heads[key] = cluster
+            fleet.reserve_for(cluster)
+            reason += f"; first in line for {cluster.resource_label}"
+        else:
+            reason += f"; behind {head.name} (first in line for {cluster.resource_label})"
+        reason = reason[:300]
+        if cluster.state_reason != reason:
+            cluster.state_reason = reason
+            reasons.append(cluster)
+    if reasons:
+        # Only rows still pending: a cluster placed or released meanwhile keeps its state.
+        for cluster in reasons:
+            Cluster.objects.filter(pk=cluster.pk, state=Cluster.State.PENDING).update(
+                state_reason=cluster.state_reason
+            )
+    if report.placed:
+        log.info("placed %d cluster(s), %d waiting", len(report.placed), report.waiting)
+    return report

@@ -1,0 +1,121 @@
+"""Researchers' storage: one root per tenant per host (a shared filesystem in production),
+and the checks that keep a volume inside it."""
+
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+EXAMPLE = "/workspace/data"
+# Container paths a volume may never cover: the image's own system, the kernel's
+# interfaces, and anything that would hand the container the engine.
+SYSTEM_PATHS = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+    "/root", "/run", "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    source: str
+    target: str
+    read_only: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.target}{':ro' if self.read_only else ''}"
+
+
+def tenant_root(user_id: int) -> Path:
+    return Path(settings.SUANLI_STORAGE_ROOT) / f"u{user_id}"
+
+
+def validate_target(target: str) -> str:
+    if not target:
+        raise ValidationError(f"Give the path inside the container, e.g. {EXAMPLE}.")
+    if "\x00" in target or any(ch.isspace() for ch in target):
+        raise ValidationError("Container paths may not contain spaces or control characters.")
+    if not target.startswith("/"):
+        raise ValidationError(
+            f"'{target}' is relative: container paths must be absolute. Write {EXAMPLE} instead."
+        )
+    if ".." in target.split("/"):
+        raise ValidationError(f"'{target}' contains '..': write the absolute path, e.g. {EXAMPLE}.")
+    normal = posixpath.normpath(target)
+    if normal == "/":
+        raise ValidationError(
+            f"A volume cannot cover the whole container (/): mount it at {EXAMPLE}."
+        )
+    for system in SYSTEM_PATHS:
+        if normal == system or normal.startswith(system + "/"):
+            raise ValidationError(
+                f"'{normal}' is a system path of the container; mount your data under /workspace, "
+                f"e.g. {EXAMPLE}."
+            )
+    return normal
+
+
+def validate_source(root: Path, source: str) -> str:
+    """`source` is relative to the tenant's root and must stay inside it, symlinks too."""
+    if not source:
+        raise ValidationError("Give a folder of your storage, e.g. datasets/imagenet.")
+    if "\x00" in source or any(ch.isspace() for ch in source):
+        raise ValidationError("Storage paths may not contain spaces or control characters.")
+    if source.startswith("/"):
+        raise ValidationError(
+            f"'{source}' is absolute: storage paths are relative to your storage root, "
+            "e.g. datasets/imagenet."
+        )
+    if ".." in source.split("/"):
+        raise ValidationError(f"'{source}' contains '..': storage paths stay inside your storage.")
+    normal = posixpath.normpath(source)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, normal))
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise ValidationError(f"'{source}' leads outside your storage (through a symbolic link).")
+    return "" if normal == "." else normal
+
+
+def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
+    """One volume per line: `storage/sub/path:/container/path[:ro]`."""
+    specs: list[VolumeSpec] = []
+    errors: list[str] = []
+    seen: set[str] = set()
+    for number, raw in enumerate((text or "").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(":")
+        read_only = False
+        if len(parts) == 3 and parts[2] in ("ro", "rw"):
+            read_only = parts[2] == "ro"
+            parts = parts[:2]
+        if len(parts) != 2:
+            errors.append(
+                f"Line {number}: write storage-path:container-path[:ro], e.g. datasets:{EXAMPLE}:ro."
+            )
+            continue
+        try:
+            source = validate_source(root, parts[0].strip())
+            target = validate_target(parts[1].strip())
+        except ValidationError as exc:
+            errors.append(f"Line {number}: {exc.messages[0]}")
+            continue
+        if target in seen:
+            errors.append(f"Line {number}: {target} is mounted twice.")
+            continue
+        seen.add(target)
+        specs.append(VolumeSpec(source=source, target=target, read_only=read_only))
+    if len(specs) > 16:
+        errors.append("At most 16 volumes per cluster.")
+    if errors:
+        raise ValidationError(errors)
+    return specs
+
+
+def ensure_folders(root: Path, specs: list[VolumeSpec]) -> None:
+    for spec in specs:
+        path = Path(os.path.realpath(root)) / spec.source
+        path.mkdir(parents=True, exist_ok=True)
