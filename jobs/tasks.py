@@ -14,7 +14,7 @@ def enqueue_unique(queue_name: str, func, *args, job_id: str, again_if_running=F
     queue it twice). With `again_if_running`, a job that is already running gets one
     follow-up queued behind it, for work that must see what changed after it started."""
     queue = django_rq.get_queue(queue_name)
-    for candidate in (job_id, f"{job_id}.next") if again_if_running else (job_id,):
+    for candidate in (job_id, f"{job_id}-next") if again_if_running else (job_id,):
         existing = queue.fetch_job(candidate)
         status = existing.get_status(refresh=True) if existing is not None else None
         if status in _PENDING - {JobStatus.STARTED}:

@@ -14,6 +14,18 @@ from jobs.models import GpuModel, Host
 TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 
 
+def procfile_command(process: str) -> list[str]:
+    """The Procfile's own command line for a process, so tests run what production runs."""
+    import shlex
+    from pathlib import Path
+
+    for line in (Path(__file__).resolve().parent.parent / "Procfile").read_text().splitlines():
+        name, _, command = line.partition(":")
+        if name.strip() == process:
+            return shlex.split(command)
+    raise LookupError(process)
+
+
 def _engine_urls() -> list[str]:
     return [u for u in os.environ.get("SUANLI_TEST_ENGINES", "").split(",") if u]
 
@@ -132,3 +144,43 @@ def make_cluster(catalog, storage_root):
 
     make.Cluster = Cluster
     return make
+
+
+@pytest.fixture
+def rq_worker(transactional_db, tmp_path):
+    """A real `rqworker` process on the test database, as the Procfile runs it."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from django.db import connection
+
+    s = connection.settings_dict
+    env = dict(os.environ)
+    env["DATABASE_URL"] = (
+        f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+    )
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        # The Procfile's own worker line, without forking per job so the test stays quick.
+        [
+            sys.executable,
+            *procfile_command("worker")[1:],
+            "--worker-class",
+            "rq.worker.SimpleWorker",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    time.sleep(0.5)
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    print("worker log:", (tmp_path / "worker.log").read_text()[-3000:])

@@ -45,6 +45,7 @@ def _login(page, live_server, username, password):
     page.fill("#id_username", username)
     page.fill("#id_password", password)
     page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
 
 
 def test_researcher_sees_the_fleets_free_gpus(page, live_server, alice, make_host):
@@ -80,4 +81,39 @@ def test_operator_adds_a_host_in_the_admin_and_sees_it_healthy(
     expect(row).to_contain_text("emulated GPUs")
     page.screenshot(
         path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/ops_hosts.png", full_page=True
+    )
+
+
+def test_researcher_creates_a_two_node_cluster_with_a_volume(
+    page, live_server, alice, make_host, storage_root, rq_worker
+):
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
+    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=8)
+    _login(page, live_server, "alice", "alice-pass-123")
+    page.goto(f"{live_server.url}/clusters/new/")
+    page.fill("#id_name", "ddp-run")
+    page.select_option("#id_resource", "gpu:a100-80gb")
+    page.fill("#id_nodes", "2")
+    page.fill("#id_gpus_per_node", "8")
+    page.fill("#id_volumes", "datasets:./data")
+    page.get_by_role("button", name="Create cluster").click()
+    error = page.locator("#field-volumes .errorlist")
+    expect(error).to_contain_text(
+        "'./data' is relative: container paths must be absolute. Write /workspace/data instead."
+    )
+    page.screenshot(
+        path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/cluster_form_error.png",
+        full_page=True,
+    )
+    page.fill("#id_volumes", "datasets:/workspace/data")
+    page.get_by_role("button", name="Create cluster").click()
+    # The worker places it; the page follows on its own (htmx polling).
+    expect(page.get_by_test_id("cluster-state")).to_have_text("running", timeout=20_000)
+    nodes = page.locator("#nodes")
+    expect(nodes).to_contain_text("gpu-a-01")
+    expect(nodes).to_contain_text("gpu-b-01")
+    expect(nodes).to_contain_text("GPU 0, 1, 2, 3, 4, 5, 6, 7")
+    expect(page.locator("body")).to_contain_text("/workspace/data")
+    page.screenshot(
+        path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/cluster_running.png", full_page=True
     )

@@ -280,3 +280,23 @@ def test_periodic_check_runs_through_real_redis_once_per_host(make_host, engine_
     for host in (a, b):
         host.refresh_from_db()
         assert host.state == Host.State.ACTIVE and host.last_checked is not None
+
+
+def test_cron_enqueues_the_periodic_tasks_in_json_for_the_workers(make_host):
+    from console.management.commands.suanli_cron import SuanliCronScheduler
+
+    host = make_host("gpu-a-01", engine=0, check=False)
+    scheduler = SuanliCronScheduler()
+    scheduler.load_config_from_file("console.cron")
+    names = {job.func.__name__ for job in scheduler.enqueue_jobs()}
+    assert {"hosts_check_all", "place_pending", "clusters_release_idle"} <= names
+    assert scheduler.enqueue_jobs() == [], "nothing is due again at once"
+    queue = django_rq.get_queue("default")
+    assert queue.serializer.__name__ == "JSONSerializer"
+    SimpleWorker(
+        [queue, django_rq.get_queue("docker")],
+        connection=queue.connection,
+        serializer=queue.serializer,
+    ).work(burst=True)
+    host.refresh_from_db()
+    assert host.state == Host.State.ACTIVE, "the cron tick checked the host through the workers"
