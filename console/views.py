@@ -122,7 +122,10 @@ def cluster_status(request, cluster_id: int):
     """The part of the cluster page that changes; polled with htmx while it moves."""
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     response = render(request, "console/_cluster_status.html", _cluster_context(cluster))
-    if request.headers.get("HX-Request") and cluster.state not in (Cluster.State.PENDING, Cluster.State.RELEASING):
+    if request.headers.get("HX-Request") and cluster.state not in (
+        Cluster.State.PENDING,
+        Cluster.State.RELEASING,
+    ):
         response["HX-Refresh"] = "true"  # the state settled: redraw the whole page (actions too)
     return response
 
