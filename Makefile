@@ -42,3 +42,7 @@ services-down:
 clean:
 	bash .ci/services.sh stop --clean || true
 	rm -rf .run staticfiles db.sqlite3
+
+## make bench: the benchmarks, one JSON line per case.
+bench: venv
+	@bash bench/run.sh

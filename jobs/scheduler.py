@@ -25,7 +25,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
@@ -273,99 +273,176 @@ def shortage_text(cluster: Cluster, fleet: Fleet) -> str:
     return f"waiting for {cluster.shape}{rdma} {where}; {room} ({free} {unit} free)"
 
 
-def _commit(cluster_id: int, hosts: list[int], fleet: Fleet) -> Cluster | None:
-    """Write one plan: lock the cluster and the slots, re-check, create the nodes."""
+BATCH = 100  # plans written per transaction
+
+
+def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: PassReport) -> None:
+    """Write planned placements in one transaction, a handful of statements in all.
+
+    The clusters are claimed (still pending, and not being placed by another scheduler)
+    and the slots of their hosts locked with FOR UPDATE SKIP LOCKED; each cluster then
+    takes its slots from what is really free. A cluster whose capacity is gone (another
+    scheduler took it) is left pending, whole, for the next pass.
+    """
     now = timezone.now()
     with transaction.atomic():
-        cluster = (
-            Cluster.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("gpu_model", "instance_type")
-            .filter(pk=cluster_id, state=Cluster.State.PENDING)
-            .first()
+        claimed = set(
+            Cluster.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=[c.pk for c, _ in batch], state=Cluster.State.PENDING)
+            .values_list("pk", flat=True)
         )
-        if cluster is None:
-            return None  # released meanwhile, or another scheduler is placing it
-        start = cluster.node_set.filter(released_at__isnull=True).count()
-        nodes = place_nodes(cluster=cluster, hosts=hosts, first_index=start, now=now)
+        gpu_hosts = {h for c, hosts in batch if c.gpus_per_node for h in hosts}
+        free: dict[int, list[tuple[int, int]]] = defaultdict(list)  # host -> [(slot id, index)]
+        if gpu_hosts:
+            rows = (
+                GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
+                .filter(host_id__in=gpu_hosts, node__isnull=True, host__state=Host.State.ACTIVE)
+                .order_by("host_id", "index")
+                .values_list("id", "host_id", "index")
+            )
+            for slot_id, host_id, index in rows:
+                free[host_id].append((slot_id, index))
+        cpu_hosts = {h for c, hosts in batch if c.is_cpu_only for h in hosts}
+        cpu_free = _lock_cpu_capacity(cpu_hosts) if cpu_hosts else {}
+
+        nodes: list[Node] = []
+        slots_of: list[list[int]] = []
+        placed: list[tuple[Cluster, list[Node]]] = []
+        for cluster, hosts in batch:
+            if cluster.pk not in claimed:
+                continue
+            gpus = cluster.gpus_per_node
+            vcpus = cluster.instance_type.vcpus if cluster.is_cpu_only else 0
+            need: dict[int, int] = defaultdict(int)
+            for host_id in hosts:
+                need[host_id] += 1
+            if any(len(free[h]) < n * gpus for h, n in need.items()) or any(
+                cpu_free.get(h, 0) < n * vcpus for h, n in need.items() if vcpus
+            ):
+                report.conflicts += 1
+                continue
+            mine = []
+            for index, host_id in enumerate(hosts):
+                taken, free[host_id] = free[host_id][:gpus], free[host_id][gpus:]
+                if vcpus:
+                    cpu_free[host_id] -= vcpus
+                node = Node(
+                    cluster=cluster,
+                    index=index,
+                    host_id=host_id,
+                    gpu_indices=[i for _, i in taken],
+                    vcpus=vcpus,
+                    placed_at=now,
+                )
+                nodes.append(node)
+                slots_of.append([slot_id for slot_id, _ in taken])
+                mine.append(node)
+            placed.append((cluster, mine))
+        if not placed:
+            return
+        Node.objects.bulk_create(nodes)
+        _assign_slots(
+            [(slot, node.pk) for node, ids in zip(nodes, slots_of, strict=True) for slot in ids]
+        )
+        Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]).update(
+            state=Cluster.State.RUNNING, state_reason="", running_since=now, last_active_at=now
+        )
+        names = {h: cap.name for h, cap in fleet.hosts.items()}
+        ClusterEvent.objects.bulk_create(
+            [
+                ClusterEvent(cluster=c, at=now, kind="running", message=describe_nodes(mine, names))
+                for c, mine in placed
+            ]
+        )
+    for cluster, _ in placed:
         cluster.state = Cluster.State.RUNNING
-        cluster.state_reason = ""
-        cluster.running_since = now
-        cluster.last_active_at = now
-        cluster.save(update_fields=["state", "state_reason", "running_since", "last_active_at"])
-        ClusterEvent.objects.create(
-            cluster=cluster, at=now, kind="running", message=describe_nodes(nodes)
-        )
-    for host_id in hosts:
-        fleet.take(host_id, cluster.gpus_per_node, nodes[0].vcpus)
-    return cluster
+        report.placed.append(cluster.pk)
+
+
+def _lock_cpu_capacity(host_ids: set[int]) -> dict[int, int]:
+    """Free vCPUs of the given active hosts, with their rows locked against other schedulers."""
+    caps = dict(
+        Host.objects.select_for_update()
+        .filter(id__in=host_ids, state=Host.State.ACTIVE)
+        .values_list("id", "cpu_count")
+    )
+    used = dict(
+        Node.objects.filter(host_id__in=caps, released_at__isnull=True)
+        .values_list("host_id")
+        .annotate(n=Sum("vcpus"))
+    )
+    return {h: (cpus or 0) - (used.get(h) or 0) for h, cpus in caps.items()}
+
+
+def _assign_slots(pairs: list[tuple[int, int]]) -> None:
+    """slot id -> node id, in one statement. The caller holds the slots' row locks."""
+    if not pairs:
+        return
+    table = connection.ops.quote_name(GpuSlot._meta.db_table)
+    for start in range(0, len(pairs), 2000):
+        chunk = pairs[start : start + 2000]
+        values = ", ".join(["(%s, %s)"] * len(chunk))
+        params = [x for pair in chunk for x in pair]
+        with connection.cursor() as cursor:
+            # VALUES columns are column1, column2 in PostgreSQL and SQLite alike.
+            cursor.execute(
+                f"UPDATE {table} SET node_id = v.column2 FROM (VALUES {values}) AS v "  # noqa: S608 (no user input: ids only)
+                f"WHERE {table}.id = v.column1",
+                params,
+            )
 
 
 def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) -> list[Node]:
-    """Create nodes on `hosts` (one per entry) holding their slots. Runs inside the caller's
-    transaction; raises Conflict, writing nothing, when the capacity is gone."""
+    """Add nodes on `hosts` (one per entry) to a running cluster, holding their slots.
+    Runs inside the caller's transaction; raises Conflict, writing nothing, when the
+    capacity is gone."""
     gpus = cluster.gpus_per_node
     vcpus = cluster.instance_type.vcpus if cluster.is_cpu_only else 0
     need: dict[int, int] = defaultdict(int)
     for host_id in hosts:
         need[host_id] += 1
-    slots_by_host: dict[int, list[GpuSlot]] = defaultdict(list)
-    with transaction.atomic():  # a savepoint: a Conflict leaves nothing behind
-        if gpus:
-            slots = (
-                GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
-                .filter(host_id__in=need, node__isnull=True, host__state=Host.State.ACTIVE)
-                .order_by("host_id", "index")
+    free: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    if gpus:
+        rows = (
+            GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(host_id__in=need, node__isnull=True, host__state=Host.State.ACTIVE)
+            .order_by("host_id", "index")
+            .values_list("id", "host_id", "index")
+        )
+        for slot_id, host_id, index in rows:
+            free[host_id].append((slot_id, index))
+        short = [h for h, n in need.items() if len(free[h]) < n * gpus]
+    else:
+        cpu_free = _lock_cpu_capacity(set(need))
+        short = [h for h, n in need.items() if cpu_free.get(h, 0) < n * vcpus]
+    if short:
+        raise Conflict(short[0])
+    nodes, slots_of = [], []
+    for offset, host_id in enumerate(hosts):
+        taken, free[host_id] = free[host_id][:gpus], free[host_id][gpus:]
+        nodes.append(
+            Node(
+                cluster=cluster,
+                index=first_index + offset,
+                host_id=host_id,
+                gpu_indices=[i for _, i in taken],
+                vcpus=vcpus,
+                placed_at=now,
             )
-            for slot in slots:
-                slots_by_host[slot.host_id].append(slot)
-            for host_id, count in need.items():
-                if len(slots_by_host[host_id]) < count * gpus:
-                    raise Conflict(host_id)
-        else:
-            caps = {
-                h.id: h
-                for h in Host.objects.select_for_update().filter(
-                    id__in=need, state=Host.State.ACTIVE
-                )
-            }
-            used = dict(
-                Node.objects.filter(host_id__in=need, released_at__isnull=True)
-                .values_list("host_id")
-                .annotate(n=Sum("vcpus"))
-            )
-            for host_id, count in need.items():
-                cap = caps.get(host_id)
-                if cap is None or (cap.cpu_count or 0) - (used.get(host_id) or 0) < count * vcpus:
-                    raise Conflict(host_id)
-        nodes = []
-        taken: list[GpuSlot] = []
-        for offset, host_id in enumerate(hosts):
-            mine = slots_by_host[host_id][:gpus]
-            slots_by_host[host_id] = slots_by_host[host_id][gpus:]
-            nodes.append(
-                Node(
-                    cluster=cluster,
-                    index=first_index + offset,
-                    host_id=host_id,
-                    gpu_indices=[s.index for s in mine],
-                    vcpus=vcpus,
-                    placed_at=now,
-                )
-            )
-            taken.append(mine)
-        Node.objects.bulk_create(nodes)
-        changed = []
-        for node, mine in zip(nodes, taken, strict=True):
-            for slot in mine:
-                slot.node = node
-                changed.append(slot)
-        if changed:
-            GpuSlot.objects.bulk_update(changed, ["node"])
+        )
+        slots_of.append([slot_id for slot_id, _ in taken])
+    Node.objects.bulk_create(nodes)
+    _assign_slots(
+        [(slot, node.pk) for node, ids in zip(nodes, slots_of, strict=True) for slot in ids]
+    )
     return nodes
 
 
-def describe_nodes(nodes: list[Node]) -> str:
-    names = dict(Host.objects.filter(id__in={n.host_id for n in nodes}).values_list("id", "name"))
+def describe_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> str:
+    if names is None:
+        names = dict(
+            Host.objects.filter(id__in={n.host_id for n in nodes}).values_list("id", "name")
+        )
     parts = []
     for node in nodes:
         where = names.get(node.host_id, f"host {node.host_id}")
@@ -393,28 +470,23 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         .select_related("gpu_model", "instance_type")
         .order_by("queued_at", "id")
     )
+    batch: list[tuple[Cluster, list[int]]] = []
     for cluster in pending.iterator(chunk_size=2000):
         key = resource_key(cluster)
-        placed = None
-        for _attempt in range(3):
-            hosts = fleet.plan(cluster)
-            if hosts is None:
-                break
-            try:
-                placed = _commit(cluster.pk, hosts, fleet)
-            except Conflict as exc:
-                report.conflicts += 1
-                host_id = exc.args[0]
-                fleet.set_free(
-                    host_id, GpuSlot.objects.filter(host_id=host_id, node__isnull=True).count()
-                )
-                continue
-            break
-        if placed is not None:
-            report.placed.append(placed.pk)
-            continue
+        hosts = fleet.plan(cluster)
         if hosts is not None:
-            continue  # lost to a concurrent scheduler three times, or no longer pending
+            # Count the capacity as taken now; the batch is written a little later.
+            for host_id in hosts:
+                fleet.take(
+                    host_id,
+                    cluster.gpus_per_node,
+                    cluster.instance_type.vcpus if cluster.is_cpu_only else 0,
+                )
+            batch.append((cluster, hosts))
+            if len(batch) >= BATCH:
+                _commit_batch(batch, fleet, report)
+                batch = []
+            continue
         report.waiting += 1
         reason = shortage_text(cluster, fleet)
         head = heads.get(key)
@@ -428,6 +500,8 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         if cluster.state_reason != reason:
             cluster.state_reason = reason
             reasons.append(cluster)
+    if batch:
+        _commit_batch(batch, fleet, report)
     if reasons:
         # Only rows still pending: a cluster placed or released meanwhile keeps its state.
         for cluster in reasons:
