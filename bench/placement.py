@@ -121,7 +121,9 @@ def run(n_hosts: int, owner, model: GpuModel, image: Image, per_placement: list[
         # Give everything back (not timed) for the next wave.
         GpuSlot.objects.filter(node__isnull=False).update(node=None)
         Node.objects.filter(released_at__isnull=True).update(released_at=now)
-        Cluster.objects.filter(state__in=["pending", "running"]).update(state="released", released_at=now)
+        Cluster.objects.filter(state__in=["pending", "running"]).update(
+            state="released", released_at=now
+        )
     return {
         "bench": "placement",
         "hosts": n_hosts,
@@ -133,7 +135,9 @@ def run(n_hosts: int, owner, model: GpuModel, image: Image, per_placement: list[
         "seconds": round(pass_seconds, 3),
         "placements_per_s": round(placed / pass_seconds, 1),
         "median_ms_per_placement": round(statistics.median(per_placement) * 1000, 3),
-        "p95_ms_per_placement": round(sorted(per_placement)[int(len(per_placement) * 0.95)] * 1000, 3),
+        "p95_ms_per_placement": round(
+            sorted(per_placement)[int(len(per_placement) * 0.95)] * 1000, 3
+        ),
         "database": connection.vendor,
     }
 

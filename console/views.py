@@ -30,6 +30,9 @@ def dashboard(request):
             "any_emulated": any(row.emulated_hosts for row in availability),
             "instance_types": InstanceType.objects.all(),
             "images": Image.objects.filter(active=True),
+            "my_active": fleet.clusters_for(request.user)
+            .filter(state__in=[Cluster.State.PENDING, Cluster.State.RUNNING])
+            .count(),
         },
     )
 

@@ -7,7 +7,17 @@ from django.views.decorators.http import require_POST
 
 from jobs import services
 from jobs.forms import HostForm
-from jobs.models import GpuModel, GpuSlot, Host, Image, InstanceType
+from jobs.models import (
+    Cluster,
+    ClusterEvent,
+    GpuModel,
+    GpuSlot,
+    Host,
+    Image,
+    InstanceType,
+    Node,
+    SshKey,
+)
 
 
 def report_check(request, host: Host) -> None:
@@ -151,3 +161,58 @@ class ImageAdmin(admin.ModelAdmin):
     list_display = ["name", "reference", "framework", "cuda_version", "active"]
     list_filter = ["active", "framework"]
     search_fields = ["name", "reference"]
+
+
+class NodeInline(admin.TabularInline):
+    model = Node
+    extra = 0
+    can_delete = False
+    fields = ["index", "host", "gpu_indices", "vcpus", "placed_at", "released_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class ClusterEventInline(admin.TabularInline):
+    model = ClusterEvent
+    extra = 0
+    can_delete = False
+    fields = ["at", "kind", "message"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    """Operators look at clusters here; they change them only through the actions."""
+
+    list_display = ["name", "owner", "shape", "state", "zone", "spot", "created_at"]
+    list_filter = ["state", "gpu_model", "spot", "network"]
+    search_fields = ["name", "owner__username"]
+    inlines = [NodeInline, ClusterEventInline]
+    actions = ["release"]
+    list_select_related = ["owner", "gpu_model", "instance_type"]
+
+    def has_add_permission(self, request):
+        return False  # clusters are requested by researchers, through the console or API
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Release (give the capacity back now)")
+    def release(self, request, queryset):
+        for cluster in queryset:
+            services.cluster_release(
+                cluster=cluster, reason=f"released by operator {request.user.username}"
+            )
+        messages.success(request, f"Released {queryset.count()} cluster(s).")
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "key_type", "bits", "fingerprint", "created_at"]
+    search_fields = ["owner__username", "fingerprint"]
+    readonly_fields = ["key_type", "bits", "fingerprint"]

@@ -306,3 +306,18 @@ def test_cluster_can_carry_only_its_owners_keys(client, alice, bob, fleet):
     response = client.post(reverse("cluster_new"), {**_form(), "ssh_keys": [str(mine.pk)]})
     assert response.status_code == 302
     assert list(Cluster.objects.get().ssh_keys.all()) == [mine]
+
+
+def test_operator_releases_a_cluster_from_the_admin(client, operator, alice, fleet, make_cluster):
+    c = make_cluster(alice, "stuck", gpus=8)
+    scheduler.place_pending()
+    client.force_login(operator)
+    assert client.get(reverse("admin:jobs_cluster_change", args=[c.pk])).status_code == 200
+    response = client.post(
+        reverse("admin:jobs_cluster_changelist"),
+        {"action": "release", "_selected_action": [str(c.pk)]},
+    )
+    assert response.status_code == 302
+    c.refresh_from_db()
+    assert c.state == Cluster.State.RELEASED and c.state_reason == "released by operator olga"
+    assert GpuSlot.objects.filter(node__isnull=False).count() == 0
