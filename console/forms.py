@@ -71,6 +71,12 @@ class ClusterForm(forms.Form):
             else:
                 label = f"{model.name} — no host now"
             choices.append((f"gpu:{slug}", label))
+        # Preselect a model that can be had now, not merely the first of the catalog.
+        available = [
+            f"gpu:{slug}" for slug, m in self.gpu_models.items() if self.capacity.get(m.pk)
+        ]
+        if available and not self.is_bound:
+            self.initial.setdefault("resource", available[0])
         cpu = [(f"cpu:{name}", f"CPU only: {t}") for name, t in self.instance_types.items()]
         self.fields["resource"].choices = [("GPUs", choices), ("CPU-only (for debugging)", cpu)]
         self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}

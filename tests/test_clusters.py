@@ -321,3 +321,9 @@ def test_operator_releases_a_cluster_from_the_admin(client, operator, alice, fle
     c.refresh_from_db()
     assert c.state == Cluster.State.RELEASED and c.state_reason == "released by operator olga"
     assert GpuSlot.objects.filter(node__isnull=False).count() == 0
+
+
+def test_form_preselects_a_gpu_model_that_is_available(client, alice, fleet):
+    client.force_login(alice)
+    form = client.get(reverse("cluster_new")).context["form"]
+    assert form["resource"].value() == "gpu:a100-80gb"
