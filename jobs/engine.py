@@ -51,6 +51,9 @@ def client_for(host: Host, *, timeout: int | None = None) -> docker.DockerClient
 
 def describe(exc: BaseException) -> str:
     """The engine's own error text, without the SDK's noise around it."""
+    explanation = getattr(exc, "explanation", None)
+    if explanation:
+        return str(explanation.decode() if isinstance(explanation, bytes) else explanation).strip()
     text = str(exc).strip() or exc.__class__.__name__
     prefix = "Error while fetching server API version: "
     return text[len(prefix) :] if text.startswith(prefix) else text
@@ -77,3 +80,24 @@ def engine_facts(host: Host) -> dict:
         "memory_bytes": info.get("MemTotal"),
         "nvidia": "nvidia" in runtimes,
     }
+
+
+_clients: dict[tuple, docker.DockerClient] = {}
+
+
+def cached_client(host: Host) -> docker.DockerClient:
+    """One client per engine per process: `version="auto"` costs a round trip per client."""
+    key = (
+        host.pk,
+        host.engine_url,
+        hashlib.sha256((host.tls_cert + host.tls_key).encode()).hexdigest(),
+    )
+    client = _clients.get(key)
+    if client is None:
+        client = _clients[key] = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
+    return client
+
+
+def forget_client(host: Host) -> None:
+    for key in [k for k in _clients if k[0] == host.pk]:
+        _clients.pop(key).close()

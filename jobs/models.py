@@ -392,3 +392,120 @@ class Volume(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}:{self.target}{':ro' if self.read_only else ''}"
+
+
+RESERVED_ENV_PREFIXES = ("SUANLI_", "NCCL_", "NVIDIA_")
+RESERVED_ENV = frozenset(
+    {
+        "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
+        "LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "HOME", "PATH", "HOSTNAME",
+        "LD_PRELOAD", "LD_LIBRARY_PATH",
+    }
+)  # fmt: skip
+
+
+class Job(models.Model):
+    """A training run on a cluster. A cluster runs its jobs one at a time, FIFO."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "queued"
+        STARTING = "starting", "starting"
+        RUNNING = "running", "running"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+
+    class Launcher(models.TextChoices):
+        PLAIN = "plain", "plain (the command runs once per node)"
+        TORCHRUN = "torchrun", "torchrun (one process per GPU)"
+
+    ACTIVE = (State.STARTING, State.RUNNING)
+    ENDED = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="jobs")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    name = models.CharField(max_length=100)
+    command = models.TextField()
+    launcher = models.CharField(max_length=10, choices=Launcher.choices, default=Launcher.PLAIN)
+    env = models.JSONField(default=dict, blank=True)
+    workdir = models.CharField(max_length=255, default="/workspace")
+    checkpoint_dir = models.CharField(max_length=255, default="/workspace/checkpoints")
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    retries = models.PositiveSmallIntegerField(default=0)
+    attempt = models.PositiveSmallIntegerField(
+        default=0, help_text="Starts so far (retries add one)."
+    )
+
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    state_reason = models.CharField(max_length=500, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    running_since = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["cluster", "state", "queued_at"], name="job_cluster_queue_idx")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_ended(self) -> bool:
+        return self.state in self.ENDED
+
+
+class JobEvent(models.Model):
+    """The job's timeline: states, image pulls, retries, who cancelled."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=20)
+    message = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class Replica(models.Model):
+    """One container of one attempt of a job, on one node (rank = node index)."""
+
+    class State(models.TextChoices):
+        CREATING = "creating", "creating"
+        RUNNING = "running", "running"
+        EXITED = "exited", "exited"
+        LOST = "lost", "lost"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="replicas")
+    attempt = models.PositiveSmallIntegerField(default=1)
+    rank = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="replicas")
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="replicas")
+    container_name = models.CharField(max_length=128, unique=True)
+    container_id = models.CharField(max_length=80, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
+    exit_code = models.IntegerField(null=True, blank=True)
+    log = models.TextField(
+        blank=True, help_text="Stored when the container ends (tail, timestamped)."
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "rank"], name="replica_unique_rank")
+        ]
+
+    def __str__(self) -> str:
+        return self.container_name

@@ -357,6 +357,12 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
     for cluster, _ in placed:
         cluster.state = Cluster.State.RUNNING
         report.placed.append(cluster.pk)
+    from jobs import runner
+    from jobs.models import Job
+
+    waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state=Job.State.QUEUED)
+    for cluster_id in set(waiting.values_list("cluster_id", flat=True)):
+        runner.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
 
 
 def _lock_cpu_capacity(host_ids: set[int]) -> dict[int, int]:

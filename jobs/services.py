@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import engine, storage, validators
+from jobs import engine, runtime, storage, validators
 from jobs.models import (
     Cluster,
     ClusterEvent,
@@ -17,6 +17,8 @@ from jobs.models import (
     Host,
     Image,
     InstanceType,
+    Job,
+    JobEvent,
     Node,
     SshKey,
     Volume,
@@ -170,10 +172,33 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
     )
     if spec.ssh_keys:
         cluster.ssh_keys.set(spec.ssh_keys)
-    storage.ensure_folders(storage.tenant_root(owner.pk), list(spec.volumes))
+    storage.ensure_folders(
+        storage.tenant_root(owner.pk), list(spec.volumes), uid=runtime.tenant_uid(owner.pk)
+    )
     _event(cluster, "pending", f"requested {cluster.shape}", at=now)
     request_placement()
     return cluster
+
+
+def _cancel_jobs_of(cluster: Cluster, reason: str) -> None:
+    """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
+    from jobs import tasks
+
+    now = timezone.now()
+    for job in cluster.jobs.filter(state=Job.State.QUEUED):
+        Job.objects.filter(pk=job.pk).update(
+            state=Job.State.CANCELLED, state_reason=reason, finished_at=now
+        )
+        JobEvent.objects.create(job=job, kind="cancelled", message=reason, at=now)
+    for job in cluster.jobs.filter(state__in=Job.ACTIVE):
+        Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
+        JobEvent.objects.create(job=job, kind="cancelling", message=reason, at=now)
+        job_id = job.pk
+        transaction.on_commit(
+            lambda job_id=job_id: tasks.enqueue_unique(
+                "docker", tasks.job_stop, job_id, job_id=f"stop-{job_id}"
+            )
+        )
 
 
 def _free_nodes(nodes, now) -> int:
@@ -192,6 +217,7 @@ def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") 
     was_pending = cluster.state == Cluster.State.PENDING
     if not was_pending:
         _event(cluster, "releasing", reason, at=now)
+    _cancel_jobs_of(cluster, reason)
     live = list(cluster.node_set.filter(released_at__isnull=True))
     _free_nodes(live, now)
     cluster.state = Cluster.State.RELEASED
@@ -298,3 +324,84 @@ def ssh_key_add(*, owner, name: str, public_key: str) -> SshKey:
         bits=parsed["bits"],
         fingerprint=parsed["fingerprint"],
     )
+
+
+# -- jobs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    command: str
+    launcher: str = Job.Launcher.PLAIN
+    env: dict | None = None
+    workdir: str = "/workspace"
+    checkpoint_dir: str = "/workspace/checkpoints"
+    max_runtime_s: int | None = None
+    retries: int = 0
+
+
+@transaction.atomic
+def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
+    """Queue a job on a cluster; it starts when the cluster runs and earlier jobs ended."""
+    from jobs import runner
+
+    cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
+    if cluster.state not in (Cluster.State.PENDING, Cluster.State.RUNNING):
+        raise ValidationError(
+            f"Cluster {cluster.name} is {cluster.state}: jobs run only on a pending or running cluster."
+        )
+    now = timezone.now()
+    job = Job.objects.create(
+        cluster=cluster,
+        owner_id=cluster.owner_id,
+        name=spec.name,
+        command=spec.command,
+        launcher=spec.launcher,
+        env=spec.env or {},
+        workdir=spec.workdir,
+        checkpoint_dir=spec.checkpoint_dir,
+        max_runtime_s=spec.max_runtime_s,
+        retries=spec.retries,
+        created_at=now,
+        queued_at=now,
+    )
+    JobEvent.objects.create(
+        job=job, kind="queued", message=f"on {cluster.name} ({cluster.shape})", at=now
+    )
+    runner.request_dispatch(cluster.pk)
+    return job
+
+
+def job_cancel(*, job: Job, by: str) -> Job:
+    """Cancel a queued job at once; a starting or running one gets SIGTERM, then SIGKILL."""
+    from jobs import runner, tasks
+
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+        if job.is_ended:
+            raise ValidationError(
+                f"Job {job.name} has ended ({job.state}); there is nothing to cancel."
+            )
+        reason = f"cancelled by {by}"
+        if job.state == Job.State.QUEUED:
+            Job.objects.filter(pk=job.pk).update(
+                state=Job.State.CANCELLED,
+                state_reason=reason,
+                finished_at=timezone.now(),
+                cancel_requested=True,
+            )
+            JobEvent.objects.create(job=job, kind="cancelled", message=reason)
+            runner.request_dispatch(job.cluster_id)
+        else:
+            Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
+            JobEvent.objects.create(
+                job=job, kind="cancelling", message=f"{reason}: SIGTERM, then SIGKILL"
+            )
+            transaction.on_commit(
+                lambda: tasks.enqueue_unique(
+                    "docker", tasks.job_stop, job.pk, job_id=f"stop-{job.pk}"
+                )
+            )
+    job.refresh_from_db()
+    return job

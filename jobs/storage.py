@@ -115,7 +115,15 @@ def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
     return specs
 
 
-def ensure_folders(root: Path, specs: list[VolumeSpec]) -> None:
+def ensure_folders(root: Path, specs: list[VolumeSpec], *, uid: int | None = None) -> None:
+    """Create the volumes' folders; as root, hand them to the tenant's container uid so
+    its unprivileged containers can write there."""
+    root.mkdir(parents=True, exist_ok=True)
+    chown = uid is not None and os.geteuid() == 0
+    if chown:
+        os.chown(root, uid, uid)
     for spec in specs:
         path = Path(os.path.realpath(root)) / spec.source
         path.mkdir(parents=True, exist_ok=True)
+        if chown:
+            os.chown(path, uid, uid)

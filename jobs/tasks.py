@@ -54,3 +54,55 @@ def place_pending() -> int:
 
 def clusters_release_idle() -> int:
     return len(services.clusters_release_idle())
+
+
+def cluster_dispatch(cluster_id: int) -> int | None:
+    from jobs import runner
+
+    return runner.dispatch(cluster_id)
+
+
+def job_stop(job_id: int) -> None:
+    from jobs import runner
+
+    runner.stop(job_id)
+    runner.settle(job_id)
+
+
+def job_kill(job_id: int) -> None:
+    from jobs import runner
+
+    runner.kill(job_id)
+
+
+def replica_exited(replica_id: int, exit_code: int | None = None) -> None:
+    from jobs import runner
+
+    runner.replica_exited(replica_id, exit_code=exit_code)
+
+
+def reconcile() -> dict:
+    from jobs import runner
+
+    return runner.reconcile()
+
+
+def dispatch_all() -> int:
+    """Safety net: every running cluster with queued work and nothing active gets a dispatch."""
+    from jobs.models import Cluster, Job
+
+    ids = list(
+        Cluster.objects.filter(state=Cluster.State.RUNNING, jobs__state=Job.State.QUEUED)
+        .exclude(jobs__state__in=Job.ACTIVE)
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    for cluster_id in ids:
+        enqueue_unique(
+            "docker",
+            cluster_dispatch,
+            cluster_id,
+            job_id=f"dispatch-{cluster_id}",
+            again_if_running=True,
+        )
+    return len(ids)

@@ -184,3 +184,60 @@ def rq_worker(transactional_db, tmp_path):
         proc.kill()
     log.close()
     print("worker log:", (tmp_path / "worker.log").read_text()[-3000:])
+
+
+@pytest.fixture
+def running_cluster(make_host, make_cluster, alice):
+    """A placed cluster on the real engines: `nodes` nodes, one host per engine."""
+    from jobs import scheduler
+
+    def make(nodes=1, *, gpus=1, owner=None, **extra):
+        if not make_host.__dict__.get("made"):
+            make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+            make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2)
+            make_host.__dict__["made"] = True
+        extra.setdefault("release_policy", "never")
+        extra.setdefault("volumes", ())
+        cluster = make_cluster(
+            owner or alice, f"c{nodes}-{gpus}-{len(extra)}", nodes=nodes, gpus=gpus, **extra
+        )
+        scheduler.place_pending()
+        cluster.refresh_from_db()
+        assert cluster.state == "running", cluster.state_reason
+        return cluster
+
+    return make
+
+
+@pytest.fixture
+def settle_until():
+    """Drive the reconciler (the watch process's safety net) until the job ends."""
+    import time
+
+    from jobs import runner
+
+    def wait(job, states=("succeeded", "failed", "cancelled"), timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job.refresh_from_db()
+            if job.state in states:
+                return job
+            runner.reconcile()
+            time.sleep(0.3)
+        job.refresh_from_db()
+        raise AssertionError(f"job {job.name} is {job.state} ({job.state_reason}) after {timeout}s")
+
+    return wait
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_containers(request):
+    """Tests that start containers leave none behind on the engines."""
+    yield
+    if "running_cluster" not in request.fixturenames:
+        return
+    for url in _engine_urls():
+        client = docker.DockerClient(base_url=url, timeout=10)
+        for c in client.containers.list(all=True, filters={"label": "suanli.job"}):
+            c.remove(force=True)
+        client.close()

@@ -1,0 +1,416 @@
+"""Jobs on the engines: start one container per node, follow them to their end, stop
+them, and repair what a crash left behind. Every step is idempotent: a duplicate RQ
+delivery, a watcher and the reconciler racing for the same container all end the same.
+
+No worker waits on a container: starting returns once the containers run, the `watch`
+process (or the reconciler) reports each exit, and stopping sends SIGTERM then schedules
+the SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import docker
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import engine, runtime
+from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
+
+log = logging.getLogger(__name__)
+
+
+def _event(job_id: int, kind: str, message: str = "") -> None:
+    JobEvent.objects.create(job_id=job_id, kind=kind, message=message[:500])
+
+
+def _enqueue(func, *args, job_id: str, delay: int | None = None, again_if_running: bool = False):
+    from jobs import tasks
+
+    if delay:
+        import django_rq
+
+        queue = django_rq.get_queue("docker")
+        return queue.enqueue_in(timedelta(seconds=delay), func, *args)
+    return tasks.enqueue_unique(
+        "docker", func, *args, job_id=job_id, again_if_running=again_if_running
+    )
+
+
+def request_dispatch(cluster_id: int) -> None:
+    """Start the cluster's next queued job once this transaction commits."""
+    from jobs import tasks
+
+    transaction.on_commit(
+        lambda: _enqueue(
+            tasks.cluster_dispatch,
+            cluster_id,
+            job_id=f"dispatch-{cluster_id}",
+            again_if_running=True,
+        )
+    )
+
+
+# -- starting -------------------------------------------------------------------------------
+
+
+def dispatch(cluster_id: int) -> int | None:
+    """Claim the cluster's oldest queued job if nothing runs on it; then start it."""
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update(of=("self",)).filter(pk=cluster_id).first()
+        if cluster is None or cluster.state != Cluster.State.RUNNING:
+            return None
+        if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
+            return None  # one job at a time: the next starts when this one ends
+        job = cluster.jobs.filter(state=Job.State.QUEUED).order_by("queued_at", "id").first()
+        if job is None:
+            return None
+        attempt = job.attempt + 1
+        now = timezone.now()
+        # Compare-and-set: a duplicate delivery finds the job no longer queued.
+        if not Job.objects.filter(pk=job.pk, state=Job.State.QUEUED).update(
+            state=Job.State.STARTING, attempt=attempt, started_at=now, state_reason=""
+        ):
+            return None
+        nodes = list(
+            Node.objects.filter(cluster=cluster, released_at__isnull=True).order_by("index")
+        )
+        Replica.objects.bulk_create(
+            [
+                Replica(
+                    job=job,
+                    attempt=attempt,
+                    rank=node.index,
+                    node=node,
+                    host_id=node.host_id,
+                    container_name=runtime.container_name(job, node.index, attempt),
+                )
+                for node in nodes
+            ]
+        )
+        cluster.last_active_at = now
+        cluster.save(update_fields=["last_active_at"])
+        _event(
+            job.pk,
+            "starting",
+            f"attempt {attempt} on {len(nodes)} node{'s' if len(nodes) != 1 else ''}",
+        )
+    start_replicas(job.pk)
+    return job.pk
+
+
+def _ensure_image(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
+    try:
+        client.images.get(image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    _event(job.pk, "pulling", f"pulling {image} on {host.name}")
+    client.images.pull(image)
+    _event(job.pk, "pulled", f"{image} is on {host.name}")
+
+
+def start_replicas(job_id: int) -> None:
+    """Create and start every replica of the job's current attempt. Safe to repeat: a
+    replica's container has a fixed name, so a second try finds it instead of making a
+    second one."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if job.state != Job.State.STARTING:
+        return
+    replicas = list(
+        Replica.objects.filter(job=job, attempt=job.attempt)
+        .select_related("node__host", "host")
+        .order_by("rank")
+    )
+    if not replicas:
+        _finish(job.pk, Job.State.FAILED, "the cluster has no nodes", exit_code=None)
+        return
+    master = replicas[0].node
+    for replica in replicas:
+        if replica.state != Replica.State.CREATING:
+            continue
+        host = replica.host
+        spec = runtime.container_spec(
+            job=job, node=replica.node, master=master, nodes=len(replicas), attempt=job.attempt,
+            nvidia=not host.emulated_gpu,
+        )  # fmt: skip
+        try:
+            client = engine.cached_client(host)
+            try:
+                container = client.containers.get(spec.name)
+            except docker.errors.NotFound:
+                _ensure_image(client, job, host, spec.image)
+                try:
+                    container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
+                except docker.errors.APIError as exc:
+                    if exc.status_code != 409:  # 409: created meanwhile by a duplicate delivery
+                        raise
+                    container = client.containers.get(spec.name)
+            if container.status == "created":
+                container.start()
+        except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
+            message = f"rank {replica.rank} on {host.name}: {engine.describe(exc)}"
+            Replica.objects.filter(pk=replica.pk).update(
+                state=Replica.State.LOST, finished_at=timezone.now()
+            )
+            log.warning("job %s: %s", job.pk, message)
+            _fail_start(job, message)
+            return
+        Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
+            container_id=container.id, state=Replica.State.RUNNING, started_at=timezone.now()
+        )
+    now = timezone.now()
+    if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
+        state=Job.State.RUNNING, running_since=now
+    ):
+        hosts = ", ".join(f"rank {r.rank} on {r.host.name}" for r in replicas)
+        _event(job.pk, "running", hosts)
+    job.refresh_from_db()
+    if job.cancel_requested:
+        stop(job.pk)
+
+
+def _fail_start(job: Job, message: str) -> None:
+    Job.objects.filter(pk=job.pk).update(state_reason=f"could not start: {message}"[:500])
+    _event(job.pk, "error", message)
+    stop(job.pk)
+    settle(job.pk)
+
+
+# -- stopping ------------------------------------------------------------------------------
+
+
+def stop(job_id: int) -> None:
+    """SIGTERM every live replica now; SIGKILL whatever still runs after the grace period."""
+    from jobs import tasks
+
+    for replica in Replica.objects.filter(
+        job_id=job_id, state=Replica.State.RUNNING
+    ).select_related("host"):
+        _signal(replica, "SIGTERM")
+    _enqueue(tasks.job_kill, job_id, job_id=f"kill-{job_id}", delay=settings.SUANLI_STOP_GRACE_S)
+
+
+def kill(job_id: int) -> None:
+    for replica in Replica.objects.filter(
+        job_id=job_id, state=Replica.State.RUNNING
+    ).select_related("host"):
+        _signal(replica, "SIGKILL")
+
+
+def _signal(replica: Replica, signal: str) -> None:
+    try:
+        engine.cached_client(replica.host).containers.get(replica.container_name).kill(
+            signal=signal
+        )
+    except docker.errors.NotFound:
+        pass  # already gone: the reconciler records it
+    except (docker.errors.APIError, engine.EngineError, OSError) as exc:
+        # 409: not running any more; its exit is on its way to the watcher.
+        log.info("signal %s to %s: %s", signal, replica.container_name, engine.describe(exc))
+
+
+# -- ending ------------------------------------------------------------------------------
+
+
+def _stored_log(container) -> str:
+    try:
+        raw = container.logs(stdout=True, stderr=True, timestamps=True)
+    except docker.errors.DockerException:
+        return ""
+    text = raw.decode("utf-8", "replace")
+    limit = settings.SUANLI_LOG_STORE_BYTES
+    return text if len(text) <= limit else "[... earlier output dropped ...]\n" + text[-limit:]
+
+
+def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
+    """Record a replica's end: exit code and log, then remove its container. Idempotent."""
+    replica = Replica.objects.select_related("host").get(pk=replica_id)
+    if replica.state in (Replica.State.EXITED, Replica.State.LOST):
+        return
+    container = None
+    try:
+        container = engine.cached_client(replica.host).containers.get(replica.container_name)
+        if exit_code is None:
+            container.reload()
+            if container.status in ("running", "created", "restarting"):
+                return  # not ended after all
+            exit_code = container.attrs["State"]["ExitCode"]
+    except docker.errors.NotFound:
+        pass
+    except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
+        log.warning("replica %s: engine unreachable while finalising: %s", replica.pk, exc)
+        return  # the reconciler tries again
+    text = _stored_log(container) if container is not None else ""
+    state = Replica.State.EXITED if exit_code is not None else Replica.State.LOST
+    with transaction.atomic():
+        updated = Replica.objects.filter(
+            pk=replica.pk, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
+        ).update(state=state, exit_code=exit_code, finished_at=timezone.now(), log=text)
+    if container is not None:
+        try:
+            container.remove(force=True)
+        except docker.errors.DockerException:
+            pass  # the reconciler removes leftovers
+    if updated:
+        settle(replica.job_id)
+
+
+def replica_lost(replica_id: int, reason: str) -> None:
+    replica = Replica.objects.get(pk=replica_id)
+    if Replica.objects.filter(
+        pk=replica.pk, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
+    ).update(state=Replica.State.LOST, finished_at=timezone.now()):
+        _event(replica.job_id, "lost", f"rank {replica.rank}: {reason}")
+        settle(replica.job_id)
+
+
+def settle(job_id: int) -> None:
+    """Decide the job's next state from its replicas (level-triggered)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=job_id)
+        if job.is_ended or job.state == Job.State.QUEUED:
+            return
+        replicas = list(
+            Replica.objects.filter(job=job, attempt=job.attempt).order_by("finished_at", "rank")
+        )
+        done = [r for r in replicas if r.state in (Replica.State.EXITED, Replica.State.LOST)]
+        failed = [r for r in done if r.state == Replica.State.LOST or r.exit_code != 0]
+        all_done = len(done) == len(replicas)
+    if job.cancel_requested:
+        if all_done:
+            _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
+        return
+    if failed:
+        first = failed[0]
+        if job.state_reason.startswith("could not start"):
+            cause = job.state_reason  # the engine's own words, e.g. a failed pull
+        elif first.state == Replica.State.LOST:
+            cause = f"rank {first.rank} was lost"
+        else:
+            cause = f"rank {first.rank} exited with code {first.exit_code}"
+        if not all_done:
+            reason = f"{cause}; stopping the other replicas"
+            if (
+                Job.objects.filter(pk=job.pk)
+                .exclude(state_reason=reason)
+                .update(state_reason=reason)
+            ):
+                _event(job.pk, "stopping", reason)
+                stop(job.pk)
+            return
+        if job.attempt <= job.retries:
+            _requeue(job, f"{cause}; retry {job.attempt} of {job.retries}")
+            return
+        _finish(
+            job.pk,
+            Job.State.FAILED,
+            cause.removesuffix("; stopping the other replicas"),
+            exit_code=first.exit_code,
+        )
+        return
+    if all_done:
+        _finish(job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0", exit_code=0)
+
+
+def _requeue(job: Job, reason: str) -> None:
+    with transaction.atomic():
+        if Job.objects.filter(pk=job.pk, state__in=Job.ACTIVE).update(
+            state=Job.State.QUEUED, state_reason=reason
+        ):
+            _event(job.pk, "retrying", reason)
+            request_dispatch(job.cluster_id)
+
+
+def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> None:
+    from jobs import services
+
+    now = timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_related("cluster").get(pk=job_id)
+        if (
+            not Job.objects.filter(pk=job_id)
+            .exclude(state__in=Job.ENDED)
+            .update(state=state, state_reason=reason[:500], exit_code=exit_code, finished_at=now)
+        ):
+            return
+        _event(job_id, state, reason)
+        cluster = job.cluster
+        Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)
+        more = (
+            cluster.jobs.filter(state__in=[Job.State.QUEUED, *Job.ACTIVE])
+            .exclude(pk=job_id)
+            .exists()
+        )
+        if (
+            not more
+            and cluster.release_policy == Cluster.ReleasePolicy.AFTER_LAST_JOB
+            and cluster.state == Cluster.State.RUNNING
+        ):
+            services.cluster_release(
+                cluster=cluster, reason=f"released automatically after job {job.name} finished"
+            )
+        else:
+            request_dispatch(cluster.pk)
+
+
+# -- repair ----------------------------------------------------------------------------
+
+
+def reconcile(*, stuck_after_s: int = 60) -> dict:
+    """Compare the database with what the engines report, by label, and repair."""
+    report = {"finalised": 0, "lost": 0, "removed": 0, "restarted": 0}
+    now = timezone.now()
+    live = Replica.objects.filter(
+        state__in=[Replica.State.RUNNING, Replica.State.CREATING]
+    ).select_related("host", "job")
+    by_host: dict[int, list[Replica]] = {}
+    for replica in live:
+        by_host.setdefault(replica.host_id, []).append(replica)
+    for host in Host.objects.exclude(state=Host.State.DOWN):
+        try:
+            containers = engine.cached_client(host).containers.list(
+                all=True, filters=runtime.replica_labels_filter()
+            )
+        except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
+            log.warning("reconcile: %s unreachable: %s", host.name, exc)
+            continue
+        by_name = {c.name: c for c in containers}
+        for replica in by_host.get(host.pk, []):
+            container = by_name.pop(replica.container_name, None)
+            if container is None:
+                if replica.state == Replica.State.CREATING:
+                    if (
+                        replica.job.state == Job.State.STARTING
+                        and (now - replica.job.started_at).total_seconds() > stuck_after_s
+                    ):
+                        # The worker that was starting it died: start again (idempotent).
+                        report["restarted"] += 1
+                        start_replicas(replica.job_id)
+                    continue
+                report["lost"] += 1
+                replica_lost(replica.pk, f"its container is gone from {host.name}")
+            elif container.status in ("exited", "dead"):
+                report["finalised"] += 1
+                replica_exited(replica.pk, exit_code=container.attrs["State"]["ExitCode"])
+        for container in by_name.values():
+            # Labelled but no live replica: a leftover (finalised, or from a lost attempt).
+            # Look again: a replica created after the query above is not a leftover.
+            if Replica.objects.filter(
+                container_name=container.name,
+                state__in=[Replica.State.RUNNING, Replica.State.CREATING],
+            ).exists():
+                continue
+            try:
+                container.remove(force=True)
+                report["removed"] += 1
+            except docker.errors.DockerException:
+                pass
+    for host in Host.objects.filter(state=Host.State.DOWN, pk__in=list(by_host)):
+        for replica in by_host[host.pk]:
+            report["lost"] += 1
+            replica_lost(replica.pk, f"host {host.name} stopped answering")
+    return report

@@ -1,0 +1,153 @@
+"""The Docker contract (DESIGN.md): how one replica becomes one hardened container.
+
+`container_spec` is pure: everything a researcher typed arrives here as data (environment
+values, a command run by the container's own shell, volume paths already checked) and
+never as a Docker argument of its own.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from docker.types import DeviceRequest, Mount, Ulimit
+
+from jobs import storage
+from jobs.models import Cluster, Job, Node, Replica
+
+LABEL_JOB = "suanli.job"
+LABEL_REPLICA = "suanli.replica"
+LABEL_CLUSTER = "suanli.cluster"
+LABEL_OWNER = "suanli.owner"
+LABEL_ATTEMPT = "suanli.attempt"
+
+
+def tenant_uid(owner_id: int) -> int:
+    """Each researcher's containers run as their own unprivileged uid."""
+    return settings.SUANLI_TENANT_UID_BASE + owner_id
+
+
+def container_name(job: Job, rank: int, attempt: int) -> str:
+    return f"suanli-j{job.pk}-a{attempt}-r{rank}"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    image: str
+    name: str
+    kwargs: dict
+
+
+def distributed_env(job: Job, node: Node, master: Node, nodes: int) -> dict[str, str]:
+    cluster = job.cluster
+    per_node = max(cluster.gpus_per_node, 1)
+    env = {
+        "MASTER_ADDR": master.host.address,
+        "MASTER_PORT": str(master_port(job)),
+        "NNODES": str(nodes),
+        "NODE_RANK": str(node.index),
+        "NPROC_PER_NODE": str(per_node),
+        "LOCAL_WORLD_SIZE": str(per_node),
+    }
+    if job.launcher == Job.Launcher.TORCHRUN:
+        # torchrun sets RANK/LOCAL_RANK per process; WORLD_SIZE counts processes.
+        env["WORLD_SIZE"] = str(nodes * per_node)
+        env["RANK"] = str(node.index * per_node)
+    else:
+        env["WORLD_SIZE"] = str(nodes)
+        env["RANK"] = str(node.index)
+    return env
+
+
+def master_port(job: Job) -> int:
+    # Host networking: give each job its own port so jobs of different clusters sharing a
+    # host cannot collide.
+    return settings.SUANLI_MASTER_PORT_BASE + (job.pk % 10000)
+
+
+def wrapped_command(job: Job, env: dict[str, str]) -> list[str]:
+    if job.launcher == Job.Launcher.TORCHRUN:
+        launcher = (
+            f"exec torchrun --nnodes {env['NNODES']} --nproc-per-node {env['NPROC_PER_NODE']} "
+            f"--node-rank {env['NODE_RANK']} --master-addr {shlex.quote(env['MASTER_ADDR'])} "
+            f"--master-port {env['MASTER_PORT']} "
+        )
+        # The researcher's command is a script and its arguments, handed to torchrun.
+        return ["/bin/sh", "-c", launcher + job.command]
+    return ["/bin/sh", "-c", job.command]
+
+
+def container_spec(
+    *, job: Job, node: Node, master: Node, nodes: int, attempt: int, nvidia: bool
+) -> ContainerSpec:
+    cluster: Cluster = job.cluster
+    uid = tenant_uid(job.owner_id)
+    gpus = ",".join(str(i) for i in node.gpu_indices)
+    env: dict[str, str] = dict(job.env)
+    env.update(distributed_env(job, node, master, nodes))
+    env.update(
+        {
+            "NVIDIA_VISIBLE_DEVICES": gpus or "void",
+            "CUDA_VISIBLE_DEVICES": gpus,
+            "SUANLI_JOB": str(job.pk),
+            "SUANLI_CLUSTER": str(cluster.pk),
+            "SUANLI_ATTEMPT": str(attempt),
+            "SUANLI_CHECKPOINT_DIR": job.checkpoint_dir,
+            "HOME": "/tmp",  # noqa: S108 (the container's own /tmp)
+        }
+    )
+    if cluster.network == Cluster.Network.RDMA:
+        env["NCCL_IB_HCA"] = settings.SUANLI_NCCL_IB_HCA
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
+    root = Path(storage.tenant_root(job.owner_id)).resolve()
+    mounts = [
+        Mount(target=v.target, source=str(root / v.source), type="bind", read_only=v.read_only)
+        for v in cluster.volumes.all()
+    ]
+    kwargs: dict = {
+        "command": wrapped_command(job, env),
+        "environment": env,
+        "labels": {
+            LABEL_JOB: str(job.pk),
+            LABEL_REPLICA: str(node.index),
+            LABEL_CLUSTER: str(cluster.pk),
+            LABEL_OWNER: str(job.owner_id),
+            LABEL_ATTEMPT: str(attempt),
+        },
+        "user": f"{uid}:{uid}",
+        "working_dir": job.workdir,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "pids_limit": settings.SUANLI_PIDS_LIMIT,
+        "mem_limit": f"{settings.SUANLI_MEM_LIMIT_MB}m",
+        "mounts": mounts,
+        "init": True,  # a real PID 1 forwards SIGTERM to the command and reaps zombies
+        "detach": True,
+    }
+    if nodes > 1:
+        kwargs["network_mode"] = "host"  # NCCL/gloo need the hosts' own interfaces
+        kwargs["shm_size"] = f"{settings.SUANLI_SHM_SIZE_MB}m"
+    if nvidia and node.gpu_indices:
+        kwargs["device_requests"] = [
+            DeviceRequest(device_ids=[str(i) for i in node.gpu_indices], capabilities=[["gpu"]])
+        ]
+    if cluster.network == Cluster.Network.RDMA:
+        kwargs["devices"] = ["/dev/infiniband:/dev/infiniband"]
+        kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1)]
+    return ContainerSpec(
+        image=cluster.image_reference, name=container_name(job, node.index, attempt), kwargs=kwargs
+    )
+
+
+def replica_labels_filter(job_id: int | None = None) -> dict:
+    return {"label": [f"{LABEL_JOB}={job_id}"] if job_id is not None else [LABEL_JOB]}
+
+
+def is_ours(replica: Replica, labels: dict) -> bool:
+    return labels.get(LABEL_JOB) == str(replica.job_id) and labels.get(LABEL_ATTEMPT) == str(
+        replica.attempt
+    )

@@ -1,0 +1,209 @@
+"""Jobs run on the two real Docker engines, in hardened containers."""
+
+import time
+
+import docker
+import pytest
+from django.urls import reverse
+
+from jobs import runner, runtime, services
+from jobs.models import Cluster, Job, Replica
+from jobs.services import JobSpec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _submit(cluster, command, **extra):
+    job = services.job_submit(
+        cluster=cluster, spec=JobSpec(name=extra.pop("name", "j"), command=command, **extra)
+    )
+    runner.dispatch(cluster.pk)
+    job.refresh_from_db()
+    return job
+
+
+def _client(replica):
+    return docker.DockerClient(base_url=replica.host.engine_url, timeout=10)
+
+
+def test_one_node_job_prints_and_succeeds_with_its_log_stored(running_cluster, settle_until):
+    cluster = running_cluster(1)
+    job = _submit(cluster, "echo hello from $RANK of $WORLD_SIZE; echo to-stderr >&2")
+    assert job.state == Job.State.RUNNING
+    job = settle_until(job)
+    assert job.state == Job.State.SUCCEEDED and job.exit_code == 0
+    replica = job.replicas.get()
+    assert "hello from 0 of 1" in replica.log and "to-stderr" in replica.log
+    with pytest.raises(docker.errors.NotFound):
+        _client(replica).containers.get(replica.container_name)  # gone, the log stays
+
+
+def test_exit_code_3_fails_the_job_with_code_3(running_cluster, settle_until):
+    job = settle_until(_submit(running_cluster(1), "echo bad; exit 3"))
+    assert job.state == Job.State.FAILED and job.exit_code == 3
+    assert job.state_reason == "rank 0 exited with code 3"
+
+
+def test_running_replica_is_hardened(running_cluster, settle_until, alice, storage_root):
+    from jobs.storage import VolumeSpec
+
+    cluster = running_cluster(1, volumes=(VolumeSpec(source="data", target="/workspace/data"),))
+    job = _submit(cluster, "sleep 30")
+    replica = job.replicas.get()
+    info = _client(replica).api.inspect_container(replica.container_name)
+    host_config = info["HostConfig"]
+    uid = runtime.tenant_uid(alice.pk)
+    assert info["Config"]["User"] == f"{uid}:{uid}"
+    assert host_config["CapDrop"] == ["ALL"] and not host_config.get("CapAdd")
+    assert host_config["SecurityOpt"] == ["no-new-privileges"]
+    assert host_config["Privileged"] is False
+    assert host_config["PidsLimit"] == 4096 and host_config["Memory"] == 8192 * 2**20
+    assert host_config["PidMode"] == "" and host_config["IpcMode"] in ("private", "shareable", "")
+    assert host_config["UsernsMode"] == "" and host_config["UTSMode"] == ""
+    assert [(m["Destination"], m["Source"]) for m in info["Mounts"]] == [
+        ("/workspace/data", str((storage_root / f"u{alice.pk}" / "data").resolve()))
+    ]
+    labels = info["Config"]["Labels"]
+    assert labels["suanli.job"] == str(job.pk) and labels["suanli.owner"] == str(alice.pk)
+    assert labels["suanli.replica"] == "0" and labels["suanli.cluster"] == str(cluster.pk)
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env["NCCL_IB_DISABLE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    services.job_cancel(job=job, by="alice")
+    runner.stop(job.pk)
+    assert settle_until(job).state == Job.State.CANCELLED
+
+
+def test_cancel_while_running_sends_sigterm_and_shows_cancelled(running_cluster, settle_until):
+    job = _submit(
+        running_cluster(1), "trap 'echo got TERM; exit 143' TERM; while true; do sleep 1; done"
+    )
+    time.sleep(1)
+    services.job_cancel(job=job, by="alice")
+    runner.stop(job.pk)  # what the queued stop task runs
+    job = settle_until(job)
+    assert job.state == Job.State.CANCELLED and job.state_reason == "cancelled by alice"
+    assert "got TERM" in job.replicas.get().log
+    with pytest.raises(Exception, match="nothing to cancel"):
+        services.job_cancel(job=job, by="alice")
+
+
+def test_queued_jobs_run_one_at_a_time_in_order(running_cluster, settle_until):
+    cluster = running_cluster(1)
+    first = _submit(cluster, "sleep 2", name="first")
+    second = _submit(cluster, "echo second", name="second")
+    assert second.state == Job.State.QUEUED
+    settle_until(first)
+    runner.dispatch(cluster.pk)
+    assert settle_until(second).state == Job.State.SUCCEEDED
+    assert second.replicas.get().started_at >= first.replicas.get().finished_at
+
+
+def test_two_node_job_across_both_engines_connects_rank1_to_rank0(running_cluster, settle_until):
+    cluster = running_cluster(2, gpus=2)
+    hosts = {n.host.engine_url for n in cluster.node_set.all()}
+    assert len(hosts) == 2, "one node on each engine"
+    command = (
+        'env | grep -E "^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|NODE_RANK|NNODES|NPROC_PER_NODE|LOCAL_WORLD_SIZE)=" | sort; '
+        'if [ "$RANK" = 0 ]; then echo "hello rank0" | nc -l -p $MASTER_PORT -w 20 > /tmp/got; cat /tmp/got; '
+        'else for i in $(seq 1 50); do echo "hi from rank1" | nc -w 2 $MASTER_ADDR $MASTER_PORT && break; sleep 0.2; done; fi'
+    )
+    job = settle_until(_submit(cluster, command), timeout=60)
+    assert job.state == Job.State.SUCCEEDED, job.state_reason
+    logs = {r.rank: r.log for r in job.replicas.all()}
+    port = runtime.master_port(job)
+    for rank in (0, 1):
+        assert f"RANK={rank}" in logs[rank] and f"NODE_RANK={rank}" in logs[rank]
+        assert "WORLD_SIZE=2" in logs[rank] and "NNODES=2" in logs[rank]
+        assert "MASTER_ADDR=127.0.0.1" in logs[rank] and f"MASTER_PORT={port}" in logs[rank]
+        assert "NPROC_PER_NODE=2" in logs[rank] and "LOCAL_WORLD_SIZE=2" in logs[rank]
+    assert "hi from rank1" in logs[0], "rank 1 reached rank 0 on MASTER_ADDR:MASTER_PORT"
+
+
+def test_a_failing_replica_stops_its_peer_and_fails_the_job_with_its_code(
+    running_cluster, settle_until
+):
+    cluster = running_cluster(2, gpus=2)
+    job = _submit(cluster, 'if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi; exec sleep 60')
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        runner.reconcile()
+        job.refresh_from_db()
+        if "stopping the other replicas" in job.state_reason:
+            break
+        time.sleep(0.3)
+    runner.kill(job.pk)  # the scheduled SIGKILL, were the grace period over
+    job = settle_until(job)
+    assert job.state == Job.State.FAILED and job.exit_code == 7
+    assert job.state_reason == "rank 1 exited with code 7"
+    assert job.replicas.get(rank=0).state == Replica.State.EXITED
+
+
+def test_retries_start_a_new_attempt(running_cluster, settle_until):
+    cluster = running_cluster(1)
+    job = _submit(cluster, 'echo attempt $SUANLI_ATTEMPT; [ "$SUANLI_ATTEMPT" = 2 ]', retries=1)
+    settle_until(job, states=("queued", "succeeded", "failed"))
+    runner.dispatch(cluster.pk)
+    job = settle_until(job)
+    assert job.state == Job.State.SUCCEEDED and job.attempt == 2
+    assert [e.kind for e in job.events.all()].count("retrying") == 1
+
+
+def test_missing_image_fails_the_job_with_the_engines_message(running_cluster, settle_until):
+    cluster = running_cluster(1)
+    Cluster.objects.filter(pk=cluster.pk).update(image_reference="suanli/no-such-image:1")
+    job = _submit(cluster, "true")
+    job = settle_until(job)
+    assert job.state == Job.State.FAILED
+    assert "pulling suanli/no-such-image:1" in " ".join(e.message for e in job.events.all())
+    prefix = "could not start: rank 0 on gpu-a-01: "
+    assert job.state_reason.startswith(prefix) and len(job.state_reason) > len(prefix) + 5
+
+
+def test_auto_release_after_the_last_job(running_cluster, settle_until):
+    cluster = running_cluster(1, release_policy="after_last_job")
+    job = settle_until(_submit(cluster, "true", name="train"))
+    assert job.state == Job.State.SUCCEEDED
+    cluster.refresh_from_db()
+    assert cluster.state == Cluster.State.RELEASED
+    assert cluster.state_reason == "released automatically after job train finished"
+
+
+def test_jobs_on_a_released_cluster_are_refused(running_cluster):
+    cluster = running_cluster(1)
+    services.cluster_release(cluster=cluster)
+    with pytest.raises(Exception, match="jobs run only on a pending or running cluster"):
+        services.job_submit(cluster=cluster, spec=JobSpec(name="late", command="true"))
+
+
+def test_reconciler_removes_leftovers_and_marks_lost_replicas(
+    running_cluster, settle_until, engine_urls
+):
+    cluster = running_cluster(1)
+    job = _submit(cluster, "sleep 60")
+    replica = job.replicas.get()
+    client = _client(replica)
+    client.containers.get(replica.container_name).remove(force=True)  # vanished behind our back
+    report = runner.reconcile()
+    assert report["lost"] == 1
+    job = settle_until(job)
+    assert job.state == Job.State.FAILED and "was lost" in job.state_reason
+    stray = client.containers.run(
+        "suanli/busybox:latest",
+        "sleep 60",
+        detach=True,
+        labels={"suanli.job": "999999"},
+        name="suanli-stray",
+    )
+    assert runner.reconcile()["removed"] == 1
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(stray.id)
+
+
+def test_another_researcher_gets_404_for_job_pages(client, running_cluster, bob):
+    job = _submit(running_cluster(1), "sleep 5")
+    client.force_login(bob)
+    assert client.get(reverse("job_detail", args=[job.pk])).status_code == 404
+    assert client.get(reverse("job_log", args=[job.pk])).status_code == 404
+    assert client.post(reverse("job_cancel", args=[job.pk])).status_code == 404
+    job.refresh_from_db()
+    assert not job.cancel_requested
