@@ -6,8 +6,8 @@ from django.core.exceptions import ValidationError
 
 from jobs import selectors as fleet
 from jobs import storage, validators
-from jobs.models import Cluster, GpuModel, Image, InstanceType, SshKey
-from jobs.services import ClusterSpec
+from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, SshKey
+from jobs.services import ClusterSpec, JobSpec
 
 CUSTOM_IMAGE = "custom"
 ZONE_SPREAD_NOTE = "Spreading nodes over zones costs about 5 % more communication time."
@@ -254,3 +254,66 @@ class SshKeyForm(forms.Form):
         value = self.cleaned_data["public_key"]
         self.parsed = validators.parse_ssh_public_key(value)
         return value
+
+
+class JobForm(forms.Form):
+    name = forms.CharField(max_length=100, initial="train")
+    command = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        help_text="Run by the container's shell on every node. With torchrun: the script and its arguments, "
+        "e.g. train.py --epochs 3.",
+    )
+    launcher = forms.ChoiceField(
+        choices=Job.Launcher.choices, initial=Job.Launcher.PLAIN, widget=forms.RadioSelect
+    )
+    env = forms.CharField(
+        label="Environment",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "spellcheck": "false", "placeholder": "LR=3e-4\nWANDB_MODE=offline"}
+        ),
+        help_text="KEY=VALUE, one per line.",
+    )
+    workdir = forms.CharField(label="Working directory", initial="/workspace", max_length=255)
+    checkpoint_dir = forms.CharField(
+        label="Checkpoint directory", initial="/workspace/checkpoints", max_length=255
+    )
+    max_runtime_min = forms.IntegerField(
+        label="Maximum runtime (minutes)", required=False, min_value=1, max_value=60 * 24 * 30
+    )
+    retries = forms.IntegerField(
+        initial=0, min_value=0, max_value=10, help_text="Restarts after a failure."
+    )
+
+    def clean_command(self):
+        command = self.cleaned_data["command"].strip()
+        limit = settings.SUANLI_JOB_COMMAND_MAX
+        if len(command) > limit:
+            raise ValidationError(
+                f"The command is {len(command):,} characters; at most {limit:,}. Put long scripts in a file on a volume."
+            )
+        if "\x00" in command:
+            raise ValidationError("The command may not contain NUL characters.")
+        return command
+
+    def clean_env(self):
+        return validators.parse_env(self.cleaned_data.get("env", ""))
+
+    def clean_workdir(self):
+        return storage.validate_target(self.cleaned_data["workdir"], allow_system=True)
+
+    def clean_checkpoint_dir(self):
+        return storage.validate_target(self.cleaned_data["checkpoint_dir"])
+
+    def spec(self) -> JobSpec:
+        d = self.cleaned_data
+        return JobSpec(
+            name=d["name"],
+            command=d["command"],
+            launcher=d["launcher"],
+            env=d["env"],
+            workdir=d["workdir"],
+            checkpoint_dir=d["checkpoint_dir"],
+            max_runtime_s=d["max_runtime_min"] * 60 if d.get("max_runtime_min") else None,
+            retries=d.get("retries") or 0,
+        )

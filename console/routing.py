@@ -1,4 +1,9 @@
-"""Websocket routes. Each consumer authorises in connect() (live logs and charts come
-with the jobs and monitoring issues)."""
+"""Websocket routes. Each consumer authorises in connect() before it sends anything."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from console import consumers
+
+websocket_urlpatterns = [
+    path("ws/jobs/<int:job_id>/log/", consumers.JobLogConsumer.as_asgi()),
+]

@@ -107,7 +107,7 @@ STORAGES = {
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
-WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_USE_FINDERS = envbool("SUANLI_STATIC_FINDERS", DEBUG)
 
 # Redis carries RQ and the channel layer; it may lose everything without losing a job.
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -123,7 +123,9 @@ RQ_SHOW_ADMIN_LINK = True
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # redis-py 8 times reads out after 5 s, exactly channels_redis's blocking-pop
+        # timeout: give reads room, or idle consumers die with TimeoutError.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
     }
     if envbool("SUANLI_CHANNEL_LAYER_REDIS", True)
     else {"BACKEND": "channels.layers.InMemoryChannelLayer"}

@@ -6,12 +6,12 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.core.exceptions import ValidationError
 from django.db import connection
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from console.forms import ZONE_SPREAD_NOTE, ClusterForm, ResizeForm, SshKeyForm
+from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, SshKeyForm
 from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Cluster, Host, Image, InstanceType, SshKey
@@ -111,6 +111,7 @@ def _cluster_context(cluster: Cluster) -> dict:
         "ssh_keys": cluster.ssh_keys.all(),
         "position": fleet.queue_position(cluster),
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}),
+        "jobs": cluster.jobs.all()[:50],
     }
 
 
@@ -225,3 +226,63 @@ def ops_host_drain(request, host_id: int):
     else:
         messages.success(request, f"Host {host.name} takes new work again.")
     return redirect("ops_hosts")
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+@login_required
+def job_new(request, cluster_id: int):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    form = JobForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = fleet_services.job_submit(cluster=cluster, spec=form.spec())
+        except ValidationError as exc:
+            form.add_error(None, " ".join(exc.messages))
+        else:
+            messages.success(request, f"Job {job.name} queued on {cluster.name}.")
+            return redirect("job_detail", job_id=job.pk)
+    return render(request, "console/job_new.html", {"form": form, "cluster": cluster})
+
+
+@login_required
+def job_detail(request, job_id: int):
+    job = fleet.job_for_user(request.user, job_id)
+    replicas = job.replicas.filter(attempt=job.attempt).select_related("host")
+    return render(
+        request,
+        "console/job_detail.html",
+        {
+            "job": job,
+            "replicas": replicas,
+            "events": job.events.all(),
+            "position": fleet.queue_position_of_job(job),
+            "log_lines": fleet.job_log_lines(job) if job.is_ended else [],
+        },
+    )
+
+
+@login_required
+def job_log(request, job_id: int):
+    """The whole stored log as text, rank-labelled; readable after the containers are gone."""
+    job = fleet.job_for_user(request.user, job_id)
+    body = "".join(f"{ts} [rank {rank}] {text}\n" for ts, rank, text in fleet.job_log_lines(job))
+    response = HttpResponse(body, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = (
+        f'attachment; filename="job-{job.pk}-{job.name[:40]}.log"'.replace("\n", "")
+    )
+    return response
+
+
+@login_required
+@require_POST
+def job_cancel(request, job_id: int):
+    job = fleet.job_for_user(request.user, job_id)
+    try:
+        fleet_services.job_cancel(job=job, by=request.user.username)
+    except ValidationError as exc:
+        messages.warning(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Cancelling {job.name}: its replicas get SIGTERM, then SIGKILL.")
+    return redirect("job_detail", job_id=job.pk)

@@ -414,3 +414,33 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
             report["lost"] += 1
             replica_lost(replica.pk, f"host {host.name} stopped answering")
     return report
+
+
+def live_log_since(replica: Replica, since: float | None) -> list[str]:
+    """Timestamped lines of a running replica's container, from `since` (UNIX seconds)."""
+    try:
+        container = engine.cached_client(replica.host).containers.get(replica.container_name)
+        raw = (
+            container.logs(stdout=True, stderr=True, timestamps=True, since=since)
+            if since
+            else container.logs(stdout=True, stderr=True, timestamps=True)
+        )
+    except (docker.errors.DockerException, engine.EngineError, OSError):
+        return []
+    return raw.decode("utf-8", "replace").splitlines()
+
+
+def finalise_exited(host: Host) -> int:
+    """Catch up on one host: finalise live replicas whose containers already exited (what
+    a watcher that was not running missed)."""
+    client = engine.cached_client(host)
+    count = 0
+    filters = {**runtime.replica_labels_filter(), "status": "exited"}
+    for container in client.containers.list(all=True, filters=filters):
+        replica = Replica.objects.filter(
+            container_name=container.name, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
+        ).first()
+        if replica is not None:
+            replica_exited(replica.pk, exit_code=container.attrs["State"]["ExitCode"])
+            count += 1
+    return count

@@ -127,3 +127,47 @@ def largest_cpu_host() -> int:
     from django.db.models import Max
 
     return Host.objects.filter(state=Host.State.ACTIVE).aggregate(m=Max("cpu_count"))["m"] or 0
+
+
+def job_for_user(user, job_id: int):
+    """The job's owner (and operators) may see a job; anyone else gets 404."""
+    from jobs.models import Job
+
+    jobs = Job.objects.select_related("cluster", "cluster__gpu_model", "cluster__instance_type")
+    if not user.is_staff:
+        jobs = jobs.filter(owner=user)
+    try:
+        return jobs.get(pk=job_id)
+    except Job.DoesNotExist:
+        raise Http404("No such job.") from None
+
+
+def split_log_line(line: str) -> tuple[str, str]:
+    """Docker's timestamped line -> (timestamp, text)."""
+    ts, _, text = line.partition(" ")
+    return ts, text
+
+
+def job_log_lines(job, attempt: int | None = None) -> list[tuple[str, int, str]]:
+    """The stored log of every replica of an attempt, merged by time: (ts, rank, text)."""
+    lines = []
+    for replica in job.replicas.filter(attempt=attempt or job.attempt):
+        for raw in replica.log.splitlines():
+            ts, text = split_log_line(raw)
+            lines.append((ts, replica.rank, text))
+    lines.sort(key=lambda item: (item[0], item[1]))
+    return lines
+
+
+def queue_position_of_job(job) -> int | None:
+    from jobs.models import Job
+
+    if job.state != Job.State.QUEUED:
+        return None
+    return (
+        job.cluster.jobs.filter(state=Job.State.QUEUED, queued_at__lte=job.queued_at)
+        .exclude(pk=job.pk)
+        .filter(Q(queued_at__lt=job.queued_at) | Q(id__lt=job.id))
+        .count()
+        + 1
+    )

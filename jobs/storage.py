@@ -32,7 +32,7 @@ def tenant_root(user_id: int) -> Path:
     return Path(settings.SUANLI_STORAGE_ROOT) / f"u{user_id}"
 
 
-def validate_target(target: str) -> str:
+def validate_target(target: str, *, allow_system: bool = False) -> str:
     if not target:
         raise ValidationError(f"Give the path inside the container, e.g. {EXAMPLE}.")
     if "\x00" in target or any(ch.isspace() for ch in target):
@@ -44,6 +44,8 @@ def validate_target(target: str) -> str:
     if ".." in target.split("/"):
         raise ValidationError(f"'{target}' contains '..': write the absolute path, e.g. {EXAMPLE}.")
     normal = posixpath.normpath(target)
+    if allow_system:
+        return normal  # e.g. a working directory: the path is only read, not mounted
     if normal == "/":
         raise ValidationError(
             f"A volume cannot cover the whole container (/): mount it at {EXAMPLE}."

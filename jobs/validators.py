@@ -186,3 +186,41 @@ def parse_ssh_public_key(text: str) -> dict:
         + (f" {' '.join(parts[2:])}" if len(parts) > 2 else ""),
         "comment": " ".join(parts[2:]),
     }
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """KEY=VALUE lines. Names are checked; the platform's own names are refused."""
+    from jobs.models import RESERVED_ENV, RESERVED_ENV_PREFIXES
+
+    env: dict[str, str] = {}
+    errors: list[str] = []
+    for number, raw in enumerate((text or "").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if not sep:
+            errors.append(f"Line {number}: write KEY=VALUE, e.g. LR=3e-4.")
+        elif not _ENV_NAME.match(name):
+            errors.append(
+                f"Line {number}: '{name}' is not a variable name (letters, digits, _; not starting with a digit)."
+            )
+        elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            errors.append(
+                f"Line {number}: {name} is set by Suanli itself (distributed setup, GPUs); pick another name."
+            )
+        elif "\x00" in value or len(value) > 4096:
+            errors.append(f"Line {number}: the value of {name} is too long or contains NUL.")
+        elif name in env:
+            errors.append(f"Line {number}: {name} is set twice.")
+        else:
+            env[name] = value
+    if len(env) > 200:
+        errors.append("At most 200 variables.")
+    if errors:
+        raise ValidationError(errors)
+    return env

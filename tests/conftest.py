@@ -14,16 +14,21 @@ from jobs.models import GpuModel, Host
 TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 
 
-def procfile_command(process: str) -> list[str]:
+def procfile_line(process: str) -> str:
     """The Procfile's own command line for a process, so tests run what production runs."""
-    import shlex
     from pathlib import Path
 
     for line in (Path(__file__).resolve().parent.parent / "Procfile").read_text().splitlines():
         name, _, command = line.partition(":")
         if name.strip() == process:
-            return shlex.split(command)
+            return command.strip()
     raise LookupError(process)
+
+
+def procfile_command(process: str) -> list[str]:
+    import shlex
+
+    return shlex.split(procfile_line(process))
 
 
 def _engine_urls() -> list[str]:
@@ -144,6 +149,60 @@ def make_cluster(catalog, storage_root):
 
     make.Cluster = Cluster
     return make
+
+
+class Processes:
+    """Procfile processes started for a test, on the test database; stopped after it."""
+
+    def __init__(self, tmp_path):
+        from django.db import connection
+
+        s = connection.settings_dict
+        self.env = dict(os.environ)
+        self.env["DATABASE_URL"] = (
+            f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+        )
+        self.env["SUANLI_STATIC_FINDERS"] = "1"
+        self.tmp_path = tmp_path
+        self.procs = []
+
+    def start(self, name: str, *extra: str, env: dict | None = None):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        # As honcho runs it: the Procfile line through the shell, the venv first on PATH.
+        line = " ".join([procfile_line(name), *extra])
+        env = {**self.env, **(env or {})}
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        log = open(self.tmp_path / f"{name}-{len(self.procs)}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", f"exec {line}"],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append((name, proc, log))
+        return proc
+
+    def stop_all(self):
+        for name, proc, log in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except Exception:
+                    proc.kill()
+            log.close()
+            print(f"--- {name} log:", (self.tmp_path / log.name.split("/")[-1]).read_text()[-2000:])
+
+
+@pytest.fixture
+def processes(transactional_db, tmp_path):
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
 
 
 @pytest.fixture

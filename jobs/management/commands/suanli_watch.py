@@ -47,6 +47,9 @@ def follow(host_id: int, stop: threading.Event) -> None:
                 filters={"type": "container", "event": ["die"], "label": [runtime.LABEL_JOB]},
             )
             backoff = 1
+            # Whatever died while no one was watching (this process starting, a lost
+            # connection) is finalised now; from here on the stream has it.
+            runner.finalise_exited(host)
             for event in stream:
                 if stop.is_set():
                     break
@@ -79,6 +82,6 @@ class Command(BaseCommand):
                         thread = threading.Thread(target=follow, args=(host_id, stop), daemon=True)
                         thread.start()
                         threads[host_id] = thread
-                time.sleep(10)
+                time.sleep(2)
         except KeyboardInterrupt:
             stop.set()

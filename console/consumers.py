@@ -1,0 +1,78 @@
+"""Live job logs over a websocket: all replicas, rank-labelled, once a second."""
+
+import asyncio
+from datetime import datetime
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.http import Http404
+
+from jobs import runner
+from jobs import selectors as fleet
+from jobs.models import Job, Replica
+
+
+def _ts_seconds(ts: str) -> float | None:
+    try:
+        head, _, frac = ts.rstrip("Z").partition(".")
+        return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")
+    except ValueError:
+        return None
+
+
+class JobLogConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        try:
+            self.job = await database_sync_to_async(fleet.job_for_user)(
+                user, int(self.scope["url_route"]["kwargs"]["job_id"])
+            )
+        except Http404:
+            await self.close(code=4404)  # another tenant's job: as if it did not exist
+            return
+        await self.accept()
+        self.sent: dict[int, tuple[float | None, set[str]]] = {}
+        self.task = asyncio.create_task(self.follow())
+
+    async def disconnect(self, code):
+        task = getattr(self, "task", None)
+        if task:
+            task.cancel()
+
+    def _tick(self) -> tuple[str, list[dict]]:
+        job = Job.objects.get(pk=self.job.pk)
+        out = []
+        for replica in Replica.objects.filter(job=job, attempt=job.attempt).select_related("host"):
+            since, seen = self.sent.get(replica.pk, (None, set()))
+            if replica.state in (Replica.State.EXITED, Replica.State.LOST):
+                raw = replica.log.splitlines()
+            elif replica.state == Replica.State.RUNNING:
+                raw = runner.live_log_since(replica, since)
+            else:
+                raw = []
+            newest, boundary = since, set(seen)
+            for line in raw:
+                ts, text = fleet.split_log_line(line)
+                at = _ts_seconds(ts)
+                if line in seen or (since is not None and at is not None and at < since):
+                    continue
+                out.append({"ts": ts, "rank": replica.rank, "text": text})
+                if at is not None and (newest is None or at > newest):
+                    newest, boundary = at, {line}
+                elif at == newest:
+                    boundary.add(line)
+            self.sent[replica.pk] = (newest, boundary)
+        out.sort(key=lambda item: (item["ts"], item["rank"]))
+        return job.state, out
+
+    async def follow(self):
+        while True:
+            state, lines = await database_sync_to_async(self._tick)()
+            await self.send_json({"state": state, "lines": lines})
+            if state in Job.ENDED:
+                await self.close()
+                return
+            await asyncio.sleep(1)
