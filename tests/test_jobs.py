@@ -207,3 +207,83 @@ def test_another_researcher_gets_404_for_job_pages(client, running_cluster, bob)
     assert client.post(reverse("job_cancel", args=[job.pk])).status_code == 404
     job.refresh_from_db()
     assert not job.cancel_requested
+
+
+def _job_form(**fields):
+    data = {
+        "name": "train",
+        "command": "echo hi",
+        "launcher": "plain",
+        "env": "",
+        "workdir": "/workspace",
+        "checkpoint_dir": "/workspace/checkpoints",
+        "max_runtime_min": "",
+        "retries": "0",
+    }
+    data.update(fields)
+    return data
+
+
+@pytest.mark.parametrize(
+    "fields, field, words",
+    [
+        ({"env": "1BAD=x"}, "env", "is not a variable name"),
+        ({"env": "NOEQUALS"}, "env", "write KEY=VALUE"),
+        ({"env": "RANK=3"}, "env", "RANK is set by Suanli itself"),
+        ({"env": "NCCL_DEBUG=INFO"}, "env", "NCCL_DEBUG is set by Suanli itself"),
+        ({"env": "A=1\nA=2"}, "env", "A is set twice"),
+        ({"command": "x" * 20000}, "command", "at most 16,384"),
+        ({"command": ""}, "command", "required"),
+        ({"checkpoint_dir": "checkpoints"}, "checkpoint_dir", "is relative"),
+        ({"retries": "99"}, "retries", "less than or equal to 10"),
+    ],
+)
+def test_job_form_bad_input(client, alice, running_cluster, fields, field, words):
+    cluster = running_cluster(1)
+    client.force_login(alice)
+    response = client.post(reverse("job_new", args=[cluster.pk]), _job_form(**fields))
+    assert response.status_code == 200
+    assert words in " ".join(response.context["form"].errors.get(field, [])), response.context[
+        "form"
+    ].errors
+    assert not Job.objects.exists()
+
+
+def test_job_form_submits_with_env_and_page_shows_it_queued(client, alice, running_cluster):
+    cluster = running_cluster(1)
+    client.force_login(alice)
+    response = client.post(
+        reverse("job_new", args=[cluster.pk]), _job_form(env="LR=3e-4\nWANDB_MODE=offline")
+    )
+    assert response.status_code == 302
+    job = Job.objects.get()
+    assert job.env == {"LR": "3e-4", "WANDB_MODE": "offline"}
+    assert "queued" in client.get(response.url).content.decode()
+
+
+def test_job_on_a_released_cluster_is_refused_on_the_form(client, alice, running_cluster):
+    cluster = running_cluster(1)
+    services.cluster_release(cluster=cluster)
+    client.force_login(alice)
+    response = client.post(reverse("job_new", args=[cluster.pk]), _job_form())
+    assert "jobs run only on a pending or running cluster" in response.content.decode()
+    assert not Job.objects.exists()
+
+
+def test_cancel_on_a_finished_job_says_so(client, alice, running_cluster, settle_until):
+    job = settle_until(_submit(running_cluster(1), "true"))
+    client.force_login(alice)
+    body = client.post(reverse("job_cancel", args=[job.pk]), follow=True).content.decode()
+    assert "there is nothing to cancel" in body
+    assert client.get(reverse("job_log", args=[job.pk])).status_code == 200
+
+
+def test_log_download_is_rank_labelled_after_the_container_is_gone(
+    client, alice, running_cluster, settle_until
+):
+    job = settle_until(_submit(running_cluster(2, gpus=2), "echo I am $RANK"), timeout=40)
+    client.force_login(alice)
+    response = client.get(reverse("job_log", args=[job.pk]))
+    body = response.content.decode()
+    assert "[rank 0] I am 0" in body and "[rank 1] I am 1" in body
+    assert response["Content-Disposition"].startswith("attachment;")
