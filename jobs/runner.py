@@ -409,6 +409,18 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
                 report["removed"] += 1
             except docker.errors.DockerException:
                 pass
+    overdue = Job.objects.filter(
+        state=Job.State.RUNNING, max_runtime_s__isnull=False, cancel_requested=False
+    ).only("pk", "running_since", "max_runtime_s")
+    for job in overdue:
+        if job.running_since and (now - job.running_since).total_seconds() > job.max_runtime_s:
+            reason = f"stopped: ran past its maximum runtime of {job.max_runtime_s // 60} min"
+            if Job.objects.filter(pk=job.pk, cancel_requested=False).update(
+                cancel_requested=True, state_reason=reason
+            ):
+                _event(job.pk, "timeout", reason)
+                report["timed_out"] = report.get("timed_out", 0) + 1
+                stop(job.pk)
     for host in Host.objects.filter(state=Host.State.DOWN, pk__in=list(by_host)):
         for replica in by_host[host.pk]:
             report["lost"] += 1

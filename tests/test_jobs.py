@@ -287,3 +287,51 @@ def test_log_download_is_rank_labelled_after_the_container_is_gone(
     body = response.content.decode()
     assert "[rank 0] I am 0" in body and "[rank 1] I am 1" in body
     assert response["Content-Disposition"].startswith("attachment;")
+
+
+def test_a_job_past_its_maximum_runtime_is_stopped(running_cluster, settle_until):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    job = _submit(running_cluster(1), "exec sleep 60", max_runtime_s=60)
+    Job.objects.filter(pk=job.pk).update(running_since=timezone.now() - timedelta(seconds=61))
+    assert runner.reconcile()["timed_out"] == 1
+    job = settle_until(job)
+    assert job.state == Job.State.CANCELLED
+    assert job.state_reason == "stopped: ran past its maximum runtime of 1 min"
+
+
+def test_a_down_engine_loses_its_replicas_and_fails_the_job(running_cluster, settle_until):
+    job = _submit(running_cluster(1), "exec sleep 60")
+    replica = job.replicas.get()
+    from jobs.models import Host
+
+    Host.objects.filter(pk=replica.host_id).update(
+        state=Host.State.DOWN
+    )  # as a failed check leaves it
+    assert runner.reconcile()["lost"] == 1
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED and job.state_reason == "rank 0 was lost"
+    Host.objects.filter(pk=replica.host_id).update(state=Host.State.ACTIVE)
+    runner.reconcile()  # the engine is back: the orphaned container is removed
+    with pytest.raises(docker.errors.NotFound):
+        _client(replica).containers.get(replica.container_name)
+
+
+def test_a_start_interrupted_by_a_dead_worker_is_finished_by_the_reconciler(
+    running_cluster, settle_until
+):
+    cluster = running_cluster(1)
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="half", command="echo resumed"))
+    # What a worker killed between claiming the job and creating its container leaves (the
+    # kill -9 test cannot hit that instant reliably, so the crash point is cut here):
+    from unittest import mock
+
+    with mock.patch.object(runner, "start_replicas"):
+        runner.dispatch(cluster.pk)
+    job.refresh_from_db()
+    assert job.state == Job.State.STARTING and job.replicas.get().state == Replica.State.CREATING
+    runner.reconcile(stuck_after_s=0)
+    assert settle_until(job).state == Job.State.SUCCEEDED
+    assert "resumed" in job.replicas.get().log
