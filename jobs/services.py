@@ -244,6 +244,11 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
         raise ValidationError(
             f"Only a running cluster can be resized; this one is {cluster.state}."
         )
+    active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+    if active is not None:
+        raise ValidationError(
+            f"Job {active.name} is {active.state}: resize when no job runs (cancel it or wait)."
+        )
     if not 1 <= nodes <= settings.SUANLI_MAX_NODES:
         raise ValidationError(f"A cluster has 1 to {settings.SUANLI_MAX_NODES} nodes.")
     live = list(cluster.node_set.filter(released_at__isnull=True).order_by("index"))

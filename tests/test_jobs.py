@@ -335,3 +335,14 @@ def test_a_start_interrupted_by_a_dead_worker_is_finished_by_the_reconciler(
     runner.reconcile(stuck_after_s=0)
     assert settle_until(job).state == Job.State.SUCCEEDED
     assert "resumed" in job.replicas.get().log
+
+
+def test_resize_is_refused_while_a_job_runs(running_cluster, settle_until):
+    cluster = running_cluster(1)
+    job = _submit(cluster, "exec sleep 60")
+    with pytest.raises(Exception, match="resize when no job runs"):
+        services.cluster_resize(cluster=cluster, nodes=2)
+    services.job_cancel(job=job, by="alice")
+    runner.stop(job.pk)
+    settle_until(job)
+    assert services.cluster_resize(cluster=cluster, nodes=2).nodes == 2
