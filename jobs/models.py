@@ -338,19 +338,28 @@ class Cluster(models.Model):
         return self.state in (self.State.PENDING, self.State.RUNNING)
 
 
-class ClusterEvent(models.Model):
-    """The cluster's timeline: each state it entered, resizes, and why."""
+class TimelineEvent(models.Model):
+    """One line of a timeline: when, what kind, and why in words."""
 
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=20)
-    message = models.CharField(max_length=300, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["at", "id"]
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+
+class ClusterEvent(TimelineEvent):
+    """The cluster's timeline: each state it entered, resizes, and why."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
+    message = models.CharField(max_length=300, blank=True)
+
+    class Meta(TimelineEvent.Meta):
+        pass
 
 
 class Node(models.Model):
@@ -462,19 +471,14 @@ class Job(models.Model):
         return self.state in self.ENDED
 
 
-class JobEvent(models.Model):
+class JobEvent(TimelineEvent):
     """The job's timeline: states, image pulls, retries, who cancelled."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField(default=timezone.now)
-    kind = models.CharField(max_length=20)
     message = models.CharField(max_length=500, blank=True)
 
-    class Meta:
-        ordering = ["at", "id"]
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"
+    class Meta(TimelineEvent.Meta):
+        pass
 
 
 class Replica(models.Model):

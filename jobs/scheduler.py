@@ -292,16 +292,7 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             .values_list("pk", flat=True)
         )
         gpu_hosts = {h for c, hosts in batch if c.gpus_per_node for h in hosts}
-        free: dict[int, list[tuple[int, int]]] = defaultdict(list)  # host -> [(slot id, index)]
-        if gpu_hosts:
-            rows = (
-                GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
-                .filter(host_id__in=gpu_hosts, node__isnull=True, host__state=Host.State.ACTIVE)
-                .order_by("host_id", "index")
-                .values_list("id", "host_id", "index")
-            )
-            for slot_id, host_id, index in rows:
-                free[host_id].append((slot_id, index))
+        free = _lock_free_slots(gpu_hosts)
         cpu_hosts = {h for c, hosts in batch if c.is_cpu_only for h in hosts}
         cpu_free = _lock_cpu_capacity(cpu_hosts) if cpu_hosts else {}
 
@@ -365,6 +356,23 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
         runner.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
 
 
+def _lock_free_slots(host_ids: set[int]) -> dict[int, list[tuple[int, int]]]:
+    """Free slots of active hosts, locked for this transaction (others skip them):
+    host id -> [(slot id, GPU index)] in index order."""
+    free: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    if not host_ids:
+        return free
+    rows = (
+        GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(host_id__in=host_ids, node__isnull=True, host__state=Host.State.ACTIVE)
+        .order_by("host_id", "index")
+        .values_list("id", "host_id", "index")
+    )
+    for slot_id, host_id, index in rows:
+        free[host_id].append((slot_id, index))
+    return free
+
+
 def _lock_cpu_capacity(host_ids: set[int]) -> dict[int, int]:
     """Free vCPUs of the given active hosts, with their rows locked against other schedulers."""
     caps = dict(
@@ -407,16 +415,8 @@ def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) ->
     need: dict[int, int] = defaultdict(int)
     for host_id in hosts:
         need[host_id] += 1
-    free: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    free = _lock_free_slots(set(need) if gpus else set())
     if gpus:
-        rows = (
-            GpuSlot.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(host_id__in=need, node__isnull=True, host__state=Host.State.ACTIVE)
-            .order_by("host_id", "index")
-            .values_list("id", "host_id", "index")
-        )
-        for slot_id, host_id, index in rows:
-            free[host_id].append((slot_id, index))
         short = [h for h, n in need.items() if len(free[h]) < n * gpus]
     else:
         cpu_free = _lock_cpu_capacity(set(need))
