@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test lint format bench venv services-up services-down clean
+.PHONY: run test e2e lint format bench venv services-up services-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test:
 	@bash .ci/install.sh
 	@$(MAKE) --no-print-directory venv
 	@bash .ci/test.sh
+
+## make e2e: real 2-node PyTorch DDP across the two engines (builds the torch image once).
+e2e:
+	@bash .ci/install.sh
+	@$(MAKE) --no-print-directory venv
+	@E2E=1 bash .ci/test.sh -m e2e
 
 lint: venv
 	$(VENV)/bin/ruff check .

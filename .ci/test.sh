@@ -17,6 +17,11 @@ export ALLOWED_HOSTS="localhost,127.0.0.1,testserver" SUANLI_STORAGE_ROOT="$PWD/
 export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
 mkdir -p "$SUANLI_SCREENSHOTS" staticfiles
 
+if [ "${E2E:-0}" = 1 ]; then
+    IFS=, read -ra engines <<<"$SUANLI_TEST_ENGINES"
+    bash .ci/torch-image.sh "${engines[@]}"
+fi
+
 echo "== lint: ruff check, ruff format --check, import-linter layers"
 ruff check .
 ruff format --check .
