@@ -85,7 +85,7 @@ def main():
     }
     workers = [
         subprocess.Popen(
-            ["/bin/sh", "-c", f"exec {procfile_worker()} --quiet"],
+            ["/bin/sh", "-c", f"exec {procfile_worker()} --verbosity 0"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
