@@ -360,10 +360,28 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> N
 # -- repair ----------------------------------------------------------------------------
 
 
+def _settle_abandoned_rq_jobs() -> int:
+    """RQ jobs whose worker died stay "started" until their heartbeat lapses; move them to
+    the failed registry now. Their domain state (a job left STARTING, a replica without a
+    container) is repaired below from the database, not by re-running the RQ job."""
+    import django_rq
+    from rq.registry import StartedJobRegistry
+
+    count = 0
+    for name in ("docker", "default", "webhooks"):
+        queue = django_rq.get_queue(name)
+        registry = StartedJobRegistry(queue=queue)
+        before = registry.count
+        registry.cleanup()
+        count += max(0, before - registry.count)
+    return count
+
+
 def reconcile(*, stuck_after_s: int = 60) -> dict:
     """Compare the database with what the engines report, by label, and repair."""
     report = {"finalised": 0, "lost": 0, "removed": 0, "restarted": 0}
     now = timezone.now()
+    report["abandoned_rq_jobs"] = _settle_abandoned_rq_jobs()
     live = Replica.objects.filter(
         state__in=[Replica.State.RUNNING, Replica.State.CREATING]
     ).select_related("host", "job")

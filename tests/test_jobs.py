@@ -346,3 +346,39 @@ def test_resize_is_refused_while_a_job_runs(running_cluster, settle_until):
     runner.stop(job.pk)
     settle_until(job)
     assert services.cluster_resize(cluster=cluster, nodes=2).nodes == 2
+
+
+def test_nothing_typed_becomes_a_docker_argument(client, alice, running_cluster, storage_root):
+    cluster = running_cluster(1)
+    client.force_login(alice)
+    response = client.post(
+        reverse("job_new", args=[cluster.pk]),
+        _job_form(
+            command="sleep 30 --privileged --cap-add=SYS_ADMIN -v /:/host",
+            env="OPTS=--privileged --device=/dev/mem --pid=host\nVOLS=-v /var/run/docker.sock:/sock",
+            workdir="/workspace --privileged",
+        ),
+    )
+    assert "may not contain spaces" in " ".join(response.context["form"].errors.get("workdir", []))
+    response = client.post(
+        reverse("job_new", args=[cluster.pk]),
+        _job_form(
+            command="sleep 30 --privileged --cap-add=SYS_ADMIN -v /:/host",
+            env="OPTS=--privileged --device=/dev/mem --pid=host\nVOLS=-v /var/run/docker.sock:/sock",
+        ),
+    )
+    assert response.status_code == 302
+    job = Job.objects.get()
+    runner.dispatch(cluster.pk)
+    replica = job.replicas.get()
+    info = _client(replica).api.inspect_container(replica.container_name)
+    host_config = info["HostConfig"]
+    assert host_config["Privileged"] is False and not host_config.get("CapAdd")
+    assert not host_config.get("Devices") and host_config["PidMode"] == ""
+    assert all(m["Source"].startswith(str(storage_root)) for m in info["Mounts"])
+    assert not any("docker.sock" in m["Source"] for m in info["Mounts"])
+    # What was typed arrives as data: the shell's argument and environment values.
+    assert info["Config"]["Cmd"][-1] == "sleep 30 --privileged --cap-add=SYS_ADMIN -v /:/host"
+    assert "OPTS=--privileged --device=/dev/mem --pid=host" in info["Config"]["Env"]
+    services.job_cancel(job=job, by="alice")
+    runner.kill(job.pk)
