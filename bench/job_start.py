@@ -21,9 +21,10 @@ django.setup()
 import docker  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
+from bench.common import register_host  # noqa: E402
 from jobs import runner, scheduler, services  # noqa: E402
 from jobs.catalog import seed_catalog  # noqa: E402
-from jobs.models import GpuModel, Host, Image, Job  # noqa: E402
+from jobs.models import GpuModel, Image, Job  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", 15))
 ENGINES = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u]
@@ -50,18 +51,7 @@ def setup():
     seed_catalog()
     model = GpuModel.objects.get(slug="a100-80gb")
     for i, url in enumerate(ENGINES):
-        host, _ = Host.objects.update_or_create(
-            name=f"bench-{i}",
-            defaults={
-                "engine_url": url,
-                "address": "127.0.0.1",
-                "zone": "zone-a",
-                "gpu_model": model,
-                "gpu_count": 8,
-            },
-        )
-        services.host_save(host=host)
-        services.host_check(host_id=host.pk)
+        register_host(f"bench-{i}", url, gpus=8)
     owner, _ = get_user_model().objects.get_or_create(username="bench-jobs")
     for cluster in owner.clusters.exclude(state="released"):  # an earlier, interrupted run
         services.cluster_release(cluster=cluster)

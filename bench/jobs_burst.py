@@ -21,9 +21,10 @@ import django_rq  # noqa: E402
 import docker  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
+from bench.common import register_host  # noqa: E402
 from jobs import scheduler, services  # noqa: E402
 from jobs.catalog import seed_catalog  # noqa: E402
-from jobs.models import GpuModel, Host, Image, Job  # noqa: E402
+from jobs.models import GpuModel, Image, Job  # noqa: E402
 
 JOBS = int(os.environ.get("BENCH_JOBS", 100))
 WORKERS = int(os.environ.get("BENCH_WORKERS", 2))
@@ -48,18 +49,7 @@ def main():
     per_engine = (JOBS + 15) // 16 // len(ENGINES) + 1
     for e, url in enumerate(ENGINES):
         for i in range(per_engine):
-            host, _ = Host.objects.update_or_create(
-                name=f"burst-{e}-{i}",
-                defaults={
-                    "engine_url": url,
-                    "address": "127.0.0.1",
-                    "zone": "zone-a",
-                    "gpu_model": model,
-                    "gpu_count": 16,
-                },
-            )
-            services.host_save(host=host)
-            services.host_check(host_id=host.pk)
+            register_host(f"burst-{e}-{i}", url, gpus=16)
     image = Image.objects.get(reference=IMAGE)
     clusters = [
         services.cluster_create(

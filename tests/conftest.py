@@ -25,12 +25,6 @@ def procfile_line(process: str) -> str:
     raise LookupError(process)
 
 
-def procfile_command(process: str) -> list[str]:
-    import shlex
-
-    return shlex.split(procfile_line(process))
-
-
 def _engine_urls() -> list[str]:
     return [u for u in os.environ.get("SUANLI_TEST_ENGINES", "").split(",") if u]
 
@@ -206,43 +200,14 @@ def processes(transactional_db, tmp_path):
 
 
 @pytest.fixture
-def rq_worker(transactional_db, tmp_path):
-    """A real `rqworker` process on the test database, as the Procfile runs it."""
-    import subprocess
-    import sys
+def rq_worker(processes):
+    """A real `rqworker` process on the test database, as the Procfile runs it (without a
+    fork per job, so the tests stay quick)."""
     import time
-    from pathlib import Path
 
-    from django.db import connection
-
-    s = connection.settings_dict
-    env = dict(os.environ)
-    env["DATABASE_URL"] = (
-        f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
-    )
-    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        # The Procfile's own worker line, without forking per job so the test stays quick.
-        [
-            sys.executable,
-            *procfile_command("worker")[1:],
-            "--worker-class",
-            "rq.worker.SimpleWorker",
-        ],
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = processes.start("worker", "--worker-class", "rq.worker.SimpleWorker")
     time.sleep(0.5)
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-    print("worker log:", (tmp_path / "worker.log").read_text()[-3000:])
+    return proc
 
 
 @pytest.fixture
