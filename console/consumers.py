@@ -70,7 +70,9 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
 
     async def follow(self):
         while True:
-            state, lines = await database_sync_to_async(self._tick)()
+            # Not thread-sensitive: a slow engine's log call must not hold up every other
+            # socket's (and view's) database work on the one shared sync thread.
+            state, lines = await database_sync_to_async(self._tick, thread_sensitive=False)()
             await self.send_json({"state": state, "lines": lines})
             if state in Job.ENDED:
                 await self.close()

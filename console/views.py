@@ -1,3 +1,5 @@
+import re
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
@@ -269,9 +271,8 @@ def job_log(request, job_id: int):
     job = fleet.job_for_user(request.user, job_id)
     body = "".join(f"{ts} [rank {rank}] {text}\n" for ts, rank, text in fleet.job_log_lines(job))
     response = HttpResponse(body, content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = (
-        f'attachment; filename="job-{job.pk}-{job.name[:40]}.log"'.replace("\n", "")
-    )
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", job.name[:40]).strip("-.") or "job"
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-{safe}.log"'
     return response
 
 

@@ -451,6 +451,12 @@ class Job(models.Model):
     state_reason = models.CharField(max_length=500, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    stop_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its replicas got SIGTERM (for the SIGKILL net)."
+    )
+    master_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Chosen per attempt, unique among active jobs."
+    )
     created_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -70,14 +70,20 @@ def dispatch(cluster_id: int) -> int | None:
             return None
         attempt = job.attempt + 1
         now = timezone.now()
-        # Compare-and-set: a duplicate delivery finds the job no longer queued.
-        if not Job.objects.filter(pk=job.pk, state=Job.State.QUEUED).update(
-            state=Job.State.STARTING, attempt=attempt, started_at=now, state_reason=""
-        ):
-            return None
         nodes = list(
             Node.objects.filter(cluster=cluster, released_at__isnull=True).order_by("index")
         )
+        port = _free_master_port(job, nodes[0].host_id) if nodes else None
+        # Compare-and-set: a duplicate delivery finds the job no longer queued.
+        if not Job.objects.filter(pk=job.pk, state=Job.State.QUEUED).update(
+            state=Job.State.STARTING,
+            attempt=attempt,
+            started_at=now,
+            state_reason="",
+            master_port=port,
+            stop_requested_at=None,
+        ):
+            return None
         Replica.objects.bulk_create(
             [
                 Replica(
@@ -100,6 +106,27 @@ def dispatch(cluster_id: int) -> int | None:
         )
     start_replicas(job.pk)
     return job.pk
+
+
+def _free_master_port(job: Job, master_host_id: int) -> int:
+    """Multi-node jobs use host networking: the rendezvous port must be free among the
+    active jobs whose rank 0 runs on the same host."""
+    used = set(
+        Job.objects.filter(
+            state__in=Job.ACTIVE,
+            master_port__isnull=False,
+            replicas__rank=0,
+            replicas__host_id=master_host_id,
+            replicas__state__in=[Replica.State.CREATING, Replica.State.RUNNING],
+        ).values_list("master_port", flat=True)
+    )
+    span = settings.SUANLI_MASTER_PORT_SPAN
+    base = settings.SUANLI_MASTER_PORT_BASE
+    for step in range(span):
+        port = base + (job.pk + step) % span
+        if port not in used:
+            return port
+    return base + job.pk % span  # every port taken: extremely unlikely, let the job say so
 
 
 def _ensure_image(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
@@ -132,12 +159,18 @@ def start_replicas(job_id: int) -> None:
     for replica in replicas:
         if replica.state != Replica.State.CREATING:
             continue
+        if _start_abandoned(job):
+            # Cancelled, or its cluster released, while we were starting: make no more.
+            _drop_unstarted(job)
+            stop(job.pk)
+            settle(job.pk)
+            return
         host = replica.host
-        spec = runtime.container_spec(
-            job=job, node=replica.node, master=master, nodes=len(replicas), attempt=job.attempt,
-            nvidia=not host.emulated_gpu,
-        )  # fmt: skip
         try:
+            spec = runtime.container_spec(
+                job=job, node=replica.node, master=master, nodes=len(replicas),
+                attempt=job.attempt, nvidia=not host.emulated_gpu,
+            )  # fmt: skip
             client = engine.cached_client(host)
             try:
                 container = client.containers.get(spec.name)
@@ -151,7 +184,12 @@ def start_replicas(job_id: int) -> None:
                     container = client.containers.get(spec.name)
             if container.status == "created":
                 container.start()
-        except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
+        except (
+            docker.errors.DockerException,
+            engine.EngineError,
+            runtime.SpecError,
+            OSError,
+        ) as exc:
             message = f"rank {replica.rank} on {host.name}: {engine.describe(exc)}"
             Replica.objects.filter(pk=replica.pk).update(
                 state=Replica.State.LOST, finished_at=timezone.now()
@@ -173,9 +211,37 @@ def start_replicas(job_id: int) -> None:
         stop(job.pk)
 
 
+def _start_abandoned(job: Job) -> bool:
+    fresh = Job.objects.filter(pk=job.pk).values("cancel_requested", "cluster__state").first()
+    return (
+        fresh is None
+        or fresh["cancel_requested"]
+        or (fresh["cluster__state"] != Cluster.State.RUNNING)
+    )
+
+
+def _drop_unstarted(job: Job) -> None:
+    """Replicas of this attempt that never got a container will not get one: mark them
+    lost (and remove any container a racing duplicate delivery made meanwhile), so that
+    the job can settle instead of waiting for them for ever."""
+    for replica in Replica.objects.filter(
+        job=job, attempt=job.attempt, state=Replica.State.CREATING
+    ).select_related("host"):
+        try:
+            engine.cached_client(replica.host).containers.get(replica.container_name).remove(
+                force=True
+            )
+        except (docker.errors.DockerException, engine.EngineError, OSError):
+            pass  # not there (the usual case), or the reconciler removes it later
+        Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
+            state=Replica.State.LOST, finished_at=timezone.now()
+        )
+
+
 def _fail_start(job: Job, message: str) -> None:
     Job.objects.filter(pk=job.pk).update(state_reason=f"could not start: {message}"[:500])
     _event(job.pk, "error", message)
+    _drop_unstarted(job)
     stop(job.pk)
     settle(job.pk)
 
@@ -187,6 +253,9 @@ def stop(job_id: int) -> None:
     """SIGTERM every live replica now; SIGKILL whatever still runs after the grace period."""
     from jobs import tasks
 
+    Job.objects.filter(pk=job_id, stop_requested_at__isnull=True).update(
+        stop_requested_at=timezone.now()
+    )
     for replica in Replica.objects.filter(
         job_id=job_id, state=Replica.State.RUNNING
     ).select_related("host"):
@@ -330,6 +399,9 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> N
 
     now = timezone.now()
     with transaction.atomic():
+        # Lock order everywhere: cluster, then job (cluster_release, job_submit, dispatch).
+        cluster_id = Job.objects.values_list("cluster_id", flat=True).get(pk=job_id)
+        Cluster.objects.select_for_update().filter(pk=cluster_id).first()
         job = Job.objects.select_related("cluster").get(pk=job_id)
         if (
             not Job.objects.filter(pk=job_id)
@@ -379,6 +451,8 @@ def _settle_abandoned_rq_jobs() -> int:
 
 def reconcile(*, stuck_after_s: int = 60) -> dict:
     """Compare the database with what the engines report, by label, and repair."""
+    from jobs import tasks
+
     report = {"finalised": 0, "lost": 0, "removed": 0, "restarted": 0}
     now = timezone.now()
     report["abandoned_rq_jobs"] = _settle_abandoned_rq_jobs()
@@ -388,6 +462,7 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     by_host: dict[int, list[Replica]] = {}
     for replica in live:
         by_host.setdefault(replica.host_id, []).append(replica)
+    stuck: set[int] = set()
     for host in Host.objects.exclude(state=Host.State.DOWN):
         try:
             containers = engine.cached_client(host).containers.list(
@@ -399,16 +474,18 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
         by_name = {c.name: c for c in containers}
         for replica in by_host.get(host.pk, []):
             container = by_name.pop(replica.container_name, None)
+            if replica.state == Replica.State.CREATING and (
+                container is None or container.status == "created"
+            ):
+                if (
+                    replica.job.state == Job.State.STARTING
+                    and (now - replica.job.started_at).total_seconds() > stuck_after_s
+                ):
+                    # The worker that was starting it died (before or after `create`):
+                    # start again, once, on a worker (start_replicas is idempotent).
+                    stuck.add(replica.job_id)
+                continue
             if container is None:
-                if replica.state == Replica.State.CREATING:
-                    if (
-                        replica.job.state == Job.State.STARTING
-                        and (now - replica.job.started_at).total_seconds() > stuck_after_s
-                    ):
-                        # The worker that was starting it died: start again (idempotent).
-                        report["restarted"] += 1
-                        start_replicas(replica.job_id)
-                    continue
                 report["lost"] += 1
                 replica_lost(replica.pk, f"its container is gone from {host.name}")
             elif container.status in ("exited", "dead"):
@@ -443,7 +520,43 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
         for replica in by_host[host.pk]:
             report["lost"] += 1
             replica_lost(replica.pk, f"host {host.name} stopped answering")
+    report["restarted"] = len(stuck)
+    for job_id in stuck:
+        _enqueue(tasks.job_start, job_id, job_id=f"start-{job_id}")
+    report["killed"] = _kill_overdue_stops(now)
+    report["settled"] = _settle_orphans()
     return report
+
+
+def _kill_overdue_stops(now) -> int:
+    """The SIGKILL after the grace period is a delayed RQ job; if it was lost (no
+    scheduler, a Redis flush), containers of a stopped job must not outlive it, least of
+    all on capacity a release already gave back."""
+    deadline = now - timedelta(seconds=settings.SUANLI_STOP_GRACE_S + 5)
+    count = 0
+    for replica in Replica.objects.filter(
+        state=Replica.State.RUNNING, job__stop_requested_at__lt=deadline
+    ).select_related("host"):
+        _signal(replica, "SIGKILL")
+        count += 1
+    return count
+
+
+def _settle_orphans() -> int:
+    """Active jobs whose replicas have all ended but whose settle never ran (the process
+    died between recording the last exit and deciding the job)."""
+    count = 0
+    for job in Job.objects.filter(state__in=Job.ACTIVE).only("pk", "attempt"):
+        replicas = Replica.objects.filter(job_id=job.pk, attempt=job.attempt)
+        if (
+            replicas.exists()
+            and not replicas.filter(
+                state__in=[Replica.State.CREATING, Replica.State.RUNNING]
+            ).exists()
+        ):
+            settle(job.pk)
+            count += 1
+    return count
 
 
 def live_log_since(replica: Replica, since: float | None) -> list[str]:

@@ -7,9 +7,9 @@ never as a Docker argument of its own.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from django.conf import settings
 from docker.types import DeviceRequest, Mount, Ulimit
@@ -61,10 +61,35 @@ def distributed_env(job: Job, node: Node, master: Node, nodes: int) -> dict[str,
     return env
 
 
+class SpecError(Exception):
+    """The job cannot be turned into a safe container (e.g. a volume that now escapes)."""
+
+
 def master_port(job: Job) -> int:
-    # Host networking: give each job its own port so jobs of different clusters sharing a
-    # host cannot collide.
-    return settings.SUANLI_MASTER_PORT_BASE + (job.pk % 10000)
+    # Host networking: the dispatcher picks a port no other active job on the master's host
+    # uses (runner._free_master_port).
+    if job.master_port:
+        return job.master_port
+    return settings.SUANLI_MASTER_PORT_BASE + (job.pk % settings.SUANLI_MASTER_PORT_SPAN)
+
+
+def volume_mounts(cluster: Cluster, owner_id: int) -> list[Mount]:
+    """Bind mounts of the cluster's volumes, resolved now: a folder that a container has
+    since replaced by a symbolic link out of the tenant's storage is refused, and the
+    engine is handed the resolved path, never the link."""
+    root = os.path.realpath(storage.tenant_root(owner_id))
+    mounts = []
+    for volume in cluster.volumes.all():
+        real = os.path.realpath(os.path.join(root, volume.source))
+        if real != root and not real.startswith(root + os.sep):
+            raise SpecError(
+                f"volume {volume.source or '.'}:{volume.target} now leads outside your "
+                "storage (a symbolic link); remove the link and submit again"
+            )
+        mounts.append(
+            Mount(target=volume.target, source=real, type="bind", read_only=volume.read_only)
+        )
+    return mounts
 
 
 def wrapped_command(job: Job, env: dict[str, str]) -> list[str]:
@@ -102,11 +127,7 @@ def container_spec(
         env["NCCL_IB_HCA"] = settings.SUANLI_NCCL_IB_HCA
     else:
         env["NCCL_IB_DISABLE"] = "1"
-    root = Path(storage.tenant_root(job.owner_id)).resolve()
-    mounts = [
-        Mount(target=v.target, source=str(root / v.source), type="bind", read_only=v.read_only)
-        for v in cluster.volumes.all()
-    ]
+    mounts = volume_mounts(cluster, job.owner_id)
     kwargs: dict = {
         "command": wrapped_command(job, env),
         "environment": env,

@@ -295,16 +295,30 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
 
 
 def clusters_release_idle(*, now=None) -> list[int]:
-    """Release running clusters whose idle policy has run out."""
+    """Release running clusters whose idle policy has run out. A cluster with a queued or
+    active job is never idle, however long that job runs; each candidate is checked again
+    under its row lock, so a job submitted meanwhile keeps it."""
     now = now or timezone.now()
     released = []
-    candidates = Cluster.objects.filter(
-        state=Cluster.State.RUNNING,
-        release_policy=Cluster.ReleasePolicy.IDLE,
-        idle_minutes__isnull=False,
+    candidates = (
+        Cluster.objects.filter(
+            state=Cluster.State.RUNNING,
+            release_policy=Cluster.ReleasePolicy.IDLE,
+            idle_minutes__isnull=False,
+        )
+        .exclude(jobs__state__in=[Job.State.QUEUED, *Job.ACTIVE])
+        .values_list("pk", flat=True)
     )
-    for cluster in candidates:
-        if cluster.last_active_at + timedelta(minutes=cluster.idle_minutes) <= now:
+    for cluster_id in list(candidates):
+        with transaction.atomic():
+            cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+            if (
+                cluster is None
+                or cluster.state != Cluster.State.RUNNING
+                or cluster.last_active_at + timedelta(minutes=cluster.idle_minutes) > now
+                or cluster.jobs.filter(state__in=[Job.State.QUEUED, *Job.ACTIVE]).exists()
+            ):
+                continue
             cluster_release(
                 cluster=cluster,
                 reason=f"released automatically after {cluster.idle_minutes} idle minutes",

@@ -119,13 +119,27 @@ def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
 
 def ensure_folders(root: Path, specs: list[VolumeSpec], *, uid: int | None = None) -> None:
     """Create the volumes' folders; as root, hand them to the tenant's container uid so
-    its unprivileged containers can write there."""
+    its unprivileged containers can write there. The root is private to that uid (0700).
+    A path component that is a symbolic link is refused, never followed: a container can
+    have planted it since the form checked the path."""
     root.mkdir(parents=True, exist_ok=True)
     chown = uid is not None and os.geteuid() == 0
+    if root.is_symlink():
+        raise ValidationError("Your storage root is a symbolic link; ask an operator.")
     if chown:
-        os.chown(root, uid, uid)
+        os.lchown(root, uid, uid)
+    os.chmod(root, 0o700)
     for spec in specs:
-        path = Path(os.path.realpath(root)) / spec.source
-        path.mkdir(parents=True, exist_ok=True)
-        if chown:
-            os.chown(path, uid, uid)
+        path = root
+        for part in [p for p in spec.source.split("/") if p]:
+            path = path / part
+            if path.is_symlink():
+                raise ValidationError(
+                    f"'{spec.source}' goes through a symbolic link ({part}); use a real folder."
+                )
+            if not path.exists():
+                path.mkdir()
+                if chown:
+                    os.lchown(path, uid, uid)
+            elif not path.is_dir():
+                raise ValidationError(f"'{spec.source}' is a file in your storage, not a folder.")

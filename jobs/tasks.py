@@ -62,6 +62,12 @@ def cluster_dispatch(cluster_id: int) -> int | None:
     return runner.dispatch(cluster_id)
 
 
+def job_start(job_id: int) -> None:
+    from jobs import runner
+
+    runner.start_replicas(job_id)
+
+
 def job_stop(job_id: int) -> None:
     from jobs import runner
 

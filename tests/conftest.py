@@ -211,11 +211,26 @@ def rq_worker(processes):
 
 
 @pytest.fixture
+def work_queue():
+    """Run what is queued on a real RQ queue, in this process, until it is empty."""
+    import django_rq
+    from rq import SimpleWorker
+
+    def work(name="docker"):
+        queue = django_rq.get_queue(name)
+        SimpleWorker([queue], connection=queue.connection, serializer=queue.serializer).work(
+            burst=True
+        )
+
+    return work
+
+
+@pytest.fixture
 def running_cluster(make_host, make_cluster, alice):
     """A placed cluster on the real engines: `nodes` nodes, one host per engine."""
     from jobs import scheduler
 
-    def make(nodes=1, *, gpus=1, owner=None, **extra):
+    def make(nodes=1, *, gpus=1, owner=None, name=None, **extra):
         if not make_host.__dict__.get("made"):
             make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
             make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2)
@@ -223,7 +238,11 @@ def running_cluster(make_host, make_cluster, alice):
         extra.setdefault("release_policy", "never")
         extra.setdefault("volumes", ())
         cluster = make_cluster(
-            owner or alice, f"c{nodes}-{gpus}-{len(extra)}", nodes=nodes, gpus=gpus, **extra
+            owner or alice,
+            name or f"c{nodes}-{gpus}-{len(extra)}",
+            nodes=nodes,
+            gpus=gpus,
+            **extra,
         )
         scheduler.place_pending()
         cluster.refresh_from_db()

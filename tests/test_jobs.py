@@ -2,6 +2,7 @@
 
 import time
 
+import django_rq
 import docker
 import pytest
 from django.urls import reverse
@@ -320,7 +321,7 @@ def test_a_down_engine_loses_its_replicas_and_fails_the_job(running_cluster, set
 
 
 def test_a_start_interrupted_by_a_dead_worker_is_finished_by_the_reconciler(
-    running_cluster, settle_until
+    running_cluster, settle_until, work_queue
 ):
     cluster = running_cluster(1)
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="half", command="echo resumed"))
@@ -332,7 +333,11 @@ def test_a_start_interrupted_by_a_dead_worker_is_finished_by_the_reconciler(
         runner.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.STARTING and job.replicas.get().state == Replica.State.CREATING
-    runner.reconcile(stuck_after_s=0)
+    assert runner.reconcile(stuck_after_s=0)["restarted"] == 1  # queued on a worker, once
+    assert runner.reconcile(stuck_after_s=0)["restarted"] == 1
+    queued = django_rq.get_queue("docker").job_ids
+    assert [i for i in queued if i.startswith("start-")] == [f"start-{job.pk}"]
+    work_queue("docker")
     assert settle_until(job).state == Job.State.SUCCEEDED
     assert "resumed" in job.replicas.get().log
 
