@@ -1,0 +1,188 @@
+"""Money (DESIGN.md): a rate card with history, one prepaid account per researcher, an
+immutable ledger whose entries each carry a unique idempotency key and the balance after
+them, and one meter per cluster that says up to which second it has been billed.
+
+Amounts are Decimal with 4 places (the smallest unit, `UNIT`); nothing here is a float.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from jobs.models import Cluster, GpuModel, InstanceType
+
+UNIT = Decimal("0.0001")
+MONEY = {"max_digits": 18, "decimal_places": 4}
+
+
+class RateCard(models.Model):
+    """One version of the price list. The version in force at a second is the one with
+    the latest `effective_from` at or before it; a change is a new version (the admin's
+    "Save as new"), so history stays and every past second keeps its price."""
+
+    effective_from = models.DateTimeField(
+        default=timezone.now, unique=True, help_text="Prices apply from this second on."
+    )
+    currency = models.CharField(max_length=3, default="CNY")
+    spot_discount_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal("60.00"),
+        help_text="Spot clusters pay this much less (percent).",
+    )  # fmt: skip
+    min_charge_s = models.PositiveIntegerField(
+        default=0, help_text="Minimum seconds charged per cluster (0: none)."
+    )
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-effective_from"]
+
+    def __str__(self) -> str:
+        return f"rate card from {self.effective_from:%Y-%m-%d %H:%M:%S} ({self.currency})"
+
+    @property
+    def in_force_or_past(self) -> bool:
+        return self.pk is not None and self.effective_from <= timezone.now()
+
+
+class Price(models.Model):
+    """One line of a rate card: per GPU-hour of a GPU model, or per instance-hour of a
+    CPU-only instance type."""
+
+    card = models.ForeignKey(RateCard, on_delete=models.CASCADE, related_name="prices")
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    instance_type = models.ForeignKey(
+        InstanceType, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    per_hour = models.DecimalField(
+        max_digits=12, decimal_places=4, help_text="Per GPU-hour, or per instance-hour."
+    )
+
+    class Meta:
+        ordering = ["card", "gpu_model", "instance_type"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(gpu_model__isnull=True, instance_type__isnull=False)
+                | models.Q(gpu_model__isnull=False, instance_type__isnull=True),
+                name="price_one_resource",
+            ),
+            models.UniqueConstraint(fields=["card", "gpu_model"], name="price_unique_gpu"),
+            models.UniqueConstraint(fields=["card", "instance_type"], name="price_unique_cpu"),
+            models.CheckConstraint(condition=models.Q(per_hour__gte=0), name="price_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model or self.instance_type}: {self.per_hour}/h"
+
+
+class Account(models.Model):
+    """A researcher's prepaid balance. It changes only under its row lock, in the same
+    transaction as the ledger entry that explains the change."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="account"
+    )
+    balance = models.DecimalField(default=Decimal("0"), **MONEY)
+    exhausted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its clusters were stopped for balance."
+    )
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.balance})"
+
+
+class LedgerEntry(models.Model):
+    """Immutable: a correction is a new entry (refund, adjustment, credit)."""
+
+    class Kind(models.TextChoices):
+        TOPUP = "topup", "top-up"
+        USAGE = "usage", "usage"
+        REFUND = "refund", "refund"
+        ADJUSTMENT = "adjustment", "adjustment"
+        CREDIT = "credit", "credit"
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    amount = models.DecimalField(help_text="Signed: usage is negative.", **MONEY)
+    balance_after = models.DecimalField(**MONEY)
+    key = models.CharField(max_length=120, unique=True, help_text="Idempotency key.")
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    period_from = models.DateTimeField(null=True, blank=True)
+    period_to = models.DateTimeField(null=True, blank=True)
+    units = models.PositiveIntegerField(
+        default=0, help_text="GPUs (or CPU-only instances) held during the period."
+    )
+    rate = models.DecimalField(
+        max_digits=16, decimal_places=8, null=True, blank=True,
+        help_text="Per unit-hour, after the spot discount.",
+    )  # fmt: skip
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    memo = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "ledger entries"
+        indexes = [
+            models.Index(fields=["account", "-created_at"], name="ledger_account_idx"),
+            models.Index(fields=["cluster", "period_to"], name="ledger_cluster_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} ({self.key})"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValidationError("Ledger entries are immutable: add a correcting entry.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("Ledger entries are immutable: add a correcting entry.")
+
+    @property
+    def seconds(self) -> int | None:
+        if self.period_from and self.period_to:
+            return int((self.period_to - self.period_from).total_seconds())
+        return None
+
+
+class Meter(models.Model):
+    """How far a cluster has been billed. `exact` is the exact cost so far times 3600 (an
+    exact Decimal: unit-seconds x rate per hour); `charged` is what the ledger holds for the
+    cluster, always `round_half_up(exact / 3600)`."""
+
+    cluster = models.OneToOneField(
+        Cluster, on_delete=models.PROTECT, primary_key=True, related_name="meter"
+    )
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="meters")
+    billed_until = models.DateTimeField()
+    exact = models.DecimalField(max_digits=40, decimal_places=10, default=Decimal("0"))
+    charged = models.DecimalField(default=Decimal("0"), **MONEY)
+    settled = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["settled"], condition=models.Q(settled=False), name="meter_open_idx"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"meter of {self.cluster_id} up to {self.billed_until}"

@@ -3,6 +3,7 @@
 from django.conf import settings
 from rq import cron
 
+from billing import tasks as billing_tasks
 from jobs import tasks as job_tasks
 
 cron.register(job_tasks.hosts_check_all, "default", interval=settings.SUANLI_HOST_CHECK_INTERVAL)
@@ -11,3 +12,5 @@ cron.register(job_tasks.place_pending, "default", interval=settings.SUANLI_PLACE
 cron.register(job_tasks.clusters_release_idle, "default", interval=60)
 cron.register(job_tasks.reconcile, "docker", interval=settings.SUANLI_RECONCILE_INTERVAL)
 cron.register(job_tasks.dispatch_all, "default", interval=settings.SUANLI_RECONCILE_INTERVAL)
+# Money: charge held capacity per second, every few seconds (billing/services.accrue).
+cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_INTERVAL)

@@ -284,3 +284,48 @@ def _no_leftover_containers(request):
         for c in client.containers.list(all=True, filters={"label": "suanli.job"}):
             c.remove(force=True)
         client.close()
+
+
+@pytest.fixture
+def rate_card(catalog):
+    """A rate card version through the real models: `rate_card({"a100-80gb": "3.60"})`."""
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from billing.models import Price, RateCard
+    from jobs.models import InstanceType
+
+    def make(gpu_prices=None, *, cpu_prices=None, effective_from=None, **fields):
+        card = RateCard.objects.create(effective_from=effective_from or timezone.now(), **fields)
+        for slug, per_hour in (gpu_prices or {}).items():
+            Price.objects.create(card=card, gpu_model=catalog[slug], per_hour=Decimal(per_hour))
+        for name, per_hour in (cpu_prices or {}).items():
+            Price.objects.create(
+                card=card,
+                instance_type=InstanceType.objects.get(name=name),
+                per_hour=Decimal(per_hour),
+            )
+        return card
+
+    return make
+
+
+@pytest.fixture
+def fund():
+    """Top an account up through the real ledger service."""
+    import uuid
+    from decimal import Decimal
+
+    from billing import services as billing
+
+    def top_up(user, amount):
+        return billing.post_entry(
+            account=billing.account_for(user),
+            kind="topup",
+            amount=Decimal(amount),
+            key=f"test-topup:{uuid.uuid4()}",
+            memo="test top-up",
+        )
+
+    return top_up

@@ -1,0 +1,360 @@
+"""Writes to money: ledger entries (each under its account's row lock, with a unique
+idempotency key) and the accrual tick that turns clusters' held capacity into usage.
+
+Billing observes the jobs app's tables (clusters and their nodes' placed/released
+seconds); the jobs app never calls billing. The one call the other way is the stop for an
+exhausted balance, which releases clusters through `jobs.services.cluster_release`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Min
+from django.utils import timezone
+
+from billing.models import Account, LedgerEntry, Meter
+from billing.pricing import RateBook, to_money
+from jobs.models import Cluster, Node
+
+log = logging.getLogger(__name__)
+
+EXHAUSTED = "stopped: balance exhausted"
+OPERATOR_KINDS = (
+    LedgerEntry.Kind.TOPUP,
+    LedgerEntry.Kind.REFUND,
+    LedgerEntry.Kind.ADJUSTMENT,
+    LedgerEntry.Kind.CREDIT,
+)
+
+
+def floor_s(when: datetime) -> datetime:
+    return when.replace(microsecond=0)
+
+
+def epoch(when: datetime) -> int:
+    return int(when.timestamp())
+
+
+def account_for(user) -> Account:
+    account, _ = Account.objects.get_or_create(user=user)
+    return account
+
+
+# -- operator entries ----------------------------------------------------------------------
+
+
+@transaction.atomic
+def post_entry(
+    *, account: Account, kind: str, amount: Decimal, key: str, by=None, memo: str = ""
+) -> LedgerEntry:
+    """Top-up, refund, adjustment or credit. Replaying the same key returns the first
+    entry and changes nothing."""
+    if kind not in OPERATOR_KINDS:
+        raise ValidationError(f"{kind} entries are written by the accrual, not by hand.")
+    amount = Decimal(amount)
+    if amount.as_tuple().exponent < -4:
+        raise ValidationError("Amounts have at most 4 decimal places.")
+    if kind in (LedgerEntry.Kind.TOPUP, LedgerEntry.Kind.REFUND, LedgerEntry.Kind.CREDIT) and (
+        amount <= 0
+    ):
+        raise ValidationError(f"A {kind} adds money: give a positive amount.")
+    if amount == 0:
+        raise ValidationError("An adjustment of 0 changes nothing.")
+    if not memo.strip():
+        raise ValidationError("Say why (the reason is kept with the entry).")
+    account = Account.objects.select_for_update().get(pk=account.pk)
+    existing = LedgerEntry.objects.filter(key=key).first()
+    if existing is not None:
+        return existing
+    account.balance += amount
+    entry = LedgerEntry.objects.create(
+        account=account,
+        kind=kind,
+        amount=amount,
+        balance_after=account.balance,
+        key=key,
+        memo=memo[:300],
+        created_by=by,
+    )
+    fields = ["balance"]
+    if account.balance > 0 and account.exhausted_at is not None:
+        account.exhausted_at = None
+        fields.append("exhausted_at")
+    account.save(update_fields=fields)
+    return entry
+
+
+# -- accrual ---------------------------------------------------------------------------------
+
+
+@dataclass
+class AccrualReport:
+    now: datetime
+    clusters: int = 0
+    entries: int = 0
+    charged: Decimal = Decimal("0")
+    settled: int = 0
+    exhausted: list[int] = field(default_factory=list)
+
+
+def open_meters(now: datetime) -> int:
+    """A meter for every cluster that has held capacity and has none yet; it starts at the
+    second its first node was placed."""
+    fresh = list(
+        Cluster.objects.filter(meter__isnull=True, node_set__isnull=False)
+        .values("pk", "owner_id")
+        .annotate(first=Min("node_set__placed_at"))
+    )
+    if not fresh:
+        return 0
+    owners = {row["owner_id"] for row in fresh}
+    Account.objects.bulk_create(
+        [Account(user_id=o) for o in owners], ignore_conflicts=True, batch_size=2000
+    )
+    accounts = dict(Account.objects.filter(user_id__in=owners).values_list("user_id", "pk"))
+    Meter.objects.bulk_create(
+        [
+            Meter(
+                cluster_id=row["pk"],
+                account_id=accounts[row["owner_id"]],
+                billed_until=floor_s(row["first"]),
+            )
+            for row in fresh
+        ],
+        ignore_conflicts=True,  # another tick made it meanwhile: same start either way
+        batch_size=2000,
+    )
+    return len(fresh)
+
+
+def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
+    """Charge every open meter from where it was billed up to `now` (whole seconds), and
+    settle released clusters up to their release second. Safe to run twice, or twice at
+    once: each meter is read under its row lock and moves forward only."""
+    now = floor_s(now or timezone.now())
+    report = AccrualReport(now=now)
+    open_meters(now)
+    book = RateBook.load()
+    ids = list(
+        Meter.objects.filter(settled=False)
+        .order_by("account_id", "cluster_id")
+        .values_list("cluster_id", flat=True)
+    )
+    for start in range(0, len(ids), batch):
+        _accrue_batch(ids[start : start + batch], now, book, report)
+    if report.exhausted:
+        stop_exhausted(report.exhausted, report)
+    return report
+
+
+def _nodes_of(cluster_ids: list[int]) -> dict[int, list[tuple[datetime, datetime | None, int]]]:
+    out: dict[int, list] = {}
+    rows = Node.objects.filter(cluster_id__in=cluster_ids).values_list(
+        "cluster_id", "placed_at", "released_at", "cluster__gpus_per_node"
+    )
+    for cluster_id, placed, released, gpus in rows:
+        units = gpus or 1  # a CPU-only node is one instance
+        out.setdefault(cluster_id, []).append(
+            (floor_s(placed), floor_s(released) if released else None, units)
+        )
+    return out
+
+
+@dataclass
+class _Segment:
+    start: datetime
+    end: datetime
+    units: int
+    rate: Decimal | None
+
+
+def segments(
+    *, nodes, since: datetime, until: datetime, book: RateBook, cluster: Cluster
+) -> list[_Segment]:
+    """Split (since, until] wherever the number of units held or the price changes."""
+    points = {since, until}
+    for placed, released, _ in nodes:
+        for t in (placed, released):
+            if t is not None and since < t < until:
+                points.add(t)
+    points.update(book.changes_between(since, until))
+    ordered = sorted(points)
+    out: list[_Segment] = []
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        units = sum(
+            u
+            for placed, released, u in nodes
+            if placed <= a and (released is None or released >= b)
+        )
+        card = book.at(a)
+        rate = (
+            card.rate(
+                gpu_model_id=cluster.gpu_model_id,
+                instance_type_id=cluster.instance_type_id,
+                spot=cluster.spot,
+            )
+            if card
+            else None
+        )
+        if out and out[-1].units == units and out[-1].rate == rate and out[-1].end == a:
+            out[-1].end = b
+        else:
+            out.append(_Segment(a, b, units, rate))
+    return [s for s in out if s.units]
+
+
+def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report) -> None:
+    entries: list[LedgerEntry] = []
+    with transaction.atomic():
+        meters = list(
+            Meter.objects.select_for_update(of=("self",))
+            .filter(cluster_id__in=cluster_ids, settled=False)
+            .select_related("cluster")
+            .order_by("cluster_id")
+        )
+        if not meters:
+            return
+        nodes = _nodes_of([m.cluster_id for m in meters])
+        accounts = {
+            a.pk: a
+            for a in Account.objects.select_for_update()
+            .filter(pk__in={m.account_id for m in meters})
+            .order_by("pk")
+        }
+        touched_meters = []
+        for meter in meters:
+            cluster = meter.cluster
+            held = nodes.get(cluster.pk, [])
+            ended = cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED) and all(
+                released is not None for _, released, _ in held
+            )
+            last = max((r for _, r, _ in held if r is not None), default=None)
+            until = min(now, last) if ended and last is not None else now
+            account = accounts[meter.account_id]
+            if until > meter.billed_until:
+                for seg in segments(
+                    nodes=held, since=meter.billed_until, until=until, book=book, cluster=cluster
+                ):
+                    entries.append(_charge(meter, account, cluster, seg))
+                meter.billed_until = until
+            if ended and meter.billed_until >= (last or meter.billed_until):
+                minimum = _minimum_charge(meter, account, cluster, held, book)
+                if minimum is not None:
+                    entries.append(minimum)
+                meter.settled = True
+                report.settled += 1
+            touched_meters.append(meter)
+        # A key charged before cannot recur (the meters moved past it in the same
+        # transaction); were it to, the unique constraint rolls the whole batch back.
+        LedgerEntry.objects.bulk_create(entries, batch_size=2000)
+        Meter.objects.bulk_update(
+            touched_meters, ["billed_until", "exact", "charged", "settled"], batch_size=2000
+        )
+        changed = [a for a in accounts.values() if getattr(a, "_charged", False)]
+        for account in changed:
+            if account.balance <= 0:
+                account.exhausted_at = account.exhausted_at or now
+                report.exhausted.append(account.pk)
+        Account.objects.bulk_update(changed, ["balance", "exhausted_at"], batch_size=2000)
+    report.clusters += len(meters)
+    report.entries += len(entries)
+    report.charged += sum((-e.amount for e in entries), Decimal("0"))
+
+
+def _charge(meter: Meter, account: Account, cluster: Cluster, seg: _Segment) -> LedgerEntry:
+    seconds = int((seg.end - seg.start).total_seconds())
+    rate = seg.rate if seg.rate is not None else Decimal("0")
+    meter.exact += seg.units * seconds * rate
+    total = to_money(meter.exact)
+    amount = total - meter.charged
+    meter.charged = total
+    account.balance -= amount
+    account._charged = True
+    return LedgerEntry(
+        account_id=account.pk,
+        kind=LedgerEntry.Kind.USAGE,
+        amount=-amount,
+        balance_after=account.balance,
+        key=f"usage:{cluster.pk}:{epoch(seg.start)}:{epoch(seg.end)}",
+        cluster_id=cluster.pk,
+        period_from=seg.start,
+        period_to=seg.end,
+        units=seg.units,
+        rate=rate,
+        gpu_model_id=cluster.gpu_model_id,
+        memo="" if seg.rate is not None else "no price on the rate card: not charged",
+    )
+
+
+def _minimum_charge(meter, account, cluster, held, book) -> LedgerEntry | None:
+    if not held:
+        return None
+    start = min(p for p, _, _ in held)
+    card = book.at(start)
+    if card is None or not card.min_charge_s:
+        return None
+    seconds = int((meter.billed_until - start).total_seconds())
+    short = card.min_charge_s - seconds
+    if short <= 0:
+        return None
+    rate = card.rate(
+        gpu_model_id=cluster.gpu_model_id,
+        instance_type_id=cluster.instance_type_id,
+        spot=cluster.spot,
+    )
+    if not rate:
+        return None
+    units = max(cluster.nodes, 1) * (cluster.gpus_per_node or 1)
+    meter.exact += units * short * rate
+    total = to_money(meter.exact)
+    amount = total - meter.charged
+    meter.charged = total
+    account.balance -= amount
+    account._charged = True
+    return LedgerEntry(
+        account_id=account.pk,
+        kind=LedgerEntry.Kind.USAGE,
+        amount=-amount,
+        balance_after=account.balance,
+        key=f"minimum:{cluster.pk}",
+        cluster_id=cluster.pk,
+        units=units,
+        rate=rate,
+        gpu_model_id=cluster.gpu_model_id,
+        memo=f"minimum charge: {card.min_charge_s} s, {seconds} s used",
+    )
+
+
+# -- running out -----------------------------------------------------------------------------
+
+
+def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) -> list[int]:
+    """Release every pending or running cluster of these accounts, then bill them up to
+    the second they stopped (in this same tick, so the overdraft stays within one period)."""
+    from jobs import services as fleet
+
+    stopped = []
+    for cluster in Cluster.objects.filter(
+        owner__account__pk__in=account_ids,
+        state__in=[Cluster.State.PENDING, Cluster.State.RUNNING],
+    ):
+        fleet.cluster_release(cluster=cluster, reason=EXHAUSTED)
+        stopped.append(cluster.pk)
+    if stopped:
+        later = floor_s(timezone.now())
+        book = RateBook.load()
+        _accrue_batch(stopped, later, book, report or AccrualReport(now=later))
+    log.warning("accounts %s exhausted: stopped clusters %s", account_ids, stopped)
+    return stopped
+
+
+def enough_balance(account: Account, per_hour: Decimal) -> bool:
+    minutes = settings.SUANLI_MIN_BALANCE_MINUTES
+    return account.balance >= per_hour * minutes / 60
