@@ -4,6 +4,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from billing import selectors as money
 from jobs import selectors as fleet
 from jobs import storage, validators
 from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, SshKey
@@ -59,6 +60,7 @@ class ClusterForm(forms.Form):
     def __init__(self, *args, owner, **kwargs):
         super().__init__(*args, **kwargs)
         self.owner = owner
+        self.funds_short = None
         self.capacity = fleet.gpu_capacity_by_model()
         self.gpu_models = {m.slug: m for m in GpuModel.objects.all()}
         self.instance_types = {t.name: t for t in InstanceType.objects.all()}
@@ -199,10 +201,46 @@ class ClusterForm(forms.Form):
             self.add_error(
                 "idle_minutes", "After how many idle minutes should the cluster be released?"
             )
+        self._check_funds(data, gpu_model, instance_type)
         data.update(
             gpu_model=gpu_model, instance_type=instance_type, image_obj=image, reference=reference
         )
         return data
+
+    def _check_funds(self, data, gpu_model, instance_type) -> None:
+        """The cluster must have a price, and the balance must cover a few minutes of it."""
+        if gpu_model is None and instance_type is None:
+            return
+        units = (data.get("nodes") or 0) * ((data.get("gpus_per_node") or 0) if gpu_model else 1)
+        if not units:
+            return
+        quote = money.quote_for(
+            gpu_model_id=gpu_model.pk if gpu_model else None,
+            instance_type_id=instance_type.pk if instance_type else None,
+            units=units,
+        )
+        what = gpu_model.name if gpu_model else instance_type.name
+        if not quote.priced:
+            self.add_error(
+                "resource",
+                f"{what} has no price on the rate card yet; pick another or ask an operator.",
+            )
+            return
+        per_hour = quote.spot if data.get("spot") else quote.on_demand
+        balance = money.balance_of(self.owner)
+        minutes = settings.SUANLI_MIN_BALANCE_MINUTES
+        needed = (per_hour * minutes / 60).quantize(per_hour)
+        if balance < needed:
+            self.funds_short = {
+                "needed": needed, "balance": balance, "minutes": minutes,
+                "currency": quote.currency, "per_hour": per_hour,
+            }  # fmt: skip
+            self.add_error(
+                None,
+                f"This cluster costs {per_hour} {quote.currency}/h; creating it needs a balance for "
+                f"{minutes} minutes ({needed} {quote.currency}). Your balance is {balance} {quote.currency}: "
+                "top up on the billing page.",
+            )
 
     def spec(self) -> ClusterSpec:
         d = self.cleaned_data

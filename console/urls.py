@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import views
+from console import views, views_billing
 
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
@@ -25,6 +25,13 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("keys/", views.ssh_keys, name="ssh_keys"),
     path("keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh_key_delete"),
+    path("billing/", views_billing.billing, name="billing"),
+    path(
+        "billing/statement/<int:year>-<int:month>.csv",
+        views_billing.billing_statement,
+        name="billing_statement",
+    ),
+    path("ops/billing/", views_billing.ops_billing, name="ops_billing"),
     path("ops/queue/", views.ops_queue, name="ops_queue"),
     path("ops/hosts/<int:host_id>/drain/", views.ops_host_drain, name="ops_host_drain"),
     path("ops/hosts/", views.ops_hosts, name="ops_hosts"),

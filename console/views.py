@@ -13,7 +13,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from billing import selectors as money
 from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, SshKeyForm
+from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Cluster, Host, Image, InstanceType, SshKey
@@ -100,7 +102,15 @@ def cluster_new(request):
         )
         return redirect("cluster_detail", cluster_id=cluster.pk)
     return render(
-        request, "console/cluster_new.html", {"form": form, "zone_note": ZONE_SPREAD_NOTE}
+        request,
+        "console/cluster_new.html",
+        {
+            "form": form,
+            "zone_note": ZONE_SPREAD_NOTE,
+            "prices_json": cluster_form_prices(form),
+            "standing": money.standing(request.user),
+            "min_minutes": settings.SUANLI_MIN_BALANCE_MINUTES,
+        },
     )
 
 

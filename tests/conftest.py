@@ -329,3 +329,17 @@ def fund():
         )
 
     return top_up
+
+
+@pytest.fixture
+def priced(catalog, alice, bob, fund):
+    """The starting rate card in force, and money on alice's and bob's accounts."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.catalog import seed_rate_card
+
+    seed_rate_card(effective_from=timezone.now() - timedelta(hours=1))
+    fund(alice, "1000")
+    fund(bob, "1000")

@@ -7,7 +7,11 @@ from playwright.sync_api import expect, sync_playwright
 
 CHROMIUM = os.environ.get("SUANLI_CHROMIUM", "/usr/bin/chromium")
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("priced"),
+]
 
 # Playwright's sync API runs an event loop in this thread; our test code's ORM calls are
 # still plain synchronous calls between page steps.

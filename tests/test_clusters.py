@@ -8,7 +8,7 @@ from django.urls import reverse
 from jobs import scheduler, services
 from jobs.models import Cluster, ClusterEvent, GpuSlot, Image, Volume
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
 
 
 def _form(**fields):

@@ -1,8 +1,12 @@
+from decimal import Decimal
+
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from billing import services as billing
+from billing.catalog import seed_rate_card
 from jobs.catalog import seed_catalog
 
 DEMO_USERS = [
@@ -27,6 +31,15 @@ class Command(BaseCommand):
                 user.is_staff = user.is_superuser = operator
                 user.set_password(password)
                 user.save()
+            seed_rate_card()
+            researcher = User.objects.get(username="researcher")
+            billing.post_entry(
+                account=billing.account_for(researcher),
+                kind="credit",
+                amount=Decimal("100"),
+                key="demo:welcome-credit:researcher",  # once, however often make run seeds
+                memo="welcome credit for the demo",
+            )
         if opts["local_engine"]:
             call_command(
                 "register_host",

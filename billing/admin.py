@@ -1,0 +1,183 @@
+"""Operators' money tools: the rate card (versioned; past versions read-only), accounts
+with top-up / refund / adjustment (each entry records who and why), the ledger (read-only)."""
+
+import uuid
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import path, reverse
+from django.utils import timezone
+
+from billing import services
+from billing.models import Account, LedgerEntry, Meter, Price, RateCard
+
+
+class PriceInline(admin.TabularInline):
+    model = Price
+    extra = 0
+
+    def has_change_permission(self, request, obj=None):
+        return not (obj and obj.in_force_or_past) and super().has_change_permission(request, obj)
+
+    has_add_permission = has_change_permission
+    has_delete_permission = has_change_permission
+
+
+@admin.register(RateCard)
+class RateCardAdmin(admin.ModelAdmin):
+    """A card that has taken effect is history: change prices with "Save as new" and a
+    later effective-from time."""
+
+    list_display = [
+        "effective_from",
+        "currency",
+        "spot_discount_pct",
+        "min_charge_s",
+        "in_force",
+        "note",
+    ]
+    inlines = [PriceInline]
+    save_as = True
+    readonly_fields = ["created_by", "created_at"]
+
+    @admin.display(boolean=True, description="in force now")
+    def in_force(self, card):
+        current = RateCard.objects.filter(effective_from__lte=timezone.now()).first()
+        return current is not None and current.pk == card.pk
+
+    def has_change_permission(self, request, obj=None):
+        if obj is not None and obj.in_force_or_past and "_saveasnew" not in request.POST:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return not (obj and obj.in_force_or_past) and super().has_delete_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        if not change or "_saveasnew" in request.POST:
+            obj.created_by = request.user
+            obj.created_at = timezone.now()
+            if obj.effective_from < timezone.now():
+                obj.effective_from = timezone.now()  # never rewrite seconds already billed
+        super().save_model(request, obj, form, change)
+
+
+class EntryForm(forms.Form):
+    kind = forms.ChoiceField(
+        choices=[(k, LedgerEntry.Kind(k).label) for k in services.OPERATOR_KINDS]
+    )
+    amount = forms.DecimalField(
+        max_digits=18,
+        decimal_places=4,
+        help_text="Positive adds money; an adjustment may be negative.",
+    )
+    memo = forms.CharField(
+        label="Reason", max_length=300, help_text="Kept with the entry, e.g. invoice 2026-117."
+    )
+    token = forms.CharField(widget=forms.HiddenInput)
+
+
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    list_display = ["user", "balance", "exhausted_at"]
+    search_fields = ["user__username", "user__email"]
+    readonly_fields = ["user", "balance", "exhausted_at"]
+    change_form_template = "admin/billing/account/change_form.html"
+
+    def has_add_permission(self, request):
+        return False  # accounts appear with their users' first entry
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_urls(self):
+        return [
+            path(
+                "<int:account_id>/entry/",
+                self.admin_site.admin_view(self.post_entry_view),
+                name="billing_account_entry",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = extra_context or {}
+        extra_context["entry_form"] = EntryForm(
+            initial={"token": uuid.uuid4().hex, "kind": "topup"}
+        )
+        extra_context["entries"] = LedgerEntry.objects.filter(account_id=object_id).select_related(
+            "created_by", "cluster"
+        )[:20]
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def post_entry_view(self, request, account_id: int):
+        account = get_object_or_404(Account, pk=account_id)
+        back = reverse("admin:billing_account_change", args=[account.pk])
+        if request.method != "POST" or not self.has_view_permission(request, account):
+            return redirect(back)
+        form = EntryForm(request.POST)
+        if not form.is_valid():
+            messages.error(
+                request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+            )
+            return redirect(back)
+        d = form.cleaned_data
+        try:
+            # The form's one-time token is the key: a double submit posts once.
+            entry = services.post_entry(
+                account=account, kind=d["kind"], amount=d["amount"],
+                key=f"op:{d['token']}", by=request.user, memo=d["memo"],
+            )  # fmt: skip
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+            return redirect(back)
+        messages.success(
+            request,
+            f"{entry.get_kind_display()} of {entry.amount}: balance now {entry.balance_after}.",
+        )
+        return redirect(back)
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "account",
+        "kind",
+        "amount",
+        "balance_after",
+        "cluster",
+        "units",
+        "rate",
+        "created_by",
+        "memo",
+    ]
+    list_filter = ["kind"]
+    search_fields = ["account__user__username", "key", "memo"]
+    list_select_related = ["account__user", "cluster", "created_by"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Meter)
+class MeterAdmin(admin.ModelAdmin):
+    list_display = ["cluster", "account", "billed_until", "charged", "settled"]
+    list_filter = ["settled"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
