@@ -91,7 +91,7 @@ def billing(request):
             "kind": kind,
             "kinds": LedgerEntry.Kind.choices,
             "cluster": cluster,
-            "clusters": fleet.clusters_for(user).only("pk", "name")[:200],
+            "clusters": fleet.clusters_for(user).values("pk", "name")[:200],
             "costs": money.cost_per_cluster(user),
             "chart_json": chart,
             "months": _months(user),
