@@ -121,3 +121,58 @@ def test_researcher_creates_a_two_node_cluster_with_a_volume(
     page.screenshot(
         path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/cluster_running.png", full_page=True
     )
+
+
+def test_researcher_sees_the_price_the_cost_grow_and_downloads_the_statement(
+    page, live_server, alice, make_host, storage_root, rq_worker
+):
+    import csv
+    import io
+    import time
+    from decimal import Decimal
+
+    from billing import services as billing
+
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
+    _login(page, live_server, "alice", "alice-pass-123")
+    page.goto(f"{live_server.url}/clusters/new/")
+    page.fill("#id_name", "priced-run")
+    page.select_option("#id_resource", "gpu:a100-80gb")
+    page.fill("#id_nodes", "1")
+    page.fill("#id_gpus_per_node", "4")
+    # 4 x A100 80 GB at 7.80 per GPU-hour; spot at half.
+    expect(page.get_by_test_id("price-on-demand")).to_have_text("31.2000")
+    expect(page.get_by_test_id("price-spot")).to_have_text("15.6000")
+    page.fill("#id_gpus_per_node", "2")
+    expect(page.get_by_test_id("price-on-demand")).to_have_text("15.6000")
+    expect(page.get_by_test_id("form-balance")).to_have_text("1000.0000")
+    page.screenshot(
+        path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/cluster_form_price.png",
+        full_page=True,
+    )
+    page.get_by_role("button", name="Create cluster").click()
+    expect(page.get_by_test_id("cluster-state")).to_have_text("running", timeout=20_000)
+
+    billing.accrue()  # what the cron's accrual tick does
+    page.goto(f"{live_server.url}/billing/")
+    first = Decimal(page.get_by_test_id("cluster-cost").inner_text())
+    expect(page.get_by_test_id("burn")).to_have_text("15.6000")
+    time.sleep(2.2)
+    billing.accrue()
+    page.reload()
+    second = Decimal(page.get_by_test_id("cluster-cost").inner_text())
+    assert second > first, (first, second)
+    assert Decimal(page.get_by_test_id("balance").inner_text()) == Decimal("1000") - second
+    expect(page.locator("#ledger")).to_contain_text("priced-run")
+    expect(page.locator("#daily-chart .main-svg").first).to_be_visible()
+    page.screenshot(
+        path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/billing.png", full_page=True
+    )
+    with page.expect_download() as info:
+        page.get_by_test_id("statement").first.click()
+    download = info.value
+    assert download.suggested_filename.startswith("suanli-statement-")
+    rows = list(csv.DictReader(io.StringIO(open(download.path(), encoding="utf-8").read())))
+    usage = [r for r in rows if r["kind"] == "usage"]
+    assert usage and all(r["cluster"] == "priced-run" and r["units"] == "2" for r in usage)
+    assert -sum(Decimal(r["amount"]) for r in usage) == second
