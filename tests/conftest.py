@@ -176,11 +176,14 @@ class Processes:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: see stop_all
         )
         self.procs.append((name, proc, log))
         return proc
 
     def stop_all(self):
+        import signal
+
         for name, proc, log in self.procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -188,6 +191,12 @@ class Processes:
                     proc.wait(timeout=10)
                 except Exception:
                     proc.kill()
+            # Whatever it forked (an RQ work horse orphaned by a kill -9 of its worker) must
+            # not live on, consuming the next test's queue.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             log.close()
             print(f"--- {name} log:", (self.tmp_path / log.name.split("/")[-1]).read_text()[-2000:])
 
