@@ -147,7 +147,7 @@ def _days(days: int, today: date) -> list[date]:
 
 
 def daily_cost(user, *, days: int = 30, today: date | None = None) -> list[tuple[date, Decimal]]:
-    """Usage per UTC day (by the day its period ended), zero-filled."""
+    """Usage per UTC day (the day it was charged), zero-filled."""
     today = today or timezone.now().astimezone(UTC).date()
     since = datetime.combine(today - timedelta(days=days - 1), datetime.min.time(), tzinfo=UTC)
     rows = dict(
