@@ -156,7 +156,7 @@ def test_missing_image_fails_the_job_with_the_engines_message(running_cluster, s
     job = settle_until(job)
     assert job.state == Job.State.FAILED
     assert "pulling suanli/no-such-image:1" in " ".join(e.message for e in job.events.all())
-    prefix = "could not start: rank 0 on gpu-a-01: "
+    prefix = f"could not start: rank 0 on {job.replicas.get().host.name}: "
     assert job.state_reason.startswith(prefix) and len(job.state_reason) > len(prefix) + 5
 
 
