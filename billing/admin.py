@@ -140,8 +140,21 @@ class AccountAdmin(admin.ModelAdmin):
         return redirect(back)
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Written by the services only: operators look, never edit."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = [
         "created_at",
         "account",
@@ -158,26 +171,8 @@ class LedgerEntryAdmin(admin.ModelAdmin):
     search_fields = ["account__user__username", "key", "memo"]
     list_select_related = ["account__user", "cluster", "created_by"]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(Meter)
-class MeterAdmin(admin.ModelAdmin):
+class MeterAdmin(ReadOnlyAdmin):
     list_display = ["cluster", "account", "billed_until", "charged", "settled"]
     list_filter = ["settled"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
