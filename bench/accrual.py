@@ -12,9 +12,12 @@ Timed, alternately, REPEATS times each, each on its own and with a fresh
   loading the rate book, locking and charging every meter in batches, one transaction a
   batch): 10,000 usage entries;
 - bulk_insert: one `LedgerEntry.objects.bulk_create` of 10,000 comparable usage rows
-  (same columns, unique keys `bench:<k>:<i>`, batch_size 2000) in one transaction.
+  (same columns, unique keys `bench:<tag>:<i>`, batch_size 2000) in one transaction: the
+  plain bulk INSERT the issue names;
+- copy: the same rows through the tick's own writer (`jobs.sql.insert_rows`, one COPY),
+  the floor under a tick, so `ratio_to_copy` says what accrual adds to writing its rows.
 
-Prints one JSON line with the medians and ratio = tick_s / bulk_insert_s.
+Prints one JSON line with the medians, ratio = tick_s / bulk_insert_s and ratio_to_copy.
 """
 
 import json
@@ -41,8 +44,10 @@ from django.utils import timezone  # noqa: E402
 
 from billing import services as billing  # noqa: E402
 from billing.models import Account, LedgerEntry, Price, RateCard  # noqa: E402
+from billing.services import ENTRY_FIELDS  # noqa: E402
 from jobs.catalog import seed_catalog  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Host, Image, Node  # noqa: E402
+from jobs.sql import insert_rows  # noqa: E402
 
 CLUSTERS = int(os.environ.get("BENCH_CLUSTERS", 10_000))
 USERS = int(os.environ.get("BENCH_USERS", 1_000))
@@ -50,6 +55,7 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", 5))
 TICK_S = 10
 PER_HOUR = Decimal("3.6000")
 TOPUP = Decimal("1000000")
+FKS = {"account", "cluster", "gpu_model"}
 
 
 def reset():
@@ -134,20 +140,38 @@ def make_rate_card(model: GpuModel, when) -> None:
     Price.objects.create(card=card, gpu_model=model, per_hour=PER_HOUR)
 
 
-def bulk_insert(k: int, accounts: list[int], cluster_ids: list[int], model_id: int, start):
+def usage_rows(tag: str, accounts: list[int], cluster_ids: list[int], model_id: int, start):
+    """Rows like the tick's: the columns of `billing.services.ENTRY_FIELDS`, in order."""
     end = start + timedelta(seconds=TICK_S)
-    rows = [
-        LedgerEntry(
-            account_id=accounts[i % len(accounts)], kind=LedgerEntry.Kind.USAGE,
-            amount=Decimal("-0.0100"), balance_after=Decimal("999000.0000"),
-            key=f"bench:{k}:{i}", cluster_id=cid, period_from=start, period_to=end, units=1,
-            rate=PER_HOUR, gpu_model_id=model_id, memo="",
+    return [
+        (
+            accounts[i % len(accounts)], LedgerEntry.Kind.USAGE.value, Decimal("-0.0100"),
+            Decimal("999000.0000"), f"bench:{tag}:{i}", cid, start, end, 1, PER_HOUR,
+            model_id, "", end,
         )
         for i, cid in enumerate(cluster_ids)
     ]  # fmt: skip
+
+
+def bulk_insert(rows) -> float:
+    """The plain bulk INSERT: Django's bulk_create (multi-row INSERTs of 2,000)."""
+    objs = [
+        LedgerEntry(
+            **{f"{n}_id" if n in FKS else n: v for n, v in zip(ENTRY_FIELDS, r, strict=True)}
+        )
+        for r in rows
+    ]
     t0 = time.perf_counter()
     with transaction.atomic():
-        LedgerEntry.objects.bulk_create(rows, batch_size=2000)
+        LedgerEntry.objects.bulk_create(objs, batch_size=2000)
+    return time.perf_counter() - t0
+
+
+def copy_insert(rows) -> float:
+    """The same rows through the tick's own writer (one COPY): the floor under a tick."""
+    t0 = time.perf_counter()
+    with transaction.atomic():
+        insert_rows(LedgerEntry, ENTRY_FIELDS, rows)
     return time.perf_counter() - t0
 
 
@@ -166,19 +190,21 @@ def main():
     billing.accrue(now=t)  # opens the meters and bills the first hour: warm-up
     accounts = list(Account.objects.order_by("pk").values_list("pk", flat=True))
     cluster_ids = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
-    ticks, inserts, entries = [], [], []
+    ticks, inserts, copies, entries = [], [], [], []
     for k in range(1, REPEATS + 1):
         t0 = time.perf_counter()
         report = billing.accrue(now=t + timedelta(seconds=TICK_S * k))
         ticks.append(time.perf_counter() - t0)
         entries.append(report.entries)
-        inserts.append(bulk_insert(k, accounts, cluster_ids, model.pk, t))
+        inserts.append(bulk_insert(usage_rows(f"i{k}", accounts, cluster_ids, model.pk, t)))
+        copies.append(copy_insert(usage_rows(f"c{k}", accounts, cluster_ids, model.pk, t)))
     assert all(n == CLUSTERS for n in entries), entries
     # The ledger still sums to the balances (a cheap guard that the tick did its job).
     ledger = LedgerEntry.objects.exclude(key__startswith="bench:").aggregate(s=Sum("amount"))["s"]
     balances = Account.objects.aggregate(s=Sum("balance"))["s"]
     assert ledger == balances, (ledger, balances)
     tick_s, insert_s = statistics.median(ticks), statistics.median(inserts)
+    copy_s = statistics.median(copies)
     print(
         json.dumps(
             {
@@ -189,9 +215,12 @@ def main():
                 "tick_s": round(tick_s, 3),
                 "bulk_insert_s": round(insert_s, 3),
                 "ratio": round(tick_s / insert_s, 2),
+                "copy_s": round(copy_s, 3),
+                "ratio_to_copy": round(tick_s / copy_s, 2),
                 "entries": statistics.median(entries),
                 "tick_runs_s": [round(x, 3) for x in ticks],
                 "bulk_insert_runs_s": [round(x, 3) for x in inserts],
+                "copy_runs_s": [round(x, 3) for x in copies],
                 "database": connection.vendor,
             }
         ),

@@ -22,6 +22,7 @@ from django.utils import timezone
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import RateBook, to_money
 from jobs.models import Cluster, Node
+from jobs.sql import insert_rows, update_rows
 
 log = logging.getLogger(__name__)
 
@@ -154,15 +155,16 @@ def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
     return report
 
 
-def _nodes_of(cluster_ids: list[int]) -> dict[int, list[tuple[datetime, datetime | None, int]]]:
+def _nodes_of(units: dict[int, int]) -> dict[int, list[tuple[datetime, datetime | None, int]]]:
+    """cluster id -> its nodes' (placed, released, units) for the clusters in `units`
+    (cluster id -> units a node holds: its GPUs, or 1 for a CPU-only instance)."""
     out: dict[int, list] = {}
-    rows = Node.objects.filter(cluster_id__in=cluster_ids).values_list(
-        "cluster_id", "placed_at", "released_at", "cluster__gpus_per_node"
+    rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
+        "cluster_id", "placed_at", "released_at"
     )
-    for cluster_id, placed, released, gpus in rows:
-        units = gpus or 1  # a CPU-only node is one instance
+    for cluster_id, placed, released in rows:
         out.setdefault(cluster_id, []).append(
-            (floor_s(placed), floor_s(released) if released else None, units)
+            (floor_s(placed), floor_s(released) if released else None, units[cluster_id])
         )
     return out
 
@@ -175,9 +177,7 @@ class _Segment:
     rate: Decimal | None
 
 
-def segments(
-    *, nodes, since: datetime, until: datetime, book: RateBook, cluster: Cluster
-) -> list[_Segment]:
+def segments(*, nodes, since: datetime, until: datetime, book: RateBook, cluster) -> list[_Segment]:
     """Split (since, until] wherever the number of units held or the price changes."""
     points = {since, until}
     for placed, released, _ in nodes:
@@ -210,29 +210,70 @@ def segments(
     return [s for s in out if s.units]
 
 
+@dataclass
+class _Meter:
+    """One open meter and the cluster facts accrual needs, read under the meter's lock
+    (plain values: 10,000 of these cost a fraction of as many model instances)."""
+
+    cluster_id: int
+    account_id: int
+    billed_until: datetime
+    exact: Decimal
+    charged: Decimal
+    state: str
+    gpu_model_id: int | None
+    instance_type_id: int | None
+    spot: bool
+    nodes: int
+    gpus_per_node: int
+    settled: bool = False
+
+    FIELDS = (
+        "cluster_id", "account_id", "billed_until", "exact", "charged", "cluster__state",
+        "cluster__gpu_model_id", "cluster__instance_type_id", "cluster__spot",
+        "cluster__nodes", "cluster__gpus_per_node",
+    )  # fmt: skip
+
+
+@dataclass
+class _Account:
+    pk: int
+    balance: Decimal
+    exhausted_at: datetime | None
+    charged: bool = False
+
+
+# The columns accrual writes, in the order of the tuples `_entry` makes.
+ENTRY_FIELDS = (
+    "account", "kind", "amount", "balance_after", "key", "cluster", "period_from",
+    "period_to", "units", "rate", "gpu_model", "memo", "created_at",
+)  # fmt: skip
+
+
 def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report) -> None:
-    entries: list[LedgerEntry] = []
+    entries: list[tuple] = []
     with transaction.atomic():
-        meters = list(
-            Meter.objects.select_for_update(of=("self",))
+        meters = [
+            _Meter(*row)
+            for row in Meter.objects.select_for_update(of=("self",))
             .filter(cluster_id__in=cluster_ids, settled=False)
-            .select_related("cluster")
             .order_by("cluster_id")
-        )
+            .values_list(*_Meter.FIELDS)
+        ]
         if not meters:
             return
-        nodes = _nodes_of([m.cluster_id for m in meters])
+        nodes = _nodes_of({m.cluster_id: m.gpus_per_node or 1 for m in meters})
         accounts = {
-            a.pk: a
-            for a in Account.objects.select_for_update()
+            row[0]: _Account(*row)
+            for row in Account.objects.select_for_update()
             .filter(pk__in={m.account_id for m in meters})
             .order_by("pk")
+            .values_list("pk", "balance", "exhausted_at")
         }
-        touched_meters = []
+        written = timezone.now()
         for meter in meters:
-            cluster = meter.cluster
-            held = nodes.get(cluster.pk, [])
-            ended = cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED) and all(
+            held = nodes.get(meter.cluster_id, [])
+            ended = meter.state in (Cluster.State.RELEASED, Cluster.State.FAILED) and all(
                 released is not None for _, released, _ in held
             )
             last = max((r for _, r, _ in held if r is not None), default=None)
@@ -240,60 +281,71 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
             account = accounts[meter.account_id]
             if until > meter.billed_until:
                 for seg in segments(
-                    nodes=held, since=meter.billed_until, until=until, book=book, cluster=cluster
+                    nodes=held, since=meter.billed_until, until=until, book=book, cluster=meter
                 ):
-                    entries.append(_charge(meter, account, cluster, seg))
+                    seconds = int((seg.end - seg.start).total_seconds())
+                    rate = seg.rate if seg.rate is not None else Decimal("0")
+                    entries.append(
+                        _entry(
+                            meter,
+                            account,
+                            rate=rate,
+                            units=seg.units,
+                            seconds=seconds,
+                            key=f"usage:{meter.cluster_id}:{epoch(seg.start)}:{epoch(seg.end)}",
+                            period=(seg.start, seg.end),
+                            written=written,
+                            memo=""
+                            if seg.rate is not None
+                            else "no price on the rate card: not charged",
+                        )  # fmt: skip
+                    )
                 meter.billed_until = until
             if ended and meter.billed_until >= (last or meter.billed_until):
-                minimum = _minimum_charge(meter, account, cluster, held, book)
+                minimum = _minimum_charge(meter, account, held, book, written)
                 if minimum is not None:
                     entries.append(minimum)
                 meter.settled = True
                 report.settled += 1
-            touched_meters.append(meter)
         # A key charged before cannot recur (the meters moved past it in the same
         # transaction); were it to, the unique constraint rolls the whole batch back.
-        LedgerEntry.objects.bulk_create(entries, batch_size=2000)
-        Meter.objects.bulk_update(
-            touched_meters, ["billed_until", "exact", "charged", "settled"], batch_size=2000
+        insert_rows(LedgerEntry, ENTRY_FIELDS, entries)
+        update_rows(
+            Meter,
+            "cluster",
+            ["billed_until", "exact", "charged", "settled"],
+            [(m.cluster_id, m.billed_until, m.exact, m.charged, m.settled) for m in meters],
         )
-        changed = [a for a in accounts.values() if getattr(a, "_charged", False)]
+        changed = [a for a in accounts.values() if a.charged]
         for account in changed:
             if account.balance <= 0:
                 account.exhausted_at = account.exhausted_at or now
                 report.exhausted.append(account.pk)
-        Account.objects.bulk_update(changed, ["balance", "exhausted_at"], batch_size=2000)
+        update_rows(
+            Account, "id", ["balance", "exhausted_at"],
+            [(a.pk, a.balance, a.exhausted_at) for a in changed],
+        )  # fmt: skip
     report.clusters += len(meters)
     report.entries += len(entries)
-    report.charged += sum((-e.amount for e in entries), Decimal("0"))
+    report.charged += sum((-e[2] for e in entries), Decimal("0"))
 
 
-def _charge(meter: Meter, account: Account, cluster: Cluster, seg: _Segment) -> LedgerEntry:
-    seconds = int((seg.end - seg.start).total_seconds())
-    rate = seg.rate if seg.rate is not None else Decimal("0")
-    meter.exact += seg.units * seconds * rate
+def _entry(meter: _Meter, account: _Account, *, rate, units, seconds, key, period, written, memo):
+    """Charge `units x seconds` at `rate` per unit-hour: add it to the meter's exact cost,
+    charge the newly rounded total minus what was charged before, and return the row."""
+    meter.exact += units * seconds * rate
     total = to_money(meter.exact)
     amount = total - meter.charged
     meter.charged = total
     account.balance -= amount
-    account._charged = True
-    return LedgerEntry(
-        account_id=account.pk,
-        kind=LedgerEntry.Kind.USAGE,
-        amount=-amount,
-        balance_after=account.balance,
-        key=f"usage:{cluster.pk}:{epoch(seg.start)}:{epoch(seg.end)}",
-        cluster_id=cluster.pk,
-        period_from=seg.start,
-        period_to=seg.end,
-        units=seg.units,
-        rate=rate,
-        gpu_model_id=cluster.gpu_model_id,
-        memo="" if seg.rate is not None else "no price on the rate card: not charged",
-    )
+    account.charged = True
+    return (
+        account.pk, LedgerEntry.Kind.USAGE.value, -amount, account.balance, key,
+        meter.cluster_id, period[0], period[1], units, rate, meter.gpu_model_id, memo, written,
+    )  # fmt: skip
 
 
-def _minimum_charge(meter, account, cluster, held, book) -> LedgerEntry | None:
+def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, written):
     if not held:
         return None
     start = min(p for p, _, _ in held)
@@ -305,31 +357,15 @@ def _minimum_charge(meter, account, cluster, held, book) -> LedgerEntry | None:
     if short <= 0:
         return None
     rate = card.rate(
-        gpu_model_id=cluster.gpu_model_id,
-        instance_type_id=cluster.instance_type_id,
-        spot=cluster.spot,
+        gpu_model_id=meter.gpu_model_id, instance_type_id=meter.instance_type_id, spot=meter.spot
     )
     if not rate:
         return None
-    units = max(cluster.nodes, 1) * (cluster.gpus_per_node or 1)
-    meter.exact += units * short * rate
-    total = to_money(meter.exact)
-    amount = total - meter.charged
-    meter.charged = total
-    account.balance -= amount
-    account._charged = True
-    return LedgerEntry(
-        account_id=account.pk,
-        kind=LedgerEntry.Kind.USAGE,
-        amount=-amount,
-        balance_after=account.balance,
-        key=f"minimum:{cluster.pk}",
-        cluster_id=cluster.pk,
-        units=units,
-        rate=rate,
-        gpu_model_id=cluster.gpu_model_id,
+    return _entry(
+        meter, account, rate=rate, units=max(meter.nodes, 1) * (meter.gpus_per_node or 1),
+        seconds=short, key=f"minimum:{meter.cluster_id}", period=(None, None), written=written,
         memo=f"minimum charge: {card.min_charge_s} s, {seconds} s used",
-    )
+    )  # fmt: skip
 
 
 # -- running out -----------------------------------------------------------------------------

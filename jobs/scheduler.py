@@ -25,11 +25,12 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
 from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Node
+from jobs.sql import update_rows
 
 log = logging.getLogger(__name__)
 
@@ -389,21 +390,8 @@ def _lock_cpu_capacity(host_ids: set[int]) -> dict[int, int]:
 
 
 def _assign_slots(pairs: list[tuple[int, int]]) -> None:
-    """slot id -> node id, in one statement. The caller holds the slots' row locks."""
-    if not pairs:
-        return
-    table = connection.ops.quote_name(GpuSlot._meta.db_table)
-    for start in range(0, len(pairs), 2000):
-        chunk = pairs[start : start + 2000]
-        values = ", ".join(["(%s, %s)"] * len(chunk))
-        params = [x for pair in chunk for x in pair]
-        with connection.cursor() as cursor:
-            # VALUES columns are column1, column2 in PostgreSQL and SQLite alike.
-            cursor.execute(
-                f"UPDATE {table} SET node_id = v.column2 FROM (VALUES {values}) AS v "  # noqa: S608 (no user input: ids only)
-                f"WHERE {table}.id = v.column1",
-                params,
-            )
+    """slot id -> node id, in one statement a chunk. The caller holds the slots' row locks."""
+    update_rows(GpuSlot, "id", ["node"], pairs)
 
 
 def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) -> list[Node]:

@@ -1,0 +1,283 @@
+"""Plain-words diagnosis of a job's per-second monitoring samples.
+
+Pure Python on purpose: the job page, an API or a test can call it on any list of samples
+without a database, and every rule and threshold can be read in this one file.
+"""
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from statistics import median
+
+MIN_GPU_SECONDS = 20  # under this a pattern cannot be told from noise
+MAX_GAP_S = 10  # samples further apart start a new stretch (agent restart, lost node)
+IDLE_SHARE = 0.5
+MIN_DIPS = 3
+MIN_DIP_COST = 0.10  # dips costing less GPU time than this where they occur are not worth a word
+MIN_PERIOD_S = 2.0
+REGULAR_MAD = 0.25  # spread of dip spacings allowed, as a share of the period ...
+REGULAR_MAD_FLOOR_S = 1.0  # ... but never under 1 s, so 1-second sampling jitter passes
+NET_RATIO = 3.0
+NET_FLOOR_BPS = 1e6
+IOPS_FLOOR = 100.0
+IOPS_BAND = 0.95
+IOPS_HOLD_S = 5  # the ceiling is the highest level held this long, so a burst is not it
+IOPS_MIN_STRETCH_S = 30
+
+
+@dataclass(frozen=True)
+class Point:
+    at: datetime
+    node: int
+    gpu_util: tuple[float, ...]
+    cpu_pct: float
+    net_rx_bps: float
+    net_tx_bps: float
+    read_iops: float
+    write_iops: float
+    disk_read_bps: float
+    disk_write_bps: float
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # "idle", "dataloader", "communication", "iops_ceiling"
+    title: str
+    text: str
+    start: datetime
+    end: datetime
+    severity: str  # "warning" or "info"
+    period_s: float | None = None
+
+
+@dataclass(frozen=True)
+class _Second:
+    at: datetime
+    gpu: float | None  # mean over every GPU of every node; None when no node reported one
+    net_bps: float
+    iops: float
+
+
+def diagnose(
+    points: Iterable[Point],
+    *,
+    cpu_cores: int,
+    gpu_threshold: float = 70.0,
+    iops_reference: float = 5000.0,
+) -> list[Finding]:
+    """Findings about a job's run, warnings first, each in time order."""
+    seconds = [s for s in _per_second(points) if s.gpu is not None]
+    if len(seconds) < MIN_GPU_SECONDS:
+        return []
+    causes = [
+        f
+        for f in (
+            _dips_finding(seconds, gpu_threshold, cpu_cores),
+            _iops_finding(seconds, gpu_threshold, iops_reference),
+        )
+        if f is not None
+    ]
+    # When a cause explains the idle time, it carries the advice; idleness is then context.
+    idle = _idle_finding(seconds, gpu_threshold, "info" if causes else "warning")
+    findings = causes + ([idle] if idle else [])
+    return sorted(findings, key=lambda f: (f.severity != "warning", f.start))
+
+
+def _per_second(points: Iterable[Point]) -> list[_Second]:
+    latest: dict[tuple[datetime, int], Point] = {}
+    for p in points:
+        at = p.at.astimezone(UTC) if p.at.tzinfo else p.at
+        latest[(at, p.node)] = p  # a re-sent sample must not count twice
+    by_at: dict[datetime, list[Point]] = {}
+    for (at, _node), p in latest.items():
+        by_at.setdefault(at, []).append(p)
+    seconds = []
+    for at in sorted(by_at):
+        group = by_at[at]
+        # Over GPUs, not nodes: a node with 8 GPUs weighs four times one with 2.
+        utils = [u for p in group for u in p.gpu_util]
+        seconds.append(
+            _Second(
+                at=at,
+                gpu=sum(utils) / len(utils) if utils else None,
+                net_bps=sum(p.net_rx_bps + p.net_tx_bps for p in group),
+                iops=sum(p.read_iops + p.write_iops for p in group),
+            )
+        )
+    return seconds
+
+
+def _idle_finding(seconds: list[_Second], threshold: float, severity: str) -> Finding | None:
+    below = sum(1 for s in seconds if s.gpu < threshold)
+    share = below / len(seconds)
+    if share <= IDLE_SHARE:
+        return None
+    start, end = seconds[0].at, seconds[-1].at
+    return Finding(
+        kind="idle",
+        title="GPUs idle",
+        text=(
+            f"The GPUs were idle {round(share * 100)} % of the time (below {threshold:g} % "
+            f"utilisation) {_between(start, end)}: the job pays for GPUs it leaves waiting. "
+            "Look for a slow input pipeline, small batches or a CPU-bound step, "
+            "or ask for fewer GPUs."
+        ),
+        start=start,
+        end=end,
+        severity=severity,
+    )
+
+
+def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> Finding | None:
+    """Dips between busy phases: communication when they carry network traffic, data
+    loading when they are merely regular. One pattern gets one finding, never both."""
+    dips, spacings = _dips(seconds, threshold)
+    if len(dips) < MIN_DIPS:
+        return None
+    start, end = dips[0][0].at, dips[-1][-1].at
+    covered = sum(1 for s in seconds if start <= s.at <= end)
+    if sum(len(d) for d in dips) / covered < MIN_DIP_COST:
+        return None
+    period = median(spacings) if spacings else None
+    dip_s = median(_span_s(d) for d in dips)
+    dip_net = median(s.net_bps for d in dips for s in d)
+    busy_net = median(s.net_bps for s in seconds if s.gpu >= threshold)
+    if dip_net >= NET_FLOOR_BPS and dip_net >= NET_RATIO * busy_net:
+        return Finding(
+            kind="communication",
+            title="Communication-bound",
+            text=(
+                f"The GPUs had {len(dips)} long idle gaps (~{_seconds(dip_s)} s each) after "
+                f"bursts of compute {_between(start, end)}, with network traffic during the "
+                f"gaps (~{_mb_s(dip_net)} MB/s, against ~{_mb_s(busy_net)} MB/s while "
+                "computing): communication-bound: increase the batch size or compress "
+                "gradients (fp16)."
+            ),
+            start=start,
+            end=end,
+            severity="warning",
+            period_s=period,
+        )
+    if period is None or period < MIN_PERIOD_S or len(spacings) < MIN_DIPS - 1:
+        return None
+    spread = median(abs(x - period) for x in spacings)
+    if spread > max(REGULAR_MAD * period, REGULAR_MAD_FLOOR_S):
+        return None
+    return Finding(
+        kind="dataloader",
+        title="Data-loading bottleneck",
+        text=(
+            f"Periodic dips in GPU utilisation every ~{_seconds(period)} s "
+            f"(dips of ~{_seconds(dip_s)} s) {_between(start, end)}: a data-loading "
+            "bottleneck: raise DataLoader num_workers toward 2 x CPU cores = "
+            f"{2 * cpu_cores}, or move the data to faster storage."
+        ),
+        start=start,
+        end=end,
+        severity="warning",
+        period_s=period,
+    )
+
+
+def _dips(seconds: list[_Second], threshold: float) -> tuple[list[list[_Second]], list[float]]:
+    """Runs below the threshold with a busy run on each side, and the spacings between
+    consecutive dip starts. Spacings never span a gap in the samples."""
+    dips: list[list[_Second]] = []
+    spacings: list[float] = []
+    for stretch in _stretches(seconds):
+        runs: list[tuple[bool, list[_Second]]] = []
+        for s in stretch:
+            busy = s.gpu >= threshold
+            if runs and runs[-1][0] == busy:
+                runs[-1][1].append(s)
+            else:
+                runs.append((busy, [s]))
+        # A low run at either end is start-up or shutdown, not a dip.
+        inner = [run for busy, run in runs[1:-1] if not busy]
+        spacings += [(b[0].at - a[0].at).total_seconds() for a, b in itertools.pairwise(inner)]
+        dips += inner
+    return dips, spacings
+
+
+def _iops_finding(seconds: list[_Second], threshold: float, reference: float) -> Finding | None:
+    hold = min(IOPS_HOLD_S, len(seconds))
+    ceiling = max(
+        min(s.iops for s in seconds[i : i + hold]) for i in range(len(seconds) - hold + 1)
+    )
+    if ceiling < IOPS_FLOOR:
+        return None
+    run_s = _span_s(seconds)
+    pinned: list[list[_Second]] = []
+    for stretch in _stretches(seconds):
+        previous_pinned = False
+        for s in stretch:
+            now_pinned = s.iops >= IOPS_BAND * ceiling
+            if now_pinned and previous_pinned:
+                pinned[-1].append(s)
+            elif now_pinned:
+                pinned.append([s])
+            previous_pinned = now_pinned
+    candidates = [
+        p
+        for p in pinned
+        if (_span_s(p) >= IOPS_MIN_STRETCH_S or _span_s(p) >= 0.5 * run_s)
+        # Mean, not every second: a loader stalled on storage still shows busy bursts.
+        and sum(s.gpu for s in p) / len(p) < threshold
+    ]
+    if not candidates:
+        return None
+    stretch = max(candidates, key=_span_s)
+    start, end = stretch[0].at, stretch[-1].at
+    return Finding(
+        kind="iops_ceiling",
+        title="Storage IOPS at a ceiling",
+        text=(
+            f"Storage IOPS held at ~{_about(ceiling)} (a ceiling) {_between(start, end)} "
+            "while the GPUs waited: the volume is the bottleneck (practice: "
+            f"{reference:,.0f} IOPS for a training data volume) — use faster storage or "
+            "larger files / sequential reads."
+        ),
+        start=start,
+        end=end,
+        severity="warning",
+    )
+
+
+def _stretches(seconds: list[_Second]) -> list[list[_Second]]:
+    """Split at gaps longer than MAX_GAP_S; shorter gaps are bridged."""
+    stretches: list[list[_Second]] = []
+    for s in seconds:
+        if stretches and (s.at - stretches[-1][-1].at).total_seconds() <= MAX_GAP_S:
+            stretches[-1].append(s)
+        else:
+            stretches.append([s])
+    return stretches
+
+
+def _span_s(run: list[_Second]) -> float:
+    return (run[-1].at - run[0].at).total_seconds() + 1
+
+
+def _between(start: datetime, end: datetime) -> str:
+    fmt = "%H:%M:%S" if start.date() == end.date() else "%Y-%m-%d %H:%M:%S"
+    return f"between {start.strftime(fmt)} and {end.strftime(fmt)} UTC"
+
+
+def _seconds(value: float) -> str:
+    rounded = round(value, 1)
+    return f"{rounded:,.0f}" if rounded == int(rounded) else f"{rounded:,.1f}"
+
+
+def _mb_s(bps: float) -> str:
+    return _about(bps / 1e6)
+
+
+def _about(value: float) -> str:
+    """Two significant figures with thousands separators: 4,812 -> "4,800"."""
+    if value == 0:
+        return "0"
+    decimals = 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, decimals)
+    return f"{rounded:,.{decimals}f}" if decimals > 0 else f"{round(rounded):,}"
