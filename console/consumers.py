@@ -78,3 +78,47 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
                 await self.close()
                 return
             await asyncio.sleep(1)
+
+
+def _watchable_cluster(user, cluster_id: int):
+    """The cluster's owner, or an operator; anyone else: Http404 (as if it did not exist)."""
+    from jobs.models import Cluster
+
+    if user.is_staff:
+        try:
+            return Cluster.objects.get(pk=cluster_id)
+        except Cluster.DoesNotExist:
+            raise Http404("No such cluster.") from None
+    return fleet.cluster_for_user(user, cluster_id)
+
+
+class ClusterMetricsConsumer(AsyncJsonWebsocketConsumer):
+    """Live samples of one cluster's nodes: one message per monitor tick, pushed by the
+    monitor to the cluster's group. Authorised here, before joining the group."""
+
+    group = None
+
+    async def connect(self):
+        from monitoring.monitor import group_for
+
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        try:
+            cluster = await database_sync_to_async(_watchable_cluster)(
+                user, int(self.scope["url_route"]["kwargs"]["cluster_id"])
+            )
+        except Http404:
+            await self.close(code=4404)
+            return
+        self.group = group_for(cluster.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def metrics_batch(self, event):
+        await self.send_json({"samples": event["samples"]})

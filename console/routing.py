@@ -6,4 +6,5 @@ from console import consumers
 
 websocket_urlpatterns = [
     path("ws/jobs/<int:job_id>/log/", consumers.JobLogConsumer.as_asgi()),
+    path("ws/clusters/<int:cluster_id>/metrics/", consumers.ClusterMetricsConsumer.as_asgi()),
 ]

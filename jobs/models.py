@@ -2,7 +2,7 @@
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
 from django.db import models
 from django.utils import timezone
 
@@ -122,6 +122,13 @@ class Host(models.Model):
         "emulated GPUs",
         default=True,
         help_text="No NVIDIA runtime on the engine: GPUs are bookkeeping only.",
+    )
+    dcgm_url = models.URLField(
+        "dcgm-exporter URL",
+        blank=True,
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text="Optional: the host's dcgm-exporter metrics endpoint (http(s)://host:9400/metrics). "
+        "GPU samples then come from it instead of NVML.",
     )
     docker_version = models.CharField(max_length=40, blank=True)
     operating_system = models.CharField(max_length=120, blank=True)

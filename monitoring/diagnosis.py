@@ -8,7 +8,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from statistics import median
 
 MIN_GPU_SECONDS = 20  # under this a pattern cannot be told from noise
@@ -19,6 +19,9 @@ MIN_DIP_COST = 0.10  # dips costing less GPU time than this where they occur are
 MIN_PERIOD_S = 2.0
 REGULAR_MAD = 0.25  # spread of dip spacings allowed, as a share of the period ...
 REGULAR_MAD_FLOOR_S = 1.0  # ... but never under 1 s, so 1-second sampling jitter passes
+# Memoryless on/off flicker can have tidy-looking spacings too; a real cycle also makes the
+# utilisation correlate with itself one period later (flicker: ~0, jittered cycles: > 0.7).
+REGULAR_AUTOCORR = 0.4
 NET_RATIO = 3.0
 NET_FLOOR_BPS = 1e6
 IOPS_FLOOR = 100.0
@@ -165,6 +168,10 @@ def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> F
     spread = median(abs(x - period) for x in spacings)
     if spread > max(REGULAR_MAD * period, REGULAR_MAD_FLOOR_S):
         return None
+    window = [s for s in seconds if start <= s.at <= end]
+    lags = range(max(1, round(period) - 1), round(period) + 2)  # +-1 s for jitter, 4.5 s periods
+    if max(_autocorrelation(window, lag) for lag in lags) < REGULAR_AUTOCORR:
+        return None
     return Finding(
         kind="dataloader",
         title="Data-loading bottleneck",
@@ -199,6 +206,22 @@ def _dips(seconds: list[_Second], threshold: float) -> tuple[list[list[_Second]]
         spacings += [(b[0].at - a[0].at).total_seconds() for a, b in itertools.pairwise(inner)]
         dips += inner
     return dips, spacings
+
+
+def _autocorrelation(seconds: list[_Second], lag: int) -> float:
+    """Pearson correlation of utilisation with itself `lag` seconds later; by timestamp,
+    so missing samples drop pairs instead of shifting the series."""
+    by_at = {s.at: s.gpu for s in seconds}
+    step = timedelta(seconds=lag)
+    pairs = [(u, by_at[at + step]) for at, u in by_at.items() if at + step in by_at]
+    if len(pairs) < 2:
+        return 0.0
+    mean_x = sum(x for x, _ in pairs) / len(pairs)
+    mean_y = sum(y for _, y in pairs) / len(pairs)
+    cov = sum((x - mean_x) * (y - mean_y) for x, y in pairs)
+    var_x = sum((x - mean_x) ** 2 for x, _ in pairs)
+    var_y = sum((y - mean_y) ** 2 for _, y in pairs)
+    return cov / math.sqrt(var_x * var_y) if var_x and var_y else 0.0
 
 
 def _iops_finding(seconds: list[_Second], threshold: float, reference: float) -> Finding | None:

@@ -132,6 +132,13 @@ def test_dataloader_dips_survive_missing_samples():
     assert "2 x CPU cores = 8" in findings[0].text
 
 
+def test_random_flicker_below_the_threshold_is_not_periodic():
+    # Each second busy or not by a coin weighted 70/30: many dips, but no cycle.
+    rng = seeded(11)
+    gpu = [95.0 if rng.random() < 0.7 else 5.0 for _ in range(600)]
+    assert "dataloader" not in kinds(diagnose(points(gpu), cpu_cores=8))
+
+
 def test_a_single_long_dip_is_not_a_dataloader_bottleneck():
     rng = seeded(2)
     gpu = noisy(95, 100, rng) + noisy(5, 40, rng) + noisy(95, 100, rng)

@@ -1,0 +1,296 @@
+"""The `monitor` process: every second, one one-shot stats reading of each running
+replica on this shard's hosts -> one sample per replica, inserted in bulk and sent to
+its cluster's Channels group as one message per cluster per tick.
+
+It survives an engine going away (its replicas are skipped, the engine retried each
+tick, one log line per outage) and a container vanishing mid-sample (dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from channels.layers import get_channel_layer
+from django.db import close_old_connections, connection
+
+from jobs.models import Host, Replica
+from jobs.sql import insert_rows
+from monitoring import collector, dcgm
+from monitoring.engine_stats import EngineDown, EngineStats, Gone
+from monitoring.models import Sample
+
+log = logging.getLogger("suanli.monitor")
+
+SAMPLE_FIELDS = (
+    "at", "cluster", "job", "host", "node_index", "gpu_util", "gpu_mem_mib", "gpu_source",
+    "cpu_pct", "mem_bytes", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps",
+    "read_iops", "write_iops",
+)  # fmt: skip
+
+
+def group_for(cluster_id: int) -> str:
+    return f"metrics.cluster.{cluster_id}"
+
+
+@dataclass(frozen=True)
+class Target:
+    container_id: str
+    job_id: int
+    cluster_id: int
+    node_index: int
+    host_id: int
+    gpu_indices: tuple[int, ...]
+    gpu_mem_mib: int
+
+
+@dataclass
+class HostInfo:
+    pk: int
+    name: str
+    engine_url: str
+    tls: tuple[str, str, str] | None
+    emulated: bool
+    dcgm_url: str
+    local: bool
+
+
+@dataclass
+class TickReport:
+    targets: int = 0
+    samples: int = 0
+    engines_down: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+
+def load_targets(shard: tuple[int, int]) -> tuple[list[Target], dict[int, HostInfo]]:
+    close_old_connections()
+    index, count = shard
+    rows = (
+        Replica.objects.filter(state=Replica.State.RUNNING)
+        .exclude(container_id="")
+        .values_list(
+            "container_id", "job_id", "job__cluster_id", "node__index", "host_id",
+            "node__gpu_indices", "job__cluster__gpu_model__memory_gb",
+        )
+    )  # fmt: skip
+    targets = [
+        Target(cid, job, cluster, node, host, tuple(indices or ()), (memory or 0) * 1024)
+        for cid, job, cluster, node, host, indices, memory in rows
+        if host % count == index
+    ]
+    hosts = {}
+    from jobs import engine
+
+    for host in Host.objects.filter(pk__in={t.host_id for t in targets}):
+        tls = None
+        if host.uses_tls:
+            files = engine._tls_files(host)
+            tls = (files.ca_cert, *files.cert)
+        hosts[host.pk] = HostInfo(
+            host.pk, host.name, host.engine_url, tls, host.emulated_gpu,
+            host.dcgm_url if host.dcgm_url.startswith(("http://", "https://")) else "",
+            host.engine_url.startswith("unix://"),
+        )  # fmt: skip
+    return targets, hosts
+
+
+def write_samples(rows: list[tuple]) -> None:
+    close_old_connections()
+    insert_rows(Sample, SAMPLE_FIELDS, rows)
+
+
+def fetch_dcgm(url: str) -> dict[int, dcgm.GpuReading]:
+    # The operator's own exporter (a URL set in the admin, http(s) only); no redirects.
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    with opener.open(url, timeout=0.8) as response:  # noqa: S310 (scheme checked)
+        return dcgm.parse(response.read(2_000_000).decode("utf-8", "replace"))
+
+
+class Monitor:
+    def __init__(self, *, shard: tuple[int, int] = (0, 1), interval: float = 1.0, publish=True):
+        self.shard = shard
+        self.interval = interval
+        self.publish = publish
+        self.engines: dict[tuple[int, str], EngineStats] = {}
+        self.previous: dict[str, collector.Counters] = {}
+        self.down: set[int] = set()
+        self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitor-db")
+        self.io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="monitor-io")
+        self.targets: list[Target] = []
+        self.hosts: dict[int, HostInfo] = {}
+        self.layer = get_channel_layer() if publish else None
+        self.refreshed = 0.0
+
+    def _engine(self, host: HostInfo) -> EngineStats:
+        key = (host.pk, host.engine_url)
+        if key not in self.engines:
+            self.engines[key] = EngineStats(host.engine_url, tls=host.tls)
+        return self.engines[key]
+
+    async def _db(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.db, fn, *args)
+
+    async def _reading(self, target: Target):
+        host = self.hosts[target.host_id]
+        stats = await self._engine(host).stats(target.container_id)
+        if host.local and not (stats.get("blkio_stats") or {}).get("io_serviced_recursive"):
+            # cgroup and /proc reads: quick, but files; off the event loop
+            return await asyncio.get_running_loop().run_in_executor(
+                self.io,
+                lambda: collector.counters(stats, container_id=target.container_id, local=True),
+            )
+        return collector.counters(stats, container_id=target.container_id, local=False)
+
+    async def tick(self) -> TickReport:
+        report = TickReport()
+        cpu0 = time.process_time()
+        now = time.monotonic()
+        if now - self.refreshed >= 2 or not self.targets:
+            self.targets, self.hosts = await self._db(load_targets, self.shard)
+            self.refreshed = now
+            live = {t.container_id for t in self.targets}
+            self.previous = {k: v for k, v in self.previous.items() if k in live}
+        targets = self.targets
+        report.targets = len(targets)
+        gpu_by_host = await self._gpu_sources()
+        results = await asyncio.gather(*(self._reading(t) for t in targets), return_exceptions=True)
+        rows, by_cluster, failed_hosts = [], {}, set()
+        for target, result in zip(targets, results, strict=True):
+            if isinstance(result, Gone):
+                self.previous.pop(target.container_id, None)
+                continue
+            if isinstance(result, EngineDown):
+                failed_hosts.add(target.host_id)
+                continue
+            if isinstance(result, BaseException):
+                log.warning("sample of %s: %r", target.container_id[:12], result)
+                continue
+            if result is None:
+                continue
+            prev = self.previous.get(target.container_id)
+            self.previous[target.container_id] = result
+            rate = collector.rates(prev, result) if prev else None
+            if rate is None:
+                continue
+            host = self.hosts[target.host_id]
+            util, mem, source = self._gpus(target, host, rate, gpu_by_host.get(host.pk))
+            at = datetime.fromtimestamp(int(result.read_at), tz=UTC)
+            rows.append(
+                (
+                    at, target.cluster_id, target.job_id, target.host_id, target.node_index,
+                    util, mem, source, rate["cpu_pct"], rate["mem_bytes"], rate["net_rx_bps"],
+                    rate["net_tx_bps"], rate["disk_read_bps"], rate["disk_write_bps"],
+                    rate["read_iops"], rate["write_iops"],
+                )
+            )  # fmt: skip
+            by_cluster.setdefault(target.cluster_id, []).append(
+                {"t": int(result.read_at), "node": target.node_index, "job": target.job_id,
+                 "gpu": util, "gmem": mem, **{k: round(v, 1) for k, v in rate.items()}}
+            )  # fmt: skip
+        self._note_engines(failed_hosts, report)
+        if rows:
+            try:
+                await self._db(write_samples, rows)
+            except Exception:  # the database away for a moment: these seconds are lost, not us
+                log.exception("storing %d samples", len(rows))
+        if self.layer is not None:
+            for cluster_id, samples in by_cluster.items():
+                await self.layer.group_send(
+                    group_for(cluster_id), {"type": "metrics.batch", "samples": samples}
+                )
+        report.samples = len(rows)
+        report.cpu_s = time.process_time() - cpu0
+        return report
+
+    def _gpus(self, target: Target, host: HostInfo, rate: dict, readings):
+        if readings:
+            source, values = readings
+            util = [values.get(i, (0.0, 0.0))[0] for i in target.gpu_indices]
+            mem = [values.get(i, (0.0, 0.0))[1] for i in target.gpu_indices]
+            return util, mem, source
+        util, mem = collector.derived_gpus(
+            rate["cpu_pct"], rate["mem_bytes"], gpus=len(target.gpu_indices),
+            gpu_mem_mib=target.gpu_mem_mib,
+        )  # fmt: skip
+        return util, mem, "derived"
+
+    async def _gpu_sources(self) -> dict[int, tuple[str, dict[int, tuple[float, float]]]]:
+        """host -> (source, GPU index -> (util, MiB)) for hosts with real GPU readings."""
+        out = {}
+        loop = asyncio.get_running_loop()
+        for host in self.hosts.values():
+            if host.dcgm_url:
+                try:
+                    got = await loop.run_in_executor(self.io, fetch_dcgm, host.dcgm_url)
+                    out[host.pk] = (
+                        "dcgm",
+                        {i: (r.util or 0.0, r.fb_used_mib or 0.0) for i, r in got.items()},
+                    )
+                except (OSError, ValueError) as exc:
+                    log.warning("dcgm-exporter of %s: %s", host.name, exc)
+            elif not host.emulated and host.local:
+                indices = sorted(
+                    {i for t in self.targets if t.host_id == host.pk for i in t.gpu_indices}
+                )
+                got = await loop.run_in_executor(self.io, collector.nvml_gpus, indices)
+                if got is not None:
+                    out[host.pk] = (
+                        "nvml",
+                        {i: (u, m) for i, u, m in zip(indices, *got, strict=True)},
+                    )
+        return out
+
+    def _note_engines(self, failed: set[int], report: TickReport) -> None:
+        for host_id in failed - self.down:
+            log.warning(
+                "engine of %s is not answering: its replicas are skipped", self.hosts[host_id].name
+            )
+        for host_id in self.down - failed:
+            if host_id in self.hosts:
+                log.info("engine of %s answers again", self.hosts[host_id].name)
+        for host_id in failed:
+            # Drop pooled connections: the next tick dials afresh.
+            host = self.hosts[host_id]
+            self.engines.pop((host.pk, host.engine_url), EngineStats("unix:///")).close()
+        self.down = failed
+        report.engines_down = [self.hosts[h].name for h in failed]
+
+    async def run(self, stop: asyncio.Event | None = None, ticks: int | None = None) -> None:
+        stop = stop or asyncio.Event()
+        done = 0
+        try:
+            while not stop.is_set() and (ticks is None or done < ticks):
+                started = time.monotonic()
+                try:
+                    await self.tick()
+                except Exception:  # never die: the next tick starts clean
+                    log.exception("monitor tick")
+                    await asyncio.sleep(1)
+                done += 1
+                # The engine holds one-shot answers to its own ~1 s tick, so a tick mostly
+                # paces itself; never go faster than the interval.
+                rest = self.interval - (time.monotonic() - started)
+                if rest > 0:
+                    try:
+                        await asyncio.wait_for(stop.wait(), rest)
+                    except TimeoutError:
+                        pass
+        finally:
+            for engine in self.engines.values():
+                engine.close()  # on this loop, while it runs
+            self.engines.clear()
+
+    def close(self) -> None:
+        self.db.submit(lambda: connection.close()).result()  # the database thread's own connection
+        self.db.shutdown(wait=True)
+        self.io.shutdown(wait=False)

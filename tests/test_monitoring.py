@@ -1,0 +1,156 @@
+"""The monitor against the real Docker engines: what a replica really does shows."""
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+
+from console.asgi import application
+from jobs import runner, services
+from jobs.services import JobSpec
+from monitoring import dcgm, selectors
+from monitoring.models import Sample
+from monitoring.monitor import Monitor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _submit(cluster, command, name="j"):
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name=name, command=command))
+    runner.dispatch(cluster.pk)
+    job.refresh_from_db()
+    assert job.state == "running", job.state_reason
+    return job
+
+
+def _monitor(ticks: int, *, publish=False) -> Monitor:
+    monitor = Monitor(publish=publish)
+    try:
+        asyncio.run(monitor.run(ticks=ticks))
+    finally:
+        monitor.close()
+    return monitor
+
+
+def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(running_cluster):
+    cluster = running_cluster(1)
+    job = _submit(
+        cluster, 'while :; do timeout 3 sh -c "while :; do :; done"; sleep 2; done', "loader"
+    )
+    _monitor(36)
+    samples = Sample.objects.filter(job=job).order_by("at")
+    assert samples.count() >= 25
+    utils = [s.gpu_util[0] for s in samples]
+    assert max(utils) > 80 and min(utils) < 20, utils  # the derived GPU follows the real CPU
+    findings = selectors.diagnosis(job)
+    kinds = {f.kind: f for f in findings}
+    assert "dataloader" in kinds, findings
+    assert abs(kinds["dataloader"].period_s - 5.0) <= 1.0, kinds["dataloader"]
+    assert "num_workers" in kinds["dataloader"].text
+
+
+@pytest.fixture
+def sink():
+    """A TCP server on the host that swallows whatever a container sends it."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))  # noqa: S104 (the containers reach the host on its bridge)
+    server.listen(8)
+    received = [0]
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(1 << 16):
+                    received[0] += len(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1], received
+    server.close()
+
+
+def test_writes_and_network_traffic_show_as_rates(running_cluster, sink):
+    port, received = sink
+    writer = _submit(
+        running_cluster(1, name="writer"),
+        "while :; do dd if=/dev/zero of=/tmp/f bs=1M count=8 conv=fsync 2>/dev/null; sleep 0.3; done",
+        "writer",
+    )
+    sender = _submit(
+        running_cluster(1, name="sender"),
+        "gw=$(ip route | awk '/default/ {print $3}'); "
+        f"while :; do dd if=/dev/zero bs=64k count=64 2>/dev/null | nc $gw {port}; sleep 0.3; done",
+        "sender",
+    )
+    _monitor(6)
+    wrote = Sample.objects.filter(job=writer)
+    assert wrote.count() >= 3
+    assert max(s.disk_write_bps for s in wrote) > 1_000_000
+    assert max(s.write_iops for s in wrote) > 0
+    sent = Sample.objects.filter(job=sender)
+    assert received[0] > 1_000_000  # the bytes really left
+    assert max(s.net_tx_bps for s in sent) > 500_000
+    assert max(s.disk_write_bps for s in sent) < max(s.disk_write_bps for s in wrote)
+
+
+def test_live_samples_reach_the_owner_and_not_another_researcher(running_cluster, alice, bob):
+    cluster = running_cluster(1)
+    _submit(cluster, "while :; do :; done")
+
+    async def scenario():
+        mine = WebsocketCommunicator(
+            application,
+            f"/ws/clusters/{cluster.pk}/metrics/",
+            headers=[(b"origin", b"http://localhost")],
+        )
+        mine.scope["user"] = alice
+        connected, _ = await mine.connect()
+        assert connected
+        theirs = WebsocketCommunicator(
+            application,
+            f"/ws/clusters/{cluster.pk}/metrics/",
+            headers=[(b"origin", b"http://localhost")],
+        )
+        theirs.scope["user"] = bob
+        refused, code = await theirs.connect()
+        assert not refused and code == 4404
+        monitor = Monitor(publish=True)
+        try:
+            await monitor.run(ticks=3)
+        finally:
+            monitor.close()
+        message = await mine.receive_json_from(timeout=5)
+        assert message["samples"][0]["node"] == 0
+        assert message["samples"][0]["cpu_pct"] > 50
+        await mine.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_the_dcgm_exporter_parser_reads_a_real_scrape():
+    text = (Path(__file__).parent / "data" / "dcgm-exporter-a100x2.prom").read_text()
+    gpus = dcgm.parse(text)
+    assert sorted(gpus) == [0, 1]
+    assert gpus[0].util == 97 and gpus[1].util == 41
+    assert gpus[0].fb_used_mib == 72147 and gpus[1].fb_used_mib == 31046
+    assert gpus[1].uuid == "GPU-8c4e2b19-d3a7-4f60-b15e-6e2d9f0a7c33"
+
+
+def test_the_dcgm_parser_skips_what_is_not_a_reading():
+    text = (
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",modelName="A \\"quoted\\", name"} 55 1733212800000\n'
+        'DCGM_FI_DEV_GPU_UTIL{UUID="no-index"} 99\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="1"} NaN\n'
+        "garbage line\n"
+    )
+    gpus = dcgm.parse(text)
+    assert list(gpus) == [0] and gpus[0].util == 55
