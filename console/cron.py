@@ -5,6 +5,7 @@ from rq import cron
 
 from billing import tasks as billing_tasks
 from jobs import tasks as job_tasks
+from monitoring import tasks as monitoring_tasks
 
 cron.register(job_tasks.hosts_check_all, "default", interval=settings.SUANLI_HOST_CHECK_INTERVAL)
 # Placement also runs on every change that frees or asks for capacity; this is the safety net.
@@ -14,3 +15,5 @@ cron.register(job_tasks.reconcile, "docker", interval=settings.SUANLI_RECONCILE_
 cron.register(job_tasks.dispatch_all, "default", interval=settings.SUANLI_RECONCILE_INTERVAL)
 # Money: charge held capacity per second, every few seconds (billing/services.accrue).
 cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_INTERVAL)
+# Metrics: minute rollups of finished minutes, and retention (monitoring/tasks.py).
+cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)

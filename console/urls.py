@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import views, views_billing
+from console import views, views_billing, views_monitoring
 
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
@@ -35,6 +35,8 @@ urlpatterns = [
     path("ops/queue/", views.ops_queue, name="ops_queue"),
     path("ops/hosts/<int:host_id>/drain/", views.ops_host_drain, name="ops_host_drain"),
     path("ops/hosts/", views.ops_hosts, name="ops_hosts"),
+    path("ops/fleet/", views_monitoring.ops_fleet, name="ops_fleet"),
+    path("ops/fleet.json", views_monitoring.ops_fleet_data, name="ops_fleet_data"),
     path("ops/hosts/<int:host_id>/check/", views.ops_host_check, name="ops_host_check"),
     path("healthz", views.healthz, name="healthz"),
     path("admin/rq/", include("django_rq.urls")),

@@ -18,7 +18,8 @@ from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, Ss
 from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Cluster, Host, Image, InstanceType, SshKey
+from jobs.models import Cluster, Host, Image, InstanceType, Job, SshKey
+from monitoring import selectors as metrics
 
 
 @login_required
@@ -124,6 +125,27 @@ def _cluster_context(cluster: Cluster) -> dict:
         "position": fleet.queue_position(cluster),
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}),
         "jobs": cluster.jobs.all()[:50],
+        **_metrics_context(cluster),
+    }
+
+
+def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
+    """What the utilisation charts need: stored samples to start from, and the live
+    websocket while the cluster (or the job) runs."""
+    live = cluster.state == Cluster.State.RUNNING and (job is None or not job.is_ended)
+    if job is None:
+        resolution, history = "second", metrics.cluster_recent(cluster)
+    elif live:
+        resolution, history = "second", metrics.cluster_recent(cluster)
+    else:
+        resolution, rows = metrics.job_rows(job)
+        history = metrics.as_series(rows)
+    return {
+        "metrics_history": history,
+        "metrics_resolution": resolution,
+        "metrics_ws": f"/ws/clusters/{cluster.pk}/metrics/" if live else "",
+        "metrics_job": job.pk if job else "",
+        "emulated": cluster.node_set.filter(host__emulated_gpu=True).exists(),
     }
 
 
@@ -271,6 +293,9 @@ def job_detail(request, job_id: int):
             "events": job.events.all(),
             "position": fleet.queue_position_of_job(job),
             "log_lines": fleet.job_log_lines(job) if job.is_ended else [],
+            "cluster": job.cluster,
+            "findings": metrics.diagnosis(job) if job.started_at else [],
+            **_metrics_context(job.cluster, job),
         },
     )
 

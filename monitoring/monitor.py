@@ -194,7 +194,7 @@ class Monitor:
                 )
             )  # fmt: skip
             by_cluster.setdefault(target.cluster_id, []).append(
-                {"t": int(result.read_at), "node": target.node_index, "job": target.job_id,
+                {"t": int(result.read_at), "ts": round(result.read_at, 3), "node": target.node_index, "job": target.job_id,
                  "gpu": util, "gmem": mem, **{k: round(v, 1) for k, v in rate.items()}}
             )  # fmt: skip
         self._note_engines(failed_hosts, report)

@@ -3,17 +3,20 @@
 import asyncio
 import socket
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
+from django.urls import reverse
 
 from console.asgi import application
 from jobs import runner, services
+from jobs.models import Node
 from jobs.services import JobSpec
-from monitoring import dcgm, selectors
-from monitoring.models import Sample
+from monitoring import dcgm, selectors, tasks
+from monitoring.models import Rollup, Sample
 from monitoring.monitor import Monitor
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,7 +39,9 @@ def _monitor(ticks: int, *, publish=False) -> Monitor:
     return monitor
 
 
-def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(running_cluster):
+def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(
+    running_cluster, settle_until, client, alice, bob
+):
     cluster = running_cluster(1)
     job = _submit(
         cluster, 'while :; do timeout 3 sh -c "while :; do :; done"; sleep 2; done', "loader"
@@ -51,6 +56,18 @@ def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(running_cluster):
     assert "dataloader" in kinds, findings
     assert abs(kinds["dataloader"].period_s - 5.0) <= 1.0, kinds["dataloader"]
     assert "num_workers" in kinds["dataloader"].text
+
+    # The finished job's page shows the finding in words and its stored charts.
+    services.job_cancel(job=job, by="alice")
+    runner.stop(job.pk)  # what the queued stop task runs
+    settle_until(job, states=("cancelled",))
+    client.force_login(alice)
+    page = client.get(reverse("job_detail", args=[job.pk])).content.decode()
+    assert "data-loading bottleneck" in page and "num_workers" in page
+    assert 'id="metrics-history"' in page and '"gpu": [' in page
+    assert "stored history, one point a second" in page
+    client.force_login(bob)
+    assert client.get(reverse("job_detail", args=[job.pk])).status_code == 404
 
 
 @pytest.fixture
@@ -154,3 +171,60 @@ def test_the_dcgm_parser_skips_what_is_not_a_reading():
     )
     gpus = dcgm.parse(text)
     assert list(gpus) == [0] and gpus[0].util == 55
+
+
+def _sample(cluster, node, at, **values):
+    host = Node.objects.get(cluster=cluster, index=node).host
+    base = dict(
+        gpu_util=[50.0],
+        gpu_mem_mib=[1000.0],
+        gpu_source="derived",
+        cpu_pct=50.0,
+        mem_bytes=1000,
+        net_rx_bps=0.0,
+        net_tx_bps=0.0,
+        disk_read_bps=0.0,
+        disk_write_bps=0.0,
+        read_iops=0.0,
+        write_iops=0.0,
+    )
+    base.update(values)
+    return Sample(at=at, cluster=cluster, host=host, node_index=node, **base)
+
+
+def test_finished_minutes_roll_up_once_and_old_samples_are_pruned(running_cluster, settings):
+    cluster = running_cluster(1)
+    t0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    Sample.objects.bulk_create(
+        [
+            _sample(cluster, 0, t0 + timedelta(seconds=s), gpu_util=[float(s % 2) * 100])
+            for s in range(120)
+        ]
+        + [_sample(cluster, 0, t0 + timedelta(seconds=130), gpu_util=[10.0])]  # a minute still open
+    )
+    made = tasks.rollup(now=t0 + timedelta(seconds=150))
+    assert made == 2
+    assert tasks.rollup(now=t0 + timedelta(seconds=150)) == 0  # replayed: nothing new
+    first = Rollup.objects.get(at=t0)
+    assert first.samples == 60 and first.gpu_util == [50.0] and first.cpu_pct == 50.0
+    settings.SUANLI_METRICS_RAW_HOURS = 24
+    settings.SUANLI_METRICS_ROLLUP_DAYS = 30
+    raw, minutes = tasks.prune(now=t0 + timedelta(hours=24, seconds=61))
+    assert raw == 61 and Sample.objects.count() == 60  # the first minute's seconds are gone
+    assert minutes == 0 and Rollup.objects.count() == 2
+    _, minutes = tasks.prune(now=t0 + timedelta(days=31))
+    assert minutes == 2
+
+
+def test_the_fleet_page_is_for_operators(running_cluster, client, alice, operator):
+    cluster = running_cluster(1)
+    now = datetime.now(UTC).replace(microsecond=0)
+    Sample.objects.bulk_create([_sample(cluster, 0, now - timedelta(seconds=1), gpu_util=[3.0])])
+    client.force_login(alice)
+    assert client.get(reverse("ops_fleet_data")).status_code == 302  # to the admin login
+    client.force_login(operator)
+    data = client.get(reverse("ops_fleet_data")).json()
+    host = next(h for h in data["hosts"] if any(g is not None for g in h["gpus"]))
+    assert 3.0 in host["gpus"]
+    assert data["rented_gpus"] == 1 and data["idle_rented_gpus"] == 1  # 3 % is idle
+    assert b"rented GPUs idle" in client.get(reverse("ops_fleet")).content
