@@ -377,7 +377,11 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe) -
     try:
         if sockets:
             monitor_start()
-            await asyncio.wait_for(state["first"].wait(), 60)
+            try:
+                await asyncio.wait_for(state["first"].wait(), 60)
+            except TimeoutError:
+                errors.append("no message within 60 s of the monitor's start")
+                return {**out, "delays": [], "counts": counts, "errors": errors, "no_ts": 0}
             state["recording"] = True
             t0, cpu0 = time.monotonic(), probe()
             await asyncio.sleep(FANOUT_S)
@@ -432,7 +436,7 @@ def fanout(owner, cluster: Cluster, containers: int) -> dict:
         tail = log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
     window, cpu = got.get("window_s"), got.get("cpu", {})
     delays, counts = got["delays"], got["counts"]
-    return {
+    out = {
         "clients": CLIENTS,
         "connected": got["connected"],
         "containers": containers,
@@ -449,8 +453,10 @@ def fanout(owner, cluster: Cluster, containers: int) -> dict:
         "samples_without_ts": got["no_ts"],
         "errors": len(got["errors"]),
         "first_error": got["errors"][0] if got["errors"] else None,
-        "server_log_tail": tail or None,
     }
+    if out["errors"] or not delays:  # what the web server and the monitor said
+        out["server_log_tail"] = tail
+    return out
 
 
 # ------------------------------------------------------------------------------ main

@@ -1,6 +1,7 @@
 """The monitor against the real Docker engines: what a replica really does shows."""
 
 import asyncio
+import os
 import socket
 import threading
 from datetime import UTC, datetime, timedelta
@@ -228,3 +229,80 @@ def test_the_fleet_page_is_for_operators(running_cluster, client, alice, operato
     assert 3.0 in host["gpus"]
     assert data["rented_gpus"] == 1 and data["idle_rented_gpus"] == 1  # 3 % is idle
     assert b"rented GPUs idle" in client.get(reverse("ops_fleet")).content
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.browser
+def test_the_live_chart_gains_points_and_the_socket_is_the_owners(
+    running_cluster, processes, alice, bob
+):
+    """The Procfile's web and monitor processes: a real websocket client, then Chromium."""
+    import json
+    import time
+
+    from django.test import Client
+    from playwright.sync_api import expect, sync_playwright
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    port = _free_port()
+    processes.start("web", env={"PORT": str(port)})
+    processes.start("monitor")
+    cluster = running_cluster(1, name="watched")
+    job = _submit(
+        cluster, 'while :; do timeout 2 sh -c "while :; do :; done"; sleep 1; done', "busy"
+    )
+    url = f"http://127.0.0.1:{port}"
+    ws_url = f"ws://127.0.0.1:{port}/ws/clusters/{cluster.pk}/metrics/"
+
+    def cookie(user):
+        c = Client()
+        c.force_login(user)
+        return f"sessionid={c.cookies['sessionid'].value}"
+
+    for _ in range(50):  # the web process takes a moment to listen
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    with connect(ws_url, origin=url, additional_headers={"Cookie": cookie(alice)}) as ws:
+        message = json.loads(ws.recv(timeout=15))
+        assert message["samples"][0]["job"] == job.pk
+    with pytest.raises(Exception) as refused:  # another researcher: closed before any sample
+        with connect(ws_url, origin=url, additional_headers={"Cookie": cookie(bob)}) as ws:
+            ws.recv(timeout=5)
+    assert not isinstance(refused.value, TimeoutError)
+    with pytest.raises(InvalidStatus):  # a foreign origin is refused at the handshake
+        connect(ws_url, origin="http://evil.example", additional_headers={"Cookie": cookie(alice)})
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ.get("SUANLI_CHROMIUM", "/usr/bin/chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1366, "height": 1000})
+        page.goto(f"{url}/login/")
+        page.fill("#id_username", "alice")
+        page.fill("#id_password", "alice-pass-123")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{url}/")
+        page.goto(f"{url}{reverse('job_detail', args=[job.pk])}")
+        points = (
+            "() => document.getElementById('chart-gpu').data.reduce((n, t) => n + t.x.length, 0)"
+        )
+        page.wait_for_function(f"({points})() > 0", timeout=20_000)
+        before = page.evaluate(points)
+        page.wait_for_function(f"({points})() >= {before + 3}", timeout=20_000)
+        expect(page.locator("#metrics-note")).to_contain_text("live")
+        expect(page.locator("#chart-gpu")).to_contain_text("70 % target")
+        page.screenshot(
+            path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_metrics.png", full_page=True
+        )
+        browser.close()
