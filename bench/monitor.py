@@ -335,8 +335,9 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise RuntimeError("web server did not listen")
 
 
-async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe) -> dict:
-    """Open the clients, start the monitor, record a window; probe() -> CPU s by process."""
+async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe, dead) -> dict:
+    """Open the clients, start the monitor, record a window. probe(): CPU s by process;
+    dead(): what exited early, or None."""
     url = f"ws://127.0.0.1:{port}/ws/clusters/{cluster_id}/metrics/"
     state = {"recording": False, "first": asyncio.Event()}
     delays, counts, errors, no_ts = [], [], [], [0]
@@ -377,11 +378,16 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe) -
     try:
         if sockets:
             monitor_start()
-            try:
-                await asyncio.wait_for(state["first"].wait(), 60)
-            except TimeoutError:
-                errors.append("no message within 60 s of the monitor's start")
-                return {**out, "delays": [], "counts": counts, "errors": errors, "no_ts": 0}
+            deadline = time.monotonic() + 60
+            while not state["first"].is_set():
+                gone = dead()
+                if gone or time.monotonic() > deadline:
+                    errors.append(gone or "no message within 60 s of the monitor's start")
+                    return {**out, "delays": [], "counts": counts, "errors": errors, "no_ts": 0}
+                try:
+                    await asyncio.wait_for(state["first"].wait(), 0.5)
+                except TimeoutError:
+                    pass
             state["recording"] = True
             t0, cpu0 = time.monotonic(), probe()
             await asyncio.sleep(FANOUT_S)
@@ -409,19 +415,25 @@ def fanout(owner, cluster: Cluster, containers: int) -> dict:
         "SECRET_KEY": settings.SECRET_KEY, "LOG_LEVEL": "WARNING",
         "SUANLI_BIND": "127.0.0.1", "PORT": str(port),
     }  # fmt: skip
-    procs = {}
-    with tempfile.TemporaryFile() as log:
+    procs, logs = {}, {"web": tempfile.TemporaryFile(), "monitor": tempfile.TemporaryFile()}
+    try:
         try:
-            procs["web"] = spawn(procfile("web"), env, log)
+            procs["web"] = spawn(procfile("web"), env, logs["web"])
             wait_port(port, procs["web"])
 
             def monitor_start():
-                procs["monitor"] = spawn(procfile("monitor"), env, log)
+                procs["monitor"] = spawn(procfile("monitor"), env, logs["monitor"])
 
             def probe():
                 return {name: proc_cpu_s(proc.pid) for name, proc in procs.items()}
 
-            got = asyncio.run(watch(port, cluster.pk, cookie, monitor_start, probe))
+            def dead():
+                for name, proc in procs.items():
+                    if proc.poll() is not None:
+                        return f"the {name} process exited with {proc.returncode}"
+                return None
+
+            got = asyncio.run(watch(port, cluster.pk, cookie, monitor_start, probe, dead))
         finally:
             for proc in procs.values():
                 proc.terminate()
@@ -432,8 +444,15 @@ def fanout(owner, cluster: Cluster, containers: int) -> dict:
                     proc.kill()
                     proc.wait()
             Session.objects.filter(session_key=cookie).delete()
-        log.seek(0)
-        tail = log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+        tails = {}
+        for name, log in logs.items():
+            log.seek(0)
+            tails[name] = [
+                line[:300] for line in log.read().decode("utf-8", "replace").splitlines()[-2:]
+            ]
+    finally:
+        for log in logs.values():
+            log.close()
     window, cpu = got.get("window_s"), got.get("cpu", {})
     delays, counts = got["delays"], got["counts"]
     out = {
@@ -454,8 +473,8 @@ def fanout(owner, cluster: Cluster, containers: int) -> dict:
         "errors": len(got["errors"]),
         "first_error": got["errors"][0] if got["errors"] else None,
     }
-    if out["errors"] or not delays:  # what the web server and the monitor said
-        out["server_log_tail"] = tail
+    if out["errors"] or not delays:  # what the web server and the monitor said last
+        out["log_tails"] = tails
     return out
 
 

@@ -93,6 +93,9 @@ class Account(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="account"
     )
     balance = models.DecimalField(default=Decimal("0"), **MONEY)
+    low_notified_at = models.DateTimeField(
+        null=True, blank=True, help_text="When balance.low was last sent (cleared by a top-up)."
+    )
     exhausted_at = models.DateTimeField(
         null=True, blank=True, help_text="When its clusters were stopped for balance."
     )

@@ -84,7 +84,8 @@ def post_entry(
         memo=memo[:300],
         created_by=by,
     )
-    fields = ["balance"]
+    fields = ["balance", "low_notified_at"]
+    account.low_notified_at = None  # money in: a new low is worth telling again
     if account.balance > 0 and account.exhausted_at is not None:
         account.exhausted_at = None
         fields.append("exhausted_at")
@@ -394,3 +395,37 @@ def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) 
 def enough_balance(account: Account, per_hour: Decimal) -> bool:
     minutes = settings.SUANLI_MIN_BALANCE_MINUTES
     return account.balance >= per_hour * minutes / 60
+
+
+def notify_low_balances() -> int:
+    """`balance.low` once per low spell: accounts with running clusters and under
+    `SUANLI_LOW_BALANCE_HOURS` of balance left at the current burn."""
+    from billing import selectors
+    from jobs import webhooks
+
+    sent = 0
+    owners = Cluster.objects.filter(state=Cluster.State.RUNNING).values_list("owner_id", flat=True)
+    for account in Account.objects.filter(
+        user_id__in=set(owners), low_notified_at__isnull=True
+    ).select_related("user"):
+        standing = selectors.standing(account.user)
+        if not standing.low:
+            continue
+        with transaction.atomic():
+            if not Account.objects.filter(pk=account.pk, low_notified_at__isnull=True).update(
+                low_notified_at=timezone.now()
+            ):
+                continue
+            webhooks.emit(
+                owner_id=account.user_id,
+                event_type="balance.low",
+                data={
+                    "balance": str(standing.balance), "currency": standing.currency,
+                    "burn_per_hour": str(standing.burn_per_hour), "hours_left": (
+                        str(round(standing.hours_left, 2)) if standing.hours_left is not None else None
+                    ),
+                    "url": webhooks._link("billing"),
+                },
+            )  # fmt: skip
+            sent += 1
+    return sent

@@ -12,3 +12,7 @@ def accrue() -> dict:
         "settled": report.settled,
         "exhausted": report.exhausted,
     }
+
+
+def notify_low_balances() -> int:
+    return services.notify_low_balances()

@@ -17,3 +17,6 @@ cron.register(job_tasks.dispatch_all, "default", interval=settings.SUANLI_RECONC
 cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_INTERVAL)
 # Metrics: minute rollups of finished minutes, and retention (monitoring/tasks.py).
 cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
+# Webhooks: deliveries that are due and whose enqueue was lost (jobs/webhooks.py).
+cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
+cron.register(billing_tasks.notify_low_balances, "default", interval=60)

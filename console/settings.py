@@ -192,3 +192,14 @@ SUANLI_RECONCILE_INTERVAL = envint("SUANLI_RECONCILE_INTERVAL", 15)
 SUANLI_METRICS_RAW_HOURS = envint("SUANLI_METRICS_RAW_HOURS", 24)
 SUANLI_METRICS_ROLLUP_DAYS = envint("SUANLI_METRICS_ROLLUP_DAYS", 30)
 SUANLI_MONITOR_INTERVAL = envint("SUANLI_MONITOR_INTERVAL", 1)
+# Webhooks (jobs/webhooks.py): the console's public base URL for links in event bodies.
+SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
+SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)
+SUANLI_WEBHOOK_RETRY_DELAYS = [
+    int(x)
+    for x in envstr("SUANLI_WEBHOOK_RETRY_DELAYS", "0,5,300,1800,7200,18000,36000,36000").split(",")
+]
+SUANLI_WEBHOOK_DISABLE_AFTER_S = envint("SUANLI_WEBHOOK_DISABLE_AFTER_S", 5 * 24 * 3600)
+# Webhook targets operators allow although not public (comma-separated; off by default).
+SUANLI_WEBHOOK_ALLOW_HOSTS = [h for h in envstr("SUANLI_WEBHOOK_ALLOW_HOSTS", "").split(",") if h]
+SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").split(",") if n]

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import views, views_billing, views_monitoring
+from console import api, views, views_billing, views_monitoring, views_webhooks
 
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
@@ -38,6 +38,22 @@ urlpatterns = [
     path("ops/fleet/", views_monitoring.ops_fleet, name="ops_fleet"),
     path("ops/fleet.json", views_monitoring.ops_fleet_data, name="ops_fleet_data"),
     path("ops/hosts/<int:host_id>/check/", views.ops_host_check, name="ops_host_check"),
+    path("webhooks/", views_webhooks.endpoint_list, name="webhooks"),
+    path("webhooks/<int:endpoint_id>/", views_webhooks.endpoint_detail, name="webhook_detail"),
+    path("webhooks/<int:endpoint_id>/test/", views_webhooks.endpoint_test, name="webhook_test"),
+    path(
+        "webhooks/<int:endpoint_id>/rotate/", views_webhooks.endpoint_rotate, name="webhook_rotate"
+    ),
+    path(
+        "webhooks/<int:endpoint_id>/delete/", views_webhooks.endpoint_delete, name="webhook_delete"
+    ),
+    path(
+        "webhooks/deliveries/<int:delivery_id>/redeliver/",
+        views_webhooks.delivery_redeliver,
+        name="webhook_redeliver",
+    ),
+    path("api/tokens/", api.tokens_page, name="api_tokens"),
+    path("api/v1/", include("console.api_urls")),
     path("healthz", views.healthz, name="healthz"),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),

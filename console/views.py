@@ -18,7 +18,7 @@ from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, Ss
 from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Cluster, Host, Image, InstanceType, Job, SshKey
+from jobs.models import Cluster, Host, Image, InstanceType, Job, SshKey, WebhookEndpoint
 from monitoring import selectors as metrics
 
 
@@ -35,6 +35,9 @@ def dashboard(request):
             "any_emulated": any(row.emulated_hosts for row in availability),
             "instance_types": InstanceType.objects.all(),
             "images": Image.objects.filter(active=True),
+            "disabled_endpoints": WebhookEndpoint.objects.filter(
+                owner=request.user, enabled=False
+            ).exclude(disabled_reason=""),
             "my_active": fleet.clusters_for(request.user)
             .filter(state__in=[Cluster.State.PENDING, Cluster.State.RUNNING])
             .count(),

@@ -526,3 +526,103 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return self.container_name
+
+
+# -- webhooks: the outbox (written in the transaction of the change it reports) -----------
+
+
+class WebhookEndpoint(models.Model):
+    """Where a researcher wants job and cluster events POSTed, signed per Standard Webhooks."""
+
+    EVENTS = [
+        ("job.queued", "job queued"),
+        ("job.started", "job started"),
+        ("job.succeeded", "job succeeded"),
+        ("job.failed", "job failed"),
+        ("job.cancelled", "job cancelled"),
+        ("job.preempted", "job preempted"),
+        ("cluster.running", "cluster running"),
+        ("cluster.released", "cluster released"),
+        ("balance.low", "balance low"),
+    ]
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_endpoints"
+    )
+    url = models.CharField(max_length=2000)
+    events = models.JSONField(default=list)
+    enabled = models.BooleanField(default=True)
+    secret = models.CharField(max_length=80, help_text="whsec_...; shown to its owner once.")
+    previous_secret = models.CharField(max_length=80, blank=True)
+    previous_valid_until = models.DateTimeField(null=True, blank=True)
+    failing_since = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    disabled_reason = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class WebhookEvent(models.Model):
+    """One event for one researcher; `uid` is the `webhook-id` of every delivery and retry."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    uid = models.CharField(max_length=40, unique=True)
+    type = models.CharField(max_length=40)
+    body = models.TextField(help_text="The exact JSON body sent (the same on every attempt).")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.uid}"
+
+
+class WebhookDelivery(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        SUCCEEDED = "succeeded", "delivered"
+        DEAD = "dead", "gave up"
+
+    event = models.ForeignKey(WebhookEvent, on_delete=models.CASCADE, related_name="deliveries")
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=models.Q(state="pending"),
+                name="delivery_due_idx",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} -> {self.endpoint_id} ({self.state})"
+
+
+class WebhookAttempt(models.Model):
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="tries")
+    at = models.DateTimeField(default=timezone.now)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField(default=0)
+    response_excerpt = models.CharField(max_length=1000, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id} at {self.at}: {self.status_code or self.error}"

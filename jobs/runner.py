@@ -24,7 +24,11 @@ log = logging.getLogger(__name__)
 
 
 def _event(job_id: int, kind: str, message: str = "") -> None:
+    """The job's timeline, and its webhook event, in the caller's transaction."""
+    from jobs import webhooks
+
     JobEvent.objects.create(job_id=job_id, kind=kind, message=message[:500])
+    webhooks.job_changed(job_id, kind)
 
 
 def _enqueue(func, *args, job_id: str, delay: int | None = None, again_if_running: bool = False):
@@ -201,11 +205,12 @@ def start_replicas(job_id: int) -> None:
             container_id=container.id, state=Replica.State.RUNNING, started_at=timezone.now()
         )
     now = timezone.now()
-    if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
-        state=Job.State.RUNNING, running_since=now
-    ):
-        hosts = ", ".join(f"rank {r.rank} on {r.host.name}" for r in replicas)
-        _event(job.pk, "running", hosts)
+    with transaction.atomic():  # the state, its timeline entry and its webhook event at once
+        if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
+            state=Job.State.RUNNING, running_since=now
+        ):
+            hosts = ", ".join(f"rank {r.rank} on {r.host.name}" for r in replicas)
+            _event(job.pk, "running", hosts)
     job.refresh_from_db()
     if job.cancel_requested:
         stop(job.pk)

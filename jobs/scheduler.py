@@ -346,6 +346,10 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
                 for c, mine in placed
             ]
         )
+        from jobs import webhooks
+
+        for cluster in Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]):
+            webhooks.cluster_changed(cluster, "running")  # in the placement's transaction
     for cluster, _ in placed:
         cluster.state = Cluster.State.RUNNING
         report.placed.append(cluster.pk)

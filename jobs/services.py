@@ -134,9 +134,21 @@ def request_placement() -> None:
 
 
 def _event(cluster: Cluster, kind: str, message: str = "", at=None) -> None:
+    """The cluster's timeline, and its webhook event, in the caller's transaction."""
+    from jobs import webhooks
+
     ClusterEvent.objects.create(
         cluster=cluster, kind=kind, message=message[:300], at=at or timezone.now()
     )
+    if kind == "released":
+        webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
+
+
+def _job_event(job: Job, kind: str, message: str = "", at=None) -> None:
+    from jobs import webhooks
+
+    JobEvent.objects.create(job=job, kind=kind, message=message, at=at or timezone.now())
+    webhooks.job_changed(job.pk, kind)
 
 
 @transaction.atomic
@@ -189,7 +201,7 @@ def _cancel_jobs_of(cluster: Cluster, reason: str) -> None:
         Job.objects.filter(pk=job.pk).update(
             state=Job.State.CANCELLED, state_reason=reason, finished_at=now
         )
-        JobEvent.objects.create(job=job, kind="cancelled", message=reason, at=now)
+        _job_event(job, "cancelled", reason, at=now)
     for job in cluster.jobs.filter(state__in=Job.ACTIVE):
         Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
         JobEvent.objects.create(job=job, kind="cancelling", message=reason, at=now)
@@ -385,9 +397,7 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         created_at=now,
         queued_at=now,
     )
-    JobEvent.objects.create(
-        job=job, kind="queued", message=f"on {cluster.name} ({cluster.shape})", at=now
-    )
+    _job_event(job, "queued", f"on {cluster.name} ({cluster.shape})", at=now)
     runner.request_dispatch(cluster.pk)
     return job
 
@@ -410,7 +420,7 @@ def job_cancel(*, job: Job, by: str) -> Job:
                 finished_at=timezone.now(),
                 cancel_requested=True,
             )
-            JobEvent.objects.create(job=job, kind="cancelled", message=reason)
+            _job_event(job, "cancelled", reason)
             runner.request_dispatch(job.cluster_id)
         else:
             Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)

@@ -112,3 +112,15 @@ def dispatch_all() -> int:
             again_if_running=True,
         )
     return len(ids)
+
+
+def webhook_deliver(delivery_id: int) -> str:
+    from jobs import webhooks
+
+    return webhooks.deliver(delivery_id)
+
+
+def webhooks_sweep() -> int:
+    from jobs import webhooks
+
+    return webhooks.sweep()
