@@ -15,19 +15,26 @@ Case `monitor`: one `monitoring.monitor.Monitor(publish=True)` in this process, 
 its own `run()` loop: 3 warm-up ticks (connections, the first reading of each container,
 which gives no rate), then BENCH_TICKS (20) timed ticks. Timed from the start of the first
 timed tick to the end of `run()` (its last pause included, so wall ~ ticks x interval):
-- samples_per_s: samples the ticks stored / wall seconds; ticks_per_s likewise;
+- samples_per_s: samples the ticks stored / wall seconds; ticks_per_s likewise (below 1:
+  the engines paced the ticks, see below; tick_p50_ms / tick_p95_ms say how long a tick
+  took);
 - cpu_core_share: `time.process_time()` of this whole process (the event loop, the
   monitor's database and I/O threads, psycopg, the Redis publish) / wall seconds, also
   from `resource.getrusage` (rusage_core_share); cpu_us_per_sample = CPU / samples;
 - rows_inserted: `monitoring.models.Sample` rows really in the table after all 23 ticks,
   beside rows_reported, what the ticks said they stored.
+A one-shot answer waits for the engine's next collection pass, and dockerd (20.10) starts
+a pass 1 s after the previous one ended, walking every subscribed container in turn: with
+~100 containers an engine on this machine, a pass takes 0.4-0.8 s, so one tick takes
+1.4-1.8 s, whatever the monitor's own CPU.
 Baseline in the same run: the Docker SDK's `client.api.stats(id, stream=False,
 one_shot=True)`, the call the monitor replaces, for a subset of the containers
 (BENCH_BASELINE_CALLS, 40), from 20 threads at once (each one-shot answer waits for the
 engine's next ~1 s collection, so one thread serially makes one reading a second: serial
 SDK calls cannot do 1 Hz over 200 containers at all). Its CPU per call (process time /
 calls, a warm untimed round first) x N is sdk_core_share_at_1hz: the reads alone, without
-parsing into samples, the database or the publish.
+parsing into samples, the database or the publish; cpu_per_sample_ratio_to_sdk =
+cpu_us_per_sample / sdk_cpu_us_per_call (per reading, so the tick rate does not enter).
 
 Case `monitor_fanout`: the web server as the Procfile runs it (its `web:` line, uvicorn
 `console.asgi:application`, on a free port, DEBUG=0 SUANLI_HTTPS=0), BENCH_CLIENTS real
@@ -40,8 +47,9 @@ for each sample of each message, delay = its receive time (`time.time()`) - the 
 engine's collection (its answer comes after its read), the tick waiting for every other
 container's answer, the monitor's database write (it stores before it publishes), the
 Redis channel layer and the web process's send: all of it from reading to screen.
-Reports p50, p95, max of the delays in ms, messages per client, clients connected, and the
-CPU share of the web and monitor processes over the window (from /proc).
+Reports p50, p95, max of the delays in ms, messages per client and the median gap
+between two messages of a client (one message a tick), clients connected, and the CPU
+share of the web and monitor processes over the window (from /proc).
 
 Cleans up (even on failure): its containers, its subprocesses, its rows (clusters, nodes,
 jobs, replicas, samples, hosts, the user and the session).
@@ -97,7 +105,7 @@ IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 PREFIX = "bench-mon"
 LABEL = {"suanli.bench": "monitor"}
 IDLE = "while :; do sleep 1; done"
-BUSY = "while :; do i=0; while [ $i -lt 1000 ]; do i=$((i+1)); done; sleep 1; done"
+BUSY = "while :; do i=0; while [ $i -lt 200 ]; do i=$((i+1)); done; sleep 1; done"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -340,7 +348,7 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe, d
     dead(): what exited early, or None."""
     url = f"ws://127.0.0.1:{port}/ws/clusters/{cluster_id}/metrics/"
     state = {"recording": False, "first": asyncio.Event()}
-    delays, counts, errors, no_ts = [], [], [], [0]
+    delays, counts, errors, no_ts, gaps = [], [], [], [0], []
     gate = asyncio.Semaphore(20)
 
     async def open_one():
@@ -355,6 +363,7 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe, d
                 return None
 
     async def follow(ws, slot: int):
+        last = None
         try:
             async for message in ws:
                 now = time.time()
@@ -362,6 +371,9 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe, d
                 if not state["recording"]:
                     continue
                 counts[slot] += 1
+                if last is not None:
+                    gaps.append(now - last)  # one message a monitor tick
+                last = now
                 for sample in json.loads(message)["samples"]:
                     ts = sample.get("ts")
                     if ts is None:  # an older monitor: whole seconds only
@@ -383,7 +395,14 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe, d
                 gone = dead()
                 if gone or time.monotonic() > deadline:
                     errors.append(gone or "no message within 60 s of the monitor's start")
-                    return {**out, "delays": [], "counts": counts, "errors": errors, "no_ts": 0}
+                    return {
+                        **out,
+                        "delays": [],
+                        "counts": counts,
+                        "errors": errors,
+                        "no_ts": 0,
+                        "gaps": [],
+                    }
                 try:
                     await asyncio.wait_for(state["first"].wait(), 0.5)
                 except TimeoutError:
@@ -399,7 +418,7 @@ async def watch(port: int, cluster_id: int, cookie: str, monitor_start, probe, d
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    out.update(delays=delays, counts=counts, errors=errors, no_ts=no_ts[0])
+    out.update(delays=delays, counts=counts, errors=errors, no_ts=no_ts[0], gaps=gaps)
     return out
 
 
@@ -464,6 +483,7 @@ def fanout(owner, cluster: Cluster, containers: int) -> dict:
         "samples": len(delays),
         "messages_per_client_median": statistics.median(counts) if counts else 0,
         "messages_per_client_min": min(counts) if counts else 0,
+        "message_gap_p50_ms": ms(pct(got["gaps"], 0.5)),
         "delay_p50_ms": ms(pct(delays, 0.5)),
         "delay_p95_ms": ms(pct(delays, 0.95)),
         "delay_max_ms": ms(max(delays)) if delays else None,
@@ -498,9 +518,10 @@ def main():
         close_old_connections()
         result["rows_inserted"] = Sample.objects.filter(cluster__owner=owner).count()
         result.update(sdk_baseline(started))
-        result["cpu_ratio_to_sdk"] = round(
-            result["cpu_core_share"] / result["sdk_core_share_at_1hz"], 2
-        )
+        if result["cpu_us_per_sample"]:
+            result["cpu_per_sample_ratio_to_sdk"] = round(
+                result["cpu_us_per_sample"] / result["sdk_cpu_us_per_call"], 2
+            )
         result["setup_s"] = round(setup_s, 1)
         print(json.dumps({"bench": "monitor", **base, **result}), flush=True)
         print(json.dumps({"bench": "monitor_fanout", **fanout(owner, clusters[0], len(started))}), flush=True)  # fmt: skip

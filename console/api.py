@@ -1,7 +1,348 @@
-"""The token JSON API (being built)."""
+"""The token JSON API under /api/v1/, and the page where researchers manage their tokens.
 
-from django.http import Http404
+Authentication is `Authorization: Bearer <token>` only (never the session cookie, so
+there is no CSRF surface); each token is rate-limited (`SUANLI_API_RATE_PER_MIN` a
+minute). Input goes through the same forms and services as the pages, and every object
+is looked up through its owner: another researcher's is 404. Errors are JSON:
+`{"error": "...", "fields": {"name": ["..."]}}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from datetime import timedelta
+
+import django_rq
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import EmptyPage, Paginator
+from django.db import transaction
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from billing import selectors as money
+from console.api_schema import SCHEMA
+from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm
+from console.models import ApiToken, digest_of
+from jobs import selectors as fleet
+from jobs import services as fleet_services
+from jobs.models import Image
+
+PAGE = 50
 
 
+def _error(status: int, message: str, fields: dict | None = None, **headers) -> JsonResponse:
+    response = JsonResponse({"error": message, "fields": fields or {}}, status=status)
+    for name, value in headers.items():
+        response[name.replace("_", "-")] = value
+    return response
+
+
+def _token_user(request):
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None, "Send your API token as 'Authorization: Bearer <token>'."
+    row = ApiToken.objects.select_related("user").filter(digest=digest_of(token.strip())).first()
+    if row is None or row.revoked_at is not None or not row.user.is_active:
+        return None, "This token is not valid (unknown or revoked)."
+    now = timezone.now()
+    # At most one write a minute per token for "last used".
+    ApiToken.objects.filter(pk=row.pk).exclude(last_used_at__gt=now - timedelta(minutes=1)).update(
+        last_used_at=now
+    )
+    return row, ""
+
+
+def _over_limit(token: ApiToken) -> int | None:
+    """Seconds to wait when this token used its requests for the current minute."""
+    limit = getattr(settings, "SUANLI_API_RATE_PER_MIN", 120)
+    window = int(time.time() // 60)
+    key = f"suanli:api:rate:{token.pk}:{window}"
+    try:
+        redis = django_rq.get_connection("default")
+        count = redis.incr(key)
+        if count == 1:
+            redis.expire(key, 90)
+    except Exception:  # Redis away: serve rather than refuse everyone
+        return None
+    return 60 - int(time.time()) % 60 if count > limit else None
+
+
+def endpoint(*methods: str):
+    def wrap(view):
+        @csrf_exempt
+        @functools.wraps(view)
+        def handler(request, *args, **kwargs):
+            token, why = _token_user(request)
+            if token is None:
+                return _error(401, why, WWW_Authenticate='Bearer realm="suanli"')
+            if request.method not in methods:
+                return _error(405, f"Use {' or '.join(methods)}.", Allow=", ".join(methods))
+            wait = _over_limit(token)
+            if wait is not None:
+                return _error(
+                    429, "Too many requests for this token; slow down.", Retry_After=str(wait)
+                )
+            body = {}
+            if request.method == "POST":
+                try:
+                    body = json.loads(request.body or b"{}")
+                except (ValueError, UnicodeDecodeError):
+                    return _error(400, "The body is not valid JSON.")
+                if not isinstance(body, dict):
+                    return _error(400, "The body must be a JSON object.")
+            try:
+                return view(request, token.user, body, *args, **kwargs)
+            except Http404:
+                return _error(404, "Not found.")
+            except ValidationError as exc:
+                return _error(400, " ".join(exc.messages))
+
+        return handler
+
+    return wrap
+
+
+def _fields_error(form) -> JsonResponse:
+    fields = {name: [str(e) for e in errors] for name, errors in form.errors.items()}
+    general = fields.pop("__all__", [])
+    return _error(400, " ".join(general) or "Invalid input.", fields)
+
+
+def _page(request, queryset):
+    try:
+        number = max(1, int(request.GET.get("page", "1")))
+    except ValueError:
+        raise ValidationError("page is a whole number from 1.") from None
+    paginator = Paginator(queryset, PAGE)
+    try:
+        page = paginator.page(number)
+    except EmptyPage:
+        return [], {"page": number, "pages": paginator.num_pages, "count": paginator.count}
+    return list(page), {"page": number, "pages": paginator.num_pages, "count": paginator.count}
+
+
+def _iso(value):
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def cluster_json(request, c) -> dict:
+    return {
+        "id": c.pk, "name": c.name, "state": c.state, "state_reason": c.state_reason,
+        "gpu_model": c.gpu_model.slug if c.gpu_model_id else None,
+        "instance_type": c.instance_type.name if c.instance_type_id else None,
+        "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "image": c.image_reference,
+        "network": c.network, "zone": c.zone, "spot": c.spot, "release_policy": c.release_policy,
+        "created_at": _iso(c.created_at), "running_since": _iso(c.running_since),
+        "released_at": _iso(c.released_at),
+        "url": request.build_absolute_uri(reverse("cluster_detail", args=[c.pk])),
+    }  # fmt: skip
+
+
+def job_json(request, j) -> dict:
+    return {
+        "id": j.pk, "name": j.name, "cluster": j.cluster_id, "state": j.state,
+        "state_reason": j.state_reason, "exit_code": j.exit_code, "attempt": j.attempt,
+        "launcher": j.launcher, "command": j.command, "created_at": _iso(j.created_at),
+        "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
+        "url": request.build_absolute_uri(reverse("job_detail", args=[j.pk])),
+    }  # fmt: skip
+
+
+def _as_text(value, sep="\n") -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list | tuple):
+        return sep.join(str(v) for v in value)
+    if isinstance(value, dict):
+        return sep.join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _cluster_form_data(body: dict) -> dict:
+    """The API's fields as the cluster form's."""
+    data = {}
+    for name in (
+        "name",
+        "nodes",
+        "gpus_per_node",
+        "network",
+        "zone",
+        "release_policy",
+        "idle_minutes",
+    ):
+        if body.get(name) is not None:
+            data[name] = (
+                body[name] if not isinstance(body[name], dict | list) else json.dumps(body[name])
+            )
+    if body.get("instance_type"):
+        data["resource"] = f"cpu:{body['instance_type']}"
+    elif body.get("gpu_model"):
+        data["resource"] = f"gpu:{body['gpu_model']}"
+    reference = body.get("image")
+    if reference:
+        image = Image.objects.filter(reference=str(reference), active=True).first()
+        data["image"] = str(image.pk) if image else CUSTOM_IMAGE
+        if image is None:
+            data["custom_image"] = str(reference)
+    data.setdefault("network", "standard")
+    data.setdefault("release_policy", "after_last_job")
+    data["volumes"] = _as_text(body.get("volumes"))
+    if body.get("spot") is True:
+        data["spot"] = "on"
+    if isinstance(body.get("ssh_keys"), list):
+        data["ssh_keys"] = [str(k) for k in body["ssh_keys"]]
+    return data
+
+
+@endpoint("GET", "POST")
+def clusters(request, user, body):
+    if request.method == "GET":
+        rows, page = _page(request, fleet.clusters_for(user))
+        return JsonResponse({"clusters": [cluster_json(request, c) for c in rows], **page})
+    form = ClusterForm(_cluster_form_data(body), owner=user)
+    if not form.is_valid():
+        return _fields_error(form)
+    cluster = fleet_services.cluster_create(owner=user, spec=form.spec())
+    return JsonResponse(cluster_json(request, cluster), status=201)
+
+
+@endpoint("GET")
+def cluster(request, user, body, cluster_id: int):
+    return JsonResponse(cluster_json(request, fleet.cluster_for_user(user, cluster_id)))
+
+
+@endpoint("POST")
+def cluster_release(request, user, body, cluster_id: int):
+    c = fleet.cluster_for_user(user, cluster_id)
+    c = fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
+    return JsonResponse(cluster_json(request, c))
+
+
+def _job_form_data(body: dict) -> dict:
+    data = {}
+    for name in (
+        "name",
+        "command",
+        "launcher",
+        "workdir",
+        "checkpoint_dir",
+        "max_runtime_min",
+        "retries",
+    ):
+        if body.get(name) is not None:
+            data[name] = (
+                body[name] if not isinstance(body[name], dict | list) else json.dumps(body[name])
+            )
+    data.setdefault("workdir", "/workspace")
+    data.setdefault("checkpoint_dir", "/workspace/checkpoints")
+    data.setdefault("launcher", "plain")
+    data.setdefault("retries", 0)
+    data["env"] = _as_text(body.get("env"))
+    return data
+
+
+@endpoint("GET", "POST")
+def jobs(request, user, body):
+    if request.method == "GET":
+        queryset = fleet.jobs_for(user)
+        if request.GET.get("cluster"):
+            try:
+                queryset = queryset.filter(cluster_id=int(request.GET["cluster"]))
+            except ValueError:
+                raise ValidationError("cluster is a cluster id.") from None
+        rows, page = _page(request, queryset)
+        return JsonResponse({"jobs": [job_json(request, j) for j in rows], **page})
+    try:
+        cluster_id = int(body.get("cluster"))
+    except (TypeError, ValueError):
+        return _error(400, "Invalid input.", {"cluster": ["Give the id of one of your clusters."]})
+    target = fleet.cluster_for_user(user, cluster_id)
+    form = JobForm(_job_form_data(body))
+    if not form.is_valid():
+        return _fields_error(form)
+    with transaction.atomic():
+        job = fleet_services.job_submit(cluster=target, spec=form.spec())
+    return JsonResponse(job_json(request, job), status=201)
+
+
+@endpoint("GET")
+def job(request, user, body, job_id: int):
+    return JsonResponse(job_json(request, fleet.job_for_user(user, job_id)))
+
+
+@endpoint("POST")
+def job_cancel(request, user, body, job_id: int):
+    j = fleet.job_for_user(user, job_id)
+    with transaction.atomic():
+        j = fleet_services.job_cancel(job=j, by=user.username)
+    return JsonResponse(job_json(request, j))
+
+
+@endpoint("GET")
+def job_log(request, user, body, job_id: int):
+    j = fleet.job_for_user(user, job_id)
+    lines = [{"ts": ts, "rank": rank, "text": text} for ts, rank, text in fleet.job_log_lines(j)]
+    return JsonResponse({"job": j.pk, "state": j.state, "complete": j.is_ended, "lines": lines})
+
+
+@endpoint("GET")
+def balance(request, user, body):
+    standing = money.standing(user)
+    entries = money.entries_of(user)[:PAGE]
+    return JsonResponse(
+        {
+            "currency": standing.currency,
+            "balance": str(standing.balance),
+            "burn_per_hour": str(standing.burn_per_hour),
+            "hours_left": str(round(standing.hours_left, 2)) if standing.hours_left is not None else None,
+            "entries": [
+                {
+                    "kind": e.kind, "amount": str(e.amount), "balance_after": str(e.balance_after),
+                    "cluster": e.cluster_id, "period_from": _iso(e.period_from),
+                    "period_to": _iso(e.period_to), "units": e.units,
+                    "rate": str(e.rate) if e.rate is not None else None, "memo": e.memo,
+                    "created_at": _iso(e.created_at),
+                }
+                for e in entries
+            ],
+        }
+    )  # fmt: skip
+
+
+def schema(request):
+    return JsonResponse(SCHEMA)
+
+
+@login_required
 def tokens_page(request):
-    raise Http404
+    token = None
+    if request.method == "POST":
+        if request.POST.get("action") == "revoke":
+            raw = request.POST.get("token", "")
+            row = get_object_or_404(
+                ApiToken, pk=int(raw) if raw.isdigit() else 0, user=request.user
+            )
+            ApiToken.objects.filter(pk=row.pk, revoked_at__isnull=True).update(
+                revoked_at=timezone.now()
+            )
+            messages.success(request, f"Token {row.name} revoked: it stops working at once.")
+            return redirect("api_tokens")
+        name = request.POST.get("name", "").strip()
+        if not name or len(name) > 60:
+            messages.error(request, "Name the token (at most 60 characters), e.g. ci-pipeline.")
+        else:
+            _, token = ApiToken.issue(user=request.user, name=name)
+    return render(
+        request,
+        "console/api_tokens.html",
+        {"tokens": ApiToken.objects.filter(user=request.user), "new_token": token},
+    )

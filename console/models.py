@@ -1,0 +1,44 @@
+"""Console-level state: researchers' personal API tokens."""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+PREFIX = "sk_suanli_"
+
+
+def digest_of(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for /api/v1/. Only its SHA-256 is stored: the token is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=60)
+    prefix = models.CharField(
+        max_length=20, help_text="The first characters, to tell tokens apart."
+    )
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, *, user, name: str) -> tuple["ApiToken", str]:
+        token = PREFIX + secrets.token_urlsafe(30)
+        row = cls.objects.create(
+            user=user, name=name, prefix=token[: len(PREFIX) + 6], digest=digest_of(token)
+        )
+        return row, token

@@ -129,6 +129,13 @@ def largest_cpu_host() -> int:
     return Host.objects.filter(state=Host.State.ACTIVE).aggregate(m=Max("cpu_count"))["m"] or 0
 
 
+def jobs_for(user):
+    """A researcher's own jobs, newest first."""
+    from jobs.models import Job
+
+    return Job.objects.filter(owner=user).order_by("-created_at", "-id")
+
+
 def job_for_user(user, job_id: int):
     """The job's owner (and operators) may see a job; anyone else gets 404."""
     from jobs.models import Job

@@ -1,0 +1,171 @@
+"""The token JSON API: the same checks and object-level access as the pages."""
+
+import json
+import time
+
+import pytest
+import schemathesis
+from django.core.wsgi import get_wsgi_application
+from django.test import Client
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+
+from console.models import ApiToken, digest_of
+from jobs import runner
+from jobs.models import Cluster, Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _api(token):
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def call(method, path, body=None):
+        if method == "GET":
+            response = client.get(f"/api/v1/{path}")
+        else:
+            response = client.post(
+                f"/api/v1/{path}", data=json.dumps(body or {}) if not isinstance(body, str) else body,
+                content_type="application/json",
+            )  # fmt: skip
+        return response.status_code, response.json()
+
+    return call
+
+
+@pytest.fixture
+def token_of(db):
+    def make(user, name="script"):
+        _, token = ApiToken.issue(user=user, name=name)
+        return token
+
+    return make
+
+
+def test_a_script_creates_a_cluster_runs_a_job_and_reads_its_log(
+    make_host, alice, priced, token_of, settle_until
+):
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    api = _api(token_of(alice))
+    status, cluster = api(
+        "POST", "clusters",
+        {"name": "api-run", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
+         "image": "suanli/busybox:latest", "volumes": [], "release_policy": "never"},
+    )  # fmt: skip
+    assert status == 201, cluster
+    from jobs import scheduler
+
+    scheduler.place_pending()
+    status, cluster = api("GET", f"clusters/{cluster['id']}")
+    assert cluster["state"] == "running"
+    status, job = api(
+        "POST",
+        "jobs",
+        {
+            "cluster": cluster["id"],
+            "name": "hello",
+            "command": "echo hello from $RANK",
+            "env": {"A": "1"},
+        },
+    )
+    assert status == 201, job
+    runner.dispatch(cluster["id"])
+    settle_until(Job.objects.get(pk=job["id"]))
+    for _ in range(20):  # poll as a script would
+        status, job = api("GET", f"jobs/{job['id']}")
+        if job["state"] == "succeeded":
+            break
+        time.sleep(0.5)
+    assert job["state"] == "succeeded" and job["exit_code"] == 0
+    status, log = api("GET", f"jobs/{job['id']}/log")
+    assert log["complete"] and any(line["text"] == "hello from 0" for line in log["lines"])
+    status, balance = api("GET", "balance")
+    assert balance["balance"] == "1000.0000" and balance["entries"][0]["kind"] == "topup"
+    status, released = api("POST", f"clusters/{cluster['id']}/release")
+    assert status == 200 and released["state"] == "released"
+
+
+def test_tokens_are_shown_once_stored_hashed_and_revocable(client, alice, bob):
+    client.force_login(alice)
+    page = client.post("/api/tokens/", {"action": "create", "name": "ci"}).content.decode()
+    row = ApiToken.objects.get(user=alice)
+    token = page.split('<pre class="small" id="new-token">')[1].split("<")[0]
+    assert row.digest == digest_of(token) and token not in str(ApiToken.objects.values().first())
+    assert token not in client.get("/api/tokens/").content.decode()  # once
+    api = _api(token)
+    assert api("GET", "clusters")[0] == 200
+    row.refresh_from_db()
+    assert row.last_used_at is not None
+    client.force_login(bob)
+    assert client.post("/api/tokens/", {"action": "revoke", "token": row.pk}).status_code == 404
+    assert client.post("/api/tokens/", {"action": "revoke", "token": "x"}).status_code == 404
+    client.force_login(alice)
+    client.post("/api/tokens/", {"action": "revoke", "token": row.pk})
+    status, body = api("GET", "clusters")
+    assert status == 401 and "revoked" in body["error"]
+    assert _api("sk_suanli_wrong")("GET", "clusters")[0] == 401
+    session_only = client.get("/api/v1/clusters")  # a logged-in browser is not a token
+    assert session_only.status_code == 401 and session_only["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_another_researchers_objects_are_404(make_cluster, alice, bob, token_of, priced):
+    cluster = make_cluster(alice, "mine")
+    job = Job.objects.create(cluster=cluster, owner=alice, name="j", command="true")
+    api = _api(token_of(bob))
+    for method, path in (
+        ("GET", f"clusters/{cluster.pk}"), ("POST", f"clusters/{cluster.pk}/release"),
+        ("GET", f"jobs/{job.pk}"), ("POST", f"jobs/{job.pk}/cancel"), ("GET", f"jobs/{job.pk}/log"),
+    ):  # fmt: skip
+        assert api(method, path)[0] == 404, path
+    status, body = api("POST", "jobs", {"cluster": cluster.pk, "name": "x", "command": "true"})
+    assert status == 404
+    assert api("GET", "clusters")[1]["clusters"] == []
+    assert Cluster.objects.get(pk=cluster.pk).state == "pending"
+    assert Job.objects.filter(cluster=cluster).count() == 1
+
+
+def test_bad_input_gets_a_message_per_field_and_creates_nothing(alice, token_of, priced):
+    api = _api(token_of(alice))
+    assert api("POST", "clusters", "{not json")[0] == 400
+    assert api("POST", "clusters", "[1, 2]")[1]["error"] == "The body must be a JSON object."
+    status, body = api(
+        "POST", "clusters", {"name": "Bad Name!", "nodes": 0, "gpu_model": "nope", "image": "x"}
+    )
+    assert status == 400 and {"name", "nodes", "resource"} <= set(body["fields"])
+    status, body = api("POST", "jobs", {"cluster": "abc"})
+    assert status == 400 and "cluster" in body["fields"]
+    assert api("GET", "clusters?page=zero")[0] == 400
+    assert not Cluster.objects.exists()
+
+
+def test_requests_are_rate_limited_per_token(alice, token_of, settings):
+    settings.SUANLI_API_RATE_PER_MIN = 3
+    api, other = _api(token_of(alice)), _api(token_of(alice, "second"))
+    statuses = [api("GET", "balance")[0] for _ in range(4)]
+    assert statuses[:3] == [200, 200, 200] and statuses[3] == 429
+    assert other("GET", "balance")[0] == 200  # per token
+
+
+schema = schemathesis.openapi.from_wsgi("/api/v1/schema", get_wsgi_application())
+
+
+@pytest.fixture
+def fuzz_token(alice, priced, make_host):
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check=False)
+    _, token = ApiToken.issue(user=alice, name="fuzz")
+    return token
+
+
+@schema.parametrize()
+@hsettings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+def test_schemathesis_finds_no_server_error(case, fuzz_token, settings):
+    settings.SUANLI_API_RATE_PER_MIN = 100000
+    response = case.call(headers={"Authorization": f"Bearer {fuzz_token}"})
+    assert response.status_code < 500, (case.method, case.path, response.text[:500])
+
+
+def test_a_wrong_method_is_405_json(alice, token_of):
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token_of(alice)}")
+    response = client.delete("/api/v1/clusters")
+    assert response.status_code == 405 and response["Allow"] == "GET, POST"
+    assert "Use GET or POST" in response.json()["error"]
