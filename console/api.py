@@ -95,8 +95,11 @@ def endpoint(*methods: str):
             if request.method == "POST":
                 try:
                     body = json.loads(request.body or b"{}")
-                except (ValueError, UnicodeDecodeError):
-                    return _error(400, "The body is not valid JSON.")
+                    json.dumps(body, ensure_ascii=False).encode(
+                        "utf-8"
+                    )  # lone surrogates: unstorable
+                except (ValueError, UnicodeError, RecursionError):
+                    return _error(400, "The body is not valid JSON (UTF-8, not nested too deep).")
                 if not isinstance(body, dict):
                     return _error(400, "The body must be a JSON object.")
             try:

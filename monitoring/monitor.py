@@ -198,16 +198,17 @@ class Monitor:
                  "gpu": util, "gmem": mem, **{k: round(v, 1) for k, v in rate.items()}}
             )  # fmt: skip
         self._note_engines(failed_hosts, report)
-        if rows:
-            try:
-                await self._db(write_samples, rows)
-            except Exception:  # the database away for a moment: these seconds are lost, not us
-                log.exception("storing %d samples", len(rows))
+        # Publish first: a live chart need not wait for the insert.
         if self.layer is not None:
             for cluster_id, samples in by_cluster.items():
                 await self.layer.group_send(
                     group_for(cluster_id), {"type": "metrics.batch", "samples": samples}
                 )
+        if rows:
+            try:
+                await self._db(write_samples, rows)
+            except Exception:  # the database away for a moment: these seconds are lost, not us
+                log.exception("storing %d samples", len(rows))
         report.samples = len(rows)
         report.cpu_s = time.process_time() - cpu0
         return report

@@ -169,3 +169,10 @@ def test_a_wrong_method_is_405_json(alice, token_of):
     response = client.delete("/api/v1/clusters")
     assert response.status_code == 405 and response["Allow"] == "GET, POST"
     assert "Use GET or POST" in response.json()["error"]
+
+
+def test_deeply_nested_or_unencodable_bodies_are_400(alice, token_of):
+    api = _api(token_of(alice))
+    assert api("POST", "clusters", "[" * 100000)[0] == 400
+    status, body = api("POST", "jobs", '{"cluster": 1, "name": "x", "command": "\\ud800"}')
+    assert status == 400 and "UTF-8" in body["error"]
