@@ -321,6 +321,11 @@ def balance(request, user, body):
     )  # fmt: skip
 
 
+@csrf_exempt
+def not_found(request):
+    return _error(404, "No such API path; see /api/v1/schema.")
+
+
 def schema(request):
     return JsonResponse(SCHEMA)
 

@@ -1,6 +1,6 @@
 """The token JSON API under /api/v1/ (console/api.py)."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from console import api
 
@@ -14,4 +14,5 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel", api.job_cancel, name="api_job_cancel"),
     path("jobs/<int:job_id>/log", api.job_log, name="api_job_log"),
     path("balance", api.balance, name="api_balance"),
+    re_path(r"^.*$", api.not_found),  # a JSON 404, not the HTML page, for scripts
 ]

@@ -176,3 +176,8 @@ def test_deeply_nested_or_unencodable_bodies_are_400(alice, token_of):
     assert api("POST", "clusters", "[" * 100000)[0] == 400
     status, body = api("POST", "jobs", '{"cluster": 1, "name": "x", "command": "\\ud800"}')
     assert status == 400 and "UTF-8" in body["error"]
+
+
+def test_an_unknown_api_path_is_a_json_404(alice, token_of):
+    status, body = _api(token_of(alice))("GET", "nope/")
+    assert status == 404 and "schema" in body["error"]
