@@ -170,22 +170,30 @@ def _as_text(value, sep="\n") -> str:
     return str(value)
 
 
+def _scalars(body: dict, names) -> dict:
+    """The named fields of a JSON body, as a form's data (a nested value stays JSON text,
+    which the form then refuses with its own message)."""
+    return {
+        name: body[name] if not isinstance(body[name], dict | list) else json.dumps(body[name])
+        for name in names
+        if body.get(name) is not None
+    }
+
+
 def _cluster_form_data(body: dict) -> dict:
     """The API's fields as the cluster form's."""
-    data = {}
-    for name in (
-        "name",
-        "nodes",
-        "gpus_per_node",
-        "network",
-        "zone",
-        "release_policy",
-        "idle_minutes",
-    ):
-        if body.get(name) is not None:
-            data[name] = (
-                body[name] if not isinstance(body[name], dict | list) else json.dumps(body[name])
-            )
+    data = _scalars(
+        body,
+        (
+            "name",
+            "nodes",
+            "gpus_per_node",
+            "network",
+            "zone",
+            "release_policy",
+            "idle_minutes",
+        ),
+    )
     if body.get("instance_type"):
         data["resource"] = f"cpu:{body['instance_type']}"
     elif body.get("gpu_model"):
@@ -231,20 +239,18 @@ def cluster_release(request, user, body, cluster_id: int):
 
 
 def _job_form_data(body: dict) -> dict:
-    data = {}
-    for name in (
-        "name",
-        "command",
-        "launcher",
-        "workdir",
-        "checkpoint_dir",
-        "max_runtime_min",
-        "retries",
-    ):
-        if body.get(name) is not None:
-            data[name] = (
-                body[name] if not isinstance(body[name], dict | list) else json.dumps(body[name])
-            )
+    data = _scalars(
+        body,
+        (
+            "name",
+            "command",
+            "launcher",
+            "workdir",
+            "checkpoint_dir",
+            "max_runtime_min",
+            "retries",
+        ),
+    )
     data.setdefault("workdir", "/workspace")
     data.setdefault("checkpoint_dir", "/workspace/checkpoints")
     data.setdefault("launcher", "plain")
