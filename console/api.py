@@ -102,6 +102,8 @@ def endpoint(*methods: str):
                     return _error(400, "The body is not valid JSON (UTF-8, not nested too deep).")
                 if not isinstance(body, dict):
                     return _error(400, "The body must be a JSON object.")
+                if "\\u0000" in json.dumps(body):  # PostgreSQL text cannot hold NUL
+                    return _error(400, "Text may not contain NUL characters.")
             try:
                 return view(request, token.user, body, *args, **kwargs)
             except Http404:

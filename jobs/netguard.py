@@ -158,7 +158,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float = 15.
         for name, value in answer.getheaders():
             name = name.lower()
             received[name] = f"{received[name]}, {value}" if name in received else value
-    except Exception as exc:
+    except (OSError, http.client.HTTPException) as exc:  # TLS and timeouts are OSErrors too
         raise DeliveryFailed(_describe(exc, timeout)) from exc
     finally:
         if answer is not None:
@@ -199,26 +199,29 @@ def _target(url: str, *, resolve: bool) -> _Target:
     if parts.query:
         path += "?" + quote(parts.query, safe="/%!$&'()*+,;=:@-._~?")
 
-    target = _Target(scheme, raw_host, port, path, [])
+    bracketed = netloc.startswith("[")
+    # IDNA first: it maps fullwidth digits and ideographic dots, so "１２７。０。０。１" is
+    # caught below as the literal it becomes.
+    host = raw_host if bracketed else _ascii_host(raw_host)
+    target = _Target(scheme, host, port, path, [])
     allowed_hosts = _allowed_hosts()
-    literal = _ip_literal(raw_host, bracketed=netloc.startswith("["))
+    literal = _ip_literal(host, bracketed=bracketed)
     if literal is not None:
         ip, canonical = literal
-        if raw_host in allowed_hosts:
-            target.addresses = [ip]
+        if host in allowed_hosts:
+            target.addresses = [_unwrap(ip)]
             return target
         why = _why_refused(ip)
         if why:
             plain = _unwrap(ip)
-            shown = raw_host if canonical and plain == ip else f"{raw_host} means {plain}, which"
+            shown = host if canonical and plain == ip else f"{host} means {plain}, which"
             raise Refused(f"{shown} is {why}: {_PUBLIC_ONLY}")
         if not canonical:
-            raise Refused(f"write IPv4 addresses as four decimal numbers ({ip}, not {raw_host})")
+            raise Refused(f"write IPv4 addresses as four decimal numbers ({ip}, not {host})")
         target.addresses = [_unwrap(ip)]
         return target
 
-    host = _host_name(raw_host)
-    target.host = host
+    _check_host_name(host)
     if not resolve:
         return target
     addresses = _resolve(host, port)
@@ -303,16 +306,19 @@ def _legacy_ipv4(labels: list[str]) -> int | None:
     return value
 
 
-def _host_name(host: str) -> str:
-    if not host.isascii():
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError:
-            raise Refused(f"{host} is not a valid host name") from None
+def _ascii_host(host: str) -> str:
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise Refused(f"{host} is not a valid host name") from None
+
+
+def _check_host_name(host: str) -> None:
     name = host[:-1] if host.endswith(".") else host
     if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
         raise Refused(f"{host} is not a valid host name")
-    return host
 
 
 def _resolve(host: str, port: int) -> list[IPAddress]:
@@ -520,6 +526,4 @@ def _describe(exc: BaseException, timeout: float) -> str:
         return "connection reset by the receiver"
     if isinstance(exc, http.client.HTTPException):
         return f"bad HTTP response: {type(exc).__name__} {exc}".rstrip()
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {exc}"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

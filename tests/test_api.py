@@ -76,7 +76,7 @@ def test_a_script_creates_a_cluster_runs_a_job_and_reads_its_log(
         if job["state"] == "succeeded":
             break
         time.sleep(0.5)
-    assert job["state"] == "succeeded" and job["exit_code"] == 0
+    assert job["state"] == "succeeded" and job["exit_code"] == 0, job["state_reason"]
     status, log = api("GET", f"jobs/{job['id']}/log")
     assert log["complete"] and any(line["text"] == "hello from 0" for line in log["lines"])
     status, balance = api("GET", "balance")
@@ -176,6 +176,8 @@ def test_deeply_nested_or_unencodable_bodies_are_400(alice, token_of):
     assert api("POST", "clusters", "[" * 100000)[0] == 400
     status, body = api("POST", "jobs", '{"cluster": 1, "name": "x", "command": "\\ud800"}')
     assert status == 400 and "UTF-8" in body["error"]
+    status, body = api("POST", "clusters", '{"name": "a", "image": "\\u0000", "nodes": 1}')
+    assert status == 400 and "NUL" in body["error"]
 
 
 def test_an_unknown_api_path_is_a_json_404(alice, token_of):
