@@ -47,7 +47,7 @@ def test_dashboard_counts_free_gpus_per_model_and_zone_from_active_hosts(
     )
 
     client.force_login(alice)
-    with django_assert_max_num_queries(8):
+    with django_assert_max_num_queries(9):  # +1: the disabled-webhook notice
         response = client.get(reverse("dashboard"))
     rows = {(r.gpu_model, r.zone): (r.free, r.hosts) for r in response.context["availability"]}
     assert rows == {
