@@ -136,9 +136,7 @@ def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
     """What the utilisation charts need: stored samples to start from, and the live
     websocket while the cluster (or the job) runs."""
     live = cluster.state == Cluster.State.RUNNING and (job is None or not job.is_ended)
-    if job is None:
-        resolution, history = "second", metrics.cluster_recent(cluster)
-    elif live:
+    if job is None or live:
         resolution, history = "second", metrics.cluster_recent(cluster)
     else:
         resolution, rows = metrics.job_rows(job)
