@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Min
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import Account, LedgerEntry, Meter
@@ -158,10 +159,13 @@ def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
 
 def _nodes_of(units: dict[int, int]) -> dict[int, list[tuple[datetime, datetime | None, int]]]:
     """cluster id -> its nodes' (placed, released, units) for the clusters in `units`
-    (cluster id -> units a node holds: its GPUs, or 1 for a CPU-only instance)."""
+    (cluster id -> units a node holds: its GPUs, or 1 for a CPU-only instance). A
+    preempted node's billing ends at its preemption notice, not when its GPUs came back."""
     out: dict[int, list] = {}
-    rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
-        "cluster_id", "placed_at", "released_at"
+    rows = (
+        Node.objects.filter(cluster_id__in=list(units))
+        .annotate(billed_to=Coalesce("preempted_at", "released_at"))
+        .values_list("cluster_id", "placed_at", "billed_to")
     )
     for cluster_id, placed, released in rows:
         out.setdefault(cluster_id, []).append(

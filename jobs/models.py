@@ -270,6 +270,10 @@ class Cluster(models.Model):
         RELEASING = "releasing", "releasing"
         RELEASED = "released", "released"
         FAILED = "failed", "failed"
+        # A spot cluster whose capacity is being taken back: its replicas have the notice
+        # and run their preemption script; it holds its GPUs until they are gone but is not
+        # charged from the notice on. Then it goes back to pending on its own.
+        PREEMPTING = "preempting", "preempting"
 
     class Network(models.TextChoices):
         STANDARD = "standard", "standard"
@@ -379,6 +383,12 @@ class Node(models.Model):
     gpu_indices = models.JSONField(default=list, help_text="Indices of the host's GPUs it holds.")
     vcpus = models.PositiveSmallIntegerField(default=0, help_text="CPU-only nodes: reserved vCPUs.")
     placed_at = models.DateTimeField(default=timezone.now)
+    preempted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a preemption notice went out: billing stops here, although the node "
+        "holds its GPUs until its containers are gone (then released_at).",
+    )
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -430,12 +440,16 @@ class Job(models.Model):
         SUCCEEDED = "succeeded", "succeeded"
         FAILED = "failed", "failed"
         CANCELLED = "cancelled", "cancelled"
+        # Taken off its spot cluster by a preemption; starts again (resuming from its newest
+        # checkpoint) when the cluster is placed again. Not an end.
+        PREEMPTED = "preempted", "preempted"
 
     class Launcher(models.TextChoices):
         PLAIN = "plain", "plain (the command runs once per node)"
         TORCHRUN = "torchrun", "torchrun (one process per GPU)"
 
     ACTIVE = (State.STARTING, State.RUNNING)
+    WAITING = (State.QUEUED, State.PREEMPTED)  # what dispatch starts, oldest first
     ENDED = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="jobs")
@@ -451,7 +465,24 @@ class Job(models.Model):
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     retries = models.PositiveSmallIntegerField(default=0)
     attempt = models.PositiveSmallIntegerField(
-        default=0, help_text="Starts so far (retries add one)."
+        default=0, help_text="Starts so far (retries and restarts after preemptions add one)."
+    )
+    preemption_script = models.TextField(
+        blank=True,
+        help_text="Run in each replica (/bin/sh -c) when a preemption notice arrives, "
+        "e.g. to save a checkpoint.",
+    )
+    max_preemptions = models.PositiveSmallIntegerField(
+        default=5, help_text="Preemptions it survives; one more fails it. Apart from retries."
+    )
+    preemptions = models.PositiveSmallIntegerField(default=0)
+    preempt_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When this attempt's replicas got a preemption notice."
+    )
+    resume_from = models.CharField(
+        max_length=1024,
+        blank=True,
+        help_text="SUANLI_RESUME_FROM of the current attempt: its newest checkpoint at start.",
     )
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
@@ -510,6 +541,9 @@ class Replica(models.Model):
     host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="replicas")
     container_name = models.CharField(max_length=128, unique=True)
     container_id = models.CharField(max_length=80, blank=True)
+    preempt_exec_id = models.CharField(
+        max_length=80, blank=True, help_text="The engine's exec of the preemption script."
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
     exit_code = models.IntegerField(null=True, blank=True)
     log = models.TextField(

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import engine, runtime
+from jobs import engine, runtime, storage
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ def dispatch(cluster_id: int) -> int | None:
             return None
         if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
             return None  # one job at a time: the next starts when this one ends
-        job = cluster.jobs.filter(state=Job.State.QUEUED).order_by("queued_at", "id").first()
+        # A preempted job keeps its place: it was queued before anything behind it.
+        job = cluster.jobs.filter(state__in=Job.WAITING).order_by("queued_at", "id").first()
         if job is None:
             return None
         attempt = job.attempt + 1
@@ -78,16 +79,29 @@ def dispatch(cluster_id: int) -> int | None:
             Node.objects.filter(cluster=cluster, released_at__isnull=True).order_by("index")
         )
         port = _free_master_port(job, nodes[0].host_id) if nodes else None
-        # Compare-and-set: a duplicate delivery finds the job no longer queued.
-        if not Job.objects.filter(pk=job.pk, state=Job.State.QUEUED).update(
+        resume = _resume_point(job, cluster) if job.attempt else ""
+        # Compare-and-set: a duplicate delivery finds the job no longer waiting.
+        if not Job.objects.filter(pk=job.pk, state=job.state).update(
             state=Job.State.STARTING,
             attempt=attempt,
             started_at=now,
             state_reason="",
             master_port=port,
             stop_requested_at=None,
+            preempt_requested_at=None,
+            resume_from=resume,
         ):
             return None
+        if job.state == Job.State.PREEMPTED:
+            where = f"from {resume}" if resume else (
+                f"from scratch: no checkpoint in {job.checkpoint_dir}"
+                + ("" if _checkpoints_survive(job, cluster) else " (it is not on a volume)")
+            )  # fmt: skip
+            _event(
+                job.pk,
+                "resuming",
+                f"restart {attempt - 1} after preemption {job.preemptions}, {where}",
+            )
         Replica.objects.bulk_create(
             [
                 Replica(
@@ -110,6 +124,24 @@ def dispatch(cluster_id: int) -> int | None:
         )
     start_replicas(job.pk)
     return job.pk
+
+
+def _resume_point(job: Job, cluster: Cluster) -> str:
+    """SUANLI_RESUME_FROM of a restart: the newest checkpoint in the job's checkpoint
+    directory on the owner's storage, or "" when there is none."""
+    found = storage.newest_checkpoint(
+        storage.tenant_root(job.owner_id), list(cluster.volumes.all()), job.checkpoint_dir
+    )
+    return found or ""
+
+
+def _checkpoints_survive(job: Job, cluster: Cluster) -> bool:
+    return (
+        storage.host_path(
+            storage.tenant_root(job.owner_id), list(cluster.volumes.all()), job.checkpoint_dir
+        )
+        is not None
+    )
 
 
 def _free_master_port(job: Job, master_host_id: int) -> int:
@@ -255,7 +287,8 @@ def _fail_start(job: Job, message: str) -> None:
 
 
 def stop(job_id: int) -> None:
-    """SIGTERM every live replica now; SIGKILL whatever still runs after the grace period."""
+    """SIGTERM every live replica now; SIGKILL whatever still runs after the grace period
+    (a preempted job's is `SUANLI_PREEMPT_GRACE_S`)."""
     from jobs import tasks
 
     Job.objects.filter(pk=job_id, stop_requested_at__isnull=True).update(
@@ -265,7 +298,132 @@ def stop(job_id: int) -> None:
         job_id=job_id, state=Replica.State.RUNNING
     ).select_related("host"):
         _signal(replica, "SIGTERM")
-    _enqueue(tasks.job_kill, job_id, job_id=f"kill-{job_id}", delay=settings.SUANLI_STOP_GRACE_S)
+    preempting = Job.objects.filter(pk=job_id, preempt_requested_at__isnull=False).exists()
+    _enqueue(tasks.job_kill, job_id, job_id=f"kill-{job_id}", delay=_grace(preempting))
+
+
+def _grace(preempting: bool) -> int:
+    return settings.SUANLI_PREEMPT_GRACE_S if preempting else settings.SUANLI_STOP_GRACE_S
+
+
+# -- preemption ----------------------------------------------------------------------------
+
+
+def preempt(job_id: int) -> None:
+    """The notice: run the job's preemption script in every running replica (`docker exec`,
+    detached), then follow it with `preempt_progress`. Idempotent: a replica whose script
+    was started keeps its exec id and is not given a second one."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if job.preempt_requested_at is None or job.stop_requested_at is not None:
+        return
+    if job.preemption_script.strip():
+        reason = job.cluster.state_reason or "spot capacity reclaimed"
+        for replica in Replica.objects.filter(
+            job=job, attempt=job.attempt, state=Replica.State.RUNNING, preempt_exec_id=""
+        ).select_related("host"):
+            try:
+                api = engine.cached_client(replica.host).api
+                exec_id = api.exec_create(
+                    replica.container_name, **runtime.preemption_exec(job, reason)
+                )["Id"]
+                api.exec_start(exec_id, detach=True)
+            except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
+                # Not running any more, or the engine is gone: nothing to save there.
+                _event(job.pk, "notice", f"rank {replica.rank}: preemption script not run: "
+                       f"{engine.describe(exc)}")  # fmt: skip
+                exec_id = "-"
+            Replica.objects.filter(pk=replica.pk, preempt_exec_id="").update(
+                preempt_exec_id=exec_id
+            )
+    preempt_progress(job_id)
+
+
+def preempt_progress(job_id: int) -> None:
+    """Stop the replicas once every preemption script has ended or its time limit is up;
+    until then look again in a second. A script still running at the limit dies with its
+    container (SIGTERM, then SIGKILL after the grace period)."""
+    from jobs import tasks
+
+    job = Job.objects.get(pk=job_id)
+    if job.preempt_requested_at is None or job.stop_requested_at is not None or job.is_ended:
+        return
+    limit = settings.SUANLI_PREEMPT_SCRIPT_S
+    overdue = (timezone.now() - job.preempt_requested_at).total_seconds() >= limit
+    results: list[str] = []
+    waiting = False
+    for replica in Replica.objects.filter(
+        job=job, attempt=job.attempt, state=Replica.State.RUNNING
+    ).select_related("host"):
+        if replica.preempt_exec_id in ("", "-"):
+            if replica.preempt_exec_id == "" and job.preemption_script.strip():
+                waiting = True  # `preempt` has not reached it yet
+            continue
+        try:
+            state = engine.cached_client(replica.host).api.exec_inspect(replica.preempt_exec_id)
+        except (docker.errors.DockerException, engine.EngineError, OSError):
+            continue  # the container went: its exit is on its way
+        if state.get("Running"):
+            waiting = True
+            results.append(
+                f"rank {replica.rank}: preemption script still running after its {limit} s "
+                "limit; stopped with the replica"
+            )
+        else:
+            results.append(
+                f"rank {replica.rank}: preemption script exited with code {state.get('ExitCode')}"
+            )
+    if waiting and not overdue:
+        _enqueue(tasks.job_preempt_progress, job_id, job_id=f"preempt-{job_id}", delay=1)
+        return
+    with transaction.atomic():
+        # Compare-and-set: a duplicate (the reconciler's net) finds the stop already made.
+        if not Job.objects.filter(pk=job_id, stop_requested_at__isnull=True).update(
+            stop_requested_at=timezone.now()
+        ):
+            return
+        for line in results:
+            _event(job_id, "notice", line)
+        _event(
+            job_id, "stopping",
+            f"preemption: SIGTERM now, SIGKILL after {settings.SUANLI_PREEMPT_GRACE_S} s",
+        )  # fmt: skip
+    stop(job_id)
+    settle(job_id)  # a job with no running replica left is preempted at once
+
+
+def _preempted(job: Job) -> None:
+    """Every replica of a preempted attempt has ended: count it, and put the job back to
+    wait for its cluster (or fail it past its preemption limit)."""
+    from jobs import services
+
+    with transaction.atomic():
+        Cluster.objects.select_for_update().filter(pk=job.cluster_id).first()
+        job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+        if job.state not in Job.ACTIVE or job.preempt_requested_at is None:
+            return
+        count = job.preemptions + 1
+        reason = (job.state_reason or "preempted").removeprefix("preemption notice: ")
+        if count > job.max_preemptions:
+            Job.objects.filter(pk=job.pk).update(preemptions=count)
+            _finish(
+                job.pk, Job.State.FAILED,
+                f"preempted {count} times, more than its limit of {job.max_preemptions} "
+                f"(last: {reason})",
+                exit_code=None,
+            )  # fmt: skip
+        else:
+            at = job.preempt_requested_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+            Job.objects.filter(pk=job.pk).update(
+                state=Job.State.PREEMPTED,
+                preemptions=count,
+                state_reason=f"preempted at {at}: {reason}; resumes when its cluster is "
+                "placed again"[:500],
+            )
+            _event(
+                job.pk, "preempted",
+                f"preemption {count} of at most {job.max_preemptions}: {reason}",
+            )  # fmt: skip
+        services.cluster_requeue_preempted(cluster_id=job.cluster_id)
 
 
 def kill(job_id: int) -> None:
@@ -346,7 +504,7 @@ def settle(job_id: int) -> None:
     """Decide the job's next state from its replicas (level-triggered)."""
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",)).select_related("cluster").get(pk=job_id)
-        if job.is_ended or job.state == Job.State.QUEUED:
+        if job.is_ended or job.state in Job.WAITING:
             return
         replicas = list(
             Replica.objects.filter(job=job, attempt=job.attempt).order_by("finished_at", "rank")
@@ -357,6 +515,11 @@ def settle(job_id: int) -> None:
     if job.cancel_requested:
         if all_done:
             _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
+        return
+    if job.preempt_requested_at is not None:
+        # Exit codes of a preempted attempt are the signal's, not the job's failure.
+        if all_done:
+            _preempted(job)
         return
     if failed:
         first = failed[0]
@@ -418,18 +581,18 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> N
         cluster = job.cluster
         Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)
         more = (
-            cluster.jobs.filter(state__in=[Job.State.QUEUED, *Job.ACTIVE])
-            .exclude(pk=job_id)
-            .exists()
+            cluster.jobs.filter(state__in=[*Job.WAITING, *Job.ACTIVE]).exclude(pk=job_id).exists()
         )
         if (
             not more
             and cluster.release_policy == Cluster.ReleasePolicy.AFTER_LAST_JOB
-            and cluster.state == Cluster.State.RUNNING
+            and cluster.state in (Cluster.State.RUNNING, Cluster.State.PREEMPTING)
         ):
             services.cluster_release(
                 cluster=cluster, reason=f"released automatically after job {job.name} finished"
             )
+        elif cluster.state == Cluster.State.PREEMPTING:
+            services.cluster_requeue_preempted(cluster_id=cluster.pk)
         else:
             request_dispatch(cluster.pk)
 
@@ -529,6 +692,7 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     for job_id in stuck:
         _enqueue(tasks.job_start, job_id, job_id=f"start-{job_id}")
     report["killed"] = _kill_overdue_stops(now)
+    report["preemptions"] = _follow_preemptions()
     report["settled"] = _settle_orphans()
     return report
 
@@ -537,12 +701,40 @@ def _kill_overdue_stops(now) -> int:
     """The SIGKILL after the grace period is a delayed RQ job; if it was lost (no
     scheduler, a Redis flush), containers of a stopped job must not outlive it, least of
     all on capacity a release already gave back."""
-    deadline = now - timedelta(seconds=settings.SUANLI_STOP_GRACE_S + 5)
     count = 0
-    for replica in Replica.objects.filter(
-        state=Replica.State.RUNNING, job__stop_requested_at__lt=deadline
-    ).select_related("host"):
-        _signal(replica, "SIGKILL")
+    for preempting in (False, True):
+        deadline = now - timedelta(seconds=_grace(preempting) + 5)
+        for replica in Replica.objects.filter(
+            state=Replica.State.RUNNING,
+            job__stop_requested_at__lt=deadline,
+            job__preempt_requested_at__isnull=not preempting,
+        ).select_related("host"):
+            _signal(replica, "SIGKILL")
+            count += 1
+    return count
+
+
+def _follow_preemptions() -> int:
+    """The safety net of preemption: notices whose follow-up was lost, and preempting
+    clusters whose jobs have all left (a requeue lost to a crash)."""
+    from jobs import services
+
+    count = 0
+    # Only past the script's limit: before it, the notice's own follow-up is still going.
+    overdue = timezone.now() - timedelta(seconds=settings.SUANLI_PREEMPT_SCRIPT_S + 5)
+    for job_id in Job.objects.filter(
+        state__in=Job.ACTIVE,
+        preempt_requested_at__lt=overdue,
+        stop_requested_at__isnull=True,
+    ).values_list("pk", flat=True):
+        preempt(job_id)
+        count += 1
+    for cluster_id in (
+        Cluster.objects.filter(state=Cluster.State.PREEMPTING)
+        .exclude(jobs__state__in=Job.ACTIVE)
+        .values_list("pk", flat=True)
+    ):
+        services.cluster_requeue_preempted(cluster_id=cluster_id)
         count += 1
     return count
 

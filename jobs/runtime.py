@@ -119,10 +119,14 @@ def container_spec(
             "SUANLI_JOB": str(job.pk),
             "SUANLI_CLUSTER": str(cluster.pk),
             "SUANLI_ATTEMPT": str(attempt),
+            "SUANLI_RESTART_COUNT": str(max(attempt - 1, 0)),
+            "SUANLI_PREEMPTIONS": str(job.preemptions),
             "SUANLI_CHECKPOINT_DIR": job.checkpoint_dir,
             "HOME": "/tmp",  # noqa: S108 (the container's own /tmp)
         }
     )
+    if job.resume_from:
+        env["SUANLI_RESUME_FROM"] = job.resume_from
     if cluster.network == Cluster.Network.RDMA:
         env["NCCL_IB_HCA"] = settings.SUANLI_NCCL_IB_HCA
     else:
@@ -162,6 +166,28 @@ def container_spec(
     return ContainerSpec(
         image=cluster.image_reference, name=container_name(job, node.index, attempt), kwargs=kwargs
     )
+
+
+def preemption_exec(job: Job, reason: str) -> dict:
+    """The `exec_create` arguments of a replica's preemption script: the researcher's text
+    is the shell's input (one argv element), run as the tenant's uid, never as root."""
+    uid = tenant_uid(job.owner_id)
+    # Its output joins the replica's own log (PID 1's stdout) where the container allows.
+    wrapper = 'if [ -w /proc/1/fd/1 ]; then exec >/proc/1/fd/1 2>&1; fi; exec /bin/sh -c "$1"'
+    return {
+        "cmd": ["/bin/sh", "-c", wrapper, "preemption-script", job.preemption_script],
+        "user": f"{uid}:{uid}",
+        "workdir": job.workdir,
+        "environment": {
+            "SUANLI_PREEMPTION": "1",
+            "SUANLI_PREEMPTION_REASON": reason[:300],
+            "SUANLI_PREEMPTION_DEADLINE_S": str(settings.SUANLI_PREEMPT_SCRIPT_S),
+            "SUANLI_CHECKPOINT_DIR": job.checkpoint_dir,
+        },
+        "stdout": True,
+        "stderr": True,
+        "privileged": False,
+    }
 
 
 def replica_labels_filter(job_id: int | None = None) -> dict:

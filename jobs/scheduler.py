@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.db import transaction
 from django.db.models import Count, Sum
@@ -53,6 +53,7 @@ class PassReport:
     placed: list[int] = field(default_factory=list)
     waiting: int = 0
     conflicts: int = 0
+    preempted: list[int] = field(default_factory=list)
 
 
 class Conflict(Exception):
@@ -356,7 +357,7 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
     from jobs import runner
     from jobs.models import Job
 
-    waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state=Job.State.QUEUED)
+    waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state__in=Job.WAITING)
     for cluster_id in set(waiting.values_list("cluster_id", flat=True)):
         runner.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
 
@@ -462,6 +463,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     fleet = fleet or Fleet.load()
     report = PassReport()
     heads: dict[str, Cluster] = {}
+    on_demand_heads: dict[str, Cluster] = {}  # the first on-demand request that did not fit
     reasons: list[Cluster] = []
     pending = (
         Cluster.objects.filter(state=Cluster.State.PENDING)
@@ -486,6 +488,8 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
                 batch = []
             continue
         report.waiting += 1
+        if not cluster.spot and key not in on_demand_heads:
+            on_demand_heads[key] = cluster
         reason = shortage_text(cluster, fleet)
         head = heads.get(key)
         if head is None:
@@ -500,6 +504,15 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
             reasons.append(cluster)
     if batch:
         _commit_batch(batch, fleet, report)
+    if on_demand_heads:
+        notes = reclaim_spot(list(on_demand_heads.values()), fleet, report)
+        for cluster in reasons:
+            if cluster.pk in notes:
+                cluster.state_reason = notes.pop(cluster.pk)
+        for cluster in on_demand_heads.values():
+            if cluster.pk in notes:
+                cluster.state_reason = notes[cluster.pk]
+                reasons.append(cluster)
     if reasons:
         # Only rows still pending: a cluster placed or released meanwhile keeps its state.
         for cluster in reasons:
@@ -509,3 +522,127 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     if report.placed:
         log.info("placed %d cluster(s), %d waiting", len(report.placed), report.waiting)
     return report
+
+
+# -- reclaiming spot capacity for on-demand requests ---------------------------------------------
+
+
+@dataclass
+class SpotHolder:
+    """A running spot cluster as a reclaim candidate: what each of its hosts gets back."""
+
+    cluster_id: int
+    name: str
+    since: object  # running_since: the youngest (latest) goes first
+    gpus: dict[int, int]
+    vcpus: dict[int, int]
+
+
+def _what_if(hosts: list[HostCap], extra: list[dict[int, tuple[int, int]]]) -> Fleet:
+    gpus: dict[int, int] = defaultdict(int)
+    vcpus: dict[int, int] = defaultdict(int)
+    for more in extra:
+        for host_id, (g, c) in more.items():
+            gpus[host_id] += g
+            vcpus[host_id] += c
+    return Fleet(
+        [replace(h, free=h.free + gpus[h.id], cpu_free=h.cpu_free + vcpus[h.id]) for h in hosts]
+    )
+
+
+def _gives(holder: SpotHolder) -> dict[int, tuple[int, int]]:
+    return {h: (holder.gpus.get(h, 0), holder.vcpus.get(h, 0)) for h in holder.gpus | holder.vcpus}
+
+
+def choose_victims(
+    cluster: Cluster, hosts: list[HostCap], soon: dict[int, tuple[int, int]], holders
+) -> list[SpotHolder] | None:
+    """The spot clusters to preempt so that `cluster` fits: youngest first, then every one
+    whose capacity turns out not to be needed is dropped again (oldest first), so only
+    what the request needs is taken. [] when the capacity already being reclaimed is
+    enough; None when even all the spot capacity would not make it fit."""
+    if _what_if(hosts, [soon]).plan(cluster) is not None:
+        return []
+    usable = {h.id for h in hosts}
+    chosen: list[SpotHolder] = []
+    for holder in sorted(holders, key=lambda h: (h.since, h.cluster_id), reverse=True):
+        if not usable & (holder.gpus.keys() | holder.vcpus.keys()):
+            continue
+        chosen.append(holder)
+        if _what_if(hosts, [soon, *map(_gives, chosen)]).plan(cluster) is not None:
+            break
+    else:
+        return None
+    for holder in sorted(chosen, key=lambda h: (h.since, h.cluster_id)):
+        rest = [h for h in chosen if h is not holder]
+        if _what_if(hosts, [soon, *map(_gives, rest)]).plan(cluster) is not None:
+            chosen = rest
+    return chosen
+
+
+def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
+    """Running spot clusters' nodes (the candidates) and what preempting clusters hold
+    now and give back soon, per host."""
+    holders: dict[int, SpotHolder] = {}
+    soon_g: dict[int, int] = defaultdict(int)
+    soon_c: dict[int, int] = defaultdict(int)
+    rows = (
+        Node.objects.filter(
+            released_at__isnull=True,
+            cluster__state__in=[Cluster.State.RUNNING, Cluster.State.PREEMPTING],
+            cluster__spot=True,
+        )
+        .annotate(gpus=Count("slots"))
+        .values_list(
+            "cluster_id", "cluster__name", "cluster__state", "cluster__running_since",
+            "host_id", "gpus", "vcpus",
+        )
+    )  # fmt: skip
+    for cluster_id, name, state, since, host_id, gpus, vcpus in rows:
+        if state == Cluster.State.PREEMPTING:
+            soon_g[host_id] += gpus
+            soon_c[host_id] += vcpus
+            continue
+        holder = holders.setdefault(cluster_id, SpotHolder(cluster_id, name, since, {}, {}))
+        holder.gpus[host_id] = holder.gpus.get(host_id, 0) + gpus
+        holder.vcpus[host_id] = holder.vcpus.get(host_id, 0) + vcpus
+    soon = {h: (soon_g[h], soon_c[h]) for h in soon_g.keys() | soon_c.keys()}
+    return list(holders.values()), soon
+
+
+def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> dict[int, str]:
+    """For each on-demand request that did not fit (the first in line per resource),
+    preempt the fewest, youngest spot clusters that make it fit. Returns a reason per
+    request to show while the capacity comes back."""
+    from jobs import services
+
+    holders, soon = _spot_capacity()
+    if not holders and not soon:
+        return {}
+    notes: dict[int, str] = {}
+    for cluster in clusters:
+        hosts = fleet.usable_hosts(cluster)
+        victims = choose_victims(cluster, hosts, soon, holders)
+        if victims is None:
+            continue
+        for victim in victims:
+            if services.cluster_preempt(
+                cluster=Cluster(pk=victim.cluster_id),
+                reason=f"spot capacity reclaimed for an on-demand request ({cluster.name})",
+            ):
+                report.preempted.append(victim.cluster_id)
+        taken = {v.cluster_id for v in victims}
+        holders = [h for h in holders if h.cluster_id not in taken]
+        for victim in victims:  # coming back soon (a later request may wait for it too)
+            for host_id, (g, c) in _gives(victim).items():
+                had = soon.get(host_id, (0, 0))
+                soon[host_id] = (had[0] + g, had[1] + c)
+        names = ", ".join(v.name for v in victims)
+        notes[cluster.pk] = (
+            f"waiting for spot capacity being reclaimed ({names})"
+            if victims
+            else "waiting for spot capacity being reclaimed"
+        )[:300]
+    if report.preempted:
+        log.info("preempted spot clusters %s", report.preempted)
+    return notes

@@ -197,7 +197,7 @@ def _cancel_jobs_of(cluster: Cluster, reason: str) -> None:
     from jobs import tasks
 
     now = timezone.now()
-    for job in cluster.jobs.filter(state=Job.State.QUEUED):
+    for job in cluster.jobs.filter(state__in=Job.WAITING):
         Job.objects.filter(pk=job.pk).update(
             state=Job.State.CANCELLED, state_reason=reason, finished_at=now
         )
@@ -318,7 +318,7 @@ def clusters_release_idle(*, now=None) -> list[int]:
             release_policy=Cluster.ReleasePolicy.IDLE,
             idle_minutes__isnull=False,
         )
-        .exclude(jobs__state__in=[Job.State.QUEUED, *Job.ACTIVE])
+        .exclude(jobs__state__in=[*Job.WAITING, *Job.ACTIVE])
         .values_list("pk", flat=True)
     )
     for cluster_id in list(candidates):
@@ -328,7 +328,7 @@ def clusters_release_idle(*, now=None) -> list[int]:
                 cluster is None
                 or cluster.state != Cluster.State.RUNNING
                 or cluster.last_active_at + timedelta(minutes=cluster.idle_minutes) > now
-                or cluster.jobs.filter(state__in=[Job.State.QUEUED, *Job.ACTIVE]).exists()
+                or cluster.jobs.filter(state__in=[*Job.WAITING, *Job.ACTIVE]).exists()
             ):
                 continue
             cluster_release(
@@ -337,6 +337,100 @@ def clusters_release_idle(*, now=None) -> list[int]:
             )
             released.append(cluster.pk)
     return released
+
+
+# -- spot preemption --------------------------------------------------------------------------
+
+
+@transaction.atomic
+def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
+    """Send a running spot cluster its preemption notice: billing stops at this second,
+    the running job's replicas run its preemption script, then get SIGTERM and, after the
+    grace period, SIGKILL; the cluster then goes back to the queue on its own
+    (`cluster_requeue_preempted`). False when it is not a running spot cluster (any more)."""
+    from jobs import tasks
+
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if not cluster.spot or cluster.state != Cluster.State.RUNNING:
+        return False
+    now = timezone.now()
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PREEMPTING, state_reason=f"preempting: {reason}"[:300]
+    )
+    Node.objects.filter(cluster=cluster, released_at__isnull=True).update(preempted_at=now)
+    _event(cluster, "preempting", f"{reason}; not charged from now until it runs again", at=now)
+    active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+    if active is None:
+        transaction.on_commit(lambda: cluster_requeue_preempted(cluster_id=cluster.pk))
+        return True
+    Job.objects.filter(pk=active.pk).update(
+        preempt_requested_at=now, state_reason=f"preemption notice: {reason}"[:500]
+    )
+    script = (
+        "running its preemption script"
+        if active.preemption_script.strip()
+        else "no preemption script"
+    )
+    JobEvent.objects.create(
+        job=active, kind="notice",
+        message=f"preemption notice: {reason}; {script} (limit "
+        f"{settings.SUANLI_PREEMPT_SCRIPT_S} s), then SIGTERM, SIGKILL after "
+        f"{settings.SUANLI_PREEMPT_GRACE_S} s",
+        at=now,
+    )  # fmt: skip
+    job_id = active.pk
+    transaction.on_commit(
+        lambda: tasks.enqueue_unique(
+            "docker", tasks.job_preempt, job_id, job_id=f"preempt-{job_id}"
+        )
+    )
+    return True
+
+
+@transaction.atomic
+def cluster_requeue_preempted(*, cluster_id: int) -> bool:
+    """A preempting cluster whose job has left its nodes gives their GPUs back and waits in
+    the queue again, behind what is already waiting. Idempotent."""
+    cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+    if cluster is None or cluster.state != Cluster.State.PREEMPTING:
+        return False
+    if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
+        return False  # its replicas are still stopping
+    now = timezone.now()
+    live = list(cluster.node_set.filter(released_at__isnull=True))
+    _free_nodes(live, now)
+    reason = cluster.state_reason.removeprefix("preempting: ")
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PENDING,
+        state_reason=f"preempted ({reason}); waiting to be placed again"[:300],
+        queued_at=now,
+        running_since=None,
+    )
+    _event(
+        cluster,
+        "preempted",
+        "capacity returned; back in the queue, placed again when it fits",
+        at=now,
+    )
+    request_placement()
+    return True
+
+
+def host_reclaim_spot(*, host: Host, by: str) -> list[Cluster]:
+    """The operator takes back a host's spot capacity: every running spot cluster with a
+    node on it is preempted (all its nodes: a gang job cannot go on with one missing)."""
+    preempted = []
+    for cluster in Cluster.objects.filter(
+        spot=True,
+        state=Cluster.State.RUNNING,
+        node_set__host=host,
+        node_set__released_at__isnull=True,
+    ).distinct():
+        if cluster_preempt(
+            cluster=cluster, reason=f"spot capacity on {host.name} reclaimed by {by}"
+        ):
+            preempted.append(cluster)
+    return preempted
 
 
 # -- SSH keys -------------------------------------------------------------------------------
@@ -370,6 +464,8 @@ class JobSpec:
     checkpoint_dir: str = "/workspace/checkpoints"
     max_runtime_s: int | None = None
     retries: int = 0
+    preemption_script: str = ""
+    max_preemptions: int = 5
 
 
 @transaction.atomic
@@ -394,6 +490,8 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         checkpoint_dir=spec.checkpoint_dir,
         max_runtime_s=spec.max_runtime_s,
         retries=spec.retries,
+        preemption_script=spec.preemption_script,
+        max_preemptions=spec.max_preemptions,
         created_at=now,
         queued_at=now,
     )
@@ -413,7 +511,7 @@ def job_cancel(*, job: Job, by: str) -> Job:
                 f"Job {job.name} has ended ({job.state}); there is nothing to cancel."
             )
         reason = f"cancelled by {by}"
-        if job.state == Job.State.QUEUED:
+        if job.state in Job.WAITING:
             Job.objects.filter(pk=job.pk).update(
                 state=Job.State.CANCELLED,
                 state_reason=reason,

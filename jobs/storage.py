@@ -143,3 +143,56 @@ def ensure_folders(root: Path, specs: list[VolumeSpec], *, uid: int | None = Non
                     os.lchown(path, uid, uid)
             elif not path.is_dir():
                 raise ValidationError(f"'{spec.source}' is a file in your storage, not a folder.")
+
+
+# Names a training script writes while a checkpoint is not complete yet: never resume from one.
+PARTIAL_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
+
+
+def host_path(root: Path, volumes, container_path: str) -> tuple[Path, str] | None:
+    """Where a container path lives in the tenant's storage: (resolved folder, the volume
+    target it is under), through the volume that covers it most closely; None when no
+    volume covers it (it lives in the container and dies with it) or when it resolves
+    outside the tenant's storage (a symbolic link)."""
+    best = None
+    for volume in volumes:
+        target = volume.target.rstrip("/") or "/"
+        if container_path == target or container_path.startswith(target + "/"):
+            if best is None or len(target) > len(best.target.rstrip("/")):
+                best = volume
+    if best is None:
+        return None
+    rest = container_path[len(best.target.rstrip("/")) :].lstrip("/")
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, best.source, rest))
+    if real != real_root and not real.startswith(real_root + os.sep):
+        return None
+    return Path(real), best.target
+
+
+def newest_checkpoint(root: Path, volumes, checkpoint_dir: str) -> str | None:
+    """The container path of the newest checkpoint (file or folder, by modification time)
+    directly in the checkpoint directory, or None. Hidden names, partial writes and
+    symbolic links are skipped: a link could point anywhere."""
+    found = host_path(root, volumes, checkpoint_dir)
+    if found is None:
+        return None
+    folder, _ = found
+    best: tuple[float, str] | None = None
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return None  # not made yet: the first attempt wrote nothing
+    for entry in entries:
+        name = entry.name
+        if name.startswith(".") or name.endswith(PARTIAL_SUFFIXES) or entry.is_symlink():
+            continue
+        try:
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if best is None or (mtime, name) > best:
+            best = (mtime, name)
+    if best is None:
+        return None
+    return posixpath.join(checkpoint_dir.rstrip("/") or "/", best[1])

@@ -75,6 +75,18 @@ def job_stop(job_id: int) -> None:
     runner.settle(job_id)
 
 
+def job_preempt(job_id: int) -> None:
+    from jobs import runner
+
+    runner.preempt(job_id)
+
+
+def job_preempt_progress(job_id: int) -> None:
+    from jobs import runner
+
+    runner.preempt_progress(job_id)
+
+
 def job_kill(job_id: int) -> None:
     from jobs import runner
 
@@ -98,7 +110,7 @@ def dispatch_all() -> int:
     from jobs.models import Cluster, Job
 
     ids = list(
-        Cluster.objects.filter(state=Cluster.State.RUNNING, jobs__state=Job.State.QUEUED)
+        Cluster.objects.filter(state=Cluster.State.RUNNING, jobs__state__in=Job.WAITING)
         .exclude(jobs__state__in=Job.ACTIVE)
         .values_list("pk", flat=True)
         .distinct()

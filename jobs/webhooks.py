@@ -128,7 +128,7 @@ def job_data(job: Job) -> dict:
         "job": {
             "id": job.pk, "name": job.name, "state": job.state, "state_reason": job.state_reason,
             "exit_code": job.exit_code, "attempt": job.attempt, "cluster": job.cluster_id,
-            "url": _link("job_detail", job.pk),
+            "preemptions": job.preemptions, "url": _link("job_detail", job.pk),
         },
         "cluster": {"id": job.cluster_id, "url": _link("cluster_detail", job.cluster_id)},
     }  # fmt: skip
