@@ -298,8 +298,15 @@ def stop(job_id: int) -> None:
         job_id=job_id, state=Replica.State.RUNNING
     ).select_related("host"):
         _signal(replica, "SIGTERM")
-    preempting = Job.objects.filter(pk=job_id, preempt_requested_at__isnull=False).exists()
-    _enqueue(tasks.job_kill, job_id, job_id=f"kill-{job_id}", delay=_grace(preempting))
+    job = Job.objects.filter(pk=job_id).values("attempt", "preempt_requested_at").first()
+    if job is None:
+        return
+    # For this attempt only: a restart (after a preemption or a retry) inside the grace
+    # period must not be killed by its predecessor's SIGKILL.
+    _enqueue(
+        tasks.job_kill, job_id, job["attempt"], job_id=f"kill-{job_id}",
+        delay=_grace(job["preempt_requested_at"] is not None),
+    )  # fmt: skip
 
 
 def _grace(preempting: bool) -> int:
@@ -317,7 +324,7 @@ def preempt(job_id: int) -> None:
     if job.preempt_requested_at is None or job.stop_requested_at is not None:
         return
     if job.preemption_script.strip():
-        reason = job.cluster.state_reason or "spot capacity reclaimed"
+        reason = job.cluster.state_reason.removeprefix("preempting: ") or "spot capacity reclaimed"
         for replica in Replica.objects.filter(
             job=job, attempt=job.attempt, state=Replica.State.RUNNING, preempt_exec_id=""
         ).select_related("host"):
@@ -426,10 +433,11 @@ def _preempted(job: Job) -> None:
         services.cluster_requeue_preempted(cluster_id=job.cluster_id)
 
 
-def kill(job_id: int) -> None:
-    for replica in Replica.objects.filter(
-        job_id=job_id, state=Replica.State.RUNNING
-    ).select_related("host"):
+def kill(job_id: int, attempt: int | None = None) -> None:
+    replicas = Replica.objects.filter(job_id=job_id, state=Replica.State.RUNNING)
+    if attempt is not None:
+        replicas = replicas.filter(attempt=attempt)
+    for replica in replicas.select_related("host"):
         _signal(replica, "SIGKILL")
 
 

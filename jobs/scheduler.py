@@ -9,10 +9,15 @@ queue first-in-first-out and plans each cluster in memory:
   so finding that host costs a few set look-ups whatever the fleet's size.
 * **One zone first**: nodes are kept in one zone when they fit there (spreading costs
   about 5 % in communication); RDMA clusters never spread.
+* **On-demand first**: on-demand requests are in line before spot ones (FIFO within each),
+  so capacity reclaimed from spot clusters goes to the request it was reclaimed for.
 * **Fairness**: the first cluster in line for a resource (a GPU model or a CPU type) that
   does not fit *reserves* every host it could use for the rest of the pass. Newer requests
   for that resource are placed only on hosts the head cannot use, so a stream of small
   requests can never starve it.
+
+* **Reclaim**: the first on-demand request of a resource that does not fit preempts the
+  fewest, youngest running spot clusters that make it fit (`reclaim_spot`).
 
 A plan is committed in its own transaction that locks the chosen GPU slots with
 `SELECT ... FOR UPDATE SKIP LOCKED` and re-checks they are still free; if another
@@ -468,7 +473,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     pending = (
         Cluster.objects.filter(state=Cluster.State.PENDING)
         .select_related("gpu_model", "instance_type")
-        .order_by("queued_at", "id")
+        .order_by("spot", "queued_at", "id")
     )
     batch: list[tuple[Cluster, list[int]]] = []
     for cluster in pending.iterator(chunk_size=2000):
@@ -498,6 +503,8 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
             reason += f"; first in line for {cluster.resource_label}"
         else:
             reason += f"; behind {head.name} (first in line for {cluster.resource_label})"
+        if cluster.state_reason.startswith("preempted ("):  # keep saying why it waits again
+            reason = cluster.state_reason.split("); ", 1)[0] + "); " + reason
         reason = reason[:300]
         if cluster.state_reason != reason:
             cluster.state_reason = reason

@@ -474,10 +474,14 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
     from jobs import runner
 
     cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
-    if cluster.state not in (Cluster.State.PENDING, Cluster.State.RUNNING):
+    if cluster.state not in (
+        Cluster.State.PENDING,
+        Cluster.State.RUNNING,
+        Cluster.State.PREEMPTING,
+    ):
         raise ValidationError(
             f"Cluster {cluster.name} is {cluster.state}: jobs run only on a pending or running cluster."
-        )
+        )  # fmt: skip
     now = timezone.now()
     job = Job.objects.create(
         cluster=cluster,

@@ -87,10 +87,10 @@ def job_preempt_progress(job_id: int) -> None:
     runner.preempt_progress(job_id)
 
 
-def job_kill(job_id: int) -> None:
+def job_kill(job_id: int, attempt: int | None = None) -> None:
     from jobs import runner
 
-    runner.kill(job_id)
+    runner.kill(job_id, attempt)
 
 
 def replica_exited(replica_id: int, exit_code: int | None = None) -> None:

@@ -1,0 +1,299 @@
+"""Spot preemption on the two real Docker engines: the notice, the researcher's preemption
+script, the requeue, the resume from the newest checkpoint on another engine, billing
+that stops at the notice, the reclaim policy, the preemption limit and other tenants."""
+
+import time
+from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+import pytest
+from django.db.models.functions import Coalesce
+from django.urls import reverse
+
+from billing import services as billing
+from billing.models import LedgerEntry
+from jobs import runner, scheduler, services
+from jobs.models import Cluster, Job, Node, WebhookEndpoint, WebhookEvent
+from jobs.services import JobSpec
+from jobs.storage import VolumeSpec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# A training loop that saves a checkpoint each step (written aside, then renamed, as real
+# scripts do) and continues from SUANLI_RESUME_FROM when it is set.
+COUNTER = r"""
+dir="$SUANLI_CHECKPOINT_DIR"; mkdir -p "$dir"; step=0
+if [ -n "$SUANLI_RESUME_FROM" ]; then
+  step=$(cat "$SUANLI_RESUME_FROM")
+  echo "resumed from step $step (restart $SUANLI_RESTART_COUNT, preemptions $SUANLI_PREEMPTIONS)"
+fi
+while [ $step -lt {steps} ]; do
+  step=$((step+1)); echo "step $step"
+  echo $step > "$dir/.partial"; mv "$dir/.partial" "$dir/ckpt-$(printf %05d $step)"
+  sleep 0.2
+done
+echo "done at step $step"
+"""
+
+
+def _worker(processes, storage_root, *, script_s=5, grace_s=3):
+    """The Procfile worker (with RQ's scheduler: the notice's follow-ups and the SIGKILL
+    are delayed jobs), with short preemption limits."""
+    env = {
+        "SUANLI_PREEMPT_SCRIPT_S": str(script_s),
+        "SUANLI_PREEMPT_GRACE_S": str(grace_s),
+        "SUANLI_STORAGE_ROOT": str(storage_root),
+    }
+    processes.start("worker", "--worker-class", "rq.worker.SimpleWorker", env=env)
+    time.sleep(0.5)
+
+
+@pytest.fixture
+def short_limits(settings):
+    settings.SUANLI_PREEMPT_SCRIPT_S = 5
+    settings.SUANLI_PREEMPT_GRACE_S = 3
+    return settings
+
+
+def drive(check, *, timeout=60, what="the condition"):
+    """What cron does (reconcile, placement), until `check()` is true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner.reconcile()
+        scheduler.place_pending()
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"not reached within {timeout}s: {what}")
+
+
+def _state(obj):
+    obj.refresh_from_db()
+    return obj.state
+
+
+def _two_zone_hosts(make_host):
+    a = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    b = make_host("gpu-b-01", engine=1, zone="zone-b", gpus=2)
+    return a, b
+
+
+def _spot_cluster(make_cluster, owner, name="spot-1", **extra):
+    extra.setdefault("volumes", (VolumeSpec("workspace", "/workspace"),))
+    cluster = make_cluster(owner, name, nodes=1, gpus=2, spot=True, **extra)
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.state == Cluster.State.RUNNING, cluster.state_reason
+    return cluster
+
+
+def _steps_saved(storage_root, owner, folder="workspace/ckpt") -> int:
+    path = storage_root / f"u{owner.pk}" / folder
+    names = [p.name for p in path.glob("ckpt-*")] if path.exists() else []
+    return max((int(n.removeprefix("ckpt-")) for n in names), default=0)
+
+
+def test_a_preempted_job_resumes_on_the_other_engine_from_its_last_checkpoint_and_the_gap_is_free(
+    make_host, make_cluster, alice, storage_root, processes, rate_card, short_limits
+):
+    rate_card({"a100-80gb": "3.60"}, spot_discount_pct=Decimal("60"))
+    billing.post_entry(
+        account=billing.account_for(alice), kind="topup", amount=Decimal("100"),
+        key="t:1", memo="test money",
+    )  # fmt: skip
+    _two_zone_hosts(make_host)
+    _worker(processes, storage_root)
+    spot = _spot_cluster(make_cluster, alice, release_policy="after_last_job")
+    first_host = Node.objects.get(cluster=spot).host
+    job = services.job_submit(
+        cluster=spot,
+        spec=JobSpec(
+            name="train",
+            command=COUNTER.replace("{steps}", "40"),
+            checkpoint_dir="/workspace/ckpt",
+            preemption_script='echo "notice on rank $RANK: $SUANLI_PREEMPTION_REASON"; '
+            'echo seen > "$SUANLI_CHECKPOINT_DIR/../notice-seen"; sleep 2',  # saving takes time
+        ),
+    )
+    drive(lambda: _steps_saved(storage_root, alice) >= 8, what="8 steps saved")
+
+    # An on-demand request that fits only where the spot cluster runs takes it back.
+    on_demand = make_cluster(alice, "od-1", nodes=1, gpus=2, zone=first_host.zone, volumes=())
+    scheduler.place_pending()  # this pass, or the worker's (it places after a create too)
+    assert _state(spot) == Cluster.State.PREEMPTING
+    assert "reclaimed for an on-demand request (od-1)" in spot.state_reason
+    notice_at = Node.objects.get(cluster=spot).preempted_at
+    assert notice_at is not None
+
+    drive(lambda: _state(job) == Job.State.PREEMPTED or job.attempt > 1, what="job preempted")
+    drive(lambda: _state(on_demand) == Cluster.State.RUNNING, what="on-demand placed")
+    assert Node.objects.get(cluster=on_demand).host == first_host
+    job = drive(
+        lambda: _state(job) in (Job.State.SUCCEEDED, Job.State.FAILED) and job,
+        timeout=90, what="job finished after its restart",
+    )  # fmt: skip
+    assert job.state == Job.State.SUCCEEDED, "\n".join(
+        f"{e.kind}: {e.message}" for e in job.events.all()
+    )
+    assert job.attempt == 2 and job.preemptions == 1
+
+    nodes = list(Node.objects.filter(cluster=spot).order_by("placed_at"))
+    assert len(nodes) == 2 and nodes[1].host != first_host, "placed again on the other engine"
+    first_log = "".join(r.log for r in job.replicas.filter(attempt=1))
+    last_log = "".join(r.log for r in job.replicas.filter(attempt=2))
+    assert "notice on rank 0: spot capacity reclaimed for an on-demand request (od-1)" in first_log
+    assert (storage_root / f"u{alice.pk}" / "workspace" / "notice-seen").exists()
+    saved_before = max(
+        int(line.rsplit(" ", 1)[1]) for line in first_log.splitlines() if " step " in line
+    )
+    assert f"resumed from step {saved_before} (restart 1, preemptions 1)" in last_log
+    assert f"step {saved_before + 1}\n" in last_log and " step 1\n" not in last_log
+    assert "done at step 40" in last_log
+    assert job.resume_from == f"/workspace/ckpt/ckpt-{saved_before:05d}"
+    kinds = [e.kind for e in job.events.all()]
+    assert kinds.index("notice") < kinds.index("preempted") < kinds.index("resuming")
+    cluster_kinds = [e.kind for e in spot.events.all()]
+    assert cluster_kinds.count("running") == 2 and "preempting" in cluster_kinds
+
+    # Billing: every second the cluster held GPUs before the notice and after it ran
+    # again, at the spot rate; none from the notice until it ran again.
+    drive(lambda: _state(spot) == Cluster.State.RELEASED, what="spot auto-released")
+    services.cluster_release(cluster=on_demand)
+    billing.accrue()
+    entries = LedgerEntry.objects.filter(cluster=spot, kind="usage")
+    billed = sum(e.units * int((e.period_to - e.period_from).total_seconds()) for e in entries)
+    held = 0
+    for node in Node.objects.filter(cluster=spot).annotate(
+        end=Coalesce("preempted_at", "released_at")
+    ):
+        end, start = node.end.replace(microsecond=0), node.placed_at.replace(microsecond=0)
+        held += len(node.gpu_indices) * int((end - start).total_seconds())
+    assert billed == held > 0
+    gap = (notice_at.replace(microsecond=0), nodes[1].placed_at.replace(microsecond=0))
+    assert gap[1] - gap[0] >= timedelta(seconds=2), "the notice window (the script's 2 s)"
+    assert not [e for e in entries if e.period_from < gap[1] and e.period_to > gap[0]]
+    spot_rate = Decimal("3.60") * Decimal("0.40")
+    charged = -sum(e.amount for e in entries)
+    expected = (Decimal(billed) * spot_rate / 3600).quantize(Decimal("0.0001"), ROUND_HALF_UP)
+    assert charged == expected
+
+
+def _holders(make_cluster, owner, sizes):
+    """Spot clusters placed one after another (the last is the youngest)."""
+    made = []
+    for i, gpus in enumerate(sizes):
+        cluster = make_cluster(owner, f"spot-{i + 1}", nodes=1, gpus=gpus, spot=True, volumes=())
+        scheduler.place_pending()
+        cluster.refresh_from_db()
+        assert cluster.state == Cluster.State.RUNNING, cluster.state_reason
+        made.append(cluster)
+        time.sleep(0.01)
+    return made
+
+
+def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
+    make_host, make_cluster, alice, bob
+):
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=4)
+    s1, s2, s3 = _holders(make_cluster, alice, [2, 1, 1])  # the host is full
+
+    one = make_cluster(bob, "od-one", nodes=1, gpus=1, volumes=())
+    assert scheduler.place_pending().preempted == [s3.pk], "one GPU: the youngest only"
+    assert [_state(c) for c in (s1, s2)] == ["running", "running"]
+    scheduler.place_pending()
+    assert _state(one) == "running" and _state(s3) == "pending"
+    assert "preempted (spot capacity reclaimed for an on-demand request (od-one))" in (
+        Cluster.objects.get(pk=s3.pk).state_reason
+    )
+
+    # Two GPUs: the youngest (s2, 1 GPU) is not enough with s1 taken too; s1 alone is.
+    two = make_cluster(bob, "od-two", nodes=1, gpus=2, volumes=())
+    assert scheduler.place_pending().preempted == [s1.pk]
+    assert _state(s2) == "running"
+    scheduler.place_pending()
+    assert _state(two) == "running"
+
+    # More than all the spot capacity: nothing is taken for nothing.
+    huge = make_cluster(bob, "od-huge", nodes=1, gpus=4, volumes=())
+    assert scheduler.place_pending().preempted == []
+    assert _state(s2) == "running" and _state(huge) == "pending"
+    # A spot request never preempts another spot cluster.
+    services.cluster_release(cluster=huge)
+    other_spot = make_cluster(bob, "spot-bob", nodes=1, gpus=1, spot=True, volumes=())
+    assert scheduler.place_pending().preempted == []
+    assert _state(other_spot) == "pending" and _state(s2) == "running"
+
+
+def test_a_hanging_preemption_script_is_cut_at_its_limit_and_the_job_still_preempted(
+    make_host, make_cluster, alice, storage_root, processes, settings
+):
+    settings.SUANLI_PREEMPT_SCRIPT_S = 2
+    settings.SUANLI_PREEMPT_GRACE_S = 2
+    host, _ = _two_zone_hosts(make_host)
+    _worker(processes, storage_root, script_s=2, grace_s=2)
+    spot = _spot_cluster(make_cluster, alice, volumes=())
+    job = services.job_submit(
+        cluster=spot,
+        spec=JobSpec(
+            name="hangs", command="echo started; exec sleep 600",
+            preemption_script="echo saving forever; exec sleep 600",
+        ),
+    )  # fmt: skip
+    drive(lambda: _state(job) == Job.State.RUNNING, what="job running")
+    reclaimed = services.host_reclaim_spot(host=Node.objects.get(cluster=spot).host, by="olga")
+    assert [c.pk for c in reclaimed] == [spot.pk]
+    drive(lambda: _state(job) != Job.State.RUNNING, timeout=40, what="job preempted")
+    assert job.state in (Job.State.PREEMPTED, Job.State.STARTING, Job.State.RUNNING)
+    assert job.preemptions == 1
+    messages = " | ".join(e.message for e in job.events.all())
+    assert "rank 0: preemption script still running after its 2 s limit" in messages
+    replica = job.replicas.get(attempt=1)
+    assert replica.state == "exited" and "saving forever" in replica.log
+    services.cluster_release(cluster=spot)
+
+
+def test_the_preemption_limit_fails_the_job_and_other_researchers_see_and_preempt_nothing(
+    make_host, make_cluster, alice, bob, operator, client, storage_root, processes, short_limits
+):
+    from jobs.webhooks import new_secret
+
+    for who in (alice, bob):
+        WebhookEndpoint.objects.create(
+            owner=who, url="https://hooks.example.com/x", events=["job.preempted", "job.failed"],
+            secret=new_secret(),
+        )  # fmt: skip
+    host, _ = _two_zone_hosts(make_host)
+    _worker(processes, storage_root)
+    spot = _spot_cluster(make_cluster, alice, volumes=())
+    job = services.job_submit(
+        cluster=spot,
+        spec=JobSpec(name="fragile", command="exec sleep 600", max_preemptions=1),
+    )
+    drive(lambda: _state(job) == Job.State.RUNNING, what="job running")
+
+    # Bob can neither take alice's capacity back nor look at any of it.
+    client.force_login(bob)
+    here = Node.objects.get(cluster=spot).host
+    response = client.post(reverse("ops_host_reclaim", args=[here.pk]))
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert _state(spot) == Cluster.State.RUNNING
+    for name, arg in (("job_detail", job.pk), ("cluster_detail", spot.pk), ("job_log", job.pk)):
+        assert client.get(reverse(name, args=[arg])).status_code == 404
+
+    client.force_login(operator)
+    for round_ in (1, 2):
+        here = Node.objects.get(cluster=spot, released_at__isnull=True).host
+        response = client.post(reverse("ops_host_reclaim", args=[here.pk]), follow=True)
+        assert "spot-1" in response.content.decode()
+        if round_ == 1:
+            drive(lambda: _state(job) == Job.State.RUNNING and job.attempt == 2, timeout=60,
+                  what="running again after the first preemption")  # fmt: skip
+            assert job.retries == 0, "a preemption is not a failure: no retry was used"
+    job = drive(lambda: _state(job) == Job.State.FAILED and job, timeout=40, what="job failed")
+    assert job.preemptions == 2
+    assert job.state_reason.startswith("preempted 2 times, more than its limit of 1")
+    assert WebhookEvent.objects.filter(owner=alice, type="job.preempted").count() == 1
+    assert WebhookEvent.objects.filter(owner=alice, type="job.failed").count() == 1
+    assert not WebhookEvent.objects.filter(owner=bob).exists()
+    services.cluster_release(cluster=spot)
