@@ -158,6 +158,8 @@ def job_json(request, j) -> dict:
         "state_reason": j.state_reason, "exit_code": j.exit_code, "attempt": j.attempt,
         "launcher": j.launcher, "command": j.command, "created_at": _iso(j.created_at),
         "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
+        "preemption_script": j.preemption_script, "max_preemptions": j.max_preemptions,
+        "preemptions": j.preemptions, "resume_from": j.resume_from or None,
         "url": request.build_absolute_uri(reverse("job_detail", args=[j.pk])),
     }  # fmt: skip
 
@@ -251,6 +253,8 @@ def _job_form_data(body: dict) -> dict:
             "checkpoint_dir",
             "max_runtime_min",
             "retries",
+            "preemption_script",
+            "max_preemptions",
         ),
     )
     data.setdefault("workdir", "/workspace")

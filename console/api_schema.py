@@ -131,6 +131,18 @@ SCHEMA = {
                     "created_at": {"type": "string", "format": "date-time"},
                     "started_at": {"type": "string", "format": "date-time", "nullable": True},
                     "finished_at": {"type": "string", "format": "date-time", "nullable": True},
+                    "preemption_script": {"type": "string"},
+                    "max_preemptions": {"type": "integer"},
+                    "preemptions": {
+                        "type": "integer",
+                        "description": "times a spot preemption stopped it so far",
+                    },
+                    "resume_from": {
+                        "type": "string",
+                        "nullable": True,
+                        "description": "the checkpoint the current attempt was started from "
+                        "(its SUANLI_RESUME_FROM)",
+                    },
                 },
             },
             "NewJob": {
@@ -146,6 +158,19 @@ SCHEMA = {
                     "checkpoint_dir": {"type": "string", "maxLength": 255},
                     "max_runtime_min": {"type": "integer", "minimum": 1, "maximum": 43200},
                     "retries": {"type": "integer", "minimum": 0, "maximum": 10},
+                    "preemption_script": {
+                        "type": "string",
+                        "maxLength": 16384,
+                        "description": "spot clusters: run in each replica with /bin/sh -c "
+                        "when a preemption notice arrives (e.g. save a checkpoint)",
+                    },
+                    "max_preemptions": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "maximum": 100,
+                        "default": 5,
+                        "description": "preemptions the job survives; one more fails it",
+                    },
                 },
             },
         },

@@ -108,7 +108,9 @@ class ClusterForm(forms.Form):
                 "Use lower-case letters, digits and dashes, e.g. llama-ft-1."
             ) from None
         if Cluster.objects.filter(
-            owner=self.owner, name=name, state__in=[Cluster.State.PENDING, Cluster.State.RUNNING]
+            owner=self.owner,
+            name=name,
+            state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING],
         ).exists():
             raise ValidationError("You have an active cluster with this name already.")
         return name
@@ -322,17 +324,61 @@ class JobForm(forms.Form):
     retries = forms.IntegerField(
         initial=0, min_value=0, max_value=10, help_text="Restarts after a failure."
     )
+    preemption_script = forms.CharField(
+        label="Preemption script",
+        required=False,
+        widget=forms.Textarea(
+            attrs={
+                "rows": 3,
+                "spellcheck": "false",
+                "placeholder": "touch $SUANLI_CHECKPOINT_DIR/.save-now; sleep 30",
+            }
+        ),
+    )
+    max_preemptions = forms.IntegerField(
+        label="Maximum preemptions",
+        required=False,
+        initial=5,
+        min_value=0,
+        max_value=100,
+        help_text="Spot clusters only: preemptions the job survives (it restarts when the "
+        "cluster is placed again); one more fails it. Not counted against retries.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The limits are settings: read them per form, not once at import.
+        self.fields["preemption_script"].help_text = (
+            "Spot clusters only: run in each replica with /bin/sh -c when a preemption notice "
+            "arrives, e.g. to save a checkpoint. It has "
+            f"{settings.SUANLI_PREEMPT_SCRIPT_S} s; then the replicas get SIGTERM, and "
+            f"SIGKILL {settings.SUANLI_PREEMPT_GRACE_S} s later."
+        )
+
+    def _shell_text(self, value: str, what: str) -> str:
+        """Text run by /bin/sh: a browser's CRLF line ends would reach the shell as part of
+        each command, so they are made plain newlines; NUL cannot be passed at all."""
+        text = value.replace("\r\n", "\n").strip()
+        limit = settings.SUANLI_JOB_COMMAND_MAX
+        if len(text) > limit:
+            raise ValidationError(
+                f"The {what} is {len(text):,} characters; at most {limit:,}. Put long scripts in a file on a volume."
+            )
+        if "\x00" in text:
+            raise ValidationError(f"The {what} may not contain NUL characters.")
+        return text
 
     def clean_command(self):
-        command = self.cleaned_data["command"].strip()
-        limit = settings.SUANLI_JOB_COMMAND_MAX
-        if len(command) > limit:
-            raise ValidationError(
-                f"The command is {len(command):,} characters; at most {limit:,}. Put long scripts in a file on a volume."
-            )
-        if "\x00" in command:
-            raise ValidationError("The command may not contain NUL characters.")
-        return command
+        return self._shell_text(self.cleaned_data["command"], "command")
+
+    def clean_preemption_script(self):
+        return self._shell_text(
+            self.cleaned_data.get("preemption_script") or "", "preemption script"
+        )
+
+    def clean_max_preemptions(self):
+        value = self.cleaned_data.get("max_preemptions")
+        return 5 if value is None else value
 
     def clean_env(self):
         return validators.parse_env(self.cleaned_data.get("env", ""))
@@ -354,4 +400,6 @@ class JobForm(forms.Form):
             checkpoint_dir=d["checkpoint_dir"],
             max_runtime_s=d["max_runtime_min"] * 60 if d.get("max_runtime_min") else None,
             retries=d.get("retries") or 0,
+            preemption_script=d.get("preemption_script") or "",
+            max_preemptions=d["max_preemptions"],
         )

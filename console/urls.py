@@ -34,6 +34,7 @@ urlpatterns = [
     path("ops/billing/", views_billing.ops_billing, name="ops_billing"),
     path("ops/queue/", views.ops_queue, name="ops_queue"),
     path("ops/hosts/<int:host_id>/drain/", views.ops_host_drain, name="ops_host_drain"),
+    path("ops/hosts/<int:host_id>/reclaim/", views.ops_host_reclaim, name="ops_host_reclaim"),
     path("ops/hosts/", views.ops_hosts, name="ops_hosts"),
     path("ops/fleet/", views_monitoring.ops_fleet, name="ops_fleet"),
     path("ops/fleet.json", views_monitoring.ops_fleet_data, name="ops_fleet_data"),

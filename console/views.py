@@ -39,7 +39,9 @@ def dashboard(request):
                 owner=request.user, enabled=False
             ).exclude(disabled_reason=""),
             "my_active": fleet.clusters_for(request.user)
-            .filter(state__in=[Cluster.State.PENDING, Cluster.State.RUNNING])
+            .filter(
+                state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
+            )
             .count(),
         },
     )
@@ -164,6 +166,7 @@ def cluster_status(request, cluster_id: int):
     if request.headers.get("HX-Request") and cluster.state not in (
         Cluster.State.PENDING,
         Cluster.State.RELEASING,
+        Cluster.State.PREEMPTING,
     ):
         response["HX-Refresh"] = "true"  # the state settled: redraw the whole page (actions too)
     return response
@@ -263,6 +266,25 @@ def ops_host_drain(request, host_id: int):
     return redirect("ops_hosts")
 
 
+@staff_member_required
+@require_POST
+def ops_host_reclaim(request, host_id: int):
+    """Take a host's spot capacity back: every running spot cluster with a node on it gets
+    its preemption notice (all of its nodes, wherever they are)."""
+    host = get_object_or_404(Host, pk=host_id)
+    preempted = fleet_services.host_reclaim_spot(host=host, by=request.user.username)
+    if preempted:
+        names = ", ".join(c.name for c in preempted)
+        messages.success(
+            request,
+            f"Reclaiming spot capacity on {host.name}: preempting {names}. Their jobs get the "
+            "notice and run their preemption scripts; the clusters wait in the queue again.",
+        )
+    else:
+        messages.info(request, f"No running spot cluster on {host.name}: nothing to reclaim.")
+    return redirect("ops_hosts")
+
+
 # -- jobs ----------------------------------------------------------------------------------
 
 
@@ -278,7 +300,32 @@ def job_new(request, cluster_id: int):
         else:
             messages.success(request, f"Job {job.name} queued on {cluster.name}.")
             return redirect("job_detail", job_id=job.pk)
-    return render(request, "console/job_new.html", {"form": form, "cluster": cluster})
+    volumes = list(cluster.volumes.all())
+    checkpoint_dir = str(form["checkpoint_dir"].value() or "")
+    return render(
+        request,
+        "console/job_new.html",
+        {
+            "form": form,
+            "cluster": cluster,
+            "volumes": volumes,
+            "checkpoint_dir": checkpoint_dir,
+            "checkpoint_volume": _volume_under(volumes, checkpoint_dir),
+            "preempt_script_s": settings.SUANLI_PREEMPT_SCRIPT_S,
+        },
+    )
+
+
+def _volume_under(volumes, container_path: str):
+    """The volume whose target holds `container_path` most closely (as the engine resolves
+    it), or None: then what is written there lives in the container and dies with it."""
+    best = None
+    for volume in volumes:
+        target = volume.target.rstrip("/") or "/"
+        covers = container_path == target or container_path.startswith(target.rstrip("/") + "/")
+        if covers and (best is None or len(target) > len(best.target.rstrip("/"))):
+            best = volume
+    return best
 
 
 @login_required

@@ -47,7 +47,7 @@ class HostAdmin(admin.ModelAdmin):
     ]
     list_filter = ["state", "zone", "gpu_model", "rdma", "emulated_gpu"]
     search_fields = ["name", "address", "engine_url"]
-    actions = ["check_now", "drain", "undrain"]
+    actions = ["check_now", "drain", "undrain", "reclaim_spot"]
     readonly_fields = [
         "state",
         "drain_requested",
@@ -135,6 +135,22 @@ class HostAdmin(admin.ModelAdmin):
             services.host_set_draining(host=host, draining=False)
         messages.success(request, f"{queryset.count()} host(s) take new work again.")
 
+    @admin.action(description="Reclaim spot capacity (preempt its spot clusters)")
+    def reclaim_spot(self, request, queryset):
+        preempted: list[str] = []
+        for host in queryset:
+            preempted += [
+                c.name for c in services.host_reclaim_spot(host=host, by=request.user.username)
+            ]
+        if preempted:
+            messages.success(
+                request,
+                f"Preempting {len(preempted)} spot cluster(s): {', '.join(preempted)}. They "
+                "wait in the queue again once their jobs have stopped.",
+            )
+        else:
+            messages.info(request, "No running spot cluster on the selected host(s).")
+
 
 @admin.register(GpuSlot)
 class GpuSlotAdmin(admin.ModelAdmin):
@@ -167,7 +183,7 @@ class NodeInline(admin.TabularInline):
     model = Node
     extra = 0
     can_delete = False
-    fields = ["index", "host", "gpu_indices", "vcpus", "placed_at", "released_at"]
+    fields = ["index", "host", "gpu_indices", "vcpus", "placed_at", "preempted_at", "released_at"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -193,7 +209,7 @@ class ClusterAdmin(admin.ModelAdmin):
     list_filter = ["state", "gpu_model", "spot", "network"]
     search_fields = ["name", "owner__username"]
     inlines = [NodeInline, ClusterEventInline]
-    actions = ["release"]
+    actions = ["release", "preempt"]
     list_select_related = ["owner", "gpu_model", "instance_type"]
 
     def has_add_permission(self, request):
@@ -209,6 +225,30 @@ class ClusterAdmin(admin.ModelAdmin):
                 cluster=cluster, reason=f"released by operator {request.user.username}"
             )
         messages.success(request, f"Released {queryset.count()} cluster(s).")
+
+    @admin.action(description="Preempt (spot clusters only)")
+    def preempt(self, request, queryset):
+        preempted, skipped = [], []
+        for cluster in queryset:
+            done = services.cluster_preempt(
+                cluster=cluster, reason=f"preempted by {request.user.username} from the admin"
+            )
+            if done:
+                preempted.append(cluster.name)
+            else:
+                cluster.refresh_from_db(fields=["state"])
+                why = "not spot" if not cluster.spot else cluster.state
+                skipped.append(f"{cluster.name} ({why})")
+        if preempted:
+            messages.success(
+                request, f"Preempting {len(preempted)} cluster(s): {', '.join(preempted)}."
+            )
+        if skipped:
+            messages.warning(
+                request,
+                f"Skipped {len(skipped)}: {', '.join(skipped)}; only running spot clusters "
+                "can be preempted.",
+            )
 
 
 @admin.register(SshKey)

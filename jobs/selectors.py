@@ -51,6 +51,16 @@ def hosts_with_occupancy() -> QuerySet[Host]:
         slot_total=Count("slots", distinct=True),
         slot_held=Count("slots", filter=Q(slots__node__isnull=False), distinct=True),
         node_count=Count("nodes", filter=Q(nodes__released_at__isnull=True), distinct=True),
+        # What "reclaim spot capacity" would preempt here.
+        spot_nodes=Count(
+            "nodes",
+            filter=Q(
+                nodes__released_at__isnull=True,
+                nodes__cluster__spot=True,
+                nodes__cluster__state=Cluster.State.RUNNING,
+            ),
+            distinct=True,
+        ),
     )
 
 
