@@ -384,7 +384,7 @@ def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) 
     stopped = []
     for cluster in Cluster.objects.filter(
         owner__account__pk__in=account_ids,
-        state__in=[Cluster.State.PENDING, Cluster.State.RUNNING],
+        state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING],
     ):
         fleet.cluster_release(cluster=cluster, reason=EXHAUSTED)
         stopped.append(cluster.pk)

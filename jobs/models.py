@@ -346,7 +346,7 @@ class Cluster(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.state in (self.State.PENDING, self.State.RUNNING)
+        return self.state in (self.State.PENDING, self.State.RUNNING, self.State.PREEMPTING)
 
 
 class TimelineEvent(models.Model):

@@ -525,9 +525,19 @@ def settle(job_id: int) -> None:
             _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
         return
     if job.preempt_requested_at is not None:
-        # Exit codes of a preempted attempt are the signal's, not the job's failure.
+        # Exit codes of a preempted attempt are the signal's, not the job's failure; but a
+        # job whose replicas all ended with 0 before the SIGTERM had simply finished.
         if all_done:
-            _preempted(job)
+            stopped = job.stop_requested_at
+            if (
+                not failed
+                and stopped
+                and all(r.finished_at and r.finished_at < stopped for r in done)
+            ):
+                _finish(job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0 "
+                        "(before the preemption stopped them)", exit_code=0)  # fmt: skip
+            else:
+                _preempted(job)
         return
     if failed:
         first = failed[0]
@@ -725,7 +735,7 @@ def _kill_overdue_stops(now) -> int:
 def _follow_preemptions() -> int:
     """The safety net of preemption: notices whose follow-up was lost, and preempting
     clusters whose jobs have all left (a requeue lost to a crash)."""
-    from jobs import services
+    from jobs import services, tasks
 
     count = 0
     # Only past the script's limit: before it, the notice's own follow-up is still going.
@@ -735,7 +745,7 @@ def _follow_preemptions() -> int:
         preempt_requested_at__lt=overdue,
         stop_requested_at__isnull=True,
     ).values_list("pk", flat=True):
-        preempt(job_id)
+        tasks.enqueue_unique("docker", tasks.job_preempt, job_id, job_id=f"preempt-{job_id}")
         count += 1
     for cluster_id in (
         Cluster.objects.filter(state=Cluster.State.PREEMPTING)

@@ -120,16 +120,18 @@ def queue() -> list[Cluster]:
     return list(
         Cluster.objects.filter(state=Cluster.State.PENDING)
         .select_related("owner", "gpu_model", "instance_type")
-        .order_by("queued_at", "id")
+        .order_by("spot", "queued_at", "id")  # as placement walks it: on-demand first
     )
 
 
 def queue_position(cluster: Cluster) -> int | None:
     if cluster.state != Cluster.State.PENDING:
         return None
-    ahead = Cluster.objects.filter(state=Cluster.State.PENDING).filter(
+    same_class = Q(spot=cluster.spot) & (
         Q(queued_at__lt=cluster.queued_at) | Q(queued_at=cluster.queued_at, id__lt=cluster.id)
     )
+    on_demand = Q(spot=False) if cluster.spot else Q(pk__in=[])
+    ahead = Cluster.objects.filter(state=Cluster.State.PENDING).filter(same_class | on_demand)
     return ahead.count() + 1
 
 
@@ -179,10 +181,10 @@ def job_log_lines(job, attempt: int | None = None) -> list[tuple[str, int, str]]
 def queue_position_of_job(job) -> int | None:
     from jobs.models import Job
 
-    if job.state != Job.State.QUEUED:
+    if job.state not in Job.WAITING:
         return None
     return (
-        job.cluster.jobs.filter(state=Job.State.QUEUED, queued_at__lte=job.queued_at)
+        job.cluster.jobs.filter(state__in=Job.WAITING, queued_at__lte=job.queued_at)
         .exclude(pk=job.pk)
         .filter(Q(queued_at__lt=job.queued_at) | Q(id__lt=job.id))
         .count()
