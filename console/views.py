@@ -278,7 +278,8 @@ def ops_host_reclaim(request, host_id: int):
         messages.success(
             request,
             f"Reclaiming spot capacity on {host.name}: preempting {names}. Their jobs get the "
-            "notice and run their preemption scripts; the clusters wait in the queue again.",
+            "notice and run their preemption scripts; the clusters wait in the queue again "
+            "and may be placed here again unless the host is drained or the GPUs taken.",
         )
     else:
         messages.info(request, f"No running spot cluster on {host.name}: nothing to reclaim.")

@@ -352,3 +352,35 @@ def priced(catalog, alice, bob, fund):
     seed_rate_card(effective_from=timezone.now() - timedelta(hours=1))
     fund(alice, "1000")
     fund(bob, "1000")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright (its own download is not reachable here)."""
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the tests' ORM calls are
+    # still plain synchronous calls between page steps.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ.get("SUANLI_CHROMIUM", "/usr/bin/chromium"),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1366, "height": 800})
+    page = context.new_page()
+    yield page
+    context.close()

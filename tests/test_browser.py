@@ -3,45 +3,13 @@
 import os
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
-
-CHROMIUM = os.environ.get("SUANLI_CHROMIUM", "/usr/bin/chromium")
+from playwright.sync_api import expect
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("priced"),
 ]
-
-# Playwright's sync API runs an event loop in this thread; our test code's ORM calls are
-# still plain synchronous calls between page steps.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1366, "height": 800})
-    page = context.new_page()
-    yield page
-    context.close()
 
 
 def _login(page, live_server, username, password):

@@ -297,3 +297,54 @@ def test_the_preemption_limit_fails_the_job_and_other_researchers_see_and_preemp
     assert WebhookEvent.objects.filter(owner=alice, type="job.failed").count() == 1
     assert not WebhookEvent.objects.filter(owner=bob).exists()
     services.cluster_release(cluster=spot)
+
+
+@pytest.mark.browser
+def test_operator_reclaims_from_the_hosts_page_and_the_researcher_sees_it_on_the_job_page(
+    page, live_server, make_host, make_cluster, alice, operator, storage_root, processes,
+    short_limits,
+):  # fmt: skip
+    import os
+
+    from playwright.sync_api import expect
+
+    shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
+    host, _ = _two_zone_hosts(make_host)
+    _worker(processes, storage_root)
+    spot = _spot_cluster(make_cluster, alice)
+    job = services.job_submit(
+        cluster=spot,
+        spec=JobSpec(
+            name="train", command=COUNTER.replace("{steps}", "400"),
+            checkpoint_dir="/workspace/ckpt", preemption_script="echo checkpoint saved",
+        ),
+    )  # fmt: skip
+    drive(lambda: _steps_saved(storage_root, alice) >= 3, what="3 steps saved")
+    spot_host = Node.objects.get(cluster=spot).host
+
+    def login(username, password):
+        page.goto(f"{live_server.url}/login/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", password)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_server.url}/")
+
+    login("olga", "olga-pass-123")
+    page.goto(f"{live_server.url}/ops/hosts/")
+    row = page.locator(f"tr[data-host='{spot_host.name}']")
+    page.once("dialog", lambda dialog: dialog.accept())  # "Preempt every running spot..."
+    row.get_by_role("button", name="Reclaim spot").click()
+    expect(page.locator("body")).to_contain_text("spot-1")
+    page.screenshot(path=f"{shots}/ops_hosts_reclaim.png", full_page=True)
+
+    drive(lambda: _state(job) == Job.State.RUNNING and job.attempt == 2, what="resumed")
+    page.context.clear_cookies()
+    login("alice", "alice-pass-123")
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    expect(page.get_by_test_id("job-state")).to_have_text("running")
+    body = page.locator("body")
+    expect(body).to_contain_text("Preempted 1 of at most 5 times")
+    expect(body).to_contain_text(f"spot capacity on {spot_host.name} reclaimed by olga")
+    expect(body).to_contain_text("restart 1 after preemption 1, from /workspace/ckpt/ckpt-")
+    page.screenshot(path=f"{shots}/job_preempted.png", full_page=True)
+    services.cluster_release(cluster=spot)
