@@ -18,6 +18,7 @@ from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, Ss
 from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
 from jobs import services as fleet_services
+from jobs import storage
 from jobs.models import Cluster, Host, Image, InstanceType, Job, SshKey, WebhookEndpoint
 from monitoring import selectors as metrics
 
@@ -311,22 +312,10 @@ def job_new(request, cluster_id: int):
             "cluster": cluster,
             "volumes": volumes,
             "checkpoint_dir": checkpoint_dir,
-            "checkpoint_volume": _volume_under(volumes, checkpoint_dir),
+            "checkpoint_volume": storage.covering_volume(volumes, checkpoint_dir),
             "preempt_script_s": settings.SUANLI_PREEMPT_SCRIPT_S,
         },
     )
-
-
-def _volume_under(volumes, container_path: str):
-    """The volume whose target holds `container_path` most closely (as the engine resolves
-    it), or None: then what is written there lives in the container and dies with it."""
-    best = None
-    for volume in volumes:
-        target = volume.target.rstrip("/") or "/"
-        covers = container_path == target or container_path.startswith(target.rstrip("/") + "/")
-        if covers and (best is None or len(target) > len(best.target.rstrip("/"))):
-            best = volume
-    return best
 
 
 @login_required

@@ -130,8 +130,9 @@ def _resume_point(job: Job, cluster: Cluster) -> str:
     """SUANLI_RESUME_FROM of a restart: the newest checkpoint in the job's checkpoint
     directory on the owner's storage, or "" when there is none."""
     found = storage.newest_checkpoint(
-        storage.tenant_root(job.owner_id), list(cluster.volumes.all()), job.checkpoint_dir
-    )
+        storage.tenant_root(job.owner_id), list(cluster.volumes.all()), job.checkpoint_dir,
+        not_before=job.created_at,
+    )  # fmt: skip
     return found or ""
 
 
@@ -246,6 +247,8 @@ def start_replicas(job_id: int) -> None:
     job.refresh_from_db()
     if job.cancel_requested:
         stop(job.pk)
+    elif job.preempt_requested_at is not None and job.stop_requested_at is None:
+        preempt(job.pk)  # the notice came while it was starting
 
 
 def _start_abandoned(job: Job) -> bool:
@@ -298,14 +301,18 @@ def stop(job_id: int) -> None:
         job_id=job_id, state=Replica.State.RUNNING
     ).select_related("host"):
         _signal(replica, "SIGTERM")
-    job = Job.objects.filter(pk=job_id).values("attempt", "preempt_requested_at").first()
+    job = (
+        Job.objects.filter(pk=job_id)
+        .values("attempt", "preempt_requested_at", "cancel_requested")
+        .first()
+    )
     if job is None:
         return
     # For this attempt only: a restart (after a preemption or a retry) inside the grace
     # period must not be killed by its predecessor's SIGKILL.
     _enqueue(
         tasks.job_kill, job_id, job["attempt"], job_id=f"kill-{job_id}",
-        delay=_grace(job["preempt_requested_at"] is not None),
+        delay=_grace(job["preempt_requested_at"] is not None and not job["cancel_requested"]),
     )  # fmt: skip
 
 
@@ -318,31 +325,35 @@ def _grace(preempting: bool) -> int:
 
 def preempt(job_id: int) -> None:
     """The notice: run the job's preemption script in every running replica (`docker exec`,
-    detached), then follow it with `preempt_progress`. Idempotent: a replica whose script
-    was started keeps its exec id and is not given a second one."""
+    detached), then follow it with `preempt_progress`."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if job.preempt_requested_at is None or job.stop_requested_at is not None:
         return
-    if job.preemption_script.strip():
-        reason = job.cluster.state_reason.removeprefix("preempting: ") or "spot capacity reclaimed"
-        for replica in Replica.objects.filter(
-            job=job, attempt=job.attempt, state=Replica.State.RUNNING, preempt_exec_id=""
-        ).select_related("host"):
-            try:
-                api = engine.cached_client(replica.host).api
-                exec_id = api.exec_create(
-                    replica.container_name, **runtime.preemption_exec(job, reason)
-                )["Id"]
-                api.exec_start(exec_id, detach=True)
-            except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
-                # Not running any more, or the engine is gone: nothing to save there.
-                _event(job.pk, "notice", f"rank {replica.rank}: preemption script not run: "
-                       f"{engine.describe(exc)}")  # fmt: skip
-                exec_id = "-"
-            Replica.objects.filter(pk=replica.pk, preempt_exec_id="").update(
-                preempt_exec_id=exec_id
-            )
+    _start_scripts(job)
     preempt_progress(job_id)
+
+
+def _start_scripts(job: Job) -> None:
+    """Idempotent: a replica whose script was started keeps its exec id and is not given a
+    second one (a replica that started after the notice gets its script on the next look)."""
+    if not job.preemption_script.strip():
+        return
+    reason = job.cluster.state_reason.removeprefix("preempting: ") or "spot capacity reclaimed"
+    for replica in Replica.objects.filter(
+        job=job, attempt=job.attempt, state=Replica.State.RUNNING, preempt_exec_id=""
+    ).select_related("host"):
+        try:
+            api = engine.cached_client(replica.host).api
+            exec_id = api.exec_create(
+                replica.container_name, **runtime.preemption_exec(job, reason)
+            )["Id"]
+            api.exec_start(exec_id, detach=True)
+        except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
+            # Not running any more, or the engine is gone: nothing to save there.
+            _event(job.pk, "notice", f"rank {replica.rank}: preemption script not run: "
+                   f"{engine.describe(exc)}")  # fmt: skip
+            exec_id = "-"
+        Replica.objects.filter(pk=replica.pk, preempt_exec_id="").update(preempt_exec_id=exec_id)
 
 
 def preempt_progress(job_id: int) -> None:
@@ -351,9 +362,14 @@ def preempt_progress(job_id: int) -> None:
     container (SIGTERM, then SIGKILL after the grace period)."""
     from jobs import tasks
 
-    job = Job.objects.get(pk=job_id)
-    if job.preempt_requested_at is None or job.stop_requested_at is not None or job.is_ended:
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if (
+        job.preempt_requested_at is None
+        or job.stop_requested_at is not None
+        or job.state not in Job.ACTIVE
+    ):
         return
+    _start_scripts(job)  # replicas that started after the notice
     limit = settings.SUANLI_PREEMPT_SCRIPT_S
     overdue = (timezone.now() - job.preempt_requested_at).total_seconds() >= limit
     results: list[str] = []
@@ -362,9 +378,7 @@ def preempt_progress(job_id: int) -> None:
         job=job, attempt=job.attempt, state=Replica.State.RUNNING
     ).select_related("host"):
         if replica.preempt_exec_id in ("", "-"):
-            if replica.preempt_exec_id == "" and job.preemption_script.strip():
-                waiting = True  # `preempt` has not reached it yet
-            continue
+            continue  # no script (or it could not be run)
         try:
             state = engine.cached_client(replica.host).api.exec_inspect(replica.preempt_exec_id)
         except (docker.errors.DockerException, engine.EngineError, OSError):
@@ -407,6 +421,10 @@ def _preempted(job: Job) -> None:
         Cluster.objects.select_for_update().filter(pk=job.cluster_id).first()
         job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
         if job.state not in Job.ACTIVE or job.preempt_requested_at is None:
+            return
+        if job.cancel_requested:  # cancelled while the notice ran: it ends here
+            _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
+            services.cluster_requeue_preempted(cluster_id=job.cluster_id)
             return
         count = job.preemptions + 1
         reason = (job.state_reason or "preempted").removeprefix("preemption notice: ")
@@ -528,16 +546,14 @@ def settle(job_id: int) -> None:
         # Exit codes of a preempted attempt are the signal's, not the job's failure; but a
         # job whose replicas all ended with 0 before the SIGTERM had simply finished.
         if all_done:
-            stopped = job.stop_requested_at
-            if (
-                not failed
-                and stopped
-                and all(r.finished_at and r.finished_at < stopped for r in done)
-            ):
-                _finish(job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0 "
-                        "(before the preemption stopped them)", exit_code=0)  # fmt: skip
+            notice = job.preempt_requested_at
+            if not failed and all(r.finished_at and r.finished_at < notice for r in done):
+                _finish(
+                    job.pk, Job.State.SUCCEEDED,
+                    "all replicas exited with code 0 (before the preemption notice)", exit_code=0,
+                )  # fmt: skip
             else:
-                _preempted(job)
+                _preempted(job)  # whatever ended after the notice runs again from its checkpoint
         return
     if failed:
         first = failed[0]
@@ -578,6 +594,9 @@ def _requeue(job: Job, reason: str) -> None:
         ):
             _event(job.pk, "retrying", reason)
             request_dispatch(job.cluster_id)
+    from jobs import services
+
+    services.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
 def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> None:

@@ -16,8 +16,9 @@ queue first-in-first-out and plans each cluster in memory:
   for that resource are placed only on hosts the head cannot use, so a stream of small
   requests can never starve it.
 
-* **Reclaim**: the first on-demand request of a resource that does not fit preempts the
-  fewest, youngest running spot clusters that make it fit (`reclaim_spot`).
+* **Reclaim**: the first on-demand request of a resource that does not fit preempts running
+  spot clusters, youngest first, until it fits, and spares those it turns out not to need
+  (`reclaim_spot`; greedy, so not always the smallest set).
 
 A plan is committed in its own transaction that locks the chosen GPU slots with
 `SELECT ... FOR UPDATE SKIP LOCKED` and re-checks they are still free; if another
@@ -633,7 +634,8 @@ def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
 
 def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> dict[int, str]:
     """For each on-demand request that did not fit (the first in line per resource),
-    preempt the fewest, youngest spot clusters that make it fit. Returns a reason per
+    preempt spot clusters, youngest first, until it fits, then drop again any whose
+    capacity is not needed. Returns a reason per
     request to show while the capacity comes back."""
     from jobs import services
 
@@ -649,7 +651,8 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
         for victim in victims:
             if services.cluster_preempt(
                 cluster=Cluster(pk=victim.cluster_id),
-                reason=f"spot capacity reclaimed for an on-demand request ({cluster.name})",
+                # No names: the requester and the preempted may be different tenants.
+                reason="spot capacity reclaimed for an on-demand request",
             ):
                 report.preempted.append(victim.cluster_id)
         taken = {v.cluster_id for v in victims}
@@ -658,12 +661,12 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
             for host_id, (g, c) in _gives(victim).items():
                 had = soon.get(host_id, (0, 0))
                 soon[host_id] = (had[0] + g, had[1] + c)
-        names = ", ".join(v.name for v in victims)
         notes[cluster.pk] = (
-            f"waiting for spot capacity being reclaimed ({names})"
+            f"waiting for spot capacity being reclaimed ({len(victims)} spot "
+            f"cluster{'s' if len(victims) != 1 else ''} preempted for it)"
             if victims
             else "waiting for spot capacity being reclaimed"
-        )[:300]
+        )
     if report.preempted:
         log.info("preempted spot clusters %s", report.preempted)
     return notes

@@ -339,6 +339,24 @@ def clusters_release_idle(*, now=None) -> list[int]:
     return released
 
 
+def _release_after_last_job(cluster_id: int, job_name: str) -> None:
+    """A preempted job cancelled while its cluster waits to be placed again was its last:
+    the after-last-job policy releases the cluster (it would otherwise be placed again, and
+    charged, for nothing)."""
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+        if (
+            cluster is None
+            or cluster.release_policy != Cluster.ReleasePolicy.AFTER_LAST_JOB
+            or cluster.state not in (Cluster.State.PENDING, Cluster.State.PREEMPTING)
+            or cluster.jobs.filter(state__in=[*Job.WAITING, *Job.ACTIVE]).exists()
+        ):
+            return
+        cluster_release(
+            cluster=cluster, reason=f"released automatically after job {job_name} was cancelled"
+        )
+
+
 # -- spot preemption --------------------------------------------------------------------------
 
 
@@ -362,6 +380,10 @@ def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
     active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
     if active is None:
         transaction.on_commit(lambda: cluster_requeue_preempted(cluster_id=cluster.pk))
+        return True
+    if active.stop_requested_at is not None:
+        # Already stopping (a failed rank, a cancel): it ends as what it is, not preempted;
+        # the cluster goes back to the queue when it has.
         return True
     Job.objects.filter(pk=active.pk).update(
         preempt_requested_at=now, state_reason=f"preemption notice: {reason}"[:500]
@@ -524,6 +546,8 @@ def job_cancel(*, job: Job, by: str) -> Job:
             )
             _job_event(job, "cancelled", reason)
             runner.request_dispatch(job.cluster_id)
+            if job.state == Job.State.PREEMPTED:
+                transaction.on_commit(lambda: _release_after_last_job(job.cluster_id, job.name))
         else:
             Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
             JobEvent.objects.create(

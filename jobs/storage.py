@@ -149,17 +149,24 @@ def ensure_folders(root: Path, specs: list[VolumeSpec], *, uid: int | None = Non
 PARTIAL_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
 
 
+def covering_volume(volumes, container_path: str):
+    """The volume whose target holds `container_path` most closely (as the engine resolves
+    mounts), or None: then what is written there lives in the container and dies with it."""
+    best = None
+    for volume in volumes:
+        target = volume.target.rstrip("/") or "/"
+        if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
+            if best is None or len(target) > len(best.target.rstrip("/")):
+                best = volume
+    return best
+
+
 def host_path(root: Path, volumes, container_path: str) -> tuple[Path, str] | None:
     """Where a container path lives in the tenant's storage: (resolved folder, the volume
     target it is under), through the volume that covers it most closely; None when no
     volume covers it (it lives in the container and dies with it) or when it resolves
     outside the tenant's storage (a symbolic link)."""
-    best = None
-    for volume in volumes:
-        target = volume.target.rstrip("/") or "/"
-        if container_path == target or container_path.startswith(target + "/"):
-            if best is None or len(target) > len(best.target.rstrip("/")):
-                best = volume
+    best = covering_volume(volumes, container_path)
     if best is None:
         return None
     rest = container_path[len(best.target.rstrip("/")) :].lstrip("/")
@@ -170,29 +177,48 @@ def host_path(root: Path, volumes, container_path: str) -> tuple[Path, str] | No
     return Path(real), best.target
 
 
-def newest_checkpoint(root: Path, volumes, checkpoint_dir: str) -> str | None:
+def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=None) -> str | None:
     """The container path of the newest checkpoint (file or folder, by modification time)
-    directly in the checkpoint directory, or None. Hidden names, partial writes and
-    symbolic links are skipped: a link could point anywhere."""
+    directly in the checkpoint directory, or None. Hidden names, partial writes, symbolic
+    links, names the database cannot hold and entries older than `not_before` (another
+    job's, in a shared folder) are skipped. The folder is opened one component at a time
+    without following links, so a link planted after the check leads nowhere."""
     found = host_path(root, volumes, checkpoint_dir)
     if found is None:
         return None
     folder, _ = found
+    real_root = os.path.realpath(root)
+    parts = [p for p in os.path.relpath(folder, real_root).split(os.sep) if p not in ("", ".")]
+    oldest = not_before.timestamp() if not_before is not None else None
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     best: tuple[float, str] | None = None
     try:
-        entries = list(os.scandir(folder))
+        fd = os.open(real_root, flags)
     except OSError:
-        return None  # not made yet: the first attempt wrote nothing
-    for entry in entries:
-        name = entry.name
-        if name.startswith(".") or name.endswith(PARTIAL_SUFFIXES) or entry.is_symlink():
-            continue
-        try:
-            mtime = entry.stat(follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        if best is None or (mtime, name) > best:
-            best = (mtime, name)
+        return None
+    try:
+        for part in parts:
+            child = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        for entry in os.scandir(fd):
+            name = entry.name
+            if name.startswith(".") or name.endswith(PARTIAL_SUFFIXES) or entry.is_symlink():
+                continue
+            try:
+                name.encode("utf-8")
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+            except (UnicodeEncodeError, OSError):
+                continue
+            if oldest is not None and mtime < oldest:
+                continue
+            if best is None or (mtime, name) > best:
+                best = (mtime, name)
+    except OSError:
+        return None  # not made yet (the first attempt wrote nothing), or not a real folder
+    finally:
+        os.close(fd)
     if best is None:
         return None
-    return posixpath.join(checkpoint_dir.rstrip("/") or "/", best[1])
+    path = posixpath.join(checkpoint_dir.rstrip("/") or "/", best[1])
+    return path if len(path) <= 1024 else None

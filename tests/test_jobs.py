@@ -237,6 +237,8 @@ def _job_form(**fields):
         ({"command": ""}, "command", "required"),
         ({"checkpoint_dir": "checkpoints"}, "checkpoint_dir", "is relative"),
         ({"retries": "99"}, "retries", "less than or equal to 10"),
+        ({"max_preemptions": "101"}, "max_preemptions", "less than or equal to 100"),
+        ({"preemption_script": "x" * 20000}, "preemption_script", "at most 16,384"),
     ],
 )
 def test_job_form_bad_input(client, alice, running_cluster, fields, field, words):

@@ -122,7 +122,7 @@ def test_a_preempted_job_resumes_on_the_other_engine_from_its_last_checkpoint_an
     on_demand = make_cluster(alice, "od-1", nodes=1, gpus=2, zone=first_host.zone, volumes=())
     scheduler.place_pending()  # this pass, or the worker's (it places after a create too)
     assert _state(spot) == Cluster.State.PREEMPTING
-    assert "reclaimed for an on-demand request (od-1)" in spot.state_reason
+    assert spot.state_reason == "preempting: spot capacity reclaimed for an on-demand request"
     notice_at = Node.objects.get(cluster=spot).preempted_at
     assert notice_at is not None
 
@@ -142,7 +142,7 @@ def test_a_preempted_job_resumes_on_the_other_engine_from_its_last_checkpoint_an
     assert len(nodes) == 2 and nodes[1].host != first_host, "placed again on the other engine"
     first_log = "".join(r.log for r in job.replicas.filter(attempt=1))
     last_log = "".join(r.log for r in job.replicas.filter(attempt=2))
-    assert "notice on rank 0: spot capacity reclaimed for an on-demand request (od-1)" in first_log
+    assert "notice on rank 0: spot capacity reclaimed for an on-demand request\n" in first_log
     assert (storage_root / f"u{alice.pk}" / "workspace" / "notice-seen").exists()
     saved_before = max(
         int(line.rsplit(" ", 1)[1]) for line in first_log.splitlines() if " step " in line
@@ -203,9 +203,11 @@ def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
     assert [_state(c) for c in (s1, s2)] == ["running", "running"]
     scheduler.place_pending()
     assert _state(one) == "running" and _state(s3) == "pending"
-    assert "preempted (spot capacity reclaimed for an on-demand request (od-one))" in (
-        Cluster.objects.get(pk=s3.pk).state_reason
+    # Different tenants: neither side is told the other's cluster names.
+    assert Cluster.objects.get(pk=s3.pk).state_reason.startswith(
+        "preempted (spot capacity reclaimed for an on-demand request); waiting for"
     )
+    assert "od-one" not in " ".join(e.message for e in s3.events.all())
 
     # Two GPUs: the youngest (s2, 1 GPU) is not enough with s1 taken too; s1 alone is.
     two = make_cluster(bob, "od-two", nodes=1, gpus=2, volumes=())
@@ -348,3 +350,65 @@ def test_operator_reclaims_from_the_hosts_page_and_the_researcher_sees_it_on_the
     expect(body).to_contain_text("restart 1 after preemption 1, from /workspace/ckpt/ckpt-")
     page.screenshot(path=f"{shots}/job_preempted.png", full_page=True)
     services.cluster_release(cluster=spot)
+
+
+def test_the_job_form_takes_a_preemption_script_and_warns_of_checkpoints_off_the_volumes(
+    client, alice, make_host, make_cluster
+):
+    _two_zone_hosts(make_host)
+    bare = _spot_cluster(make_cluster, alice, name="bare", volumes=())
+    client.force_login(alice)
+    page = client.get(reverse("job_new", args=[bare.pk])).content.decode()
+    assert 'data-testid="checkpoint-warning"' in page  # nothing would survive a preemption
+    assert "/workspace/checkpoints</code> is not under any of this cluster's volumes" in page
+
+    kept = _spot_cluster(make_cluster, alice, name="kept")
+    assert (
+        'data-testid="checkpoint-warning"'
+        not in client.get(reverse("job_new", args=[kept.pk])).content.decode()
+    )
+    response = client.post(
+        reverse("job_new", args=[kept.pk]),
+        {
+            "name": "train", "command": "python train.py", "launcher": "plain", "env": "",
+            "workdir": "/workspace", "checkpoint_dir": "/workspace/ckpt", "retries": "0",
+            "preemption_script": "kill -USR1 1\r\nsleep 20", "max_preemptions": "3",
+        },
+    )  # fmt: skip
+    assert response.status_code == 302
+    job = Job.objects.get(cluster=kept)
+    assert job.preemption_script == "kill -USR1 1\nsleep 20" and job.max_preemptions == 3
+
+
+def test_the_resume_point_is_the_newest_whole_checkpoint_of_this_job_inside_the_storage(tmp_path):
+    import os
+
+    from django.utils import timezone
+
+    from jobs.storage import newest_checkpoint
+
+    root = tmp_path / "u1"
+    ckpt = root / "workspace" / "ckpt"
+    ckpt.mkdir(parents=True)
+    volumes = [VolumeSpec("workspace", "/workspace")]
+    old = ckpt / "from-an-earlier-job"
+    old.write_text("x")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    job_created = timezone.now() - timedelta(minutes=5)
+    assert newest_checkpoint(root, volumes, "/workspace/ckpt", not_before=job_created) is None
+    for i, name in enumerate(["step-1", "step-2"]):
+        (ckpt / name).write_text(str(i))
+        time.sleep(0.01)
+    (ckpt / "step-3.tmp").write_text("half")  # still being written
+    (ckpt / ".hidden").write_text("x")
+    outside = tmp_path / "secret"
+    outside.mkdir()
+    os.symlink(outside, ckpt / "zz-link")  # newest of all, but a link
+    assert newest_checkpoint(root, volumes, "/workspace/ckpt", not_before=job_created) == (
+        "/workspace/ckpt/step-2"
+    )
+    assert newest_checkpoint(root, volumes, "/data/ckpt") is None  # on no volume
+    # The checkpoint folder itself replaced by a link out of the storage: nothing.
+    (ckpt.parent / "ckpt2").symlink_to(outside)
+    (outside / "stolen-name").write_text("x")
+    assert newest_checkpoint(root, volumes, "/workspace/ckpt2") is None
