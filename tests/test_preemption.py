@@ -412,3 +412,49 @@ def test_the_resume_point_is_the_newest_whole_checkpoint_of_this_job_inside_the_
     (ckpt.parent / "ckpt2").symlink_to(outside)
     (outside / "stolen-name").write_text("x")
     assert newest_checkpoint(root, volumes, "/workspace/ckpt2") is None
+
+
+def test_a_cancel_during_the_notice_wins_and_a_failure_before_it_stays_a_failure(
+    make_host, make_cluster, alice, storage_root, processes, short_limits
+):
+    _two_zone_hosts(make_host)
+    _worker(processes, storage_root)
+    # Cancelled while its preemption script runs: cancelled, not preempted; the cluster's
+    # after-last-job policy releases it instead of queueing it again.
+    spot = _spot_cluster(
+        make_cluster, alice, name="spot-c", volumes=(), release_policy="after_last_job"
+    )
+    job = services.job_submit(
+        cluster=spot,
+        spec=JobSpec(name="c", command="exec sleep 600", preemption_script="sleep 30"),
+    )
+    drive(lambda: _state(job) == Job.State.RUNNING, what="job running")
+    services.host_reclaim_spot(host=Node.objects.get(cluster=spot).host, by="olga")
+    drive(lambda: job.events.filter(kind="notice").exists(), what="notice given")
+    services.job_cancel(job=job, by="alice")
+    job = drive(lambda: _state(job) == Job.State.CANCELLED and job, timeout=30, what="cancelled")
+    assert job.preemptions == 0 and job.state_reason == "cancelled by alice"
+    drive(lambda: _state(spot) == Cluster.State.RELEASED, what="released after its last job")
+
+    # A rank failed first and its peer is being stopped when the notice comes: the job
+    # fails with that rank's code and the cluster goes back to the queue afterwards.
+    two = make_cluster(
+        alice, "spot-f", nodes=2, gpus=1, spot=True, volumes=(), release_policy="never"
+    )
+    drive(lambda: _state(two) == Cluster.State.RUNNING, what="two-node spot cluster placed")
+    failing = services.job_submit(
+        cluster=two,
+        spec=JobSpec(
+            name="f", command='if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi; trap "" TERM; sleep 60',
+        ),
+    )  # fmt: skip
+    drive(lambda: "stopping the other replicas" in (_state(failing) and failing.state_reason),
+          what="rank 1 failed, rank 0 being stopped")  # fmt: skip
+    services.host_reclaim_spot(host=Node.objects.filter(cluster=two).first().host, by="olga")
+    runner.kill(failing.pk)  # the SIGKILL of the grace period, now
+    failing = drive(lambda: _state(failing) == Job.State.FAILED and failing, what="failed")
+    assert failing.exit_code == 7 and failing.preemptions == 0
+    assert failing.state_reason == "rank 1 exited with code 7"
+    drive(lambda: _state(two) in (Cluster.State.PENDING, Cluster.State.RUNNING), what="requeued")
+    assert two.events.filter(kind="preempted").exists()
+    services.cluster_release(cluster=two)
