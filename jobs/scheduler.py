@@ -30,7 +30,9 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
@@ -620,10 +622,16 @@ def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
             "host_id", "gpus", "vcpus",
         )
     )  # fmt: skip
+    # A spot cluster placed moments ago is not a candidate yet: it gets at least
+    # SUANLI_SPOT_MIN_RUN_S of work per placement (no thrash, and no stream of throw-away
+    # on-demand requests can keep another tenant's job from ever running).
+    protected_since = timezone.now() - timedelta(seconds=settings.SUANLI_SPOT_MIN_RUN_S)
     for cluster_id, name, state, since, host_id, gpus, vcpus in rows:
         if state == Cluster.State.PREEMPTING:
             soon_g[host_id] += gpus
             soon_c[host_id] += vcpus
+            continue
+        if since is not None and since > protected_since:
             continue
         holder = holders.setdefault(cluster_id, SpotHolder(cluster_id, name, since, {}, {}))
         holder.gpus[host_id] = holder.gpus.get(host_id, 0) + gpus

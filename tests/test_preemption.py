@@ -40,12 +40,19 @@ def _worker(processes, storage_root, *, script_s=5, grace_s=3):
     """The Procfile worker (with RQ's scheduler: the notice's follow-ups and the SIGKILL
     are delayed jobs), with short preemption limits."""
     env = {
+        "SUANLI_SPOT_MIN_RUN_S": "0",
         "SUANLI_PREEMPT_SCRIPT_S": str(script_s),
         "SUANLI_PREEMPT_GRACE_S": str(grace_s),
         "SUANLI_STORAGE_ROOT": str(storage_root),
     }
     processes.start("worker", "--worker-class", "rq.worker.SimpleWorker", env=env)
     time.sleep(0.5)
+
+
+@pytest.fixture(autouse=True)
+def _no_spot_protection(settings):
+    """Spot clusters here are preemptible at once (the protection has a test of its own)."""
+    settings.SUANLI_SPOT_MIN_RUN_S = 0
 
 
 @pytest.fixture
@@ -193,7 +200,7 @@ def _holders(make_cluster, owner, sizes):
 
 
 def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
-    make_host, make_cluster, alice, bob
+    make_host, make_cluster, alice, bob, settings
 ):
     make_host("gpu-a-01", engine=0, zone="zone-a", gpus=4)
     s1, s2, s3 = _holders(make_cluster, alice, [2, 1, 1])  # the host is full
@@ -220,8 +227,15 @@ def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
     huge = make_cluster(bob, "od-huge", nodes=1, gpus=4, volumes=())
     assert scheduler.place_pending().preempted == []
     assert _state(s2) == "running" and _state(huge) == "pending"
-    # A spot request never preempts another spot cluster.
+    # A spot cluster placed moments ago has its minimum run time first.
+    settings.SUANLI_SPOT_MIN_RUN_S = 3600
     services.cluster_release(cluster=huge)
+    small = make_cluster(bob, "od-small", nodes=1, gpus=1, volumes=())
+    assert scheduler.place_pending().preempted == []
+    assert _state(small) == "pending" and _state(s2) == "running"
+    settings.SUANLI_SPOT_MIN_RUN_S = 0
+    services.cluster_release(cluster=small)
+    # A spot request never preempts another spot cluster.
     other_spot = make_cluster(bob, "spot-bob", nodes=1, gpus=1, spot=True, volumes=())
     assert scheduler.place_pending().preempted == []
     assert _state(other_spot) == "pending" and _state(s2) == "running"
