@@ -109,6 +109,8 @@ def endpoint(*methods: str):
             except Http404:
                 return _error(404, "Not found.")
             except ValidationError as exc:
+                if hasattr(exc, "error_dict"):
+                    return _error(400, "Invalid input.", exc.message_dict)
                 return _error(400, " ".join(exc.messages))
 
         return handler
@@ -174,14 +176,26 @@ def _as_text(value, sep="\n") -> str:
     return str(value)
 
 
-def _scalars(body: dict, names) -> dict:
-    """The named fields of a JSON body, as a form's data (a nested value stays JSON text,
-    which the form then refuses with its own message)."""
-    return {
-        name: body[name] if not isinstance(body[name], dict | list) else json.dumps(body[name])
-        for name in names
-        if body.get(name) is not None
-    }
+def _scalars(body: dict, names, *, numbers=()) -> dict:
+    """The named fields of a JSON body, as a form's data. Text fields take JSON strings
+    only and number fields whole numbers (or their digits as a string), so that e.g.
+    `"command": 123` is refused, not run as the command `123`."""
+    data, errors = {}, {}
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if name in numbers:
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                errors[name] = ["Give a whole number."]
+                continue
+        elif not isinstance(value, str):
+            errors[name] = ["Give a string."]
+            continue
+        data[name] = value
+    if errors:
+        raise ValidationError(errors)
+    return data
 
 
 def _cluster_form_data(body: dict) -> dict:
@@ -197,6 +211,7 @@ def _cluster_form_data(body: dict) -> dict:
             "release_policy",
             "idle_minutes",
         ),
+        numbers=("nodes", "gpus_per_node", "idle_minutes"),
     )
     if body.get("instance_type"):
         data["resource"] = f"cpu:{body['instance_type']}"
@@ -256,6 +271,7 @@ def _job_form_data(body: dict) -> dict:
             "preemption_script",
             "max_preemptions",
         ),
+        numbers=("max_runtime_min", "retries", "max_preemptions"),
     )
     data.setdefault("workdir", "/workspace")
     data.setdefault("checkpoint_dir", "/workspace/checkpoints")

@@ -135,6 +135,11 @@ def test_bad_input_gets_a_message_per_field_and_creates_nothing(alice, token_of,
     status, body = api("POST", "jobs", {"cluster": "abc"})
     assert status == 400 and "cluster" in body["fields"]
     assert api("GET", "clusters?page=zero")[0] == 400
+    # JSON types are kept: a number is not a name, true is not a node count.
+    status, body = api("POST", "clusters", {"name": 123, "nodes": True, "gpu_model": "a100-80gb"})
+    assert status == 400 and body["fields"] == {
+        "name": ["Give a string."], "nodes": ["Give a whole number."]
+    }  # fmt: skip
     assert not Cluster.objects.exists()
 
 
