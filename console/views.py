@@ -139,12 +139,14 @@ def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
     """What the utilisation charts need: stored samples to start from, and the live
     websocket while the cluster (or the job) runs."""
     live = cluster.state == Cluster.State.RUNNING and (job is None or not job.is_ended)
+    rows = None
     if job is None or live:
         resolution, history = "second", metrics.cluster_recent(cluster)
     else:
         resolution, rows = metrics.job_rows(job)
         history = metrics.as_series(rows)
     return {
+        "job_rows": rows,  # the finished job's samples, read once for charts and diagnosis
         "metrics_history": history,
         "metrics_resolution": resolution,
         "metrics_ws": f"/ws/clusters/{cluster.pk}/metrics/" if live else "",
@@ -322,6 +324,7 @@ def job_new(request, cluster_id: int):
 def job_detail(request, job_id: int):
     job = fleet.job_for_user(request.user, job_id)
     replicas = job.replicas.filter(attempt=job.attempt).select_related("host")
+    charts = _metrics_context(job.cluster, job)
     return render(
         request,
         "console/job_detail.html",
@@ -332,8 +335,8 @@ def job_detail(request, job_id: int):
             "position": fleet.queue_position_of_job(job),
             "log_lines": fleet.job_log_lines(job) if job.is_ended else [],
             "cluster": job.cluster,
-            "findings": metrics.diagnosis(job) if job.started_at else [],
-            **_metrics_context(job.cluster, job),
+            "findings": metrics.diagnosis(job, rows=charts["job_rows"]) if job.started_at else [],
+            **charts,
         },
     )
 

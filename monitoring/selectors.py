@@ -71,8 +71,10 @@ def cores_per_node(cluster: Cluster) -> int:
     return max(1, host.cpu_count * cluster.gpus_per_node // host.gpu_count)
 
 
-def diagnosis(job: Job) -> list[Finding]:
-    _, rows = job_rows(job)
+def diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
+    """What slowed the job down, from its samples (`rows` when the caller has read them)."""
+    if rows is None:
+        _, rows = job_rows(job)
     points = [
         Point(
             at=r["at"], node=r["node_index"], gpu_util=tuple(r["gpu_util"] or ()),
