@@ -79,7 +79,8 @@ def dispatch(cluster_id: int) -> int | None:
             Node.objects.filter(cluster=cluster, released_at__isnull=True).order_by("index")
         )
         port = _free_master_port(job, nodes[0].host_id) if nodes else None
-        resume = _resume_point(job, cluster) if job.attempt else ""
+        volumes = list(cluster.volumes.all())
+        resume = _resume_point(job, volumes) if job.attempt else ""
         # Compare-and-set: a duplicate delivery finds the job no longer waiting.
         if not Job.objects.filter(pk=job.pk, state=job.state).update(
             state=Job.State.STARTING,
@@ -95,7 +96,7 @@ def dispatch(cluster_id: int) -> int | None:
         if job.state == Job.State.PREEMPTED:
             where = f"from {resume}" if resume else (
                 f"from scratch: no checkpoint in {job.checkpoint_dir}"
-                + ("" if _checkpoints_survive(job, cluster) else " (it is not on a volume)")
+                + ("" if storage.covering_volume(volumes, job.checkpoint_dir) else " (it is not on a volume)")
             )  # fmt: skip
             _event(
                 job.pk,
@@ -126,23 +127,13 @@ def dispatch(cluster_id: int) -> int | None:
     return job.pk
 
 
-def _resume_point(job: Job, cluster: Cluster) -> str:
+def _resume_point(job: Job, volumes) -> str:
     """SUANLI_RESUME_FROM of a restart: the newest checkpoint in the job's checkpoint
     directory on the owner's storage, or "" when there is none."""
     found = storage.newest_checkpoint(
-        storage.tenant_root(job.owner_id), list(cluster.volumes.all()), job.checkpoint_dir,
-        not_before=job.created_at,
-    )  # fmt: skip
-    return found or ""
-
-
-def _checkpoints_survive(job: Job, cluster: Cluster) -> bool:
-    return (
-        storage.host_path(
-            storage.tenant_root(job.owner_id), list(cluster.volumes.all()), job.checkpoint_dir
-        )
-        is not None
+        storage.tenant_root(job.owner_id), volumes, job.checkpoint_dir, not_before=job.created_at
     )
+    return found or ""
 
 
 def _free_master_port(job: Job, master_host_id: int) -> int:
@@ -323,16 +314,6 @@ def _grace(preempting: bool) -> int:
 # -- preemption ----------------------------------------------------------------------------
 
 
-def preempt(job_id: int) -> None:
-    """The notice: run the job's preemption script in every running replica (`docker exec`,
-    detached), then follow it with `preempt_progress`."""
-    job = Job.objects.select_related("cluster").get(pk=job_id)
-    if job.preempt_requested_at is None or job.stop_requested_at is not None:
-        return
-    _start_scripts(job)
-    preempt_progress(job_id)
-
-
 def _start_scripts(job: Job) -> None:
     """Idempotent: a replica whose script was started keeps its exec id and is not given a
     second one (a replica that started after the notice gets its script on the next look)."""
@@ -356,9 +337,11 @@ def _start_scripts(job: Job) -> None:
         Replica.objects.filter(pk=replica.pk, preempt_exec_id="").update(preempt_exec_id=exec_id)
 
 
-def preempt_progress(job_id: int) -> None:
-    """Stop the replicas once every preemption script has ended or its time limit is up;
-    until then look again in a second. A script still running at the limit dies with its
+def preempt(job_id: int) -> None:
+    """The notice and what follows it: run the job's preemption script in every running
+    replica (`docker exec`, detached; also in replicas that started after the notice),
+    then stop the replicas once every script has ended or its time limit is up; until
+    then look again in a second. A script still running at the limit dies with its
     container (SIGTERM, then SIGKILL after the grace period)."""
     from jobs import tasks
 
@@ -369,7 +352,7 @@ def preempt_progress(job_id: int) -> None:
         or job.state not in Job.ACTIVE
     ):
         return
-    _start_scripts(job)  # replicas that started after the notice
+    _start_scripts(job)
     limit = settings.SUANLI_PREEMPT_SCRIPT_S
     overdue = (timezone.now() - job.preempt_requested_at).total_seconds() >= limit
     results: list[str] = []
@@ -394,7 +377,7 @@ def preempt_progress(job_id: int) -> None:
                 f"rank {replica.rank}: preemption script exited with code {state.get('ExitCode')}"
             )
     if waiting and not overdue:
-        _enqueue(tasks.job_preempt_progress, job_id, job_id=f"preempt-{job_id}", delay=1)
+        _enqueue(tasks.job_preempt, job_id, job_id=f"preempt-{job_id}", delay=1)
         return
     with transaction.atomic():
         # Compare-and-set: a duplicate (the reconciler's net) finds the stop already made.

@@ -516,13 +516,12 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         _commit_batch(batch, fleet, report)
     if on_demand_heads:
         notes = reclaim_spot(list(on_demand_heads.values()), fleet, report)
-        for cluster in reasons:
-            if cluster.pk in notes:
-                cluster.state_reason = notes.pop(cluster.pk)
+        listed = {c.pk for c in reasons}
         for cluster in on_demand_heads.values():
             if cluster.pk in notes:
                 cluster.state_reason = notes[cluster.pk]
-                reasons.append(cluster)
+                if cluster.pk not in listed:
+                    reasons.append(cluster)
     if reasons:
         # Only rows still pending: a cluster placed or released meanwhile keeps its state.
         for cluster in reasons:
@@ -542,10 +541,8 @@ class SpotHolder:
     """A running spot cluster as a reclaim candidate: what each of its hosts gets back."""
 
     cluster_id: int
-    name: str
     since: object  # running_since: the youngest (latest) goes first
-    gpus: dict[int, int]
-    vcpus: dict[int, int]
+    gives: dict[int, tuple[int, int]]  # host id -> (GPUs, vCPUs) it holds there
 
 
 class _WhatIf:
@@ -570,10 +567,6 @@ class _WhatIf:
         return self.fleet.plan(cluster) is not None
 
 
-def _gives(holder: SpotHolder) -> dict[int, tuple[int, int]]:
-    return {h: (holder.gpus.get(h, 0), holder.vcpus.get(h, 0)) for h in holder.gpus | holder.vcpus}
-
-
 def choose_victims(
     cluster: Cluster, hosts: list[HostCap], soon: dict[int, tuple[int, int]], holders
 ) -> list[SpotHolder] | None:
@@ -587,20 +580,20 @@ def choose_victims(
     usable = {h.id for h in hosts}
     chosen: list[SpotHolder] = []
     for holder in sorted(holders, key=lambda h: (h.since, h.cluster_id), reverse=True):
-        if not usable & (holder.gpus.keys() | holder.vcpus.keys()):
+        if not usable & holder.gives.keys():
             continue
         chosen.append(holder)
-        what_if.add(_gives(holder))
+        what_if.add(holder.gives)
         if what_if.fits(cluster):
             break
     else:
         return None
     for holder in sorted(chosen, key=lambda h: (h.since, h.cluster_id)):
-        what_if.add(_gives(holder), -1)
+        what_if.add(holder.gives, -1)
         if what_if.fits(cluster):
             chosen.remove(holder)  # not needed after all
         else:
-            what_if.add(_gives(holder))
+            what_if.add(holder.gives)
     return chosen
 
 
@@ -618,24 +611,23 @@ def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
         )
         .annotate(gpus=Count("slots"))
         .values_list(
-            "cluster_id", "cluster__name", "cluster__state", "cluster__running_since",
-            "host_id", "gpus", "vcpus",
+            "cluster_id", "cluster__state", "cluster__running_since", "host_id", "gpus", "vcpus"
         )
-    )  # fmt: skip
+    )
     # A spot cluster placed moments ago is not a candidate yet: it gets at least
     # SUANLI_SPOT_MIN_RUN_S of work per placement (no thrash, and no stream of throw-away
     # on-demand requests can keep another tenant's job from ever running).
     protected_since = timezone.now() - timedelta(seconds=settings.SUANLI_SPOT_MIN_RUN_S)
-    for cluster_id, name, state, since, host_id, gpus, vcpus in rows:
+    for cluster_id, state, since, host_id, gpus, vcpus in rows:
         if state == Cluster.State.PREEMPTING:
             soon_g[host_id] += gpus
             soon_c[host_id] += vcpus
             continue
         if since is not None and since > protected_since:
             continue
-        holder = holders.setdefault(cluster_id, SpotHolder(cluster_id, name, since, {}, {}))
-        holder.gpus[host_id] = holder.gpus.get(host_id, 0) + gpus
-        holder.vcpus[host_id] = holder.vcpus.get(host_id, 0) + vcpus
+        holder = holders.setdefault(cluster_id, SpotHolder(cluster_id, since, {}))
+        had = holder.gives.get(host_id, (0, 0))
+        holder.gives[host_id] = (had[0] + gpus, had[1] + vcpus)
     soon = {h: (soon_g[h], soon_c[h]) for h in soon_g.keys() | soon_c.keys()}
     return list(holders.values()), soon
 
@@ -666,7 +658,7 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
         taken = {v.cluster_id for v in victims}
         holders = [h for h in holders if h.cluster_id not in taken]
         for victim in victims:  # coming back soon (a later request may wait for it too)
-            for host_id, (g, c) in _gives(victim).items():
+            for host_id, (g, c) in victim.gives.items():
                 had = soon.get(host_id, (0, 0))
                 soon[host_id] = (had[0] + g, had[1] + c)
         notes[cluster.pk] = (

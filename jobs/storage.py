@@ -152,18 +152,19 @@ PARTIAL_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
 def covering_volume(volumes, container_path: str):
     """The volume whose target holds `container_path` most closely (as the engine resolves
     mounts), or None: then what is written there lives in the container and dies with it."""
-    best = None
+    best, best_len = None, -1
     for volume in volumes:
-        target = volume.target.rstrip("/") or "/"
-        if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
-            if best is None or len(target) > len(best.target.rstrip("/")):
-                best = volume
+        target = volume.target.rstrip("/")
+        if (container_path == target or container_path.startswith(target + "/")) and len(
+            target
+        ) > best_len:
+            best, best_len = volume, len(target)
     return best
 
 
-def host_path(root: Path, volumes, container_path: str) -> tuple[Path, str] | None:
-    """Where a container path lives in the tenant's storage: (resolved folder, the volume
-    target it is under), through the volume that covers it most closely; None when no
+def host_path(root: Path, volumes, container_path: str) -> Path | None:
+    """Where a container path lives in the tenant's storage (resolved), through the volume
+    that covers it most closely; None when no
     volume covers it (it lives in the container and dies with it) or when it resolves
     outside the tenant's storage (a symbolic link)."""
     best = covering_volume(volumes, container_path)
@@ -174,7 +175,7 @@ def host_path(root: Path, volumes, container_path: str) -> tuple[Path, str] | No
     real = os.path.realpath(os.path.join(real_root, best.source, rest))
     if real != real_root and not real.startswith(real_root + os.sep):
         return None
-    return Path(real), best.target
+    return Path(real)
 
 
 def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=None) -> str | None:
@@ -183,10 +184,9 @@ def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=No
     links, names the database cannot hold and entries older than `not_before` (another
     job's, in a shared folder) are skipped. The folder is opened one component at a time
     without following links, so a link planted after the check leads nowhere."""
-    found = host_path(root, volumes, checkpoint_dir)
-    if found is None:
+    folder = host_path(root, volumes, checkpoint_dir)
+    if folder is None:
         return None
-    folder, _ = found
     real_root = os.path.realpath(root)
     parts = [p for p in os.path.relpath(folder, real_root).split(os.sep) if p not in ("", ".")]
     oldest = not_before.timestamp() if not_before is not None else None

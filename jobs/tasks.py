@@ -81,12 +81,6 @@ def job_preempt(job_id: int) -> None:
     runner.preempt(job_id)
 
 
-def job_preempt_progress(job_id: int) -> None:
-    from jobs import runner
-
-    runner.preempt_progress(job_id)
-
-
 def job_kill(job_id: int, attempt: int | None = None) -> None:
     from jobs import runner
 
