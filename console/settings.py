@@ -76,6 +76,9 @@ DATABASES = {
         conn_max_age=envint("DATABASE_CONN_MAX_AGE", 60),
     )
 }
+# A second suite on the same server (a helper's, a bench's) names its own test database.
+if envstr("SUANLI_TEST_DATABASE", ""):
+    DATABASES["default"]["TEST"] = {"NAME": envstr("SUANLI_TEST_DATABASE", "")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
