@@ -127,8 +127,9 @@ write_env() {
 
 # ---------------------------------------------------------------- redis ----
 
-# redis_up PORT: true when something answers PING on 127.0.0.1:PORT.
-redis_up() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
+# redis_up PORT: true when something answers PING on 127.0.0.1:PORT (with the
+# password in REDIS_PASSWORD, when the caller set one).
+redis_up() { [[ "$(REDISCLI_AUTH="${REDIS_PASSWORD:-}" redis-cli --no-auth-warning -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
 
 # start_redis PORT DIR EXTRA_ARGS...: daemonized redis with its dir, pidfile
 # and log inside DIR. No-op when a redis already answers on PORT.
@@ -161,7 +162,7 @@ stop_redis() {
         return 0
     fi
     log "stopping redis pid $pid (port $port)"
-    redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    REDISCLI_AUTH="${REDIS_PASSWORD:-}" redis-cli --no-auth-warning -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
     kill_and_wait 10 "$pid"
     rm -f "$dir/redis.pid"
 }
@@ -192,7 +193,12 @@ start_dockerd() {
         printf '\n===== %s starting dockerd %s\n' "$(date -Is)" "${args[*]}" >>"$logf"
         # stdin from /dev/null and its own session: no SIGHUP/SIGINT from our
         # terminal or from make reaches it after we exit.
-        setsid nohup dockerd --pidfile "$pidfile" "${args[@]}" </dev/null >>"$logf" 2>&1 &
+        # DOCKERD_NETNS: run it in that network namespace (a test host of its own).
+        # nsenter, not `ip netns exec`: the latter remounts /sys and dockerd then fails
+        # with "Devices cgroup isn't mounted".
+        local prefix=()
+        [[ -n "${DOCKERD_NETNS:-}" ]] && prefix=(nsenter "--net=/var/run/netns/$DOCKERD_NETNS")
+        setsid nohup "${prefix[@]}" dockerd --pidfile "$pidfile" "${args[@]}" </dev/null >>"$logf" 2>&1 &
         pid=$!
         local deadline=$((SECONDS + 60))
         while ! docker_up "$host"; do

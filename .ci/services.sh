@@ -9,10 +9,16 @@
 # start brings up:
 #   - PostgreSQL (system cluster; role+db suanli/suanli, password auth on
 #     127.0.0.1). Stopped by `stop` only if `start` was the one to start it.
-#   - redis on 127.0.0.1:${SUANLI_TEST_REDIS_PORT:-6399}, no persistence.
-#   - two independent Docker engines "a" and "b", each with its own socket,
-#     data root, exec root and bridge (suanli-a 172.29.1.1/24, suanli-b
-#     172.29.2.1/24), both with the image suanli/busybox:latest.
+#   - redis on 127.0.0.1:${SUANLI_TEST_REDIS_PORT:-6399}, no persistence, with a
+#     password generated once into $RUN_DIR/redis.pass.
+#   - two Docker engines "a" and "b", each a host of its own: its own network
+#     namespace (suanli-test-a/b) joined to this machine by a veth pair on the
+#     bridge suanli-hosts (172.29.0.1/24; engines 172.29.0.11 and .12), its own
+#     socket, data root and exec root, the tenant firewall
+#     (jobs/scripts/host-firewall.sh) and the image suanli/busybox:latest. The two
+#     form a swarm (a manages) that carries the clusters' overlay networks.
+#     Nothing outside those namespaces and suanli-hosts is touched: this machine's
+#     docker0 and any other engine stay as they are.
 # and prints `export` lines on stdout (also saved to $RUN_DIR/env.sh).
 # Everything else goes to stderr.
 #
@@ -36,16 +42,28 @@ PG_MARKER="$RUN_DIR/postgres.started-by-us"
 BUSYBOX_TAR="$RUN_DIR/busybox-rootfs.tar"
 
 ENGINES=(a b)
-declare -A BRIDGE_ADDR=([a]=172.29.1.1/24 [b]=172.29.2.1/24)
-# Pools for user-defined networks (`docker network create`). Without them both
-# engines would hand out the same 172.18.0.0/16... and create two host bridges
-# with overlapping routes.
+HOSTS_BRIDGE=suanli-hosts
+HOSTS_GATEWAY=172.29.0.1
+declare -A ENGINE_IP=([a]=172.29.0.11 [b]=172.29.0.12)
+# Pools for user-defined networks (`docker network create`) and the swarm's overlays:
+# distinct, so that no two networks of the test hosts overlap.
 declare -A ADDR_POOL=([a]=172.29.64.0/18 [b]=172.29.128.0/18)
+SWARM_POOL=172.29.192.0/18
 
 engine_dir() { printf '%s/docker-%s' "$RUN_DIR" "$1"; }
 engine_sock() { printf '%s/docker-%s.sock' "$RUN_DIR" "$1"; }
 engine_host() { printf 'unix://%s' "$(engine_sock "$1")"; }
-engine_bridge() { printf 'suanli-%s' "$1"; }
+engine_netns() { printf 'suanli-test-%s' "$1"; }
+engine_veth() { printf 'slh-%s' "$1"; }
+FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
+REDIS_PASS_FILE="$RUN_DIR/redis.pass"
+
+redis_password() {
+    if [[ ! -s "$REDIS_PASS_FILE" ]]; then
+        (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$REDIS_PASS_FILE")
+    fi
+    cat "$REDIS_PASS_FILE"
+}
 
 # ------------------------------------------------------------ postgres ----
 
@@ -143,15 +161,47 @@ stop_postgres() {
 
 # -------------------------------------------------------------- docker ----
 
-ensure_bridge() {
-    local br="$1" addr="$2"
-    if ! ip link show "$br" >/dev/null 2>&1; then
-        ip link add "$br" type bridge
+# ensure_hosts_lan: the bridge that joins the test hosts and this machine (their
+# "data-centre network"): swarm control (2377), gossip (7946) and VXLAN (4789) cross it.
+ensure_hosts_lan() {
+    if ! ip link show "$HOSTS_BRIDGE" >/dev/null 2>&1; then
+        ip link add "$HOSTS_BRIDGE" type bridge
     fi
-    if ! ip -4 addr show dev "$br" | grep -qF "inet $addr "; then
-        ip addr add "$addr" dev "$br"
+    if ! ip -4 addr show dev "$HOSTS_BRIDGE" | grep -qF "inet $HOSTS_GATEWAY/"; then
+        ip addr add "$HOSTS_GATEWAY/24" dev "$HOSTS_BRIDGE"
     fi
-    ip link set "$br" up
+    ip link set "$HOSTS_BRIDGE" up
+    # With br_netfilter, frames between two ports of the bridge pass FORWARD, whose
+    # policy a local dockerd sets to DROP.
+    iptables -C FORWARD -i "$HOSTS_BRIDGE" -o "$HOSTS_BRIDGE" -j ACCEPT 2>/dev/null ||
+        iptables -I FORWARD 1 -i "$HOSTS_BRIDGE" -o "$HOSTS_BRIDGE" -j ACCEPT
+}
+
+remove_hosts_lan() {
+    iptables -D FORWARD -i "$HOSTS_BRIDGE" -o "$HOSTS_BRIDGE" -j ACCEPT 2>/dev/null || true
+    if ip link show "$HOSTS_BRIDGE" >/dev/null 2>&1; then
+        ip link del "$HOSTS_BRIDGE"
+    fi
+}
+
+# ensure_netns ENGINE: the engine's own network namespace, with lo and an eth0 on the
+# hosts' bridge, so the engine is a host with an address of its own.
+ensure_netns() {
+    local e="$1" ns veth
+    ns="$(engine_netns "$e")"
+    veth="$(engine_veth "$e")"
+    [[ -e "/var/run/netns/$ns" ]] || ip netns add "$ns"
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+        ip -n "$ns" link del eth0 2>/dev/null || true
+        ip link add "$veth" type veth peer name eth0 netns "$ns"
+    fi
+    ip link set "$veth" master "$HOSTS_BRIDGE" up
+    ip -n "$ns" link set lo up
+    if ! ip -n "$ns" -4 addr show dev eth0 | grep -qF "inet ${ENGINE_IP[$e]}/"; then
+        ip -n "$ns" addr add "${ENGINE_IP[$e]}/24" dev eth0
+    fi
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" route replace default via "$HOSTS_GATEWAY"
 }
 
 start_engine() {
@@ -159,6 +209,7 @@ start_engine() {
     dir="$(engine_dir "$e")"
     host="$(engine_host "$e")"
     sock="$(engine_sock "$e")"
+    ensure_netns "$e"
     if docker_up "$host"; then
         log "engine $e already running ($host)"
         return 0
@@ -176,29 +227,42 @@ start_engine() {
     stop_dockerd "$dir/docker.pid" "$dir/exec" 10
     rm -f "$sock"
     mkdir -p "$dir/data" "$dir/exec"
-    # Forget the network state of the previous run (images stay cached).
-    # Observed with docker.io 20.10: a dockerd restarting on a data root whose
-    # store still holds the previous "bridge" network, after `stop` deleted
-    # and we recreated suanli-X, deletes ANOTHER bridge while clearing that
-    # stale network -- here it deleted the system docker0 under a running
-    # dev dockerd. Without the store it starts clean and touches nothing.
-    # `stop` removed all containers, so nothing refers to these networks.
+    # Forget the network and swarm state of the previous run (images stay cached):
+    # every run starts from a clean network store and forms a fresh swarm.
     rm -f "$dir/data/network/files/local-kv.db"
-    # Own bridge per engine, created before dockerd: with --bridge NAME dockerd
-    # uses an existing bridge as is. (`--bridge none` would be worse: dockerd
-    # then deletes any docker0, i.e. the bridge of another engine.)
-    ensure_bridge "$(engine_bridge "$e")" "${BRIDGE_ADDR[$e]}"
+    rm -rf "$dir/data/swarm"
     # Empty config file: a system /etc/docker/daemon.json (hosts, data-root...)
     # must not leak into the test engines.
     [[ -f "$dir/daemon.json" ]] || echo '{}' >"$dir/daemon.json"
-    log "starting engine $e ($host)"
-    start_dockerd "$host" "$dir" "$dir/dockerd.log" "$dir/docker.pid" \
+    log "starting engine $e ($host, ${ENGINE_IP[$e]} in netns $(engine_netns "$e"))"
+    # Inside its own namespace the engine's docker0 is its own: it touches no other.
+    DOCKERD_NETNS="$(engine_netns "$e")" start_dockerd "$host" "$dir" "$dir/dockerd.log" "$dir/docker.pid" \
         --config-file "$dir/daemon.json" \
         --host "$host" \
         --data-root "$dir/data" \
         --exec-root "$dir/exec" \
-        --bridge "$(engine_bridge "$e")" \
         --default-address-pool "base=${ADDR_POOL[$e]},size=24"
+    ip netns exec "$(engine_netns "$e")" sh "$FIREWALL" apply
+}
+
+swarm_state() { "$DOCKER_CLI" -H "$(engine_host "$1")" info --format '{{.Swarm.LocalNodeState}}' 2>/dev/null; }
+
+# form_swarm: engine a initialises a swarm and engine b joins it (both fresh each run).
+form_swarm() {
+    local a="${ENGINES[0]}" b="${ENGINES[1]}" token
+    if [[ "$(swarm_state "$a")" != active ]]; then
+        log "engine $a: swarm init on ${ENGINE_IP[$a]}"
+        "$DOCKER_CLI" -H "$(engine_host "$a")" swarm init --advertise-addr "${ENGINE_IP[$a]}" \
+            --listen-addr "${ENGINE_IP[$a]}:2377" --default-addr-pool "$SWARM_POOL" >/dev/null
+    fi
+    if [[ "$(swarm_state "$b")" != active ]]; then
+        token="$("$DOCKER_CLI" -H "$(engine_host "$a")" swarm join-token -q worker)"
+        log "engine $b: swarm join ${ENGINE_IP[$a]}:2377"
+        "$DOCKER_CLI" -H "$(engine_host "$b")" swarm join --token "$token" \
+            --advertise-addr "${ENGINE_IP[$b]}" --listen-addr "${ENGINE_IP[$b]}:2377" \
+            "${ENGINE_IP[$a]}:2377" >/dev/null
+    fi
+    log "swarm: $a manager, $b worker"
 }
 
 remove_containers() {
@@ -213,17 +277,22 @@ remove_containers() {
 }
 
 stop_engine() {
-    local e="$1" dir br
+    local e="$1" dir ns
     dir="$(engine_dir "$e")"
-    br="$(engine_bridge "$e")"
+    ns="$(engine_netns "$e")"
     remove_containers "$e"
+    docker_up "$(engine_host "$e")" && "$DOCKER_CLI" -H "$(engine_host "$e")" swarm leave --force >/dev/null 2>&1 || true
     stop_dockerd "$dir/docker.pid" "$dir/exec" 20
     rm -f "$(engine_sock "$e")"
     # dockerd leaves exec/netns/default (an nsfs bind mount) behind even on a
     # clean exit; unmount it so a plain `rm -rf .run` works later.
     unmount_under "$dir"
-    if ip link show "$br" >/dev/null 2>&1; then
-        ip link del "$br"
+    # The namespace takes its eth0, bridges and rules with it; the veth pair goes too.
+    if [[ -e "/var/run/netns/$ns" ]]; then
+        ip netns del "$ns"
+    fi
+    if ip link show "$(engine_veth "$e")" >/dev/null 2>&1; then
+        ip link del "$(engine_veth "$e")"
     fi
 }
 
@@ -244,8 +313,9 @@ print_env() {
     for e in "${ENGINES[@]}"; do engines+="${engines:+,}$(engine_host "$e")"; done
     write_env "$RUN_DIR/env.sh" \
         "DATABASE_URL=postgres://suanli:suanli@127.0.0.1:${PG_PORT:-$(pg_port)}/suanli" \
-        "REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0" \
+        "REDIS_URL=redis://:$(redis_password)@127.0.0.1:$REDIS_PORT/0" \
         "SUANLI_TEST_ENGINES=$engines" \
+        "SUANLI_TEST_ENGINE_ADDRS=${ENGINE_IP[a]},${ENGINE_IP[b]}" \
         "SUANLI_TEST_IMAGE=$SUANLI_IMAGE"
 }
 
@@ -260,8 +330,12 @@ cmd_start() {
     # would race with the other engine doing the same.
     start_postgres &
     local pg_job=$! jobs=() j rc=0
-    start_redis "$REDIS_PORT" "$REDIS_DIR" --save '' --appendonly no
+    REDIS_PASSWORD="$(redis_password)"
+    export REDIS_PASSWORD
+    start_redis "$REDIS_PORT" "$REDIS_DIR" --save '' --appendonly no --requirepass "$REDIS_PASSWORD"
+    ensure_hosts_lan
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
+    form_swarm
     build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
     for e in "${ENGINES[@]}"; do
         ensure_busybox_image "$(engine_host "$e")" "$BUSYBOX_TAR" &
@@ -284,7 +358,8 @@ cmd_stop() {
     done
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     ((rc == 0)) || die "stopping an engine failed"
-    stop_redis "$REDIS_PORT" "$REDIS_DIR"
+    remove_hosts_lan
+    REDIS_PASSWORD="$(redis_password)" stop_redis "$REDIS_PORT" "$REDIS_DIR"
     stop_postgres
     if [[ "$clean" == --clean ]]; then
         log "removing $RUN_DIR"

@@ -1,11 +1,15 @@
 """Operators' money tools: the rate card (versioned; past versions read-only), accounts
-with top-up / refund / adjustment (each entry records who and why), the ledger (read-only)."""
+with top-up / refund / adjustment (each entry records who and why), the ledger (read-only).
+
+Posting an entry needs the custom permission `billing.post_ledgerentry` ("Can post
+top-ups, refunds and adjustments"; Django's `add_ledgerentry` is not used, the ledger is
+never edited as rows): seeing an account ("Can view account") shows its entries only."""
 
 import uuid
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
 from django.utils import timezone
@@ -102,10 +106,16 @@ class AccountAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
+    @staticmethod
+    def may_post(request) -> bool:
+        return request.user.has_perm("billing.post_ledgerentry")
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra_context = extra_context or {}
-        extra_context["entry_form"] = EntryForm(
-            initial={"token": uuid.uuid4().hex, "kind": "topup"}
+        extra_context["entry_form"] = (
+            EntryForm(initial={"token": uuid.uuid4().hex, "kind": "topup"})
+            if self.may_post(request)
+            else None
         )
         extra_context["entries"] = LedgerEntry.objects.filter(account_id=object_id).select_related(
             "created_by", "cluster"
@@ -115,8 +125,10 @@ class AccountAdmin(admin.ModelAdmin):
     def post_entry_view(self, request, account_id: int):
         account = get_object_or_404(Account, pk=account_id)
         back = reverse("admin:billing_account_change", args=[account.pk])
-        if request.method != "POST" or not self.has_view_permission(request, account):
+        if request.method != "POST":
             return redirect(back)
+        if not (self.has_view_permission(request, account) and self.may_post(request)):
+            raise PermissionDenied("Posting ledger entries needs billing.post_ledgerentry.")
         form = EntryForm(request.POST)
         if not form.is_valid():
             messages.error(

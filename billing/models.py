@@ -143,6 +143,9 @@ class LedgerEntry(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "ledger entries"
+        # Operators post top-ups, refunds, adjustments and credits (billing admin, an
+        # account's entry form) only with this; viewing accounts does not grant it.
+        permissions = [("post_ledgerentry", "Can post top-ups, refunds and adjustments")]
         indexes = [
             models.Index(fields=["account", "-created_at"], name="ledger_account_idx"),
             models.Index(fields=["cluster", "period_to"], name="ledger_cluster_idx"),

@@ -2,7 +2,8 @@
 
 Authentication is `Authorization: Bearer <token>` only (never the session cookie, so
 there is no CSRF surface); each token is rate-limited (`SUANLI_API_RATE_PER_MIN` a
-minute). Input goes through the same forms and services as the pages, and every object
+minute), and failed tokens count with failed log-ins against the client's address: at
+`AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid tokens too. Input goes through the same forms and services as the pages, and every object
 is looked up through its owner: another researcher's is 404. Errors are JSON:
 `{"error": "...", "fields": {"name": ["..."]}}`.
 """
@@ -28,8 +29,9 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from billing import selectors as money
+from console import auth
 from console.api_schema import SCHEMA
-from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm
+from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm
 from console.models import ApiToken, digest_of
 from jobs import selectors as fleet
 from jobs import services as fleet_services
@@ -46,12 +48,15 @@ def _error(status: int, message: str, fields: dict | None = None, **headers) -> 
 
 
 def _token_user(request):
+    """(token row, "") or (None, why). A token that does not authenticate counts as a
+    failed log-in of the client's address (console/auth.py); a missing one does not."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None, "Send your API token as 'Authorization: Bearer <token>'."
     row = ApiToken.objects.select_related("user").filter(digest=digest_of(token.strip())).first()
     if row is None or row.revoked_at is not None or not row.user.is_active:
+        auth.token_failed(request)
         return None, "This token is not valid (unknown or revoked)."
     now = timezone.now()
     # At most one write a minute per token for "last used".
@@ -81,8 +86,12 @@ def endpoint(*methods: str):
         @csrf_exempt
         @functools.wraps(view)
         def handler(request, *args, **kwargs):
+            if auth.token_locked(request):
+                return auth.token_locked_response(request)
             token, why = _token_user(request)
             if token is None:
+                if getattr(request, "axes_locked_out", False):  # this failure locked it
+                    return auth.token_locked_response(request)
                 return _error(401, why, WWW_Authenticate='Bearer realm="suanli"')
             if request.method not in methods:
                 return _error(405, f"Use {' or '.join(methods)}.", Allow=", ".join(methods))
@@ -254,6 +263,17 @@ def cluster(request, user, body, cluster_id: int):
 def cluster_release(request, user, body, cluster_id: int):
     c = fleet.cluster_for_user(user, cluster_id)
     c = fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
+    return JsonResponse(cluster_json(request, c))
+
+
+@endpoint("POST")
+def cluster_resize(request, user, body, cluster_id: int):
+    """`{"nodes": N}`: the page's resize, with its balance check for more nodes."""
+    c = fleet.cluster_for_user(user, cluster_id)
+    form = ResizeForm(_scalars(body, ("nodes",), numbers=("nodes",)), cluster=c)
+    if not form.is_valid():
+        return _fields_error(form)
+    c = fleet_services.cluster_resize(cluster=c, nodes=form.cleaned_data["nodes"])
     return JsonResponse(cluster_json(request, c))
 
 

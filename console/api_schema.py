@@ -14,7 +14,11 @@ def _resp(description: str, schema=None) -> dict:
 
 _COMMON = {
     "401": _resp("Missing, unknown or revoked token.", _ERROR),
-    "429": _resp("Too many requests for this token (see Retry-After).", _ERROR),
+    "429": _resp(
+        "Too many requests for this token, or too many failed tokens or log-ins from this "
+        "address (see Retry-After).",
+        _ERROR,
+    ),
 }
 _ID = {"type": "integer", "minimum": 1, "maximum": 2147483647}
 _PAGE = {
@@ -219,6 +223,34 @@ SCHEMA = {
                 "parameters": [_path_id("cluster_id")],
                 "responses": {
                     "200": _resp("Released.", {"$ref": "#/components/schemas/Cluster"}),
+                    "404": _resp("Not found.", _ERROR),
+                    **_COMMON,
+                },
+            }
+        },
+        "/clusters/{cluster_id}/resize": {
+            "post": {
+                "summary": "Change a running cluster's node count (more nodes: placed now or "
+                "refused, and the balance must cover them as for a new cluster).",
+                "parameters": [_path_id("cluster_id")],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["nodes"],
+                                "properties": {"nodes": {"type": "integer", "minimum": 1}},
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": _resp("Resized.", {"$ref": "#/components/schemas/Cluster"}),
+                    "400": _resp(
+                        "Refused: not running, a job runs, no room, or not enough balance.",
+                        _ERROR,
+                    ),
                     "404": _resp("Not found.", _ERROR),
                     **_COMMON,
                 },

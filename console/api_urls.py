@@ -9,6 +9,7 @@ urlpatterns = [
     path("clusters", api.clusters, name="api_clusters"),
     path("clusters/<int:cluster_id>", api.cluster, name="api_cluster"),
     path("clusters/<int:cluster_id>/release", api.cluster_release, name="api_cluster_release"),
+    path("clusters/<int:cluster_id>/resize", api.cluster_resize, name="api_cluster_resize"),
     path("jobs", api.jobs, name="api_jobs"),
     path("jobs/<int:job_id>", api.job, name="api_job"),
     path("jobs/<int:job_id>/cancel", api.job_cancel, name="api_job_cancel"),

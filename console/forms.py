@@ -1,5 +1,8 @@
 """Researchers' forms. Validation says what to write instead; nothing is half-created."""
 
+from dataclasses import dataclass
+from decimal import Decimal
+
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -12,6 +15,49 @@ from jobs.services import ClusterSpec, JobSpec
 
 CUSTOM_IMAGE = "custom"
 ZONE_SPREAD_NOTE = "Spreading nodes over zones costs about 5 % more communication time."
+
+
+@dataclass(frozen=True)
+class Funds:
+    """What a cluster of a shape costs and whether the balance covers the minutes a new
+    (or grown) cluster must be able to pay for (`SUANLI_MIN_BALANCE_MINUTES`)."""
+
+    per_hour: Decimal
+    needed: Decimal
+    balance: Decimal
+    minutes: int
+    currency: str
+
+    @property
+    def short(self) -> bool:
+        return self.balance < self.needed
+
+    def as_context(self) -> dict:
+        return {
+            "needed": self.needed, "balance": self.balance, "minutes": self.minutes,
+            "currency": self.currency, "per_hour": self.per_hour,
+        }  # fmt: skip
+
+
+def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> Funds | None:
+    """The balance check of creating a cluster (and of growing one); None when the shape
+    has no price on the rate card."""
+    quote = money.quote_for(
+        gpu_model_id=gpu_model.pk if gpu_model else None,
+        instance_type_id=instance_type.pk if instance_type else None,
+        units=units,
+    )
+    if not quote.priced:
+        return None
+    per_hour = quote.spot if spot else quote.on_demand
+    minutes = settings.SUANLI_MIN_BALANCE_MINUTES
+    return Funds(
+        per_hour=per_hour,
+        needed=(per_hour * minutes / 60).quantize(per_hour),
+        balance=money.balance_of(owner),
+        minutes=minutes,
+        currency=quote.currency,
+    )
 
 
 class ClusterForm(forms.Form):
@@ -39,8 +85,10 @@ class ClusterForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         initial="workspace:/workspace",
-        help_text="One per line: storage-folder:/container/path[:ro], e.g. datasets/imagenet:/workspace/data:ro. "
-        "Folders are relative to your storage and are created when missing.",
+        help_text="One per line: storage-folder:/container/path[:ro], e.g. datasets:/workspace/data:ro. "
+        "A storage folder is one name (letters, digits, '.', '_', '-'), created when missing; "
+        "a volume mounts the whole folder, so for a sub-folder mount its folder and use the "
+        "path inside the container (/workspace/data/imagenet).",
     )
     ssh_keys = forms.ModelMultipleChoiceField(
         queryset=SshKey.objects.none(),
@@ -216,32 +264,26 @@ class ClusterForm(forms.Form):
         units = (data.get("nodes") or 0) * ((data.get("gpus_per_node") or 0) if gpu_model else 1)
         if not units:
             return
-        quote = money.quote_for(
-            gpu_model_id=gpu_model.pk if gpu_model else None,
-            instance_type_id=instance_type.pk if instance_type else None,
+        funds = check_funds(
+            self.owner,
+            gpu_model=gpu_model,
+            instance_type=instance_type,
             units=units,
+            spot=bool(data.get("spot")),
         )
-        what = gpu_model.name if gpu_model else instance_type.name
-        if not quote.priced:
+        if funds is None:
             self.add_error(
                 "resource",
-                f"{what} has no price on the rate card yet; pick another or ask an operator.",
+                f"{(gpu_model or instance_type).name} has no price on the rate card yet; "
+                "pick another or ask an operator.",
             )
-            return
-        per_hour = quote.spot if data.get("spot") else quote.on_demand
-        balance = money.balance_of(self.owner)
-        minutes = settings.SUANLI_MIN_BALANCE_MINUTES
-        needed = (per_hour * minutes / 60).quantize(per_hour)
-        if balance < needed:
-            self.funds_short = {
-                "needed": needed, "balance": balance, "minutes": minutes,
-                "currency": quote.currency, "per_hour": per_hour,
-            }  # fmt: skip
+        elif funds.short:
+            self.funds_short = funds.as_context()
             self.add_error(
                 None,
-                f"This cluster costs {per_hour} {quote.currency}/h; creating it needs a balance for "
-                f"{minutes} minutes ({needed} {quote.currency}). Your balance is {balance} {quote.currency}: "
-                "top up on the billing page.",
+                f"This cluster costs {funds.per_hour} {funds.currency}/h; creating it needs a balance for "
+                f"{funds.minutes} minutes ({funds.needed} {funds.currency}). Your balance is "
+                f"{funds.balance} {funds.currency}: top up on the billing page.",
             )
 
     def spec(self) -> ClusterSpec:
@@ -265,12 +307,42 @@ class ClusterForm(forms.Form):
 
 
 class ResizeForm(forms.Form):
+    """More nodes pass the same balance check as creating the cluster at its new size (a
+    researcher refused a 2-node cluster cannot get one by resizing a 1-node one); fewer
+    nodes always pass."""
+
     nodes = forms.IntegerField(min_value=1, label="Nodes")
+
+    def __init__(self, *args, cluster: Cluster, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
 
     def clean_nodes(self):
         nodes = self.cleaned_data["nodes"]
         if nodes > settings.SUANLI_MAX_NODES:
             raise ValidationError(f"At most {settings.SUANLI_MAX_NODES} nodes per cluster.")
+        cluster = self.cluster
+        if nodes > cluster.nodes:
+            units = nodes * (cluster.gpus_per_node if cluster.gpu_model_id else 1)
+            funds = check_funds(
+                cluster.owner,
+                gpu_model=cluster.gpu_model,
+                instance_type=cluster.instance_type,
+                units=units,
+                spot=cluster.spot,
+            )
+            if funds is None:
+                raise ValidationError(
+                    f"{cluster.resource_label} has no price on the rate card now, so the "
+                    "cluster cannot grow; ask an operator."
+                )
+            if funds.short:
+                raise ValidationError(
+                    f"With {nodes} nodes this cluster costs {funds.per_hour} {funds.currency}/h; "
+                    f"growing it needs a balance for {funds.minutes} minutes ({funds.needed} "
+                    f"{funds.currency}). Your balance is {funds.balance} {funds.currency}: top up "
+                    "on the billing page."
+                )
         return nodes
 
 

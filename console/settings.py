@@ -1,9 +1,13 @@
 """Suanli settings: one module, everything that differs between machines comes from the
 environment (a `*_FILE` variant is read for secrets)."""
 
+import base64
+import hashlib
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from console.env import envbool, envint, envlist, envstr
@@ -17,6 +21,32 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when DEBUG is off.")
     SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production-0123456789abcdef"  # noqa: S105
+
+# Secrets at rest (jobs/crypto.py): webhook signing secrets and engines' TLS material are
+# stored encrypted with these Fernet keys. Comma-separated keys rotate: the first encrypts,
+# every one decrypts (put a new key first and keep the old one after it).
+SUANLI_SECRETS_KEYS = [k.strip() for k in envstr("SUANLI_SECRETS_KEY", "").split(",") if k.strip()]
+if not SUANLI_SECRETS_KEYS:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SUANLI_SECRETS_KEY (or SUANLI_SECRETS_KEY_FILE) must be set when DEBUG is off: "
+            "a Fernet key, e.g. from python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'."
+        )
+    # Development only: a key derived from SECRET_KEY, so a DEBUG checkout runs without
+    # setup. Rows written with it become unreadable once a real key replaces it.
+    SUANLI_SECRETS_KEYS = [
+        base64.urlsafe_b64encode(
+            hashlib.sha256(b"suanli-secrets-key:" + SECRET_KEY.encode()).digest()
+        ).decode()
+    ]
+for _key in SUANLI_SECRETS_KEYS:
+    try:
+        Fernet(_key.encode())
+    except ValueError:
+        raise ImproperlyConfigured(
+            "SUANLI_SECRETS_KEY must be Fernet keys (32 url-safe base64-encoded bytes each)."
+        ) from None
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
@@ -33,6 +63,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "channels",
     "django_rq",
+    "axes",
     "jobs",
     "billing",
     "monitoring",
@@ -48,6 +79,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a log-in refused for too many failures into the lock's page (console/auth.py).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -87,6 +120,21 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Log-in throttling (django-axes, console/auth.py): AXES_FAILURE_LIMIT failed passwords or API
+# tokens from one address lock it for AXES_COOLOFF_MINUTES after the last failure (the right
+# password is refused too); operators unlock it in the admin (Axes -> Access attempts).
+# AxesStandaloneBackend needs the request: authenticate(request, ...), which Django's
+# login views do; tests log in with the login form or force_login().
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = envbool("AXES_ENABLED", True)
+AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = timedelta(minutes=envint("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_CLIENT_IP_CALLABLE = "console.auth.client_ip"
+AXES_LOCKOUT_CALLABLE = "console.auth.lockout_response"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -144,9 +192,9 @@ SUANLI_TLS_DIR = Path(envstr("SUANLI_TLS_DIR", str(BASE_DIR / ".run" / "tls")))
 # HTTPS hardening is on whenever DEBUG is off; SUANLI_HTTPS=0 serves plain HTTP behind a
 # trusted proxy that terminates TLS elsewhere (and only then).
 _https = envbool("SUANLI_HTTPS", not DEBUG)
-SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_X_FORWARDED_PROTO", "https") if envbool("SUANLI_BEHIND_PROXY", False) else None
-)
+# Behind a proxy, the client's address is the last X-Forwarded-For entry (console/auth.py).
+SUANLI_BEHIND_PROXY = envbool("SUANLI_BEHIND_PROXY", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SUANLI_BEHIND_PROXY else None
 SECURE_SSL_REDIRECT = _https
 SESSION_COOKIE_SECURE = _https
 CSRF_COOKIE_SECURE = _https
@@ -181,11 +229,12 @@ SUANLI_PIDS_LIMIT = envint("SUANLI_PIDS_LIMIT", 4096)
 SUANLI_MEM_LIMIT_MB = envint("SUANLI_MEM_LIMIT_MB", 8192)
 SUANLI_SHM_SIZE_MB = envint("SUANLI_SHM_SIZE_MB", 2048)
 SUANLI_MASTER_PORT_BASE = envint("SUANLI_MASTER_PORT_BASE", 29500)
+# MTU of the hosts' network: cluster bridges use it, overlays 50 bytes less (VXLAN).
+SUANLI_NETWORK_MTU = envint("SUANLI_NETWORK_MTU", 1500)
 # Billing: accrual every N seconds; a new cluster needs a balance for N minutes of it.
 SUANLI_ACCRUAL_INTERVAL = envint("SUANLI_ACCRUAL_INTERVAL", 10)
 SUANLI_MIN_BALANCE_MINUTES = envint("SUANLI_MIN_BALANCE_MINUTES", 10)
 SUANLI_LOW_BALANCE_HOURS = envint("SUANLI_LOW_BALANCE_HOURS", 1)
-SUANLI_MASTER_PORT_SPAN = envint("SUANLI_MASTER_PORT_SPAN", 10000)
 SUANLI_NCCL_IB_HCA = envstr("SUANLI_NCCL_IB_HCA", "mlx5")
 SUANLI_STOP_GRACE_S = envint("SUANLI_STOP_GRACE_S", 10)
 # Spot preemption: the preemption script's time limit, then SIGTERM, then SIGKILL after

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import login
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
 from django.contrib.auth.forms import UserCreationForm
 from django.core.exceptions import ValidationError
 from django.db import connection
@@ -68,6 +68,7 @@ def ops_hosts(request):
 
 
 @staff_member_required
+@permission_required("jobs.change_host", raise_exception=True)
 @require_POST
 def ops_host_check(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
@@ -129,7 +130,7 @@ def _cluster_context(cluster: Cluster) -> dict:
         "volumes": cluster.volumes.all(),
         "ssh_keys": cluster.ssh_keys.all(),
         "position": fleet.queue_position(cluster),
-        "resize_form": ResizeForm(initial={"nodes": cluster.nodes}),
+        "resize_form": ResizeForm(initial={"nodes": cluster.nodes}, cluster=cluster),
         "jobs": cluster.jobs.all()[:50],
         **_metrics_context(cluster),
     }
@@ -193,7 +194,7 @@ def cluster_release(request, cluster_id: int):
 @require_POST
 def cluster_resize(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
-    form = ResizeForm(request.POST)
+    form = ResizeForm(request.POST, cluster=cluster)
     if form.is_valid():
         try:
             cluster = fleet_services.cluster_resize(
@@ -255,6 +256,7 @@ def ops_queue(request):
 
 
 @staff_member_required
+@permission_required("jobs.drain_host", raise_exception=True)
 @require_POST
 def ops_host_drain(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
@@ -270,6 +272,7 @@ def ops_host_drain(request, host_id: int):
 
 
 @staff_member_required
+@permission_required("jobs.reclaim_spot", raise_exception=True)
 @require_POST
 def ops_host_reclaim(request, host_id: int):
     """Take a host's spot capacity back: every running spot cluster with a node on it gets

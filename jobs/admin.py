@@ -1,4 +1,10 @@
+"""The fleet in the Django admin. Operators' actions on running work are permissions of
+their own (jobs.Host / jobs.Cluster Meta): drain_host (drain and undrain), reclaim_spot,
+preempt_cluster, release_cluster; checking an engine needs change_host. Staff who may only
+view see no such action, and posting one anyway is refused with 403."""
+
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
@@ -32,8 +38,20 @@ def report_check(request, host: Host) -> None:
         )
 
 
+class ActionsNeedPermissions:
+    """Django leaves an action out of the menu for staff without its permission and answers
+    a posted one with "No action selected"; here the post is refused outright (403)."""
+
+    def changelist_view(self, request, extra_context=None):
+        name = request.POST.get("action", "") if request.method == "POST" else ""
+        known = {a if isinstance(a, str) else a.__name__ for a in self.actions or ()}
+        if name in known and name not in self.get_actions(request):
+            raise PermissionDenied(f"You may not run '{name}' on {self.opts.verbose_name_plural}.")
+        return super().changelist_view(request, extra_context)
+
+
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     form = HostForm
     change_form_template = "admin/jobs/host/change_form.html"
     list_display = [
@@ -118,24 +136,32 @@ class HostAdmin(admin.ModelAdmin):
         report_check(request, services.host_check(host_id=host.pk))
         return redirect(reverse("admin:jobs_host_change", args=[host.pk]))
 
-    @admin.action(description="Check now")
+    def has_drain_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.drain_host")
+
+    def has_reclaim_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.reclaim_spot")
+
+    @admin.action(description="Check now", permissions=["change"])
     def check_now(self, request, queryset):
         for host in queryset:
             report_check(request, services.host_check(host_id=host.pk))
 
-    @admin.action(description="Drain (no new placements)")
+    @admin.action(description="Drain (no new placements)", permissions=["drain"])
     def drain(self, request, queryset):
         for host in queryset:
             services.host_set_draining(host=host, draining=True)
         messages.success(request, f"Draining {queryset.count()} host(s); what runs on them stays.")
 
-    @admin.action(description="Bring back from draining")
+    @admin.action(description="Bring back from draining", permissions=["drain"])
     def undrain(self, request, queryset):
         for host in queryset:
             services.host_set_draining(host=host, draining=False)
         messages.success(request, f"{queryset.count()} host(s) take new work again.")
 
-    @admin.action(description="Reclaim spot capacity (preempt its spot clusters)")
+    @admin.action(
+        description="Reclaim spot capacity (preempt its spot clusters)", permissions=["reclaim"]
+    )
     def reclaim_spot(self, request, queryset):
         preempted: list[str] = []
         for host in queryset:
@@ -202,7 +228,7 @@ class ClusterEventInline(admin.TabularInline):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     """Operators look at clusters here; they change them only through the actions."""
 
     list_display = ["name", "owner", "shape", "state", "zone", "spot", "created_at"]
@@ -218,7 +244,13 @@ class ClusterAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
-    @admin.action(description="Release (give the capacity back now)")
+    def has_release_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.release_cluster")
+
+    def has_preempt_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.preempt_cluster")
+
+    @admin.action(description="Release (give the capacity back now)", permissions=["release"])
     def release(self, request, queryset):
         for cluster in queryset:
             services.cluster_release(
@@ -226,7 +258,7 @@ class ClusterAdmin(admin.ModelAdmin):
             )
         messages.success(request, f"Released {queryset.count()} cluster(s).")
 
-    @admin.action(description="Preempt (spot clusters only)")
+    @admin.action(description="Preempt (spot clusters only)", permissions=["preempt"])
     def preempt(self, request, queryset):
         preempted, skipped = [], []
         for cluster in queryset:

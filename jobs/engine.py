@@ -73,7 +73,14 @@ def engine_facts(host: Host) -> dict:
     except Exception as exc:  # requests/urllib3/ssl/OS errors all mean "not reachable"
         raise EngineError(describe(exc)) from exc
     runtimes = info.get("Runtimes") or {}
+    swarm = info.get("Swarm") or {}
     return {
+        "swarm_state": str(swarm.get("LocalNodeState") or "")[:12],
+        # Workers are not told the swarm's ID: its managers name it for every member.
+        "swarm_cluster": min(
+            (str(m.get("NodeID") or "") for m in swarm.get("RemoteManagers") or []), default=""
+        )[:64],
+        "swarm_manager": bool(swarm.get("ControlAvailable")),
         "docker_version": str(version.get("Version", ""))[:40],
         "operating_system": str(info.get("OperatingSystem", ""))[:120],
         "cpu_count": info.get("NCPU"),

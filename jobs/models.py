@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from jobs import validators
+from jobs.crypto import EncryptedTextField
 
 MAX_GPUS_PER_HOST = 16
 
@@ -90,19 +91,21 @@ class Host(models.Model):
         max_length=255,
         help_text="unix:///var/run/docker.sock for a local engine, or tcp://HOST:2376 with TLS.",
     )
-    tls_ca = models.TextField(
+    # Stored encrypted (jobs/crypto.py): the key is what opens the engine; the certificates
+    # say which engines and CA it trusts.
+    tls_ca = EncryptedTextField(
         "TLS CA certificate", blank=True, help_text="PEM. Required for tcp://."
     )
-    tls_cert = models.TextField(
+    tls_cert = EncryptedTextField(
         "TLS client certificate", blank=True, help_text="PEM. Required for tcp://."
     )
-    tls_key = models.TextField(
+    tls_key = EncryptedTextField(
         "TLS client key", blank=True, help_text="PEM, unencrypted. Required for tcp://."
     )
     address = models.CharField(
         max_length=253,
         validators=[validators.validate_address],
-        help_text="Where other hosts reach this one (jobs use it as MASTER_ADDR).",
+        help_text="The host's address on the hosts' network (its swarm address).",
     )
     zone = models.SlugField(max_length=40, help_text="e.g. zone-a")
     gpu_model = models.ForeignKey(
@@ -137,10 +140,27 @@ class Host(models.Model):
     last_checked = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    # The engine's Docker swarm, as the last check saw it. Multi-node clusters that span
+    # hosts ride an overlay network of the swarm, so only its members may share one.
+    swarm_state = models.CharField(
+        max_length=12, blank=True, help_text="The engine's swarm state (active = a member)."
+    )
+    swarm_cluster = models.CharField(
+        "swarm",
+        max_length=64,
+        blank=True,
+        help_text="Members of one swarm share this (a manager's node ID).",
+    )
+    swarm_manager = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["zone", "name"]
+        # Operators' powers over running work, each granted on its own (admin and /ops/).
+        permissions = [
+            ("drain_host", "Can drain and undrain hosts"),
+            ("reclaim_spot", "Can reclaim a host's spot capacity (preempts its spot clusters)"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -148,6 +168,22 @@ class Host(models.Model):
     @property
     def uses_tls(self) -> bool:
         return self.engine_url.startswith("tcp://")
+
+    @property
+    def swarm_member(self) -> bool:
+        return self.swarm_state == "active" and bool(self.swarm_cluster)
+
+    @property
+    def network_note(self) -> str:
+        """What the host's swarm state means for placement, in an operator's words."""
+        if self.swarm_member:
+            role = "manager" if self.swarm_manager else "worker"
+            return f"swarm {role}: takes multi-node clusters that span hosts"
+        state = self.swarm_state or "unknown"
+        return (
+            f"not a swarm member ({state}): takes clusters whose nodes all fit on this host; "
+            "join it to the fleet's swarm for multi-node clusters across hosts"
+        )
 
     @property
     def memory_gb(self) -> float | None:
@@ -322,6 +358,10 @@ class Cluster(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["state", "queued_at"], name="cluster_queue_idx")]
+        permissions = [
+            ("preempt_cluster", "Can preempt researchers' spot clusters"),
+            ("release_cluster", "Can release researchers' clusters"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -586,8 +626,9 @@ class WebhookEndpoint(models.Model):
     url = models.CharField(max_length=2000)
     events = models.JSONField(default=list)
     enabled = models.BooleanField(default=True)
-    secret = models.CharField(max_length=80, help_text="whsec_...; shown to its owner once.")
-    previous_secret = models.CharField(max_length=80, blank=True)
+    # Stored encrypted (jobs/crypto.py); the signer reads them in plain.
+    secret = EncryptedTextField(help_text="whsec_...; shown to its owner once.")
+    previous_secret = EncryptedTextField(blank=True)
     previous_valid_until = models.DateTimeField(null=True, blank=True)
     failing_since = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)

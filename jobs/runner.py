@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import engine, runtime, storage
+from jobs import engine, network, runtime, storage
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def dispatch(cluster_id: int) -> int | None:
         nodes = list(
             Node.objects.filter(cluster=cluster, released_at__isnull=True).order_by("index")
         )
-        port = _free_master_port(job, nodes[0].host_id) if nodes else None
+        port = settings.SUANLI_MASTER_PORT_BASE if nodes else None
         volumes = list(cluster.volumes.all())
         resume = _resume_point(job, volumes) if job.attempt else ""
         # Compare-and-set: a duplicate delivery finds the job no longer waiting.
@@ -136,27 +136,6 @@ def _resume_point(job: Job, volumes) -> str:
     return found or ""
 
 
-def _free_master_port(job: Job, master_host_id: int) -> int:
-    """Multi-node jobs use host networking: the rendezvous port must be free among the
-    active jobs whose rank 0 runs on the same host."""
-    used = set(
-        Job.objects.filter(
-            state__in=Job.ACTIVE,
-            master_port__isnull=False,
-            replicas__rank=0,
-            replicas__host_id=master_host_id,
-            replicas__state__in=[Replica.State.CREATING, Replica.State.RUNNING],
-        ).values_list("master_port", flat=True)
-    )
-    span = settings.SUANLI_MASTER_PORT_SPAN
-    base = settings.SUANLI_MASTER_PORT_BASE
-    for step in range(span):
-        port = base + (job.pk + step) % span
-        if port not in used:
-            return port
-    return base + job.pk % span  # every port taken: extremely unlikely, let the job say so
-
-
 def _ensure_image(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
     try:
         client.images.get(image)
@@ -183,7 +162,17 @@ def start_replicas(job_id: int) -> None:
     if not replicas:
         _finish(job.pk, Job.State.FAILED, "the cluster has no nodes", exit_code=None)
         return
-    master = replicas[0].node
+    try:
+        # Made at placement; made here if that task has not run yet (or a host lost it).
+        network_name = network.ensure(job.cluster_id, [r.node for r in replicas])
+    except (network.NetworkError, docker.errors.DockerException, engine.EngineError) as exc:
+        message = f"the cluster network could not be made: {exc}"
+        Replica.objects.filter(job=job, attempt=job.attempt, state=Replica.State.CREATING).update(
+            state=Replica.State.LOST, finished_at=timezone.now()
+        )
+        log.warning("job %s: %s", job.pk, message)
+        _fail_start(job, message)
+        return
     for replica in replicas:
         if replica.state != Replica.State.CREATING:
             continue
@@ -196,8 +185,8 @@ def start_replicas(job_id: int) -> None:
         host = replica.host
         try:
             spec = runtime.container_spec(
-                job=job, node=replica.node, master=master, nodes=len(replicas),
-                attempt=job.attempt, nvidia=not host.emulated_gpu,
+                job=job, node=replica.node, nodes=len(replicas), attempt=job.attempt,
+                nvidia=not host.emulated_gpu, network_name=network_name,
             )  # fmt: skip
             client = engine.cached_client(host)
             try:
@@ -659,6 +648,9 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
         except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
             log.warning("reconcile: %s unreachable: %s", host.name, exc)
             continue
+        report["networks_removed"] = report.get("networks_removed", 0) + network.sweep(
+            host, engine.cached_client(host)
+        )
         by_name = {c.name: c for c in containers}
         for replica in by_host.get(host.pk, []):
             container = by_name.pop(replica.container_name, None)

@@ -7,15 +7,15 @@ never as a Docker argument of its own.
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from docker.types import DeviceRequest, Mount, Ulimit
 
-from jobs import storage
-from jobs.models import Cluster, Job, Node, Replica
+from jobs import network, storage
+from jobs.models import Cluster, Host, Job, Node, Replica
 
 LABEL_JOB = "suanli.job"
 LABEL_REPLICA = "suanli.replica"
@@ -40,11 +40,15 @@ class ContainerSpec:
     kwargs: dict
 
 
-def distributed_env(job: Job, node: Node, master: Node, nodes: int) -> dict[str, str]:
+def distributed_env(job: Job, node: Node, master_name: str, nodes: int) -> dict[str, str]:
+    """Rendezvous over the cluster's own network: rank 0's container name resolves there
+    (Docker's DNS), and eth0 is that network in every replica."""
     cluster = job.cluster
     per_node = max(cluster.gpus_per_node, 1)
     env = {
-        "MASTER_ADDR": master.host.address,
+        "MASTER_ADDR": master_name,
+        "NCCL_SOCKET_IFNAME": network.IFNAME,
+        "GLOO_SOCKET_IFNAME": network.IFNAME,
         "MASTER_PORT": str(master_port(job)),
         "NNODES": str(nodes),
         "NODE_RANK": str(node.index),
@@ -66,30 +70,44 @@ class SpecError(Exception):
 
 
 def master_port(job: Job) -> int:
-    # Host networking: the dispatcher picks a port no other active job on the master's host
-    # uses (runner._free_master_port).
-    if job.master_port:
-        return job.master_port
-    return settings.SUANLI_MASTER_PORT_BASE + (job.pk % settings.SUANLI_MASTER_PORT_SPAN)
+    # Each cluster has a network of its own, so every job may use the same port.
+    return job.master_port or settings.SUANLI_MASTER_PORT_BASE
+
+
+def node_limits(cluster: Cluster, host: Host) -> tuple[float, int]:
+    """(CPUs, memory bytes) of one node: a CPU instance type's own figures; for a GPU
+    node its share of the host's cores and memory (gpus / host GPUs), at least one core
+    per GPU where the host has them (an emulated host may list more GPUs than cores)."""
+    if cluster.is_cpu_only:
+        it = cluster.instance_type
+        return float(it.vcpus), it.memory_gb * 2**30
+    gpus = max(cluster.gpus_per_node, 1)
+    share = gpus / max(host.gpu_count or gpus, gpus)
+    cores = host.cpu_count or 0
+    cpus = max(cores * share, min(gpus, cores)) if cores else float(gpus)
+    memory = int(host.memory_bytes * share) if host.memory_bytes else 0
+    if not memory:
+        memory = settings.SUANLI_MEM_LIMIT_MB * 2**20
+    return round(cpus, 2), memory
 
 
 def volume_mounts(cluster: Cluster, owner_id: int) -> list[Mount]:
-    """Bind mounts of the cluster's volumes, resolved now: a folder that a container has
-    since replaced by a symbolic link out of the tenant's storage is refused, and the
-    engine is handed the resolved path, never the link."""
-    root = os.path.realpath(storage.tenant_root(owner_id))
-    mounts = []
-    for volume in cluster.volumes.all():
-        real = os.path.realpath(os.path.join(root, volume.source))
-        if real != root and not real.startswith(root + os.sep):
-            raise SpecError(
-                f"volume {volume.source or '.'}:{volume.target} now leads outside your "
-                "storage (a symbolic link); remove the link and submit again"
-            )
-        mounts.append(
-            Mount(target=volume.target, source=real, type="bind", read_only=volume.read_only)
+    """Bind mounts of the cluster's volumes, checked now, just before the engine mounts
+    them: each source is one storage folder whose every parent directory only the console
+    can change (storage.ensure_folders, which also repairs the layout before, where the
+    tenant owned its storage root). A volume the console no longer accepts (a sub-folder,
+    a folder swapped for a link) fails the start with what to mount instead."""
+    volumes = list(cluster.volumes.all())
+    try:
+        sources = storage.ensure_folders(
+            storage.tenant_root(owner_id), volumes, uid=tenant_uid(owner_id)
         )
-    return mounts
+    except ValidationError as exc:
+        raise SpecError(" ".join(exc.messages)) from None
+    return [
+        Mount(target=volume.target, source=source, type="bind", read_only=volume.read_only)
+        for volume, source in zip(volumes, sources, strict=True)
+    ]
 
 
 def wrapped_command(job: Job, env: dict[str, str]) -> list[str]:
@@ -105,13 +123,15 @@ def wrapped_command(job: Job, env: dict[str, str]) -> list[str]:
 
 
 def container_spec(
-    *, job: Job, node: Node, master: Node, nodes: int, attempt: int, nvidia: bool
+    *, job: Job, node: Node, nodes: int, attempt: int, nvidia: bool, network_name: str
 ) -> ContainerSpec:
+    """The container of one replica. `network_name` is the cluster's own network
+    (jobs.network); the container is on it alone: never the host's network."""
     cluster: Cluster = job.cluster
     uid = tenant_uid(job.owner_id)
     gpus = ",".join(str(i) for i in node.gpu_indices)
     env: dict[str, str] = dict(job.env)
-    env.update(distributed_env(job, node, master, nodes))
+    env.update(distributed_env(job, node, container_name(job, 0, attempt), nodes))
     env.update(
         {
             "NVIDIA_VISIBLE_DEVICES": gpus or "void",
@@ -132,6 +152,8 @@ def container_spec(
     else:
         env["NCCL_IB_DISABLE"] = "1"
     mounts = volume_mounts(cluster, job.owner_id)
+    cpus, memory = node_limits(cluster, node.host)
+    name = container_name(job, node.index, attempt)
     kwargs: dict = {
         "command": wrapped_command(job, env),
         "environment": env,
@@ -148,14 +170,16 @@ def container_spec(
         "security_opt": ["no-new-privileges"],
         "privileged": False,
         "pids_limit": settings.SUANLI_PIDS_LIMIT,
-        "mem_limit": f"{settings.SUANLI_MEM_LIMIT_MB}m",
+        "nano_cpus": int(cpus * 1e9),
+        "mem_limit": memory,
+        "memswap_limit": memory,  # no swap beyond the limit
+        "shm_size": f"{min(settings.SUANLI_SHM_SIZE_MB, memory // 2**21)}m",
         "mounts": mounts,
+        "network": network_name,
+        "hostname": name,
         "init": True,  # a real PID 1 forwards SIGTERM to the command and reaps zombies
         "detach": True,
     }
-    if nodes > 1:
-        kwargs["network_mode"] = "host"  # NCCL/gloo need the hosts' own interfaces
-        kwargs["shm_size"] = f"{settings.SUANLI_SHM_SIZE_MB}m"
     if nvidia and node.gpu_indices:
         kwargs["device_requests"] = [
             DeviceRequest(device_ids=[str(i) for i in node.gpu_indices], capabilities=[["gpu"]])
@@ -163,9 +187,7 @@ def container_spec(
     if cluster.network == Cluster.Network.RDMA:
         kwargs["devices"] = ["/dev/infiniband:/dev/infiniband"]
         kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1)]
-    return ContainerSpec(
-        image=cluster.image_reference, name=container_name(job, node.index, attempt), kwargs=kwargs
-    )
+    return ContainerSpec(image=cluster.image_reference, name=name, kwargs=kwargs)
 
 
 def preemption_exec(job: Job, reason: str) -> dict:

@@ -16,6 +16,10 @@ queue first-in-first-out and plans each cluster in memory:
   for that resource are placed only on hosts the head cannot use, so a stream of small
   requests can never starve it.
 
+* **One network**: the nodes of a cluster that spans hosts share an overlay network of the
+  hosts' Docker swarm, so they are placed on members of one swarm; a host outside a swarm
+  takes a multi-node cluster only when all of its nodes fit on that host (one bridge).
+
 * **Reclaim**: the first on-demand request of a resource that does not fit preempts running
   spot clusters, youngest first, until it fits, and spares those it turns out not to need
   (`reclaim_spot`; greedy, so not always the smallest set).
@@ -38,6 +42,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Node
+from jobs.queue import enqueue_by_name
 from jobs.sql import update_rows
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,7 @@ class HostCap:
     free: int
     cpu_total: int
     cpu_free: int
+    swarm: str = ""  # the ID of the Docker swarm it is a member of, "" outside one
 
 
 @dataclass
@@ -69,7 +75,14 @@ class Conflict(Exception):
 
 
 def _pool_key(cap: HostCap) -> tuple:
-    return (cap.gpu_model_id, cap.zone, cap.rdma)
+    return (cap.gpu_model_id, cap.zone, cap.rdma, cap.swarm)
+
+
+def _by_swarm(items, swarm_of) -> dict[str, list]:
+    groups: dict[str, list] = defaultdict(list)
+    for item in items:
+        groups[swarm_of(item)].append(item)
+    return groups
 
 
 class Fleet:
@@ -101,8 +114,9 @@ class Fleet:
             .annotate(n=Sum("vcpus"))
         )
         rows = Host.objects.filter(state=Host.State.ACTIVE).values_list(
-            "id", "name", "zone", "rdma", "gpu_model_id", "gpu_count", "cpu_count"
-        )
+            "id", "name", "zone", "rdma", "gpu_model_id", "gpu_count", "cpu_count",
+            "swarm_state", "swarm_cluster",
+        )  # fmt: skip
         return cls(
             [
                 HostCap(
@@ -115,8 +129,9 @@ class Fleet:
                     free=free.get(i, 0),
                     cpu_total=cpus or 0,
                     cpu_free=(cpus or 0) - (cpu_used.get(i) or 0),
+                    swarm=swarm if state == "active" else "",
                 )
-                for i, name, zone, rdma, model, gpus, cpus in rows
+                for i, name, zone, rdma, model, gpus, cpus, state, swarm in rows
             ]
         )
 
@@ -125,7 +140,7 @@ class Fleet:
         """Matching GPU pools, grouped by zone."""
         zones: dict[str, list[tuple]] = defaultdict(list)
         for key in self.buckets:
-            model, zone, rdma = key
+            model, zone, rdma, _ = key
             if model != cluster.gpu_model_id:
                 continue
             if cluster.zone and zone != cluster.zone:
@@ -190,6 +205,39 @@ class Fleet:
             chosen.append(hid)
         return chosen
 
+    def _fit_gpu_networked(self, pools: list[tuple], nodes: int, gpus: int) -> list[int] | None:
+        """`_fit_gpu` that keeps a multi-node cluster on one network: across members of one
+        swarm, or all on one host outside a swarm. The tightest fit of those wins."""
+        if nodes == 1:
+            return self._fit_gpu(pools, 1, gpus)
+        best: tuple[int, list[int]] | None = None
+        for swarm, keys in _by_swarm(pools, lambda key: key[3]).items():
+            if swarm:
+                chosen = self._fit_gpu(keys, nodes, gpus)
+            else:
+                one = self._fit_gpu(keys, 1, nodes * gpus)
+                chosen = one * nodes if one else None
+            if chosen is not None:
+                leftover = sum(self.hosts[h].free for h in set(chosen)) - nodes * gpus
+                if best is None or leftover < best[0]:
+                    best = (leftover, chosen)
+        return best[1] if best else None
+
+    def _fit_cpu_networked(
+        self, hosts: list[HostCap], nodes: int, vcpus: int, reserved: set[int]
+    ) -> list[int] | None:
+        if nodes == 1:
+            return self._fit_cpu(hosts, 1, vcpus, reserved)
+        for swarm, group in _by_swarm(hosts, lambda cap: cap.swarm).items():
+            if swarm:
+                chosen = self._fit_cpu(group, nodes, vcpus, reserved)
+            else:
+                one = self._fit_cpu(group, 1, nodes * vcpus, reserved)
+                chosen = one * nodes if one else None
+            if chosen is not None:
+                return chosen
+        return None
+
     def plan(self, cluster: Cluster) -> list[int] | None:
         """Host id per node (index order), or None when the cluster does not fit now."""
         reserved = self.reserved[resource_key(cluster)]
@@ -199,20 +247,21 @@ class Fleet:
                 by_zone[cap.zone].append(cap)
             vcpus = cluster.instance_type.vcpus
             options = [
-                self._fit_cpu(hosts, cluster.nodes, vcpus, reserved) for hosts in by_zone.values()
+                self._fit_cpu_networked(hosts, cluster.nodes, vcpus, reserved)
+                for hosts in by_zone.values()
             ]
             options = [o for o in options if o]
             if options:
                 return options[0]
             if not cluster.zone:
-                return self._fit_cpu(
+                return self._fit_cpu_networked(
                     [h for hs in by_zone.values() for h in hs], cluster.nodes, vcpus, reserved
                 )
             return None
         zones = self.pools_for(cluster)
         best: tuple[int, list[int]] | None = None
         for pools in zones.values():
-            chosen = self._fit_gpu(pools, cluster.nodes, cluster.gpus_per_node)
+            chosen = self._fit_gpu_networked(pools, cluster.nodes, cluster.gpus_per_node)
             if chosen is not None:
                 leftover = sum(self.hosts[h].free for h in set(chosen)) - cluster.total_gpus
                 if best is None or leftover < best[0]:
@@ -220,7 +269,7 @@ class Fleet:
         if best is not None:
             return best[1]
         if not cluster.zone and cluster.network == Cluster.Network.STANDARD and len(zones) > 1:
-            return self._fit_gpu(
+            return self._fit_gpu_networked(
                 [k for pools in zones.values() for k in pools], cluster.nodes, cluster.gpus_per_node
             )
         return None
@@ -280,7 +329,13 @@ def shortage_text(cluster: Cluster, fleet: Fleet) -> str:
     fit, free = fleet.room(cluster)
     unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
     room = "room for no node now" if fit == 0 else f"room for {fit} of {cluster.nodes} nodes now"
-    return f"waiting for {cluster.shape}{rdma} {where}; {room} ({free} {unit} free)"
+    text = f"waiting for {cluster.shape}{rdma} {where}; {room} ({free} {unit} free)"
+    if cluster.nodes > 1 and fit >= cluster.nodes:
+        text += (
+            "; its nodes must share one network: hosts outside a Docker swarm take it only "
+            "when all its nodes fit on one host"
+        )
+    return text
 
 
 BATCH = 100  # plans written per transaction
@@ -362,6 +417,8 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
     for cluster, _ in placed:
         cluster.state = Cluster.State.RUNNING
         report.placed.append(cluster.pk)
+        # Its network now, before any job: by dotted name (the runner sits above us).
+        enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
     from jobs import runner
     from jobs.models import Job
 

@@ -23,6 +23,7 @@ from jobs.models import (
     SshKey,
     Volume,
 )
+from jobs.queue import enqueue_by_name
 from jobs.storage import VolumeSpec
 
 
@@ -239,6 +240,9 @@ def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") 
     _event(cluster, "released", reason if was_pending else "capacity returned", at=now)
     if live:
         request_placement()
+        enqueue_by_name(
+            "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"
+        )
     return cluster
 
 

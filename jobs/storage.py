@@ -1,8 +1,26 @@
-"""Researchers' storage: one root per tenant per host (a shared filesystem in production),
-and the checks that keep a volume inside it."""
+"""Researchers' storage: one root per tenant (a shared filesystem in production), the
+folders in it that volumes mount, and the checks that keep a mount inside it.
+
+Layout (DESIGN.md, "Mounts"): `SUANLI_STORAGE_ROOT/u<id>/` belongs to the console (root,
+0711) and is never writable by the tenant; in it the console makes the tenant's storage
+folders (`workspace`, `datasets`, ... : one simple name each), owned by the tenant's
+container uid (0700). A volume mounts exactly one such folder. So every component of a bind
+source is one that no tenant can rename or swap for a symbolic link between our check and
+the engine's mount; what the tenant can change lies inside the mounted folder, where the
+container sees it anyway. A sub-folder (`datasets/imagenet`) is not a bind source: its
+parent is the tenant's, who could swap it for a link to `/` while the engine resolves it.
+Researchers mount the folder and use the sub-folder inside the container.
+
+The guarantee needs the console to run as root (it owns the tenant roots and hands the
+folders to the tenants' uids). Run as another user (a developer's machine), the roots and
+folders belong to that user, which no container uid is, so the check still holds; only the
+containers cannot write their folders then.
+"""
 
 import os
 import posixpath
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +34,11 @@ SYSTEM_PATHS = (
     "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
     "/root", "/run", "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib",
 )  # fmt: skip
+# A storage folder's name: one path component the console makes, never hidden, never `..`.
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+ROOT_MODE = 0o711  # the console's; the tenant's uid may pass through to its own folders
+FOLDER_MODE = 0o700  # the tenant's
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -43,7 +66,9 @@ def validate_target(target: str, *, allow_system: bool = False) -> str:
         )
     if ".." in target.split("/"):
         raise ValidationError(f"'{target}' contains '..': write the absolute path, e.g. {EXAMPLE}.")
-    normal = posixpath.normpath(target)
+    # normpath keeps two leading slashes (POSIX leaves `//` to the implementation), so
+    # `//etc` would pass for a path beside /etc: collapse them first, as the engine does.
+    normal = posixpath.normpath("/" + target.lstrip("/"))
     if allow_system:
         return normal  # e.g. a working directory: the path is only read, not mounted
     if normal == "/":
@@ -59,29 +84,69 @@ def validate_target(target: str, *, allow_system: bool = False) -> str:
     return normal
 
 
-def validate_source(root: Path, source: str) -> str:
-    """`source` is relative to the tenant's root and must stay inside it, symlinks too."""
+def folder_name(source: str, *, target: str = "", read_only: bool = False) -> str:
+    """The storage folder a volume line names, checked as text: one simple name. A
+    sub-folder is refused with the line to write instead (`target` makes it exact)."""
     if not source:
-        raise ValidationError("Give a folder of your storage, e.g. datasets/imagenet.")
+        raise ValidationError("Give one of your storage folders, e.g. datasets.")
     if "\x00" in source or any(ch.isspace() for ch in source):
         raise ValidationError("Storage paths may not contain spaces or control characters.")
     if source.startswith("/"):
         raise ValidationError(
-            f"'{source}' is absolute: storage paths are relative to your storage root, "
-            "e.g. datasets/imagenet."
+            f"'{source}' is absolute: name one of your storage folders instead, e.g. datasets."
         )
     if ".." in source.split("/"):
         raise ValidationError(f"'{source}' contains '..': storage paths stay inside your storage.")
     normal = posixpath.normpath(source)
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(os.path.join(real_root, normal))
-    if real != real_root and not real.startswith(real_root + os.sep):
-        raise ValidationError(f"'{source}' leads outside your storage (through a symbolic link).")
-    return "" if normal == "." else normal
+    if normal == ".":
+        raise ValidationError(
+            "A volume mounts one of your storage folders (e.g. workspace), not your whole storage."
+        )
+    if "/" in normal:
+        top, _, rest = normal.partition("/")
+        where = target or EXAMPLE
+        line = f"{top}:{where}{':ro' if read_only else ''}"
+        raise ValidationError(
+            f"'{normal}' is a sub-folder: a volume mounts one whole storage folder, so that "
+            f"nothing on the way can be swapped for a link. Mount {line} instead and use "
+            f"{posixpath.join(where, rest)} inside the container.",
+            code="sub_folder",
+        )
+    if not FOLDER_NAME.fullmatch(normal):
+        raise ValidationError(
+            f"'{normal}' is not a storage folder name: use letters, digits, '.', '_' and '-' "
+            "(at most 64), not starting with '.' or '-'."
+        )
+    return normal
+
+
+def validate_source(root: Path, source: str, *, target: str = "", read_only: bool = False) -> str:
+    """A volume's source as the form checks it: a folder name (see `folder_name`) that is
+    not already a symbolic link or a file in the tenant's storage. The last word is
+    `ensure_folders`, at creation and again at each start."""
+    name = folder_name(source, target=target, read_only=read_only)
+    try:
+        found = os.lstat(root / name)
+    except OSError:
+        return name  # made when the cluster is created
+    if stat.S_ISLNK(found.st_mode):
+        raise ValidationError(_link_message(name))
+    if not stat.S_ISDIR(found.st_mode):
+        raise ValidationError(f"'{name}' is a file in your storage, not a folder.")
+    return name
+
+
+def _link_message(name: str) -> str:
+    # Only the layout before this one let a tenant plant a link here; the tenant can no
+    # longer remove it.
+    return (
+        f"'{name}' in your storage is a symbolic link, not a folder: mount a real folder, "
+        "or ask an operator to remove the link."
+    )
 
 
 def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
-    """One volume per line: `storage/sub/path:/container/path[:ro]`."""
+    """One volume per line: `storage-folder:/container/path[:ro]`."""
     specs: list[VolumeSpec] = []
     errors: list[str] = []
     seen: set[str] = set()
@@ -100,8 +165,8 @@ def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
             )
             continue
         try:
-            source = validate_source(root, parts[0].strip())
             target = validate_target(parts[1].strip())
+            source = validate_source(root, parts[0].strip(), target=target, read_only=read_only)
         except ValidationError as exc:
             errors.append(f"Line {number}: {exc.messages[0]}")
             continue
@@ -117,32 +182,83 @@ def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
     return specs
 
 
-def ensure_folders(root: Path, specs: list[VolumeSpec], *, uid: int | None = None) -> None:
-    """Create the volumes' folders; as root, hand them to the tenant's container uid so
-    its unprivileged containers can write there. The root is private to that uid (0700).
-    A path component that is a symbolic link is refused, never followed: a container can
-    have planted it since the form checked the path."""
-    root.mkdir(parents=True, exist_ok=True)
-    chown = uid is not None and os.geteuid() == 0
-    if root.is_symlink():
-        raise ValidationError("Your storage root is a symbolic link; ask an operator.")
-    if chown:
-        os.lchown(root, uid, uid)
-    os.chmod(root, 0o700)
+def _require_console_owned(found: os.stat_result, uid: int | None, what: str) -> None:
+    """Only the console (root, or the user it runs as) may change this directory."""
+    if (
+        found.st_uid not in (0, os.geteuid())
+        or found.st_uid == uid
+        or found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise ValidationError(
+            f"{what} can be changed by others than the console (owner uid {found.st_uid}, "
+            f"mode {stat.S_IMODE(found.st_mode):o}); ask an operator."
+        )
+
+
+def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
+    """Make the tenant's root and its volumes' folders where missing, and check every
+    directory on the way to each folder; returns the paths to hand the engine, in order.
+
+    The root becomes the console's (root:root 0711, repairing the layout before, where the
+    tenant owned it); as root, a new folder is the tenant's (`uid`, 0700). Refused
+    (ValidationError): a sub-folder or any source that is not one folder name, a folder
+    that is a symbolic link or a file, a storage root or tenant root that someone other
+    than the console could change. Nothing is resolved through a link: the tenant root is
+    opened without following one, the folders are looked at with lstat through it. Run at
+    creation and again just before each start: what it returns stays true until the
+    engine mounts it, because no tenant can write any directory on the way."""
+    names = []
     for spec in specs:
-        path = root
-        for part in [p for p in spec.source.split("/") if p]:
-            path = path / part
-            if path.is_symlink():
+        try:
+            # "" is how the layout before stored `.`: the whole root.
+            source = spec.source or "."
+            names.append(folder_name(source, target=spec.target, read_only=spec.read_only))
+        except ValidationError as exc:
+            raise ValidationError(f"volume {spec}: {exc.messages[0]}") from None
+    as_root = os.geteuid() == 0
+    base = os.path.realpath(root.parent)  # the operator's path: links in it are the operator's
+    os.makedirs(base, exist_ok=True)
+    base_fd = os.open(base, _DIR)
+    try:
+        _require_console_owned(os.fstat(base_fd), uid, f"The storage root {base}")
+        try:
+            os.mkdir(root.name, ROOT_MODE, dir_fd=base_fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(root.name, _DIR | os.O_NOFOLLOW, dir_fd=base_fd)
+        except OSError:  # ELOOP (a link), ENOTDIR (a file)
+            raise ValidationError(
+                "Your storage root is not a folder (a symbolic link?); ask an operator."
+            ) from None
+    finally:
+        os.close(base_fd)
+    try:
+        found = os.fstat(fd)
+        if as_root and (found.st_uid, found.st_gid) != (0, 0):
+            os.fchown(fd, 0, 0)  # the layout before: the tenant owned its root
+        if stat.S_IMODE(found.st_mode) != ROOT_MODE and (as_root or found.st_uid == os.geteuid()):
+            os.fchmod(fd, ROOT_MODE)
+        _require_console_owned(os.fstat(fd), uid, "Your storage root")
+        paths = []
+        for spec, name in zip(specs, names, strict=True):
+            try:
+                os.mkdir(name, FOLDER_MODE if as_root else 0o755, dir_fd=fd)
+                if as_root and uid is not None:
+                    os.chown(name, uid, uid, dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(found.st_mode):
+                raise ValidationError(f"volume {spec}: {_link_message(name)}")
+            if not stat.S_ISDIR(found.st_mode):
                 raise ValidationError(
-                    f"'{spec.source}' goes through a symbolic link ({part}); use a real folder."
+                    f"volume {spec}: '{name}' is a file in your storage, not a folder."
                 )
-            if not path.exists():
-                path.mkdir()
-                if chown:
-                    os.lchown(path, uid, uid)
-            elif not path.is_dir():
-                raise ValidationError(f"'{spec.source}' is a file in your storage, not a folder.")
+            paths.append(os.path.join(base, root.name, name))
+        return paths
+    finally:
+        os.close(fd)
 
 
 # Names a training script writes while a checkpoint is not complete yet: never resume from one.

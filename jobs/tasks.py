@@ -62,6 +62,34 @@ def cluster_dispatch(cluster_id: int) -> int | None:
     return runner.dispatch(cluster_id)
 
 
+def cluster_network_ensure(cluster_id: int) -> str | None:
+    """After placement: the cluster's network, so that its first job starts on one."""
+    from jobs import network
+    from jobs.models import Cluster
+
+    if not Cluster.objects.filter(pk=cluster_id, state=Cluster.State.RUNNING).exists():
+        return None
+    try:
+        return network.ensure(cluster_id)
+    except network.NetworkError as exc:
+        return f"not made: {exc}"  # the job start tries again and says why it fails
+
+
+def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
+    """After release: remove the cluster's networks once its containers are gone; try
+    again a little later while they are stopping (the reconciler sweeps what is left)."""
+    from datetime import timedelta
+
+    from jobs import network
+
+    if network.remove(cluster_id) or tries >= 5:
+        return tries < 5
+    django_rq.get_queue("docker").enqueue_in(
+        timedelta(seconds=10 * (tries + 1)), cluster_network_remove, cluster_id, tries + 1
+    )
+    return False
+
+
 def job_start(job_id: int) -> None:
     from jobs import runner
 

@@ -87,10 +87,11 @@ def make_host(catalog, engine_urls):
         name="gpu-a-01", *, engine=0, zone="zone-a", model="a100-80gb", gpus=8, check=True, **extra
     ):
         url = engine_urls[engine] if isinstance(engine, int) else engine
+        addrs = [a for a in os.environ.get("SUANLI_TEST_ENGINE_ADDRS", "").split(",") if a]
         host = Host(
             name=name,
             engine_url=url,
-            address="127.0.0.1",
+            address=addrs[engine] if isinstance(engine, int) and engine < len(addrs) else "127.0.0.1",
             zone=zone,
             gpu_model=catalog[model] if model else None,
             gpu_count=gpus,

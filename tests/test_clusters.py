@@ -59,15 +59,15 @@ def test_create_places_and_the_page_shows_where_each_node_runs(client, alice, fl
         _form(
             nodes="2",
             gpus_per_node="8",
-            volumes="datasets/imagenet:/workspace/data:ro\nworkspace:/workspace",
+            volumes="datasets:/workspace/data:ro\nworkspace:/workspace",
         ),
     )
     assert response.status_code == 302
     cluster = Cluster.objects.get(name="train-1", owner=alice)
     assert cluster.state == Cluster.State.PENDING
-    assert (storage_root / f"u{alice.pk}" / "datasets" / "imagenet").is_dir()
+    assert (storage_root / f"u{alice.pk}" / "datasets").is_dir()
     assert sorted(str(v) for v in Volume.objects.filter(cluster=cluster)) == [
-        "datasets/imagenet:/workspace/data:ro",
+        "datasets:/workspace/data:ro",
         "workspace:/workspace",
     ]
     scheduler.place_pending()
@@ -116,6 +116,12 @@ def test_pending_cluster_shows_queue_position_and_reason(client, alice, bob, fle
         ({"volumes": "/etc:/workspace/x"}, "volumes", "is absolute"),
         ({"volumes": "data:/workspace/../etc"}, "volumes", "contains"),
         ({"volumes": "a:/workspace/x\nb:/workspace/x"}, "volumes", "mounted twice"),
+        (
+            {"volumes": "datasets/imagenet:/workspace/data:ro"},
+            "volumes",
+            "Mount datasets:/workspace/data:ro instead and use /workspace/data/imagenet",
+        ),
+        ({"volumes": ".:/workspace"}, "volumes", "not your whole storage"),
         ({"volumes": "just-a-path"}, "volumes", "write storage-path:container-path"),
         ({"release_policy": "idle"}, "idle_minutes", "After how many idle minutes"),
         ({"name": "Bad Name!"}, "name", "letters, digits"),
@@ -148,7 +154,7 @@ def test_symlink_escape_from_storage_is_refused(client, alice, fleet, storage_ro
     (root / "sneaky").symlink_to(tmp_path / "secret")
     client.force_login(alice)
     response = client.post(reverse("cluster_new"), _form(volumes="sneaky:/workspace/x"))
-    assert "leads outside your storage (through a symbolic link)" in " ".join(
+    assert "'sneaky' in your storage is a symbolic link" in " ".join(
         response.context["form"].errors["volumes"]
     )
     assert not Cluster.objects.exists()

@@ -58,7 +58,12 @@ def test_running_replica_is_hardened(running_cluster, settle_until, alice, stora
     assert host_config["CapDrop"] == ["ALL"] and not host_config.get("CapAdd")
     assert host_config["SecurityOpt"] == ["no-new-privileges"]
     assert host_config["Privileged"] is False
-    assert host_config["PidsLimit"] == 4096 and host_config["Memory"] == 8192 * 2**20
+    host = replica.host
+    cpus, memory = runtime.node_limits(cluster, host)
+    assert host_config["PidsLimit"] == 4096
+    assert host_config["Memory"] == memory == host.memory_bytes // 2, "1 of the host's 2 GPUs"
+    assert host_config["NanoCpus"] == int(cpus * 1e9) > 0
+    assert host_config["NetworkMode"] == f"suanli-c{cluster.pk}", "its own network, never host"
     assert host_config["PidMode"] == "" and host_config["IpcMode"] in ("private", "shareable", "")
     assert host_config["UsernsMode"] == "" and host_config["UTSMode"] == ""
     assert [(m["Destination"], m["Source"]) for m in info["Mounts"]] == [
@@ -115,7 +120,8 @@ def test_two_node_job_across_both_engines_connects_rank1_to_rank0(running_cluste
     for rank in (0, 1):
         assert f"RANK={rank}" in logs[rank] and f"NODE_RANK={rank}" in logs[rank]
         assert "WORLD_SIZE=2" in logs[rank] and "NNODES=2" in logs[rank]
-        assert "MASTER_ADDR=127.0.0.1" in logs[rank] and f"MASTER_PORT={port}" in logs[rank]
+        master = runtime.container_name(job, 0, job.attempt)
+        assert f"MASTER_ADDR={master}" in logs[rank] and f"MASTER_PORT={port}" in logs[rank]
         assert "NPROC_PER_NODE=2" in logs[rank] and "LOCAL_WORLD_SIZE=2" in logs[rank]
     assert "hi from rank1" in logs[0], "rank 1 reached rank 0 on MASTER_ADDR:MASTER_PORT"
 

@@ -1,0 +1,201 @@
+"""Cluster networks (DESIGN.md, "The Docker contract" and "The tenant threat model").
+
+Every cluster has a network of its own, made when it is placed and removed after it is
+released; no tenant container ever uses host networking or an engine's default bridge.
+
+* All live nodes on one host: a bridge on that host, named `suanli-c<id>`, whose Linux
+  interface is `slc<id>`. The hosts' tenant firewall (jobs/scripts/host-firewall.sh) drops
+  what comes in from `slc+` for the host itself and for the protected networks.
+* Nodes on several hosts: an attachable overlay network `suanli-c<id>-x` of the Docker
+  swarm the hosts form, created through a manager's API; each engine attaches its
+  containers to it by name. Its containers leave the host through `docker_gwbridge`, which
+  the firewall treats the same way.
+
+Docker's own isolation keeps two networks apart, so one cluster never reaches another's
+containers, the same researcher's included. The rank-0 container's name on the network is
+MASTER_ADDR; eth0 is the cluster network in every replica (NCCL/GLOO_SOCKET_IFNAME).
+
+Reads: hosts and nodes. Talks to: the engines. Called by the runner (before a job starts),
+its tasks (after placement, after release) and the reconciler (removal sweep).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import docker
+from django.conf import settings
+
+from jobs import engine
+from jobs.models import Cluster, Host, Node
+
+log = logging.getLogger(__name__)
+
+LABEL = "suanli.cluster"
+BRIDGE = "bridge"
+OVERLAY = "overlay"
+IFNAME = "eth0"  # the network a container is created on is its first interface
+VXLAN_OVERHEAD = 50
+
+
+class NetworkError(Exception):
+    """The cluster's network cannot be made (no swarm manager, an engine's refusal)."""
+
+
+def driver_for(host_ids: Iterable[int]) -> str:
+    return BRIDGE if len(set(host_ids)) <= 1 else OVERLAY
+
+
+def name_for(cluster_id: int, driver: str) -> str:
+    return f"suanli-c{cluster_id}" if driver == BRIDGE else f"suanli-c{cluster_id}-x"
+
+
+def bridge_interface(cluster_id: int) -> str:
+    return f"slc{cluster_id}"  # 15 characters at most: a Linux interface name
+
+
+def mtu(driver: str) -> int:
+    base = settings.SUANLI_NETWORK_MTU
+    return base - VXLAN_OVERHEAD if driver == OVERLAY else base
+
+
+def _live_nodes(cluster_id: int) -> list[Node]:
+    return list(
+        Node.objects.filter(cluster_id=cluster_id, released_at__isnull=True)
+        .select_related("host")
+        .order_by("index")
+    )
+
+
+def ensure(cluster_id: int, nodes: list[Node] | None = None) -> str:
+    """Make the cluster's network for its live nodes if it is not there; return its name.
+    Idempotent and safe to race: a duplicate create answers 409 and the existing one is used."""
+    nodes = _live_nodes(cluster_id) if nodes is None else nodes
+    if not nodes:
+        raise NetworkError("the cluster has no nodes")
+    hosts = {n.host_id: n.host for n in nodes}
+    driver = driver_for(hosts)
+    name = name_for(cluster_id, driver)
+    labels = {LABEL: str(cluster_id)}
+    if driver == BRIDGE:
+        host = next(iter(hosts.values()))
+        options = {
+            "com.docker.network.bridge.name": bridge_interface(cluster_id),
+            "com.docker.network.bridge.enable_icc": "true",
+            "com.docker.network.bridge.enable_ip_masquerade": "true",
+            "com.docker.network.driver.mtu": str(mtu(BRIDGE)),
+        }
+        _create(host, name, labels=labels, driver=BRIDGE, options=options)
+        return name
+    outside = [h.name for h in hosts.values() if not h.swarm_member]
+    swarms = {h.swarm_cluster for h in hosts.values()}
+    if outside or len(swarms) != 1:
+        raise NetworkError(
+            "the nodes are on hosts that are not members of one Docker swarm "
+            f"({', '.join(outside) or 'two swarms'}); an overlay network cannot join them"
+        )
+    manager = _manager(hosts.values(), swarms.pop())
+    _create(
+        manager,
+        name,
+        labels=labels,
+        driver=OVERLAY,
+        attachable=True,
+        options={"com.docker.network.driver.mtu": str(mtu(OVERLAY))},
+    )
+    return name
+
+
+def _manager(hosts: Iterable[Host], swarm: str) -> Host:
+    for host in hosts:
+        if host.swarm_manager:
+            return host
+    manager = (
+        Host.objects.filter(swarm_cluster=swarm, swarm_manager=True, swarm_state="active")
+        .exclude(state=Host.State.DOWN)
+        .order_by("pk")
+        .first()
+    )
+    if manager is None:
+        raise NetworkError("no reachable manager of the hosts' swarm to create the network on")
+    return manager
+
+
+def _create(host: Host, name: str, *, labels: dict, driver: str, **kwargs) -> None:
+    client = engine.cached_client(host)
+    try:
+        existing = client.networks.list(names=[name])
+    except (docker.errors.DockerException, OSError) as exc:
+        raise NetworkError(f"{host.name}: {engine.describe(exc)}") from exc
+    if any(n.name == name for n in existing):
+        return
+    try:
+        client.networks.create(name, driver=driver, labels=labels, check_duplicate=True, **kwargs)
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:
+            return  # made meanwhile by a racing call
+        raise NetworkError(f"{host.name}: {engine.describe(exc)}") from exc
+    except (docker.errors.DockerException, OSError) as exc:
+        raise NetworkError(f"{host.name}: {engine.describe(exc)}") from exc
+
+
+def remove(cluster_id: int) -> bool:
+    """Remove every network of the cluster from every host that held one of its nodes
+    (and the swarm's managers). True when none is left; False when one is still in use
+    (its containers are stopping) or an engine did not answer: try again later."""
+    host_ids = set(Node.objects.filter(cluster_id=cluster_id).values_list("host_id", flat=True))
+    hosts = list(Host.objects.filter(pk__in=host_ids).exclude(state=Host.State.DOWN))
+    swarms = {h.swarm_cluster for h in hosts if h.swarm_member}
+    hosts += list(
+        Host.objects.filter(swarm_cluster__in=swarms, swarm_manager=True).exclude(pk__in=host_ids)
+    )
+    done = True
+    for host in hosts:
+        try:
+            client = engine.cached_client(host)
+            networks = client.networks.list(filters={"label": f"{LABEL}={cluster_id}"})
+        except (docker.errors.DockerException, engine.EngineError, OSError):
+            done = False
+            continue
+        for net in networks:
+            done = _remove_one(host, net) and done
+    return done
+
+
+def _remove_one(host: Host, net) -> bool:
+    try:
+        net.remove()
+    except docker.errors.NotFound:
+        pass
+    except (docker.errors.DockerException, OSError) as exc:
+        log.info("network %s on %s not removed yet: %s", net.name, host.name, exc)
+        return False
+    return True
+
+
+def sweep(host: Host, client: docker.DockerClient) -> int:
+    """Remove the host's cluster networks whose cluster is over (the reconciler's safety
+    net behind the removal after release). Returns how many went."""
+    try:
+        networks = client.networks.list(filters={"label": LABEL})
+    except (docker.errors.DockerException, OSError):
+        return 0
+    ids = {}
+    for net in networks:
+        try:
+            ids[net] = int(net.attrs.get("Labels", {}).get(LABEL, ""))
+        except ValueError:
+            continue
+    live = set(
+        Cluster.objects.filter(
+            pk__in=set(ids.values()), state__in=[Cluster.State.PENDING, Cluster.State.RUNNING]
+        ).values_list("pk", flat=True)
+    )
+    removed = 0
+    for net, cluster_id in ids.items():
+        if net.attrs.get("Scope") == "swarm" and not host.swarm_manager:
+            continue  # a worker only sees an overlay while it has containers on it
+        if cluster_id not in live and _remove_one(host, net):
+            removed += 1
+    return removed

@@ -1,0 +1,73 @@
+#!/bin/sh
+# The tenant firewall of a Suanli Docker host (DESIGN.md, "The tenant threat model").
+# Run as root on every host, after dockerd has started, and again after a reboot:
+#
+#   sh host-firewall.sh apply [PROTECTED_CIDR ...]
+#   sh host-firewall.sh remove
+#   sh host-firewall.sh check      # exit 0 when the rules are in place
+#
+# Tenant containers live on Suanli's cluster networks: per-cluster bridges named slc<id>
+# and overlay networks, whose containers leave the host through docker_gwbridge. From
+# those interfaces this drops
+#   - everything addressed to the host itself (INPUT): its loopback-bound and public
+#     services, the engine, Redis, PostgreSQL, the console, whatever listens there;
+#   - everything forwarded to the protected networks (DOCKER-USER): the hosts' and the
+#     control plane's networks, cloud metadata. Default: the private, shared and
+#     link-local IPv4 ranges. Name your own when your hosts use public addresses.
+# Traffic inside one cluster (its bridge, or its overlay's VXLAN) and to the outside world
+# through NAT is left alone; Docker's own isolation keeps clusters apart.
+set -eu
+
+IN=SUANLI-TENANT-IN
+FWD=SUANLI-TENANT-FWD
+TENANT_IFS="slc+ docker_gwbridge" # never docker0: Suanli puts no tenant there
+DEFAULT_PROTECTED="10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 169.254.0.0/16"
+
+hook() { # hook CHAIN TARGET: jump from CHAIN to TARGET once, at the top
+    iptables -C "$1" -j "$2" 2>/dev/null || iptables -I "$1" 1 -j "$2"
+}
+
+apply() {
+    protected="${*:-$DEFAULT_PROTECTED}"
+    iptables -N "$IN" 2>/dev/null || iptables -F "$IN"
+    iptables -N "$FWD" 2>/dev/null || iptables -F "$FWD"
+    iptables -N DOCKER-USER 2>/dev/null || true # dockerd keeps a chain that exists
+    for i in $TENANT_IFS; do
+        iptables -A "$IN" -i "$i" -j DROP
+    done
+    # One cluster's bridge to itself (bridged frames pass here with br_netfilter).
+    iptables -A "$FWD" -i slc+ -o slc+ -j RETURN
+    for i in $TENANT_IFS; do
+        for net in $protected; do
+            iptables -A "$FWD" -i "$i" -d "$net" -j DROP
+        done
+    done
+    hook INPUT "$IN"
+    hook DOCKER-USER "$FWD"
+    hook FORWARD DOCKER-USER
+}
+
+remove() {
+    iptables -D INPUT -j "$IN" 2>/dev/null || true
+    iptables -D DOCKER-USER -j "$FWD" 2>/dev/null || true
+    iptables -F "$IN" 2>/dev/null || true
+    iptables -X "$IN" 2>/dev/null || true
+    iptables -F "$FWD" 2>/dev/null || true
+    iptables -X "$FWD" 2>/dev/null || true
+}
+
+check() {
+    iptables -C INPUT -j "$IN" 2>/dev/null && iptables -C DOCKER-USER -j "$FWD" 2>/dev/null
+}
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+apply) apply "$@" ;;
+remove) remove ;;
+check) check ;;
+*)
+    echo "usage: $0 apply [PROTECTED_CIDR ...] | remove | check" >&2
+    exit 2
+    ;;
+esac
