@@ -8,7 +8,13 @@
 #
 # - Redis: REDIS_URL from the environment is used as is. Otherwise a
 #   project-local redis on 127.0.0.1:${SUANLI_DEV_REDIS_PORT:-6389} with its
-#   data in .run/dev/redis (default RDB snapshots, so dev state survives).
+#   data in .run/dev/redis (default RDB snapshots, so dev state survives) and a
+#   password generated once into .run/dev/redis.pass.
+# - The tenant firewall (jobs/scripts/host-firewall.sh) on this machine, as root:
+#   containers on Suanli's cluster networks (bridges slc<id>) reach neither this
+#   machine's services nor the private networks; nothing else is changed. The engine
+#   is NOT made a swarm member: one engine needs no overlay network.
+# - A key for secrets at rest, generated once into .run/dev/secrets.key.
 # - Docker: the machine's engine at /var/run/docker.sock. If it does not answer
 #   and we are root, start the system dockerd in the background (log and
 #   pidfile in .run/dev/) and remember that we did.
@@ -30,18 +36,54 @@ DOCKERD_MARKER="$DEV_DIR/dockerd.started-by-us"
 # exec-root of a default dockerd: its managed containerd runs from here.
 SYSTEM_EXEC_ROOT=/var/run/docker
 
+REDIS_PASS_FILE="$DEV_DIR/redis.pass"
+SECRETS_KEY_FILE="$DEV_DIR/secrets.key"
+FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
+
+redis_password() {
+    if [[ ! -s "$REDIS_PASS_FILE" ]]; then
+        (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$REDIS_PASS_FILE")
+    fi
+    cat "$REDIS_PASS_FILE"
+}
+
 redis_url() {
-    printf '%s\n' "${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
+    printf '%s\n' "${REDIS_URL:-redis://:$(redis_password)@127.0.0.1:$REDIS_PORT/0}"
+}
+
+secrets_key() {
+    if [[ ! -s "$SECRETS_KEY_FILE" ]]; then
+        # A Fernet key: 32 random bytes, URL-safe base64.
+        (umask 077 && head -c 32 /dev/urandom | base64 | tr '+/' '-_' >"$SECRETS_KEY_FILE")
+    fi
+    printf '%s\n' "$SECRETS_KEY_FILE"
+}
+
+# The MTU of the default route's interface: cluster networks must not exceed it.
+host_mtu() {
+    local dev
+    dev="$(ip -o route show default 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "dev") print $(i + 1)}' | head -n 1)"
+    cat "/sys/class/net/${dev:-lo}/mtu" 2>/dev/null || echo 1500
 }
 
 print_env() {
     write_env "$DEV_DIR/env.sh" \
         "REDIS_URL=$(redis_url)" \
-        "SUANLI_LOCAL_ENGINE=$LOCAL_ENGINE"
+        "SUANLI_LOCAL_ENGINE=$LOCAL_ENGINE" \
+        "SUANLI_SECRETS_KEY_FILE=$(secrets_key)" \
+        "SUANLI_NETWORK_MTU=$(host_mtu)"
+}
+
+apply_firewall() {
+    if is_root && command -v iptables >/dev/null; then
+        sh "$FIREWALL" apply && log "tenant firewall applied (jobs/scripts/host-firewall.sh)"
+    else
+        warn "not root: the tenant firewall is not applied; run 'sudo sh $FIREWALL apply' so that containers cannot reach this machine's services"
+    fi
 }
 
 ensure_packages() {
-    local needed=(docker.io busybox-static)
+    local needed=(docker.io busybox-static iptables)
     [[ -n "${REDIS_URL:-}" ]] || needed+=(redis-server)
     # As root this installs what is missing; otherwise it lists what is
     # missing with the apt-get command to run, and fails.
@@ -75,9 +117,12 @@ cmd_start() {
     if [[ -n "${REDIS_URL:-}" ]]; then
         log "using REDIS_URL from the environment ($REDIS_URL)"
     else
-        start_redis "$REDIS_PORT" "$REDIS_DIR"
+        REDIS_PASSWORD="$(redis_password)"
+        export REDIS_PASSWORD
+        start_redis "$REDIS_PORT" "$REDIS_DIR" --requirepass "$REDIS_PASSWORD"
     fi
     ensure_docker
+    apply_firewall
     ensure_busybox_image "$LOCAL_ENGINE" "$DEV_DIR/busybox-rootfs.tar"
     log "dev services up"
     print_env
@@ -85,7 +130,7 @@ cmd_start() {
 
 cmd_stop() {
     # Pidfile-based: a redis we did not start has no pidfile in our dir.
-    stop_redis "$REDIS_PORT" "$REDIS_DIR"
+    REDIS_PASSWORD="$(redis_password)" stop_redis "$REDIS_PORT" "$REDIS_DIR"
     if [[ -f "$DOCKERD_MARKER" ]]; then
         # dockerd stops its containers on shutdown (15 s each at most).
         stop_dockerd "$DOCKERD_PID" "$SYSTEM_EXEC_ROOT" 30

@@ -316,6 +316,8 @@ print_env() {
         "REDIS_URL=redis://:$(redis_password)@127.0.0.1:$REDIS_PORT/0" \
         "SUANLI_TEST_ENGINES=$engines" \
         "SUANLI_TEST_ENGINE_ADDRS=${ENGINE_IP[a]},${ENGINE_IP[b]}" \
+        "SUANLI_TEST_ENGINE_NETNS=$(engine_netns a),$(engine_netns b)" \
+        "SUANLI_TEST_HOSTS_GATEWAY=$HOSTS_GATEWAY" \
         "SUANLI_TEST_IMAGE=$SUANLI_IMAGE"
 }
 
