@@ -2,6 +2,10 @@
 test engines, beside a bare `docker run -d` of the same image on the same engine, in the
 same run. The "warm worker" is this process calling the dispatch task's body directly
 (what an idle RQ worker does on dequeue), so the RQ hop itself is not in the figure.
+
+The cluster's network is made at placement (the task placement queues), not at job start:
+a second case, `cluster_network`, times that per cluster, for a single-host bridge and a
+two-host swarm overlay, beside `docker network create` of a bridge on the same engine.
 """
 
 import json
@@ -22,7 +26,7 @@ import docker  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import runner, scheduler, services  # noqa: E402
+from jobs import network, runner, scheduler, services, tasks  # noqa: E402
 from jobs.catalog import seed_catalog  # noqa: E402
 from jobs.models import GpuModel, Image, Job  # noqa: E402
 
@@ -36,14 +40,29 @@ def pct(values, p):
     return values[min(len(values) - 1, int(len(values) * p))]
 
 
-def bare_docker_run(url: str) -> list[float]:
-    client = docker.DockerClient(base_url=url, timeout=30)
+def bare_docker_run(urls: list[str], net_driver: str | None = None) -> list[float]:
+    """`docker run -d` of the image, one container per engine in `urls` one after the
+    other (as the runner starts replicas), on the engines' default bridge or on a network
+    of `net_driver` made beforehand (what a cluster's replicas are on)."""
+    clients = [docker.DockerClient(base_url=url, timeout=30) for url in urls]
+    net = None
+    if net_driver == "bridge":
+        net = clients[0].networks.create("bench-bare-net", driver="bridge")
+    elif net_driver == "overlay":
+        net = clients[0].networks.create("bench-bare-net", driver="overlay", attachable=True)
     times = []
     for i in range(RUNS):
         t0 = time.perf_counter()
-        c = client.containers.run(IMAGE, "sleep 30", detach=True, name=f"bench-bare-{i}")
+        made = [
+            c.containers.run(IMAGE, "sleep 30", detach=True, name=f"bench-bare-{i}-{n}",
+                             network=net.name if net else None)
+            for n, c in enumerate(clients)
+        ]  # fmt: skip
         times.append(time.perf_counter() - t0)
-        c.remove(force=True)
+        for c in made:
+            c.remove(force=True)
+    if net is not None:
+        net.remove()
     return times
 
 
@@ -71,6 +90,7 @@ def job_start(owner, model, image, nodes: int) -> list[float]:
     scheduler.place_pending()
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
+    tasks.cluster_network_ensure(cluster.pk)  # what a worker does right after placement
     times = []
     for i in range(RUNS):
         t0 = time.perf_counter()
@@ -87,21 +107,68 @@ def job_start(owner, model, image, nodes: int) -> list[float]:
             runner.replica_exited(replica.pk)
         job.refresh_from_db()
     services.cluster_release(cluster=cluster)
+    network.remove(cluster.pk)
     return times
+
+
+def bare_network_create(url: str) -> list[float]:
+    client = docker.DockerClient(base_url=url, timeout=30)
+    times = []
+    for i in range(RUNS):
+        t0 = time.perf_counter()
+        net = client.networks.create(f"bench-bare-net-{i}", driver="bridge")
+        times.append(time.perf_counter() - t0)
+        net.remove()
+    return times
+
+
+def network_setup(owner, model, image, nodes: int) -> tuple[str, list[float]]:
+    """Seconds from placement to the cluster's network existing, per cluster."""
+    times, driver = [], ""
+    for i in range(RUNS):
+        spec = services.ClusterSpec(
+            name=f"bench-net-{nodes}-{i}", nodes=nodes, gpu_model=model,
+            gpus_per_node=8 if nodes > 1 else 1, image=image, release_policy="never",
+        )  # fmt: skip
+        cluster = services.cluster_create(owner=owner, spec=spec)
+        scheduler.place_pending()
+        hosts = list(cluster.node_set.values_list("host_id", flat=True))
+        driver = network.driver_for(hosts)
+        t0 = time.perf_counter()
+        assert tasks.cluster_network_ensure(cluster.pk) == network.name_for(cluster.pk, driver)
+        times.append(time.perf_counter() - t0)
+        services.cluster_release(cluster=cluster)
+        assert network.remove(cluster.pk)
+    return driver, times
 
 
 def main():
     owner, model, image = setup()
-    bare = bare_docker_run(ENGINES[0])
+    bare = bare_docker_run(ENGINES[:1])
     for nodes in (1, 2):
         times = job_start(owner, model, image, nodes)
+        driver = "bridge" if nodes == 1 else "overlay"
+        same = bare_docker_run(ENGINES[:nodes], driver)
         ratio = statistics.median(times) / statistics.median(bare)
         print(json.dumps({
-            "bench": "job_start", "nodes": nodes, "runs": RUNS,
+            "bench": "job_start", "nodes": nodes, "runs": RUNS, "network": driver,
             "median_s": round(statistics.median(times), 3), "p95_s": round(pct(times, 0.95), 3),
             "bare_docker_run_median_s": round(statistics.median(bare), 3),
             "bare_docker_run_p95_s": round(pct(bare, 0.95), 3),
             "ratio": round(ratio, 2),
+            # The same containers started bare on a network of the same kind, one per node.
+            "bare_same_network_median_s": round(statistics.median(same), 3),
+            "ratio_same_network": round(statistics.median(times) / statistics.median(same), 2),
+        }), flush=True)  # fmt: skip
+    bare_net = bare_network_create(ENGINES[0])
+    for nodes in (1, 2):
+        driver, times = network_setup(owner, model, image, nodes)
+        print(json.dumps({
+            "bench": "cluster_network", "driver": driver, "nodes": nodes, "clusters": RUNS,
+            "setup_median_s": round(statistics.median(times), 3),
+            "setup_p95_s": round(pct(times, 0.95), 3),
+            "bare_bridge_create_median_s": round(statistics.median(bare_net), 3),
+            "ratio": round(statistics.median(times) / statistics.median(bare_net), 2),
         }), flush=True)  # fmt: skip
 
 

@@ -53,6 +53,8 @@ def make_fleet(n: int, model: GpuModel) -> None:
                 gpu_model=model,
                 gpu_count=8,
                 state=Host.State.ACTIVE,
+                swarm_state="active",  # one swarm: multi-node clusters may span hosts
+                swarm_cluster="bench",
                 cpu_count=64,
                 last_seen=now,
             )

@@ -244,6 +244,9 @@ SUANLI_PREEMPT_GRACE_S = envint("SUANLI_PREEMPT_GRACE_S", 30)
 # The scheduler preempts a spot cluster for an on-demand request only once it has run this
 # long since its placement (an operator's reclaim is not held back).
 SUANLI_SPOT_MIN_RUN_S = envint("SUANLI_SPOT_MIN_RUN_S", 120)
+# ...and only for an on-demand request that has waited this long in line, so that requests
+# released before they are placed cannot keep preempting other tenants' spot jobs.
+SUANLI_RECLAIM_AFTER_S = envint("SUANLI_RECLAIM_AFTER_S", 30)
 SUANLI_LOG_STORE_BYTES = envint("SUANLI_LOG_STORE_BYTES", 2_000_000)
 SUANLI_JOB_COMMAND_MAX = envint("SUANLI_JOB_COMMAND_MAX", 16384)
 SUANLI_RECONCILE_INTERVAL = envint("SUANLI_RECONCILE_INTERVAL", 15)

@@ -56,7 +56,8 @@ def signup(request):
     form = UserCreationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         user = form.save()
-        login(request, user)
+        # Named: axes' throttling backend comes first and logs nobody in (settings).
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         messages.success(request, f"Welcome to Suanli, {user.username}.")
         return redirect("dashboard")
     return render(request, "registration/signup.html", {"form": form})

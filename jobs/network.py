@@ -68,6 +68,15 @@ def _live_nodes(cluster_id: int) -> list[Node]:
     )
 
 
+# Networks this process made or saw, per cluster: (name, host ids). A job start then
+# costs no round trip for them; `forget` after an engine says one is gone.
+_known: dict[int, tuple[str, frozenset[int]]] = {}
+
+
+def forget(cluster_id: int) -> None:
+    _known.pop(cluster_id, None)
+
+
 def ensure(cluster_id: int, nodes: list[Node] | None = None) -> str:
     """Make the cluster's network for its live nodes if it is not there; return its name.
     Idempotent and safe to race: a duplicate create answers 409 and the existing one is used."""
@@ -75,6 +84,15 @@ def ensure(cluster_id: int, nodes: list[Node] | None = None) -> str:
     if not nodes:
         raise NetworkError("the cluster has no nodes")
     hosts = {n.host_id: n.host for n in nodes}
+    known = _known.get(cluster_id)
+    if known is not None and known[1] == frozenset(hosts):
+        return known[0]
+    name = _ensure(cluster_id, hosts)
+    _known[cluster_id] = (name, frozenset(hosts))
+    return name
+
+
+def _ensure(cluster_id: int, hosts: dict[int, Host]) -> str:
     driver = driver_for(hosts)
     name = name_for(cluster_id, driver)
     labels = {LABEL: str(cluster_id)}
@@ -150,6 +168,7 @@ def remove(cluster_id: int) -> bool:
     hosts += list(
         Host.objects.filter(swarm_cluster__in=swarms, swarm_manager=True).exclude(pk__in=host_ids)
     )
+    forget(cluster_id)
     done = True
     for host in hosts:
         try:
@@ -159,6 +178,8 @@ def remove(cluster_id: int) -> bool:
             done = False
             continue
         for net in networks:
+            if net.attrs.get("Scope") == "swarm" and not host.swarm_manager:
+                continue  # only a manager removes a swarm's network
             done = _remove_one(host, net) and done
     return done
 

@@ -10,6 +10,7 @@ the SIGKILL.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import docker
@@ -195,16 +196,25 @@ def start_replicas(job_id: int) -> None:
                 _ensure_image(client, job, host, spec.image)
                 try:
                     container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
+                except docker.errors.NotFound as exc:
+                    if "network" not in engine.describe(exc):
+                        raise
+                    # The network this process remembered is gone (removed on the host):
+                    # make it again, once.
+                    network.forget(job.cluster_id)
+                    network.ensure(job.cluster_id, [r.node for r in replicas])
+                    container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
                 except docker.errors.APIError as exc:
                     if exc.status_code != 409:  # 409: created meanwhile by a duplicate delivery
                         raise
                     container = client.containers.get(spec.name)
             if container.status == "created":
-                container.start()
+                _start_container(container)
         except (
             docker.errors.DockerException,
             engine.EngineError,
             runtime.SpecError,
+            network.NetworkError,
             OSError,
         ) as exc:
             message = f"rank {replica.rank} on {host.name}: {engine.describe(exc)}"
@@ -229,6 +239,19 @@ def start_replicas(job_id: int) -> None:
         stop(job.pk)
     elif job.preempt_requested_at is not None and job.stop_requested_at is None:
         preempt(job.pk)  # the notice came while it was starting
+
+
+def _start_container(container) -> None:
+    """Start it; a swarm overlay made moments ago may not be attachable yet on this
+    engine ("Could not attach to network ... not found"): a few short retries."""
+    for delay in (0.2, 0.5, 1.0, None):
+        try:
+            container.start()
+            return
+        except docker.errors.APIError as exc:
+            if delay is None or "attach to network" not in engine.describe(exc):
+                raise
+            time.sleep(delay)
 
 
 def _start_abandoned(job: Job) -> bool:

@@ -700,7 +700,17 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
     if not holders and not soon:
         return {}
     notes: dict[int, str] = {}
+    # A request reclaims only once it has waited SUANLI_RECLAIM_AFTER_S: one that its
+    # owner releases before that (a throw-away request, made to harass another tenant's
+    # spot jobs) never preempts anybody.
+    waited_since = timezone.now() - timedelta(seconds=settings.SUANLI_RECLAIM_AFTER_S)
     for cluster in clusters:
+        if cluster.queued_at > waited_since:
+            notes[cluster.pk] = (
+                f"waiting; spot capacity is reclaimed for it after "
+                f"{settings.SUANLI_RECLAIM_AFTER_S} s in line"
+            )
+            continue
         hosts = fleet.usable_hosts(cluster)
         victims = choose_victims(cluster, hosts, soon, holders)
         if victims is None:

@@ -64,13 +64,15 @@ def spot_cluster(host, make_cluster, alice):
 def _preempted(cluster) -> bool:
     """Preempted: with no job to notify it is back in the queue at once."""
     cluster.refresh_from_db()
-    return cluster.state != Cluster.State.RUNNING and cluster.events.filter(kind="preempting").exists()
+    return (
+        cluster.state != Cluster.State.RUNNING and cluster.events.filter(kind="preempting").exists()
+    )
 
 
-def _entry_post(client, account, token="t1"):
+def _entry_post(client, account):
     return client.post(
         reverse("admin:billing_account_entry", args=[account.pk]),
-        {"kind": "topup", "amount": "50", "memo": "invoice 2026-117", "token": token},
+        {"kind": "topup", "amount": "50", "memo": "invoice 2026-117", "token": "form-1"},
     )
 
 
@@ -110,18 +112,24 @@ def test_view_only_staff_get_403_on_the_hosts_page_actions(client, viewer, host,
         assert client.post(reverse(name, args=[host.pk]), data).status_code == 403, name
     host.refresh_from_db()
     spot_cluster.refresh_from_db()
-    assert not host.drain_requested and host.state == Host.State.ACTIVE and host.last_checked is None
+    assert (
+        not host.drain_requested and host.state == Host.State.ACTIVE and host.last_checked is None
+    )
     assert spot_cluster.state == Cluster.State.RUNNING
 
 
 def test_each_hosts_page_action_needs_its_own_permission(client, viewer, host, spot_cluster):
     _grant(viewer, "jobs.drain_host")
     client.force_login(viewer)
-    assert client.post(reverse("ops_host_drain", args=[host.pk]), {"draining": "1"}).status_code == 302
+    assert (
+        client.post(reverse("ops_host_drain", args=[host.pk]), {"draining": "1"}).status_code == 302
+    )
     host.refresh_from_db()
     assert host.drain_requested and host.state == Host.State.DRAINING
     assert client.post(reverse("ops_host_reclaim", args=[host.pk])).status_code == 403
-    assert client.post(reverse("ops_host_drain", args=[host.pk]), {"draining": "0"}).status_code == 302
+    assert (
+        client.post(reverse("ops_host_drain", args=[host.pk]), {"draining": "0"}).status_code == 302
+    )
     host.refresh_from_db()
     assert host.state == Host.State.ACTIVE
 

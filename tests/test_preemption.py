@@ -9,6 +9,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from django.db.models.functions import Coalesce
 from django.urls import reverse
+from django.utils import timezone
 
 from billing import services as billing
 from billing.models import LedgerEntry
@@ -41,6 +42,7 @@ def _worker(processes, storage_root, *, script_s=5, grace_s=3):
     are delayed jobs), with short preemption limits."""
     env = {
         "SUANLI_SPOT_MIN_RUN_S": "0",
+        "SUANLI_RECLAIM_AFTER_S": "0",
         "SUANLI_PREEMPT_SCRIPT_S": str(script_s),
         "SUANLI_PREEMPT_GRACE_S": str(grace_s),
         "SUANLI_STORAGE_ROOT": str(storage_root),
@@ -51,8 +53,10 @@ def _worker(processes, storage_root, *, script_s=5, grace_s=3):
 
 @pytest.fixture(autouse=True)
 def _no_spot_protection(settings):
-    """Spot clusters here are preemptible at once (the protection has a test of its own)."""
+    """Spot clusters here are preemptible at once, for requests just made (the protections
+    have tests of their own)."""
     settings.SUANLI_SPOT_MIN_RUN_S = 0
+    settings.SUANLI_RECLAIM_AFTER_S = 0
 
 
 @pytest.fixture
@@ -239,6 +243,28 @@ def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
     other_spot = make_cluster(bob, "spot-bob", nodes=1, gpus=1, spot=True, volumes=())
     assert scheduler.place_pending().preempted == []
     assert _state(other_spot) == "pending" and _state(s2) == "running"
+
+
+def test_throw_away_requests_released_before_placement_preempt_nobody(
+    make_host, make_cluster, alice, bob, settings
+):
+    """bob harasses alice's spot job: on-demand requests that cannot fit, released before
+    they are placed. None of them waited long enough to reclaim; one that waits does."""
+    settings.SUANLI_RECLAIM_AFTER_S = 60
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    (spot,) = _holders(make_cluster, alice, [2])
+    for i in range(5):
+        request = make_cluster(bob, f"throw-away-{i}", nodes=1, gpus=1, volumes=())
+        assert scheduler.place_pending().preempted == []
+        request.refresh_from_db()
+        assert "reclaimed for it after 60 s in line" in request.state_reason
+        services.cluster_release(cluster=request)
+    assert _state(spot) == "running"
+    patient = make_cluster(bob, "patient", nodes=1, gpus=1, volumes=())
+    Cluster.objects.filter(pk=patient.pk).update(
+        queued_at=timezone.now() - timedelta(seconds=61)
+    )
+    assert scheduler.place_pending().preempted == [spot.pk], "a real request still reclaims"
 
 
 def test_a_hanging_preemption_script_is_cut_at_its_limit_and_the_job_still_preempted(

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cryptography.fernet import Fernet
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -19,6 +21,7 @@ def test_check_deploy_with_production_settings_prints_no_warnings():
         "PATH": os.environ["PATH"],
         "DEBUG": "0",
         "SECRET_KEY": secrets.token_urlsafe(50),
+        "SUANLI_SECRETS_KEY": Fernet.generate_key().decode(),
         "ALLOWED_HOSTS": "console.example.com",
     }
     result = _run(

@@ -13,7 +13,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--engine", required=True, help="unix:///var/run/docker.sock or tcp://HOST:2376"
         )
-        parser.add_argument("--address", default="127.0.0.1", help="MASTER_ADDR other hosts reach")
+        parser.add_argument(
+            "--address", default="127.0.0.1", help="its address on the hosts' network"
+        )
         parser.add_argument("--zone", default="zone-a")
         parser.add_argument(
             "--gpu-model", default="", help="slug, e.g. a100-80gb; empty for CPU only"
