@@ -118,6 +118,11 @@ class ClusterForm(forms.Form):
             if cap:
                 per_zone = ", ".join(f"{z} {n}" for z, n in sorted(cap["zones"].items()))
                 label = f"{model.name} — {sum(cap['zones'].values())} free ({per_zone})"
+                if cap.get("cpus_per_gpu") and cap.get("memory_gb_per_gpu"):
+                    label += (
+                        f"; per GPU {cap['cpus_per_gpu']:g} vCPU, "
+                        f"{cap['memory_gb_per_gpu']:.0f} GB memory"
+                    )
             else:
                 label = f"{model.name} — no host now"
             choices.append((f"gpu:{slug}", label))
@@ -127,7 +132,10 @@ class ClusterForm(forms.Form):
         ]
         if available and not self.is_bound:
             self.initial.setdefault("resource", available[0])
-        cpu = [(f"cpu:{name}", f"CPU only: {t}") for name, t in self.instance_types.items()]
+        cpu = [
+            (f"cpu:{name}", f"CPU only: {t}")  # the name, its vCPUs and memory
+            for name, t in self.instance_types.items()
+        ]
         self.fields["resource"].choices = [("GPUs", choices), ("CPU-only (for debugging)", cpu)]
         self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}
         self.fields["image"].choices = [

@@ -70,13 +70,21 @@ def gpu_capacity_by_model() -> dict[int, dict]:
     out: dict[int, dict] = {}
     rows = (
         Host.objects.filter(state=Host.State.ACTIVE, gpu_model__isnull=False)
-        .values("gpu_model_id", "zone", "rdma", "gpu_count")
+        .values("gpu_model_id", "zone", "rdma", "gpu_count", "cpu_count", "memory_bytes")
         .annotate(free=Count("slots", filter=Q(slots__node__isnull=True)))
     )
     for row in rows:
         entry = out.setdefault(
             row["gpu_model_id"], {"zones": {}, "largest": 0, "rdma_zones": set()}
         )
+        # What one GPU brings with it on the least generous host (runtime.node_limits).
+        gpus, cores, memory = row["gpu_count"] or 1, row["cpu_count"], row["memory_bytes"]
+        if cores:
+            share = max(cores / gpus, min(1, cores))
+            entry["cpus_per_gpu"] = min(entry.get("cpus_per_gpu", share), share)
+        if memory:
+            gb = memory / gpus / 2**30
+            entry["memory_gb_per_gpu"] = min(entry.get("memory_gb_per_gpu", gb), gb)
         entry["zones"][row["zone"]] = entry["zones"].get(row["zone"], 0) + row["free"]
         entry["largest"] = max(entry["largest"], row["gpu_count"])
         if row["rdma"]:

@@ -161,3 +161,22 @@ def test_a_person_logs_in_and_is_then_told_about_the_lock(page, live_server, ali
         page.click("button[type=submit]")
     expect(page.locator(".errorlist")).to_contain_text(LOCKED)
     expect(page.locator(".errorlist")).to_contain_text("or ask an operator to unlock it")
+
+
+def test_the_lock_page_is_served_by_the_asgi_stack_too(alice, settings):
+    """Production runs ASGI (uvicorn), where axes' middleware takes its async path."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    client = AsyncClient()
+
+    def login(password):
+        return async_to_sync(client.post)(
+            reverse("login"), {"username": "alice", "password": password}
+        )
+
+    for n in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert login(f"wrong-{n}").status_code == 200
+    for password in ("wrong-last", "alice-pass-123"):
+        response = login(password)
+        assert response.status_code == 429 and LOCKED in response.content.decode()
