@@ -47,8 +47,6 @@ def distributed_env(job: Job, node: Node, master_name: str, nodes: int) -> dict[
     per_node = max(cluster.gpus_per_node, 1)
     env = {
         "MASTER_ADDR": master_name,
-        "NCCL_SOCKET_IFNAME": network.IFNAME,
-        "GLOO_SOCKET_IFNAME": network.IFNAME,
         "MASTER_PORT": str(master_port(job)),
         "NNODES": str(nodes),
         "NODE_RANK": str(node.index),
@@ -130,7 +128,12 @@ def container_spec(
     cluster: Cluster = job.cluster
     uid = tenant_uid(job.owner_id)
     gpus = ",".join(str(i) for i in node.gpu_indices)
-    env: dict[str, str] = dict(job.env)
+    # The cluster network is eth0; a researcher may name another interface in the job's env.
+    env: dict[str, str] = {
+        "NCCL_SOCKET_IFNAME": network.IFNAME,
+        "GLOO_SOCKET_IFNAME": network.IFNAME,
+    }
+    env.update(job.env)
     env.update(distributed_env(job, node, container_name(job, 0, attempt), nodes))
     env.update(
         {

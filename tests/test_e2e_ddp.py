@@ -57,9 +57,7 @@ def test_two_node_ddp_with_the_plain_launcher(torch_cluster, settle_until):
     cluster = torch_cluster(2)  # 2 GPUs per node fill a host: one node on each engine
     job = services.job_submit(
         cluster=cluster,
-        spec=JobSpec(
-            name="ddp", command="python3 /workspace/ddp.py", env={"GLOO_SOCKET_IFNAME": "lo"}
-        ),
+        spec=JobSpec(name="ddp", command="python3 /workspace/ddp.py"),
     )
     runner.dispatch(cluster.pk)
     job = settle_until(job, timeout=120)
@@ -81,7 +79,6 @@ def test_two_node_ddp_under_torchrun_with_two_processes_per_node(torch_cluster, 
             name="torchrun",
             command="/workspace/ddp.py",
             launcher=Job.Launcher.TORCHRUN,
-            env={"GLOO_SOCKET_IFNAME": "lo"},
         ),
     )
     runner.dispatch(cluster.pk)
