@@ -209,9 +209,9 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
         except ValueError:
             continue
     live = set(
-        Cluster.objects.filter(
-            pk__in=set(ids.values()), state__in=[Cluster.State.PENDING, Cluster.State.RUNNING]
-        ).values_list("pk", flat=True)
+        Cluster.objects.filter(pk__in=set(ids.values()))
+        .exclude(state__in=[Cluster.State.RELEASED, Cluster.State.FAILED])
+        .values_list("pk", flat=True)
     )
     removed = 0
     for net, cluster_id in ids.items():

@@ -209,7 +209,10 @@ def start_replicas(job_id: int) -> None:
                         raise
                     container = client.containers.get(spec.name)
             if container.status == "created":
-                _start_container(container)
+                _start_container(
+                    container,
+                    remake=lambda: network.ensure(job.cluster_id, [r.node for r in replicas]),
+                )
         except (
             docker.errors.DockerException,
             engine.EngineError,
@@ -241,16 +244,24 @@ def start_replicas(job_id: int) -> None:
         preempt(job.pk)  # the notice came while it was starting
 
 
-def _start_container(container) -> None:
-    """Start it; a swarm overlay made moments ago may not be attachable yet on this
-    engine ("Could not attach to network ... not found"): a few short retries."""
+def _start_container(container, *, remake) -> None:
+    """Start it. A swarm overlay made moments ago may not be attachable yet on this engine,
+    and a network this process remembered may have been removed meanwhile ("Could not
+    attach to network ... not found"): make it again (`remake`) and retry a few times."""
     for delay in (0.2, 0.5, 1.0, None):
         try:
             container.start()
             return
         except docker.errors.APIError as exc:
-            if delay is None or "attach to network" not in engine.describe(exc):
+            text = engine.describe(exc)
+            if delay is None or "network" not in text or "not found" not in text:
                 raise
+            network.forget(
+                container.labels.get(runtime.LABEL_CLUSTER)
+                and int(container.labels[runtime.LABEL_CLUSTER])
+                or 0
+            )
+            remake()
             time.sleep(delay)
 
 

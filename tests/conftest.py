@@ -91,7 +91,9 @@ def make_host(catalog, engine_urls):
         host = Host(
             name=name,
             engine_url=url,
-            address=addrs[engine] if isinstance(engine, int) and engine < len(addrs) else "127.0.0.1",
+            address=addrs[engine]
+            if isinstance(engine, int) and engine < len(addrs)
+            else "127.0.0.1",
             zone=zone,
             gpu_model=catalog[model] if model else None,
             gpu_count=gpus,

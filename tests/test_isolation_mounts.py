@@ -20,6 +20,7 @@ from jobs import runner, runtime, services
 from jobs.models import Job, Replica, Volume
 from jobs.services import JobSpec
 from jobs.storage import VolumeSpec
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")

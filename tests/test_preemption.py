@@ -261,9 +261,7 @@ def test_throw_away_requests_released_before_placement_preempt_nobody(
         services.cluster_release(cluster=request)
     assert _state(spot) == "running"
     patient = make_cluster(bob, "patient", nodes=1, gpus=1, volumes=())
-    Cluster.objects.filter(pk=patient.pk).update(
-        queued_at=timezone.now() - timedelta(seconds=61)
-    )
+    Cluster.objects.filter(pk=patient.pk).update(queued_at=timezone.now() - timedelta(seconds=61))
     assert scheduler.place_pending().preempted == [spot.pk], "a real request still reclaims"
 
 

@@ -101,7 +101,7 @@ def test_as_her_uid_she_cannot_rename_remove_or_replace_a_folder_only_use_it(
             "rmdir": _try(lambda: os.rmdir("datasets", dir_fd=fd)),
             "link": _try(lambda: os.symlink("/", "evil", dir_fd=fd)),
             "mkdir": _try(lambda: os.mkdir("planted", dir_fd=fd)),
-            "chmod": _try(lambda: os.chmod(fd, 0o777)),
+            "chmod": _try(lambda: os.chmod(fd, 0o777)),  # noqa: S103 (her try)
             "list": _try(lambda: os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)),
             "write inside": _try(write_inside),
         }
@@ -268,13 +268,14 @@ def test_a_root_that_is_a_link_is_refused_and_nothing_is_made_where_it_points(
 
 def test_a_storage_root_others_can_write_is_refused_at_start(make_cluster, alice, root):
     cluster = make_cluster(alice, volumes=(VolumeSpec("datasets", "/workspace/data"),))
-    os.chmod(root.parent, 0o777)
+    os.chmod(root.parent, 0o777)  # noqa: S103 (an operator's mistake, refused)
     try:
         with pytest.raises(runtime.SpecError, match="can be changed by others than the console"):
             runtime.volume_mounts(cluster, alice.pk)
     finally:
-        os.chmod(root.parent, 0o755)
-    os.chmod(root, 0o757)  # her root, made writable by others: put back, it is the console's
+        os.chmod(root.parent, 0o755)  # noqa: S103 (as it was)
+    # Her root made writable by others: put back, it is the console's.
+    os.chmod(root, 0o757)  # noqa: S103
     runtime.volume_mounts(cluster, alice.pk)
     assert stat.S_IMODE(os.lstat(root).st_mode) == 0o711
 
