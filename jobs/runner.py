@@ -209,10 +209,7 @@ def start_replicas(job_id: int) -> None:
                         raise
                     container = client.containers.get(spec.name)
             if container.status == "created":
-                _start_container(
-                    container,
-                    remake=lambda: network.ensure(job.cluster_id, [r.node for r in replicas]),
-                )
+                _start_container(container, remake=lambda: _remake_network(job, replicas))
         except (
             docker.errors.DockerException,
             engine.EngineError,
@@ -244,6 +241,11 @@ def start_replicas(job_id: int) -> None:
         preempt(job.pk)  # the notice came while it was starting
 
 
+def _remake_network(job: Job, replicas: list[Replica]) -> str:
+    network.forget(job.cluster_id)
+    return network.ensure(job.cluster_id, [r.node for r in replicas])
+
+
 def _start_container(container, *, remake) -> None:
     """Start it. A swarm overlay made moments ago may not be attachable yet on this engine,
     and a network this process remembered may have been removed meanwhile ("Could not
@@ -256,11 +258,6 @@ def _start_container(container, *, remake) -> None:
             text = engine.describe(exc)
             if delay is None or "network" not in text or "not found" not in text:
                 raise
-            network.forget(
-                container.labels.get(runtime.LABEL_CLUSTER)
-                and int(container.labels[runtime.LABEL_CLUSTER])
-                or 0
-            )
             remake()
             time.sleep(delay)
 
