@@ -395,3 +395,16 @@ def test_nothing_typed_becomes_a_docker_argument(client, alice, running_cluster,
     assert "OPTS=--privileged --device=/dev/mem --pid=host" in info["Config"]["Env"]
     services.job_cancel(job=job, by="alice")
     runner.kill(job.pk)
+
+
+def test_a_cpu_instance_gets_the_cpus_and_memory_of_its_type(running_cluster, settle_until):
+    """cpu-2c-4g: 2 CPUs and 4 GiB in the engine's own record, not the engine's defaults."""
+    cluster = running_cluster(1, cpu="cpu-2c-4g")
+    job = _submit(cluster, "sleep 30")
+    replica = job.replicas.get()
+    host_config = _client(replica).api.inspect_container(replica.container_name)["HostConfig"]
+    assert host_config["NanoCpus"] == 2 * 10**9
+    assert host_config["Memory"] == 4 * 2**30
+    services.job_cancel(job=job, by="alice")
+    runner.stop(job.pk)
+    assert settle_until(job).state == Job.State.CANCELLED

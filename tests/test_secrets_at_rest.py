@@ -191,13 +191,13 @@ def _settings_load(**env):
     )  # fmt: skip
 
 
-def test_without_a_key_the_console_refuses_to_start_unless_debug(tmp_path):
+def test_without_a_key_the_console_refuses_to_start_unless_debug(tmp_path, settings):
     refused = _settings_load(DEBUG="0")
     assert refused.returncode != 0
     assert "SUANLI_SECRETS_KEY (or SUANLI_SECRETS_KEY_FILE) must be set" in refused.stderr
     assert _settings_load(DEBUG="1").stdout.strip() == "1", "DEBUG derives a key"
     key_file = tmp_path / "secrets.key"
-    key_file.write_text(os.environ["SUANLI_SECRETS_KEY"] + "\n")
+    key_file.write_text(settings.SUANLI_SECRETS_KEYS[0] + "\n")
     assert _settings_load(DEBUG="0", SUANLI_SECRETS_KEY_FILE=str(key_file)).returncode == 0
     bad = _settings_load(DEBUG="0", SUANLI_SECRETS_KEY="not-a-fernet-key")
     assert bad.returncode != 0 and "Fernet keys" in bad.stderr
