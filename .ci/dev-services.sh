@@ -40,23 +40,10 @@ REDIS_PASS_FILE="$DEV_DIR/redis.pass"
 SECRETS_KEY_FILE="$DEV_DIR/secrets.key"
 FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
 
-redis_password() {
-    if [[ ! -s "$REDIS_PASS_FILE" ]]; then
-        (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$REDIS_PASS_FILE")
-    fi
-    cat "$REDIS_PASS_FILE"
-}
+redis_password() { secret_file "$REDIS_PASS_FILE" hex; }
 
 redis_url() {
     printf '%s\n' "${REDIS_URL:-redis://:$(redis_password)@127.0.0.1:$REDIS_PORT/0}"
-}
-
-secrets_key() {
-    if [[ ! -s "$SECRETS_KEY_FILE" ]]; then
-        # A Fernet key: 32 random bytes, URL-safe base64.
-        (umask 077 && head -c 32 /dev/urandom | base64 | tr '+/' '-_' >"$SECRETS_KEY_FILE")
-    fi
-    printf '%s\n' "$SECRETS_KEY_FILE"
 }
 
 # The MTU of the default route's interface: cluster networks must not exceed it.
@@ -67,10 +54,11 @@ host_mtu() {
 }
 
 print_env() {
+    secret_file "$SECRETS_KEY_FILE" fernet >/dev/null
     write_env "$DEV_DIR/env.sh" \
         "REDIS_URL=$(redis_url)" \
         "SUANLI_LOCAL_ENGINE=$LOCAL_ENGINE" \
-        "SUANLI_SECRETS_KEY_FILE=$(secrets_key)" \
+        "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE" \
         "SUANLI_NETWORK_MTU=$(host_mtu)"
 }
 

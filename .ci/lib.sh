@@ -125,6 +125,24 @@ write_env() {
     printf '%s' "$out"
 }
 
+# ------------------------------------------------------------- secrets ----
+
+# secret_file FILE hex|fernet: print FILE's secret, generating it once (mode 0600): 24
+# random bytes as hex (a Redis password), or a Fernet key (32 random bytes, URL-safe
+# base64) for the secrets the console keeps at rest.
+secret_file() {
+    local file="$1" kind="$2"
+    if [[ ! -s "$file" ]]; then
+        mkdir -p "$(dirname "$file")"
+        if [[ "$kind" == fernet ]]; then
+            (umask 077 && head -c 32 /dev/urandom | base64 | tr '+/' '-_' >"$file")
+        else
+            (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$file")
+        fi
+    fi
+    cat "$file"
+}
+
 # ---------------------------------------------------------------- redis ----
 
 # redis_up PORT: true when something answers PING on 127.0.0.1:PORT (with the

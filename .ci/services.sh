@@ -10,7 +10,8 @@
 #   - PostgreSQL (system cluster; role+db suanli/suanli, password auth on
 #     127.0.0.1). Stopped by `stop` only if `start` was the one to start it.
 #   - redis on 127.0.0.1:${SUANLI_TEST_REDIS_PORT:-6399}, no persistence, with a
-#     password generated once into $RUN_DIR/redis.pass.
+#     password generated once into $RUN_DIR/redis.pass (and the key of the secrets
+#     at rest into $RUN_DIR/secrets.key).
 #   - two Docker engines "a" and "b", each a host of its own: its own network
 #     namespace (suanli-test-a/b) joined to this machine by a veth pair on the
 #     bridge suanli-hosts (172.29.0.1/24; engines 172.29.0.11 and .12), its own
@@ -57,13 +58,9 @@ engine_netns() { printf 'suanli-test-%s' "$1"; }
 engine_veth() { printf 'slh-%s' "$1"; }
 FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
 REDIS_PASS_FILE="$RUN_DIR/redis.pass"
+SECRETS_KEY_FILE="$RUN_DIR/secrets.key"
 
-redis_password() {
-    if [[ ! -s "$REDIS_PASS_FILE" ]]; then
-        (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$REDIS_PASS_FILE")
-    fi
-    cat "$REDIS_PASS_FILE"
-}
+redis_password() { secret_file "$REDIS_PASS_FILE" hex; }
 
 # ------------------------------------------------------------ postgres ----
 
@@ -310,6 +307,7 @@ unmount_under() {
 
 print_env() {
     local engines="" e
+    secret_file "$SECRETS_KEY_FILE" fernet >/dev/null
     for e in "${ENGINES[@]}"; do engines+="${engines:+,}$(engine_host "$e")"; done
     write_env "$RUN_DIR/env.sh" \
         "DATABASE_URL=postgres://suanli:suanli@127.0.0.1:${PG_PORT:-$(pg_port)}/suanli" \
@@ -318,7 +316,8 @@ print_env() {
         "SUANLI_TEST_ENGINE_ADDRS=${ENGINE_IP[a]},${ENGINE_IP[b]}" \
         "SUANLI_TEST_ENGINE_NETNS=$(engine_netns a),$(engine_netns b)" \
         "SUANLI_TEST_HOSTS_GATEWAY=$HOSTS_GATEWAY" \
-        "SUANLI_TEST_IMAGE=$SUANLI_IMAGE"
+        "SUANLI_TEST_IMAGE=$SUANLI_IMAGE" \
+        "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE"
 }
 
 cmd_start() {

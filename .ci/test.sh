@@ -16,9 +16,6 @@ export DEBUG=0 SUANLI_HTTPS=0 SUANLI_STATIC_MANIFEST=0 SECRET_KEY="test-only-$(h
 export ALLOWED_HOSTS="localhost,127.0.0.1,testserver" SUANLI_STORAGE_ROOT="$PWD/.run/test/storage"
 export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
 mkdir -p "$SUANLI_SCREENSHOTS" staticfiles
-# The key that encrypts secrets at rest (webhook signing secrets, engine TLS keys).
-[ -s .run/test/secrets.key ] || (umask 077 && .venv/bin/python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())' >.run/test/secrets.key)
-export SUANLI_SECRETS_KEY_FILE="$PWD/.run/test/secrets.key"
 
 if [ "${E2E:-0}" = 1 ]; then
     IFS=, read -ra engines <<<"$SUANLI_TEST_ENGINES"

@@ -10,8 +10,6 @@ env_out="$(bash .ci/services.sh start)"
 eval "$env_out"
 export PATH="$PWD/.venv/bin:$PATH" DEBUG=0 SUANLI_HTTPS=0 SECRET_KEY=bench-only ALLOWED_HOSTS=localhost
 export DATABASE_URL="${DATABASE_URL%/*}/suanli_bench" LOG_LEVEL=WARNING
-[ -s .run/test/secrets.key ] || (umask 077 && python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())' >.run/test/secrets.key)
-export SUANLI_SECRETS_KEY_FILE="$PWD/.run/test/secrets.key"
 PGPASSWORD=suanli psql -h 127.0.0.1 -U suanli -d suanli -tAc "SELECT 1 FROM pg_database WHERE datname='suanli_bench'" | grep -q 1 \
   || PGPASSWORD=suanli psql -h 127.0.0.1 -U suanli -d suanli -qc "CREATE DATABASE suanli_bench"
 python manage.py migrate --no-input -v0

@@ -3,8 +3,9 @@
 Authentication is `Authorization: Bearer <token>` only (never the session cookie, so
 there is no CSRF surface); each token is rate-limited (`SUANLI_API_RATE_PER_MIN` a
 minute), and failed tokens count with failed log-ins against the client's address: at
-`AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid tokens too. Input goes through the same forms and services as the pages, and every object
-is looked up through its owner: another researcher's is 404. Errors are JSON:
+`AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid tokens too. Input goes
+through the same forms and services as the pages, and every object is looked up through
+its owner: another researcher's is 404. Errors are JSON:
 `{"error": "...", "fields": {"name": ["..."]}}`.
 """
 

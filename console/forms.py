@@ -32,6 +32,13 @@ class Funds:
     def short(self) -> bool:
         return self.balance < self.needed
 
+    def refusal(self, what: str, doing: str) -> str:
+        return (
+            f"{what} costs {self.per_hour} {self.currency}/h; {doing} needs a balance for "
+            f"{self.minutes} minutes ({self.needed} {self.currency}). Your balance is "
+            f"{self.balance} {self.currency}: top up on the billing page."
+        )
+
     def as_context(self) -> dict:
         return {
             "needed": self.needed, "balance": self.balance, "minutes": self.minutes,
@@ -287,12 +294,7 @@ class ClusterForm(forms.Form):
             )
         elif funds.short:
             self.funds_short = funds.as_context()
-            self.add_error(
-                None,
-                f"This cluster costs {funds.per_hour} {funds.currency}/h; creating it needs a balance for "
-                f"{funds.minutes} minutes ({funds.needed} {funds.currency}). Your balance is "
-                f"{funds.balance} {funds.currency}: top up on the billing page.",
-            )
+            self.add_error(None, funds.refusal("This cluster", "creating it"))
 
     def spec(self) -> ClusterSpec:
         d = self.cleaned_data
@@ -346,10 +348,7 @@ class ResizeForm(forms.Form):
                 )
             if funds.short:
                 raise ValidationError(
-                    f"With {nodes} nodes this cluster costs {funds.per_hour} {funds.currency}/h; "
-                    f"growing it needs a balance for {funds.minutes} minutes ({funds.needed} "
-                    f"{funds.currency}). Your balance is {funds.balance} {funds.currency}: top up "
-                    "on the billing page."
+                    funds.refusal(f"With {nodes} nodes this cluster", "growing it")
                 )
         return nodes
 

@@ -74,6 +74,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         "operating_system",
         "cpu_count",
         "memory_bytes",
+        "network",
         "last_checked",
         "last_seen",
         "last_error",
@@ -135,6 +136,10 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         host = get_object_or_404(Host, pk=host_id)
         report_check(request, services.host_check(host_id=host.pk))
         return redirect(reverse("admin:jobs_host_change", args=[host.pk]))
+
+    @admin.display(description="network")
+    def network(self, host: Host) -> str:
+        return host.network_note if host.last_seen else "—"
 
     def has_drain_permission(self, request) -> bool:
         return request.user.has_perm("jobs.drain_host")

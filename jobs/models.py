@@ -169,6 +169,17 @@ class Host(models.Model):
     def uses_tls(self) -> bool:
         return self.engine_url.startswith("tcp://")
 
+    def gpu_share(self, gpus: int) -> tuple[float, int | None]:
+        """(CPUs, memory bytes or None when unknown) that `gpus` of this host's GPUs bring:
+        their share of its cores and memory, at least one core per GPU where the host has
+        them (an emulated host may list more GPUs than it has cores)."""
+        gpus = max(gpus, 1)
+        share = gpus / max(self.gpu_count or gpus, gpus)
+        cores = self.cpu_count or 0
+        cpus = max(cores * share, min(gpus, cores)) if cores else float(gpus)
+        memory = int(self.memory_bytes * share) if self.memory_bytes else None
+        return round(cpus, 2), memory
+
     @property
     def swarm_member(self) -> bool:
         return self.swarm_state == "active" and bool(self.swarm_cluster)

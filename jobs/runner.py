@@ -199,10 +199,8 @@ def start_replicas(job_id: int) -> None:
                 except docker.errors.NotFound as exc:
                     if "network" not in engine.describe(exc):
                         raise
-                    # The network this process remembered is gone (removed on the host):
-                    # make it again, once.
-                    network.forget(job.cluster_id)
-                    network.ensure(job.cluster_id, [r.node for r in replicas])
+                    # The network this process remembered is gone: make it again, once.
+                    _remake_network(job, replicas)
                     container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
                 except docker.errors.APIError as exc:
                     if exc.status_code != 409:  # 409: created meanwhile by a duplicate delivery

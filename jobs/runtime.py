@@ -1,6 +1,8 @@
 """The Docker contract (DESIGN.md): how one replica becomes one hardened container.
 
-`container_spec` is pure: everything a researcher typed arrives here as data (environment
+`container_spec` reads and checks, writing nothing but the tenant's storage folders it
+must mount (created, or their old layout repaired, by `volume_mounts`). Everything a
+researcher typed arrives here as data (environment
 values, a command run by the container's own shell, volume paths already checked) and
 never as a Docker argument of its own.
 """
@@ -73,20 +75,14 @@ def master_port(job: Job) -> int:
 
 
 def node_limits(cluster: Cluster, host: Host) -> tuple[float, int]:
-    """(CPUs, memory bytes) of one node: a CPU instance type's own figures; for a GPU
-    node its share of the host's cores and memory (gpus / host GPUs), at least one core
-    per GPU where the host has them (an emulated host may list more GPUs than cores)."""
+    """(CPUs, memory bytes) of one node: a CPU instance type's own figures; for a GPU node
+    its share of the host (Host.gpu_share), SUANLI_MEM_LIMIT_MB where the host's memory
+    is not known yet."""
     if cluster.is_cpu_only:
         it = cluster.instance_type
         return float(it.vcpus), it.memory_gb * 2**30
-    gpus = max(cluster.gpus_per_node, 1)
-    share = gpus / max(host.gpu_count or gpus, gpus)
-    cores = host.cpu_count or 0
-    cpus = max(cores * share, min(gpus, cores)) if cores else float(gpus)
-    memory = int(host.memory_bytes * share) if host.memory_bytes else 0
-    if not memory:
-        memory = settings.SUANLI_MEM_LIMIT_MB * 2**20
-    return round(cpus, 2), memory
+    cpus, memory = host.gpu_share(cluster.gpus_per_node)
+    return cpus, memory or settings.SUANLI_MEM_LIMIT_MB * 2**20
 
 
 def volume_mounts(cluster: Cluster, owner_id: int) -> list[Mount]:

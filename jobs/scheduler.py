@@ -205,6 +205,13 @@ class Fleet:
             chosen.append(hid)
         return chosen
 
+    def one_network(self, host_ids) -> bool:
+        """Whether nodes on these hosts can share one network: one host, or members of one
+        swarm."""
+        hosts = set(host_ids)
+        swarms = {self.hosts[h].swarm if h in self.hosts else "" for h in hosts}
+        return len(hosts) <= 1 or (len(swarms) == 1 and "" not in swarms)
+
     def _fit_gpu_networked(self, pools: list[tuple], nodes: int, gpus: int) -> list[int] | None:
         """`_fit_gpu` that keeps a multi-node cluster on one network: across members of one
         swarm, or all on one host outside a swarm. The tightest fit of those wins."""

@@ -77,13 +77,15 @@ def gpu_capacity_by_model() -> dict[int, dict]:
         entry = out.setdefault(
             row["gpu_model_id"], {"zones": {}, "largest": 0, "rdma_zones": set()}
         )
-        # What one GPU brings with it on the least generous host (runtime.node_limits).
-        gpus, cores, memory = row["gpu_count"] or 1, row["cpu_count"], row["memory_bytes"]
-        if cores:
-            share = max(cores / gpus, min(1, cores))
-            entry["cpus_per_gpu"] = min(entry.get("cpus_per_gpu", share), share)
+        # What one GPU brings with it on the least generous host.
+        host = Host(
+            gpu_count=row["gpu_count"], cpu_count=row["cpu_count"], memory_bytes=row["memory_bytes"]
+        )
+        cpus, memory = host.gpu_share(1)
+        if row["cpu_count"]:
+            entry["cpus_per_gpu"] = min(entry.get("cpus_per_gpu", cpus), cpus)
         if memory:
-            gb = memory / gpus / 2**30
+            gb = memory / 2**30
             entry["memory_gb_per_gpu"] = min(entry.get("memory_gb_per_gpu", gb), gb)
         entry["zones"][row["zone"]] = entry["zones"].get(row["zone"], 0) + row["free"]
         entry["largest"] = max(entry["largest"], row["gpu_count"])

@@ -296,6 +296,12 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
             raise ValidationError(
                 f"No room for {scheduler.shortage_text(extra, fleet).removeprefix('waiting for ')}."
             )
+        if not fleet.one_network([n.host_id for n in live] + hosts):
+            raise ValidationError(
+                "The room for the new nodes is on hosts that cannot share a network with this "
+                "cluster's (they are not in one Docker swarm); release it and create one of "
+                f"{nodes} nodes instead."
+            )
         try:
             added = scheduler.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
         except scheduler.Conflict:

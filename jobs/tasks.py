@@ -1,10 +1,12 @@
 """Thin RQ entry points: take ids, call a service."""
 
+from datetime import timedelta
+
 import django_rq
 from rq.job import JobStatus
 
-from jobs import services
-from jobs.models import Host
+from jobs import network, services
+from jobs.models import Cluster, Host
 
 _PENDING = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
 
@@ -64,9 +66,6 @@ def cluster_dispatch(cluster_id: int) -> int | None:
 
 def cluster_network_ensure(cluster_id: int) -> str | None:
     """After placement: the cluster's network, so that its first job starts on one."""
-    from jobs import network
-    from jobs.models import Cluster
-
     if not Cluster.objects.filter(pk=cluster_id, state=Cluster.State.RUNNING).exists():
         return None
     try:
@@ -78,15 +77,12 @@ def cluster_network_ensure(cluster_id: int) -> str | None:
 def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
     """After release: remove the cluster's networks once its containers are gone; try
     again a little later while they are stopping (the reconciler sweeps what is left)."""
-    from datetime import timedelta
-
-    from jobs import network
-
-    if network.remove(cluster_id) or tries >= 5:
-        return tries < 5
-    django_rq.get_queue("docker").enqueue_in(
-        timedelta(seconds=10 * (tries + 1)), cluster_network_remove, cluster_id, tries + 1
-    )
+    if network.remove(cluster_id):
+        return True
+    if tries < 5:
+        django_rq.get_queue("docker").enqueue_in(
+            timedelta(seconds=10 * (tries + 1)), cluster_network_remove, cluster_id, tries + 1
+        )
     return False
 
 

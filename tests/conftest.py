@@ -105,6 +105,22 @@ def make_host(catalog, engine_urls):
     return make
 
 
+@pytest.fixture
+def paper_host(catalog):
+    """An active 8-GPU A100 host registered with no engine behind it: for pages, forms and
+    permissions that never start a container."""
+    host = Host(
+        name="gpu-paper-01",
+        engine_url="unix:///run/suanli-no-such-engine.sock",
+        address="127.0.0.1",
+        zone="zone-a",
+        gpu_model=catalog["a100-80gb"],
+        gpu_count=8,
+        state=Host.State.ACTIVE,
+    )
+    return services.host_save(host=host)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_redis(settings):
     """Every test starts with empty queues on the test Redis (a dedicated server)."""

@@ -1,40 +1,15 @@
 """Operators register Docker hosts; checks talk to the real engines."""
 
-import datetime
-
 import django_rq
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from django.urls import reverse
+from pki import pem_pair
 from rq import SimpleWorker
 
 from jobs import services, tasks
 from jobs.models import GpuSlot, Host
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _pem_pair(cn="client"):
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem
 
 
 def _admin_add(client, **fields):
@@ -83,8 +58,8 @@ def test_unreachable_engine_goes_down_with_the_engines_error_and_pages_still_wor
 
 
 def test_tls_engine_that_does_not_answer_is_down_with_error_text(make_host):
-    ca, _ = _pem_pair("ca")
-    cert, key = _pem_pair()
+    ca, _ = pem_pair("ca")
+    cert, key = pem_pair()
     host = make_host("gpu-tls", engine="tcp://127.0.0.1:1", tls_ca=ca, tls_cert=cert, tls_key=key)
     assert host.state == Host.State.DOWN
     assert host.last_error and "refused" in host.last_error.lower()
@@ -132,9 +107,9 @@ def test_tcp_engine_without_tls_files_names_each_missing_file(client, operator):
 
 def test_wrong_tls_material_is_refused_before_saving(client, operator):
     client.force_login(operator)
-    ca, _ = _pem_pair("ca")
-    cert, _ = _pem_pair()
-    _, other_key = _pem_pair()
+    ca, _ = pem_pair("ca")
+    cert, _ = pem_pair()
+    _, other_key = pem_pair()
     body = _admin_add(
         client,
         engine_url="tcp://gpu-1.example.com:2376",
@@ -226,8 +201,8 @@ def test_check_now_button_and_gpu_count_change_resync_slots(client, operator, ma
 
 
 def test_stored_tls_key_is_never_shown_back_and_kept_when_left_empty(client, operator, catalog):
-    ca, _ = _pem_pair("ca")
-    cert, key = _pem_pair()
+    ca, _ = pem_pair("ca")
+    cert, key = pem_pair()
     host = Host(
         name="gpu-remote",
         engine_url="tcp://127.0.0.1:1",
@@ -300,3 +275,29 @@ def test_cron_enqueues_the_periodic_tasks_in_json_for_the_workers(make_host):
     ).work(burst=True)
     host.refresh_from_db()
     assert host.state == Host.State.ACTIVE, "the cron tick checked the host through the workers"
+
+
+@pytest.mark.browser
+def test_hosts_page_says_which_hosts_can_share_a_multi_node_network(
+    page, live_server, make_host, operator
+):
+    import os
+
+    from playwright.sync_api import expect
+
+    make_host("gpu-a-01", engine=0, gpus=8)
+    outside = make_host("gpu-b-01", engine=1, gpus=8)
+    Host.objects.filter(pk=outside.pk).update(swarm_state="inactive", swarm_cluster="")
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", "olga")
+    page.fill("#id_password", "olga-pass-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    page.goto(f"{live_server.url}/ops/hosts/")
+    member = page.locator("tr[data-host='gpu-a-01'] [data-testid=network-note]")
+    expect(member).to_contain_text("Swarm manager: takes multi-node clusters that span hosts")
+    expect(page.locator("tr[data-host='gpu-b-01'] [data-testid=network-note]")).to_contain_text(
+        "Not a swarm member (inactive): takes clusters whose nodes all fit on this host"
+    )
+    shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
+    page.screenshot(path=f"{shots}/ops_hosts_network.png", full_page=True)

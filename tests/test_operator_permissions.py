@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from billing import services as billing
 from billing.models import Account, LedgerEntry
-from jobs import scheduler, services
+from jobs import scheduler
 from jobs.models import Cluster, Host
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,17 +39,8 @@ def viewer(db):
 
 
 @pytest.fixture
-def host(catalog):
-    host = Host(
-        name="gpu-paper-01",
-        engine_url="unix:///run/suanli-no-such-engine.sock",
-        address="127.0.0.1",
-        zone="zone-a",
-        gpu_model=catalog["a100-80gb"],
-        gpu_count=8,
-        state=Host.State.ACTIVE,
-    )
-    return services.host_save(host=host)
+def host(paper_host):
+    return paper_host
 
 
 @pytest.fixture

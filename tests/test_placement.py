@@ -263,3 +263,33 @@ def test_concurrent_schedulers_never_double_book(make_host, make_cluster, alice)
         c.nodes * c.gpus_per_node for c in Cluster.objects.filter(state=Cluster.State.RUNNING)
     )
     assert total == GpuSlot.objects.filter(node__isnull=False).count() <= 48
+
+
+def test_hosts_outside_a_swarm_take_multi_node_clusters_only_whole(make_host, make_cluster, alice):
+    """A host that left the swarm cannot share an overlay network: a cluster spanning it and
+    another host waits (and says why), one that fits on it alone is placed there, and a
+    cluster cannot grow onto it from a swarm member."""
+    from jobs.models import Host
+
+    make_host("gpu-a-01", engine=0, gpus=8)
+    outside = make_host("gpu-b-01", engine=1, gpus=8)
+    Host.objects.filter(pk=outside.pk).update(swarm_state="inactive", swarm_cluster="")
+    grow = make_cluster(alice, "grow", nodes=1, gpus=8)
+    _place()
+    assert _hosts_of(grow) == ["gpu-a-01"]
+    with pytest.raises(Exception, match="cannot share a network"):
+        services.cluster_resize(cluster=grow, nodes=2)
+
+    services.cluster_release(cluster=grow)
+    spanning = make_cluster(alice, "spanning", nodes=2, gpus=8)
+    _place()
+    spanning.refresh_from_db()
+    assert spanning.state == Cluster.State.PENDING
+    assert "must share one network" in spanning.state_reason
+    services.cluster_release(cluster=spanning)
+    Host.objects.filter(name="gpu-a-01").update(state=Host.State.DRAINING)
+    whole = make_cluster(alice, "whole", nodes=2, gpus=4)
+    _place()
+    whole.refresh_from_db()
+    assert whole.state == Cluster.State.RUNNING
+    assert len(set(_hosts_of(whole))) == 1, "both nodes on one host"

@@ -17,8 +17,8 @@ from django.utils import timezone
 from billing import services as billing
 from billing.catalog import seed_rate_card
 from console.models import ApiToken
-from jobs import scheduler, services
-from jobs.models import Cluster, Host, Image
+from jobs import scheduler
+from jobs.models import Cluster, Image
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,19 +26,10 @@ SHORT_FOR_TWO = "growing it needs a balance for 10 minutes (2.6000 CNY). Your ba
 
 
 @pytest.fixture
-def paper_fleet(catalog, storage_root):
+def paper_fleet(paper_host, storage_root):
     """One 8-GPU A100 host, active; 7.80 CNY per GPU-hour (the starting rate card)."""
     seed_rate_card(effective_from=timezone.now() - timedelta(hours=1))
-    host = Host(
-        name="gpu-paper-01",
-        engine_url="unix:///run/suanli-no-such-engine.sock",
-        address="127.0.0.1",
-        zone="zone-a",
-        gpu_model=catalog["a100-80gb"],
-        gpu_count=8,
-        state=Host.State.ACTIVE,
-    )
-    return services.host_save(host=host)
+    return paper_host
 
 
 def _form(**fields):

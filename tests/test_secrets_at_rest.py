@@ -2,7 +2,6 @@
 the table gives none of them away, while the console still signs and connects with them.
 Without a key the console refuses to start (unless DEBUG, where it derives one)."""
 
-import datetime
 import importlib
 import os
 import subprocess
@@ -11,13 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from django.core.exceptions import FieldError, ImproperlyConfigured
 from django.db import connection
 from django.urls import reverse
+from pki import pem_pair
 from standardwebhooks import Webhook
 
 from jobs import crypto, services, webhooks
@@ -34,30 +30,10 @@ def _raw(table: str, column: str, pk: int) -> str:
         return cursor.fetchone()[0]
 
 
-def _pem_pair(cn="client"):
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem
-
-
 @pytest.fixture
 def tls_host(catalog):
-    ca, _ = _pem_pair("ca")
-    cert, key = _pem_pair()
+    ca, _ = pem_pair("ca")
+    cert, key = pem_pair()
     host = Host(
         name="gpu-remote",
         engine_url="tcp://127.0.0.1:1",
