@@ -10,12 +10,14 @@ the SIGKILL.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import docker
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from jobs import engine, network, runtime, storage
@@ -148,10 +150,20 @@ def _ensure_image(client: docker.DockerClient, job: Job, host: Host, image: str)
     _event(job.pk, "pulled", f"{image} is on {host.name}")
 
 
+_START_ERRORS = (
+    docker.errors.DockerException,
+    engine.EngineError,
+    runtime.SpecError,
+    network.NetworkError,
+    OSError,
+)
+
+
 def start_replicas(job_id: int) -> None:
     """Create and start every replica of the job's current attempt. Safe to repeat: a
     replica's container has a fixed name, so a second try finds it instead of making a
-    second one."""
+    second one. The replicas start side by side (one thread each, engine calls only), so a
+    multi-node job waits for its slowest container, not for the sum of them."""
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if job.state != Job.State.STARTING:
         return
@@ -163,68 +175,51 @@ def start_replicas(job_id: int) -> None:
     if not replicas:
         _finish(job.pk, Job.State.FAILED, "the cluster has no nodes", exit_code=None)
         return
+    todo = [r for r in replicas if r.state == Replica.State.CREATING]
+    if todo and _start_abandoned(job):
+        # Cancelled, or its cluster released, while we were starting: make no more.
+        _drop_unstarted(job)
+        stop(job.pk)
+        settle(job.pk)
+        return
     try:
         # Made at placement; made here if that task has not run yet (or a host lost it).
         network_name = network.ensure(job.cluster_id, [r.node for r in replicas])
-    except (network.NetworkError, docker.errors.DockerException, engine.EngineError) as exc:
-        message = f"the cluster network could not be made: {exc}"
-        Replica.objects.filter(job=job, attempt=job.attempt, state=Replica.State.CREATING).update(
-            state=Replica.State.LOST, finished_at=timezone.now()
-        )
-        log.warning("job %s: %s", job.pk, message)
-        _fail_start(job, message)
+    except _START_ERRORS as exc:
+        _fail_replicas(job, todo, f"the cluster network could not be made: {exc}")
         return
-    for replica in replicas:
-        if replica.state != Replica.State.CREATING:
-            continue
-        if _start_abandoned(job):
-            # Cancelled, or its cluster released, while we were starting: make no more.
-            _drop_unstarted(job)
-            stop(job.pk)
-            settle(job.pk)
-            return
-        host = replica.host
+    specs = []
+    for replica in todo:
         try:
-            spec = runtime.container_spec(
-                job=job, node=replica.node, nodes=len(replicas), attempt=job.attempt,
-                nvidia=not host.emulated_gpu, network_name=network_name,
-            )  # fmt: skip
-            client = engine.cached_client(host)
-            try:
-                container = client.containers.get(spec.name)
-            except docker.errors.NotFound:
-                _ensure_image(client, job, host, spec.image)
-                try:
-                    container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
-                except docker.errors.NotFound as exc:
-                    if "network" not in engine.describe(exc):
-                        raise
-                    # The network this process remembered is gone: make it again, once.
-                    _remake_network(job, replicas)
-                    container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
-                except docker.errors.APIError as exc:
-                    if exc.status_code != 409:  # 409: created meanwhile by a duplicate delivery
-                        raise
-                    container = client.containers.get(spec.name)
-            if container.status == "created":
-                _start_container(container, remake=lambda: _remake_network(job, replicas))
-        except (
-            docker.errors.DockerException,
-            engine.EngineError,
-            runtime.SpecError,
-            network.NetworkError,
-            OSError,
-        ) as exc:
-            message = f"rank {replica.rank} on {host.name}: {engine.describe(exc)}"
-            Replica.objects.filter(pk=replica.pk).update(
-                state=Replica.State.LOST, finished_at=timezone.now()
+            specs.append(
+                runtime.container_spec(
+                    job=job,
+                    node=replica.node,
+                    nodes=len(replicas),
+                    attempt=job.attempt,
+                    nvidia=not replica.host.emulated_gpu,
+                    network_name=network_name,
+                )  # fmt: skip
             )
-            log.warning("job %s: %s", job.pk, message)
-            _fail_start(job, message)
+        except _START_ERRORS as exc:
+            _fail_replicas(job, [replica], _where(replica, exc))
             return
+    if len(todo) == 1:
+        outcomes = [_launch(job, replicas, todo[0], specs[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(len(todo), 16)) as pool:
+            outcomes = list(pool.map(lambda r, s: _launch(job, replicas, r, s), todo, specs))
+    failed = []
+    for replica, outcome in zip(todo, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            failed.append((replica, outcome))
+            continue
         Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
-            container_id=container.id, state=Replica.State.RUNNING, started_at=timezone.now()
+            container_id=outcome.id, state=Replica.State.RUNNING, started_at=timezone.now()
         )
+    if failed:
+        _fail_replicas(job, [r for r, _ in failed], _where(*failed[0]))
+        return
     now = timezone.now()
     with transaction.atomic():  # the state, its timeline entry and its webhook event at once
         if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
@@ -237,6 +232,49 @@ def start_replicas(job_id: int) -> None:
         stop(job.pk)
     elif job.preempt_requested_at is not None and job.stop_requested_at is None:
         preempt(job.pk)  # the notice came while it was starting
+
+
+def _where(replica: Replica, exc: BaseException) -> str:
+    return f"rank {replica.rank} on {replica.host.name}: {engine.describe(exc)}"
+
+
+def _fail_replicas(job: Job, failed: list[Replica], message: str) -> None:
+    Replica.objects.filter(pk__in=[r.pk for r in failed]).update(
+        state=Replica.State.LOST, finished_at=timezone.now()
+    )
+    log.warning("job %s: %s", job.pk, message)
+    _fail_start(job, message)
+
+
+def _launch(job: Job, replicas: list[Replica], replica: Replica, spec: runtime.ContainerSpec):
+    """One replica's container, created (or found) and started: the container, or the
+    exception that stopped it. Runs in a thread of its own."""
+    try:
+        client = engine.cached_client(replica.host)
+        try:
+            container = client.containers.get(spec.name)
+        except docker.errors.NotFound:
+            _ensure_image(client, job, replica.host, spec.image)
+            try:
+                container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
+            except docker.errors.NotFound as exc:
+                if "network" not in engine.describe(exc):
+                    raise
+                # The network this process remembered is gone: make it again, once.
+                _remake_network(job, replicas)
+                container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: created meanwhile by a duplicate delivery
+                    raise
+                container = client.containers.get(spec.name)
+        if container.status == "created":
+            _start_container(container, remake=lambda: _remake_network(job, replicas))
+        return container
+    except _START_ERRORS as exc:
+        return exc
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            connections.close_all()  # this thread's own, if it used the database (an event)
 
 
 def _remake_network(job: Job, replicas: list[Replica]) -> str:
