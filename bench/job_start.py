@@ -45,6 +45,11 @@ def bare_docker_run(urls: list[str], net_driver: str | None = None) -> list[floa
     other (as the runner starts replicas), on the engines' default bridge or on a network
     of `net_driver` made beforehand (what a cluster's replicas are on)."""
     clients = [docker.DockerClient(base_url=url, timeout=30) for url in urls]
+    for c in clients:  # what an interrupted run left
+        for old in c.containers.list(all=True, filters={"name": "bench-bare-"}):
+            old.remove(force=True)
+    for old in clients[0].networks.list(names=["bench-bare-net"]):
+        old.remove()
     net = None
     if net_driver == "bridge":
         net = clients[0].networks.create("bench-bare-net", driver="bridge")

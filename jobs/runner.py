@@ -139,12 +139,7 @@ def _resume_point(job: Job, volumes) -> str:
     return found or ""
 
 
-def _ensure_image(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
-    try:
-        client.images.get(image)
-        return
-    except docker.errors.ImageNotFound:
-        pass
+def _pull(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
     _event(job.pk, "pulling", f"pulling {image} on {host.name}")
     client.images.pull(image)
     _event(job.pk, "pulled", f"{image} is on {host.name}")
@@ -251,22 +246,27 @@ def _launch(job: Job, replicas: list[Replica], replica: Replica, spec: runtime.C
     exception that stopped it. Runs in a thread of its own."""
     try:
         client = engine.cached_client(replica.host)
+
+        def create():
+            return client.containers.create(spec.image, name=spec.name, **spec.kwargs)
+
+        # Straight to `create` (no look-ups first: each is a round trip on every start);
+        # what it refuses says what is missing.
         try:
+            container = create()
+        except docker.errors.ImageNotFound:
+            _pull(client, job, replica.host, spec.image)
+            container = create()
+        except docker.errors.NotFound as exc:
+            if "network" not in engine.describe(exc):
+                raise
+            # The network this process remembered is gone: make it again, once.
+            _remake_network(job, replicas)
+            container = create()
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: made by an earlier try or a duplicate delivery
+                raise
             container = client.containers.get(spec.name)
-        except docker.errors.NotFound:
-            _ensure_image(client, job, replica.host, spec.image)
-            try:
-                container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
-            except docker.errors.NotFound as exc:
-                if "network" not in engine.describe(exc):
-                    raise
-                # The network this process remembered is gone: make it again, once.
-                _remake_network(job, replicas)
-                container = client.containers.create(spec.image, name=spec.name, **spec.kwargs)
-            except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: created meanwhile by a duplicate delivery
-                    raise
-                container = client.containers.get(spec.name)
         if container.status == "created":
             _start_container(container, remake=lambda: _remake_network(job, replicas))
         return container
