@@ -5,6 +5,7 @@
 #   .ci/services.sh env               # print the env without starting anything
 #   .ci/services.sh stop [--clean]    # stop what start started; --clean also
 #                                     # deletes the run dir (image cache too)
+#   .ci/services.sh restart-engine b  # bring back an engine a test killed
 #
 # start brings up:
 #   - PostgreSQL (system cluster; role+db suanli/suanli, password auth on
@@ -225,9 +226,12 @@ start_engine() {
     rm -f "$sock"
     mkdir -p "$dir/data" "$dir/exec"
     # Forget the network and swarm state of the previous run (images stay cached):
-    # every run starts from a clean network store and forms a fresh swarm.
-    rm -f "$dir/data/network/files/local-kv.db"
-    rm -rf "$dir/data/swarm"
+    # every run starts from a clean network store and forms a fresh swarm. Not when a
+    # test brings back an engine it killed (restart-engine): that one keeps its state.
+    if [[ -z "${KEEP_ENGINE_STATE:-}" ]]; then
+        rm -f "$dir/data/network/files/local-kv.db"
+        rm -rf "$dir/data/swarm"
+    fi
     # Empty config file: a system /etc/docker/daemon.json (hosts, data-root...)
     # must not leak into the test engines.
     [[ -f "$dir/daemon.json" ]] || echo '{}' >"$dir/daemon.json"
@@ -348,6 +352,15 @@ cmd_start() {
     print_env
 }
 
+# restart-engine E: start engine E again after a test killed it (kill -9 of its dockerd),
+# with its network store and swarm membership as they were; a no-op when it runs.
+cmd_restart_engine() {
+    is_root || die "services.sh restart-engine needs root"
+    local e="${1:-}"
+    [[ " ${ENGINES[*]} " == *" $e "* ]] || die "restart-engine: no engine '$e' (${ENGINES[*]})"
+    KEEP_ENGINE_STATE=1 start_engine "$e"
+}
+
 cmd_stop() {
     local clean="${1:-}" e
     is_root || die "services.sh stop needs root"
@@ -383,9 +396,10 @@ fi
 case "${1:-}" in
 start) cmd_start ;;
 stop) cmd_stop "${2:-}" ;;
+restart-engine) cmd_restart_engine "${2:-}" ;;
 env) print_env ;;
 *)
-    echo "usage: $0 start | stop [--clean] | env" >&2
+    echo "usage: $0 start | stop [--clean] | restart-engine a|b | env" >&2
     exit 2
     ;;
 esac

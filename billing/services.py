@@ -17,7 +17,6 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Min
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import Account, LedgerEntry, Meter
@@ -160,14 +159,15 @@ def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
 def _nodes_of(units: dict[int, int]) -> dict[int, list[tuple[datetime, datetime | None, int]]]:
     """cluster id -> its nodes' (placed, released, units) for the clusters in `units`
     (cluster id -> units a node holds: its GPUs, or 1 for a CPU-only instance). A
-    preempted node's billing ends at its preemption notice, not when its GPUs came back."""
+    preempted node's billing ends at its preemption notice, not when its GPUs came back;
+    a node on a host that went down, at the second the host was seen down (it is placed
+    again, as a new node, when the host is back or it moves)."""
     out: dict[int, list] = {}
-    rows = (
-        Node.objects.filter(cluster_id__in=list(units))
-        .annotate(billed_to=Coalesce("preempted_at", "released_at"))
-        .values_list("cluster_id", "placed_at", "billed_to")
+    rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
+        "cluster_id", "placed_at", "preempted_at", "lost_at", "released_at"
     )
-    for cluster_id, placed, released in rows:
+    for cluster_id, placed, *ends in rows:
+        released = min((t for t in ends if t is not None), default=None)
         out.setdefault(cluster_id, []).append(
             (floor_s(placed), floor_s(released) if released else None, units[cluster_id])
         )

@@ -1,6 +1,13 @@
-"""Live job logs over a websocket: all replicas, rank-labelled, once a second."""
+"""Live job logs over a websocket: all replicas, rank-labelled, once a second; and live
+metrics of a cluster, pushed by the monitor through the channel layer (Redis).
+
+A PostgreSQL or Redis restart closes no log socket (they read only the database and wait
+it out) and costs a metrics socket no traceback: it is closed with 1012 (restart) and
+the page reconnects with backoff (static/js/metrics.js)."""
 
 import asyncio
+import contextlib
+import logging
 from datetime import datetime
 
 from channels.db import database_sync_to_async
@@ -10,6 +17,9 @@ from django.http import Http404
 from jobs import runner
 from jobs import selectors as fleet
 from jobs.models import Job, Replica
+from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
+
+log = logging.getLogger("suanli.web")
 
 
 def _ts_seconds(ts: str) -> float | None:
@@ -21,6 +31,9 @@ def _ts_seconds(ts: str) -> float | None:
 
 
 class JobLogConsumer(AsyncJsonWebsocketConsumer):
+    # Reads the database only: no channel layer, so that a Redis outage leaves it open.
+    channel_layer_alias = None
+
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -69,10 +82,16 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         return job.state, out
 
     async def follow(self):
+        database = Outage(f"PostgreSQL (log of job {self.job.pk})", log)
         while True:
             # Not thread-sensitive: a slow engine's log call must not hold up every other
             # socket's (and view's) database work on the one shared sync thread.
-            state, lines = await database_sync_to_async(self._tick, thread_sensitive=False)()
+            try:
+                state, lines = await database_sync_to_async(self._tick, thread_sensitive=False)()
+            except DB_DOWN as exc:  # the socket stays; the lines come when it is back
+                await asyncio.sleep(database.failed(exc))
+                continue
+            database.ok()
             await self.send_json({"state": state, "lines": lines})
             if state in Job.ENDED:
                 await self.close()
@@ -97,6 +116,14 @@ class ClusterMetricsConsumer(AsyncJsonWebsocketConsumer):
     monitor to the cluster's group. Authorised here, before joining the group."""
 
     group = None
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except REDIS_DOWN as exc:
+            log.warning("metrics socket: the channel layer is unreachable (%s); closing it", exc)
+            with contextlib.suppress(Exception):  # already closed by the client
+                await send({"type": "websocket.close", "code": 1012})
 
     async def connect(self):
         from monitoring.monitor import group_for

@@ -107,6 +107,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         envstr("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
         conn_max_age=envint("DATABASE_CONN_MAX_AGE", 60),
+        # A kept connection is checked (SELECT 1) before its first use in each request or
+        # task, so that one outliving a PostgreSQL restart is replaced, not a failed query.
+        conn_health_checks=envbool("DATABASE_CONN_HEALTH_CHECKS", True),
     )
 }
 # A second suite on the same server (a helper's, a bench's) names its own test database.
@@ -185,6 +188,12 @@ CHANNEL_LAYERS = {
 # Engine talk: a host check must never hang a page or a worker.
 SUANLI_ENGINE_TIMEOUT = envint("SUANLI_ENGINE_TIMEOUT", 5)
 SUANLI_HOST_CHECK_INTERVAL = envint("SUANLI_HOST_CHECK_INTERVAL", 30)
+# Each check runs this image once (`true`, on the engine's default network, removed at
+# once) to prove the engine can start a container; pulled when the engine lacks it.
+SUANLI_CANARY_IMAGE = envstr("SUANLI_CANARY_IMAGE", "suanli/busybox:latest")
+# A host that stays down this long loses its clusters' nodes to other hosts (when they
+# fit); a degraded one loses them at once. Down nodes are not charged meanwhile.
+SUANLI_HOST_DOWN_MOVE_S = envint("SUANLI_HOST_DOWN_MOVE_S", 60)
 SUANLI_STORAGE_ROOT = Path(envstr("SUANLI_STORAGE_ROOT", str(BASE_DIR / "storage")))
 # Where a worker writes an engine's TLS material (from the database) for the Docker SDK.
 SUANLI_TLS_DIR = Path(envstr("SUANLI_TLS_DIR", str(BASE_DIR / ".run" / "tls")))

@@ -29,6 +29,8 @@ from jobs.models import (
 def report_check(request, host: Host) -> None:
     if host.state == Host.State.DOWN:
         messages.error(request, f"Host {host.name} did not answer: {host.last_error}")
+    elif host.state == Host.State.DEGRADED:
+        messages.error(request, f"Host {host.name} answers but is degraded: {host.last_error}")
     else:
         kind = "emulated GPUs" if host.emulated_gpu else "NVIDIA runtime"
         messages.success(

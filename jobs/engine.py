@@ -108,3 +108,89 @@ def cached_client(host: Host) -> docker.DockerClient:
 def forget_client(host: Host) -> None:
     for key in [k for k in _clients if k[0] == host.pk]:
         _clients.pop(key).close()
+
+
+CANARY_LABEL = "suanli.canary"
+
+
+class CanaryFailed(Exception):
+    """The engine answers but could not run a container; the text is the engine's own."""
+
+
+def run_canary(host: Host, image: str) -> None:
+    """Prove the engine can start a container: `true` in `image` on its default network,
+    waited for and removed. Raises EngineError when the engine does not answer, and
+    CanaryFailed with the engine's words when it answers but cannot run it."""
+    try:
+        client = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
+    except EngineError:
+        raise
+    try:
+        # A canary of an earlier check that was cut short (a killed worker) goes first.
+        for old in client.containers.list(all=True, filters={"label": CANARY_LABEL}):
+            old.remove(force=True)
+        kwargs = dict(
+            command=["true"],
+            labels={CANARY_LABEL: "1"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            mem_limit="32m",
+            pids_limit=16,
+        )
+        try:
+            container = client.containers.create(image, **kwargs)
+        except docker.errors.ImageNotFound:
+            client.images.pull(image)
+            container = client.containers.create(image, **kwargs)
+        try:
+            container.start()
+            outcome = container.wait(timeout=30)
+        finally:
+            container.remove(force=True)
+        if outcome.get("StatusCode") != 0:
+            raise CanaryFailed(f"the canary ({image}) exited with code {outcome.get('StatusCode')}")
+    except CanaryFailed:
+        raise
+    except docker.errors.APIError as exc:
+        raise CanaryFailed(describe(exc)) from exc
+    except Exception as exc:  # requests/urllib3/OS errors: the engine went away meanwhile
+        raise EngineError(describe(exc)) from exc
+    finally:
+        client.close()
+
+
+# Words of an engine that cannot start containers for reasons of its own (its networks,
+# runtime, storage driver), as opposed to the job's (an image that does not exist, a
+# command that is not there). Lower case; matched in the engine's error text.
+_ENGINE_FAULTS = (
+    "could not find bridge",
+    "failed to create endpoint",
+    "failed to set up container networking",
+    "failed to allocate gateway",
+    "error creating overlay mount",
+    "no space left on device",
+    "storage driver",
+    "devmapper",
+    "unknown or invalid runtime",
+    "failed to create shim",
+    "containerd",
+    "cannot connect to the docker daemon",
+    "read-only file system",
+)
+_JOB_FAULTS = ("executable file not found", "no such image", "pull access denied", "manifest")
+
+
+def engine_fault(exc: BaseException) -> bool:
+    """Whether a container could not be created or started for a reason of the engine (a
+    host problem: the host is degraded and the work moves) rather than of the job."""
+    if isinstance(exc, EngineError | ConnectionError | OSError) and not isinstance(
+        exc, docker.errors.DockerException
+    ):
+        return True
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return False
+    text = describe(exc).lower()
+    if any(words in text for words in _JOB_FAULTS):
+        return False
+    return any(words in text for words in _ENGINE_FAULTS)

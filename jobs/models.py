@@ -76,15 +76,20 @@ class Host(models.Model):
     """A Docker engine the operator registered.
 
     `state` is what placement reads: *active* hosts take new work, *draining* hosts keep
-    what runs on them, *down* hosts did not answer their last check. It is derived from
-    the last check and the operator's drain flag, so a host that comes back from down
-    returns to the state the operator left it in.
+    what runs on them, *degraded* hosts answer but could not start a container (the
+    check's canary, or a job's start, failed for a reason of the engine), *down* hosts did
+    not answer their last check. It is derived from the last check and the operator's
+    drain flag, so a host that comes back returns to the state the operator left it in.
+    Clusters leave degraded hosts at once and down ones after `SUANLI_HOST_DOWN_MOVE_S`.
     """
 
     class State(models.TextChoices):
         ACTIVE = "active", "active"
         DRAINING = "draining", "draining"
+        DEGRADED = "degraded", "degraded"
         DOWN = "down", "down"
+
+    UNHEALTHY = (State.DEGRADED, State.DOWN)
 
     name = models.CharField(max_length=63, unique=True, validators=[validators.validate_host_name])
     engine_url = models.CharField(
@@ -152,6 +157,14 @@ class Host(models.Model):
         help_text="Members of one swarm share this (a manager's node ID).",
     )
     swarm_manager = models.BooleanField(default=False)
+    unhealthy_since = models.DateTimeField(
+        null=True, blank=True, help_text="When it was first seen down or degraded, this time."
+    )
+    # The last time the console lost the engine (its events stream broke, a check got no
+    # answer) and when it answered again: a container that ended in that window was ended
+    # by the engine (a restart SIGTERMs or kills them), not by the job.
+    outage_from = models.DateTimeField(null=True, blank=True)
+    outage_to = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -195,6 +208,18 @@ class Host(models.Model):
             f"not a swarm member ({state}): takes clusters whose nodes all fit on this host; "
             "join it to the fleet's swarm for multi-node clusters across hosts"
         )
+
+    @property
+    def health_note(self) -> str:
+        """What an unhealthy host means for the work on it, in an operator's words."""
+        if self.state == self.State.DEGRADED:
+            return "out of placement; its clusters move to other hosts as their jobs end"
+        if self.state == self.State.DOWN:
+            return (
+                "out of placement; its nodes are not charged and move to other hosts after "
+                f"{settings.SUANLI_HOST_DOWN_MOVE_S} s down"
+            )
+        return ""
 
     @property
     def memory_gb(self) -> float | None:
@@ -440,6 +465,12 @@ class Node(models.Model):
         help_text="When a preemption notice went out: billing stops here, although the node "
         "holds its GPUs until its containers are gone (then released_at).",
     )
+    lost_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its host was seen down: billing stops here; the node is placed again "
+        "(a new row) when the host is back or the node moves to another host.",
+    )
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -523,6 +554,9 @@ class Job(models.Model):
         help_text="Run in each replica (/bin/sh -c) when a preemption notice arrives, "
         "e.g. to save a checkpoint.",
     )
+    host_restarts = models.PositiveSmallIntegerField(
+        default=0, help_text="Attempts ended by a host's failure: they do not count as retries."
+    )
     max_preemptions = models.PositiveSmallIntegerField(
         default=5, help_text="Preemptions it survives; one more fails it. Apart from retries."
     )
@@ -597,6 +631,11 @@ class Replica(models.Model):
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
     exit_code = models.IntegerField(null=True, blank=True)
+    host_fault = models.BooleanField(
+        default=False,
+        help_text="Ended by its host (the engine died, restarted or could not start it), "
+        "not by the job: the attempt runs again without using a retry.",
+    )
     log = models.TextField(
         blank=True, help_text="Stored when the container ends (tail, timestamped)."
     )

@@ -40,7 +40,13 @@ VXLAN_OVERHEAD = 50
 
 
 class NetworkError(Exception):
-    """The cluster's network cannot be made (no swarm manager, an engine's refusal)."""
+    """The cluster's network cannot be made (no swarm manager, an engine's refusal).
+    `host_id`: the engine that refused or did not answer, when it was one (the cause is
+    the engine's own error)."""
+
+    def __init__(self, message: str, *, host_id: int | None = None):
+        super().__init__(message)
+        self.host_id = host_id
 
 
 def driver_for(host_ids: Iterable[int]) -> str:
@@ -145,7 +151,7 @@ def _create(host: Host, name: str, *, labels: dict, driver: str, **kwargs) -> No
     try:
         existing = client.networks.list(names=[name])
     except (docker.errors.DockerException, OSError) as exc:
-        raise NetworkError(f"{host.name}: {engine.describe(exc)}") from exc
+        raise NetworkError(f"{host.name}: {engine.describe(exc)}", host_id=host.pk) from exc
     if any(n.name == name for n in existing):
         return
     try:
@@ -153,9 +159,9 @@ def _create(host: Host, name: str, *, labels: dict, driver: str, **kwargs) -> No
     except docker.errors.APIError as exc:
         if exc.status_code == 409:
             return  # made meanwhile by a racing call
-        raise NetworkError(f"{host.name}: {engine.describe(exc)}") from exc
+        raise NetworkError(f"{host.name}: {engine.describe(exc)}", host_id=host.pk) from exc
     except (docker.errors.DockerException, OSError) as exc:
-        raise NetworkError(f"{host.name}: {engine.describe(exc)}") from exc
+        raise NetworkError(f"{host.name}: {engine.describe(exc)}", host_id=host.pk) from exc
 
 
 def remove(cluster_id: int) -> bool:

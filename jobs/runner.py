@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import docker
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections, models, transaction
 from django.utils import timezone
 
 from jobs import engine, network, runtime, storage
@@ -76,11 +76,25 @@ def dispatch(cluster_id: int) -> int | None:
         job = cluster.jobs.filter(state__in=Job.WAITING).order_by("queued_at", "id").first()
         if job is None:
             return None
+        nodes = list(
+            Node.objects.filter(cluster=cluster, released_at__isnull=True)
+            .select_related("host")
+            .order_by("index")
+        )
+        stranded = [n for n in nodes if n.lost_at or n.host.state in Host.UNHEALTHY]
+        if stranded:
+            # Not on a host that is down or cannot start containers: it waits for the host
+            # to come back or for placement to move the node (`scheduler.move_stranded`).
+            where = ", ".join(
+                f"node {n.index} is on {n.host.name} ({n.host.state})" for n in stranded
+            )
+            reason = f"waiting for its cluster: {where}; starts when the host is back or the node has moved"
+            Job.objects.filter(pk=job.pk).exclude(state_reason=reason[:500]).update(
+                state_reason=reason[:500]
+            )
+            return None
         attempt = job.attempt + 1
         now = timezone.now()
-        nodes = list(
-            Node.objects.filter(cluster=cluster, released_at__isnull=True).order_by("index")
-        )
         port = settings.SUANLI_MASTER_PORT_BASE if nodes else None
         volumes = list(cluster.volumes.all())
         resume = _resume_point(job, volumes) if job.attempt else ""
@@ -181,7 +195,13 @@ def start_replicas(job_id: int) -> None:
         # Made at placement; made here if that task has not run yet (or a host lost it).
         network_name = network.ensure(job.cluster_id, [r.node for r in replicas])
     except _START_ERRORS as exc:
-        _fail_replicas(job, todo, f"the cluster network could not be made: {exc}")
+        # An engine that does not answer, or cannot make a bridge: the host's failure.
+        cause = exc.__cause__ if isinstance(exc, network.NetworkError) else exc
+        on_it = [r for r in todo if r.host_id == getattr(exc, "host_id", None)]
+        if cause is not None and on_it and engine.engine_fault(cause):
+            _host_failed_start(job, [(r, cause) for r in on_it])
+        else:
+            _fail_replicas(job, todo, f"the cluster network could not be made: {exc}")
         return
     specs = []
     for replica in todo:
@@ -213,15 +233,13 @@ def start_replicas(job_id: int) -> None:
             container_id=outcome.id, state=Replica.State.RUNNING, started_at=timezone.now()
         )
     if failed:
-        _fail_replicas(job, [r for r, _ in failed], _where(*failed[0]))
+        faults = [(r, exc) for r, exc in failed if engine.engine_fault(exc)]
+        if faults:
+            _host_failed_start(job, faults)
+        else:
+            _fail_replicas(job, [r for r, _ in failed], _where(*failed[0]))
         return
-    now = timezone.now()
-    with transaction.atomic():  # the state, its timeline entry and its webhook event at once
-        if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
-            state=Job.State.RUNNING, running_since=now
-        ):
-            hosts = ", ".join(f"rank {r.rank} on {r.host.name}" for r in replicas)
-            _event(job.pk, "running", hosts)
+    _mark_running(job, replicas)
     job.refresh_from_db()
     if job.cancel_requested:
         stop(job.pk)
@@ -229,8 +247,73 @@ def start_replicas(job_id: int) -> None:
         preempt(job.pk)  # the notice came while it was starting
 
 
+def _mark_running(job: Job, replicas: list[Replica]) -> bool:
+    """STARTING -> RUNNING once every replica runs; the state, its timeline entry and its
+    webhook event at once. False when another caller got there first."""
+    with transaction.atomic():
+        if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
+            state=Job.State.RUNNING, running_since=timezone.now()
+        ):
+            hosts = ", ".join(f"rank {r.rank} on {r.host.name}" for r in replicas)
+            _event(job.pk, "running", hosts)
+            return True
+    return False
+
+
+def _adopt(replica: Replica, container) -> None:
+    """A replica still marked `creating` whose container runs (the worker that started it
+    died before it could say so): it is running, from the container's own start; its job
+    too once every replica runs."""
+    started = runtime.container_time(container.attrs.get("State", {}).get("StartedAt"))
+    if not Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
+        state=Replica.State.RUNNING, container_id=container.id, started_at=started or timezone.now()
+    ):
+        return
+    replicas = list(
+        Replica.objects.filter(job_id=replica.job_id, attempt=replica.attempt).select_related(
+            "host"
+        )
+    )
+    if all(r.state == Replica.State.RUNNING for r in replicas) and _mark_running(
+        replica.job, replicas
+    ):
+        if Job.objects.filter(pk=replica.job_id, cancel_requested=True).exists():
+            stop(replica.job_id)
+
+
 def _where(replica: Replica, exc: BaseException) -> str:
     return f"rank {replica.rank} on {replica.host.name}: {engine.describe(exc)}"
+
+
+def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) -> None:
+    """Containers the engine could not start for reasons of its own (its network, runtime
+    or storage; or it stopped answering): the host is degraded (or down) for operators,
+    with the engine's words; the researcher reads a plain sentence; the attempt ends
+    without using a retry, and placement moves the cluster off that host."""
+    from jobs import services
+
+    for replica, exc in faults:
+        words = engine.describe(exc)
+        unreachable = not isinstance(exc, docker.errors.DockerException)
+        log.warning("job %s: rank %s on %s: %s", job.pk, replica.rank, replica.host.name, words)
+        services.host_unhealthy(
+            host=replica.host,
+            state=Host.State.DOWN if unreachable else Host.State.DEGRADED,
+            words=words if unreachable else f"cannot start containers: {words}",
+        )
+    Replica.objects.filter(pk__in=[r.pk for r, _ in faults]).update(
+        state=Replica.State.LOST, host_fault=True, finished_at=timezone.now()
+    )
+    names = ", ".join(sorted({r.host.name for r, _ in faults}))
+    message = (
+        f"the host {names} could not start containers; your job is being moved to another "
+        "host (no retry used)"
+    )
+    Job.objects.filter(pk=job.pk).update(state_reason=message[:500])
+    _event(job.pk, "host-failed", message)
+    _drop_unstarted(job)
+    stop(job.pk)
+    settle(job.pk)
 
 
 def _fail_replicas(job: Job, failed: list[Replica], message: str) -> None:
@@ -543,10 +626,26 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
         return  # the reconciler tries again
     text = _stored_log(container) if container is not None else ""
     state = Replica.State.EXITED if exit_code is not None else Replica.State.LOST
+    # The container's own end, whoever finalises it and however late (a watcher that was
+    # down, the reconciler's next pass).
+    finished = (
+        runtime.container_time(container.attrs.get("State", {}).get("FinishedAt"))
+        if container is not None
+        else None
+    ) or timezone.now()
+    host_fault = bool(exit_code) and _ended_by_engine(replica, finished)
     with transaction.atomic():
         updated = Replica.objects.filter(
             pk=replica.pk, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
-        ).update(state=state, exit_code=exit_code, finished_at=timezone.now(), log=text)
+        ).update(
+            state=state, exit_code=exit_code, finished_at=finished, log=text, host_fault=host_fault
+        )
+        if updated and host_fault:
+            _event(
+                replica.job_id, "host-lost",
+                f"rank {replica.rank} was stopped by its host {replica.host.name} (the engine "
+                f"restarted or stopped answering; exit code {exit_code}): not the job's failure",
+            )  # fmt: skip
     if container is not None:
         try:
             container.remove(force=True)
@@ -556,11 +655,31 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
         settle(replica.job_id)
 
 
-def replica_lost(replica_id: int, reason: str) -> None:
+# A container's end counts as its engine's doing when it falls in an outage of the
+# engine, give or take this much (a stopping engine SIGTERMs its containers around the
+# moment its API goes; a starting one kills what ran before it).
+OUTAGE_SLACK = timedelta(seconds=10)
+
+
+def _ended_by_engine(replica: Replica, finished) -> bool:
+    """Whether a container that ended with a non-zero code was ended by its engine (a
+    restart or crash of dockerd), not by the job: it ended within the engine's last outage
+    as the console saw it, while nobody had asked the job to stop."""
+    host = Host.objects.filter(pk=replica.host_id).values("outage_from", "outage_to").first()
+    if not host or host["outage_from"] is None:
+        return False
+    if finished < host["outage_from"] - OUTAGE_SLACK:
+        return False
+    if host["outage_to"] is not None and finished > host["outage_to"] + OUTAGE_SLACK:
+        return False
+    return not Job.objects.filter(pk=replica.job_id, stop_requested_at__isnull=False).exists()
+
+
+def replica_lost(replica_id: int, reason: str, *, host_fault: bool = False) -> None:
     replica = Replica.objects.get(pk=replica_id)
     if Replica.objects.filter(
         pk=replica.pk, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
-    ).update(state=Replica.State.LOST, finished_at=timezone.now()):
+    ).update(state=Replica.State.LOST, finished_at=timezone.now(), host_fault=host_fault):
         _event(replica.job_id, "lost", f"rank {replica.rank}: {reason}")
         settle(replica.job_id)
 
@@ -572,7 +691,9 @@ def settle(job_id: int) -> None:
         if job.is_ended or job.state in Job.WAITING:
             return
         replicas = list(
-            Replica.objects.filter(job=job, attempt=job.attempt).order_by("finished_at", "rank")
+            Replica.objects.filter(job=job, attempt=job.attempt)
+            .select_related("host")
+            .order_by("finished_at", "rank")
         )
         done = [r for r in replicas if r.state in (Replica.State.EXITED, Replica.State.LOST)]
         failed = [r for r in done if r.state == Replica.State.LOST or r.exit_code != 0]
@@ -596,6 +717,26 @@ def settle(job_id: int) -> None:
         return
     if failed:
         first = failed[0]
+        lost_to_host = [r for r in failed if r.host_fault]
+        if lost_to_host:
+            # The host's failure, not the job's: stop the rest, then run it again.
+            cause = (
+                ", ".join(f"rank {r.rank}" for r in lost_to_host)
+                + " lost to "
+                + (", ".join(sorted({r.host.name for r in lost_to_host})))
+            )
+            if not all_done:
+                reason = f"{cause}; stopping the other replicas"
+                if (
+                    Job.objects.filter(pk=job.pk)
+                    .exclude(state_reason=reason)
+                    .update(state_reason=reason)
+                ):
+                    _event(job.pk, "stopping", reason)
+                    stop(job.pk)
+                return
+            _requeue_after_host(job, cause)
+            return
         if job.state_reason.startswith("could not start"):
             cause = job.state_reason  # the engine's own words, e.g. a failed pull
         elif first.state == Replica.State.LOST:
@@ -612,18 +753,47 @@ def settle(job_id: int) -> None:
                 _event(job.pk, "stopping", reason)
                 stop(job.pk)
             return
-        if job.attempt <= job.retries:
-            _requeue(job, f"{cause}; retry {job.attempt} of {job.retries}")
+        used = job.attempt - job.preemptions - job.host_restarts  # failed attempts so far
+        if used <= job.retries:
+            _requeue(job, f"{cause}; retry {used} of {job.retries}")
             return
         _finish(
             job.pk,
             Job.State.FAILED,
             cause.removesuffix("; stopping the other replicas"),
             exit_code=first.exit_code,
+            at=_last_end(done),
         )
         return
     if all_done:
-        _finish(job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0", exit_code=0)
+        _finish(
+            job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0", exit_code=0,
+            at=_last_end(done),
+        )  # fmt: skip
+
+
+def _last_end(replicas: list[Replica]):
+    return max((r.finished_at for r in replicas if r.finished_at), default=None)
+
+
+def _requeue_after_host(job: Job, cause: str) -> None:
+    """Every replica of an attempt that a host ended has stopped: the job waits again, at
+    the head of its cluster's queue, and starts from its newest checkpoint once the
+    cluster has its capacity back (the host answers again, or its nodes moved)."""
+    reason = (
+        job.state_reason  # the start's own plain sentence ("the host ... could not start")
+        if job.state_reason.startswith("the host ")
+        else f"{cause}; runs again from its last checkpoint once its cluster has its capacity "
+        "back (no retry used)"
+    )
+    with transaction.atomic():
+        if Job.objects.filter(pk=job.pk, state__in=Job.ACTIVE).update(
+            state=Job.State.QUEUED,
+            state_reason=reason[:500],
+            host_restarts=models.F("host_restarts") + 1,
+        ):
+            _event(job.pk, "requeued", reason)
+            request_dispatch(job.cluster_id)
 
 
 def _requeue(job: Job, reason: str) -> None:
@@ -638,10 +808,12 @@ def _requeue(job: Job, reason: str) -> None:
     services.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
-def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> None:
+def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None, at=None) -> None:
+    """End the job: `at` is when it really ended (its last container's end) when known."""
     from jobs import services
 
     now = timezone.now()
+    ended = min(at, now) if at is not None else now
     with transaction.atomic():
         # Lock order everywhere: cluster, then job (cluster_release, job_submit, dispatch).
         cluster_id = Job.objects.values_list("cluster_id", flat=True).get(pk=job_id)
@@ -650,7 +822,7 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None) -> N
         if (
             not Job.objects.filter(pk=job_id)
             .exclude(state__in=Job.ENDED)
-            .update(state=state, state_reason=reason[:500], exit_code=exit_code, finished_at=now)
+            .update(state=state, state_reason=reason[:500], exit_code=exit_code, finished_at=ended)
         ):
             return
         _event(job_id, state, reason)
@@ -721,6 +893,14 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
         by_name = {c.name: c for c in containers}
         for replica in by_host.get(host.pk, []):
             container = by_name.pop(replica.container_name, None)
+            if (
+                replica.state == Replica.State.CREATING
+                and container is not None
+                and (container.status == "running")
+            ):
+                report["adopted"] = report.get("adopted", 0) + 1
+                _adopt(replica, container)
+                continue
             if replica.state == Replica.State.CREATING and (
                 container is None or container.status == "created"
             ):
@@ -766,7 +946,10 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     for host in Host.objects.filter(state=Host.State.DOWN, pk__in=list(by_host)):
         for replica in by_host[host.pk]:
             report["lost"] += 1
-            replica_lost(replica.pk, f"host {host.name} stopped answering")
+            replica_lost(
+                replica.pk, f"host {host.name} stopped answering (not the job's failure)",
+                host_fault=True,
+            )  # fmt: skip
     report["restarted"] = len(stuck)
     for job_id in stuck:
         _enqueue(tasks.job_start, job_id, job_id=f"start-{job_id}")

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Node
+from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Job, Node
 from jobs.queue import enqueue_by_name
 from jobs.sql import update_rows
 
@@ -68,6 +68,7 @@ class PassReport:
     waiting: int = 0
     conflicts: int = 0
     preempted: list[int] = field(default_factory=list)
+    moved: int = 0
 
 
 class Conflict(Exception):
@@ -530,10 +531,140 @@ def format_indices(indices: list[int]) -> str:
     return ",".join(str(i) for i in indices)
 
 
+def replace_node(node: Node, *, host_id: int, now, same_slots: bool = False) -> Node:
+    """Give a live node a new row: on `host_id` with fresh slots (a move: raises Conflict,
+    writing nothing, when they are gone), or on its own host and GPUs (`same_slots`: its
+    host is back). The old row ends at `now` and keeps its history (its replicas, where it
+    ran); the new one is charged from `now`. Runs inside the caller's transaction."""
+    old_slots = list(
+        GpuSlot.objects.select_for_update().filter(node=node).values_list("pk", flat=True)
+    )
+    Node.objects.filter(pk=node.pk).update(released_at=now)
+    if same_slots:
+        fresh = Node.objects.create(
+            cluster_id=node.cluster_id, index=node.index, host_id=node.host_id,
+            gpu_indices=node.gpu_indices, vcpus=node.vcpus, placed_at=now,
+        )  # fmt: skip
+        GpuSlot.objects.filter(pk__in=old_slots).update(node=fresh)
+        return fresh
+    GpuSlot.objects.filter(pk__in=old_slots).update(node=None)
+    cluster = Cluster.objects.select_related("instance_type").get(pk=node.cluster_id)
+    return place_nodes(cluster=cluster, hosts=[host_id], first_index=node.index, now=now)[0]
+
+
+def _stranded(now) -> dict[int, list[Node]]:
+    """Live nodes of running clusters on hosts they must leave: degraded hosts at once,
+    down hosts once they have been down `SUANLI_HOST_DOWN_MOVE_S`. A cluster whose job is
+    still starting or running waits for it to end (its lost replicas stop the job)."""
+    down_before = now - timedelta(seconds=settings.SUANLI_HOST_DOWN_MOVE_S)
+    nodes = (
+        Node.objects.filter(released_at__isnull=True, cluster__state=Cluster.State.RUNNING)
+        .filter(
+            models.Q(host__state=Host.State.DEGRADED)
+            | models.Q(host__state=Host.State.DOWN, host__unhealthy_since__lte=down_before)
+        )
+        .exclude(cluster__jobs__state__in=Job.ACTIVE)
+        .select_related("host")
+        .order_by("cluster_id", "index")
+    )
+    out: dict[int, list[Node]] = defaultdict(list)
+    for node in nodes:
+        out[node.cluster_id].append(node)
+    return out
+
+
+def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
+    """Move nodes off hosts that are degraded, or down for longer than the setting, to
+    active hosts with room (same shape, one network with the cluster's other nodes). A
+    cluster whose nodes fit nowhere keeps them and says why; it is tried again each pass."""
+    from jobs import runner
+
+    now = now or timezone.now()
+    moved = 0
+    for cluster_id, nodes in _stranded(now).items():
+        cluster = Cluster.objects.select_related("gpu_model", "instance_type").get(pk=cluster_id)
+        staying = list(
+            Node.objects.filter(cluster_id=cluster_id, released_at__isnull=True)
+            .exclude(pk__in=[n.pk for n in nodes])
+            .values_list("host_id", flat=True)
+        )
+        extra = Cluster(
+            pk=cluster.pk, gpu_model=cluster.gpu_model, instance_type=cluster.instance_type,
+            gpus_per_node=cluster.gpus_per_node, nodes=len(nodes), network=cluster.network,
+            zone=cluster.zone,
+        )  # fmt: skip
+        hosts = fleet.plan(extra)
+        where = ", ".join(f"node {n.index} on {n.host.name} ({n.host.state})" for n in nodes)
+        if hosts is None or not fleet.one_network(staying + hosts):
+            why = (
+                shortage_text(extra, fleet)
+                if hosts is None
+                else "the hosts with room cannot share a network with its other nodes"
+            )
+            reason = f"{where}: to be moved to another host; {why}"[:300]
+            with transaction.atomic():
+                if (
+                    Cluster.objects.filter(pk=cluster_id)
+                    .exclude(state_reason=reason)
+                    .update(state_reason=reason)
+                ):
+                    ClusterEvent.objects.create(
+                        cluster=cluster, at=now, kind="waiting", message=reason
+                    )
+            continue
+        try:
+            with transaction.atomic():
+                locked = Cluster.objects.select_for_update().get(pk=cluster_id)
+                if (
+                    locked.state != Cluster.State.RUNNING
+                    or locked.jobs.filter(state__in=Job.ACTIVE).exists()
+                ):
+                    continue
+                fresh = [
+                    n
+                    for n in nodes
+                    if Node.objects.filter(pk=n.pk, released_at__isnull=True).exists()
+                ]
+                placed = [
+                    replace_node(node, host_id=host_id, now=now)
+                    for node, host_id in zip(fresh, hosts, strict=False)
+                ]
+                names = {h: cap.name for h, cap in fleet.hosts.items()}
+                message = "; ".join(
+                    f"node {old.index} moved from {old.host.name} ({old.host.state}"
+                    + (
+                        f" since {old.host.unhealthy_since:%H:%M:%S} UTC"
+                        if old.host.unhealthy_since
+                        else ""
+                    )
+                    + f") to {names.get(new.host_id, new.host_id)}"
+                    + (f" GPU {format_indices(new.gpu_indices)}" if new.gpu_indices else "")
+                    for old, new in zip(fresh, placed, strict=True)
+                )[:300]
+                Cluster.objects.filter(pk=cluster_id).update(state_reason="", last_active_at=now)
+                ClusterEvent.objects.create(cluster=cluster, at=now, kind="moved", message=message)
+                runner.request_dispatch(cluster_id)
+        except Conflict:
+            report.conflicts += 1
+            continue
+        for host_id in hosts:
+            fleet.take(
+                host_id,
+                cluster.gpus_per_node,
+                cluster.instance_type.vcpus if cluster.is_cpu_only else 0,
+            )
+        moved += len(hosts)
+        enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster_id, job_id=f"net-{cluster_id}")
+    return moved
+
+
 def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     """One pass over the queue. Safe to run twice, and by several workers at once."""
     fleet = fleet or Fleet.load()
     report = PassReport()
+    # Running clusters stranded on a failed host go first: they were placed before anything
+    # in the queue, and their researchers are waiting on them now.
+    report.moved = move_stranded(fleet, report)
     heads: dict[str, Cluster] = {}
     on_demand_heads: dict[str, Cluster] = {}  # the first on-demand request that did not fit
     reasons: list[Cluster] = []

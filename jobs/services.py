@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from jobs import engine, runtime, storage, validators
@@ -56,21 +56,28 @@ def host_save(*, host: Host) -> Host:
 
 
 def host_check(*, host_id: int) -> Host:
-    """Ask the host's engine what it is and record the answer (or its error).
+    """Ask the host's engine what it is, run the canary (a tiny container that proves it
+    can start one), and record the outcome: active (or draining), degraded with the
+    engine's words when it answers but cannot run the canary, down when it does not answer.
 
     The engine is asked outside any transaction so a slow engine holds no row lock.
     """
     host = Host.objects.get(pk=host_id)
-    was = host.state
     now = timezone.now()
     try:
         facts = engine.engine_facts(host)
-    except engine.EngineError as exc:
-        Host.objects.filter(pk=host.pk).update(
-            state=Host.State.DOWN, last_checked=now, last_error=str(exc)[:2000]
-        )
-    else:
         nvidia = facts.pop("nvidia")
+        engine.run_canary(host, settings.SUANLI_CANARY_IMAGE)
+    except engine.EngineError as exc:
+        return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc), at=now)
+    except engine.CanaryFailed as exc:
+        Host.objects.filter(pk=host.pk).update(**facts, emulated_gpu=not nvidia, last_seen=now)
+        return host_unhealthy(
+            host=host, state=Host.State.DEGRADED, words=f"cannot start containers: {exc}", at=now
+        )
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        was = host.state
         Host.objects.filter(pk=host.pk).update(
             **facts,
             emulated_gpu=not nvidia,
@@ -78,11 +85,80 @@ def host_check(*, host_id: int) -> Host:
             last_checked=now,
             last_seen=now,
             last_error="",
+            unhealthy_since=None,
         )
-    host.refresh_from_db()
+        host_outage_ended(host_id=host.pk, at=now)
+        host.refresh_from_db()
+        if was in Host.UNHEALTHY:
+            _host_back(host, now)
     if was != Host.State.ACTIVE and host.state == Host.State.ACTIVE:
         request_placement()  # capacity is back
     return host
+
+
+def host_unhealthy(*, host: Host, state: str, words: str, at=None) -> Host:
+    """Record that a host is down (no answer) or degraded (cannot start containers): out
+    of placement from now. The first time in a spell, its clusters hear of it, and nodes
+    on a down host stop being charged (`Node.lost_at`); placement moves them later
+    (`scheduler.move_stranded`)."""
+    at = at or timezone.now()
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        was = host.state
+        fields = {"state": state, "last_checked": at, "last_error": words[:2000]}
+        if was not in Host.UNHEALTHY:
+            fields["unhealthy_since"] = at
+        Host.objects.filter(pk=host.pk).update(**fields)
+        if state == Host.State.DOWN:
+            host_outage_began(host_id=host.pk, at=at)
+        if state == Host.State.DOWN:
+            Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=True).update(
+                lost_at=at
+            )
+        if was != state:
+            what = (
+                f"host {host.name} stopped answering; not charged for its nodes from now"
+                if state == Host.State.DOWN
+                else f"host {host.name} could not start containers; work moves to another host"
+            )
+            for cluster in Cluster.objects.filter(
+                node_set__host=host, node_set__released_at__isnull=True
+            ).distinct():
+                _event(cluster, "host-" + state, what, at=at)
+        host.refresh_from_db()
+    request_placement()  # degraded: move its clusters now; down: when it stays down
+    return host
+
+
+def host_outage_began(*, host_id: int, at=None) -> None:
+    """The console lost the engine (its events stream broke): an outage begins, unless one
+    is already open. Containers that end within it were ended by the engine."""
+    at = at or timezone.now()
+    Host.objects.filter(pk=host_id).filter(
+        models.Q(outage_from__isnull=True) | models.Q(outage_to__isnull=False)
+    ).update(outage_from=at, outage_to=None)
+
+
+def host_outage_ended(*, host_id: int, at=None) -> None:
+    """The engine answers again: the open outage, if any, ends now."""
+    Host.objects.filter(pk=host_id, outage_from__isnull=False, outage_to__isnull=True).update(
+        outage_to=at or timezone.now()
+    )
+
+
+def _host_back(host: Host, now) -> None:
+    """A host answers again: its nodes that were not moved meanwhile are placed again on
+    it, where they were (a new row each, charged from now), and their clusters hear of it."""
+    from jobs import scheduler
+
+    lost = list(Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=False))
+    for node in lost:
+        scheduler.replace_node(node, host_id=host.pk, now=now, same_slots=True)
+    for cluster in Cluster.objects.filter(pk__in={n.cluster_id for n in lost}):
+        _event(cluster, "host-back", f"host {host.name} is back; charged again from now", at=now)
+        from jobs import runner
+
+        runner.request_dispatch(cluster.pk)
 
 
 @transaction.atomic

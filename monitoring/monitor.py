@@ -3,7 +3,10 @@ replica on this shard's hosts -> one sample per replica, inserted in bulk and se
 its cluster's Channels group as one message per cluster per tick.
 
 It survives an engine going away (its replicas are skipped, the engine retried each
-tick, one log line per outage) and a container vanishing mid-sample (dropped).
+tick, one log line per outage) and a container vanishing mid-sample (dropped). It also
+outlives a PostgreSQL or Redis restart: while the database is away the last known
+replicas are sampled and published but not stored; while Redis is away they are stored
+but not published; either is logged once and retried with backoff.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection
 
 from jobs.models import Host, Replica
+from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.sql import insert_rows
 from monitoring import collector, dcgm
 from monitoring.engine_stats import EngineDown, EngineStats, Gone
@@ -130,6 +134,16 @@ class Monitor:
         self.hosts: dict[int, HostInfo] = {}
         self.layer = get_channel_layer() if publish else None
         self.refreshed = 0.0
+        self.database = Outage("PostgreSQL (monitor)", log)
+        self.redis = Outage("Redis (monitor)", log)
+        self.retry_at = {"database": 0.0, "redis": 0.0}
+
+    def _away(self, service: str, now: float) -> bool:
+        """Whether `service` is in an outage and not yet due for its next try."""
+        return getattr(self, service).down and now < self.retry_at[service]
+
+    def _failed(self, service: str, exc: BaseException) -> None:
+        self.retry_at[service] = time.monotonic() + getattr(self, service).failed(exc)
 
     def _engine(self, host: HostInfo) -> EngineStats:
         key = (host.pk, host.engine_url)
@@ -155,11 +169,16 @@ class Monitor:
         report = TickReport()
         cpu0 = time.process_time()
         now = time.monotonic()
-        if now - self.refreshed >= 2 or not self.targets:
-            self.targets, self.hosts = await self._db(load_targets, self.shard)
-            self.refreshed = now
-            live = {t.container_id for t in self.targets}
-            self.previous = {k: v for k, v in self.previous.items() if k in live}
+        if (now - self.refreshed >= 2 or not self.targets) and not self._away("database", now):
+            try:
+                self.targets, self.hosts = await self._db(load_targets, self.shard)
+            except DB_DOWN as exc:  # go on with the replicas known before
+                self._failed("database", exc)
+            else:
+                self.database.ok()
+                self.refreshed = now
+                live = {t.container_id for t in self.targets}
+                self.previous = {k: v for k, v in self.previous.items() if k in live}
         targets = self.targets
         report.targets = len(targets)
         gpu_by_host = await self._gpu_sources()
@@ -199,16 +218,25 @@ class Monitor:
             )  # fmt: skip
         self._note_engines(failed_hosts, report)
         # Publish first: a live chart need not wait for the insert.
-        if self.layer is not None:
-            for cluster_id, samples in by_cluster.items():
-                await self.layer.group_send(
-                    group_for(cluster_id), {"type": "metrics.batch", "samples": samples}
-                )
-        if rows:
+        if self.layer is not None and by_cluster and not self._away("redis", now):
+            try:
+                for cluster_id, samples in by_cluster.items():
+                    await self.layer.group_send(
+                        group_for(cluster_id), {"type": "metrics.batch", "samples": samples}
+                    )
+            except REDIS_DOWN as exc:
+                self._failed("redis", exc)
+            else:
+                self.redis.ok()
+        if rows and not self._away("database", now):
             try:
                 await self._db(write_samples, rows)
-            except Exception:  # the database away for a moment: these seconds are lost, not us
+            except DB_DOWN as exc:  # the database away for a moment: these seconds are lost
+                self._failed("database", exc)
+            except Exception:
                 log.exception("storing %d samples", len(rows))
+            else:
+                self.database.ok()
         report.samples = len(rows)
         report.cpu_s = time.process_time() - cpu0
         return report

@@ -233,7 +233,7 @@ def rq_worker(processes):
     fork per job, so the tests stay quick)."""
     import time
 
-    proc = processes.start("worker", "--worker-class", "rq.worker.SimpleWorker")
+    proc = processes.start("worker", "--worker-class", "console.rqworker.SimpleWorker")
     time.sleep(0.5)
     return proc
 

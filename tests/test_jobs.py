@@ -311,7 +311,9 @@ def test_a_job_past_its_maximum_runtime_is_stopped(running_cluster, settle_until
     assert job.state_reason == "stopped: ran past its maximum runtime of 1 min"
 
 
-def test_a_down_engine_loses_its_replicas_and_fails_the_job(running_cluster, settle_until):
+def test_a_down_engine_loses_its_replicas_and_the_job_waits_without_using_a_retry(
+    running_cluster,
+):
     job = _submit(running_cluster(1), "exec sleep 60")
     replica = job.replicas.get()
     from jobs.models import Host
@@ -321,11 +323,18 @@ def test_a_down_engine_loses_its_replicas_and_fails_the_job(running_cluster, set
     )  # as a failed check leaves it
     assert runner.reconcile()["lost"] == 1
     job.refresh_from_db()
-    assert job.state == Job.State.FAILED and job.state_reason == "rank 0 was lost"
+    assert job.state == Job.State.QUEUED and job.host_restarts == 1, job.state_reason
+    assert job.state_reason.startswith("rank 0 lost to gpu-")
+    assert "no retry used" in job.state_reason
+    assert job.replicas.get().host_fault
+    assert runner.dispatch(job.cluster_id) is None, "not while its node's host is down"
+    job.refresh_from_db()
+    assert "node 0 is on gpu-" in job.state_reason and "(down)" in job.state_reason
     Host.objects.filter(pk=replica.host_id).update(state=Host.State.ACTIVE)
     runner.reconcile()  # the engine is back: the orphaned container is removed
     with pytest.raises(docker.errors.NotFound):
         _client(replica).containers.get(replica.container_name)
+    services.job_cancel(job=job, by="alice")
 
 
 def test_a_start_interrupted_by_a_dead_worker_is_finished_by_the_reconciler(

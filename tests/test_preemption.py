@@ -47,7 +47,7 @@ def _worker(processes, storage_root, *, script_s=5, grace_s=3):
         "SUANLI_PREEMPT_GRACE_S": str(grace_s),
         "SUANLI_STORAGE_ROOT": str(storage_root),
     }
-    processes.start("worker", "--worker-class", "rq.worker.SimpleWorker", env=env)
+    processes.start("worker", "--worker-class", "console.rqworker.SimpleWorker", env=env)
     time.sleep(0.5)
 
 

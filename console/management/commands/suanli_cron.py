@@ -3,14 +3,22 @@
 RQ's own CronJob.enqueue builds a bare Queue (pickle serializer, no deduplication). Our
 queues use the JSON serializer, and a periodic task that is still waiting must not be
 queued again behind itself, so due jobs go through `enqueue_unique` instead.
+
+RQ's own loop (CronScheduler.start) ends the process on the first Redis error; ours lives
+through a Redis restart or outage: it logs it once, retries with backoff, and registers
+itself again once Redis answers (a restarted Redis has lost the scheduler's keys). A job
+that fell due meanwhile is enqueued once when Redis is back, not once per missed interval.
 """
 
 import logging
+import time
 
 from django.core.management.base import BaseCommand
 from django_rq.cron import DjangoCronScheduler
+from rq.exceptions import StopRequested
 from rq.utils import now
 
+from jobs.outage import REDIS_DOWN, Outage
 from jobs.tasks import enqueue_unique
 
 
@@ -30,6 +38,41 @@ class SuanliCronScheduler(DjangoCronScheduler):
                 job.set_enqueue_time(enqueue_time)
                 enqueued.append(job)
         return enqueued
+
+    def start(self):
+        self.log.info("CronScheduler %s: starting...", self.name)
+        self._install_signal_handlers()
+        redis = Outage("Redis (cron)", self.log)
+        registered = False
+        try:
+            while True:
+                try:
+                    if not registered:
+                        if redis.down:
+                            self.connection.ping()  # quietly, until Redis is back
+                        self.register_birth()
+                        registered = True
+                    if self.enqueue_jobs():
+                        self.save()  # the jobs' timings, for the dashboard
+                    self.heartbeat()
+                except REDIS_DOWN as exc:
+                    registered = False
+                    time.sleep(redis.failed(exc))
+                    continue
+                redis.ok()
+                sleep_time = self.calculate_sleep_interval()
+                if sleep_time > 0:
+                    time.sleep(sleep_time)
+        except KeyboardInterrupt:
+            self.log.info("CronScheduler %s: received KeyboardInterrupt", self.name)
+        except StopRequested:
+            self.log.info("CronScheduler %s: stop requested", self.name)
+        finally:
+            try:
+                self.register_death()
+            except REDIS_DOWN:
+                pass  # Redis is away: its registry entry expires on its own
+            self.log.info("CronScheduler %s: shutdown complete", self.name)
 
 
 class Command(BaseCommand):

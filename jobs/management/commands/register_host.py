@@ -44,8 +44,8 @@ class Command(BaseCommand):
                 "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
             ) from exc
         host = services.host_check(host_id=host.pk)
-        if host.state == Host.State.DOWN:
-            self.stderr.write(f"{host.name}: registered but down: {host.last_error}")
+        if host.state in Host.UNHEALTHY:
+            self.stderr.write(f"{host.name}: registered but {host.state}: {host.last_error}")
         else:
             kind = "emulated GPUs" if host.emulated_gpu else "NVIDIA runtime"
             self.stdout.write(f"{host.name}: {host.state}, Docker {host.docker_version}, {kind}")

@@ -1,0 +1,364 @@
+"""Faults of the backing services under the Procfile's processes: Redis shut down for 20 s
+and started again, PostgreSQL stopped and started, while clusters accrue and jobs run.
+
+Every process lives on and goes on with its work without a restart by hand: the cron
+still enqueues (accrual catches up, no second billed twice or missed), the worker and its
+RQ scheduler still run delayed jobs (a cancelled job that ignores SIGTERM dies of its
+delayed SIGKILL), the watch still finalises a job the moment it ends (with the container's
+own finish time), the monitor and the web still answer. Each logs the outage once.
+
+The reconciler runs once an hour here, so that none of its safety nets (the overdue
+SIGKILL, the finalisation of dead replicas) can be what did the work.
+"""
+
+import itertools
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+import django_rq
+import docker
+import pytest
+import rq
+from django.conf import settings
+from django.db import connection
+
+from billing.models import LedgerEntry, Meter
+from jobs import services
+from jobs.models import Job
+from jobs.services import JobSpec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPO = Path(__file__).resolve().parent.parent
+GRACE_S = 3
+PROCESS_ENV = {
+    "SUANLI_ACCRUAL_INTERVAL": "2",
+    "SUANLI_STOP_GRACE_S": str(GRACE_S),
+    # The safety nets must not do the work under test.
+    "SUANLI_RECONCILE_INTERVAL": "3600",
+    "SUANLI_HOST_CHECK_INTERVAL": "3600",
+}
+# Ends with 0 when told (SIGUSR1), so that the test decides when it ends.
+UNTIL_TOLD = "trap 'echo told; exit 0' USR1; while :; do sleep 0.2; done"
+DEAF_TO_TERM = "trap '' TERM; echo deaf; sleep 1000"
+
+
+# -- the services ------------------------------------------------------------------------
+
+
+class RedisServer:
+    """The test Redis (.ci/services.sh start_redis), stopped and started with its own
+    arguments; nothing else of the test services is touched."""
+
+    def __init__(self):
+        url = urlparse(settings.REDIS_URL)
+        self.port = url.port or 6379
+        self.env = {**os.environ, "REDISCLI_AUTH": url.password or ""}
+        self.dir = Path(os.environ.get("RUN_DIR", REPO / ".run" / "test")) / "redis"
+
+    def _cli(self, *args) -> str:
+        result = subprocess.run(
+            ["redis-cli", "--no-auth-warning", "-h", "127.0.0.1", "-p", str(self.port), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return result.stdout.strip()
+
+    def up(self) -> bool:
+        return self._cli("ping") == "PONG"
+
+    def shutdown(self) -> None:
+        self._cli("shutdown", "nosave")
+        _until(lambda: not self.up(), 10, "Redis to stop")
+
+    def start(self) -> None:
+        if self.up():
+            return
+        subprocess.run(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "yes",
+                "--dir",
+                str(self.dir),
+                "--pidfile",
+                str(self.dir / "redis.pid"),
+                "--logfile",
+                str(self.dir / "redis.log"),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--requirepass",
+                self.env["REDISCLI_AUTH"],
+            ],  # fmt: skip
+            check=True,
+            timeout=10,
+        )
+        _until(self.up, 20, "Redis to answer")
+
+
+class PostgresServer:
+    """The system PostgreSQL cluster the test database lives on (pg_ctlcluster)."""
+
+    def __init__(self):
+        port = str(connection.settings_dict.get("PORT") or 5432)
+        rows = subprocess.run(
+            ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
+        ).stdout
+        self.version, self.cluster = next(
+            (row.split()[0], row.split()[1]) for row in rows.splitlines() if row.split()[2] == port
+        )
+        self.port = port
+
+    def up(self) -> bool:
+        return (
+            subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", self.port]).returncode == 0
+        )
+
+    def _ctl(self, *args) -> None:
+        subprocess.run(["pg_ctlcluster", self.version, self.cluster, *args], check=True, timeout=60)
+
+    def stop(self) -> None:
+        self._ctl("stop", "-m", "fast")
+
+    def start(self) -> None:
+        if not self.up():
+            self._ctl("start")
+        _until(self.up, 30, "PostgreSQL to accept connections")
+
+
+@pytest.fixture
+def redis_server():
+    redis = RedisServer()
+    yield redis
+    redis.start()  # whatever happened, the next test has its Redis
+
+
+@pytest.fixture
+def postgres_server():
+    postgres = PostgresServer()
+    yield postgres
+    postgres.start()
+    connection.close()  # the test's own connection died with the server
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _until(check, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def _state(job: Job, states) -> bool:
+    job.refresh_from_db()
+    return job.state in states
+
+
+def _billed_until(cluster):
+    return Meter.objects.filter(cluster=cluster).values_list("billed_until", flat=True).first()
+
+
+def _billed_past(cluster, moment: datetime) -> bool:
+    until = _billed_until(cluster)
+    return until is not None and until > moment
+
+
+def _assert_billed_once_each_second(cluster):
+    """The cluster's usage entries tile its meter's span: from the second its node was
+    placed up to where it is billed, with no gap and no overlap."""
+    meter = Meter.objects.get(cluster=cluster)
+    periods = list(
+        LedgerEntry.objects.filter(cluster=cluster, kind="usage", period_to__lte=meter.billed_until)
+        .order_by("period_from")
+        .values_list("period_from", "period_to")
+    )
+    placed = min(n.placed_at for n in cluster.node_set.all()).replace(microsecond=0)
+    assert periods, "nothing billed"
+    assert periods[0][0] == placed, "the first seconds were not billed"
+    assert periods[-1][1] == meter.billed_until
+    for (_, a_end), (b_start, _) in itertools.pairwise(periods):
+        assert a_end <= b_start, f"a second billed twice at {b_start}"
+        assert a_end == b_start, f"seconds left unbilled from {a_end} to {b_start}"
+
+
+def _container(job: Job):
+    replica = job.replicas.get()
+    client = docker.DockerClient(base_url=replica.host.engine_url, timeout=10)
+    return client, client.containers.get(replica.container_name)
+
+
+def _end_by_signal_and_check_finish_time(job: Job, *, within: float = 5):
+    """Tell the job to end; the watch finalises it at once, with the container's own end."""
+    client, container = _container(job)
+    since = int(time.time()) - 2
+    told = time.monotonic()
+    container.kill(signal="SIGUSR1")
+    _until(lambda: _state(job, Job.ENDED), within, f"the watch to finalise {job.name}")
+    assert time.monotonic() - told < within
+    assert job.state == Job.State.SUCCEEDED, job.state_reason
+    died = [
+        e
+        for e in client.events(
+            since=since, until=int(time.time()) + 1, decode=True,
+            filters={"type": "container", "event": "die", "container": container.id},
+        )
+    ]  # fmt: skip
+    client.close()
+    assert died, "no die event"
+    died_at = datetime.fromtimestamp(died[0]["timeNano"] / 1e9, tz=UTC)
+    replica = job.replicas.get()
+    # The container's FinishedAt (the die event's time is Docker's same moment).
+    assert abs((replica.finished_at - died_at).total_seconds()) < 0.5, (
+        replica.finished_at,
+        died_at,
+    )
+    assert job.finished_at == replica.finished_at
+    assert "told" in replica.log
+
+
+def _start_stack(processes, *names, env=None):
+    return {name: processes.start(name, env={**PROCESS_ENV, **(env or {})}) for name in names}
+
+
+def _logs(processes) -> dict[str, str]:
+    out = {}
+    for name, _proc, log in processes.procs:
+        log.flush()
+        out[name] = Path(log.name).read_text(errors="replace")
+    return out
+
+
+def _assert_alive(procs: dict):
+    dead = {name: proc.returncode for name, proc in procs.items() if proc.poll() is not None}
+    assert not dead, f"processes died: {dead}"
+
+
+def _once(text: str, pattern: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+# -- the tests ---------------------------------------------------------------------------
+
+
+def test_every_process_outlives_a_redis_restart(
+    running_cluster, processes, priced, alice, redis_server
+):
+    procs = _start_stack(processes, "worker", "cron", "watch", "monitor")
+    training = running_cluster(1, name="training")
+    deaf = running_cluster(1, name="deaf")
+    long_job = services.job_submit(cluster=training, spec=JobSpec(name="long", command=UNTIL_TOLD))
+    deaf_job = services.job_submit(cluster=deaf, spec=JobSpec(name="deaf", command=DEAF_TO_TERM))
+    for job in (long_job, deaf_job):
+        _until(lambda job=job: _state(job, [Job.State.RUNNING]), 30, f"{job.name} to run")
+    started = datetime.now(UTC)
+    _until(lambda: _billed_past(training, started), 15, "accrual before the restart")
+
+    redis_server.shutdown()
+    time.sleep(20)  # an outage, not a blip: every loop meets it
+    redis_server.start()
+    back = datetime.now(UTC)
+
+    # The cron enqueues again and the worker runs it: accrual catches up, each second once.
+    _until(lambda: _billed_past(training, back), 30, "accrual after the restart", every=0.5)
+
+    # The worker is back in the Redis that lost it (dashboards, `rq info`).
+    assert rq.Worker.all(connection=django_rq.get_connection("default"))
+
+    # The worker's RQ scheduler is alive again: the cancel's delayed SIGKILL comes on time.
+    cancelled = time.monotonic()
+    services.job_cancel(job=deaf_job, by="alice")
+    _until(lambda: _state(deaf_job, Job.ENDED), GRACE_S + 5, "the delayed SIGKILL", every=0.2)
+    assert time.monotonic() - cancelled >= GRACE_S, "killed before its grace period"
+    assert deaf_job.state == Job.State.CANCELLED
+    assert deaf_job.replicas.get().exit_code == 137  # SIGKILL: it ignored the SIGTERM
+
+    _end_by_signal_and_check_finish_time(long_job)
+    now = datetime.now(UTC)
+    _until(lambda: _billed_past(deaf, now), 10, "accrual of both clusters")
+    for cluster in (training, deaf):
+        _assert_billed_once_each_second(cluster)
+
+    _assert_alive(procs)
+    logs = _logs(processes)
+    assert _once(logs["cron"], r"Redis \(cron\) is unreachable") == 1, logs["cron"][-3000:]
+    assert _once(logs["cron"], r"Redis \(cron\) answers again") == 1
+    assert _once(logs["cron"], r"registering birth") == 2, "registered again after the restart"
+    assert _once(logs["worker"], r"Redis \(RQ scheduler\) is unreachable") == 1
+    assert _once(logs["worker"], r"Redis \(RQ scheduler\) answers again") == 1
+    assert _once(logs["worker"], r"Redis \(worker\) is unreachable") == 1
+    assert "Scheduler [PID" not in logs["worker"], "the RQ scheduler died"
+    assert _once(logs["monitor"], r"Redis \(monitor\) is unreachable") <= 1
+    for name in ("cron", "watch", "monitor"):
+        assert "Traceback" not in logs[name], logs[name][-3000:]
+
+
+def test_every_process_outlives_a_postgresql_restart(
+    running_cluster, processes, priced, alice, postgres_server
+):
+    port = _free_port()
+    procs = _start_stack(processes, "worker", "cron", "watch", "monitor")
+    procs["web"] = processes.start("web", env={**PROCESS_ENV, "PORT": str(port)})
+    training = running_cluster(1, name="training")
+    job = services.job_submit(cluster=training, spec=JobSpec(name="long", command=UNTIL_TOLD))
+    _until(lambda: _state(job, [Job.State.RUNNING]), 30, "the job to run")
+    started = datetime.now(UTC)
+    _until(lambda: _billed_past(training, started), 15, "accrual before the restart")
+    healthz = f"http://127.0.0.1:{port}/healthz"
+    _until(lambda: _get(healthz) == 200, 15, "the web to answer")
+
+    postgres_server.stop()
+    time.sleep(6)  # every loop meets the outage (the watch looks every 2 s)
+    postgres_server.start()
+    connection.close()  # ours died with the server too
+    back = datetime.now(UTC)
+
+    # The web's kept connection is replaced before its first use, not a 500.
+    assert _get(healthz) == 200
+    _until(lambda: _billed_past(training, back), 30, "accrual after the restart", every=0.5)
+    _end_by_signal_and_check_finish_time(job)
+    _assert_billed_once_each_second(training)
+
+    _assert_alive(procs)
+    logs = _logs(processes)
+    assert _once(logs["watch"], r"PostgreSQL \(watch\) is unreachable") == 1, logs["watch"][-3000:]
+    assert _once(logs["watch"], r"PostgreSQL \(watch\) answers again") == 1
+    assert _once(logs["monitor"], r"PostgreSQL \(monitor\) is unreachable") <= 1
+    for name in ("cron", "watch", "monitor"):
+        assert "Traceback" not in logs[name], logs[name][-3000:]
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (our test URL)
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
