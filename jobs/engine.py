@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import docker
@@ -117,21 +118,26 @@ class CanaryFailed(Exception):
     """The engine answers but could not run a container; the text is the engine's own."""
 
 
-def run_canary(host: Host, image: str) -> None:
+def run_canary(host: Host, image: str) -> str:
     """Prove the engine can start a container: `true` in `image` on its default network,
     waited for and removed. Raises EngineError when the engine does not answer, and
-    CanaryFailed with the engine's words when it answers but cannot run it."""
+    CanaryFailed with the engine's words when it answers but cannot run it. Returns a note
+    for operators when the canary could not be tried (its image is not on the engine and
+    cannot be pulled): that says nothing about the engine."""
+    import time
+    import uuid
+
+    client = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
+    mine = uuid.uuid4().hex[:12]
     try:
-        client = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
-    except EngineError:
-        raise
-    try:
-        # A canary of an earlier check that was cut short (a killed worker) goes first.
+        # Canaries of checks cut short (a killed worker) go; a concurrent check's stays.
         for old in client.containers.list(all=True, filters={"label": CANARY_LABEL}):
-            old.remove(force=True)
+            created = old.attrs.get("Created", "")
+            if old.labels.get(CANARY_LABEL) != mine and _age_s(created, time.time()) > 120:
+                old.remove(force=True)
         kwargs = dict(
             command=["true"],
-            labels={CANARY_LABEL: "1"},
+            labels={CANARY_LABEL: mine},
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=True,
@@ -141,15 +147,24 @@ def run_canary(host: Host, image: str) -> None:
         try:
             container = client.containers.create(image, **kwargs)
         except docker.errors.ImageNotFound:
-            client.images.pull(image)
+            try:
+                client.images.pull(image)
+            except docker.errors.APIError as exc:
+                return f"canary not run: {image} is not on the engine and could not be pulled: {describe(exc)}"
             container = client.containers.create(image, **kwargs)
         try:
             container.start()
             outcome = container.wait(timeout=30)
+        except docker.errors.NotFound:
+            return ""  # removed under us (an operator's cleanup): nothing learnt either way
         finally:
-            container.remove(force=True)
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
         if outcome.get("StatusCode") != 0:
             raise CanaryFailed(f"the canary ({image}) exited with code {outcome.get('StatusCode')}")
+        return ""
     except CanaryFailed:
         raise
     except docker.errors.APIError as exc:
@@ -158,6 +173,11 @@ def run_canary(host: Host, image: str) -> None:
         raise EngineError(describe(exc)) from exc
     finally:
         client.close()
+
+
+def _age_s(created: str, now: float) -> float:
+    at = container_time(created)
+    return now - at.timestamp() if at else 0.0
 
 
 # Words of an engine that cannot start containers for reasons of its own (its networks,
@@ -173,20 +193,26 @@ _ENGINE_FAULTS = (
     "storage driver",
     "devmapper",
     "unknown or invalid runtime",
-    "failed to create shim",
-    "containerd",
     "cannot connect to the docker daemon",
-    "read-only file system",
 )
-_JOB_FAULTS = ("executable file not found", "no such image", "pull access denied", "manifest")
+# The job's own, although the engine's runtime reports them ("OCI runtime create failed:
+# ... exec: "python": executable file not found"): checked first.
+_JOB_FAULTS = (
+    "executable file not found",
+    "no such file or directory",
+    "unable to start container process",
+    "error mounting",
+    "exec:",
+    "no such image",
+    "pull access denied",
+    "manifest",
+)
 
 
 def engine_fault(exc: BaseException) -> bool:
     """Whether a container could not be created or started for a reason of the engine (a
     host problem: the host is degraded and the work moves) rather than of the job."""
-    if isinstance(exc, EngineError | ConnectionError | OSError) and not isinstance(
-        exc, docker.errors.DockerException
-    ):
+    if unreachable(exc):
         return True
     if isinstance(exc, docker.errors.ImageNotFound):
         return False
@@ -194,3 +220,23 @@ def engine_fault(exc: BaseException) -> bool:
     if any(words in text for words in _JOB_FAULTS):
         return False
     return any(words in text for words in _ENGINE_FAULTS)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """The engine did not answer (refused, reset, timed out), as opposed to refusing."""
+    return isinstance(exc, EngineError | ConnectionError | OSError) and not isinstance(
+        exc, docker.errors.DockerException
+    )
+
+
+def container_time(text: str | None):
+    """A container's `State.StartedAt`/`FinishedAt` (RFC 3339, nanoseconds) as an aware
+    datetime; None for Docker's zero time or anything unreadable."""
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, tail = text.rstrip("Z").partition(".")
+    try:
+        at = datetime.fromisoformat(head + (f".{tail[:6]}" if tail else ""))
+    except ValueError:
+        return None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at

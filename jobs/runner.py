@@ -264,7 +264,7 @@ def _adopt(replica: Replica, container) -> None:
     """A replica still marked `creating` whose container runs (the worker that started it
     died before it could say so): it is running, from the container's own start; its job
     too once every replica runs."""
-    started = runtime.container_time(container.attrs.get("State", {}).get("StartedAt"))
+    started = engine.container_time(container.attrs.get("State", {}).get("StartedAt"))
     if not Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
         state=Replica.State.RUNNING, container_id=container.id, started_at=started or timezone.now()
     ):
@@ -290,17 +290,20 @@ def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) ->
     or storage; or it stopped answering): the host is degraded (or down) for operators,
     with the engine's words; the researcher reads a plain sentence; the attempt ends
     without using a retry, and placement moves the cluster off that host."""
-    from jobs import services
+    from jobs import services, tasks
 
     for replica, exc in faults:
         words = engine.describe(exc)
-        unreachable = not isinstance(exc, docker.errors.DockerException)
         log.warning("job %s: rank %s on %s: %s", job.pk, replica.rank, replica.host.name, words)
-        services.host_unhealthy(
-            host=replica.host,
-            state=Host.State.DOWN if unreachable else Host.State.DEGRADED,
-            words=words if unreachable else f"cannot start containers: {words}",
-        )
+        if engine.unreachable(exc):
+            # One timeout is not a dead host: its check decides (and says so).
+            _enqueue(tasks.host_check, replica.host_id, job_id=f"host-check-{replica.host_id}")
+        else:
+            services.host_unhealthy(
+                host=replica.host,
+                state=Host.State.DEGRADED,
+                words=f"cannot start containers: {words}",
+            )
     Replica.objects.filter(pk__in=[r.pk for r, _ in faults]).update(
         state=Replica.State.LOST, host_fault=True, finished_at=timezone.now()
     )
@@ -629,7 +632,7 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
     # The container's own end, whoever finalises it and however late (a watcher that was
     # down, the reconciler's next pass).
     finished = (
-        runtime.container_time(container.attrs.get("State", {}).get("FinishedAt"))
+        engine.container_time(container.attrs.get("State", {}).get("FinishedAt"))
         if container is not None
         else None
     ) or timezone.now()
@@ -654,6 +657,10 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
     if updated:
         settle(replica.job_id)
 
+
+# Attempts ended by hosts before a job is failed after all: a job that breaks every host it
+# lands on (or a host classed wrongly) must not run for ever.
+MAX_HOST_RESTARTS = 10
 
 # A container's end counts as its engine's doing when it falls in an outage of the
 # engine, give or take this much (a stopping engine SIGTERMs its containers around the
@@ -700,7 +707,13 @@ def settle(job_id: int) -> None:
         all_done = len(done) == len(replicas)
     if job.cancel_requested:
         if all_done:
-            _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
+            # A cancelled job's exit code is its replicas' when they all exited (the first
+            # non-zero one, else 0); none when a replica was lost or never ran.
+            codes = [r.exit_code for r in done if r.state == Replica.State.EXITED]
+            code = None
+            if replicas and len(codes) == len(replicas) and None not in codes:
+                code = next((c for c in codes if c != 0), 0)
+            _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=code)
         return
     if job.preempt_requested_at is not None:
         # Exit codes of a preempted attempt are the signal's, not the job's failure; but a
@@ -780,6 +793,16 @@ def _requeue_after_host(job: Job, cause: str) -> None:
     """Every replica of an attempt that a host ended has stopped: the job waits again, at
     the head of its cluster's queue, and starts from its newest checkpoint once the
     cluster has its capacity back (the host answers again, or its nodes moved)."""
+    from jobs import services
+
+    if job.host_restarts >= MAX_HOST_RESTARTS:
+        _finish(
+            job.pk, Job.State.FAILED,
+            f"{cause}; its hosts failed it {job.host_restarts + 1} times, the most a job is "
+            "run again for (tell the operator)",
+            exit_code=None,
+        )  # fmt: skip
+        return
     reason = (
         job.state_reason  # the start's own plain sentence ("the host ... could not start")
         if job.state_reason.startswith("the host ")
@@ -794,6 +817,8 @@ def _requeue_after_host(job: Job, cause: str) -> None:
         ):
             _event(job.pk, "requeued", reason)
             request_dispatch(job.cluster_id)
+            services.request_placement()  # the pass that moves its nodes off a failed host
+    services.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
 def _requeue(job: Job, reason: str) -> None:

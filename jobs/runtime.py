@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -220,16 +219,3 @@ def is_ours(replica: Replica, labels: dict) -> bool:
     return labels.get(LABEL_JOB) == str(replica.job_id) and labels.get(LABEL_ATTEMPT) == str(
         replica.attempt
     )
-
-
-def container_time(text: str | None):
-    """A container's `State.StartedAt`/`FinishedAt` (RFC 3339, nanoseconds) as an aware
-    datetime; None for Docker's zero time or anything unreadable."""
-    if not text or text.startswith("0001-"):
-        return None
-    head, _, tail = text.rstrip("Z").partition(".")
-    try:
-        at = datetime.fromisoformat(head + (f".{tail[:6]}" if tail else ""))
-    except ValueError:
-        return None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at

@@ -531,11 +531,14 @@ def format_indices(indices: list[int]) -> str:
     return ",".join(str(i) for i in indices)
 
 
-def replace_node(node: Node, *, host_id: int, now, same_slots: bool = False) -> Node:
+def replace_node(node: Node, *, host_id: int, now, same_slots: bool = False) -> Node | None:
     """Give a live node a new row: on `host_id` with fresh slots (a move: raises Conflict,
     writing nothing, when they are gone), or on its own host and GPUs (`same_slots`: its
     host is back). The old row ends at `now` and keeps its history (its replicas, where it
     ran); the new one is charged from `now`. Runs inside the caller's transaction."""
+    node = Node.objects.select_for_update().filter(pk=node.pk, released_at__isnull=True).first()
+    if node is None:
+        return None  # moved or released meanwhile
     old_slots = list(
         GpuSlot.objects.select_for_update().filter(node=node).values_list("pk", flat=True)
     )
@@ -544,6 +547,7 @@ def replace_node(node: Node, *, host_id: int, now, same_slots: bool = False) -> 
         fresh = Node.objects.create(
             cluster_id=node.cluster_id, index=node.index, host_id=node.host_id,
             gpu_indices=node.gpu_indices, vcpus=node.vcpus, placed_at=now,
+            preempted_at=now if node.preempted_at else None,  # a preempting cluster stays unbilled
         )  # fmt: skip
         GpuSlot.objects.filter(pk__in=old_slots).update(node=fresh)
         return fresh
@@ -593,7 +597,13 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
             gpus_per_node=cluster.gpus_per_node, nodes=len(nodes), network=cluster.network,
             zone=cluster.zone,
         )  # fmt: skip
-        hosts = fleet.plan(extra)
+        # Only hosts that can share a network with the nodes that stay.
+        fits = (
+            Fleet([replace(c) for c in fleet.hosts.values() if fleet.one_network([*staying, c.id])])
+            if staying
+            else fleet
+        )
+        hosts = fits.plan(extra)
         where = ", ".join(f"node {n.index} on {n.host.name} ({n.host.state})" for n in nodes)
         if hosts is None or not fleet.one_network(staying + hosts):
             why = (
@@ -603,6 +613,10 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
             )
             reason = f"{where}: to be moved to another host; {why}"[:300]
             with transaction.atomic():
+                # Waiting for room is not charged (a down host's nodes are not already).
+                Node.objects.filter(pk__in=[n.pk for n in nodes], lost_at__isnull=True).update(
+                    lost_at=now
+                )
                 if (
                     Cluster.objects.filter(pk=cluster_id)
                     .exclude(state_reason=reason)
@@ -625,10 +639,14 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
                     for n in nodes
                     if Node.objects.filter(pk=n.pk, released_at__isnull=True).exists()
                 ]
-                placed = [
-                    replace_node(node, host_id=host_id, now=now)
+                pairs = [
+                    (node, replace_node(node, host_id=host_id, now=now))
                     for node, host_id in zip(fresh, hosts, strict=False)
                 ]
+                pairs = [(old, new) for old, new in pairs if new is not None]
+                if not pairs:
+                    continue
+                fresh, placed = [p[0] for p in pairs], [p[1] for p in pairs]
                 names = {h: cap.name for h, cap in fleet.hosts.items()}
                 message = "; ".join(
                     f"node {old.index} moved from {old.host.name} ({old.host.state}"

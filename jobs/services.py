@@ -63,18 +63,21 @@ def host_check(*, host_id: int) -> Host:
     The engine is asked outside any transaction so a slow engine holds no row lock.
     """
     host = Host.objects.get(pk=host_id)
-    now = timezone.now()
     try:
         facts = engine.engine_facts(host)
         nvidia = facts.pop("nvidia")
-        engine.run_canary(host, settings.SUANLI_CANARY_IMAGE)
+        note = engine.run_canary(host, settings.SUANLI_CANARY_IMAGE)
     except engine.EngineError as exc:
-        return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc), at=now)
+        return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc))
     except engine.CanaryFailed as exc:
-        Host.objects.filter(pk=host.pk).update(**facts, emulated_gpu=not nvidia, last_seen=now)
-        return host_unhealthy(
-            host=host, state=Host.State.DEGRADED, words=f"cannot start containers: {exc}", at=now
+        Host.objects.filter(pk=host.pk).update(
+            **facts, emulated_gpu=not nvidia, last_seen=timezone.now()
         )
+        return host_unhealthy(
+            host=host, state=Host.State.DEGRADED, words=f"cannot start containers: {exc}"
+        )
+    # The time of the outcome, not of the question: accrual may have run meanwhile.
+    now = timezone.now()
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
         was = host.state
@@ -84,13 +87,12 @@ def host_check(*, host_id: int) -> Host:
             state=Host.State.DRAINING if host.drain_requested else Host.State.ACTIVE,
             last_checked=now,
             last_seen=now,
-            last_error="",
+            last_error=note[:2000],
             unhealthy_since=None,
         )
         host_outage_ended(host_id=host.pk, at=now)
         host.refresh_from_db()
-        if was in Host.UNHEALTHY:
-            _host_back(host, now)
+    _host_back(host)  # its nodes that were not moved while it was away
     if was != Host.State.ACTIVE and host.state == Host.State.ACTIVE:
         request_placement()  # capacity is back
     return host
@@ -101,9 +103,9 @@ def host_unhealthy(*, host: Host, state: str, words: str, at=None) -> Host:
     of placement from now. The first time in a spell, its clusters hear of it, and nodes
     on a down host stop being charged (`Node.lost_at`); placement moves them later
     (`scheduler.move_stranded`)."""
-    at = at or timezone.now()
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
+        at = at or timezone.now()
         was = host.state
         fields = {"state": state, "last_checked": at, "last_error": words[:2000]}
         if was not in Host.UNHEALTHY:
@@ -146,19 +148,29 @@ def host_outage_ended(*, host_id: int, at=None) -> None:
     )
 
 
-def _host_back(host: Host, now) -> None:
+def _host_back(host: Host) -> None:
     """A host answers again: its nodes that were not moved meanwhile are placed again on
-    it, where they were (a new row each, charged from now), and their clusters hear of it."""
-    from jobs import scheduler
+    it, where they were (a new row each, charged from that second), and their clusters
+    hear of it. Each under its cluster's lock (placement may be moving the same node)."""
+    from jobs import runner, scheduler
 
-    lost = list(Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=False))
-    for node in lost:
-        scheduler.replace_node(node, host_id=host.pk, now=now, same_slots=True)
-    for cluster in Cluster.objects.filter(pk__in={n.cluster_id for n in lost}):
-        _event(cluster, "host-back", f"host {host.name} is back; charged again from now", at=now)
-        from jobs import runner
-
-        runner.request_dispatch(cluster.pk)
+    lost = Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=False)
+    for cluster_id in set(lost.values_list("cluster_id", flat=True)):
+        with transaction.atomic():
+            cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+            now = timezone.now()
+            back = [
+                scheduler.replace_node(node, host_id=host.pk, now=now, same_slots=True)
+                for node in lost.filter(cluster_id=cluster_id)
+            ]
+            if any(back):
+                _event(
+                    cluster,
+                    "host-back",
+                    f"host {host.name} is back; charged again from now",
+                    at=now,
+                )
+                runner.request_dispatch(cluster.pk)
 
 
 @transaction.atomic
@@ -166,7 +178,7 @@ def host_set_draining(*, host: Host, draining: bool) -> Host:
     """Drain (no new placements; what runs stays) or bring a host back."""
     host = Host.objects.select_for_update().get(pk=host.pk)
     host.drain_requested = draining
-    if host.state != Host.State.DOWN:
+    if host.state not in Host.UNHEALTHY:  # the next good check sets it from the flag
         host.state = Host.State.DRAINING if draining else Host.State.ACTIVE
     host.save(update_fields=["drain_requested", "state"])
     if host.state == Host.State.ACTIVE:

@@ -14,7 +14,7 @@ import pytest
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import network, runner, runtime, scheduler, services
+from jobs import engine, network, runner, runtime, scheduler, services
 from jobs.models import ClusterEvent, Host, Job, JobEvent, Node, Replica
 from jobs.services import JobSpec
 
@@ -195,7 +195,14 @@ def test_an_engine_restart_is_not_the_jobs_failure(running_cluster, processes, e
     runner.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING, job.state_reason
-    time.sleep(1.5)  # the watch follows the engine's events
+    _until(
+        lambda: any(
+            f"watch {host.name}: following" in log.read_text()
+            for log in processes.tmp_path.glob("watch-*.log")
+        ),
+        timeout=15,
+        what="the watch following the engine",
+    )
 
     # dockerd goes and comes back before any host check: its restart kills the container.
     _kill_dockerd(host)
@@ -310,7 +317,7 @@ def test_the_reconciler_adopts_a_started_container_of_a_dead_worker(running_clus
     # It ends while nobody watches; finalised later, it keeps the container's own end.
     time.sleep(3.5)
     container.reload()
-    ended = runtime.container_time(container.attrs["State"]["FinishedAt"])
+    ended = engine.container_time(container.attrs["State"]["FinishedAt"])
     time.sleep(1.5)
     job = _reconciled_until(job, Job.ENDED)
     replica.refresh_from_db()
@@ -342,3 +349,40 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
     gap_from, gap_to = lost_at.replace(microsecond=0), again.placed_at.replace(microsecond=0)
     assert gap_to - gap_from >= timedelta(seconds=2)
     assert not [e for e in usage if e.period_from < gap_to and e.period_to > gap_from]
+
+
+@pytest.mark.parametrize(
+    "text, engines",
+    [
+        # The engine's own trouble: the host is degraded and the work moves.
+        (
+            "failed to create endpoint x on network suanli-c4: adding interface veth1 to bridge "
+            "slc4 failed: could not find bridge slc4: route ip+net: no such network interface",
+            True,
+        ),
+        (
+            "error creating overlay mount to /var/lib/docker/overlay2/x/merged: no space left on "
+            "device",
+            True,
+        ),
+        ("unknown or invalid runtime name: nvidia", True),
+        # The job's own, although the runtime reports it: the job fails (and uses a retry).
+        (
+            "failed to create shim task: OCI runtime create failed: runc create failed: unable to "
+            'start container process: exec: "python": executable file not found in $PATH',
+            False,
+        ),
+        (
+            "failed to create shim task: OCI runtime create failed: runc create failed: unable to "
+            'start container process: exec: "/bin/sh": stat /bin/sh: no such file or directory',
+            False,
+        ),
+        ("pull access denied for nosuch/image, repository does not exist", False),
+    ],
+)
+def test_engine_faults_are_told_from_the_jobs_own(text, engines):
+    from jobs import engine as eng
+
+    refusal = docker.errors.APIError("500 Server Error", explanation=text)
+    assert eng.engine_fault(refusal) is engines
+    assert eng.engine_fault(ConnectionError("Connection refused")) is True

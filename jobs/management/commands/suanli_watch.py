@@ -60,6 +60,7 @@ def follow(host_id: int, stop: threading.Event) -> None:
             # connection, an engine restart) is finalised now; from here on the stream has it.
             runner.finalise_exited(host)
             following = True
+            log.info("watch %s: following its events", name)
             for event in stream:
                 if stop.is_set():
                     break
