@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
 from django.utils import timezone
 
-from billing import services
+from billing import formatting, services
 from billing.models import Account, LedgerEntry, Meter, Price, RateCard
 
 
@@ -78,7 +78,10 @@ class EntryForm(forms.Form):
         help_text="Positive adds money; an adjustment may be negative.",
     )
     memo = forms.CharField(
-        label="Reason", max_length=300, help_text="Kept with the entry, e.g. invoice 2026-117."
+        label="Reason",
+        max_length=300,
+        help_text="Kept with the entry, e.g. invoice 2026-117.",
+        widget=forms.TextInput(attrs={"class": "vTextField", "style": "width: 32em"}),
     )
     token = forms.CharField(widget=forms.HiddenInput)
 
@@ -91,7 +94,13 @@ class AccountAdmin(admin.ModelAdmin):
     change_form_template = "admin/billing/account/change_form.html"
 
     def has_add_permission(self, request):
-        return False  # accounts appear with their users' first entry
+        return False  # every user has one: made at sign-up, or here for users made otherwise
+
+    def changelist_view(self, request, extra_context=None):
+        # Users made in the admin or by createsuperuser get theirs here, so that any user
+        # can be found and topped up.
+        services.accounts_ensure()
+        return super().changelist_view(request, extra_context)
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -132,7 +141,11 @@ class AccountAdmin(admin.ModelAdmin):
         form = EntryForm(request.POST)
         if not form.is_valid():
             messages.error(
-                request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+                request,
+                "; ".join(
+                    f"{form.fields[k].label if k in form.fields else k}: {' '.join(v)}"
+                    for k, v in form.errors.items()
+                ),
             )
             return redirect(back)
         d = form.cleaned_data
@@ -175,11 +188,16 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         "balance_after",
         "cluster",
         "units",
-        "rate",
+        "rate_per_hour",
         "created_by",
         "memo",
     ]
     list_filter = ["kind"]
+
+    @admin.display(description="rate per unit-hour", ordering="rate")
+    def rate_per_hour(self, entry):
+        return formatting.text(formatting.rate(entry.rate))
+
     search_fields = ["account__user__username", "key", "memo"]
     list_select_related = ["account__user", "cluster", "created_by"]
 

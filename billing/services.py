@@ -14,6 +14,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Min
@@ -46,6 +47,18 @@ def epoch(when: datetime) -> int:
 def account_for(user) -> Account:
     account, _ = Account.objects.get_or_create(user=user)
     return account
+
+
+def accounts_ensure() -> int:
+    """An account (balance 0) for every user that has none yet: users made by sign-up, by
+    an operator in the admin or by `createsuperuser` can all be topped up at once. Two
+    queries; safe to run concurrently (a row made meanwhile is skipped). Returns how many
+    it made."""
+    missing = get_user_model().objects.filter(account__isnull=True).values_list("pk", flat=True)
+    made = Account.objects.bulk_create(
+        [Account(user_id=pk) for pk in missing], ignore_conflicts=True
+    )
+    return len(made)
 
 
 # -- operator entries ----------------------------------------------------------------------

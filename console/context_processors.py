@@ -9,6 +9,7 @@ def suanli(request):
 
         # Every page warns when less than an hour of balance is left at the current burn.
         standing = money.standing(user)
+        context["my_standing"] = standing  # the dashboard shows the balance from this
         if standing.low:
             context["low_balance"] = standing
     return context

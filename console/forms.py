@@ -117,8 +117,10 @@ class ClusterForm(forms.Form):
         self.owner = owner
         self.funds_short = None
         self.capacity = fleet.gpu_capacity_by_model()
+        self.rooms = fleet.host_rooms()  # every registered host: what could ever fit
         self.gpu_models = {m.slug: m for m in GpuModel.objects.all()}
         self.instance_types = {t.name: t for t in InstanceType.objects.all()}
+        registered = {r.gpu_model_id for r in self.rooms if r.gpus}
         choices = []
         for slug, model in self.gpu_models.items():
             cap = self.capacity.get(model.pk)
@@ -130,6 +132,8 @@ class ClusterForm(forms.Form):
                         f"; per GPU {cap['cpus_per_gpu']:g} vCPU, "
                         f"{cap['memory_gb_per_gpu']:.0f} GB memory"
                     )
+            elif model.pk in registered:
+                label = f"{model.name} — cannot be placed now: its hosts are down or draining"
             else:
                 label = f"{model.name} — no host now"
             choices.append((f"gpu:{slug}", label))
@@ -140,7 +144,7 @@ class ClusterForm(forms.Form):
         if available and not self.is_bound:
             self.initial.setdefault("resource", available[0])
         cpu = [
-            (f"cpu:{name}", f"CPU only: {t}")  # the name, its vCPUs and memory
+            (f"cpu:{name}", f"CPU only: {t}{self._cpu_note(t)}")  # name, vCPUs and memory
             for name, t in self.instance_types.items()
         ]
         self.fields["resource"].choices = [("GPUs", choices), ("CPU-only (for debugging)", cpu)]
@@ -161,6 +165,15 @@ class ClusterForm(forms.Form):
         self.fields["nodes"].max_value = settings.SUANLI_MAX_NODES
         self.fields["nodes"].widget.attrs["max"] = settings.SUANLI_MAX_NODES
         self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+
+    def _cpu_note(self, itype: InstanceType) -> str:
+        """What keeps a CPU type from being placed now, for its label ("" when it fits)."""
+        if any(r.active and r.free_cpus >= itype.vcpus for r in self.rooms):
+            return ""
+        largest = max((r.cpus for r in self.rooms), default=0)
+        if largest < itype.vcpus:
+            return f" — cannot be placed: the largest host has {largest} vCPUs"
+        return " — cannot be placed now: no host has the vCPUs free"
 
     def clean_name(self):
         name = self.cleaned_data["name"]
@@ -201,26 +214,35 @@ class ClusterForm(forms.Form):
             self.add_error("resource", "Unknown GPU model or instance type.")
         zone = data.get("zone") or ""
         network = data.get("network") or Cluster.Network.STANDARD
+        nodes = data.get("nodes")
         if gpu_model is not None:
             gpus = data.get("gpus_per_node")
             cap = self.capacity.get(gpu_model.pk)
-            if not cap:
-                self.add_error(
-                    "resource", f"No active host offers {gpu_model.name} now; pick another model."
-                )
+            # What the registered hosts could ever hold (down ones may come back); a
+            # request beyond it would wait for ever at the head of its line.
+            fit = fleet.largest_fit(
+                gpu_model=gpu_model, network=network, zone=zone, rooms=self.rooms
+            )
+            any_host = fleet.largest_fit(gpu_model=gpu_model, rooms=self.rooms)
+            if not any_host.largest:
+                self.add_error("resource", f"No host offers {gpu_model.name}; pick another model.")
             elif gpus is None:
                 self.add_error("gpus_per_node", "How many GPUs per node?")
-            elif gpus > cap["largest"]:
-                self.add_error(
-                    "gpus_per_node",
-                    f"The largest {gpu_model.name} host has {cap['largest']} GPUs: a node's GPUs come from one host. "
-                    "Use more nodes instead.",
-                )
-            elif zone and zone not in cap["zones"]:
+            elif cap and zone and zone not in cap["zones"]:
                 self.add_error(
                     "zone",
                     f"No {gpu_model.name} host in {zone}; offered in: {', '.join(sorted(cap['zones']))}.",
                 )
+            elif not fit.largest:
+                if not (cap and network == Cluster.Network.RDMA):  # said below
+                    where = (" with RDMA" if network == Cluster.Network.RDMA else "") + (
+                        f" in {zone}" if zone else ""
+                    )
+                    self.add_error(
+                        "zone" if zone else "network", f"No {gpu_model.name} host{where}."
+                    )
+            elif nodes and (why := fit.refusal(nodes=nodes, per_node=gpus)):
+                self.add_error("gpus_per_node" if gpus > fit.largest else "nodes", why)
             if cap and network == Cluster.Network.RDMA:
                 rdma_zones = cap["rdma_zones"]
                 if not rdma_zones:
@@ -234,14 +256,12 @@ class ClusterForm(forms.Form):
                         f"RDMA {gpu_model.name} hosts are in {', '.join(sorted(rdma_zones))} only.",
                     )
         elif instance_type is not None:
-            largest = fleet.largest_cpu_host()
+            fit = fleet.largest_fit(instance_type=instance_type, zone=zone, rooms=self.rooms)
             if network == Cluster.Network.RDMA:
                 self.add_error("network", "CPU-only instances use standard networking.")
-            if largest < instance_type.vcpus:
-                self.add_error(
-                    "resource",
-                    f"{instance_type.name} needs {instance_type.vcpus} vCPUs; the largest active host has {largest}.",
-                )
+            elif nodes and (why := fit.refusal(nodes=nodes, per_node=instance_type.vcpus)):
+                too_big = instance_type.vcpus > fit.largest
+                self.add_error("resource" if too_big else "nodes", why)
         if network == Cluster.Network.RDMA and not self.rdma:
             self.add_error("network", "No RDMA host exists; choose standard networking.")
         image = None
@@ -333,6 +353,17 @@ class ResizeForm(forms.Form):
             raise ValidationError(f"At most {settings.SUANLI_MAX_NODES} nodes per cluster.")
         cluster = self.cluster
         if nodes > cluster.nodes:
+            # A size no set of registered hosts could hold is refused, not tried.
+            fit = fleet.largest_fit(
+                gpu_model=cluster.gpu_model,
+                instance_type=None if cluster.gpu_model_id else cluster.instance_type,
+                network=cluster.network,
+                zone=cluster.zone,
+            )
+            per_node = cluster.gpus_per_node if cluster.gpu_model_id else 0
+            why = fit.refusal(nodes=nodes, per_node=per_node)
+            if why:
+                raise ValidationError(why)
             units = nodes * (cluster.gpus_per_node if cluster.gpu_model_id else 1)
             funds = check_funds(
                 cluster.owner,

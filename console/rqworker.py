@@ -18,6 +18,7 @@ unusable or expired connections closed (and checked, with CONN_HEALTH_CHECKS).
 import time
 
 import rq
+from django.conf import settings
 from django.db import close_old_connections
 from rq import worker_registration
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -66,6 +67,13 @@ class _Resilient:
     """What our worker classes add to RQ's: see the module's docstring."""
 
     max_connection_wait_time = 10.0  # RQ's own backoff while it waits for a job (60 s)
+
+    def work(self, *args, logging_level=None, **kwargs):
+        # rqworker asks for INFO by default: a line per job, three jobs a second from cron.
+        # Quiet (SUANLI_WORKER_LOG_LEVEL) unless `-v 2` asks for DEBUG.
+        if logging_level in (None, "INFO"):
+            logging_level = settings.SUANLI_WORKER_LOG_LEVEL
+        return super().work(*args, logging_level=logging_level, **kwargs)
 
     def _redis_outage(self) -> Outage:
         if "_outage" not in self.__dict__:

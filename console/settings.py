@@ -112,6 +112,17 @@ DATABASES = {
         conn_health_checks=envbool("DATABASE_CONN_HEALTH_CHECKS", True),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The zero-setup default of `make run`: web, worker and cron write at once. WAL lets
+    # readers go on beside the writer, IMMEDIATE takes the write lock when a transaction
+    # starts (so no reader is refused an upgrade halfway through), and the timeout waits
+    # for the lock rather than answering "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": envint("SUANLI_SQLITE_TIMEOUT_S", 30),
+        **DATABASES["default"].get("OPTIONS", {}),
+    }
 # A second suite on the same server (a helper's, a bench's) names its own test database.
 if envstr("SUANLI_TEST_DATABASE", ""):
     DATABASES["default"]["TEST"] = {"NAME": envstr("SUANLI_TEST_DATABASE", "")}
@@ -220,8 +231,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # RQ logs every job it runs and every cron tick at INFO (some 30 lines every 10 s):
+        # the worker and cron say only what needs attention unless asked for more.
+        "rq": {"level": envstr("SUANLI_WORKER_LOG_LEVEL", "WARNING")},
+    },
 }
+SUANLI_WORKER_LOG_LEVEL = envstr("SUANLI_WORKER_LOG_LEVEL", "WARNING")
 
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",

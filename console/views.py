@@ -1,4 +1,5 @@
 import re
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -7,13 +8,14 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required, permission_required
 from django.contrib.auth.forms import UserCreationForm
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import connection, transaction
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing import selectors as money
+from billing import services as billing
 from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, SshKeyForm
 from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
@@ -55,7 +57,9 @@ def signup(request):
         return redirect("dashboard")
     form = UserCreationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        user = form.save()
+        with transaction.atomic():
+            user = form.save()
+            billing.account_for(user)  # an operator can top up the new user at once
         # Named: axes' throttling backend comes first and logs nobody in (settings).
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         messages.success(request, f"Welcome to Suanli, {user.username}.")
@@ -123,35 +127,49 @@ def cluster_new(request):
     )
 
 
-def _cluster_context(cluster: Cluster) -> dict:
+def _cluster_status_context(cluster: Cluster) -> dict:
     return {
         "cluster": cluster,
         "nodes": fleet.live_nodes(cluster),
         "events": cluster.events.all(),
-        "volumes": cluster.volumes.all(),
-        "ssh_keys": cluster.ssh_keys.all(),
         "position": fleet.queue_position(cluster),
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}, cluster=cluster),
         "jobs": cluster.jobs.all()[:50],
+    }
+
+
+def _cluster_context(cluster: Cluster) -> dict:
+    return {
+        **_cluster_status_context(cluster),
+        "volumes": cluster.volumes.all(),
+        "ssh_keys": cluster.ssh_keys.all(),
         **_metrics_context(cluster),
     }
 
 
 def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
-    """What the utilisation charts need: stored samples to start from, and the live
-    websocket while the cluster (or the job) runs."""
+    """What the utilisation charts need: stored samples to start from (a job's: its own),
+    and the live websocket while the cluster (or the job) runs."""
     live = cluster.state == Cluster.State.RUNNING and (job is None or not job.is_ended)
     rows = None
-    if job is None or live:
+    if job is None:
         resolution, history = "second", metrics.cluster_recent(cluster)
+    elif live:
+        since = timezone.now() - timedelta(seconds=600)
+        resolution, recent = metrics.job_rows(job, since=since)
+        history = metrics.as_series(recent)
     else:
         resolution, rows = metrics.job_rows(job)
         history = metrics.as_series(rows)
+    ws = f"/ws/clusters/{cluster.pk}/metrics/"
+    over = job.is_ended if job else cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED)
     return {
         "job_rows": rows,  # the finished job's samples, read once for charts and diagnosis
         "metrics_history": history,
         "metrics_resolution": resolution,
-        "metrics_ws": f"/ws/clusters/{cluster.pk}/metrics/" if live else "",
+        "metrics_ws": ws if live and (job is None or job.started_at) else "",
+        # Where a page that waits for its job (or cluster) to run connects once it does.
+        "metrics_ws_later": "" if over else ws,
         "metrics_job": job.pk if job else "",
         "emulated": cluster.node_set.filter(host__emulated_gpu=True).exists(),
     }
@@ -160,20 +178,23 @@ def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
 @login_required
 def cluster_detail(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
-    return render(request, "console/cluster_detail.html", _cluster_context(cluster))
+    context = _cluster_context(cluster)
+    context["cost"] = money.cluster_cost(cluster)  # billing/_cluster_cost.html polls itself
+    return render(request, "console/cluster_detail.html", context)
 
 
 @login_required
 def cluster_status(request, cluster_id: int):
-    """The part of the cluster page that changes; polled with htmx while it moves."""
+    """The parts of the cluster page that change (state, nodes, timeline, jobs; its actions
+    when the state differs from the one the page shows, `shown`); polled with htmx until
+    the cluster is released. The page starts its charts when this says it ran."""
     cluster = fleet.cluster_for_user(request.user, cluster_id)
-    response = render(request, "console/_cluster_status.html", _cluster_context(cluster))
-    if request.headers.get("HX-Request") and cluster.state not in (
-        Cluster.State.PENDING,
-        Cluster.State.RELEASING,
-        Cluster.State.PREEMPTING,
-    ):
-        response["HX-Refresh"] = "true"  # the state settled: redraw the whole page (actions too)
+    changed = request.GET.get("shown") != cluster.state
+    context = {**_cluster_status_context(cluster), "oob": True, "state_changed": changed}
+    response = render(request, "console/_cluster_status.html", context)
+    ended = cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED)
+    if request.headers.get("HX-Request") and ended and changed:
+        response["HX-Refresh"] = "true"  # released: redraw the whole page (final cost too)
     return response
 
 
@@ -324,25 +345,43 @@ def job_new(request, cluster_id: int):
     )
 
 
+def _job_status_context(job: Job) -> dict:
+    return {
+        "job": job,
+        "replicas": job.replicas.filter(attempt=job.attempt).select_related("host"),
+        "events": job.events.all(),
+        "position": fleet.queue_position_of_job(job),
+        "cluster": job.cluster,
+    }
+
+
 @login_required
 def job_detail(request, job_id: int):
     job = fleet.job_for_user(request.user, job_id)
-    replicas = job.replicas.filter(attempt=job.attempt).select_related("host")
     charts = _metrics_context(job.cluster, job)
     return render(
         request,
         "console/job_detail.html",
         {
-            "job": job,
-            "replicas": replicas,
-            "events": job.events.all(),
-            "position": fleet.queue_position_of_job(job),
+            **_job_status_context(job),
             "log_lines": fleet.job_log_lines(job) if job.is_ended else [],
-            "cluster": job.cluster,
             "findings": metrics.diagnosis(job, rows=charts["job_rows"]) if job.started_at else [],
             **charts,
         },
     )
+
+
+@login_required
+def job_status(request, job_id: int):
+    """The parts of the job page that change (state, attempt, replicas, timeline); polled
+    with htmx until the job ends. The page starts its charts when this says it started."""
+    job = fleet.job_for_user(request.user, job_id)
+    response = render(
+        request, "console/_job_status.html", {**_job_status_context(job), "oob": True}
+    )
+    if request.headers.get("HX-Request") and job.is_ended:
+        response["HX-Refresh"] = "true"  # ended: redraw the whole page (stored charts, log)
+    return response
 
 
 @login_required

@@ -1,12 +1,14 @@
-"""Billing pages: the researcher's balance, ledger, costs and statements; the operator's
-revenue and accounts. Amounts stay Decimal all the way into the chart JSON (as strings,
-which plotly.js reads as numbers)."""
+"""Billing pages: the researcher's balance, bill, ledger detail, costs and statements; the
+operator's revenue and accounts. Amounts stay Decimal all the way into the chart JSON,
+where Plotly's encoder writes them as JSON numbers (a string would make a category axis,
+sorted as text). How every figure reads: billing.formatting and `{% load money %}`."""
 
 from __future__ import annotations
 
 import csv
 import json
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import plotly.graph_objects as go
 from django.contrib.admin.views.decorators import staff_member_required
@@ -16,10 +18,12 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from billing import formatting
 from billing import selectors as money
 from billing.models import LedgerEntry
 from billing.pricing import RateBook
 from jobs import selectors as fleet
+from jobs.models import Cluster
 
 CHART_LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 10, "b": 40},
@@ -27,7 +31,12 @@ CHART_LAYOUT = {
     "paper_bgcolor": "rgba(0,0,0,0)",
     "plot_bgcolor": "rgba(0,0,0,0)",
     "font": {"family": "system-ui, sans-serif", "size": 12},
-    "yaxis": {"rangemode": "tozero", "gridcolor": "#e5e7eb"},
+    "yaxis": {
+        "type": "linear",
+        "rangemode": "tozero",
+        "gridcolor": "#e5e7eb",
+        "tickformat": ",.4~f",
+    },
     "bargap": 0.25,
 }
 
@@ -51,37 +60,67 @@ def _months(user) -> list[tuple[int, int]]:
     return months
 
 
-@login_required
-def billing(request):
-    user = request.user
+def _filters(request) -> tuple[str, Cluster | None]:
+    """The kind and cluster a page is narrowed to; another tenant's cluster is a 404."""
     kind = request.GET.get("kind", "")
     if kind not in LedgerEntry.Kind.values:
         kind = ""
-    cluster_id = request.GET.get("cluster") or None
     cluster = None
-    if cluster_id:
+    if cluster_id := request.GET.get("cluster"):
         try:
-            cluster = fleet.cluster_for_user(user, int(cluster_id))  # another tenant's: 404
+            cluster = fleet.cluster_for_user(request.user, int(cluster_id))
         except ValueError:
             raise Http404("No such cluster.") from None
-    entries = money.entries_of(user, kind=kind, cluster_id=cluster.pk if cluster else None)
-    page = Paginator(entries, 50).get_page(request.GET.get("page"))
+    return kind, cluster
+
+
+def _check_month(year: int, month: int) -> None:
+    if not 1 <= month <= 12 or not 2000 <= year <= 2200:
+        raise Http404("No such month.")
+
+
+def _month_param(request) -> tuple[int, int]:
+    """`?month=2026-12`, or this month (UTC)."""
+    now = timezone.now().astimezone(UTC)
+    value = request.GET.get("month", "")
+    if not value:
+        return now.year, now.month
+    try:
+        year, month = (int(part) for part in value.split("-", 1))
+    except ValueError:
+        raise Http404("No such month.") from None
+    _check_month(year, month)
+    return year, month
+
+
+def _query(request) -> str:
+    filters = request.GET.copy()
+    filters.pop("page", None)
+    return filters.urlencode()
+
+
+@login_required
+def billing(request):
+    """Balance, costs, and the month's bill: one line per cluster and hour."""
+    user = request.user
+    kind, cluster = _filters(request)
+    year, month = _month_param(request)
+    lines = money.bill(user, year, month, kind=kind, cluster_id=cluster.pk if cluster else None)
+    page = Paginator(lines[::-1], 50).get_page(request.GET.get("page"))
     standing = money.standing(user)
     daily = money.daily_cost(user, days=30)
     chart = _chart(
         [
             go.Bar(
                 x=[d.isoformat() for d, _ in daily],
-                y=[str(v) for _, v in daily],
+                y=[v for _, v in daily],  # Decimal: a JSON number
                 marker_color="#4f46e5",
                 name="cost",
-                hovertemplate="%{x}: %{y} " + standing.currency + "<extra></extra>",
+                hovertemplate="%{x}: %{y:.4f} " + standing.currency + "<extra></extra>",
             )
         ],
         currency=standing.currency,
     )
-    filters = request.GET.copy()
-    filters.pop("page", None)
     return render(
         request,
         "console/billing.html",
@@ -95,42 +134,128 @@ def billing(request):
             "costs": money.cost_per_cluster(user),
             "chart_json": chart,
             "months": _months(user),
-            "filter_query": filters.urlencode(),
+            "month": (year, month),
+            "filter_query": _query(request),
         },
     )
 
 
 @login_required
-def billing_statement(request, year: int, month: int):
-    """One month of the ledger as CSV, every line explained."""
-    if not 1 <= month <= 12 or not 2000 <= year <= 2200:
-        raise Http404("No such month.")
-    currency = money.standing(request.user).currency
-    response = HttpResponse(content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = (
-        f'attachment; filename="suanli-statement-{year:04}-{month:02}.csv"'
+def billing_detail(request):
+    """The ledger as the accrual wrote it (a piece per tick), for audit: narrowed to a
+    bill line's cluster and hour, or to a month, a kind, a cluster."""
+    user = request.user
+    kind, cluster = _filters(request)
+    hour = None
+    if value := request.GET.get("hour"):
+        try:
+            hour = datetime.strptime(value, "%Y-%m-%dT%H").replace(tzinfo=UTC)
+        except ValueError:
+            raise Http404("No such hour.") from None
+    start = end = None
+    month = None
+    if request.GET.get("month"):
+        month = _month_param(request)
+        start, end = money.month_bounds(*month)
+    entries = money.entries_of(
+        user,
+        kind=kind,
+        cluster_id=cluster.pk if cluster else None,
+        start=start,
+        end=end,
+        hour=hour,
     )
-    writer = csv.writer(response)
+    page = Paginator(entries, 50).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "console/billing_detail.html",
+        {
+            "currency": money.standing(user).currency,
+            "page": page,
+            "kind": kind,
+            "cluster": cluster,
+            "hour": hour,
+            "month": month,
+            "months": _months(user),
+            "filter_query": _query(request),
+        },
+    )
+
+
+def _iso(dt: datetime | None) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if dt else ""
+
+
+def _csv_response(name: str) -> tuple[HttpResponse, csv.writer]:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response, csv.writer(response)
+
+
+def _csv_value(value) -> str:
+    return "" if value is None else str(value)
+
+
+@login_required
+def billing_statement(request, year: int, month: int):
+    """One month's bill as CSV: usage per cluster and hour with its exact seconds, units
+    and rate; every other entry on a line of its own."""
+    _check_month(year, month)
+    currency = money.standing(request.user).currency
+    response, writer = _csv_response(f"suanli-statement-{year:04}-{month:02}.csv")
+    writer.writerow(
+        [
+            "time (UTC)", "kind", "amount", "currency", "balance after", "cluster", "resource",
+            "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "pieces",
+            "memo", "key",
+        ]
+    )  # fmt: skip
+    for line in money.bill(request.user, year, month):
+        writer.writerow(
+            [
+                _iso(line.at), line.kind, formatting.amount(line.amount), currency,
+                _csv_value(formatting.amount(line.balance_after)), line.cluster_name,
+                line.resource, _iso(line.period_from), _iso(line.period_to),
+                _csv_value(line.seconds), line.units or "", _csv_value(formatting.rate(line.rate)),
+                line.pieces if line.is_usage else "", _csv_safe(line.memo), line.key,
+            ]
+        )  # fmt: skip
+    return response
+
+
+@login_required
+def billing_statement_detail(request, year: int, month: int):
+    """One month of the ledger as written, a row per entry (every accrual piece)."""
+    _check_month(year, month)
+    currency = money.standing(request.user).currency
+    response, writer = _csv_response(f"suanli-ledger-{year:04}-{month:02}.csv")
     writer.writerow(
         [
             "time (UTC)", "kind", "amount", "currency", "balance after", "cluster",
             "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "memo", "key",
         ]
     )  # fmt: skip
-
-    def iso(dt: datetime | None) -> str:
-        return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if dt else ""
-
     for e in money.statement(request.user, year, month).iterator():
         writer.writerow(
             [
-                iso(e.created_at), e.kind, e.amount, currency, e.balance_after,
-                e.cluster.name if e.cluster else "", iso(e.period_from), iso(e.period_to),
-                e.seconds if e.seconds is not None else "", e.units or "",
-                e.rate if e.rate is not None else "", _csv_safe(e.memo), e.key,
+                _iso(e.created_at), e.kind, formatting.amount(e.amount), currency,
+                formatting.amount(e.balance_after), e.cluster.name if e.cluster else "",
+                _iso(e.period_from), _iso(e.period_to), _csv_value(e.seconds), e.units or "",
+                _csv_value(formatting.rate(e.rate)), _csv_safe(e.memo), e.key,
             ]
         )  # fmt: skip
     return response
+
+
+@login_required
+def cluster_cost(request, cluster_id: int):
+    """The cluster page's cost block; polled while the cluster holds capacity."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    return render(
+        request,
+        "billing/_cluster_cost.html",
+        {"cluster": cluster, "cost": money.cluster_cost(cluster)},
+    )
 
 
 def _csv_safe(text: str) -> str:
@@ -144,7 +269,12 @@ def ops_billing(request):
     days = [d.isoformat() for d in data["days"]]
     currency = RateBook.load().currency
     traces = [
-        go.Bar(x=days, y=[str(v) for v in values], name=name)
+        go.Bar(
+            x=days,
+            y=values,  # Decimals: JSON numbers, so the axis is numeric
+            name=name,
+            hovertemplate="%{x} " + name + ": %{y:.4f} " + currency + "<extra></extra>",
+        )
         for name, values in data["series"].items()
     ]
     return render(
@@ -153,8 +283,10 @@ def ops_billing(request):
         {
             "chart_json": _chart(traces, currency=currency, stacked=True),
             "totals": list(zip(data["days"], data["totals"], strict=True)),
-            "total": sum(data["totals"]),
-            "per_model": {name: sum(values) for name, values in data["series"].items()},
+            "total": sum(data["totals"], Decimal("0")),
+            "per_model": {
+                name: sum(values, Decimal("0")) for name, values in data["series"].items()
+            },
             "accounts": money.accounts_overview(),
             "currency": currency,
         },

@@ -2,7 +2,8 @@
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.http import Http404
 
 from jobs.models import Cluster, Host, Node
@@ -145,10 +146,138 @@ def queue_position(cluster: Cluster) -> int | None:
     return ahead.count() + 1
 
 
-def largest_cpu_host() -> int:
-    from django.db.models import Max
+@dataclass(frozen=True)
+class HostRoom:
+    """One registered host as capacity: what it could ever hold, and what it has free."""
 
-    return Host.objects.filter(state=Host.State.ACTIVE).aggregate(m=Max("cpu_count"))["m"] or 0
+    gpu_model_id: int | None
+    gpus: int
+    cpus: int  # 0 while unknown (never checked)
+    zone: str
+    rdma: bool
+    active: bool
+    swarm: str  # the swarm it is a member of, "" outside one
+    free_gpus: int
+    free_cpus: int
+
+
+def host_rooms() -> list[HostRoom]:
+    """Every registered host, whatever its state (a down or draining host may come back):
+    one query."""
+    used_cpus = (
+        Node.objects.filter(host=OuterRef("pk"), released_at__isnull=True)
+        .order_by()
+        .values("host")
+        .annotate(n=Sum("vcpus"))
+        .values("n")
+    )
+    rows = Host.objects.annotate(
+        free=Count("slots", filter=Q(slots__node__isnull=True)),
+        used=Coalesce(Subquery(used_cpus), 0),
+    ).values_list(
+        "gpu_model_id", "gpu_count", "cpu_count", "zone", "rdma", "state", "swarm_state",
+        "swarm_cluster", "free", "used",
+    )  # fmt: skip
+    return [
+        HostRoom(
+            gpu_model_id=model,
+            gpus=gpus or 0,
+            cpus=cpus or 0,
+            zone=zone,
+            rdma=rdma,
+            active=state == Host.State.ACTIVE,
+            swarm=swarm if swarm_state == "active" else "",
+            free_gpus=free,
+            free_cpus=(cpus or 0) - used,
+        )  # fmt: skip
+        for model, gpus, cpus, zone, rdma, state, swarm_state, swarm, free, used in rows
+    ]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The largest cluster of one resource that the registered hosts could ever hold.
+
+    A node's GPUs (or vCPUs) come from one host, and the nodes of a cluster share one
+    network (jobs/scheduler.py): members of one Docker swarm, or all on one host."""
+
+    what: str  # "GPUs of A100 80 GB" / "cpu-8c-32g"
+    unit: str  # "GPUs" / "vCPUs"
+    largest: int  # the most GPUs (vCPUs) of the largest usable host; 0: no usable host
+    groups: tuple[tuple[int, ...], ...]  # per shared network: its hosts' GPUs (vCPUs)
+    cpu_per_node: int = 0  # CPU types: the type's vCPUs (a node's size is fixed)
+
+    def nodes_max(self, per_node: int) -> int:
+        """The most nodes of `per_node` GPUs (vCPUs) that can share one network."""
+        if per_node < 1 or per_node > self.largest:
+            return 0
+        return max((sum(size // per_node for size in group) for group in self.groups), default=0)
+
+    def refusal(self, *, nodes: int, per_node: int) -> str | None:
+        """Why `nodes` x `per_node` can never be placed, naming the largest that fits; None
+        when the fleet could hold it."""
+        size = self.cpu_per_node or per_node
+        if self.largest == 0:
+            return f"No registered host can hold a node of {self.what}."
+        if size <= self.largest and nodes <= self.nodes_max(size):
+            return None
+        if self.cpu_per_node:
+            if size > self.largest:
+                return (
+                    f"{self.what} needs {size} vCPUs; the largest host has {self.largest}: "
+                    f"pick a type of at most {self.largest} vCPUs."
+                )
+            best, shape, too_big = self.nodes_max(size), self.what, False
+        else:
+            too_big = per_node > self.largest
+            per_node = min(per_node, self.largest)
+            best = self.nodes_max(per_node)
+            shape = f"{per_node} {self.what}"
+        single = max((max(g) // (self.cpu_per_node or per_node) for g in self.groups), default=0)
+        why = (
+            f"the largest host has {self.largest} {self.unit}"
+            if too_big or best == single
+            else f"the hosts that can share one network (a Docker swarm) hold {best} such nodes"
+        )
+        return f"At most {best} node{'s' if best != 1 else ''} x {shape}: {why}."
+
+
+def largest_fit(
+    *, gpu_model=None, instance_type=None, network: str = Cluster.Network.STANDARD,
+    zone: str = "", rooms: list[HostRoom] | None = None,
+) -> Fit:  # fmt: skip
+    """The largest cluster of a GPU model (or CPU type) that the registered hosts could
+    ever hold, with the network and zone asked for (`rooms` when the caller read them)."""
+    rooms = host_rooms() if rooms is None else rooms
+    rdma = network == Cluster.Network.RDMA
+    usable = [
+        r
+        for r in rooms
+        if (not zone or r.zone == zone)
+        and (not rdma or r.rdma)
+        and (
+            r.gpu_model_id == gpu_model.pk and r.gpus > 0
+            if gpu_model is not None
+            else r.cpus >= instance_type.vcpus
+        )
+    ]
+    size = (lambda r: r.gpus) if gpu_model is not None else (lambda r: r.cpus)
+    # RDMA clusters stay in one zone; standard ones may spread over zones (scheduler).
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(usable):
+        key = (r.swarm, r.zone if rdma else "") if r.swarm else ("", i)
+        groups.setdefault(key, []).append(size(r))
+    if gpu_model is not None:
+        return Fit(
+            what=f"GPUs of {gpu_model.name}", unit="GPUs",
+            largest=max((r.gpus for r in usable), default=0),
+            groups=tuple(tuple(g) for g in groups.values()),
+        )  # fmt: skip
+    return Fit(
+        what=instance_type.name, unit="vCPUs",
+        largest=max((r.cpus for r in rooms if not zone or r.zone == zone), default=0),
+        groups=tuple(tuple(g) for g in groups.values()), cpu_per_node=instance_type.vcpus,
+    )  # fmt: skip
 
 
 def jobs_for(user):

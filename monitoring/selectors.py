@@ -2,43 +2,69 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Max
+from django.db.models import Max, Min
 from django.utils import timezone
 
-from jobs.models import Cluster, Host, Job, Node
+from jobs.models import Cluster, GpuSlot, Host, Job, Node, Replica
 from monitoring.diagnosis import Finding, Point, diagnose
 from monitoring.models import Rollup, Sample
 
 FIELDS = (
-    "at", "node_index", "gpu_util", "gpu_mem_mib", "cpu_pct", "mem_bytes", "net_rx_bps",
-    "net_tx_bps", "disk_read_bps", "disk_write_bps", "read_iops", "write_iops",
+    "at", "job_id", "node_index", "gpu_util", "gpu_mem_mib", "cpu_pct", "mem_bytes",
+    "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps", "read_iops", "write_iops",
 )  # fmt: skip
 MAX_POINTS = 20_000
 
 
-def _rows(model, **filters):
+def _rows(model, limit: int = MAX_POINTS, **filters):
     return list(
-        model.objects.filter(**filters).order_by("at", "node_index").values(*FIELDS)[:MAX_POINTS]
+        model.objects.filter(**filters).order_by("at", "node_index").values(*FIELDS)[:limit]
     )
 
 
-def job_rows(job: Job) -> tuple[str, list[dict]]:
-    """A job's samples: ("second", rows) while raw samples exist, else ("minute", rollups)."""
-    rows = _rows(Sample, job=job)
-    if rows:
-        return "second", rows
-    return "minute", _rows(Rollup, job=job)
+def job_span(job: Job) -> tuple[datetime, datetime] | None:
+    """The job's own time range: its first replica's start (over every attempt) to its end
+    (now while it runs), in whole seconds as samples are stamped. None before it started."""
+    span = Replica.objects.filter(job=job).aggregate(
+        start=Min("started_at"), end=Max("finished_at")
+    )
+    start = span["start"] or job.started_at
+    if start is None:
+        return None
+    end = (job.finished_at or span["end"]) if job.is_ended else None
+    return start.replace(microsecond=0), end or timezone.now()
+
+
+def job_rows(job: Job, *, since: datetime | None = None) -> tuple[str, list[dict]]:
+    """A job's own samples: its replicas' samples within its own time range (from `since`
+    when given, as a live chart starts). ("second", rows) while raw samples exist, else
+    ("minute", rollups); rollups too when the raw seconds would exceed MAX_POINTS."""
+    span = job_span(job)
+    if span is None:
+        return "second", []
+    start, end = span
+    if since is not None:
+        start = max(start, since)
+    rows = _rows(Sample, MAX_POINTS + 1, job=job, at__gte=start, at__lte=end)
+    if rows and (len(rows) <= MAX_POINTS or since is not None):
+        return "second", rows[:MAX_POINTS]
+    # A rollup holds a minute of its cluster (tagged with the minute's last job): the
+    # cluster runs one job at a time, so the minutes of the job's range are the job's.
+    minutes = _rows(Rollup, cluster_id=job.cluster_id, at__gte=start.replace(second=0), at__lte=end)
+    if minutes:
+        return "minute", minutes
+    return "second", rows[:MAX_POINTS]
 
 
 def as_series(rows: list[dict]) -> list[dict]:
     """Rows as the charts' JSON: epoch seconds and plain numbers."""
     return [
         {
-            "t": int(r["at"].timestamp()), "node": r["node_index"], "gpu": r["gpu_util"],
-            "gmem": r["gpu_mem_mib"], "cpu_pct": round(r["cpu_pct"], 1),
+            "t": int(r["at"].timestamp()), "job": r["job_id"], "node": r["node_index"],
+            "gpu": r["gpu_util"], "gmem": r["gpu_mem_mib"], "cpu_pct": round(r["cpu_pct"], 1),
             "mem_bytes": r["mem_bytes"], "net_rx_bps": round(r["net_rx_bps"]),
             "net_tx_bps": round(r["net_tx_bps"]), "disk_read_bps": round(r["disk_read_bps"]),
             "disk_write_bps": round(r["disk_write_bps"]), "read_iops": round(r["read_iops"], 1),
@@ -88,42 +114,50 @@ def diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
 
 
 def fleet(window_s: int = 5) -> dict:
-    """Every active host's GPUs (latest utilisation per slot, None where not rented), the
+    """Every up host's GPUs, one entry per GPU slot: free or held (and by which cluster),
+    with the latest second's utilisation where a sample has one (an emulated-GPU host has
+    readings only while a replica runs: they are derived from its CPU use). Also the
     hosts' network and disk rates, and how many rented GPUs sit idle (< 10 % for the last
-    minute)."""
+    minute, or no reading at all)."""
     now = timezone.now()
     hosts = list(Host.objects.exclude(state=Host.State.DOWN).order_by("name"))
-    recent = Sample.objects.filter(at__gte=now - timedelta(seconds=window_s))
-    latest_at = dict(
-        recent.values("host_id", "cluster_id", "node_index")
-        .annotate(last=Max("at"))
-        .values_list("cluster_id", "last")
+    ids = [h.pk for h in hosts]
+    slots = GpuSlot.objects.filter(host_id__in=ids).values_list(
+        "host_id", "index", "node__cluster_id", "node__index", "node__cluster__name"
     )
+    cells: dict[int, list[dict]] = {h.pk: [] for h in hosts}
+    where: dict[tuple[int, int], list[dict]] = {}  # (cluster, node index) -> its cells
+    for host_id, index, cluster_id, node_index, cluster_name in slots.order_by("host", "index"):
+        cell = {"index": index, "held": cluster_id is not None, "util": None,
+                "cluster": cluster_name or ""}  # fmt: skip
+        cells[host_id].append(cell)
+        if cluster_id is not None:
+            where.setdefault((cluster_id, node_index), []).append(cell)
     nodes = {
         (n.cluster_id, n.index): n
-        for n in Node.objects.filter(released_at__isnull=True, host__in=hosts)
+        for n in Node.objects.filter(released_at__isnull=True, host_id__in=ids)
     }
-    grid = {h.pk: [None] * h.gpu_count for h in hosts}
     rates = {h.pk: {"net_bps": 0.0, "disk_bps": 0.0, "iops": 0.0} for h in hosts}
     seen = set()
+    recent = Sample.objects.filter(at__gte=now - timedelta(seconds=window_s), host_id__in=ids)
     for s in recent.order_by("-at").values(
         "host_id", "cluster_id", "node_index", "gpu_util", "net_rx_bps", "net_tx_bps",
-        "disk_read_bps", "disk_write_bps", "read_iops", "write_iops", "at",
+        "disk_read_bps", "disk_write_bps", "read_iops", "write_iops",
     ):  # fmt: skip
         key = (s["cluster_id"], s["node_index"])
-        if key in seen or s["at"] != latest_at.get(s["cluster_id"], s["at"]):
-            continue
+        if key in seen:
+            continue  # an older second of a node already read
         seen.add(key)
         node = nodes.get(key)
-        if node is not None and s["host_id"] in grid:
+        if node is not None:
+            held = {c["index"]: c for c in where.get(key, [])}
             for index, util in zip(node.gpu_indices, s["gpu_util"] or [], strict=False):
-                if index < len(grid[s["host_id"]]):
-                    grid[s["host_id"]][index] = util
-        if s["host_id"] in rates:
-            r = rates[s["host_id"]]
-            r["net_bps"] += s["net_rx_bps"] + s["net_tx_bps"]
-            r["disk_bps"] += s["disk_read_bps"] + s["disk_write_bps"]
-            r["iops"] += s["read_iops"] + s["write_iops"]
+                if index in held:
+                    held[index]["util"] = round(util, 1)
+        r = rates[s["host_id"]]
+        r["net_bps"] += s["net_rx_bps"] + s["net_tx_bps"]
+        r["disk_bps"] += s["disk_read_bps"] + s["disk_write_bps"]
+        r["iops"] += s["read_iops"] + s["write_iops"]
     minute = Sample.objects.filter(at__gte=now - timedelta(seconds=60)).values_list(
         "cluster_id", "node_index", "gpu_util"
     )
@@ -143,7 +177,8 @@ def fleet(window_s: int = 5) -> dict:
             {
                 "id": h.pk,
                 "name": h.name,
-                "gpus": grid[h.pk],
+                "gpus": cells[h.pk],
+                "held": sum(1 for c in cells[h.pk] if c["held"]),
                 "emulated": h.emulated_gpu,
                 **rates[h.pk],
             }

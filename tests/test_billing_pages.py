@@ -51,7 +51,7 @@ def test_the_form_shows_prices_and_balance(client, alice, card, fleet, fund):
     fund(alice, "12.5")
     client.force_login(alice)
     response = client.get(reverse("cluster_new"))
-    assert 'data-testid="form-balance">12.5000<' in response.content.decode()
+    assert 'data-testid="form-balance">12.50<' in response.content.decode()  # a balance: 2 places
     prices = json.loads(response.context["prices_json"])["prices"]
     assert prices["gpu:a100-80gb"] == ["7.8000", "3.9000"]  # per GPU-hour: on-demand, spot
 
@@ -95,9 +95,13 @@ def test_billing_page_ledger_costs_and_statement(client, alice, card, fleet, fun
     client.force_login(alice)
     page = client.get(reverse("billing")).content.decode()
     # 60 s x 2 GPUs x 7.80 / 3600 = 0.2600
-    assert 'data-testid="balance">99.7400<' in page
+    assert 'data-testid="balance">99.74<' in page
     assert 'data-testid="burn">15.6000<' in page
-    assert "60 s" in page and "A100 80 GB" in page and 'data-testid="cluster-cost">0.2600<' in page
+    assert 'data-testid="bill-seconds">60<' in page and "A100 80 GB" in page
+    assert (
+        'data-testid="cluster-cost">0.2600<' in page
+        and 'data-testid="bill-amount">-0.2600<' in page
+    )
     usage_only = client.get(reverse("billing"), {"kind": "usage"}).context["page"].object_list
     assert [e.kind for e in usage_only] == ["usage"]
     now = timezone.now()
@@ -106,8 +110,10 @@ def test_billing_page_ledger_costs_and_statement(client, alice, card, fleet, fun
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     usage = [r for r in rows if r["kind"] == "usage"]
     assert usage[0]["amount"] == "-0.2600" and usage[0]["seconds"] == "60"
-    assert usage[0]["units"] == "2" and usage[0]["rate per unit-hour"] == "7.80000000"
+    assert usage[0]["units"] == "2" and usage[0]["rate per unit-hour"] == "7.8000"
     assert usage[0]["cluster"] == cluster.name
+    detail = client.get(reverse("billing_statement_detail", args=[now.year, now.month]))
+    rows = list(csv.DictReader(io.StringIO(detail.content.decode())))
     assert sum(Decimal(r["amount"]) for r in rows) == Decimal(rows[-1]["balance after"])
 
 
@@ -150,7 +156,7 @@ def test_operator_tops_up_once_per_form_and_sees_revenue(client, operator, alice
     client.post(url, {**data, "memo": "", "token": "other"})
     assert LedgerEntry.objects.count() == 1, "no entry without a reason"
     page = client.get(reverse("ops_billing")).content.decode()
-    assert "alice" in page and "50.0000" in page
+    assert "alice" in page and 'data-testid="account-paid">50.00<' in page
 
 
 def test_a_rate_card_in_force_is_history(client, operator, card):

@@ -97,9 +97,9 @@ def test_pending_cluster_shows_queue_position_and_reason(client, alice, bob, fle
         ({"nodes": "-2"}, "nodes", "greater than or equal to 1"),
         ({"nodes": "99"}, "nodes", "At most 16 nodes"),
         ({"gpus_per_node": "0"}, "gpus_per_node", "greater than or equal to 1"),
-        ({"gpus_per_node": "9"}, "gpus_per_node", "The largest A100 80 GB host has 8 GPUs"),
+        ({"gpus_per_node": "9"}, "gpus_per_node", "x 8 GPUs of A100 80 GB: the largest host has 8"),
         ({"resource": "gpu:b200"}, "resource", "Select a valid choice"),
-        ({"resource": "gpu:t4-16gb"}, "resource", "No active host offers T4 16 GB"),
+        ({"resource": "gpu:t4-16gb"}, "resource", "No host offers T4 16 GB"),
         ({"zone": "zone-x"}, "zone", "Select a valid choice"),
         ({"network": "rdma"}, "network", "Select a valid choice"),
         (
@@ -237,7 +237,8 @@ def test_resize_from_the_page(client, alice, fleet, make_cluster):
     body = client.post(
         reverse("cluster_resize", args=[c.pk]), {"nodes": "3"}, follow=True
     ).content.decode()
-    assert "No room for 1 x 8 A100 80 GB" in body
+    # Two 8-GPU hosts: a third node could never fit, and the refusal says what would.
+    assert "At most 2 nodes x 8 GPUs of A100 80 GB" in body
     body = client.post(
         reverse("cluster_resize", args=[c.pk]), {"nodes": "0"}, follow=True
     ).content.decode()

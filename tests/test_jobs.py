@@ -89,8 +89,27 @@ def test_cancel_while_running_sends_sigterm_and_shows_cancelled(running_cluster,
     job = settle_until(job)
     assert job.state == Job.State.CANCELLED and job.state_reason == "cancelled by alice"
     assert "got TERM" in job.replicas.get().log
+    # Its replicas exited: their code is the job's, on the page and in the API alike.
+    assert job.exit_code == job.replicas.get().exit_code == 143
     with pytest.raises(Exception, match="nothing to cancel"):
         services.job_cancel(job=job, by="alice")
+
+
+def test_a_job_cancelled_before_it_ran_has_no_exit_code(client, alice, make_cluster):
+    from console.models import ApiToken
+
+    job = services.job_submit(
+        cluster=make_cluster(alice, "waits"), spec=JobSpec(name="j", command="true")
+    )
+    services.job_cancel(job=job, by="alice")
+    job.refresh_from_db()
+    assert job.state == Job.State.CANCELLED and job.exit_code is None
+    _, token = ApiToken.issue(user=alice, name="t")
+    answer = client.get(f"/api/v1/jobs/{job.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert answer["exit_code"] is None
+    client.force_login(alice)
+    page = client.get(reverse("job_detail", args=[job.pk])).content.decode()
+    assert 'data-testid="exit-code">—<' in page
 
 
 def test_queued_jobs_run_one_at_a_time_in_order(running_cluster, settle_until):

@@ -218,8 +218,9 @@ def test_the_fleet_page_is_for_operators(running_cluster, client, alice, operato
     assert client.get(reverse("ops_fleet_data")).status_code == 302  # to the admin login
     client.force_login(operator)
     data = client.get(reverse("ops_fleet_data")).json()
-    host = next(h for h in data["hosts"] if any(g is not None for g in h["gpus"]))
-    assert 3.0 in host["gpus"]
+    host = next(h for h in data["hosts"] if h["held"])
+    assert [g["util"] for g in host["gpus"] if g["held"]] == [3.0]
+    assert all(g["util"] is None and not g["held"] for g in host["gpus"] if g["cluster"] == "")
     assert data["rented_gpus"] == 1 and data["idle_rented_gpus"] == 1  # 3 % is idle
     assert b"rented GPUs idle" in client.get(reverse("ops_fleet")).content
 

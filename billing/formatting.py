@@ -1,0 +1,61 @@
+"""How money reads, everywhere it is shown: 4 decimals for amounts and rates, 2 for
+balances and totals, always with its currency nearby, never a float.
+
+Sums straight from the database are not fit to show: SQLite hands an aggregate back as a
+float turned Decimal ("0.461500000000000"), PostgreSQL with whatever scale the arithmetic
+left. Every figure goes through `amount`, `total` or `rate` before a page, a CSV or a
+chart sees it."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+from billing.models import UNIT  # amounts and rates
+
+CENT = Decimal("0.01")  # balances and totals
+RATE_EXACT = Decimal("0.00000001")  # the ledger keeps rates to 8 places
+
+
+def _decimal(value) -> Decimal | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, float):  # never computed with here; only ever shown
+        value = repr(value)
+    try:
+        return Decimal(value)
+    except (InvalidOperation, TypeError, ValueError):
+        return None
+
+
+def amount(value) -> Decimal | None:
+    """An amount, to the smallest unit (0.0001), half-up."""
+    d = _decimal(value)
+    return None if d is None else d.quantize(UNIT, rounding=ROUND_HALF_UP)
+
+
+def total(value) -> Decimal | None:
+    """A balance or a total, to the cent, half-up."""
+    d = _decimal(value)
+    return None if d is None else d.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def rate(value) -> Decimal | None:
+    """A rate per unit-hour: 4 places, more only where the rate really has them (a spot
+    discount of 12.5 % on 1.2345 is 1.0801875, and the amounts were charged at that)."""
+    d = _decimal(value)
+    if d is None:
+        return None
+    exact = d.quantize(RATE_EXACT, rounding=ROUND_HALF_UP).normalize()
+    if exact.as_tuple().exponent >= -4:
+        return d.quantize(UNIT, rounding=ROUND_HALF_UP)
+    return exact
+
+
+def text(value: Decimal | None, currency: str = "") -> str:
+    """`Decimal("-0.4615"), "CNY"` -> "-0.4615 CNY"; a missing value reads "—"."""
+    if value is None:
+        return "—"
+    shown = f"{value:f}"
+    if shown.startswith("-") and value == 0:
+        shown = shown[1:]  # "-0.00" after rounding reads as a charge that is not there
+    return f"{shown} {currency}" if currency else shown

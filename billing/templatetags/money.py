@@ -1,0 +1,23 @@
+"""`{% load money %}`: `{{ x|amount }}` "0.4615", `{{ x|total:"CNY" }}` "12.50 CNY",
+`{{ x|rate }}` "7.8000". See billing.formatting for the rule."""
+
+from django import template
+
+from billing import formatting
+
+register = template.Library()
+
+
+@register.filter
+def amount(value, currency=""):
+    return formatting.text(formatting.amount(value), currency)
+
+
+@register.filter
+def total(value, currency=""):
+    return formatting.text(formatting.total(value), currency)
+
+
+@register.filter
+def rate(value, currency=""):
+    return formatting.text(formatting.rate(value), currency)
