@@ -362,6 +362,7 @@ class ClusterCost:
     settled: bool
     seconds: int | None  # billed seconds, once settled
     live: bool  # may still change: worth polling
+    minimum: bool = False  # the final cost includes the rate card's minimum charge
 
     @property
     def started(self) -> bool:
@@ -399,6 +400,8 @@ def cluster_cost(cluster: Cluster) -> ClusterCost:
         billed_until=meter.billed_until if meter else None,
         settled=bool(meter and meter.settled),
         seconds=seconds,
+        minimum=seconds is not None
+        and LedgerEntry.objects.filter(key=f"minimum:{cluster.pk}").exists(),
         live=not (meter and meter.settled)
         and (
             meter is not None or cluster.state not in (Cluster.State.RELEASED, Cluster.State.FAILED)

@@ -53,7 +53,7 @@ def accounts_ensure() -> int:
     """An account (balance 0) for every user that has none yet: users made by sign-up, by
     an operator in the admin or by `createsuperuser` can all be topped up at once. Two
     queries; safe to run concurrently (a row made meanwhile is skipped). Returns how many
-    it made."""
+    users had none (a concurrent call may have made some of them)."""
     missing = get_user_model().objects.filter(account__isnull=True).values_list("pk", flat=True)
     made = Account.objects.bulk_create(
         [Account(user_id=pk) for pk in missing], ignore_conflicts=True

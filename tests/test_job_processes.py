@@ -157,3 +157,25 @@ def test_researcher_submits_a_job_and_watches_its_live_log(
             path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_done.png", full_page=True
         )
         browser.close()
+
+
+def test_the_worker_and_cron_stay_quiet_while_all_is_well(make_host, processes):
+    """`make run` prints the URL and the logins once; the periodic work must not scroll
+    them away (RQ logs every job at INFO)."""
+    from jobs.models import Host
+
+    host = make_host("gpu-quiet-01", engine=0, gpus=1)
+    checked = host.last_checked
+    env = {"SUANLI_HOST_CHECK_INTERVAL": "1", "SUANLI_ACCRUAL_INTERVAL": "1"}
+    processes.start("worker", env=env)
+    processes.start("cron", env=env)
+    deadline = time.monotonic() + 30
+    while Host.objects.get(pk=host.pk).last_checked == checked:
+        assert time.monotonic() < deadline, "the periodic host check never ran"
+        time.sleep(0.3)
+    time.sleep(3)  # a few more rounds of every periodic task
+    for log in processes.tmp_path.glob("*.log"):
+        text = log.read_text()
+        assert "Job OK" not in text and "Successfully completed" not in text, text[-2000:]
+        lines = [line for line in text.splitlines() if line.strip()]
+        assert len(lines) <= 4, f"{log.name}: {len(lines)} lines:\n" + "\n".join(lines[-20:])

@@ -43,7 +43,11 @@
       c.div = document.getElementById(c.id);
       c.index = new Map();
       c.last = new Map(); // trace name -> epoch seconds of its newest point
+      // Until the first point: the last minute on the axis, not Plotly's year 2000.
+      const now = Date.now();
+      c.empty = true;
       Plotly.newPlot(c.div, [], { ...base, ...(c.layout || {}), title: { text: c.title, font: { size: 12 } },
+        xaxis: { ...base.xaxis, range: [new Date(now - 60000), new Date(now)] },
         yaxis: { rangemode: "tozero", ...((c.layout || {}).yaxis || {}) } }, config);
     }
   }
@@ -75,6 +79,10 @@
         for (const name of fresh) c.index.set(name, c.index.size);
       }
       const names = [...grouped.keys()];
+      if (c.empty && names.length) {
+        c.empty = false;
+        Plotly.relayout(c.div, { "xaxis.autorange": true });
+      }
       Plotly.extendTraces(
         c.div,
         { x: names.map((n) => grouped.get(n).x), y: names.map((n) => grouped.get(n).y) },
