@@ -739,14 +739,7 @@ def settle(job_id: int) -> None:
                 + (", ".join(sorted({r.host.name for r in lost_to_host})))
             )
             if not all_done:
-                reason = f"{cause}; stopping the other replicas"
-                if (
-                    Job.objects.filter(pk=job.pk)
-                    .exclude(state_reason=reason)
-                    .update(state_reason=reason)
-                ):
-                    _event(job.pk, "stopping", reason)
-                    stop(job.pk)
+                _stop_the_rest(job, cause)
                 return
             _requeue_after_host(job, cause)
             return
@@ -757,14 +750,7 @@ def settle(job_id: int) -> None:
         else:
             cause = f"rank {first.rank} exited with code {first.exit_code}"
         if not all_done:
-            reason = f"{cause}; stopping the other replicas"
-            if (
-                Job.objects.filter(pk=job.pk)
-                .exclude(state_reason=reason)
-                .update(state_reason=reason)
-            ):
-                _event(job.pk, "stopping", reason)
-                stop(job.pk)
+            _stop_the_rest(job, cause)
             return
         used = job.attempt - job.preemptions - job.host_restarts  # failed attempts so far
         if used <= job.retries:
@@ -787,6 +773,15 @@ def settle(job_id: int) -> None:
 
 def _last_end(replicas: list[Replica]):
     return max((r.finished_at for r in replicas if r.finished_at), default=None)
+
+
+def _stop_the_rest(job: Job, cause: str) -> None:
+    """One replica ended the attempt: stop the others, once (a second settle finds the
+    reason already said)."""
+    reason = f"{cause}; stopping the other replicas"
+    if Job.objects.filter(pk=job.pk).exclude(state_reason=reason).update(state_reason=reason):
+        _event(job.pk, "stopping", reason)
+        stop(job.pk)
 
 
 def _requeue_after_host(job: Job, cause: str) -> None:

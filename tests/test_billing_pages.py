@@ -9,32 +9,19 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 from django.utils import timezone
+from forms_data import cluster_form
 
 from billing import services as billing
 from billing.catalog import seed_rate_card
 from billing.models import Account, LedgerEntry, RateCard
 from jobs import scheduler
-from jobs.models import Cluster, Image
+from jobs.models import Cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _form(**fields):
-    data = {
-        "name": "train-1",
-        "resource": "gpu:a100-80gb",
-        "nodes": "1",
-        "gpus_per_node": "2",
-        "image": str(Image.objects.get(reference="suanli/busybox:latest").pk),
-        "custom_image": "",
-        "network": "standard",
-        "zone": "",
-        "volumes": "workspace:/workspace",
-        "release_policy": "never",
-        "idle_minutes": "",
-    }
-    data.update(fields)
-    return data
+    return cluster_form(**fields)
 
 
 @pytest.fixture

@@ -6,11 +6,12 @@ import json
 import pytest
 from django.test import Client
 from django.urls import reverse
+from forms_data import cluster_form
 
 from console.models import ApiToken
 from jobs import scheduler, services
 from jobs import selectors as fleet
-from jobs.models import Cluster, Host, Image
+from jobs.models import Cluster, Host
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
 
@@ -33,21 +34,7 @@ def _host(catalog, name, *, gpus=8, model="a100-80gb", state="active", cpus=None
 
 
 def _form(**fields):
-    data = {
-        "name": "big-1",
-        "resource": "gpu:a100-80gb",
-        "nodes": "1",
-        "gpus_per_node": "8",
-        "image": str(Image.objects.get(reference="suanli/busybox:latest").pk),
-        "custom_image": "",
-        "network": "standard",
-        "zone": "",
-        "volumes": "workspace:/workspace",
-        "release_policy": "never",
-        "idle_minutes": "",
-    }
-    data.update(fields)
-    return data
+    return cluster_form(**{"name": "big-1", "gpus_per_node": "8", **fields})
 
 
 def _errors(response, field):

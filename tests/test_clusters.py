@@ -4,29 +4,16 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from django.urls import reverse
+from forms_data import cluster_form
 
 from jobs import scheduler, services
-from jobs.models import Cluster, ClusterEvent, GpuSlot, Image, Volume
+from jobs.models import Cluster, ClusterEvent, GpuSlot, Volume
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
 
 
 def _form(**fields):
-    data = {
-        "name": "train-1",
-        "resource": "gpu:a100-80gb",
-        "nodes": "1",
-        "gpus_per_node": "2",
-        "image": str(Image.objects.get(reference="suanli/busybox:latest").pk),
-        "custom_image": "",
-        "network": "standard",
-        "zone": "",
-        "volumes": "workspace:/workspace",
-        "release_policy": "never",
-        "idle_minutes": "",
-    }
-    data.update(fields)
-    return data
+    return cluster_form(**fields)
 
 
 def _ssh_line(key) -> str:

@@ -27,6 +27,7 @@ import pytest
 import rq
 from django.conf import settings
 from django.db import connection
+from waiting import until as _until
 
 from billing.models import LedgerEntry, Meter
 from jobs import services
@@ -156,16 +157,6 @@ def postgres_server():
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def _until(check, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def _state(job: Job, states) -> bool:

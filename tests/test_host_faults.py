@@ -11,6 +11,7 @@ from unittest import mock
 
 import docker
 import pytest
+from waiting import until as _until
 
 from billing import services as billing
 from billing.models import LedgerEntry
@@ -78,16 +79,6 @@ def funded(alice):
         account=billing.account_for(alice), kind="topup", amount=Decimal("1000"),
         key="test-topup", memo="test",
     )  # fmt: skip
-
-
-def _until(check, timeout=30, every=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what} not reached in {timeout} s")
 
 
 def _reconciled_until(job, states, timeout=40):
