@@ -16,6 +16,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from browsing import login as _login
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -153,14 +154,6 @@ def test_another_tenant_gets_none_of_the_bill(client, bob, hours):
     hourly = hours["hourly"]
     assert client.get(reverse("billing_detail"), {"cluster": hourly.pk}).status_code == 404
     assert client.get(reverse("cluster_cost", args=[hourly.pk])).status_code == 404
-
-
-def _login(page, live_server, username, password):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 @pytest.mark.browser

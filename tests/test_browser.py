@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from browsing import login as _login
 from playwright.sync_api import expect
 
 pytestmark = [
@@ -10,14 +11,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("priced"),
 ]
-
-
-def _login(page, live_server, username, password):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 def test_researcher_sees_the_fleets_free_gpus(page, live_server, alice, make_host):

@@ -4,6 +4,7 @@ import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from browsing import login as _login
 from playwright.sync_api import expect
 
 from jobs import scheduler, services
@@ -17,14 +18,6 @@ pytestmark = [
 ]
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
-
-
-def _login(page, live_server, username, password):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 def _paper_host(catalog, name, gpus):

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from browsing import free_port as _free_port
 from django.test import Client
 from django.urls import reverse
 from playwright.sync_api import expect
@@ -103,12 +104,6 @@ def test_a_finished_jobs_charts_hold_its_own_samples_and_break_between_jobs(
     gap_at = trace["x"][breaks[0]]  # just after the first job's last sample
     assert start < gap_at <= Replica.objects.get(job=second).started_at.timestamp() * 1000
     page.screenshot(path=f"{SHOTS}/cluster_charts_gap.png", full_page=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.browser

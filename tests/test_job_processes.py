@@ -2,11 +2,11 @@
 
 import os
 import signal
-import socket
 import time
 
 import docker
 import pytest
+from browsing import free_port as _free_port
 from channels.testing.websocket import WebsocketCommunicator
 from django.urls import reverse
 
@@ -101,12 +101,6 @@ def test_log_websocket_streams_to_the_owner_and_refuses_others(
     assert texts.count((0, "line 1")) == 1, "each line once"
     assert async_to_sync(stranger)() == (False, 4404)
     settle_until(job)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.browser

@@ -9,6 +9,7 @@ from pathlib import Path
 import docker
 import pytest
 from asgiref.sync import async_to_sync
+from browsing import free_port as _free_port
 from channels.testing import WebsocketCommunicator
 from django.urls import reverse
 
@@ -223,12 +224,6 @@ def test_the_fleet_page_is_for_operators(running_cluster, client, alice, operato
     assert all(g["util"] is None and not g["held"] for g in host["gpus"] if g["cluster"] == "")
     assert data["rented_gpus"] == 1 and data["idle_rented_gpus"] == 1  # 3 % is idle
     assert b"rented GPUs idle" in client.get(reverse("ops_fleet")).content
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.browser

@@ -2,7 +2,6 @@
 web process is answered, never with "database is locked" (a 500)."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -10,6 +9,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from browsing import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,12 +37,6 @@ billing.post_entry(account=billing.account_for(user), kind="topup", amount=Decim
                    key="seed", memo="seed")
 print(ApiToken.issue(user=user, name="burst")[1])
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(url, token, body=None):
