@@ -25,6 +25,7 @@ import django_rq
 import docker
 import pytest
 import rq
+from browsing import free_port as _free_port
 from django.conf import settings
 from django.db import connection
 from waiting import until as _until
@@ -332,6 +333,12 @@ def test_every_process_outlives_a_postgresql_restart(
     _assert_billed_once_each_second(training)
 
     _assert_alive(procs)
+    # The watch's main loop backs off up to 10 s, so it may say so after the work is done.
+    _until(
+        lambda: _once(_logs(processes)["watch"], r"PostgreSQL \(watch\) answers again"),
+        15,
+        "the watch to say PostgreSQL answers again",
+    )
     logs = _logs(processes)
     assert _once(logs["watch"], r"PostgreSQL \(watch\) is unreachable") == 1, logs["watch"][-3000:]
     assert _once(logs["watch"], r"PostgreSQL \(watch\) answers again") == 1
@@ -348,11 +355,3 @@ def _get(url: str) -> int:
         return exc.code
     except OSError:
         return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
