@@ -7,6 +7,7 @@ Amounts are Decimal with 4 places (the smallest unit, `UNIT`); nothing here is a
 
 from __future__ import annotations
 
+from datetime import UTC
 from decimal import Decimal
 
 from django.conf import settings
@@ -147,8 +148,11 @@ class LedgerEntry(models.Model):
         # account's entry form) only with this; viewing accounts does not grant it.
         permissions = [("post_ledgerentry", "Can post top-ups, refunds and adjustments")]
         indexes = [
-            models.Index(fields=["account", "-created_at"], name="ledger_account_idx"),
-            models.Index(fields=["cluster", "period_to"], name="ledger_cluster_idx"),
+            # The detail view (an account's entries, newest first), one cluster-hour's
+            # pieces, the admin's list of everything newest first.
+            models.Index(fields=["account", "-created_at", "-id"], name="ledger_account_at"),
+            models.Index(fields=["cluster", "period_from"], name="ledger_cluster_from"),
+            models.Index(fields=["-created_at", "-id"], name="ledger_created"),
         ]
 
     def __str__(self) -> str:
@@ -192,3 +196,103 @@ class Meter(models.Model):
 
     def __str__(self) -> str:
         return f"meter of {self.cluster_id} up to {self.billed_until}"
+
+
+class BillLine(models.Model):
+    """The bill as people read it, written in the same transaction as the ledger entries
+    it sums (billing.rollups): a usage line is one cluster's pieces whose period began in
+    one UTC hour, at one size and rate (the hour's exact seconds, its pieces and their
+    sum); every other entry, and a cluster's minimum charge, is a line of its own. Pages,
+    statements and charts read these; the pieces are read for one cluster-hour's audit."""
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="bill_lines")
+    kind = models.CharField(max_length=10, choices=LedgerEntry.Kind.choices)
+    at = models.DateTimeField(help_text="Usage: the start of its hour; else when it was posted.")
+    amount = models.DecimalField(help_text="Signed: usage is negative.", **MONEY)
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    hour = models.DateTimeField(null=True, blank=True, help_text="Usage pieces' UTC hour.")
+    units = models.PositiveIntegerField(default=0)
+    rate = models.DecimalField(max_digits=16, decimal_places=8, null=True, blank=True)
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    seconds = models.PositiveIntegerField(null=True, blank=True)
+    pieces = models.PositiveIntegerField(default=1)
+    period_from = models.DateTimeField(null=True, blank=True)
+    period_to = models.DateTimeField(null=True, blank=True)
+    charged_at = models.DateTimeField(help_text="When its last piece was charged.")
+    entry = models.OneToOneField(
+        LedgerEntry, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The entry of a line that is one entry (not a usage hour).",
+    )  # fmt: skip
+    memo = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["account", "-at", "-id"], name="billline_account_at"),
+            models.Index(fields=["account", "kind", "-at", "-id"], name="billline_kind_at"),
+            models.Index(fields=["cluster", "-at", "-id"], name="billline_cluster_at"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "hour", "units", "rate", "memo"],
+                condition=models.Q(hour__isnull=False),
+                name="billline_one_per_hour",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} at {self.at:%Y-%m-%d %H:%M}"
+
+    @property
+    def is_usage(self) -> bool:
+        return self.kind == LedgerEntry.Kind.USAGE
+
+    @property
+    def hour_key(self) -> str:
+        """The detail view's `hour` parameter for this line ("2026-12-03T10", UTC)."""
+        return self.hour.astimezone(UTC).strftime("%Y-%m-%dT%H") if self.hour else ""
+
+    @property
+    def resource(self) -> str:
+        """The GPU model, or the CPU-only instance type (select_related both)."""
+        if self.gpu_model_id:
+            return self.gpu_model.name
+        if self.cluster_id and self.cluster.instance_type_id:
+            return self.cluster.instance_type.name
+        return ""
+
+    @property
+    def balance_after(self) -> Decimal | None:
+        return self.entry.balance_after if self.entry_id and not self.is_usage else None
+
+    @property
+    def key(self) -> str:
+        return self.entry.key if self.entry_id else ""
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster.name if self.cluster_id else ""
+
+
+class UsageDay(models.Model):
+    """Usage per account, UTC day and resource (the GPU model or CPU-only instance type by
+    name): the daily chart and the operators' revenue. Written with the bill lines."""
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="usage_days")
+    day = models.DateField()
+    resource = models.CharField(max_length=100)
+    amount = models.DecimalField(help_text="Charged (positive).", **MONEY)
+    seconds = models.BigIntegerField(default=0, help_text="Unit-seconds.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "day", "resource"], name="usageday_unique")
+        ]
+        indexes = [models.Index(fields=["day"], name="usageday_day")]
+
+    def __str__(self) -> str:
+        return f"{self.account_id} {self.day} {self.resource}: {self.amount}"

@@ -8,22 +8,11 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
-from django.db.models import (
-    Count,
-    DurationField,
-    ExpressionWrapper,
-    F,
-    Max,
-    Min,
-    Q,
-    QuerySet,
-    Sum,
-)
-from django.db.models.functions import Trunc, TruncDate
+from django.db.models import DecimalField, OuterRef, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from billing import formatting
-from billing.models import UNIT, Account, LedgerEntry, Meter
+from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
 from billing.pricing import Quote, RateBook, per_hour_of, quote
 from jobs.models import Cluster, Node
 
@@ -135,6 +124,12 @@ def price_table(now=None) -> dict:
 # -- the ledger --------------------------------------------------------------------------
 
 
+def account_id_of(user) -> int | None:
+    """The user's account id: every list below filters on it, so that PostgreSQL walks the
+    account's own index rows instead of joining through users."""
+    return Account.objects.filter(user=user).values_list("pk", flat=True).first()
+
+
 def entries_of(
     user,
     *,
@@ -145,8 +140,11 @@ def entries_of(
     hour: datetime | None = None,
 ) -> QuerySet[LedgerEntry]:
     """The ledger as written (every accrual piece), newest first: the bill's detail.
-    `start`/`end` bound when an entry was charged; `hour`, the start of its period."""
-    qs = LedgerEntry.objects.filter(account__user=user).select_related("cluster", "gpu_model")
+    `start`/`end` bound when an entry was charged; `hour`, the start of its period (one
+    cluster-hour's pieces, by the cluster's index)."""
+    qs = LedgerEntry.objects.filter(account_id=account_id_of(user)).select_related(
+        "cluster", "gpu_model"
+    )
     if kind:
         qs = qs.filter(kind=kind)
     if cluster_id:
@@ -160,16 +158,25 @@ def entries_of(
     return qs.order_by("-created_at", "-id")
 
 
-def cost_per_cluster(user) -> list[dict]:
+@dataclass(frozen=True)
+class ClusterTotals:
+    rows: list[dict]  # the costliest clusters: cluster_id, name, state, cost
+    more: int  # how many other clusters have cost something
+
+
+def cost_per_cluster(user, *, limit: int = 10) -> ClusterTotals:
+    """The costliest clusters ever, from their meters (a meter holds what the ledger
+    charged its cluster, exactly): one row per cluster, no sum over the ledger."""
+    meters = Meter.objects.filter(account_id=account_id_of(user), charged__gt=0)
     rows = list(
-        LedgerEntry.objects.filter(account__user=user, kind=LedgerEntry.Kind.USAGE)
-        .values("cluster_id", "cluster__name", "cluster__state")
-        .annotate(cost=-Sum("amount"))
-        .order_by("-cost")
+        meters.order_by("-charged", "-cluster_id").values(
+            "cluster_id", "cluster__name", "cluster__state", "charged"
+        )[:limit]
     )
     for row in rows:
-        row["cost"] = formatting.amount(row["cost"])
-    return rows
+        row["cost"] = formatting.amount(row.pop("charged"))
+    more = meters.count() - len(rows) if len(rows) == limit else 0
+    return ClusterTotals(rows, more)
 
 
 def _days(days: int, today: date) -> list[date]:
@@ -177,16 +184,15 @@ def _days(days: int, today: date) -> list[date]:
 
 
 def daily_cost(user, *, days: int = 30, today: date | None = None) -> list[tuple[date, Decimal]]:
-    """Usage per UTC day (the day it was charged), zero-filled."""
+    """Usage per UTC day (the day it was charged), zero-filled, from the daily rollup."""
     today = today or timezone.now().astimezone(UTC).date()
-    since = datetime.combine(today - timedelta(days=days - 1), datetime.min.time(), tzinfo=UTC)
     rows = dict(
-        LedgerEntry.objects.filter(
-            account__user=user, kind=LedgerEntry.Kind.USAGE, created_at__gte=since
+        UsageDay.objects.filter(
+            account_id=account_id_of(user), day__gte=today - timedelta(days=days - 1)
         )
-        .annotate(day=TruncDate("created_at", tzinfo=UTC))
         .values("day")
-        .annotate(cost=-Sum("amount"))
+        .annotate(cost=Sum("amount"))
+        .order_by()
         .values_list("day", "cost")
     )
     return [(d, formatting.amount(rows.get(d, ZERO))) for d in _days(days, today)]
@@ -199,155 +205,108 @@ def month_bounds(year: int, month: int) -> tuple[datetime, datetime]:
 
 
 def statement(user, year: int, month: int) -> QuerySet[LedgerEntry]:
+    """One month of the ledger as written (the audit CSV), oldest first, by the account's
+    index."""
     start, end = month_bounds(year, month)
     return (
-        LedgerEntry.objects.filter(account__user=user, created_at__gte=start, created_at__lt=end)
+        LedgerEntry.objects.filter(
+            account_id=account_id_of(user), created_at__gte=start, created_at__lt=end
+        )
         .select_related("cluster", "gpu_model", "created_by")
         .order_by("created_at", "id")
     )
 
 
+def first_month(user) -> tuple[int, int] | None:
+    first = (
+        BillLine.objects.filter(account_id=account_id_of(user))
+        .order_by("at", "id")
+        .values_list("at", flat=True)
+        .first()
+    )
+    if first is None:
+        return None
+    first = first.astimezone(UTC)
+    return first.year, first.month
+
+
 # -- the bill: one line per cluster and hour ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class BillLine:
-    """A line of the bill. Usage is summed per cluster, UTC hour (of the pieces' start),
-    units and rate, so an hour reads as one line with its exact seconds; the pieces the
-    accrual wrote (one per tick) stay in the ledger for the detail view. Every other entry
-    (top-up, refund, adjustment, credit) is a line of its own."""
-
-    kind: str
-    at: datetime  # when it was charged (usage: its last piece)
-    amount: Decimal
-    cluster_id: int | None = None
-    cluster_name: str = ""
-    resource: str = ""  # the GPU model, or the CPU-only instance type
-    period_from: datetime | None = None
-    period_to: datetime | None = None
-    seconds: int | None = None
-    units: int = 0
-    rate: Decimal | None = None
-    pieces: int = 1
-    hour: datetime | None = None  # the usage line's hour: its pieces in the detail view
-    balance_after: Decimal | None = None  # of a single entry only
-    memo: str = ""
-    key: str = ""
-
-    @property
-    def is_usage(self) -> bool:
-        return self.kind == LedgerEntry.Kind.USAGE
-
-    @property
-    def hour_key(self) -> str:
-        """The detail view's `hour` parameter for this line ("2026-12-03T10", UTC)."""
-        return self.hour.astimezone(UTC).strftime("%Y-%m-%dT%H") if self.hour else ""
-
-    def get_kind_display(self) -> str:
-        return LedgerEntry.Kind(self.kind).label
-
-
-def _seconds(duration) -> int | None:
-    return None if duration is None else int(duration.total_seconds())
-
-
-def usage_lines(
-    user, *, start: datetime, end: datetime, cluster_id: int | None = None
-) -> list[BillLine]:
-    """Usage charged in [start, end), summed in the database per cluster and hour."""
-    qs = LedgerEntry.objects.filter(
-        account__user=user,
-        created_at__gte=start,
-        created_at__lt=end,
-        kind=LedgerEntry.Kind.USAGE,
-    )
-    if cluster_id:
-        qs = qs.filter(cluster_id=cluster_id)
-    held = ExpressionWrapper(F("period_to") - F("period_from"), output_field=DurationField())
-    rows = (
-        qs.annotate(hour=Trunc("period_from", "hour", tzinfo=UTC))
-        .values(
-            "cluster_id",
-            "cluster__name",
-            "gpu_model__name",
-            "cluster__instance_type__name",
-            "hour",
-            "units",
-            "rate",
-            "memo",
-        )  # fmt: skip
-        .annotate(
-            first=Min("period_from"),
-            last=Max("period_to"),
-            held=Sum(held),
-            total=Sum("amount"),
-            pieces=Count("id"),
-            at=Max("created_at"),
-        )
-        .order_by()  # the model's ordering would join the GROUP BY
-    )
-    return [
-        BillLine(
-            kind=LedgerEntry.Kind.USAGE,
-            at=row["at"],
-            amount=formatting.amount(row["total"]),
-            cluster_id=row["cluster_id"],
-            cluster_name=row["cluster__name"] or "",
-            resource=row["gpu_model__name"] or row["cluster__instance_type__name"] or "",
-            period_from=row["first"],
-            period_to=row["last"],
-            seconds=_seconds(row["held"]),
-            units=row["units"],
-            rate=formatting.rate(row["rate"]),
-            pieces=row["pieces"],
-            hour=row["hour"],
-            memo=row["memo"],
-        )
-        for row in rows
-    ]
-
-
-def other_lines(
-    user, *, start: datetime, end: datetime, cluster_id: int | None = None
-) -> list[BillLine]:
-    qs = (
-        LedgerEntry.objects.filter(account__user=user, created_at__gte=start, created_at__lt=end)
-        .exclude(kind=LedgerEntry.Kind.USAGE)
-        .select_related("cluster")
-        .order_by()
-    )
-    if cluster_id:
-        qs = qs.filter(cluster_id=cluster_id)
-    return [
-        BillLine(
-            kind=e.kind,
-            at=e.created_at,
-            amount=formatting.amount(e.amount),
-            cluster_id=e.cluster_id,
-            cluster_name=e.cluster.name if e.cluster else "",
-            balance_after=formatting.amount(e.balance_after),
-            memo=e.memo,
-            key=e.key,
-        )
-        for e in qs
-    ]
 
 
 def bill(
     user, year: int, month: int, *, kind: str = "", cluster_id: int | None = None
-) -> list[BillLine]:
-    """One month's lines (by the second they were charged), oldest first."""
+) -> QuerySet[BillLine]:
+    """One month's lines, newest first (usage by its hour, other entries by when they were
+    posted). Served by an index whatever the filter: (account, at), (account, kind, at) or
+    (cluster, at)."""
     start, end = month_bounds(year, month)
-    lines: list[BillLine] = []
-    if kind in ("", LedgerEntry.Kind.USAGE):
-        lines += usage_lines(user, start=start, end=end, cluster_id=cluster_id)
-    if kind != LedgerEntry.Kind.USAGE:
-        lines += [
-            line
-            for line in other_lines(user, start=start, end=end, cluster_id=cluster_id)
-            if not kind or line.kind == kind
-        ]
-    return sorted(lines, key=lambda line: (line.at, line.period_from or line.at, line.kind))
+    qs = BillLine.objects.filter(account_id=account_id_of(user), at__gte=start, at__lt=end)
+    if kind:
+        qs = qs.filter(kind=kind)
+    if cluster_id:
+        qs = qs.filter(cluster_id=cluster_id)
+    return qs.select_related("cluster__instance_type", "gpu_model", "entry").order_by("-at", "-id")
+
+
+@dataclass(frozen=True)
+class Keyset:
+    """One page of a list ordered newest first by (at, id), found from a cursor rather
+    than an offset: page 1,000 costs what page 1 costs."""
+
+    items: list
+    newer: str  # cursors for the neighbouring pages ("" at either end)
+    older: str
+
+    @property
+    def object_list(self) -> list:
+        return self.items
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+
+def _cursor(direction: str, item, field: str) -> str:
+    return f"{direction}:{(getattr(item, field) - EPOCH) // MICROSECOND}:{item.pk}"
+
+
+def keyset(qs: QuerySet, cursor: str = "", *, size: int = 50, field: str = "at") -> Keyset:
+    """`cursor` is "older:<µs>:<id>" (the page after an item) or "newer:<µs>:<id>" (the
+    page before it); anything else is the first page."""
+    direction, at, pk = "", None, 0
+    try:
+        direction, micros, pk_text = cursor.split(":")
+        at = EPOCH + int(micros) * MICROSECOND
+        pk = int(pk_text)
+    except (ValueError, OverflowError):
+        direction = ""
+    if direction == "older":
+        rows = list(
+            qs.filter(**{f"{field}__lte": at}).exclude(**{field: at, "pk__gte": pk})[: size + 1]
+        )
+        more, items = len(rows) > size, rows[:size]
+        return Keyset(
+            items,
+            newer=_cursor("newer", items[0], field) if items else "",
+            older=_cursor("older", items[-1], field) if more else "",
+        )
+    if direction == "newer":
+        rows = list(
+            qs.filter(**{f"{field}__gte": at})
+            .exclude(**{field: at, "pk__lte": pk})
+            .reverse()[: size + 1]
+        )
+        more, items = len(rows) > size, rows[:size][::-1]
+        return Keyset(
+            items,
+            newer=_cursor("newer", items[0], field) if more else "",
+            older=_cursor("older", items[-1], field) if items else "",
+        )
+    rows = list(qs[: size + 1])
+    items = rows[:size]
+    return Keyset(
+        items, newer="", older=_cursor("older", items[-1], field) if len(rows) > size else ""
+    )
 
 
 @dataclass(frozen=True)
@@ -384,13 +343,10 @@ def cluster_cost(cluster: Cluster) -> ClusterCost:
             per_hour = per_hour_of(rate, max(cluster.nodes, 1) * (cluster.gpus_per_node or 1))
     seconds = None
     if meter is not None and meter.settled:
-        held = ExpressionWrapper(F("period_to") - F("period_from"), output_field=DurationField())
         seconds = (
-            _seconds(
-                LedgerEntry.objects.filter(cluster=cluster, kind=LedgerEntry.Kind.USAGE)
-                .order_by()
-                .aggregate(held=Sum(held))["held"]
-            )
+            BillLine.objects.filter(cluster=cluster, kind=LedgerEntry.Kind.USAGE)
+            .order_by()
+            .aggregate(held=Sum("seconds"))["held"]
             or 0
         )
     return ClusterCost(
@@ -413,21 +369,19 @@ def cluster_cost(cluster: Cluster) -> ClusterCost:
 
 
 def revenue(*, days: int = 30, today: date | None = None) -> dict:
-    """Usage revenue per UTC day and per GPU model (CPU-only types under their own name)."""
+    """Usage revenue per UTC day and per GPU model (CPU-only types under their own name),
+    from the daily rollup."""
     today = today or timezone.now().astimezone(UTC).date()
-    since = datetime.combine(today - timedelta(days=days - 1), datetime.min.time(), tzinfo=UTC)
     rows = (
-        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE, created_at__gte=since)
-        .annotate(day=TruncDate("created_at", tzinfo=UTC))
-        .values("day", "gpu_model__name", "cluster__instance_type__name")
-        .annotate(amount=-Sum("amount"))
-        .order_by("day")
+        UsageDay.objects.filter(day__gte=today - timedelta(days=days - 1))
+        .values("day", "resource")
+        .annotate(amount=Sum("amount"))
+        .order_by()
     )
     per_model: dict[str, dict[date, Decimal]] = {}
     for row in rows:
-        name = row["gpu_model__name"] or row["cluster__instance_type__name"] or "other"
-        by_day = per_model.setdefault(name, {})
-        by_day[row["day"]] = by_day.get(row["day"], ZERO) + formatting.amount(row["amount"])
+        by_day = per_model.setdefault(row["resource"] or "other", {})
+        by_day[row["day"]] = formatting.amount(row["amount"])
     axis = _days(days, today)
     series = {
         name: [by_day.get(d, ZERO.quantize(UNIT)) for d in axis]
@@ -437,12 +391,19 @@ def revenue(*, days: int = 30, today: date | None = None) -> dict:
     return {"days": axis, "series": series, "totals": totals}
 
 
-def accounts_overview() -> QuerySet[Account]:
+def accounts_overview(*, days: int = 30, today: date | None = None) -> QuerySet[Account]:
+    """Accounts, lowest balance first, with what each spent in the last `days` (from the
+    daily rollup: bounded in time whatever the ledger's length)."""
+    today = today or timezone.now().astimezone(UTC).date()
+    spent = (
+        UsageDay.objects.filter(account=OuterRef("pk"), day__gte=today - timedelta(days=days - 1))
+        .order_by()
+        .values("account")
+        .annotate(total=Sum("amount"))
+        .values("total")
+    )
     return (
         Account.objects.select_related("user")
-        .annotate(
-            spent=-Sum("entries__amount", filter=Q(entries__kind=LedgerEntry.Kind.USAGE)),
-            paid=Sum("entries__amount", filter=Q(entries__kind=LedgerEntry.Kind.TOPUP)),
-        )
-        .order_by("balance")
+        .annotate(spent=Subquery(spent, output_field=DecimalField(**MONEY)))
+        .order_by("balance", "pk")
     )

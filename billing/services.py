@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
+from billing import rollups
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import RateBook, to_money
 from jobs.models import Cluster, Node
@@ -97,6 +98,7 @@ def post_entry(
         memo=memo[:300],
         created_by=by,
     )
+    rollups.add_entry(entry)
     fields = ["balance", "low_notified_at"]
     account.low_notified_at = None  # money in: a new low is worth telling again
     if account.balance > 0 and account.exhausted_at is not None:
@@ -328,6 +330,7 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
         # A key charged before cannot recur (the meters moved past it in the same
         # transaction); were it to, the unique constraint rolls the whole batch back.
         insert_rows(LedgerEntry, ENTRY_FIELDS, entries)
+        _roll_up(entries, meters)
         update_rows(
             Meter,
             "cluster",
@@ -346,6 +349,54 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
     report.clusters += len(meters)
     report.entries += len(entries)
     report.charged += sum((-e[2] for e in entries), Decimal("0"))
+
+
+def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
+    """The bill's hour lines and daily usage for the pieces just written (same transaction)."""
+    if not entries:
+        return
+    by_cluster = {m.cluster_id: m for m in meters}
+    names = rollups.resource_names(
+        gpu_model_ids={m.gpu_model_id for m in meters},
+        instance_type_ids={m.instance_type_id for m in meters},
+    )
+    minimum = [e[4] for e in entries if e[6] is None]
+    minimum_ids = dict(
+        LedgerEntry.objects.filter(key__in=minimum).values_list("cluster_id", "pk")
+    ) if minimum else {}  # fmt: skip
+    pieces = []
+    for (
+        account,
+        _kind,
+        amount,
+        _after,
+        _key,
+        cluster,
+        start,
+        end,
+        units,
+        rate,
+        gpu,
+        memo,
+        at,
+    ) in entries:
+        meter = by_cluster[cluster]
+        pieces.append(
+            rollups.Piece(
+                account,
+                amount,
+                cluster,
+                start,
+                end,
+                units,
+                rate,
+                gpu,
+                memo,
+                at,
+                rollups.resource_of(names, meter.gpu_model_id, meter.instance_type_id),
+            )  # fmt: skip
+        )
+    rollups.add_usage(pieces, minimum_entries=minimum_ids)
 
 
 def _entry(meter: _Meter, account: _Account, *, rate, units, seconds, key, period, written, memo):

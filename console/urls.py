@@ -23,6 +23,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/status/", views.job_status, name="job_status"),
     path("jobs/<int:job_id>/log/", views.job_log, name="job_log"),
+    path("jobs/<int:job_id>/metrics.json", views_monitoring.job_metrics, name="job_metrics"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("keys/", views.ssh_keys, name="ssh_keys"),
     path("keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh_key_delete"),

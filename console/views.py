@@ -8,7 +8,9 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required, permission_required
 from django.contrib.auth.forms import UserCreationForm
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.db import connection, transaction
+from django.db.models import Prefetch
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -21,7 +23,7 @@ from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs import storage
-from jobs.models import Cluster, Host, Image, InstanceType, Job, SshKey, WebhookEndpoint
+from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
 from monitoring import selectors as metrics
 
 
@@ -98,10 +100,29 @@ def healthz(request):
 
 @login_required
 def cluster_list(request):
-    clusters = fleet.clusters_for(request.user).prefetch_related("node_set__host")
-    active = [c for c in clusters if c.state not in (Cluster.State.RELEASED, Cluster.State.FAILED)]
-    ended = [c for c in clusters if c not in active][:50]
-    return render(request, "console/cluster_list.html", {"active": active, "ended": ended})
+    """Every cluster not ended (pending, running, releasing, preempting) with where its live
+    nodes run, then the ended ones a page at a time, newest first. Both queries are served
+    by partial indexes on (owner, created_at) (jobs.Cluster Meta), so a year of history
+    costs one page of it."""
+    ended_states = [Cluster.State.RELEASED, Cluster.State.FAILED]
+    mine = fleet.clusters_for(request.user)
+    live_nodes = Node.objects.filter(released_at__isnull=True).select_related("host")
+    active = (
+        mine.exclude(state__in=ended_states)
+        .order_by("-created_at")
+        .prefetch_related(Prefetch("node_set", live_nodes.order_by("index"), to_attr="live_nodes"))
+    )
+    history = mine.filter(state__in=ended_states).order_by("-created_at", "-id")
+    page = Paginator(history, 25).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "console/cluster_list.html",
+        {
+            "active": active,
+            "ended": page,
+            "ended_pages": page.paginator.get_elided_page_range(page.number, on_each_side=2),
+        },
+    )
 
 
 @login_required
@@ -151,7 +172,7 @@ def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
     """What the utilisation charts need: stored samples to start from (a job's: its own),
     and the live websocket while the cluster (or the job) runs."""
     live = cluster.state == Cluster.State.RUNNING and (job is None or not job.is_ended)
-    rows = None
+    step = 0  # seconds a stored chart's point pair stands for, when decimated
     if job is None:
         resolution, history = "second", metrics.cluster_recent(cluster)
     elif live:
@@ -159,14 +180,14 @@ def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
         resolution, recent = metrics.job_rows(job, since=since)
         history = metrics.as_series(recent)
     else:
-        resolution, rows = metrics.job_rows(job)
+        resolution, rows, step = metrics.job_chart(job)
         history = metrics.as_series(rows)
     ws = f"/ws/clusters/{cluster.pk}/metrics/"
     over = job.is_ended if job else cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED)
     return {
-        "job_rows": rows,  # the finished job's samples, read once for charts and diagnosis
         "metrics_history": history,
         "metrics_resolution": resolution,
+        "metrics_step": step,
         "metrics_ws": ws if live and (job is None or job.started_at) else "",
         # Where a page that waits for its job (or cluster) to run connects once it does.
         "metrics_ws_later": "" if over else ws,
@@ -365,7 +386,7 @@ def job_detail(request, job_id: int):
         {
             **_job_status_context(job),
             "log_lines": fleet.job_log_lines(job) if job.is_ended else [],
-            "findings": metrics.diagnosis(job, rows=charts["job_rows"]) if job.started_at else [],
+            "findings": metrics.diagnosis(job) if job.started_at else [],
             **charts,
         },
     )

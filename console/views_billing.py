@@ -6,6 +6,7 @@ sorted as text). How every figure reads: billing.formatting and `{% load money %
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -14,7 +15,7 @@ import plotly.graph_objects as go
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse
+from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -48,13 +49,11 @@ def _chart(traces: list, *, currency: str, stacked: bool = False) -> str:
 
 
 def _months(user) -> list[tuple[int, int]]:
-    first = LedgerEntry.objects.filter(account__user=user).order_by("created_at").first()
+    """Months with a bill, newest first (up to 36): from the first line's month to now."""
     now = timezone.now().astimezone(UTC)
-    if first is None:
-        return [(now.year, now.month)]
-    start = first.created_at.astimezone(UTC)
+    first = money.first_month(user) or (now.year, now.month)
     months, y, m = [], now.year, now.month
-    while (y, m) >= (start.year, start.month) and len(months) < 36:
+    while (y, m) >= first and len(months) < 36:
         months.append((y, m))
         y, m = (y, m - 1) if m > 1 else (y - 1, 12)
     return months
@@ -95,7 +94,7 @@ def _month_param(request) -> tuple[int, int]:
 
 def _query(request) -> str:
     filters = request.GET.copy()
-    filters.pop("page", None)
+    filters.pop("cursor", None)
     return filters.urlencode()
 
 
@@ -106,7 +105,7 @@ def billing(request):
     kind, cluster = _filters(request)
     year, month = _month_param(request)
     lines = money.bill(user, year, month, kind=kind, cluster_id=cluster.pk if cluster else None)
-    page = Paginator(lines[::-1], 50).get_page(request.GET.get("page"))
+    page = money.keyset(lines, request.GET.get("cursor", ""))
     standing = money.standing(user)
     daily = money.daily_cost(user, days=30)
     chart = _chart(
@@ -127,6 +126,7 @@ def billing(request):
         {
             "standing": standing,
             "page": page,
+            "lines_count": lines.count() if page.items else 0,
             "kind": kind,
             "kinds": LedgerEntry.Kind.choices,
             "cluster": cluster,
@@ -165,7 +165,7 @@ def billing_detail(request):
         end=end,
         hour=hour,
     )
-    page = Paginator(entries, 50).get_page(request.GET.get("page"))
+    page = money.keyset(entries, request.GET.get("cursor", ""), field="created_at")
     return render(
         request,
         "console/billing_detail.html",
@@ -186,65 +186,94 @@ def _iso(dt: datetime | None) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if dt else ""
 
 
-def _csv_response(name: str) -> tuple[HttpResponse, csv.writer]:
-    response = HttpResponse(content_type="text/csv; charset=utf-8")
+class _Echo:
+    """A file-like object for csv.writer that hands each row back instead of keeping it."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_stream(name: str, header: list[str], rows) -> StreamingHttpResponse:
+    """A CSV download written as it is read: the first byte leaves at once and memory stays
+    flat however long the month."""
+    writer = csv.writer(_Echo())
+    response = StreamingHttpResponse(
+        itertools.chain([writer.writerow(header)], (writer.writerow(row) for row in rows)),
+        content_type="text/csv; charset=utf-8",
+    )
     response["Content-Disposition"] = f'attachment; filename="{name}"'
-    return response, csv.writer(response)
+    return response
 
 
 def _csv_value(value) -> str:
     return "" if value is None else str(value)
 
 
+STATEMENT_HEADER = [
+    "time (UTC)", "kind", "amount", "currency", "balance after", "cluster", "resource",
+    "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "pieces", "memo", "key",
+]  # fmt: skip
+
+
 @login_required
 def billing_statement(request, year: int, month: int):
-    """One month's bill as CSV: usage per cluster and hour with its exact seconds, units
-    and rate; every other entry on a line of its own."""
+    """One month's bill as CSV, streamed from the bill lines: usage per cluster and hour
+    with its exact seconds, units and rate; every other entry on a line of its own."""
     _check_month(year, month)
     currency = money.standing(request.user).currency
-    response, writer = _csv_response(f"suanli-statement-{year:04}-{month:02}.csv")
-    writer.writerow(
+    lines = money.bill(request.user, year, month).order_by("at", "id").iterator(chunk_size=2000)
+    rows = (
         [
-            "time (UTC)", "kind", "amount", "currency", "balance after", "cluster", "resource",
-            "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "pieces",
-            "memo", "key",
-        ]
-    )  # fmt: skip
-    for line in money.bill(request.user, year, month):
-        writer.writerow(
-            [
-                _iso(line.at), line.kind, formatting.amount(line.amount), currency,
-                _csv_value(formatting.amount(line.balance_after)), line.cluster_name,
-                line.resource, _iso(line.period_from), _iso(line.period_to),
-                _csv_value(line.seconds), line.units or "", _csv_value(formatting.rate(line.rate)),
-                line.pieces if line.is_usage else "", _csv_safe(line.memo), line.key,
-            ]
-        )  # fmt: skip
-    return response
+            _iso(line.charged_at if line.is_usage else line.at),
+            line.kind,
+            formatting.amount(line.amount),
+            currency,
+            _csv_value(formatting.amount(line.balance_after)),
+            line.cluster_name,
+            line.resource,
+            _iso(line.period_from),
+            _iso(line.period_to),
+            _csv_value(line.seconds),
+            line.units or "",
+            _csv_value(formatting.rate(line.rate)),
+            line.pieces if line.is_usage else "",
+            _csv_safe(line.memo),
+            line.key,
+        ]  # fmt: skip
+        for line in lines
+    )
+    return _csv_stream(f"suanli-statement-{year:04}-{month:02}.csv", STATEMENT_HEADER, rows)
 
 
 @login_required
 def billing_statement_detail(request, year: int, month: int):
-    """One month of the ledger as written, a row per entry (every accrual piece)."""
+    """One month of the ledger as written, a row per entry (every accrual piece), streamed."""
     _check_month(year, month)
     currency = money.standing(request.user).currency
-    response, writer = _csv_response(f"suanli-ledger-{year:04}-{month:02}.csv")
-    writer.writerow(
+    entries = money.statement(request.user, year, month).iterator(chunk_size=5000)
+    rows = (
         [
-            "time (UTC)", "kind", "amount", "currency", "balance after", "cluster",
-            "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "memo", "key",
-        ]
-    )  # fmt: skip
-    for e in money.statement(request.user, year, month).iterator():
-        writer.writerow(
-            [
-                _iso(e.created_at), e.kind, formatting.amount(e.amount), currency,
-                formatting.amount(e.balance_after), e.cluster.name if e.cluster else "",
-                _iso(e.period_from), _iso(e.period_to), _csv_value(e.seconds), e.units or "",
-                _csv_value(formatting.rate(e.rate)), _csv_safe(e.memo), e.key,
-            ]
-        )  # fmt: skip
-    return response
+            _iso(e.created_at),
+            e.kind,
+            formatting.amount(e.amount),
+            currency,
+            formatting.amount(e.balance_after),
+            e.cluster.name if e.cluster else "",
+            _iso(e.period_from),
+            _iso(e.period_to),
+            _csv_value(e.seconds),
+            e.units or "",
+            _csv_value(formatting.rate(e.rate)),
+            _csv_safe(e.memo),
+            e.key,
+        ]  # fmt: skip
+        for e in entries
+    )
+    header = [
+        "time (UTC)", "kind", "amount", "currency", "balance after", "cluster",
+        "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "memo", "key",
+    ]  # fmt: skip
+    return _csv_stream(f"suanli-ledger-{year:04}-{month:02}.csv", header, rows)
 
 
 @login_required
@@ -287,7 +316,7 @@ def ops_billing(request):
             "per_model": {
                 name: sum(values, Decimal("0")) for name, values in data["series"].items()
             },
-            "accounts": money.accounts_overview(),
+            "accounts": Paginator(money.accounts_overview(), 50).get_page(request.GET.get("page")),
             "currency": currency,
         },
     )

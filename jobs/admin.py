@@ -1,14 +1,17 @@
 """The fleet in the Django admin. Operators' actions on running work are permissions of
 their own (jobs.Host / jobs.Cluster Meta): drain_host (drain and undrain), reclaim_spot,
 preempt_cluster, release_cluster; checking an engine needs change_host. Staff who may only
-view see no such action, and posting one anyway is refused with 403."""
+view see no such action, and posting one anyway is refused with 403. Jobs are read-only
+here (view_job): their owners start and stop them."""
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from jobs import services
@@ -21,6 +24,8 @@ from jobs.models import (
     Host,
     Image,
     InstanceType,
+    Job,
+    JobEvent,
     Node,
     SshKey,
 )
@@ -295,3 +300,124 @@ class SshKeyAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "key_type", "bits", "fingerprint", "created_at"]
     search_fields = ["owner__username", "fingerprint"]
     readonly_fields = ["key_type", "bits", "fingerprint"]
+
+
+class TypedFilter(admin.SimpleListFilter):
+    """A filter typed into a box, for a field with too many values to list as links: a
+    year of a fleet's clusters runs to tens of thousands (one researcher had 2,000), and
+    listing them would cost a query and a sidebar longer than the page."""
+
+    template = "admin/jobs/typed_filter.html"
+    placeholder = ""
+
+    def lookups(self, request, model_admin):
+        return [("", "")]  # one, so that the filter shows; the template draws the box
+
+    def choices(self, changelist):
+        yield {
+            "value": self.value() or "",
+            "placeholder": self.placeholder,
+            "clear": changelist.get_query_string(remove=[self.parameter_name]),
+            "keep": [(k, v) for k, v in changelist.params.items() if k != self.parameter_name],
+        }
+
+
+class JobClusterFilter(TypedFilter):
+    title = "cluster"
+    parameter_name = "cluster"
+    placeholder = "cluster id, e.g. 812"
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip().lstrip("#")
+        if not value:
+            return queryset
+        return queryset.filter(cluster_id=int(value)) if value.isdigit() else queryset.none()
+
+
+class JobOwnerFilter(TypedFilter):
+    title = "owner"
+    parameter_name = "owner"
+    placeholder = "username"
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip()
+        if not value:
+            return queryset
+        # The owner's id first, so the list walks job_owner_recent_idx rather than a join.
+        owner = get_user_model().objects.filter(username=value).values_list("pk", flat=True)
+        return queryset.filter(owner_id=owner.first() or 0)
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    fields = ["at", "kind", "message"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Operators look jobs up here; nobody adds, changes or deletes one (their owners start
+    and cancel them through the console or API). Built for a year of them: newest first
+    along an index (jobs.Job Meta), sortable by nothing else, no full count and no facet
+    counts, and the cluster and owner filters are typed rather than listed (TypedFilter).
+    The job's environment is left out: it is its owner's, and may hold their tokens."""
+
+    list_display = [
+        "id",
+        "name",
+        "cluster_link",
+        "owner_link",
+        "state",
+        "attempt",
+        "created_at",
+        "finished_at",
+    ]
+    list_display_links = ["id", "name"]
+    list_filter = ["state", JobClusterFilter, JobOwnerFilter]
+    list_select_related = ["cluster", "owner"]
+    search_fields = ["name"]
+    search_help_text = "A job's id (4711 or #4711), or part of its name."
+    ordering = ["-created_at"]
+    sortable_by = ["created_at"]
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    exclude = ["env"]
+    inlines = [JobEventInline]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_search_results(self, request, queryset, search_term):
+        """A number is a job's id (its primary key: one row); anything else, part of a name."""
+        term = search_term.strip().lstrip("#")
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="cluster")
+    def cluster_link(self, job: Job) -> str:
+        return format_html(
+            '<a href="?{}" title="Jobs of this cluster only">{} (#{})</a>',
+            urlencode({"cluster": job.cluster_id}),
+            job.cluster.name,
+            job.cluster_id,
+        )
+
+    @admin.display(description="owner")
+    def owner_link(self, job: Job) -> str:
+        return format_html(
+            '<a href="?{}" title="Jobs of this owner only">{}</a>',
+            urlencode({"owner": job.owner.username}),
+            job.owner.username,
+        )

@@ -393,7 +393,21 @@ class Cluster(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["state", "queued_at"], name="cluster_queue_idx")]
+        indexes = [
+            models.Index(fields=["state", "queued_at"], name="cluster_queue_idx"),
+            # The clusters page: a researcher's live clusters, then their history a page at a
+            # time, newest first. Ended = released or failed (no name for it inside Meta).
+            models.Index(
+                fields=["owner", "-created_at"],
+                condition=~models.Q(state__in=["released", "failed"]),
+                name="cluster_owner_live_idx",
+            ),
+            models.Index(
+                fields=["owner", "-created_at", "-id"],
+                condition=models.Q(state__in=["released", "failed"]),
+                name="cluster_owner_history_idx",
+            ),
+        ]
         permissions = [
             ("preempt_cluster", "Can preempt researchers' spot clusters"),
             ("release_cluster", "Can release researchers' clusters"),
@@ -589,7 +603,10 @@ class Job(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["cluster", "state", "queued_at"], name="job_cluster_queue_idx")
+            models.Index(fields=["cluster", "state", "queued_at"], name="job_cluster_queue_idx"),
+            # The admin's job list, newest first, all of them or one owner's.
+            models.Index(fields=["-created_at", "-id"], name="job_recent_idx"),
+            models.Index(fields=["owner", "-created_at", "-id"], name="job_owner_recent_idx"),
         ]
 
     def __str__(self) -> str:

@@ -1,7 +1,9 @@
 """Plain-words diagnosis of a job's per-second monitoring samples.
 
 Pure Python on purpose: the job page, an API or a test can call it on any list of samples
-without a database, and every rule and threshold can be read in this one file.
+without a database, and every rule and threshold can be read in this one file. A caller
+that has already summed the nodes up per second (the job page, in SQL) hands those seconds
+to `diagnose_seconds` instead.
 """
 
 import itertools
@@ -10,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from statistics import median
+from typing import NamedTuple
 
 MIN_GPU_SECONDS = 20  # under this a pattern cannot be told from noise
 MAX_GAP_S = 10  # samples further apart start a new stretch (agent restart, lost node)
@@ -55,12 +58,16 @@ class Finding:
     period_s: float | None = None
 
 
-@dataclass(frozen=True)
-class _Second:
+class Second(NamedTuple):
+    """One second of the whole job (a tuple: tens of thousands are made at once)."""
+
     at: datetime
     gpu: float | None  # mean over every GPU of every node; None when no node reported one
-    net_bps: float
-    iops: float
+    net_bps: float  # every node's receive + transmit
+    iops: float  # every node's reads + writes
+
+
+_Second = Second
 
 
 def diagnose(
@@ -71,7 +78,23 @@ def diagnose(
     iops_reference: float = 5000.0,
 ) -> list[Finding]:
     """Findings about a job's run, warnings first, each in time order."""
-    seconds = [s for s in _per_second(points) if s.gpu is not None]
+    return diagnose_seconds(
+        _per_second(points),
+        cpu_cores=cpu_cores,
+        gpu_threshold=gpu_threshold,
+        iops_reference=iops_reference,
+    )
+
+
+def diagnose_seconds(
+    seconds: Iterable[Second],
+    *,
+    cpu_cores: int,
+    gpu_threshold: float = 70.0,
+    iops_reference: float = 5000.0,
+) -> list[Finding]:
+    """`diagnose`, from the job's seconds (in time order, one per second)."""
+    seconds = [s for s in seconds if s.gpu is not None]
     if len(seconds) < MIN_GPU_SECONDS:
         return []
     causes = [

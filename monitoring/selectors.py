@@ -1,28 +1,39 @@
-"""Reads of stored samples: chart series, the diagnosis, and the fleet's picture."""
+"""Reads of stored samples: chart series, the diagnosis, and the fleet's picture.
+
+A chart gets at most MAX_CHART_POINTS points a series: longer runs are decimated (min-max
+per time bucket, in PostgreSQL by `buckets.min_max`, elsewhere by `decimate`) so that a
+page stays small and quick while a dip of one second stays visible. The diagnosis reads
+every second (summed over the nodes in PostgreSQL by `buckets.per_second`)."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Max, Min
+from django.db import connection
+from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from jobs.models import Cluster, GpuSlot, Host, Job, Node, Replica
-from monitoring.diagnosis import Finding, Point, diagnose
+from monitoring import buckets
+from monitoring.diagnosis import Finding, Point, diagnose, diagnose_seconds
 from monitoring.models import Rollup, Sample
 
 FIELDS = (
     "at", "job_id", "node_index", "gpu_util", "gpu_mem_mib", "cpu_pct", "mem_bytes",
     "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps", "read_iops", "write_iops",
 )  # fmt: skip
-MAX_POINTS = 20_000
+MAX_POINTS = 20_000  # raw seconds read for a chart; more: the minute rollups instead
+MAX_CHART_POINTS = 2_000  # a series' points on a chart: about what its width can show
 
 
 def _rows(model, limit: int = MAX_POINTS, **filters):
-    return list(
-        model.objects.filter(**filters).order_by("at", "node_index").values(*FIELDS)[:limit]
-    )
+    return _values(model.objects.filter(**filters), limit)
+
+
+def _values(queryset: QuerySet, limit: int | None = MAX_POINTS) -> list[dict]:
+    return list(queryset.order_by("at", "node_index").values(*FIELDS)[:limit])
 
 
 def job_span(job: Job) -> tuple[datetime, datetime] | None:
@@ -38,25 +49,130 @@ def job_span(job: Job) -> tuple[datetime, datetime] | None:
     return start.replace(microsecond=0), end or timezone.now()
 
 
-def job_rows(job: Job, *, since: datetime | None = None) -> tuple[str, list[dict]]:
-    """A job's own samples: its replicas' samples within its own time range (from `since`
-    when given, as a live chart starts). ("second", rows) while raw samples exist, else
-    ("minute", rollups); rollups too when the raw seconds would exceed MAX_POINTS."""
+def _job_source(
+    job: Job, *, since: datetime | None = None, until: datetime | None = None, live=False
+) -> tuple[str, QuerySet]:
+    """Where a job's own samples are: its replicas' samples within its own time range (from
+    `since`, to `until` when given). ("second", samples) while raw samples exist, else
+    ("minute", rollups); rollups too when the raw seconds would exceed MAX_POINTS (never
+    for a `live` chart: it reads only seconds)."""
     span = job_span(job)
     if span is None:
-        return "second", []
+        return "second", Sample.objects.none()
     start, end = span
     if since is not None:
         start = max(start, since)
-    rows = _rows(Sample, MAX_POINTS + 1, job=job, at__gte=start, at__lte=end)
-    if rows and (len(rows) <= MAX_POINTS or since is not None):
-        return "second", rows[:MAX_POINTS]
+    if until is not None:
+        end = min(end, until)
+    seconds = Sample.objects.filter(job=job, at__gte=start, at__lte=end)
+    if live:
+        return "second", seconds
+    count = seconds.count()
+    if count and count <= MAX_POINTS:
+        return "second", seconds
     # A rollup holds a minute of its cluster (tagged with the minute's last job): the
     # cluster runs one job at a time, so the minutes of the job's range are the job's.
-    minutes = _rows(Rollup, cluster_id=job.cluster_id, at__gte=start.replace(second=0), at__lte=end)
-    if minutes:
+    minutes = Rollup.objects.filter(
+        cluster_id=job.cluster_id, at__gte=start.replace(second=0), at__lte=end
+    )
+    if minutes.exists():
         return "minute", minutes
-    return "second", rows[:MAX_POINTS]
+    return "second", seconds
+
+
+def job_rows(
+    job: Job, *, since: datetime | None = None, until: datetime | None = None
+) -> tuple[str, list[dict]]:
+    """A job's own samples (see `_job_source`; `since` alone: a live chart's start), at
+    most MAX_POINTS raw seconds."""
+    live = since is not None and until is None
+    resolution, samples = _job_source(job, since=since, until=until, live=live)
+    return resolution, _values(samples, MAX_POINTS if resolution == "second" else None)
+
+
+def job_chart(
+    job: Job, *, since: datetime | None = None, until: datetime | None = None
+) -> tuple[str, list[dict], int]:
+    """A finished job's samples (from `since` to `until` when given: a zoomed chart) as
+    its charts show them: (resolution, rows, step). A node with more than
+    MAX_CHART_POINTS rows is decimated to that many: `step` is then the seconds each
+    bucket stands for (see `decimate`), else 0."""
+    resolution, samples = _job_source(job, since=since, until=until)
+    nodes = list(
+        samples.order_by()
+        .values("node_index")
+        .annotate(n=Count("id"), first=Min("at"), last=Max("at"))
+    )
+    if not nodes:
+        return resolution, [], 0
+    if max(node["n"] for node in nodes) <= MAX_CHART_POINTS:
+        return resolution, _values(samples, None), 0
+    if connection.vendor != "postgresql":
+        return resolution, *decimate(_values(samples, MAX_POINTS))
+    first = min(node["first"] for node in nodes)
+    width = _bucket_s(first, max(node["last"] for node in nodes), MAX_CHART_POINTS)
+    return resolution, buckets.min_max(samples, first=first, width=width), width
+
+
+def _bucket_s(first: datetime, last: datetime, max_points: int) -> int:
+    """Whole seconds a bucket spans, so that first..last makes at most max_points / 2."""
+    span_s = (last - first).total_seconds() + 1
+    return max(1, math.ceil(span_s / max(1, max_points // 2)))
+
+
+def decimate(rows: list[dict], max_points: int = MAX_CHART_POINTS) -> tuple[list[dict], int]:
+    """Rows (in time order) thinned for a chart: at most `max_points` points per node and
+    series, and the width in seconds of the buckets they stand for (0: every row kept).
+
+    Min-max decimation: the rows' time range is cut into max_points / 2 equal buckets; a
+    node's bucket becomes two rows, at its first and its last sample's time, which hold
+    each series' minimum and maximum in the order they occurred (a GPU list, per GPU).
+    So a one-second dip to 3 % among 90 % stays on the chart. A bucket's values stay
+    real readings; only their time moves within the bucket, under a pixel on a chart."""
+    per_node: dict[int, list[dict]] = {}
+    for r in rows:
+        per_node.setdefault(r["node_index"], []).append(r)
+    if all(len(node_rows) <= max_points for node_rows in per_node.values()):
+        return rows, 0
+    first = rows[0]["at"]
+    width = _bucket_s(first, rows[-1]["at"], max_points)
+    out: list[dict] = []
+    for node_rows in per_node.values():
+        bucket: list[dict] = []
+        current = None
+        for r in node_rows:
+            index = int((r["at"] - first).total_seconds()) // width
+            if index != current and bucket:
+                out += _min_max(bucket)
+                bucket = []
+            current = index
+            bucket.append(r)
+        if bucket:
+            out += _min_max(bucket)
+    out.sort(key=lambda r: (r["at"], r["node_index"]))
+    return out, width
+
+
+def _min_max(bucket: list[dict]) -> list[dict]:
+    """One bucket of one node's rows as at most two: see `decimate`."""
+    if len(bucket) <= 2:
+        return bucket
+    early, late = dict(bucket[0]), dict(bucket[-1])
+
+    def pick(values: list) -> tuple:
+        low, high = min(values), max(values)
+        return (low, high) if values.index(low) <= values.index(high) else (high, low)
+
+    for key in buckets.SCALARS:
+        early[key], late[key] = pick([r[key] for r in bucket])
+    for key in buckets.PER_GPU:
+        lists = [r[key] or [] for r in bucket]
+        gpus = max(len(values) for values in lists)
+        early[key], late[key] = [None] * gpus, [None] * gpus
+        for gpu in range(gpus):
+            picked = pick([values[gpu] for values in lists if len(values) > gpu])
+            early[key][gpu], late[key][gpu] = picked
+    return [early, late]
 
 
 def as_series(rows: list[dict]) -> list[dict]:
@@ -98,9 +214,14 @@ def cores_per_node(cluster: Cluster) -> int:
 
 
 def diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
-    """What slowed the job down, from its samples (`rows` when the caller has read them)."""
+    """What slowed the job down, from its samples (`rows` when the caller has read them),
+    every second of them: the chart's decimated rows would hide a dip's length."""
+    cores = cores_per_node(job.cluster)
     if rows is None:
-        _, rows = job_rows(job)
+        _, samples = _job_source(job)
+        if connection.vendor == "postgresql":
+            return diagnose_seconds(buckets.per_second(samples), cpu_cores=cores)
+        rows = _values(samples, MAX_POINTS)
     points = [
         Point(
             at=r["at"], node=r["node_index"], gpu_util=tuple(r["gpu_util"] or ()),
@@ -110,7 +231,7 @@ def diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
         )
         for r in rows
     ]  # fmt: skip
-    return diagnose(points, cpu_cores=cores_per_node(job.cluster))
+    return diagnose(points, cpu_cores=cores)
 
 
 def fleet(window_s: int = 5) -> dict:

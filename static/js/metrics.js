@@ -3,14 +3,23 @@
 // A line breaks (a null point, connectgaps off) where the samples stop for a while, e.g.
 // between two jobs, so that no straight line across the gap reads as use. A job's page
 // that waited for its job to start follows it with window.suanliMetrics.follow(wsUrl).
+// A stored job's charts hold a decimated overview (the lowest and highest of each bucket
+// of `data-step` seconds); dragging across one fetches that range at full resolution
+// (data-zoom: the job's metrics.json) and redraws every chart; a double-click goes back.
 (function () {
   const box = document.getElementById("metrics");
   if (!box || typeof Plotly === "undefined") return;
   const WINDOW_S = 600;
   const jobFilter = box.dataset.job ? Number(box.dataset.job) : null;
   const rdma = box.dataset.rdma === "1";
-  const period = box.dataset.resolution === "minute" ? 60 : 1; // seconds between samples
-  const GAP_S = 5 * period; // further apart than this: a gap, not a line
+  let period = 1; // seconds between samples
+  let gapS = 5; // further apart than this: a gap, not a line
+  function spacing(resolution, step) {
+    period = resolution === "minute" ? 60 : 1;
+    // Decimated, a point pair stands for `step` seconds: points are up to a bucket apart.
+    gapS = Math.max(5 * period, 2 * (Number(step) || 0));
+  }
+  spacing(box.dataset.resolution, box.dataset.step);
   const gib = (b) => b / 2 ** 30;
   const refLine = (y, text) => ({
     shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: { dash: "dot", width: 1.5, color: "#c2410c" } }],
@@ -35,21 +44,26 @@
     xaxis: { type: "date" }, font: { family: "system-ui, sans-serif", size: 11 },
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
   };
-  const config = { displayModeBar: false, responsive: true };
+  // A double-click always autoranges (not first "reset" to the range a chart was drawn
+  // with): on a zoomed chart it is the way back to the overview.
+  const config = { displayModeBar: false, responsive: true, doubleClick: "autosize" };
   let drawn = false;
+  function plot(c, range) {
+    c.div = document.getElementById(c.id);
+    c.index = new Map();
+    c.last = new Map(); // trace name -> epoch seconds of its newest point
+    // Until the first point: the last minute on the axis, not Plotly's year 2000. A zoomed
+    // chart keeps its range: no autorange when its points come.
+    const now = Date.now();
+    c.empty = !range;
+    Plotly.newPlot(c.div, [], { ...base, ...(c.layout || {}), title: { text: c.title, font: { size: 12 } },
+      xaxis: { ...base.xaxis, range: range || [new Date(now - 60000), new Date(now)] },
+      yaxis: { rangemode: "tozero", ...((c.layout || {}).yaxis || {}) } }, config);
+    c.div.on("plotly_relayout", relayout); // newPlot drops a div's listeners: again each time
+  }
   function draw() {
     drawn = true;
-    for (const c of charts) {
-      c.div = document.getElementById(c.id);
-      c.index = new Map();
-      c.last = new Map(); // trace name -> epoch seconds of its newest point
-      // Until the first point: the last minute on the axis, not Plotly's year 2000.
-      const now = Date.now();
-      c.empty = true;
-      Plotly.newPlot(c.div, [], { ...base, ...(c.layout || {}), title: { text: c.title, font: { size: 12 } },
-        xaxis: { ...base.xaxis, range: [new Date(now - 60000), new Date(now)] },
-        yaxis: { rangemode: "tozero", ...((c.layout || {}).yaxis || {}) } }, config);
-    }
+    for (const c of charts) plot(c, null);
   }
   function add(samples, live) {
     // The page's stored samples are already the job's own; live ones are the cluster's.
@@ -64,7 +78,7 @@
           if (!grouped.has(name)) grouped.set(name, { x: [], y: [] });
           const trace = grouped.get(name);
           const last = c.last.get(name);
-          if (last !== undefined && s.t - last > GAP_S) {
+          if (last !== undefined && s.t - last > gapS) {
             trace.x.push(new Date((last + period) * 1000));
             trace.y.push(null);
           }
@@ -94,13 +108,56 @@
   let backoff = 1000;
   let following = false;
   const grid = box.querySelector(".chartgrid");
+  let history = [];
   function start() {
-    const history = JSON.parse(document.getElementById("metrics-history").textContent || "[]");
+    history = JSON.parse(document.getElementById("metrics-history").textContent || "[]");
     // Nothing stored and nothing to come: the note says so, no empty axes.
     if (!history.length && !box.dataset.ws) grid.style.display = "none";
     draw();
     add(history, false);
     if (box.dataset.ws) follow(box.dataset.ws);
+  }
+  // Zoom (stored charts only: a live chart keeps following its window).
+  const note = document.getElementById("metrics-note");
+  const overviewNote = note.textContent;
+  let zoomed = null; // [from, to] as Dates while zoomed in
+  function axisDate(value) {
+    // Plotly gives a date axis' range as local wall time, "2026-01-05 10:00:00.5".
+    if (typeof value === "number") return new Date(value + new Date(value).getTimezoneOffset() * 60000);
+    const text = String(value);
+    return new Date(text.length <= 10 ? `${text}T00:00` : text.replace(" ", "T"));
+  }
+  function redraw(samples, range, resolution, step) {
+    spacing(resolution, step);
+    for (const c of charts) plot(c, range);
+    add(samples, false);
+  }
+  function relayout(event) {
+    if (!box.dataset.zoom || box.dataset.ws) return;
+    if (event["xaxis.autorange"]) {
+      if (!zoomed) return; // the overview's own autorange
+      zoomed = null;
+      note.textContent = overviewNote;
+      redraw(history, null, box.dataset.resolution, box.dataset.step);
+      return;
+    }
+    const range = event["xaxis.range"] || [event["xaxis.range[0]"], event["xaxis.range[1]"]];
+    if (range[0] === undefined || range[1] === undefined) return; // not the time axis
+    const wanted = range.map(axisDate);
+    if (wanted.some((d) => isNaN(d))) return;
+    if (zoomed && wanted.every((d, i) => Math.abs(d - zoomed[i]) < 1000)) return;
+    zoomed = wanted;
+    const query = new URLSearchParams({ from: wanted[0].toISOString(), to: wanted[1].toISOString() });
+    fetch(`${box.dataset.zoom}?${query}`, { credentials: "same-origin" })
+      .then((response) => (response.ok ? response.json() : Promise.reject(response.status)))
+      .then((data) => {
+        if (zoomed !== wanted) return; // a newer zoom (or the overview) came first
+        note.textContent = data.step
+          ? `zoomed: the lowest and highest of every ${data.step} s; double-click for the whole run`
+          : `zoomed: one point ${data.resolution === "minute" ? "a minute" : "a second"}; double-click for the whole run`;
+        redraw(data.samples, wanted, data.resolution, data.step);
+      })
+      .catch(() => { /* the chart stays zoomed on the overview's points */ });
   }
   function follow(url) {
     if (following) return;

@@ -1,0 +1,304 @@
+"""The bill's lines and the daily usage, kept as the ledger is written.
+
+Accrual writes a usage piece per cluster every tick (about 8,640 a day for a running
+cluster); people read hours and days. `add_usage` folds a batch of pieces into their
+`BillLine` (cluster, UTC hour, units, rate) and `UsageDay` (account, UTC day charged, resource)
+in the caller's transaction, so a line always equals the pieces under it, to the last
+digit. The callers hold the row locks of the accounts concerned (accrual and `post_entry`
+both do), which makes read-then-write here safe without an upsert.
+
+`rebuild` recomputes both from the ledger: for the migration that introduces them, for
+the pages benchmark's bulk-seeded ledger, and as the tests' oracle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+from django.db import transaction
+
+from billing.models import Account, BillLine, LedgerEntry, UsageDay
+from jobs.models import Cluster, GpuModel, InstanceType
+from jobs.sql import insert_rows, update_rows
+
+USAGE = LedgerEntry.Kind.USAGE.value
+
+LINE_FIELDS = (
+    "account", "kind", "at", "amount", "cluster", "hour", "units", "rate", "gpu_model",
+    "seconds", "pieces", "period_from", "period_to", "charged_at", "entry", "memo",
+)  # fmt: skip
+DAY_FIELDS = ("account", "day", "resource", "amount", "seconds")
+
+
+@dataclass
+class Piece:
+    """What a usage entry says, as accrual holds it (before it has an id)."""
+
+    account_id: int
+    amount: Decimal  # signed: usage is negative
+    cluster_id: int
+    period_from: datetime | None
+    period_to: datetime | None
+    units: int
+    rate: Decimal | None
+    gpu_model_id: int | None
+    memo: str
+    charged_at: datetime
+    resource: str
+
+    @property
+    def seconds(self) -> int | None:
+        if self.period_from is None or self.period_to is None:
+            return None
+        return int((self.period_to - self.period_from).total_seconds())
+
+    @property
+    def hour(self) -> datetime | None:
+        if self.period_from is None:
+            return None
+        return self.period_from.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+    @property
+    def day(self) -> date:
+        """The UTC day it was charged: the day the balance went down by it."""
+        return self.charged_at.astimezone(UTC).date()
+
+
+def hour_of(when: datetime) -> datetime:
+    return when.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def resource_names(*, gpu_model_ids: Iterable, instance_type_ids: Iterable) -> dict:
+    """{("gpu", id): name, ("cpu", id): name} for the ids given (two small queries)."""
+    out: dict = {}
+    gpus = {i for i in gpu_model_ids if i}
+    cpus = {i for i in instance_type_ids if i}
+    if gpus:
+        out |= {
+            ("gpu", pk): n
+            for pk, n in GpuModel.objects.filter(pk__in=gpus).values_list("pk", "name")
+        }
+    if cpus:
+        out |= {
+            ("cpu", pk): n
+            for pk, n in InstanceType.objects.filter(pk__in=cpus).values_list("pk", "name")
+        }
+    return out
+
+
+def resource_of(names: dict, gpu_model_id, instance_type_id) -> str:
+    if gpu_model_id:
+        return names.get(("gpu", gpu_model_id), "")
+    if instance_type_id:
+        return names.get(("cpu", instance_type_id), "")
+    return ""
+
+
+def add_usage(pieces: list[Piece], *, minimum_entries: dict[int, int] | None = None) -> None:
+    """Fold usage pieces into their hour lines and days. A piece without a period (the
+    minimum charge) is a line of its own, linked to its entry: `minimum_entries` maps its
+    cluster id to the entry's id."""
+    if not pieces:
+        return
+    _add_lines(pieces, minimum_entries or {})
+    _add_days(pieces)
+
+
+def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
+    sums: dict[tuple, list] = {}
+    fresh: list[tuple] = []
+    for p in pieces:
+        if p.hour is None:
+            fresh.append(
+                (
+                    p.account_id, USAGE, p.charged_at, p.amount, p.cluster_id, None, p.units,
+                    p.rate, p.gpu_model_id, None, 1, None, None, p.charged_at,
+                    minimum_entries.get(p.cluster_id), p.memo,
+                )
+            )  # fmt: skip
+            continue
+        key = (p.cluster_id, p.hour, p.units, p.rate, p.memo)
+        line = sums.get(key)
+        if line is None:
+            sums[key] = [p, p.amount, p.seconds, 1, p.period_from, p.period_to, p.charged_at]
+        else:
+            line[1] += p.amount
+            line[2] += p.seconds
+            line[3] += 1
+            line[4] = min(line[4], p.period_from)
+            line[5] = max(line[5], p.period_to)
+            line[6] = max(line[6], p.charged_at)
+    if sums:
+        existing = {
+            (row[1], row[2], row[3], row[4], row[5]): row
+            for row in BillLine.objects.filter(
+                cluster_id__in={k[0] for k in sums},
+                hour__in={k[1] for k in sums},
+                kind=USAGE,
+            )
+            .order_by()
+            .values_list(
+                "pk",
+                "cluster_id",
+                "hour",
+                "units",
+                "rate",
+                "memo",
+                "amount",
+                "seconds",
+                "pieces",
+                "period_from",
+                "period_to",
+                "charged_at",
+            )  # fmt: skip
+        }
+        updates = []
+        for key, (p, amount, seconds, count, first, last, charged) in sums.items():
+            old = existing.get(key)
+            if old is None:
+                fresh.append(
+                    (
+                        p.account_id, USAGE, p.hour, amount, p.cluster_id, p.hour, p.units,
+                        p.rate, p.gpu_model_id, seconds, count, first, last, charged, None, p.memo,
+                    )
+                )  # fmt: skip
+            else:
+                updates.append(
+                    (
+                        old[0], old[6] + amount, old[7] + seconds, old[8] + count,
+                        min(old[9], first), max(old[10], last), max(old[11], charged),
+                    )
+                )  # fmt: skip
+        update_rows(
+            BillLine, "id",
+            ["amount", "seconds", "pieces", "period_from", "period_to", "charged_at"], updates,
+        )  # fmt: skip
+    insert_rows(BillLine, LINE_FIELDS, fresh)
+
+
+def _add_days(pieces: list[Piece]) -> None:
+    sums: dict[tuple, list] = {}
+    for p in pieces:
+        key = (p.account_id, p.day, p.resource)
+        unit_seconds = p.units * (p.seconds or 0)
+        if key in sums:
+            sums[key][0] -= p.amount
+            sums[key][1] += unit_seconds
+        else:
+            sums[key] = [-p.amount, unit_seconds]
+    existing = {
+        (account, day, resource): (pk, amount, seconds)
+        for pk, account, day, resource, amount, seconds in UsageDay.objects.filter(
+            account_id__in={k[0] for k in sums}, day__in={k[1] for k in sums}
+        )
+        .order_by()
+        .values_list("pk", "account_id", "day", "resource", "amount", "seconds")
+    }
+    updates, fresh = [], []
+    for key, (amount, seconds) in sums.items():
+        old = existing.get(key)
+        if old is None:
+            fresh.append((*key, amount, seconds))
+        else:
+            updates.append((old[0], old[1] + amount, old[2] + seconds))
+    update_rows(UsageDay, "id", ["amount", "seconds"], updates)
+    insert_rows(UsageDay, DAY_FIELDS, fresh)
+
+
+def add_entry(entry: LedgerEntry) -> BillLine:
+    """A line for an entry that is not usage (a top-up, refund, adjustment or credit)."""
+    return BillLine.objects.create(
+        account_id=entry.account_id, kind=entry.kind, at=entry.created_at, amount=entry.amount,
+        cluster_id=entry.cluster_id, charged_at=entry.created_at, entry=entry, memo=entry.memo,
+    )  # fmt: skip
+
+
+# -- recomputing from the ledger ------------------------------------------------------------
+
+
+def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) -> int:
+    """Delete the lines and days of these accounts (all when None) and fold their ledger
+    again, streaming it in the order it was written. Returns the entries read."""
+    with transaction.atomic():
+        accounts = Account.objects.select_for_update().order_by("pk")
+        if account_ids is not None:
+            accounts = accounts.filter(pk__in=list(account_ids))
+        ids = list(accounts.values_list("pk", flat=True))
+        BillLine.objects.filter(account_id__in=ids).delete()
+        UsageDay.objects.filter(account_id__in=ids).delete()
+        clusters = dict(
+            Cluster.objects.filter(owner__account__in=ids).values_list("pk", "instance_type_id")
+        )
+        names = resource_names(
+            gpu_model_ids=GpuModel.objects.values_list("pk", flat=True),
+            instance_type_ids=InstanceType.objects.values_list("pk", flat=True),
+        )
+        read = 0
+        batch: list[Piece] = []
+        minimum: dict[int, int] = {}
+        others: list[tuple] = []
+        entries = (
+            LedgerEntry.objects.filter(account_id__in=ids)
+            .order_by("created_at", "id")
+            .values_list(
+                "pk",
+                "account_id",
+                "kind",
+                "amount",
+                "cluster_id",
+                "period_from",
+                "period_to",
+                "units",
+                "rate",
+                "gpu_model_id",
+                "memo",
+                "created_at",
+            )  # fmt: skip
+        )
+        for (
+            pk,
+            account,
+            kind,
+            amount,
+            cluster,
+            start,
+            end,
+            units,
+            rate,
+            gpu,
+            memo,
+            at,
+        ) in entries.iterator(chunk_size=5000):
+            read += 1
+            if kind != USAGE:
+                others.append(
+                    (account, kind, at, amount, cluster, None, 0, None, None, None, 1, None,
+                     None, at, pk, memo)
+                )  # fmt: skip
+                continue
+            if start is None:
+                minimum[cluster] = pk
+            batch.append(
+                Piece(
+                    account,
+                    amount,
+                    cluster,
+                    start,
+                    end,
+                    units,
+                    rate,
+                    gpu,
+                    memo,
+                    at,
+                    resource_of(names, gpu, clusters.get(cluster)),
+                )  # fmt: skip
+            )
+            if len(batch) >= chunk:
+                add_usage(batch, minimum_entries=minimum)
+                batch, minimum = [], {}
+        add_usage(batch, minimum_entries=minimum)
+        insert_rows(BillLine, LINE_FIELDS, others)
+    return read
