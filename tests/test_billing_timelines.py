@@ -1,6 +1,7 @@
 """Random timelines (hypothesis) and concurrent accrual workers, on real PostgreSQL: no
-second is billed twice or missed, charges are exact, and every account's entries add up
-to its balance."""
+second is billed twice or missed, charges are exact, every account's entries add up to
+its balance, and the bill's rollups (hour lines, usage days) equal the pieces under them
+to the last digit, as written and as rebuilt from the ledger."""
 
 import itertools
 import threading
@@ -13,8 +14,9 @@ from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing import rollups
 from billing import services as billing
-from billing.models import Account, LedgerEntry, RateCard
+from billing.models import Account, BillLine, LedgerEntry, RateCard, UsageDay
 from jobs import scheduler
 from jobs import services as fleet
 from jobs.models import Host
@@ -77,6 +79,59 @@ def _check_accounts():
             running += entry.amount
             assert entry.balance_after == running
         assert running == account.balance
+    _check_rollups()
+
+
+def _pieces_by_hour() -> dict:
+    """The usage pieces summed per (cluster, UTC hour of their start, units, rate), by
+    PostgreSQL from the ledger itself: the oracle for the hour lines."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT cluster_id, date_trunc('hour', period_from AT TIME ZONE 'UTC'), units, rate,"
+            " sum(amount), sum(extract(epoch FROM period_to - period_from))::bigint, count(*)"
+            " FROM billing_ledgerentry WHERE kind = 'usage' AND period_from IS NOT NULL"
+            " GROUP BY 1, 2, 3, 4"
+        )
+        return {(c, h.replace(tzinfo=UTC), u, r): (a, s, n) for c, h, u, r, a, s, n in cursor}
+
+
+def _check_rollups():
+    lines = {
+        (line.cluster_id, line.hour, line.units, line.rate): (
+            line.amount,
+            line.seconds,
+            line.pieces,
+        )
+        for line in BillLine.objects.filter(hour__isnull=False)
+    }
+    assert lines == _pieces_by_hour()
+    # Every entry is under exactly one line: per account the lines add up to the balance.
+    for account in Account.objects.all():
+        assert sum(line.amount for line in account.bill_lines.all()) == account.balance
+    # Days: what each UTC day's usage charged, per account.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT account_id, (created_at AT TIME ZONE 'UTC')::date, -sum(amount)"
+            " FROM billing_ledgerentry WHERE kind = 'usage' GROUP BY 1, 2"
+        )
+        charged = {(a, d): amount for a, d, amount in cursor}
+    days: dict = {}
+    for day in UsageDay.objects.all():
+        days[day.account_id, day.day] = days.get((day.account_id, day.day), 0) + day.amount
+    assert days == charged
+
+    # Written as they went, they are what a fold of the whole ledger makes of it.
+    def snapshot():
+        return (
+            sorted(BillLine.objects.values_list(
+                "account_id", "kind", "at", "amount", "cluster_id", "hour", "units", "rate",
+                "seconds", "pieces", "period_from", "period_to", "entry_id", "memo")),
+            sorted(UsageDay.objects.values_list("account_id", "day", "resource", "amount", "seconds")),
+        )  # fmt: skip
+
+    written = snapshot()
+    rollups.rebuild()
+    assert snapshot() == written
 
 
 timeline = st.fixed_dictionaries(
@@ -106,7 +161,8 @@ def test_random_timelines_bill_every_second_once_and_exactly(
     if not Host.objects.exists():
         make_host("gpu-a-01", engine=0, gpus=8, check=False)
         fund(alice, "1000000")
-    base = BASE + timedelta(days=next(_examples))
+    # 23:55 UTC: a timeline of more than 300 s crosses an hour and a day.
+    base = BASE + timedelta(days=next(_examples), hours=23, minutes=55)
     RateCard.objects.all().delete()
     rate_card({"a100-80gb": t["price"]}, effective_from=base - timedelta(seconds=60))
     if t["change"]:
