@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from billing import formatting, services
 from billing.models import Account, LedgerEntry, Meter, Price, RateCard
+from jobs.sql import EstimatedCountPaginator
 
 
 class PriceInline(admin.TabularInline):
@@ -200,6 +201,10 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
     search_fields = ["account__user__username", "key", "memo"]
     list_select_related = ["account__user", "cluster", "created_by"]
+    # A million rows: no second COUNT(*) for "N total", and the pages' count from
+    # PostgreSQL's statistics while the list is unfiltered.
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
 
 
 @admin.register(Meter)

@@ -29,6 +29,7 @@ from jobs.models import (
     Node,
     SshKey,
 )
+from jobs.sql import EstimatedCountPaginator
 
 
 def report_check(request, host: Host) -> None:
@@ -385,6 +386,7 @@ class JobAdmin(admin.ModelAdmin):
     ordering = ["-created_at"]
     sortable_by = ["created_at"]
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     show_facets = admin.ShowFacets.NEVER
     exclude = ["env"]
     inlines = [JobEventInline]

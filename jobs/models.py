@@ -407,6 +407,8 @@ class Cluster(models.Model):
                 condition=models.Q(state__in=["released", "failed"]),
                 name="cluster_owner_history_idx",
             ),
+            # Every cluster of a researcher, newest first: the billing page's cluster filter.
+            models.Index(fields=["owner", "-created_at", "-id"], name="cluster_owner_recent_idx"),
         ]
         permissions = [
             ("preempt_cluster", "Can preempt researchers' spot clusters"),

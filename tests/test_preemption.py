@@ -93,9 +93,9 @@ def _two_zone_hosts(make_host):
 def _spot_cluster(make_cluster, owner, name="spot-1", **extra):
     extra.setdefault("volumes", (VolumeSpec("workspace", "/workspace"),))
     cluster = make_cluster(owner, name, nodes=1, gpus=2, spot=True, **extra)
-    scheduler.place_pending()
-    cluster.refresh_from_db()
-    assert cluster.state == Cluster.State.RUNNING, cluster.state_reason
+    # The worker's own placement pass may hold the row (placement skips locked rows), so
+    # run passes until it is placed, as cron would, rather than trusting a single one.
+    drive(lambda: _state(cluster) == Cluster.State.RUNNING, timeout=30, what="placed")
     return cluster
 
 

@@ -23,6 +23,10 @@ class Migration(migrations.Migration):
             index=models.Index(condition=models.Q(('state__in', ['released', 'failed'])), fields=['owner', '-created_at', '-id'], name='cluster_owner_history_idx'),
         ),
         migrations.AddIndex(
+            model_name='cluster',
+            index=models.Index(fields=['owner', '-created_at', '-id'], name='cluster_owner_recent_idx'),
+        ),
+        migrations.AddIndex(
             model_name='job',
             index=models.Index(fields=['-created_at', '-id'], name='job_recent_idx'),
         ),
