@@ -2,7 +2,10 @@
 their own (jobs.Host / jobs.Cluster Meta): drain_host (drain and undrain), reclaim_spot,
 preempt_cluster, release_cluster; checking an engine needs change_host. Staff who may only
 view see no such action, and posting one anyway is refused with 403. Jobs are read-only
-here (view_job): their owners start and stop them."""
+here (view_job): their owners start and stop them.
+
+Layer: admin, the top of jobs/ (beside tasks and management). Uses services for every
+write, and forms, models and sql."""
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model

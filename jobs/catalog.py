@@ -1,4 +1,7 @@
-"""The starting catalog an operator gets (and edits in the admin afterwards)."""
+"""The starting catalog an operator gets (and edits in the admin afterwards).
+
+Layer: catalog, beside engine, netguard, selectors and forms; uses models only.
+"""
 
 from django.db import transaction
 

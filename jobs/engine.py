@@ -1,7 +1,12 @@
-"""Talking to Docker engines through the SDK. The only module that builds a client."""
+"""Talking to Docker engines through the SDK. The only module that builds a client.
+
+Layer: engine, under network and runtime; uses models only.
+"""
 
 import hashlib
 import os
+import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -124,9 +129,6 @@ def run_canary(host: Host, image: str) -> str:
     CanaryFailed with the engine's words when it answers but cannot run it. Returns a note
     for operators when the canary could not be tried (its image is not on the engine and
     cannot be pulled): that says nothing about the engine."""
-    import time
-    import uuid
-
     client = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
     mine = uuid.uuid4().hex[:12]
     try:

@@ -1,3 +1,8 @@
+"""The operator's host form (the admin's).
+
+Layer: forms, beside engine, netguard, selectors and catalog; uses models only.
+"""
+
 from django import forms
 
 from jobs.models import Host

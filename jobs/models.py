@@ -1,4 +1,7 @@
-"""The engine's state: the fleet (hosts and their GPU slots) and the catalogs it offers."""
+"""The engine's state: the fleet (hosts and their GPU slots) and the catalogs it offers.
+
+Layer: models, under every part of jobs/ but validators and crypto, which are all it uses.
+"""
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -8,6 +11,10 @@ from django.utils import timezone
 
 from jobs import validators
 from jobs.crypto import EncryptedTextField
+
+# The platform's own environment variables; defined beside the check that refuses them.
+from jobs.validators import RESERVED_ENV as RESERVED_ENV
+from jobs.validators import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
 
 MAX_GPUS_PER_HOST = 16
 
@@ -516,16 +523,6 @@ class Volume(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}:{self.target}{':ro' if self.read_only else ''}"
-
-
-RESERVED_ENV_PREFIXES = ("SUANLI_", "NCCL_", "NVIDIA_")
-RESERVED_ENV = frozenset(
-    {
-        "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
-        "LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "HOME", "PATH", "HOSTNAME",
-        "LD_PRELOAD", "LD_LIBRARY_PATH",
-    }
-)  # fmt: skip
 
 
 class Job(models.Model):

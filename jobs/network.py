@@ -17,6 +17,8 @@ MASTER_ADDR; eth0 is the cluster network in every replica (NCCL/GLOO_SOCKET_IFNA
 
 Reads: hosts and nodes. Talks to: the engines. Called by the runner (before a job starts),
 its tasks (after placement, after release) and the reconciler (removal sweep).
+
+Layer: network (beside storage), under runtime; uses engine and models.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ the first failure once (not a traceback a second), waits 1, 2, 4 ... `cap` secon
 tries, and logs once when the service answers again. `Outage` keeps that bookkeeping for
 one loop; the loop decides what to retry. The errors that mean "the service is away" (as
 opposed to a bug, which must still surface) are named here for the callers to catch.
+
+Layer: outage, beside queue and sql; uses no other part (the long-running commands use it).
 """
 
 import logging

@@ -1,18 +1,57 @@
-"""Queueing work of a higher part from a lower one: by the task's dotted name, which RQ
-imports when the task runs, never by importing it here (DESIGN.md, "Apps and their
-layers"). Sent once the caller's transaction commits."""
+"""Queueing work of a higher part from a lower one: by the task's dotted name
+("jobs.tasks.cluster_dispatch"), which RQ imports when the task runs, never by importing
+it here (DESIGN.md, "Apps and their layers").
+
+Layer: queue, beside sql and outage, under every part that queues work; uses no other
+part (django_rq and rq only). The one place that knows RQ's deduplication and delays.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from datetime import timedelta
 
 import django_rq
 from django.db import transaction
+from rq.job import JobStatus
 
 log = logging.getLogger(__name__)
 
+_PENDING = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
+
+# What RQ runs: a task's dotted name (from below `tasks`), or the function (from `tasks`).
+Task = str | Callable
+
+
+def enqueue_unique(
+    queue_name: str, func: Task, *args, job_id: str, again_if_running=False, **options
+):
+    """Enqueue unless a job with this id is still waiting (RQ itself would overwrite it and
+    queue it twice). With `again_if_running`, a job that is already running gets one
+    follow-up queued behind it, for work that must see what changed after it started."""
+    queue = django_rq.get_queue(queue_name)
+    for candidate in (job_id, f"{job_id}-next") if again_if_running else (job_id,):
+        existing = queue.fetch_job(candidate)
+        status = existing.get_status(refresh=True) if existing is not None else None
+        if status in _PENDING - {JobStatus.STARTED}:
+            return existing
+        if status == JobStatus.STARTED:
+            if again_if_running:
+                continue
+            return existing
+        return queue.enqueue(func, *args, job_id=candidate, **options)
+    return None
+
+
+def enqueue_later(func: Task, *args, delay_s: int, queue: str = "docker"):
+    """Run the task once `delay_s` seconds have passed (RQ's scheduler; not deduplicated)."""
+    return django_rq.get_queue(queue).enqueue_in(timedelta(seconds=delay_s), func, *args)
+
 
 def enqueue_by_name(func: str, *args, job_id: str, queue: str = "docker") -> None:
+    """Once the caller's transaction commits; a Redis that is down is logged, not raised."""
+
     def send() -> None:
         try:
             django_rq.get_queue(queue).enqueue(func, *args, job_id=job_id)

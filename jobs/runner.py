@@ -5,6 +5,10 @@ delivery, a watcher and the reconciler racing for the same container all end the
 No worker waits on a container: starting returns once the containers run, the `watch`
 process (or the reconciler) reports each exit, and stopping sends SIGTERM then schedules
 the SIGKILL.
+
+Layer: runner (dispatch, watch and finalise, reconcile, preemption), under services. Uses
+lifecycle, webhooks, runtime, network, storage, engine, models and queue; never scheduler
+or services. Its own follow-ups (a start, a kill, a check) are queued by task name.
 """
 
 from __future__ import annotations
@@ -15,50 +19,33 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import django_rq
 import docker
 from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
+from rq.registry import StartedJobRegistry
 
-from jobs import engine, network, runtime, storage
+from jobs import engine, lifecycle, network, runtime, storage, webhooks
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
+from jobs.queue import enqueue_later, enqueue_unique
 
 log = logging.getLogger(__name__)
 
 
 def _event(job_id: int, kind: str, message: str = "") -> None:
     """The job's timeline, and its webhook event, in the caller's transaction."""
-    from jobs import webhooks
-
     JobEvent.objects.create(job_id=job_id, kind=kind, message=message[:500])
     webhooks.job_changed(job_id, kind)
 
 
-def _enqueue(func, *args, job_id: str, delay: int | None = None, again_if_running: bool = False):
-    from jobs import tasks
-
+def _enqueue(
+    task: str, *args, job_id: str, delay: int | None = None, again_if_running: bool = False
+):
+    """A task of `jobs.tasks`, by name: deduplicated by `job_id`, or after `delay` seconds."""
     if delay:
-        import django_rq
-
-        queue = django_rq.get_queue("docker")
-        return queue.enqueue_in(timedelta(seconds=delay), func, *args)
-    return tasks.enqueue_unique(
-        "docker", func, *args, job_id=job_id, again_if_running=again_if_running
-    )
-
-
-def request_dispatch(cluster_id: int) -> None:
-    """Start the cluster's next queued job once this transaction commits."""
-    from jobs import tasks
-
-    transaction.on_commit(
-        lambda: _enqueue(
-            tasks.cluster_dispatch,
-            cluster_id,
-            job_id=f"dispatch-{cluster_id}",
-            again_if_running=True,
-        )
-    )
+        return enqueue_later(task, *args, delay_s=delay)
+    return enqueue_unique("docker", task, *args, job_id=job_id, again_if_running=again_if_running)
 
 
 # -- starting -------------------------------------------------------------------------------
@@ -290,16 +277,16 @@ def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) ->
     or storage; or it stopped answering): the host is degraded (or down) for operators,
     with the engine's words; the researcher reads a plain sentence; the attempt ends
     without using a retry, and placement moves the cluster off that host."""
-    from jobs import services, tasks
-
     for replica, exc in faults:
         words = engine.describe(exc)
         log.warning("job %s: rank %s on %s: %s", job.pk, replica.rank, replica.host.name, words)
         if engine.unreachable(exc):
             # One timeout is not a dead host: its check decides (and says so).
-            _enqueue(tasks.host_check, replica.host_id, job_id=f"host-check-{replica.host_id}")
+            _enqueue(
+                "jobs.tasks.host_check", replica.host_id, job_id=f"host-check-{replica.host_id}"
+            )
         else:
-            services.host_unhealthy(
+            lifecycle.host_unhealthy(
                 host=replica.host,
                 state=Host.State.DEGRADED,
                 words=f"cannot start containers: {words}",
@@ -425,8 +412,6 @@ def _fail_start(job: Job, message: str) -> None:
 def stop(job_id: int) -> None:
     """SIGTERM every live replica now; SIGKILL whatever still runs after the grace period
     (a preempted job's is `SUANLI_PREEMPT_GRACE_S`)."""
-    from jobs import tasks
-
     Job.objects.filter(pk=job_id, stop_requested_at__isnull=True).update(
         stop_requested_at=timezone.now()
     )
@@ -444,7 +429,7 @@ def stop(job_id: int) -> None:
     # For this attempt only: a restart (after a preemption or a retry) inside the grace
     # period must not be killed by its predecessor's SIGKILL.
     _enqueue(
-        tasks.job_kill, job_id, job["attempt"], job_id=f"kill-{job_id}",
+        "jobs.tasks.job_kill", job_id, job["attempt"], job_id=f"kill-{job_id}",
         delay=_grace(job["preempt_requested_at"] is not None and not job["cancel_requested"]),
     )  # fmt: skip
 
@@ -485,8 +470,6 @@ def preempt(job_id: int) -> None:
     then stop the replicas once every script has ended or its time limit is up; until
     then look again in a second. A script still running at the limit dies with its
     container (SIGTERM, then SIGKILL after the grace period)."""
-    from jobs import tasks
-
     job = Job.objects.select_related("cluster").get(pk=job_id)
     if (
         job.preempt_requested_at is None
@@ -519,7 +502,7 @@ def preempt(job_id: int) -> None:
                 f"rank {replica.rank}: preemption script exited with code {state.get('ExitCode')}"
             )
     if waiting and not overdue:
-        _enqueue(tasks.job_preempt, job_id, job_id=f"preempt-{job_id}", delay=1)
+        _enqueue("jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}", delay=1)
         return
     with transaction.atomic():
         # Compare-and-set: a duplicate (the reconciler's net) finds the stop already made.
@@ -540,8 +523,6 @@ def preempt(job_id: int) -> None:
 def _preempted(job: Job) -> None:
     """Every replica of a preempted attempt has ended: count it, and put the job back to
     wait for its cluster (or fail it past its preemption limit)."""
-    from jobs import services
-
     with transaction.atomic():
         Cluster.objects.select_for_update().filter(pk=job.cluster_id).first()
         job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
@@ -549,7 +530,7 @@ def _preempted(job: Job) -> None:
             return
         if job.cancel_requested:  # cancelled while the notice ran: it ends here
             _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
-            services.cluster_requeue_preempted(cluster_id=job.cluster_id)
+            lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
             return
         count = job.preemptions + 1
         reason = (job.state_reason or "preempted").removeprefix("preemption notice: ")
@@ -573,7 +554,7 @@ def _preempted(job: Job) -> None:
                 job.pk, "preempted",
                 f"preemption {count} of at most {job.max_preemptions}: {reason}",
             )  # fmt: skip
-        services.cluster_requeue_preempted(cluster_id=job.cluster_id)
+        lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
 
 
 def kill(job_id: int, attempt: int | None = None) -> None:
@@ -788,8 +769,6 @@ def _requeue_after_host(job: Job, cause: str) -> None:
     """Every replica of an attempt that a host ended has stopped: the job waits again, at
     the head of its cluster's queue, and starts from its newest checkpoint once the
     cluster has its capacity back (the host answers again, or its nodes moved)."""
-    from jobs import services
-
     if job.host_restarts >= MAX_HOST_RESTARTS:
         _finish(
             job.pk, Job.State.FAILED,
@@ -811,9 +790,9 @@ def _requeue_after_host(job: Job, cause: str) -> None:
             host_restarts=models.F("host_restarts") + 1,
         ):
             _event(job.pk, "requeued", reason)
-            request_dispatch(job.cluster_id)
-            services.request_placement()  # the pass that moves its nodes off a failed host
-    services.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
+            lifecycle.request_dispatch(job.cluster_id)
+            lifecycle.request_placement()  # the pass that moves its nodes off a failed host
+    lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
 def _requeue(job: Job, reason: str) -> None:
@@ -822,16 +801,12 @@ def _requeue(job: Job, reason: str) -> None:
             state=Job.State.QUEUED, state_reason=reason
         ):
             _event(job.pk, "retrying", reason)
-            request_dispatch(job.cluster_id)
-    from jobs import services
-
-    services.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
+            lifecycle.request_dispatch(job.cluster_id)
+    lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
 def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None, at=None) -> None:
     """End the job: `at` is when it really ended (its last container's end) when known."""
-    from jobs import services
-
     now = timezone.now()
     ended = min(at, now) if at is not None else now
     with transaction.atomic():
@@ -856,13 +831,13 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None, at=N
             and cluster.release_policy == Cluster.ReleasePolicy.AFTER_LAST_JOB
             and cluster.state in (Cluster.State.RUNNING, Cluster.State.PREEMPTING)
         ):
-            services.cluster_release(
+            lifecycle.cluster_release(
                 cluster=cluster, reason=f"released automatically after job {job.name} finished"
             )
         elif cluster.state == Cluster.State.PREEMPTING:
-            services.cluster_requeue_preempted(cluster_id=cluster.pk)
+            lifecycle.cluster_requeue_preempted(cluster_id=cluster.pk)
         else:
-            request_dispatch(cluster.pk)
+            lifecycle.request_dispatch(cluster.pk)
 
 
 # -- repair ----------------------------------------------------------------------------
@@ -872,9 +847,6 @@ def _settle_abandoned_rq_jobs() -> int:
     """RQ jobs whose worker died stay "started" until their heartbeat lapses; move them to
     the failed registry now. Their domain state (a job left STARTING, a replica without a
     container) is repaired below from the database, not by re-running the RQ job."""
-    import django_rq
-    from rq.registry import StartedJobRegistry
-
     count = 0
     for name in ("docker", "default", "webhooks"):
         queue = django_rq.get_queue(name)
@@ -887,8 +859,6 @@ def _settle_abandoned_rq_jobs() -> int:
 
 def reconcile(*, stuck_after_s: int = 60) -> dict:
     """Compare the database with what the engines report, by label, and repair."""
-    from jobs import tasks
-
     report = {"finalised": 0, "lost": 0, "removed": 0, "restarted": 0}
     now = timezone.now()
     report["abandoned_rq_jobs"] = _settle_abandoned_rq_jobs()
@@ -972,7 +942,7 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
             )  # fmt: skip
     report["restarted"] = len(stuck)
     for job_id in stuck:
-        _enqueue(tasks.job_start, job_id, job_id=f"start-{job_id}")
+        _enqueue("jobs.tasks.job_start", job_id, job_id=f"start-{job_id}")
     report["killed"] = _kill_overdue_stops(now)
     report["preemptions"] = _follow_preemptions()
     report["settled"] = _settle_orphans()
@@ -999,8 +969,6 @@ def _kill_overdue_stops(now) -> int:
 def _follow_preemptions() -> int:
     """The safety net of preemption: notices whose follow-up was lost, and preempting
     clusters whose jobs have all left (a requeue lost to a crash)."""
-    from jobs import services, tasks
-
     count = 0
     # Only past the script's limit: before it, the notice's own follow-up is still going.
     overdue = timezone.now() - timedelta(seconds=settings.SUANLI_PREEMPT_SCRIPT_S + 5)
@@ -1009,14 +977,14 @@ def _follow_preemptions() -> int:
         preempt_requested_at__lt=overdue,
         stop_requested_at__isnull=True,
     ).values_list("pk", flat=True):
-        tasks.enqueue_unique("docker", tasks.job_preempt, job_id, job_id=f"preempt-{job_id}")
+        enqueue_unique("docker", "jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}")
         count += 1
     for cluster_id in (
         Cluster.objects.filter(state=Cluster.State.PREEMPTING)
         .exclude(jobs__state__in=Job.ACTIVE)
         .values_list("pk", flat=True)
     ):
-        services.cluster_requeue_preempted(cluster_id=cluster_id)
+        lifecycle.cluster_requeue_preempted(cluster_id=cluster_id)
         count += 1
     return count
 

@@ -5,6 +5,8 @@ must mount (created, or their old layout repaired, by `volume_mounts`). Everythi
 researcher typed arrives here as data (environment
 values, a command run by the container's own shell, volume paths already checked) and
 never as a Docker argument of its own.
+
+Layer: runtime, under webhooks and above network and storage, which it uses with models.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ queue first-in-first-out and plans each cluster in memory:
 A plan is committed in its own transaction that locks the chosen GPU slots with
 `SELECT ... FOR UPDATE SKIP LOCKED` and re-checks they are still free; if another
 scheduler got there first, nothing of the cluster is written and it is planned again.
+
+Layer: scheduler (placement and reclaim policy), under runner. Uses lifecycle (a victim's
+preemption, a placed cluster's dispatch), webhooks, models, queue and sql; the network of
+a placed cluster is made by task name ("jobs.tasks.cluster_network_ensure").
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from django.db import models, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from jobs import lifecycle, webhooks
 from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Job, Node
 from jobs.queue import enqueue_by_name
 from jobs.sql import update_rows
@@ -418,8 +423,6 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
                 for c, mine in placed
             ]
         )
-        from jobs import webhooks
-
         for cluster in Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]):
             webhooks.cluster_changed(cluster, "running")  # in the placement's transaction
     for cluster, _ in placed:
@@ -427,12 +430,9 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
         report.placed.append(cluster.pk)
         # Its network now, before any job: by dotted name (the runner sits above us).
         enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
-    from jobs import runner
-    from jobs.models import Job
-
     waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state__in=Job.WAITING)
     for cluster_id in set(waiting.values_list("cluster_id", flat=True)):
-        runner.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
+        lifecycle.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
 
 
 def _lock_free_slots(host_ids: set[int]) -> dict[int, list[tuple[int, int]]]:
@@ -581,8 +581,6 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
     """Move nodes off hosts that are degraded, or down for longer than the setting, to
     active hosts with room (same shape, one network with the cluster's other nodes). A
     cluster whose nodes fit nowhere keeps them and says why; it is tried again each pass."""
-    from jobs import runner
-
     now = now or timezone.now()
     moved = 0
     for cluster_id, nodes in _stranded(now).items():
@@ -661,7 +659,7 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
                 )[:300]
                 Cluster.objects.filter(pk=cluster_id).update(state_reason="", last_active_at=now)
                 ClusterEvent.objects.create(cluster=cluster, at=now, kind="moved", message=message)
-                runner.request_dispatch(cluster_id)
+                lifecycle.request_dispatch(cluster_id)
         except Conflict:
             report.conflicts += 1
             continue
@@ -850,8 +848,6 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
     preempt spot clusters, youngest first, until it fits, then drop again any whose
     capacity is not needed. Returns a reason per
     request to show while the capacity comes back."""
-    from jobs import services
-
     holders, soon = _spot_capacity()
     if not holders and not soon:
         return {}
@@ -872,7 +868,7 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
         if victims is None:
             continue
         for victim in victims:
-            if services.cluster_preempt(
+            if lifecycle.cluster_preempt(
                 cluster=Cluster(pk=victim.cluster_id),
                 # No names: the requester and the preempted may be different tenants.
                 reason="spot capacity reclaimed for an on-demand request",

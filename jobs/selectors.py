@@ -1,4 +1,7 @@
-"""Reads of the fleet that pages and other apps reuse."""
+"""Reads of the fleet that pages and other apps reuse.
+
+Layer: selectors, beside engine and netguard; it writes nothing and uses models only.
+"""
 
 from dataclasses import dataclass
 
@@ -6,7 +9,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
-from jobs.models import Cluster, Host, Node
+from jobs.models import Cluster, Host, Job, Node
 
 
 @dataclass(frozen=True)
@@ -282,15 +285,11 @@ def largest_fit(
 
 def jobs_for(user):
     """A researcher's own jobs, newest first."""
-    from jobs.models import Job
-
     return Job.objects.filter(owner=user).order_by("-created_at", "-id")
 
 
 def job_for_user(user, job_id: int):
     """The job's owner (and operators) may see a job; anyone else gets 404."""
-    from jobs.models import Job
-
     jobs = Job.objects.select_related("cluster", "cluster__gpu_model", "cluster__instance_type")
     if not user.is_staff:
         jobs = jobs.filter(owner=user)
@@ -318,8 +317,6 @@ def job_log_lines(job, attempt: int | None = None) -> list[tuple[str, int, str]]
 
 
 def queue_position_of_job(job) -> int | None:
-    from jobs.models import Job
-
     if job.state not in Job.WAITING:
         return None
     return (

@@ -1,17 +1,41 @@
-"""Writes that concern the fleet. Keyword-only, atomic where they span rows."""
+"""Writes that concern the fleet: the console's verbs (hosts registered, checked and
+drained; clusters created, resized and released; jobs submitted and cancelled; SSH keys).
+Keyword-only, atomic where they span rows.
+
+Layer: services, under tasks, admin and management. Uses scheduler (room for a resize, a
+host's nodes back), lifecycle, runtime, storage, engine, validators, models; never runner
+(a job is started or stopped by task name, through lifecycle). The verbs that parts below
+it share live in `lifecycle` and are re-exported here, so callers keep
+`services.cluster_release(...)`.
+"""
 
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from jobs import engine, runtime, storage, validators
+from jobs import engine, runtime, scheduler, storage, validators
+from jobs.lifecycle import (
+    cluster_event,
+    free_nodes,
+    job_event,
+    request_dispatch,
+    request_stop,
+)
+
+# The lifecycle's verbs, used through `services.` by the console, billing and the admin.
+from jobs.lifecycle import cluster_preempt as cluster_preempt
+from jobs.lifecycle import cluster_release as cluster_release
+from jobs.lifecycle import cluster_requeue_preempted as cluster_requeue_preempted
+from jobs.lifecycle import host_outage_began as host_outage_began
+from jobs.lifecycle import host_outage_ended as host_outage_ended
+from jobs.lifecycle import host_unhealthy as host_unhealthy
+from jobs.lifecycle import request_placement as request_placement
 from jobs.models import (
     Cluster,
-    ClusterEvent,
     GpuModel,
     GpuSlot,
     Host,
@@ -23,7 +47,6 @@ from jobs.models import (
     SshKey,
     Volume,
 )
-from jobs.queue import enqueue_by_name
 from jobs.storage import VolumeSpec
 
 
@@ -98,62 +121,10 @@ def host_check(*, host_id: int) -> Host:
     return host
 
 
-def host_unhealthy(*, host: Host, state: str, words: str, at=None) -> Host:
-    """Record that a host is down (no answer) or degraded (cannot start containers): out
-    of placement from now. The first time in a spell, its clusters hear of it, and nodes
-    on a down host stop being charged (`Node.lost_at`); placement moves them later
-    (`scheduler.move_stranded`)."""
-    with transaction.atomic():
-        host = Host.objects.select_for_update().get(pk=host.pk)
-        at = at or timezone.now()
-        was = host.state
-        fields = {"state": state, "last_checked": at, "last_error": words[:2000]}
-        if was not in Host.UNHEALTHY:
-            fields["unhealthy_since"] = at
-        Host.objects.filter(pk=host.pk).update(**fields)
-        if state == Host.State.DOWN:
-            host_outage_began(host_id=host.pk, at=at)
-        if state == Host.State.DOWN:
-            Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=True).update(
-                lost_at=at
-            )
-        if was != state:
-            what = (
-                f"host {host.name} stopped answering; not charged for its nodes from now"
-                if state == Host.State.DOWN
-                else f"host {host.name} could not start containers; work moves to another host"
-            )
-            for cluster in Cluster.objects.filter(
-                node_set__host=host, node_set__released_at__isnull=True
-            ).distinct():
-                _event(cluster, "host-" + state, what, at=at)
-        host.refresh_from_db()
-    request_placement()  # degraded: move its clusters now; down: when it stays down
-    return host
-
-
-def host_outage_began(*, host_id: int, at=None) -> None:
-    """The console lost the engine (its events stream broke): an outage begins, unless one
-    is already open. Containers that end within it were ended by the engine."""
-    at = at or timezone.now()
-    Host.objects.filter(pk=host_id).filter(
-        models.Q(outage_from__isnull=True) | models.Q(outage_to__isnull=False)
-    ).update(outage_from=at, outage_to=None)
-
-
-def host_outage_ended(*, host_id: int, at=None) -> None:
-    """The engine answers again: the open outage, if any, ends now."""
-    Host.objects.filter(pk=host_id, outage_from__isnull=False, outage_to__isnull=True).update(
-        outage_to=at or timezone.now()
-    )
-
-
 def _host_back(host: Host) -> None:
     """A host answers again: its nodes that were not moved meanwhile are placed again on
     it, where they were (a new row each, charged from that second), and their clusters
     hear of it. Each under its cluster's lock (placement may be moving the same node)."""
-    from jobs import runner, scheduler
-
     lost = Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=False)
     for cluster_id in set(lost.values_list("cluster_id", flat=True)):
         with transaction.atomic():
@@ -164,13 +135,13 @@ def _host_back(host: Host) -> None:
                 for node in lost.filter(cluster_id=cluster_id)
             ]
             if any(back):
-                _event(
+                cluster_event(
                     cluster,
                     "host-back",
                     f"host {host.name} is back; charged again from now",
                     at=now,
                 )
-                runner.request_dispatch(cluster.pk)
+                request_dispatch(cluster.pk)
 
 
 @transaction.atomic
@@ -205,39 +176,6 @@ class ClusterSpec:
     ssh_keys: tuple[SshKey, ...] = ()
     release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
     idle_minutes: int | None = None
-
-
-def request_placement() -> None:
-    """Run a placement pass after this transaction commits (deduplicated)."""
-    from jobs import tasks
-
-    transaction.on_commit(
-        lambda: tasks.enqueue_unique(
-            "default",
-            tasks.place_pending,
-            job_id="place-pending",
-            again_if_running=True,
-            result_ttl=60,
-        )
-    )
-
-
-def _event(cluster: Cluster, kind: str, message: str = "", at=None) -> None:
-    """The cluster's timeline, and its webhook event, in the caller's transaction."""
-    from jobs import webhooks
-
-    ClusterEvent.objects.create(
-        cluster=cluster, kind=kind, message=message[:300], at=at or timezone.now()
-    )
-    if kind == "released":
-        webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
-
-
-def _job_event(job: Job, kind: str, message: str = "", at=None) -> None:
-    from jobs import webhooks
-
-    JobEvent.objects.create(job=job, kind=kind, message=message, at=at or timezone.now())
-    webhooks.job_changed(job.pk, kind)
 
 
 @transaction.atomic
@@ -276,69 +214,14 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
     storage.ensure_folders(
         storage.tenant_root(owner.pk), list(spec.volumes), uid=runtime.tenant_uid(owner.pk)
     )
-    _event(cluster, "pending", f"requested {cluster.shape}", at=now)
+    cluster_event(cluster, "pending", f"requested {cluster.shape}", at=now)
     request_placement()
-    return cluster
-
-
-def _cancel_jobs_of(cluster: Cluster, reason: str) -> None:
-    """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
-    from jobs import tasks
-
-    now = timezone.now()
-    for job in cluster.jobs.filter(state__in=Job.WAITING):
-        Job.objects.filter(pk=job.pk).update(
-            state=Job.State.CANCELLED, state_reason=reason, finished_at=now
-        )
-        _job_event(job, "cancelled", reason, at=now)
-    for job in cluster.jobs.filter(state__in=Job.ACTIVE):
-        Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
-        JobEvent.objects.create(job=job, kind="cancelling", message=reason, at=now)
-        job_id = job.pk
-        transaction.on_commit(
-            lambda job_id=job_id: tasks.enqueue_unique(
-                "docker", tasks.job_stop, job_id, job_id=f"stop-{job_id}"
-            )
-        )
-
-
-def _free_nodes(nodes, now) -> int:
-    ids = [n.pk for n in nodes]
-    GpuSlot.objects.filter(node_id__in=ids).update(node=None)
-    return Node.objects.filter(pk__in=ids).update(released_at=now)
-
-
-@transaction.atomic
-def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") -> Cluster:
-    """Give the cluster's capacity back at once. Idempotent."""
-    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
-    if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
-        return cluster
-    now = timezone.now()
-    was_pending = cluster.state == Cluster.State.PENDING
-    if not was_pending:
-        _event(cluster, "releasing", reason, at=now)
-    _cancel_jobs_of(cluster, reason)
-    live = list(cluster.node_set.filter(released_at__isnull=True))
-    _free_nodes(live, now)
-    cluster.state = Cluster.State.RELEASED
-    cluster.state_reason = reason[:300]
-    cluster.released_at = now
-    cluster.save(update_fields=["state", "state_reason", "released_at"])
-    _event(cluster, "released", reason if was_pending else "capacity returned", at=now)
-    if live:
-        request_placement()
-        enqueue_by_name(
-            "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"
-        )
     return cluster
 
 
 @transaction.atomic
 def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     """Add or remove nodes of a running cluster. Added nodes are placed now or not at all."""
-    from jobs import scheduler
-
     cluster = (
         Cluster.objects.select_for_update(of=("self",))
         .select_related("gpu_model", "instance_type")
@@ -361,7 +244,7 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     now = timezone.now()
     before = len(live)
     if nodes < before:
-        _free_nodes(live[nodes:], now)
+        free_nodes(live[nodes:], now)
         request_placement()
         message = f"{before} -> {nodes} nodes: released " + ", ".join(
             f"node {n.index}" for n in live[nodes:]
@@ -400,7 +283,7 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     cluster.nodes = nodes
     cluster.last_active_at = now
     cluster.save(update_fields=["nodes", "last_active_at"])
-    _event(cluster, "resized", message, at=now)
+    cluster_event(cluster, "resized", message, at=now)
     return cluster
 
 
@@ -458,84 +341,6 @@ def _release_after_last_job(cluster_id: int, job_name: str) -> None:
 # -- spot preemption --------------------------------------------------------------------------
 
 
-@transaction.atomic
-def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
-    """Send a running spot cluster its preemption notice: billing stops at this second,
-    the running job's replicas run its preemption script, then get SIGTERM and, after the
-    grace period, SIGKILL; the cluster then goes back to the queue on its own
-    (`cluster_requeue_preempted`). False when it is not a running spot cluster (any more)."""
-    from jobs import tasks
-
-    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
-    if not cluster.spot or cluster.state != Cluster.State.RUNNING:
-        return False
-    now = timezone.now()
-    Cluster.objects.filter(pk=cluster.pk).update(
-        state=Cluster.State.PREEMPTING, state_reason=f"preempting: {reason}"[:300]
-    )
-    Node.objects.filter(cluster=cluster, released_at__isnull=True).update(preempted_at=now)
-    _event(cluster, "preempting", f"{reason}; not charged from now until it runs again", at=now)
-    active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
-    if active is None:
-        transaction.on_commit(lambda: cluster_requeue_preempted(cluster_id=cluster.pk))
-        return True
-    if active.stop_requested_at is not None:
-        # Already stopping (a failed rank, a cancel): it ends as what it is, not preempted;
-        # the cluster goes back to the queue when it has.
-        return True
-    Job.objects.filter(pk=active.pk).update(
-        preempt_requested_at=now, state_reason=f"preemption notice: {reason}"[:500]
-    )
-    script = (
-        "running its preemption script"
-        if active.preemption_script.strip()
-        else "no preemption script"
-    )
-    JobEvent.objects.create(
-        job=active, kind="notice",
-        message=f"preemption notice: {reason}; {script} (limit "
-        f"{settings.SUANLI_PREEMPT_SCRIPT_S} s), then SIGTERM, SIGKILL after "
-        f"{settings.SUANLI_PREEMPT_GRACE_S} s",
-        at=now,
-    )  # fmt: skip
-    job_id = active.pk
-    transaction.on_commit(
-        lambda: tasks.enqueue_unique(
-            "docker", tasks.job_preempt, job_id, job_id=f"preempt-{job_id}"
-        )
-    )
-    return True
-
-
-@transaction.atomic
-def cluster_requeue_preempted(*, cluster_id: int) -> bool:
-    """A preempting cluster whose job has left its nodes gives their GPUs back and waits in
-    the queue again, behind what is already waiting. Idempotent."""
-    cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
-    if cluster is None or cluster.state != Cluster.State.PREEMPTING:
-        return False
-    if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
-        return False  # its replicas are still stopping
-    now = timezone.now()
-    live = list(cluster.node_set.filter(released_at__isnull=True))
-    _free_nodes(live, now)
-    reason = cluster.state_reason.removeprefix("preempting: ")
-    Cluster.objects.filter(pk=cluster.pk).update(
-        state=Cluster.State.PENDING,
-        state_reason=f"preempted ({reason}); waiting to be placed again"[:300],
-        queued_at=now,
-        running_since=None,
-    )
-    _event(
-        cluster,
-        "preempted",
-        "capacity returned; back in the queue, placed again when it fits",
-        at=now,
-    )
-    request_placement()
-    return True
-
-
 def host_reclaim_spot(*, host: Host, by: str) -> list[Cluster]:
     """The operator takes back a host's spot capacity: every running spot cluster with a
     node on it is preempted (all its nodes: a gang job cannot go on with one missing)."""
@@ -591,8 +396,6 @@ class JobSpec:
 @transaction.atomic
 def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
     """Queue a job on a cluster; it starts when the cluster runs and earlier jobs ended."""
-    from jobs import runner
-
     cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
     if cluster.state not in (
         Cluster.State.PENDING,
@@ -619,15 +422,13 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         created_at=now,
         queued_at=now,
     )
-    _job_event(job, "queued", f"on {cluster.name} ({cluster.shape})", at=now)
-    runner.request_dispatch(cluster.pk)
+    job_event(job, "queued", f"on {cluster.name} ({cluster.shape})", at=now)
+    request_dispatch(cluster.pk)
     return job
 
 
 def job_cancel(*, job: Job, by: str) -> Job:
     """Cancel a queued job at once; a starting or running one gets SIGTERM, then SIGKILL."""
-    from jobs import runner, tasks
-
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
         if job.is_ended:
@@ -642,8 +443,8 @@ def job_cancel(*, job: Job, by: str) -> Job:
                 finished_at=timezone.now(),
                 cancel_requested=True,
             )
-            _job_event(job, "cancelled", reason)
-            runner.request_dispatch(job.cluster_id)
+            job_event(job, "cancelled", reason)
+            request_dispatch(job.cluster_id)
             if job.state == Job.State.PREEMPTED:
                 transaction.on_commit(lambda: _release_after_last_job(job.cluster_id, job.name))
         else:
@@ -651,10 +452,6 @@ def job_cancel(*, job: Job, by: str) -> Job:
             JobEvent.objects.create(
                 job=job, kind="cancelling", message=f"{reason}: SIGTERM, then SIGKILL"
             )
-            transaction.on_commit(
-                lambda: tasks.enqueue_unique(
-                    "docker", tasks.job_stop, job.pk, job_id=f"stop-{job.pk}"
-                )
-            )
+            request_stop(job.pk)
     job.refresh_from_db()
     return job

@@ -15,6 +15,8 @@ The guarantee needs the console to run as root (it owns the tenant roots and han
 folders to the tenants' uids). Run as another user (a developer's machine), the roots and
 folders belong to that user, which no container uid is, so the check still holds; only the
 containers cannot write their folders then.
+
+Layer: storage (beside network), under runtime; uses no other part.
 """
 
 import os

@@ -1,32 +1,13 @@
-"""Thin RQ entry points: take ids, call a service."""
+"""Thin RQ entry points: take ids, call a part below.
 
-from datetime import timedelta
+Layer: tasks, the top of jobs/ (beside admin and management). Uses services, runner,
+scheduler, webhooks, network, models and queue. The parts below queue these by their dotted
+name ("jobs.tasks.cluster_dispatch") through `jobs.queue`, never by importing this module.
+"""
 
-import django_rq
-from rq.job import JobStatus
-
-from jobs import network, services
-from jobs.models import Cluster, Host
-
-_PENDING = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
-
-
-def enqueue_unique(queue_name: str, func, *args, job_id: str, again_if_running=False, **options):
-    """Enqueue unless a job with this id is still waiting (RQ itself would overwrite it and
-    queue it twice). With `again_if_running`, a job that is already running gets one
-    follow-up queued behind it, for work that must see what changed after it started."""
-    queue = django_rq.get_queue(queue_name)
-    for candidate in (job_id, f"{job_id}-next") if again_if_running else (job_id,):
-        existing = queue.fetch_job(candidate)
-        status = existing.get_status(refresh=True) if existing is not None else None
-        if status in _PENDING - {JobStatus.STARTED}:
-            return existing
-        if status == JobStatus.STARTED:
-            if again_if_running:
-                continue
-            return existing
-        return queue.enqueue(func, *args, job_id=candidate, **options)
-    return None
+from jobs import network, runner, scheduler, services, webhooks
+from jobs.models import Cluster, Host, Job
+from jobs.queue import enqueue_later, enqueue_unique
 
 
 def host_check(host_id: int) -> str:
@@ -49,8 +30,6 @@ def hosts_check_all() -> int:
 
 
 def place_pending() -> int:
-    from jobs import scheduler
-
     return len(scheduler.place_pending().placed)
 
 
@@ -59,8 +38,6 @@ def clusters_release_idle() -> int:
 
 
 def cluster_dispatch(cluster_id: int) -> int | None:
-    from jobs import runner
-
     return runner.dispatch(cluster_id)
 
 
@@ -80,53 +57,37 @@ def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
     if network.remove(cluster_id):
         return True
     if tries < 5:
-        django_rq.get_queue("docker").enqueue_in(
-            timedelta(seconds=10 * (tries + 1)), cluster_network_remove, cluster_id, tries + 1
-        )
+        enqueue_later(cluster_network_remove, cluster_id, tries + 1, delay_s=10 * (tries + 1))
     return False
 
 
 def job_start(job_id: int) -> None:
-    from jobs import runner
-
     runner.start_replicas(job_id)
 
 
 def job_stop(job_id: int) -> None:
-    from jobs import runner
-
     runner.stop(job_id)
     runner.settle(job_id)
 
 
 def job_preempt(job_id: int) -> None:
-    from jobs import runner
-
     runner.preempt(job_id)
 
 
 def job_kill(job_id: int, attempt: int | None = None) -> None:
-    from jobs import runner
-
     runner.kill(job_id, attempt)
 
 
 def replica_exited(replica_id: int, exit_code: int | None = None) -> None:
-    from jobs import runner
-
     runner.replica_exited(replica_id, exit_code=exit_code)
 
 
 def reconcile() -> dict:
-    from jobs import runner
-
     return runner.reconcile()
 
 
 def dispatch_all() -> int:
     """Safety net: every running cluster with queued work and nothing active gets a dispatch."""
-    from jobs.models import Cluster, Job
-
     ids = list(
         Cluster.objects.filter(state=Cluster.State.RUNNING, jobs__state__in=Job.WAITING)
         .exclude(jobs__state__in=Job.ACTIVE)
@@ -145,12 +106,8 @@ def dispatch_all() -> int:
 
 
 def webhook_deliver(delivery_id: int) -> str:
-    from jobs import webhooks
-
     return webhooks.deliver(delivery_id)
 
 
 def webhooks_sweep() -> int:
-    from jobs import webhooks
-
     return webhooks.sweep()

@@ -1,5 +1,11 @@
-"""Checks on what operators and researchers type, with messages that say what to write."""
+"""Checks on what operators and researchers type, with messages that say what to write.
 
+Layer: validators, the bottom of jobs/ (beside crypto). Uses no other part: models (and the
+migrations) use it, so it must not use them.
+"""
+
+import base64
+import hashlib
 import ipaddress
 import re
 from urllib.parse import urlsplit
@@ -7,6 +13,7 @@ from urllib.parse import urlsplit
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from django.core.exceptions import ValidationError
 
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -142,11 +149,6 @@ def validate_image_reference(value: str) -> None:
 
 def parse_ssh_public_key(text: str) -> dict:
     """Parse an OpenSSH public key line; return its type, bits and SHA256 fingerprint."""
-    import base64
-    import hashlib
-
-    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
-
     line = " ".join((text or "").split())
     parts = line.split(" ")
     if len(parts) < 2 or not parts[0]:
@@ -189,12 +191,19 @@ def parse_ssh_public_key(text: str) -> dict:
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The platform's own variables (distributed setup, GPUs): a job's env may not set them.
+RESERVED_ENV_PREFIXES = ("SUANLI_", "NCCL_", "NVIDIA_")
+RESERVED_ENV = frozenset(
+    {
+        "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
+        "LOCAL_WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "HOME", "PATH", "HOSTNAME",
+        "LD_PRELOAD", "LD_LIBRARY_PATH",
+    }
+)  # fmt: skip
 
 
 def parse_env(text: str) -> dict[str, str]:
     """KEY=VALUE lines. Names are checked; the platform's own names are refused."""
-    from jobs.models import RESERVED_ENV, RESERVED_ENV_PREFIXES
-
     env: dict[str, str] = {}
     errors: list[str] = []
     for number, raw in enumerate((text or "").splitlines(), start=1):

@@ -12,6 +12,10 @@ secret's signature too for 24 h after a rotation). Retries: `SUANLI_WEBHOOK_RETR
 (at once, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h); only 2xx is success; `410 Gone`
 disables the endpoint; an endpoint failing for `SUANLI_WEBHOOK_DISABLE_AFTER_S` (5 days)
 is disabled and its owner told on the dashboard.
+
+Layer: webhooks (the event outbox and its signed delivery), under lifecycle, scheduler and
+runner, which report state changes through it. Uses netguard and models; a delivery is
+queued by task name ("jobs.tasks.webhook_deliver") on the "webhooks" queue.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import secrets
 from datetime import timedelta
 
+import django_rq
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 EVENT_TYPES = [value for value, _ in WebhookEndpoint.EVENTS]
 TEST_EVENT = "webhook.test"
 LEASE = timedelta(seconds=60)  # a claimed attempt not recorded by then is tried again
+DELIVER_TASK = "jobs.tasks.webhook_deliver"  # by name: tasks sit above this module
 JOB_KINDS = {
     "queued": "job.queued",
     "running": "job.started",
@@ -106,16 +112,12 @@ def emit(*, owner_id: int, event_type: str, data: dict, endpoints=None) -> Webho
 
 
 def _enqueue(delivery_id: int, delay: timedelta | None = None) -> None:
-    import django_rq
-
-    from jobs import tasks
-
     try:
         queue = django_rq.get_queue("webhooks")
         if delay:
-            queue.enqueue_in(delay, tasks.webhook_deliver, delivery_id)
+            queue.enqueue_in(delay, DELIVER_TASK, delivery_id)
         else:
-            queue.enqueue(tasks.webhook_deliver, delivery_id)
+            queue.enqueue(DELIVER_TASK, delivery_id)
     except Exception:  # Redis away: the delivery row is pending; the sweep sends it
         log.warning("could not enqueue webhook delivery %s; the sweep will", delivery_id)
 

@@ -19,7 +19,7 @@ from rq.exceptions import StopRequested
 from rq.utils import now
 
 from jobs.outage import REDIS_DOWN, Outage
-from jobs.tasks import enqueue_unique
+from jobs.queue import enqueue_unique
 
 
 class SuanliCronScheduler(DjangoCronScheduler):

@@ -1,3 +1,8 @@
+"""`register_host`: add (or update) a Docker host from the command line, and check it.
+
+Layer: management, the top of jobs/ (beside tasks and admin); uses services and models.
+"""
+
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 

@@ -1,6 +1,9 @@
 """`watch` (Procfile): follow every engine's events for our labelled containers and
 finalise a replica the moment its container dies. One thread per host; a host that stops
-answering is retried with backoff; hosts added later are picked up."""
+answering is retried with backoff; hosts added later are picked up.
+
+Layer: management, the top of jobs/ (beside tasks and admin); uses runner, services,
+runtime, engine, outage and models."""
 
 import logging
 import threading

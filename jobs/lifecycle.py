@@ -1,0 +1,253 @@
+"""State changes of hosts, clusters and jobs that several parts make: a host found
+unhealthy, a cluster released, preempted or back in the queue, and the timeline entries
+(with their webhook events) that say so, written in the caller's transaction.
+
+Layer: lifecycle, below services, runner and scheduler, which all call it; it uses
+webhooks, models and queue. Work of the parts above (a placement pass, a job's dispatch,
+stop or preemption) is asked for by task name through `queue`, never by importing them.
+"""
+
+from django.conf import settings
+from django.db import models, transaction
+from django.utils import timezone
+
+from jobs import webhooks
+from jobs.models import Cluster, ClusterEvent, GpuSlot, Host, Job, JobEvent, Node
+from jobs.queue import enqueue_by_name, enqueue_unique
+
+# -- timelines ------------------------------------------------------------------------------
+
+
+def cluster_event(cluster: Cluster, kind: str, message: str = "", at=None) -> None:
+    """The cluster's timeline, and its webhook event, in the caller's transaction."""
+    ClusterEvent.objects.create(
+        cluster=cluster, kind=kind, message=message[:300], at=at or timezone.now()
+    )
+    if kind == "released":
+        webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
+
+
+def job_event(job: Job, kind: str, message: str = "", at=None) -> None:
+    """The job's timeline, and its webhook event, in the caller's transaction."""
+    JobEvent.objects.create(job=job, kind=kind, message=message, at=at or timezone.now())
+    webhooks.job_changed(job.pk, kind)
+
+
+# -- work for the parts above, after commit ---------------------------------------------------
+
+
+def request_placement() -> None:
+    """Run a placement pass after this transaction commits (deduplicated)."""
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "default",
+            "jobs.tasks.place_pending",
+            job_id="place-pending",
+            again_if_running=True,
+            result_ttl=60,
+        )
+    )
+
+
+def request_dispatch(cluster_id: int) -> None:
+    """Start the cluster's next queued job once this transaction commits."""
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "docker",
+            "jobs.tasks.cluster_dispatch",
+            cluster_id,
+            job_id=f"dispatch-{cluster_id}",
+            again_if_running=True,
+        )
+    )
+
+
+def request_stop(job_id: int) -> None:
+    """Stop the job's replicas (SIGTERM, then SIGKILL) once this transaction commits."""
+    transaction.on_commit(
+        lambda: enqueue_unique("docker", "jobs.tasks.job_stop", job_id, job_id=f"stop-{job_id}")
+    )
+
+
+# -- hosts ------------------------------------------------------------------------------------
+
+
+def host_unhealthy(*, host: Host, state: str, words: str, at=None) -> Host:
+    """Record that a host is down (no answer) or degraded (cannot start containers): out
+    of placement from now. The first time in a spell, its clusters hear of it, and nodes
+    on a down host stop being charged (`Node.lost_at`); placement moves them later
+    (`scheduler.move_stranded`)."""
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        at = at or timezone.now()
+        was = host.state
+        fields = {"state": state, "last_checked": at, "last_error": words[:2000]}
+        if was not in Host.UNHEALTHY:
+            fields["unhealthy_since"] = at
+        Host.objects.filter(pk=host.pk).update(**fields)
+        if state == Host.State.DOWN:
+            host_outage_began(host_id=host.pk, at=at)
+        if state == Host.State.DOWN:
+            Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=True).update(
+                lost_at=at
+            )
+        if was != state:
+            what = (
+                f"host {host.name} stopped answering; not charged for its nodes from now"
+                if state == Host.State.DOWN
+                else f"host {host.name} could not start containers; work moves to another host"
+            )
+            for cluster in Cluster.objects.filter(
+                node_set__host=host, node_set__released_at__isnull=True
+            ).distinct():
+                cluster_event(cluster, "host-" + state, what, at=at)
+        host.refresh_from_db()
+    request_placement()  # degraded: move its clusters now; down: when it stays down
+    return host
+
+
+def host_outage_began(*, host_id: int, at=None) -> None:
+    """The console lost the engine (its events stream broke): an outage begins, unless one
+    is already open. Containers that end within it were ended by the engine."""
+    at = at or timezone.now()
+    Host.objects.filter(pk=host_id).filter(
+        models.Q(outage_from__isnull=True) | models.Q(outage_to__isnull=False)
+    ).update(outage_from=at, outage_to=None)
+
+
+def host_outage_ended(*, host_id: int, at=None) -> None:
+    """The engine answers again: the open outage, if any, ends now."""
+    Host.objects.filter(pk=host_id, outage_from__isnull=False, outage_to__isnull=True).update(
+        outage_to=at or timezone.now()
+    )
+
+
+# -- clusters ---------------------------------------------------------------------------------
+
+
+def _cancel_jobs_of(cluster: Cluster, reason: str) -> None:
+    """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
+    now = timezone.now()
+    for job in cluster.jobs.filter(state__in=Job.WAITING):
+        Job.objects.filter(pk=job.pk).update(
+            state=Job.State.CANCELLED, state_reason=reason, finished_at=now
+        )
+        job_event(job, "cancelled", reason, at=now)
+    for job in cluster.jobs.filter(state__in=Job.ACTIVE):
+        Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
+        JobEvent.objects.create(job=job, kind="cancelling", message=reason, at=now)
+        request_stop(job.pk)
+
+
+def free_nodes(nodes, now) -> int:
+    """The nodes end at `now` and give their GPU slots back."""
+    ids = [n.pk for n in nodes]
+    GpuSlot.objects.filter(node_id__in=ids).update(node=None)
+    return Node.objects.filter(pk__in=ids).update(released_at=now)
+
+
+@transaction.atomic
+def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") -> Cluster:
+    """Give the cluster's capacity back at once. Idempotent."""
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
+        return cluster
+    now = timezone.now()
+    was_pending = cluster.state == Cluster.State.PENDING
+    if not was_pending:
+        cluster_event(cluster, "releasing", reason, at=now)
+    _cancel_jobs_of(cluster, reason)
+    live = list(cluster.node_set.filter(released_at__isnull=True))
+    free_nodes(live, now)
+    cluster.state = Cluster.State.RELEASED
+    cluster.state_reason = reason[:300]
+    cluster.released_at = now
+    cluster.save(update_fields=["state", "state_reason", "released_at"])
+    cluster_event(cluster, "released", reason if was_pending else "capacity returned", at=now)
+    if live:
+        request_placement()
+        enqueue_by_name(
+            "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"
+        )
+    return cluster
+
+
+# -- spot preemption --------------------------------------------------------------------------
+
+
+@transaction.atomic
+def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
+    """Send a running spot cluster its preemption notice: billing stops at this second,
+    the running job's replicas run its preemption script, then get SIGTERM and, after the
+    grace period, SIGKILL; the cluster then goes back to the queue on its own
+    (`cluster_requeue_preempted`). False when it is not a running spot cluster (any more)."""
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if not cluster.spot or cluster.state != Cluster.State.RUNNING:
+        return False
+    now = timezone.now()
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PREEMPTING, state_reason=f"preempting: {reason}"[:300]
+    )
+    Node.objects.filter(cluster=cluster, released_at__isnull=True).update(preempted_at=now)
+    cluster_event(
+        cluster, "preempting", f"{reason}; not charged from now until it runs again", at=now
+    )
+    active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+    if active is None:
+        transaction.on_commit(lambda: cluster_requeue_preempted(cluster_id=cluster.pk))
+        return True
+    if active.stop_requested_at is not None:
+        # Already stopping (a failed rank, a cancel): it ends as what it is, not preempted;
+        # the cluster goes back to the queue when it has.
+        return True
+    Job.objects.filter(pk=active.pk).update(
+        preempt_requested_at=now, state_reason=f"preemption notice: {reason}"[:500]
+    )
+    script = (
+        "running its preemption script"
+        if active.preemption_script.strip()
+        else "no preemption script"
+    )
+    JobEvent.objects.create(
+        job=active, kind="notice",
+        message=f"preemption notice: {reason}; {script} (limit "
+        f"{settings.SUANLI_PREEMPT_SCRIPT_S} s), then SIGTERM, SIGKILL after "
+        f"{settings.SUANLI_PREEMPT_GRACE_S} s",
+        at=now,
+    )  # fmt: skip
+    job_id = active.pk
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "docker", "jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}"
+        )
+    )
+    return True
+
+
+@transaction.atomic
+def cluster_requeue_preempted(*, cluster_id: int) -> bool:
+    """A preempting cluster whose job has left its nodes gives their GPUs back and waits in
+    the queue again, behind what is already waiting. Idempotent."""
+    cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+    if cluster is None or cluster.state != Cluster.State.PREEMPTING:
+        return False
+    if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
+        return False  # its replicas are still stopping
+    now = timezone.now()
+    live = list(cluster.node_set.filter(released_at__isnull=True))
+    free_nodes(live, now)
+    reason = cluster.state_reason.removeprefix("preempting: ")
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PENDING,
+        state_reason=f"preempted ({reason}); waiting to be placed again"[:300],
+        queued_at=now,
+        running_since=None,
+    )
+    cluster_event(
+        cluster,
+        "preempted",
+        "capacity returned; back in the queue, placed again when it fits",
+        at=now,
+    )
+    request_placement()
+    return True
