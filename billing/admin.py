@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from billing import formatting, services
 from billing.models import Account, LedgerEntry, Meter, Price, RateCard
+from jobs.admin import ReadOnlyAdmin
 from jobs.sql import EstimatedCountPaginator
 
 
@@ -164,19 +165,6 @@ class AccountAdmin(admin.ModelAdmin):
             f"{entry.get_kind_display()} of {entry.amount}: balance now {entry.balance_after}.",
         )
         return redirect(back)
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Written by the services only: operators look, never edit."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(LedgerEntry)

@@ -20,9 +20,11 @@ from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from billing import rollups
+from billing import rollups, selectors
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import RateBook, to_money
+from jobs import services as fleet
+from jobs import webhooks
 from jobs.models import Cluster, Node
 from jobs.sql import insert_rows, update_rows
 
@@ -443,8 +445,6 @@ def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, writ
 def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) -> list[int]:
     """Release every pending or running cluster of these accounts, then bill them up to
     the second they stopped (in this same tick, so the overdraft stays within one period)."""
-    from jobs import services as fleet
-
     stopped = []
     for cluster in Cluster.objects.filter(
         owner__account__pk__in=account_ids,
@@ -468,9 +468,6 @@ def enough_balance(account: Account, per_hour: Decimal) -> bool:
 def notify_low_balances() -> int:
     """`balance.low` once per low spell: accounts with running clusters and under
     `SUANLI_LOW_BALANCE_HOURS` of balance left at the current burn."""
-    from billing import selectors
-    from jobs import webhooks
-
     sent = 0
     owners = Cluster.objects.filter(state=Cluster.State.RUNNING).values_list("owner_id", flat=True)
     for account in Account.objects.filter(

@@ -16,8 +16,9 @@ from django.http import Http404
 
 from jobs import runner
 from jobs import selectors as fleet
-from jobs.models import Job, Replica
+from jobs.models import Cluster, Job, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
+from monitoring.monitor import group_for
 
 log = logging.getLogger("suanli.web")
 
@@ -101,8 +102,6 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
 
 def _watchable_cluster(user, cluster_id: int):
     """The cluster's owner, or an operator; anyone else: Http404 (as if it did not exist)."""
-    from jobs.models import Cluster
-
     if user.is_staff:
         try:
             return Cluster.objects.get(pk=cluster_id)
@@ -126,8 +125,6 @@ class ClusterMetricsConsumer(AsyncJsonWebsocketConsumer):
                 await send({"type": "websocket.close", "code": 1012})
 
     async def connect(self):
-        from monitoring.monitor import group_for
-
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=4401)

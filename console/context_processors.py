@@ -1,5 +1,7 @@
 from django.conf import settings
 
+from billing import selectors as money
+
 
 def suanli(request):
     context = {"signup_enabled": settings.SUANLI_SIGNUP_ENABLED}
@@ -7,8 +9,6 @@ def suanli(request):
     # A polled part of a page (htmx: the job and cluster status, the live cost) has no
     # banner: it would pay for the balance on every poll.
     if user is not None and user.is_authenticated and not request.headers.get("HX-Request"):
-        from billing import selectors as money
-
         # Every page warns when less than an hour of balance is left at the current burn.
         standing = money.standing(user)
         context["my_standing"] = standing  # the dashboard shows the balance from this

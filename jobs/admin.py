@@ -221,26 +221,39 @@ class ImageAdmin(admin.ModelAdmin):
     search_fields = ["name", "reference"]
 
 
-class NodeInline(admin.TabularInline):
-    model = Node
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Written by the services only: operators look, never add, change or delete."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """A timeline or a list of rows the services write: shown, never edited here."""
+
     extra = 0
     can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class NodeInline(ReadOnlyInline):
+    model = Node
     fields = ["index", "host", "gpu_indices", "vcpus", "placed_at", "preempted_at", "released_at"]
     readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None):
-        return False
 
-
-class ClusterEventInline(admin.TabularInline):
+class ClusterEventInline(ReadOnlyInline):
     model = ClusterEvent
-    extra = 0
-    can_delete = False
     fields = ["at", "kind", "message"]
     readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Cluster)
@@ -352,19 +365,14 @@ class JobOwnerFilter(TypedFilter):
         return queryset.filter(owner_id=owner.first() or 0)
 
 
-class JobEventInline(admin.TabularInline):
+class JobEventInline(ReadOnlyInline):
     model = JobEvent
-    extra = 0
-    can_delete = False
     fields = ["at", "kind", "message"]
     readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ReadOnlyAdmin):
     """Operators look jobs up here; nobody adds, changes or deletes one (their owners start
     and cancel them through the console or API). Built for a year of them: newest first
     along an index (jobs.Job Meta), sortable by nothing else, no full count and no facet
@@ -393,15 +401,6 @@ class JobAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     exclude = ["env"]
     inlines = [JobEventInline]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_search_results(self, request, queryset, search_term):
         """A number is a job's id (its primary key: one row); anything else, part of a name."""

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection
 
+from jobs import engine
 from jobs.models import Host, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.sql import insert_rows
@@ -89,8 +90,6 @@ def load_targets(shard: tuple[int, int]) -> tuple[list[Target], dict[int, HostIn
         if host % count == index
     ]
     hosts = {}
-    from jobs import engine
-
     for host in Host.objects.filter(pk__in={t.host_id for t in targets}):
         tls = None
         if host.uses_tls:
