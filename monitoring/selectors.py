@@ -11,6 +11,7 @@ import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import caches
 from django.db import connection
 from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
@@ -90,13 +91,40 @@ def job_rows(
     return resolution, _values(samples, MAX_POINTS if resolution == "second" else None)
 
 
+def _kept(kind: str, job: Job, compute):
+    """A finished job's whole chart or diagnosis, computed once per process and kept in the
+    `charts` cache (settings.CACHES) under what it is computed from: the job's attempt and
+    end, and its samples' count and last second (one index-only aggregate). A sample
+    stored late, or pruned, is another key: the page never shows a stale picture."""
+    if not job.is_ended:
+        return compute()
+    seen = Sample.objects.filter(job=job).aggregate(n=Count("id"), last=Max("at"))
+    ended = job.finished_at.timestamp() if job.finished_at else None
+    last = seen["last"].timestamp() if seen["last"] else None
+    key = f"{kind}:{job.pk}:{job.attempt}:{ended}:{seen['n']}:{last}"
+    cache = caches["charts"]
+    value = cache.get(key)
+    if value is None:
+        value = compute()
+        cache.set(key, value)
+    return value
+
+
 def job_chart(
     job: Job, *, since: datetime | None = None, until: datetime | None = None
 ) -> tuple[str, list[dict], int]:
     """A finished job's samples (from `since` to `until` when given: a zoomed chart) as
     its charts show them: (resolution, rows, step). A node with more than
     MAX_CHART_POINTS rows is decimated to that many: `step` is then the seconds each
-    bucket stands for (see `decimate`), else 0."""
+    bucket stands for (see `decimate`), else 0. The whole chart is kept (`_kept`)."""
+    if since is None and until is None:
+        return _kept("chart", job, lambda: _job_chart(job))
+    return _job_chart(job, since=since, until=until)
+
+
+def _job_chart(
+    job: Job, *, since: datetime | None = None, until: datetime | None = None
+) -> tuple[str, list[dict], int]:
     resolution, samples = _job_source(job, since=since, until=until)
     nodes = list(
         samples.order_by()
@@ -215,7 +243,14 @@ def cores_per_node(cluster: Cluster) -> int:
 
 def diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
     """What slowed the job down, from its samples (`rows` when the caller has read them),
-    every second of them: the chart's decimated rows would hide a dip's length."""
+    every second of them: the chart's decimated rows would hide a dip's length. Kept for
+    a finished job (`_kept`)."""
+    if rows is None:
+        return _kept("diagnosis", job, lambda: _diagnosis(job))
+    return _diagnosis(job, rows)
+
+
+def _diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
     cores = cores_per_node(job.cluster)
     if rows is None:
         _, samples = _job_source(job)

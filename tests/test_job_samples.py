@@ -8,7 +8,9 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobs import services
@@ -148,3 +150,22 @@ def test_the_diagnosis_still_reads_every_second(make_cluster, paper_host, alice,
     assert "Data-loading bottleneck" in page
     assert "every ~5 s" in page
     assert len(_history(page)) <= 2_100
+
+
+def test_a_finished_jobs_picture_is_kept_and_a_late_sample_still_shows(long_job, owner):
+    """The second visit reads the kept chart and diagnosis (no bucket query, the same
+    page); a sample the monitor stores late is on the next visit (the kept picture is keyed
+    by what the job's samples are)."""
+    late = Sample.objects.filter(job=long_job).latest("at")
+    late.delete()  # not stored yet
+    url = reverse("job_detail", args=[long_job.pk])
+    first = _history(owner.get(url).content.decode())
+    assert first[-1]["t"] == int(late.at.timestamp()) - 1
+    with CaptureQueriesContext(connection) as again:
+        second = owner.get(url)
+    assert _history(second.content.decode()) == first
+    assert not [q for q in again.captured_queries if "WITH s AS" in q["sql"]]
+    late.pk = None
+    late.save()  # stored now
+    third = _history(owner.get(url).content.decode())
+    assert third[-1]["t"] == int(late.at.timestamp())
