@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import django_rq
 from django.conf import settings
@@ -34,9 +35,10 @@ from console import auth
 from console.api_schema import SCHEMA
 from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm
 from console.models import ApiToken, digest_of
+from jobs import runner
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Image
+from jobs.models import Image, Replica
 
 PAGE = 50
 
@@ -339,11 +341,93 @@ def job_cancel(request, user, body, job_id: int):
     return JsonResponse(job_json(request, j))
 
 
+_CURSOR = re.compile(r"(\d{1,5})((?:~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64})")
+
+
+def _ts_ns(ts: str) -> int | None:
+    """Docker's RFC 3339 timestamp (UTC, up to 9 decimals, trailing zeros trimmed) as
+    nanoseconds: comparable, unlike the strings."""
+    head, _, frac = ts.rstrip("Z").partition(".")
+    if not frac.isdigit() and frac:
+        return None
+    try:
+        seconds = datetime.fromisoformat(head + "+00:00").timestamp()
+    except ValueError:
+        return None
+    return int(seconds) * 1_000_000_000 + int((frac or "0")[:9].ljust(9, "0"))
+
+
+def _parse_cursor(raw: str) -> tuple[int, dict[int, tuple[int, int]]]:
+    match = _CURSOR.fullmatch(raw)
+    if match is None:
+        raise ValidationError("since is the cursor of an earlier answer of this endpoint.")
+    positions = {}
+    for part in match.group(2).split("~")[1:]:
+        rank, ns, count = (int(x) for x in part.split("."))
+        positions[rank] = (ns, count)
+    return int(match.group(1)), positions
+
+
+def _log_after(job, attempt: int, positions: dict) -> tuple[list[dict], dict]:
+    """The attempt's lines after `positions` (rank -> newest timestamp sent, and how many
+    lines of that timestamp): the stored log of ended replicas, the engine's live log of
+    running ones. Per rank, because the nodes' clocks are not each other's."""
+    out, after = [], {}
+    for replica in job.replicas.filter(attempt=attempt).select_related("host").order_by("rank"):
+        at, sent_at = positions.get(replica.rank, (None, 0))
+        if replica.state in (Replica.State.EXITED, Replica.State.LOST):
+            raw = replica.log.splitlines()
+        elif replica.state == Replica.State.RUNNING:
+            # Docker's `since` is inclusive and in float seconds: ask a second early, and
+            # skip what was sent here.
+            raw = runner.live_log_since(replica, at / 1e9 - 1 if at else None)
+        else:
+            raw = []
+        newest, count, seen_at = at, sent_at, 0
+        for line in raw:
+            ts, text = fleet.split_log_line(line)
+            ns = _ts_ns(ts)
+            if at is not None:
+                if ns is None or ns < at:
+                    continue
+                if ns == at:
+                    seen_at += 1
+                    if seen_at <= sent_at:
+                        continue
+            out.append((ns or 0, replica.rank, ts, text))
+            if ns is not None and (newest is None or ns > newest):
+                newest, count = ns, 1
+            elif ns is not None and ns == newest:
+                count += 1
+        if newest is not None:
+            after[replica.rank] = (newest, count)
+    out.sort(key=lambda line: line[:2])
+    return [{"ts": ts, "rank": rank, "text": text} for _, rank, ts, text in out], after
+
+
 @endpoint("GET")
 def job_log(request, user, body, job_id: int):
+    """The current attempt's log; with `?since=<cursor>` (each answer's `cursor`) only the
+    lines after that answer's, first the rest of an earlier attempt that the cursor was
+    reading. `complete` once the job has ended and this is the last attempt's log."""
     j = fleet.job_for_user(user, job_id)
-    lines = [{"ts": ts, "rank": rank, "text": text} for ts, rank, text in fleet.job_log_lines(j)]
-    return JsonResponse({"job": j.pk, "state": j.state, "complete": j.is_ended, "lines": lines})
+    attempt, positions = j.attempt, {}
+    if "since" in request.GET:
+        attempt, positions = _parse_cursor(request.GET["since"])
+        if attempt > j.attempt:
+            raise ValidationError("since is a cursor of another job.")
+        if attempt < j.attempt and not j.replicas.filter(attempt=attempt).exists():
+            attempt, positions = j.attempt, {}  # nothing of that attempt ever ran
+    lines, after = _log_after(j, attempt, positions)
+    cursor = f"{attempt}" + "".join(f"~{r}.{ns}.{n}" for r, (ns, n) in sorted(after.items()))
+    if attempt < j.attempt:
+        cursor = f"{attempt + 1}"  # the next answer starts the next attempt
+    return JsonResponse(
+        {
+            "job": j.pk, "state": j.state, "attempt": attempt, "exit_code": j.exit_code,
+            "complete": j.is_ended and attempt == j.attempt, "lines": lines, "cursor": cursor,
+        }
+    )  # fmt: skip
 
 
 @endpoint("GET")

@@ -310,10 +310,62 @@ SCHEMA = {
         },
         "/jobs/{job_id}/log": {
             "get": {
-                "summary": "The stored log, rank-labelled (complete once the job has ended).",
-                "parameters": [_path_id("job_id")],
+                "summary": "The current attempt's log, rank-labelled: live from the engines "
+                "while it runs, the stored log once it has ended (`complete` then).",
+                "parameters": [
+                    _path_id("job_id"),
+                    {
+                        "name": "since",
+                        "in": "query",
+                        "required": False,
+                        "description": "the `cursor` of an earlier answer: only the lines "
+                        "after it (first the rest of the attempt it was reading, if the job "
+                        "has started another since); poll with each answer's cursor to follow "
+                        "the log",
+                        "schema": {
+                            "type": "string",
+                            "maxLength": 2400,
+                            "pattern": r"^\d{1,5}(~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64}$",
+                        },
+                    },
+                ],
                 "responses": {
-                    "200": _resp("Log lines.", {"type": "object"}),
+                    "200": _resp(
+                        "Log lines.",
+                        {
+                            "type": "object",
+                            "properties": {
+                                "job": {"type": "integer"},
+                                "state": {"type": "string"},
+                                "attempt": {
+                                    "type": "integer",
+                                    "description": "the attempt these lines are from",
+                                },
+                                "exit_code": {"type": "integer", "nullable": True},
+                                "complete": {
+                                    "type": "boolean",
+                                    "description": "the job has ended and no line is left "
+                                    "after this answer",
+                                },
+                                "lines": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "properties": {
+                                            "ts": {"type": "string"},
+                                            "rank": {"type": "integer"},
+                                            "text": {"type": "string"},
+                                        },
+                                    },
+                                },
+                                "cursor": {
+                                    "type": "string",
+                                    "description": "pass as `since` for the lines after these",
+                                },
+                            },
+                        },
+                    ),
+                    "400": _resp("Not a cursor of this job.", _ERROR),
                     "404": _resp("Not found.", _ERROR),
                     **_COMMON,
                 },

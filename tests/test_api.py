@@ -85,6 +85,54 @@ def test_a_script_creates_a_cluster_runs_a_job_and_reads_its_log(
     assert status == 200 and released["state"] == "released"
 
 
+def test_a_script_follows_a_running_jobs_log_with_its_cursor(
+    make_host, alice, priced, token_of, settle_until
+):
+    """Live lines while the job runs; `?since=<cursor>` gives only the lines after an
+    earlier answer's, each once, from the engine or the stored log alike."""
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    api = _api(token_of(alice))
+    status, cluster = api(
+        "POST", "clusters",
+        {"name": "follow", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
+         "image": "suanli/busybox:latest", "release_policy": "never"},
+    )  # fmt: skip
+    from jobs import scheduler
+
+    scheduler.place_pending()
+    status, job = api(
+        "POST",
+        "jobs",
+        {
+            "cluster": cluster["id"],
+            "name": "f",
+            "command": "echo first; sleep 2; echo second; echo third",
+        },
+    )
+    status, log = api("GET", f"jobs/{job['id']}/log")
+    assert status == 200 and log["lines"] == [] and not log["complete"]
+    runner.dispatch(cluster["id"])
+    for _ in range(60):
+        status, log = api("GET", f"jobs/{job['id']}/log?since={log['cursor']}")
+        if log["lines"]:
+            break
+        time.sleep(0.2)
+    assert [line["text"] for line in log["lines"]] == ["first"] and log["state"] == "running"
+    status, again = api("GET", f"jobs/{job['id']}/log?since={log['cursor']}")
+    assert again["lines"] == [] and again["cursor"] == log["cursor"], "nothing twice"
+    settle_until(Job.objects.get(pk=job["id"]))
+    status, rest = api("GET", f"jobs/{job['id']}/log?since={log['cursor']}")
+    assert [line["text"] for line in rest["lines"]] == ["second", "third"]
+    assert rest["complete"] and rest["exit_code"] == 0 and rest["attempt"] == 1
+    status, end = api("GET", f"jobs/{job['id']}/log?since={rest['cursor']}")
+    assert end["lines"] == [] and end["complete"]
+    status, whole = api("GET", f"jobs/{job['id']}/log")
+    assert [line["text"] for line in whole["lines"]] == ["first", "second", "third"]
+    for bad in ("nonsense", "1~0.x.1", "9"):  # "9": a later attempt than the job's
+        status, body = api("GET", f"jobs/{job['id']}/log?since={bad}")
+        assert status == 400 and "since" in body["error"], bad
+
+
 def test_tokens_are_shown_once_stored_hashed_and_revocable(client, alice, bob):
     client.force_login(alice)
     page = client.post("/api/tokens/", {"action": "create", "name": "ci"}).content.decode()

@@ -1,0 +1,664 @@
+"""`suanli`: the command line of the console, for researchers and their scripts.
+
+It speaks only the public token API under /api/v1/ (console/api.py) and imports only the
+standard library, click and requests: never Django, never our apps, so it runs on a laptop
+with none of the console's settings. `suanli login` keeps the URL and token in
+`$XDG_CONFIG_HOME/suanli/config.json` (or `~/.config/suanli/config.json`), readable by its
+owner only; `SUANLI_URL` and `SUANLI_TOKEN` override it for scripts and CI.
+
+Every command prints plain lines or a table, or with `--json` the API's JSON for scripts.
+Errors are one sentence on stderr and a non-zero exit status (1; 2 for a misused command):
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import requests
+
+API = "/api/v1"
+TIMEOUT_S = 30
+POLL_S = float(os.environ.get("SUANLI_POLL_S", "1"))
+JOB_ENDED = ("succeeded", "failed", "cancelled")
+CLI_OPTION = {  # the API's field names as this command's options, in error messages
+    "resource": "--gpu / --cpu",
+    "gpu_model": "--gpu",
+    "instance_type": "--cpu",
+    "gpus_per_node": "--gpus-per-node",
+    "release_policy": "--release-policy",
+    "idle_minutes": "--idle-minutes",
+    "volumes": "--volume",
+    "ssh_keys": "--ssh-key",
+    "custom_image": "--image",
+    "checkpoint_dir": "--checkpoint-dir",
+    "preemption_script": "--preemption-script",
+    "max_preemptions": "--max-preemptions",
+    "max_runtime_min": "--max-runtime",
+}
+
+
+class Failure(click.ClickException):
+    """An error said in words: printed as one message, exit status 1."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the API's HTTP status, if it answered
+
+    def show(self, file=None) -> None:
+        click.echo(f"suanli: {self.format_message()}", err=True)
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "suanli" / "config.json"
+
+
+def _read_config() -> dict:
+    path = config_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise Failure(f"cannot read {path} ({exc}); run suanli login again.") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _write_config(data: dict) -> Path:
+    """Written whole or not at all, readable by its owner only (it holds the token)."""
+    path = config_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config-", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def normalise_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if url.endswith(API):
+        url = url[: -len(API)]
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise Failure(f"{url or 'the URL'} is not a console URL: give http(s)://host[:port].")
+    return url
+
+
+# -- the API ----------------------------------------------------------------------------------
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url = normalise_url(url)
+        self.token = token
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.session.headers["User-Agent"] = "suanli-cli"
+
+    @classmethod
+    def from_config(cls) -> Api:
+        config = _read_config()
+        url = os.environ.get("SUANLI_URL") or config.get("url")
+        token = os.environ.get("SUANLI_TOKEN") or config.get("token")
+        if not url or not token:
+            raise Failure("not logged in: run suanli login (or set SUANLI_URL and SUANLI_TOKEN).")
+        return cls(url, token)
+
+    def get(self, path: str, what: str = "", **params) -> dict:
+        return self.call("GET", path, what, params=params or None)
+
+    def post(self, path: str, what: str = "", body: dict | None = None) -> dict:
+        return self.call("POST", path, what, json=body or {})
+
+    def call(self, method: str, path: str, what: str, **kwargs) -> dict:
+        """The answer's JSON, or a Failure that says what went wrong in words."""
+        try:
+            response = self.session.request(
+                method, f"{self.url}{API}/{path}", timeout=TIMEOUT_S, **kwargs
+            )
+        except requests.exceptions.SSLError as exc:
+            raise Failure(f"TLS with {self.url} failed: {_reason(exc)}.") from None
+        except requests.exceptions.Timeout:
+            raise Failure(
+                f"the console at {self.url} did not answer within {TIMEOUT_S} s."
+            ) from None
+        except requests.exceptions.RequestException as exc:
+            raise Failure(
+                f"cannot reach the console at {self.url}: {_reason(exc)}. Check the URL "
+                "(suanli login) and that the console is running."
+            ) from None
+        if response.status_code >= 500:
+            raise Failure(
+                f"the console at {self.url} failed (HTTP {response.status_code}); try again "
+                "later, or tell its operator.",
+                response.status_code,
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise Failure(
+                f"{self.url} answered HTTP {response.status_code} with "
+                f"{response.headers.get('Content-Type') or 'no content type'}, not the Suanli "
+                "API: is the URL the console's?"
+            )
+        if response.status_code < 400:
+            return body
+        raise Failure(
+            _error_words(response.status_code, body, what, response.headers),
+            response.status_code,
+        )
+
+
+def _reason(exc: Exception) -> str:
+    """The innermost cause in a few words: 'Connection refused', not urllib3's chain."""
+    text = str(exc)
+    errno = re.findall(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if errno:
+        return errno[-1].strip().rstrip(".")
+    for words in ("Connection refused", "Name or service not known", "certificate verify failed"):
+        if words in text:
+            return words
+    return type(exc).__name__
+
+
+def _error_words(status: int, body: dict, what: str, headers) -> str:
+    message = str(body.get("error") or "")
+    if status == 401:
+        return "the token was refused (unknown or revoked); run suanli login."
+    if status == 404:
+        return f"{what or 'that'} was not found (not yours, or no such thing)."
+    if status == 429:
+        wait = headers.get("Retry-After", "a minute")
+        return f"too many requests; the console asks to wait {wait} s. {message}".strip()
+    fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
+    lines = [message or f"refused (HTTP {status})."]
+    for name, errors in fields.items():
+        label = CLI_OPTION.get(name, f"--{name.replace('_', '-')}")
+        for error in errors if isinstance(errors, list) else [errors]:
+            lines.append(f"  {label}: {error}")
+    return "\n".join(lines)
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    if not rows:
+        click.echo("(none)")
+        return
+    cells = [[title for _, title in columns]]
+    cells += [
+        ["" if row.get(key) is None else str(row.get(key)) for key, _ in columns] for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
+
+
+def _fields(data: dict, keys: list[str]) -> None:
+    width = max(len(k) for k in keys)
+    for key in keys:
+        value = data.get(key)
+        if value is None or value == "":
+            continue
+        if isinstance(value, bool):
+            value = "yes" if value else "no"
+        text = str(value).replace("\n", "\n" + " " * (width + 2))
+        click.echo(f"{key.replace('_', ' ')}:".ljust(width + 2) + text)
+
+
+def _when(value: str | None) -> str:
+    return value.replace("T", " ")[:19] if value else ""
+
+
+def json_option(command):
+    """`--json` on a command; `suanli --json ...` works too."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts)."
+    )(command)
+
+
+def _wants_json(as_json: bool) -> bool:
+    ctx = click.get_current_context()
+    return as_json or bool((ctx.find_root().obj or {}).get("json"))
+
+
+def _all_pages(api: Api, path: str, key: str, **params) -> list[dict]:
+    rows, page = [], 1
+    while True:
+        body = api.get(path, **params, page=page)
+        rows += body.get(key, [])
+        if page >= int(body.get("pages") or 1):
+            return rows
+        page += 1
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts).")
+@click.version_option(package_name="suanli", prog_name="suanli")
+@click.pass_context
+def cli(ctx, as_json):
+    """Suanli's GPU clusters, jobs and balance from the command line.
+
+    Start with `suanli login`; SUANLI_URL and SUANLI_TOKEN override the saved login.
+    """
+    ctx.obj = {"json": as_json}
+
+
+@cli.command()
+@click.option("--url", help="The console's address, e.g. https://suanli.example.edu.")
+@click.option(
+    "--token",
+    help="An API token (the console's API page). If not given: read from a pipe, or "
+    "prompted without echo.",
+)
+@json_option
+def login(url, token, as_json):
+    """Check a console URL and API token, and save them for the other commands."""
+    saved = _read_config()
+    if not url:
+        url = click.prompt("Console URL", default=saved.get("url") or None)
+    url = normalise_url(url)
+    if not token and not sys.stdin.isatty():
+        token = sys.stdin.readline()  # piped: `pass show suanli | suanli login --url ...`
+    if not token:
+        token = click.prompt("API token", hide_input=True)
+    token = token.strip()
+    balance = Api(url, token).get("balance")  # refused or unreachable: nothing is saved
+    path = _write_config({"url": url, "token": token})
+    if _wants_json(as_json):
+        _emit_json({"url": url, "config": str(path), "balance": balance})
+        return
+    click.echo(
+        f"Logged in to {url}: balance {balance.get('balance')} {balance.get('currency', '')}."
+    )
+    click.echo(f"Saved to {path} (readable by you only).")
+
+
+@cli.command()
+def logout():
+    """Forget the saved URL and token."""
+    path = config_path()
+    path.unlink(missing_ok=True)
+    click.echo(f"Removed {path}.")
+
+
+@cli.command()
+@json_option
+def balance(as_json):
+    """Your balance, burn rate and recent ledger entries."""
+    data = Api.from_config().get("balance")
+    if _wants_json(as_json):
+        _emit_json(data)
+        return
+    currency = data.get("currency", "")
+    click.echo(f"Balance:    {data.get('balance')} {currency}")
+    click.echo(f"Burn rate:  {data.get('burn_per_hour')} {currency}/hour")
+    if data.get("hours_left") is not None:
+        click.echo(f"Hours left: {data['hours_left']}")
+    entries = [
+        {**e, "created_at": _when(e.get("created_at"))} for e in data.get("entries", [])[:10]
+    ]
+    if entries:
+        click.echo("")
+        _table(
+            entries,
+            [("created_at", "WHEN"), ("kind", "KIND"), ("amount", "AMOUNT"),
+             ("balance_after", "BALANCE"), ("cluster", "CLUSTER"), ("memo", "MEMO")],
+        )  # fmt: skip
+
+
+# clusters
+
+
+@cli.group()
+def clusters():
+    """Request, list, resize and release GPU clusters."""
+
+
+_CLUSTER_COLUMNS = [
+    ("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("size", "SIZE"),
+    ("image", "IMAGE"), ("created", "CREATED"),
+]  # fmt: skip
+
+
+def _cluster_row(c: dict) -> dict:
+    if c.get("gpu_model"):
+        size = f"{c.get('nodes')} x {c.get('gpus_per_node')} {c['gpu_model']}"
+    else:
+        size = f"{c.get('nodes')} x {c.get('instance_type')}"
+    return {
+        **c,
+        "size": size + (" spot" if c.get("spot") else ""),
+        "created": _when(c.get("created_at")),
+    }
+
+
+def _show_cluster(c: dict, as_json: bool) -> None:
+    if _wants_json(as_json):
+        _emit_json(c)
+        return
+    _fields(
+        {**_cluster_row(c), "created_at": _when(c.get("created_at")),
+         "running_since": _when(c.get("running_since")), "released_at": _when(c.get("released_at"))},
+        ["id", "name", "state", "state_reason", "size", "image", "network", "zone",
+         "release_policy", "created_at", "running_since", "released_at", "url"],
+    )  # fmt: skip
+
+
+@clusters.command("create")
+@click.argument("name")
+@click.option("--gpu", "gpu_model", metavar="MODEL", help="GPU model slug, e.g. a100-80gb.")
+@click.option("--cpu", "instance_type", metavar="TYPE", help="A CPU-only instance type instead.")
+@click.option("--nodes", type=int, default=1, show_default=True)
+@click.option("--gpus-per-node", type=int, default=1, show_default=True)
+@click.option("--image", required=True, help="A catalog image reference, or any other.")
+@click.option("--network", help="standard (default) or rdma.")
+@click.option("--zone", help="Keep every node in this zone.")
+@click.option("--spot", is_flag=True, help="Cheaper; the capacity can be taken back.")
+@click.option("--volume", "volumes", multiple=True, metavar="FOLDER:/PATH[:ro]", help="Repeatable.")
+@click.option(
+    "--release-policy",
+    help="When the console gives the nodes back on its own: after_last_job (default), idle "
+    "(see --idle-minutes) or never.",
+)  # fmt: skip
+@click.option("--idle-minutes", type=int, help="With --release-policy idle.")
+@click.option("--ssh-key", "ssh_keys", type=int, multiple=True, metavar="ID", help="Repeatable.")
+@json_option
+def clusters_create(name, gpu_model, instance_type, image, volumes, ssh_keys, as_json, **rest):
+    """Request a cluster NAME (lower-case letters, digits, dashes); it runs once placed."""
+    body = {"name": name, "image": image, "volumes": list(volumes)}
+    if gpu_model:
+        body["gpu_model"] = gpu_model
+    if instance_type:
+        body["instance_type"] = instance_type
+    if ssh_keys:
+        body["ssh_keys"] = list(ssh_keys)
+    body.update({k: v for k, v in rest.items() if v is not None and v is not False})
+    c = Api.from_config().post("clusters", "the cluster", body)
+    if _wants_json(as_json):
+        _emit_json(c)
+        return
+    click.echo(f"Cluster {c['id']} ({c['name']}) is {c['state']}: {c.get('url', '')}")
+
+
+@clusters.command("list")
+@json_option
+def clusters_list(as_json):
+    """Your clusters, newest first."""
+    rows = _all_pages(Api.from_config(), "clusters", "clusters")
+    if _wants_json(as_json):
+        _emit_json({"clusters": rows, "count": len(rows)})
+        return
+    _table([_cluster_row(c) for c in rows], _CLUSTER_COLUMNS)
+
+
+@clusters.command("show")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@json_option
+def clusters_show(cluster_id, as_json):
+    """One cluster's state and shape."""
+    _show_cluster(Api.from_config().get(f"clusters/{cluster_id}", f"cluster {cluster_id}"), as_json)
+
+
+@clusters.command("release")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@json_option
+def clusters_release(cluster_id, as_json):
+    """Give the cluster's capacity back now (its running job is stopped)."""
+    c = Api.from_config().post(f"clusters/{cluster_id}/release", f"cluster {cluster_id}")
+    if _wants_json(as_json):
+        _emit_json(c)
+        return
+    click.echo(f"Cluster {c['id']} ({c['name']}) is {c['state']}.")
+
+
+@clusters.command("resize")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@click.option("--nodes", type=int, required=True, help="The new node count.")
+@json_option
+def clusters_resize(cluster_id, nodes, as_json):
+    """Change a running cluster's node count (no job may be running)."""
+    c = Api.from_config().post(
+        f"clusters/{cluster_id}/resize", f"cluster {cluster_id}", {"nodes": nodes}
+    )
+    if _wants_json(as_json):
+        _emit_json(c)
+        return
+    click.echo(f"Cluster {c['id']} ({c['name']}) has {c['nodes']} node(s); it is {c['state']}.")
+
+
+# jobs
+
+
+@cli.group()
+def jobs():
+    """Submit, list and cancel jobs."""
+
+
+_JOB_COLUMNS = [
+    ("id", "ID"), ("name", "NAME"), ("cluster", "CLUSTER"), ("state", "STATE"),
+    ("exit_code", "EXIT"), ("attempt", "ATTEMPT"), ("created", "CREATED"),
+]  # fmt: skip
+
+
+def _env_pair(ctx, param, values):
+    env = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r} is not KEY=VALUE.")
+        env[key] = val
+    return env
+
+
+@jobs.command("submit", context_settings={"allow_interspersed_args": False})
+@click.option("--cluster", "cluster_id", type=int, required=True, help="Your cluster's id.")
+@click.option("--name", default="job", show_default=True)
+@click.option("--env", multiple=True, callback=_env_pair, metavar="KEY=VALUE", help="Repeatable.")
+@click.option("--workdir", help="The working directory in the container (default /workspace).")
+@click.option(
+    "--checkpoint-dir", help="Where the job writes checkpoints; put it under a volume to keep them."
+)
+@click.option(
+    "--preemption-script",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    metavar="FILE",
+    help="A local file; its text is sent and, on a spot cluster's preemption notice, run "
+    "in each replica with /bin/sh -c (e.g. to save a checkpoint).",
+)
+@click.option("--max-preemptions", type=int, help="Preemptions the job survives (default 5).")
+@click.option("--retries", type=int, help="Restarts after a failure (default 0).")
+@click.option("--max-runtime", type=int, metavar="MINUTES", help="Stop it after this long.")
+@click.option("--torchrun", is_flag=True, help="Launch with torchrun, one process per GPU.")
+@click.argument("command", nargs=-1, required=True)
+@json_option
+def jobs_submit(
+    cluster_id, command, env, preemption_script, max_runtime, torchrun, as_json, **rest
+):
+    """Queue COMMAND (the words after --) on a cluster.
+
+    The words are joined with spaces and run by the container's shell on every node, as
+    ssh does: quote what your local shell must not expand, e.g.
+    suanli jobs submit --cluster 7 -- 'python train.py --lr $LR'. With --torchrun,
+    COMMAND is the script and its arguments.
+    """
+    body = {"cluster": cluster_id, "command": " ".join(command), "env": env}
+    body["launcher"] = "torchrun" if torchrun else "plain"
+    if preemption_script:
+        try:
+            body["preemption_script"] = Path(preemption_script).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise Failure(f"cannot read {preemption_script}: {exc}") from None
+    if max_runtime is not None:
+        body["max_runtime_min"] = max_runtime
+    body.update({k: v for k, v in rest.items() if v is not None})
+    job = Api.from_config().post("jobs", f"cluster {cluster_id}", body)
+    if _wants_json(as_json):
+        _emit_json(job)
+        return
+    click.echo(f"Job {job['id']} ({job['name']}) is {job['state']} on cluster {job['cluster']}.")
+    click.echo(f"Follow it: suanli logs -f {job['id']}")
+
+
+@jobs.command("list")
+@click.option("--cluster", "cluster_id", type=int, help="Only this cluster's jobs.")
+@json_option
+def jobs_list(cluster_id, as_json):
+    """Your jobs, newest first."""
+    params = {"cluster": cluster_id} if cluster_id else {}
+    rows = _all_pages(Api.from_config(), "jobs", "jobs", **params)
+    if _wants_json(as_json):
+        _emit_json({"jobs": rows, "count": len(rows)})
+        return
+    _table([{**j, "created": _when(j.get("created_at"))} for j in rows], _JOB_COLUMNS)
+
+
+def _show_job(j: dict, as_json: bool) -> None:
+    if _wants_json(as_json):
+        _emit_json(j)
+        return
+    _fields(
+        {**j, **{k: _when(j.get(k)) for k in ("created_at", "started_at", "finished_at")}},
+        ["id", "name", "cluster", "state", "state_reason", "exit_code", "attempt", "launcher",
+         "command", "created_at", "started_at", "finished_at", "preemptions", "max_preemptions",
+         "resume_from", "preemption_script", "url"],
+    )  # fmt: skip
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int, metavar="JOB")
+@json_option
+def jobs_show(job_id, as_json):
+    """One job's state, exit code and command."""
+    _show_job(Api.from_config().get(f"jobs/{job_id}", f"job {job_id}"), as_json)
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=int, metavar="JOB")
+@json_option
+def jobs_cancel(job_id, as_json):
+    """Cancel a queued job, or stop a running one (SIGTERM, then SIGKILL)."""
+    j = Api.from_config().post(f"jobs/{job_id}/cancel", f"job {job_id}")
+    if _wants_json(as_json):
+        _emit_json(j)
+        return
+    if j["state"] in JOB_ENDED:
+        click.echo(f"Job {j['id']} ({j['name']}) is {j['state']}.")
+    else:
+        click.echo(f"Job {j['id']} ({j['name']}) is stopping: SIGTERM, then SIGKILL.")
+
+
+# logs
+
+
+@cli.command()
+@click.argument("job_id", type=int, metavar="JOB")
+@click.option(
+    "-f", "--follow", is_flag=True,
+    help="Keep printing new lines until the job ends; exit with the job's exit code.",
+)  # fmt: skip
+@click.option(
+    "--ranks/--no-ranks", default=None,
+    help="Start lines with [rank N] (default: when the job runs on more than one node).",
+)  # fmt: skip
+@json_option
+def logs(job_id, follow, ranks, as_json):
+    """A job's log: its current attempt, all nodes merged by time.
+
+    With --json: the API's answer, or with -f one JSON object per line.
+    """
+    api = Api.from_config()
+    what = f"job {job_id}"
+    as_json = _wants_json(as_json)
+    if not follow:
+        body = api.get(f"jobs/{job_id}/log", what)
+        if as_json:
+            _emit_json(body)
+            return
+        prefix = _wants_ranks(api, job_id, ranks)
+        for line in body.get("lines", []):
+            _print_line(line, prefix)
+        return
+    prefix = False if as_json else _wants_ranks(api, job_id, ranks)
+    cursor, attempt = None, None
+    while True:
+        params = {"since": cursor} if cursor else {}
+        try:
+            body = api.get(f"jobs/{job_id}/log", what, **params)
+        except Failure as exc:
+            if exc.status != 429:
+                raise
+            time.sleep(5)  # the rate limit of this token: wait, then go on
+            continue
+        if attempt is not None and body.get("attempt") != attempt and not as_json:
+            click.echo(f"--- attempt {body.get('attempt')} ---", err=True)
+        attempt = body.get("attempt")
+        for line in body.get("lines", []):
+            if as_json:
+                click.echo(json.dumps({**line, "attempt": attempt}, ensure_ascii=False))
+            else:
+                _print_line(line, prefix)
+        cursor = body.get("cursor")
+        if body.get("complete"):
+            break
+        time.sleep(POLL_S)
+    code = body.get("exit_code")
+    if not as_json:
+        click.echo(f"--- job {job_id} {body.get('state')} (exit code {code}) ---", err=True)
+    if code is None:
+        code = 0 if body.get("state") == "succeeded" else 1
+    sys.exit(max(0, min(int(code), 255)) if isinstance(code, int) else 1)
+
+
+def _wants_ranks(api: Api, job_id: int, ranks: bool | None) -> bool:
+    if ranks is not None:
+        return ranks
+    job = api.get(f"jobs/{job_id}", f"job {job_id}")
+    cluster = api.get(f"clusters/{job['cluster']}", f"cluster {job['cluster']}")
+    return int(cluster.get("nodes") or 1) > 1
+
+
+def _print_line(line: dict, prefix: bool) -> None:
+    text = line.get("text", "")
+    click.echo(f"[rank {line.get('rank')}] {text}" if prefix else text)
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="suanli")
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

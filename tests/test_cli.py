@@ -1,0 +1,189 @@
+"""The `suanli` command line (console/cli.py), run as a researcher runs it: a process of its
+own, with its own home folder, against the Procfile's web, worker and watch processes and
+the real engines."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from browsing import free_port
+from conftest import TEST_IMAGE
+from waiting import until
+
+from console.models import ApiToken
+from jobs.models import Cluster, Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Cli:
+    """`suanli` in a fresh process with its own HOME and config folder."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / "config"),
+            "LANG": "C.UTF-8",
+            "SUANLI_POLL_S": "0.3",
+        }
+        self.config = home / "config" / "suanli" / "config.json"
+
+    def command(self, *args) -> list[str]:
+        return [sys.executable, "-m", "console.cli", *map(str, args)]
+
+    def __call__(self, *args, input=None, ok=True) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            self.command(*args), cwd=ROOT, env=self.env, input=input,
+            capture_output=True, text=True, timeout=60, start_new_session=True,
+        )  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        if ok:
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done
+
+    def json(self, *args):
+        return json.loads(self(*args, "--json").stdout)
+
+
+@pytest.fixture
+def console_url(processes, make_host, priced):
+    """The web process (ASGI, as the Procfile runs it), a worker and the watch process."""
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    port = free_port()
+    processes.start("web", env={"PORT": str(port)})
+    processes.start("worker", "--worker-class", "console.rqworker.SimpleWorker")
+    processes.start("watch")
+    url = f"http://127.0.0.1:{port}"
+
+    def answers():
+        try:
+            return requests.get(f"{url}/api/v1/schema", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    until(answers, timeout=20, what="the web process listens")
+    return url
+
+
+def test_a_researcher_runs_a_job_from_the_command_line(console_url, alice, bob, tmp_path):
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    done = cli("login", "--url", console_url + "/", "--token", token)
+    assert f"Logged in to {console_url}: balance 1000.0000" in done.stdout
+    assert stat.S_IMODE(cli.config.stat().st_mode) == 0o600
+    assert json.loads(cli.config.read_text()) == {"url": console_url, "token": token}
+
+    # Field errors come back per option, and nothing is created.
+    done = cli("clusters", "create", "Bad Name!", "--gpu", "a100-80gb", "--nodes", 0,
+               "--image", TEST_IMAGE, ok=False)  # fmt: skip
+    assert done.returncode == 1 and "  --name: " in done.stderr and "  --nodes: " in done.stderr
+    assert not Cluster.objects.exists()
+
+    cluster = cli.json("clusters", "create", "cli-run", "--gpu", "a100-80gb",
+                       "--image", TEST_IMAGE, "--release-policy", "never")  # fmt: skip
+    assert cluster["name"] == "cli-run" and cluster["nodes"] == 1
+    until(lambda: Cluster.objects.get(pk=cluster["id"]).state == "running", what="placed")
+    assert "running" in cli("clusters", "list").stdout.splitlines()[1]
+
+    script = tmp_path / "restart.sh"
+    script.write_text("touch $SUANLI_CHECKPOINT_DIR/.save-now\n")
+    job = json.loads(cli(
+        "jobs", "submit", "--cluster", cluster["id"], "--name", "count", "--env", "WORD=hello",
+        "--preemption-script", script, "--max-preemptions", 2, "--json",
+        "--", "echo $WORD one; sleep 2; echo two; echo three; exit 3",
+    ).stdout)  # fmt: skip
+    assert job["preemption_script"] == "touch $SUANLI_CHECKPOINT_DIR/.save-now"
+    assert job["max_preemptions"] == 2 and job["command"].startswith("echo $WORD one;")
+
+    # -f prints each line as it comes, once, and exits with the job's exit code.
+    follow = subprocess.Popen(
+        cli.command("logs", "-f", job["id"]), cwd=ROOT, env=cli.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    first = follow.stdout.readline()
+    assert first == "hello one\n"
+    assert Job.objects.get(pk=job["id"]).state == "running", "the first line came live"
+    rest, err = follow.communicate(timeout=40)
+    assert follow.returncode == 3, err
+    assert rest.splitlines() == ["two", "three"] and "Traceback" not in err
+    assert "failed (exit code 3)" in err
+
+    log = cli.json("logs", job["id"])
+    assert [line["text"] for line in log["lines"]] == ["hello one", "two", "three"]
+    assert log["complete"] and log["exit_code"] == 3
+    shown = cli.json("jobs", "show", job["id"])
+    assert shown["state"] == "failed" and shown["exit_code"] == 3
+    assert "count" in cli("jobs", "list", "--cluster", cluster["id"]).stdout
+
+    # A second, long job: cancelled while it runs.
+    long = json.loads(cli(
+        "--json", "jobs", "submit", "--cluster", cluster["id"], "--name", "long",
+        "--", "trap 'exit 143' TERM; sleep 300 & wait",
+    ).stdout)  # fmt: skip
+    until(lambda: Job.objects.get(pk=long["id"]).state == "running", what="the long job runs")
+    assert "stopping" in cli("jobs", "cancel", long["id"]).stdout
+    until(lambda: Job.objects.get(pk=long["id"]).state == "cancelled", what="cancelled")
+
+    # Another researcher's token: the cluster and the job do not exist for it.
+    _, bobs = ApiToken.issue(user=bob, name="bob")
+    other = Cli(tmp_path / "bob")
+    other("login", input=f"{console_url}\n{bobs}\n")  # prompted: URL, then the hidden token
+    theirs = [
+        ("clusters", "show", cluster["id"]), ("clusters", "release", cluster["id"]),
+        ("jobs", "show", job["id"]), ("jobs", "cancel", job["id"]), ("logs", job["id"]),
+    ]  # fmt: skip
+    for args in theirs:
+        done = other(*args, ok=False)
+        assert done.returncode == 1 and "not found" in done.stderr, args
+    assert other.json("clusters", "list")["clusters"] == []
+
+    released = cli.json("clusters", "release", cluster["id"])
+    assert released["state"] in ("releasing", "released")
+    balance = cli.json("balance")
+    assert balance["entries"] and "Balance:" in cli("balance").stdout
+
+    # A wrong token is refused in words, and the saved login is kept.
+    done = cli("login", "--url", console_url, "--token", "sk_suanli_wrong", ok=False)
+    assert done.returncode == 1
+    assert "the token was refused" in done.stderr and "suanli login" in done.stderr
+    assert json.loads(cli.config.read_text())["token"] == token
+    cli.env["SUANLI_TOKEN"] = "sk_suanli_wrong"  # the environment overrides the file
+    assert "the token was refused" in cli("balance", ok=False).stderr
+
+
+def test_an_unreachable_console_is_an_error_in_words(tmp_path):
+    cli = Cli(tmp_path)
+    done = cli("clusters", "list", ok=False)
+    assert done.returncode == 1 and "not logged in: run suanli login" in done.stderr
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = cli("login", "--url", url, "--token", "sk_suanli_x", ok=False)
+    assert done.returncode == 1
+    assert f"cannot reach the console at {url}: Connection refused" in done.stderr
+    assert not cli.config.exists()
+    cli.env.update(SUANLI_URL=url, SUANLI_TOKEN="sk_suanli_x")
+    assert "cannot reach the console" in cli("logs", "-f", "1", ok=False).stderr
+
+
+def test_the_command_line_loads_no_django_and_is_installed():
+    """It runs on a laptop with none of the console: the standard library, click and
+    requests only; and the install puts `suanli` next to the interpreter."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, console.cli; print(sorted(sys.modules))"],
+        cwd=ROOT, capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]},
+    ).stdout.split("'")  # fmt: skip
+    ours = {"django", "jobs", "billing", "monitoring"}
+    assert not [m for m in loaded if m.split(".")[0] in ours], "imports Django or an app"
+    assert not [m for m in loaded if m.startswith("console.") and m != "console.cli"]
+    script = Path(sys.executable).parent / "suanli"
+    assert script.exists(), "reinstall the project: `make venv`"
+    done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "suanli login" in done.stdout
