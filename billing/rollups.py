@@ -258,20 +258,11 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
                 "created_at",
             )  # fmt: skip
         )
-        for (
-            pk,
-            account,
-            kind,
-            amount,
-            cluster,
-            start,
-            end,
-            units,
-            rate,
-            gpu,
-            memo,
-            at,
-        ) in entries.iterator(chunk_size=5000):
+        for pk, account, kind, amount, cluster, *period_to_written in entries.iterator(
+            chunk_size=5000
+        ):
+            # (start, end, units, rate, gpu, memo, at): Piece's fields after cluster
+            start, _, _, _, gpu, memo, at = period_to_written
             read += 1
             if kind != USAGE:
                 others.append(
@@ -281,21 +272,8 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
                 continue
             if start is None:
                 minimum[cluster] = pk
-            batch.append(
-                Piece(
-                    account,
-                    amount,
-                    cluster,
-                    start,
-                    end,
-                    units,
-                    rate,
-                    gpu,
-                    memo,
-                    at,
-                    resource_of(names, gpu, clusters.get(cluster)),
-                )  # fmt: skip
-            )
+            resource = resource_of(names, gpu, clusters.get(cluster))
+            batch.append(Piece(account, amount, cluster, *period_to_written, resource))
             if len(batch) >= chunk:
                 add_usage(batch, minimum_entries=minimum)
                 batch, minimum = [], {}

@@ -367,37 +367,11 @@ def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
         LedgerEntry.objects.filter(key__in=minimum).values_list("cluster_id", "pk")
     ) if minimum else {}  # fmt: skip
     pieces = []
-    for (
-        account,
-        _kind,
-        amount,
-        _after,
-        _key,
-        cluster,
-        start,
-        end,
-        units,
-        rate,
-        gpu,
-        memo,
-        at,
-    ) in entries:
+    for account, _kind, amount, _after, _key, cluster, *period_to_written in entries:
         meter = by_cluster[cluster]
-        pieces.append(
-            rollups.Piece(
-                account,
-                amount,
-                cluster,
-                start,
-                end,
-                units,
-                rate,
-                gpu,
-                memo,
-                at,
-                rollups.resource_of(names, meter.gpu_model_id, meter.instance_type_id),
-            )  # fmt: skip
-        )
+        resource = rollups.resource_of(names, meter.gpu_model_id, meter.instance_type_id)
+        # (start, end, units, rate, gpu, memo, at): the order of Piece's fields after cluster
+        pieces.append(rollups.Piece(account, amount, cluster, *period_to_written, resource))
     rollups.add_usage(pieces, minimum_entries=minimum_ids)
 
 
