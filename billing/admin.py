@@ -16,8 +16,7 @@ from django.utils import timezone
 
 from billing import formatting, services
 from billing.models import Account, LedgerEntry, Meter, Price, RateCard
-from jobs.admin import ReadOnlyAdmin
-from jobs.sql import EstimatedCountPaginator
+from jobs.admin import EstimatedCountPaginator, ReadOnlyAdmin
 
 
 class PriceInline(admin.TabularInline):

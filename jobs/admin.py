@@ -10,9 +10,12 @@ write, and forms, models and sql."""
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connections
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
+from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
@@ -32,7 +35,6 @@ from jobs.models import (
     Node,
     SshKey,
 )
-from jobs.sql import EstimatedCountPaginator
 
 
 def report_check(request, host: Host) -> None:
@@ -219,6 +221,30 @@ class ImageAdmin(admin.ModelAdmin):
     list_display = ["name", "reference", "framework", "cuda_version", "active"]
     list_filter = ["active", "framework"]
     search_fields = ["name", "reference"]
+
+
+class EstimatedCountPaginator(Paginator):
+    """The admin's paginator for tables of millions of rows (the ledger, jobs): an
+    unfiltered list takes its row count from PostgreSQL's statistics (`pg_class.reltuples`,
+    kept by autovacuum and ANALYZE) instead of a `COUNT(*)` that reads the whole table. A
+    filtered list, a small table and SQLite count exactly."""
+
+    EXACT_BELOW = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        qs = self.object_list
+        db = connections[getattr(qs, "db", "default")]
+        if db.vendor == "postgresql" and hasattr(qs, "query") and not qs.query.where:
+            with db.cursor() as cursor:
+                cursor.execute(
+                    "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                    [qs.model._meta.db_table],
+                )
+                row = cursor.fetchone()
+            if row and row[0] >= self.EXACT_BELOW:
+                return row[0]
+        return super().count
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from django.core.paginator import Paginator
-from django.db import connection, connections, models
-from django.utils.functional import cached_property
+from django.db import connection, models
 
 CHUNK = 2000
 
@@ -102,27 +100,3 @@ def insert_rows(model: type[models.Model], fields: Sequence[str], rows: Iterable
                 ],
             )
     return len(rows)
-
-
-class EstimatedCountPaginator(Paginator):
-    """The admin's paginator for tables of millions of rows (the ledger, jobs): an
-    unfiltered list takes its row count from PostgreSQL's statistics (`pg_class.reltuples`,
-    kept by autovacuum and ANALYZE) instead of a `COUNT(*)` that reads the whole table. A
-    filtered list, a small table and SQLite count exactly."""
-
-    EXACT_BELOW = 10_000
-
-    @cached_property
-    def count(self) -> int:
-        qs = self.object_list
-        db = connections[getattr(qs, "db", "default")]
-        if db.vendor == "postgresql" and hasattr(qs, "query") and not qs.query.where:
-            with db.cursor() as cursor:
-                cursor.execute(
-                    "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                    [qs.model._meta.db_table],
-                )
-                row = cursor.fetchone()
-            if row and row[0] >= self.EXACT_BELOW:
-                return row[0]
-        return super().count

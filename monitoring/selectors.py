@@ -98,16 +98,25 @@ def _kept(kind: str, job: Job, compute):
     stored late, or pruned, is another key: the page never shows a stale picture."""
     if not job.is_ended:
         return compute()
-    seen = Sample.objects.filter(job=job).aggregate(n=Count("id"), last=Max("at"))
-    ended = job.finished_at.timestamp() if job.finished_at else None
-    last = seen["last"].timestamp() if seen["last"] else None
-    key = f"{kind}:{job.pk}:{job.attempt}:{ended}:{seen['n']}:{last}"
+    key = f"{kind}:{_samples_key(job)}"
     cache = caches["charts"]
     value = cache.get(key)
     if value is None:
         value = compute()
         cache.set(key, value)
     return value
+
+
+def _samples_key(job: Job) -> str:
+    """What a finished job's picture is computed from, read once per job object (a page
+    asks for its chart and its diagnosis)."""
+    key = getattr(job, "_samples_key", None)
+    if key is None:
+        seen = Sample.objects.filter(job=job).aggregate(n=Count("id"), last=Max("at"))
+        ended = job.finished_at.timestamp() if job.finished_at else None
+        last = seen["last"].timestamp() if seen["last"] else None
+        key = job._samples_key = f"{job.pk}:{job.attempt}:{ended}:{seen['n']}:{last}"
+    return key
 
 
 def job_chart(
