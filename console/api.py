@@ -1,18 +1,19 @@
-"""The token JSON API under /api/v1/, and the page where researchers manage their tokens.
+"""The token JSON API under /api/v1/ (django-ninja), and the page where researchers manage
+their tokens.
 
 Authentication is `Authorization: Bearer <token>` only (never the session cookie, so
 there is no CSRF surface); each token is rate-limited (`SUANLI_API_RATE_PER_MIN` a
-minute), and failed tokens count with failed log-ins against the client's address: at
-`AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid tokens too. Input goes
-through the same forms and services as the pages, and every object is looked up through
-its owner: another researcher's is 404. Errors are JSON:
-`{"error": "...", "fields": {"name": ["..."]}}`.
+minute, counted atomically in Redis), and failed tokens count with failed log-ins against
+the client's address: at `AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid
+tokens too. The schemas (console/api_schema.py) check types and shapes; the rules are the
+forms' and services', the same as the pages'. Every object is looked up through its owner:
+another researcher's is 404. Errors are JSON: `{"error": "...", "fields": {"name": ["..."]}}`,
+with the fields named as the API names them. The OpenAPI document is generated from this
+module at /api/v1/schema, its interactive page at /api/v1/docs.
 """
 
-from __future__ import annotations
-
-import functools
 import json
+import math
 import re
 import time
 from datetime import datetime, timedelta
@@ -22,17 +23,33 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI, Query, Schema, Status
+from ninja.errors import AuthenticationError, HttpError, Throttled
+from ninja.errors import ValidationError as SchemaError
+from ninja.openapi.docs import Swagger
+from ninja.pagination import PaginationBase, paginate
+from ninja.parser import Parser
+from ninja.security import HttpBearer
+from ninja.throttling import BaseThrottle
+from pydantic import Field
 
 from billing import selectors as money
 from console import auth
-from console.api_schema import SCHEMA
+from console.api_schema import (
+    Balance,
+    ClusterOut,
+    Error,
+    Id,
+    JobOut,
+    Log,
+    NewCluster,
+    NewJob,
+    Resize,
+)
 from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm
 from console.models import ApiToken, digest_of
 from jobs import runner
@@ -50,132 +67,200 @@ def _error(status: int, message: str, fields: dict | None = None, **headers) -> 
     return response
 
 
-def _token_user(request):
-    """(token row, "") or (None, why). A token that does not authenticate counts as a
-    failed log-in of the client's address (console/auth.py); a missing one does not."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None, "Send your API token as 'Authorization: Bearer <token>'."
-    row = ApiToken.objects.select_related("user").filter(digest=digest_of(token.strip())).first()
-    if row is None or row.revoked_at is not None or not row.user.is_active:
-        auth.token_failed(request)
-        return None, "This token is not valid (unknown or revoked)."
-    now = timezone.now()
-    # At most one write a minute per token for "last used".
-    ApiToken.objects.filter(pk=row.pk).exclude(last_used_at__gt=now - timedelta(minutes=1)).update(
-        last_used_at=now
-    )
-    return row, ""
+# -- the parts django-ninja is given: body parser, token auth, per-token throttle --------
 
 
-def _over_limit(token: ApiToken) -> int | None:
-    """Seconds to wait when this token used its requests for the current minute."""
-    limit = getattr(settings, "SUANLI_API_RATE_PER_MIN", 120)
-    window = int(time.time() // 60)
-    key = f"suanli:api:rate:{token.pk}:{window}"
-    try:
-        redis = django_rq.get_connection("default")
-        count = redis.incr(key)
-        if count == 1:
-            redis.expire(key, 90)
-    except Exception:  # Redis away: serve rather than refuse everyone
-        return None
-    return 60 - int(time.time()) % 60 if count > limit else None
+class BadBody(ValueError):
+    """A request body that is not one storable JSON object; its message says why."""
 
 
-def endpoint(*methods: str):
-    def wrap(view):
-        @csrf_exempt
-        @functools.wraps(view)
-        def handler(request, *args, **kwargs):
-            if auth.token_locked(request):
-                return auth.token_locked_response(request)
-            token, why = _token_user(request)
-            if token is None:
-                if getattr(request, "axes_locked_out", False):  # this failure locked it
-                    return auth.token_locked_response(request)
-                return _error(401, why, WWW_Authenticate='Bearer realm="suanli"')
-            if request.method not in methods:
-                return _error(405, f"Use {' or '.join(methods)}.", Allow=", ".join(methods))
-            wait = _over_limit(token)
-            if wait is not None:
-                return _error(
-                    429, "Too many requests for this token; slow down.", Retry_After=str(wait)
-                )
-            body = {}
-            if request.method == "POST":
-                try:
-                    body = json.loads(request.body or b"{}")
-                    json.dumps(body, ensure_ascii=False).encode(
-                        "utf-8"
-                    )  # lone surrogates: unstorable
-                except (ValueError, UnicodeError, RecursionError):
-                    return _error(400, "The body is not valid JSON (UTF-8, not nested too deep).")
-                if not isinstance(body, dict):
-                    return _error(400, "The body must be a JSON object.")
-                if "\\u0000" in json.dumps(body):  # PostgreSQL text cannot hold NUL
-                    return _error(400, "Text may not contain NUL characters.")
-            try:
-                return view(request, token.user, body, *args, **kwargs)
-            except Http404:
-                return _error(404, "Not found.")
-            except ValidationError as exc:
-                if hasattr(exc, "error_dict"):
-                    return _error(400, "Invalid input.", exc.message_dict)
-                return _error(400, " ".join(exc.messages))
-
-        return handler
-
-    return wrap
+class JsonObject(Parser):
+    def parse_body(self, request):
+        try:
+            body = json.loads(request.body or b"{}")
+            json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates: unstorable
+        except (ValueError, UnicodeError, RecursionError):
+            raise BadBody("The body is not valid JSON (UTF-8, not nested too deep).") from None
+        if not isinstance(body, dict):
+            raise BadBody("The body must be a JSON object.")
+        if "\\u0000" in json.dumps(body):  # PostgreSQL text cannot hold NUL
+            raise BadBody("Text may not contain NUL characters.")
+        return body
 
 
-def _fields_error(form) -> JsonResponse:
-    fields = {name: [str(e) for e in errors] for name, errors in form.errors.items()}
+class Locked(Exception):
+    """The client's address is locked out for failed tokens and log-ins."""
+
+
+class NoToken(AuthenticationError):
+    def __init__(self, why: str):
+        super().__init__(401, why)
+
+
+class TokenAuth(HttpBearer):
+    """The token row of `Authorization: Bearer <token>`. A token that does not
+    authenticate counts as a failed log-in of the client's address (console/auth.py); a
+    missing one does not. A locked address is refused before any token is looked up."""
+
+    def __call__(self, request):
+        if auth.token_locked(request):
+            raise Locked
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise NoToken("Send your API token as 'Authorization: Bearer <token>'.")
+        return self.authenticate(request, token.strip())
+
+    def authenticate(self, request, token):
+        row = ApiToken.objects.select_related("user").filter(digest=digest_of(token)).first()
+        if row is None or row.revoked_at is not None or not row.user.is_active:
+            if auth.token_failed(request):  # this failure locked the address
+                raise Locked
+            raise NoToken("This token is not valid (unknown or revoked).")
+        now = timezone.now()
+        # At most one write a minute per token for "last used".
+        ApiToken.objects.filter(pk=row.pk).exclude(
+            last_used_at__gt=now - timedelta(minutes=1)
+        ).update(last_used_at=now)
+        return row
+
+
+class TokenRate(BaseThrottle):
+    """`SUANLI_API_RATE_PER_MIN` requests per token and clock minute: one INCR and EXPIRE
+    in a Redis transaction, so concurrent requests (any number of web processes) never
+    both take the last one."""
+
+    def allow_request(self, request) -> bool:
+        limit = getattr(settings, "SUANLI_API_RATE_PER_MIN", 120)
+        key = f"suanli:api:rate:{request.auth.pk}:{int(time.time() // 60)}"
+        try:
+            pipe = django_rq.get_connection("default").pipeline(transaction=True)
+            count, _ = pipe.incr(key).expire(key, 90).execute()
+        except Exception:  # Redis away: serve rather than refuse everyone
+            return True
+        return count <= limit
+
+    def wait(self) -> float:
+        return 60 - time.time() % 60
+
+
+api = NinjaAPI(
+    title="Suanli API",
+    version="1",
+    description="GPU clusters, jobs and balance of the token's owner. Another researcher's "
+    'objects are 404. Errors are `{"error": ..., "fields": {...}}`.',
+    urls_namespace="api",
+    openapi_url="/schema",
+    docs_url="/docs",
+    docs=Swagger(settings={"persistAuthorization": True}),
+    auth=TokenAuth(),
+    throttle=[TokenRate()],
+    parser=JsonObject(),
+)
+
+# -- errors, all as {"error", "fields"} -----------------------------------------------------
+
+_WORDS = {
+    "string_type": "Give a string.",
+    "int_type": "Give a whole number.",
+    "int_parsing": "Give a whole number.",
+    "int_from_float": "Give a whole number.",
+    "bool_type": "Give true or false.",
+    "list_type": "Give a list.",
+    "dict_type": "Give an object.",
+    "missing": "This field is required.",
+}
+
+
+@api.exception_handler(SchemaError)
+def _schema_error(request, exc):
+    fields: dict[str, list[str]] = {}
+    for err in exc.errors:
+        loc = [str(part) for part in err.get("loc", ())]
+        name = loc[2] if loc[:1] == ["body"] and len(loc) > 2 else loc[-1] if loc else ""
+        if loc[:1] == ["body"] and len(loc) <= 2:
+            return _error(400, "The body must be a JSON object.")
+        words = _WORDS.get(err.get("type"), err.get("msg", "Invalid."))
+        if words not in fields.setdefault(name, []):
+            fields[name].append(words)
+    return _error(400, "Invalid input.", fields)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc):
+    if isinstance(exc.__cause__, BadBody):
+        return _error(400, str(exc.__cause__))
+    if isinstance(exc, AuthenticationError):
+        message = exc.message if isinstance(exc, NoToken) else "Send your API token."
+        return _error(401, message, WWW_Authenticate='Bearer realm="suanli"')
+    if isinstance(exc, Throttled):
+        return _error(429, "Too many requests for this token; slow down.")
+    return _error(exc.status_code, exc.message)
+
+
+@api.exception_handler(Locked)
+def _locked(request, exc):
+    return auth.token_locked_response(request)
+
+
+@api.exception_handler(Http404)
+def _not_found(request, exc):
+    return _error(404, "Not found.")
+
+
+@api.exception_handler(ValidationError)
+def _rule_broken(request, exc):
+    """A service's rule (the same as the page's) refused the request."""
+    if hasattr(exc, "error_dict"):
+        return _error(400, "Invalid input.", exc.message_dict)
+    return _error(400, " ".join(exc.messages))
+
+
+def _fields_error(form, names: dict[str, str] | None = None) -> JsonResponse:
+    """The form's errors under the API's field names (`names`: form field -> API field)."""
+    fields: dict[str, list[str]] = {}
+    for name, errors in form.errors.items():
+        fields.setdefault((names or {}).get(name, name), []).extend(str(e) for e in errors)
     general = fields.pop("__all__", [])
     return _error(400, " ".join(general) or "Invalid input.", fields)
 
 
-def _page(request, queryset):
-    try:
-        number = max(1, int(request.GET.get("page", "1")))
-    except ValueError:
-        raise ValidationError("page is a whole number from 1.") from None
-    paginator = Paginator(queryset, PAGE)
-    try:
-        page = paginator.page(number)
-    except EmptyPage:
-        return [], {"page": number, "pages": paginator.num_pages, "count": paginator.count}
-    return list(page), {"page": number, "pages": paginator.num_pages, "count": paginator.count}
+ERRORS = {400: Error, 401: Error, 404: Error, 429: Error}
 
 
-def _iso(value):
-    return value.isoformat().replace("+00:00", "Z") if value else None
+def _responses(ok: int, schema) -> dict:
+    return {ok: schema, **ERRORS}
 
 
-def cluster_json(request, c) -> dict:
-    return {
-        "id": c.pk, "name": c.name, "state": c.state, "state_reason": c.state_reason,
-        "gpu_model": c.gpu_model.slug if c.gpu_model_id else None,
-        "instance_type": c.instance_type.name if c.instance_type_id else None,
-        "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "image": c.image_reference,
-        "network": c.network, "zone": c.zone, "spot": c.spot, "release_policy": c.release_policy,
-        "created_at": _iso(c.created_at), "running_since": _iso(c.running_since),
-        "released_at": _iso(c.released_at),
-        "url": request.build_absolute_uri(reverse("cluster_detail", args=[c.pk])),
-    }  # fmt: skip
+class Pages(PaginationBase):
+    """`?page=N`, 50 a page: `{"<items>": [...], "page": N, "pages": P, "count": C}`."""
+
+    class Input(Schema):
+        page: int = Field(1, ge=1, le=100_000)
+
+    class Output(Schema):
+        page: int
+        pages: int
+        count: int
+
+    def __init__(self, *, items: str, **kwargs):
+        super().__init__(**kwargs)
+        self.items_attribute = items
+
+    def paginate_queryset(self, queryset, pagination: Input, request, **params):
+        count = queryset.count()
+        start = (pagination.page - 1) * PAGE
+        return {
+            self.items_attribute: list(queryset[start : start + PAGE]),
+            "page": pagination.page,
+            "pages": max(1, math.ceil(count / PAGE)),
+            "count": count,
+        }
 
 
-def job_json(request, j) -> dict:
-    return {
-        "id": j.pk, "name": j.name, "cluster": j.cluster_id, "state": j.state,
-        "state_reason": j.state_reason, "exit_code": j.exit_code, "attempt": j.attempt,
-        "launcher": j.launcher, "command": j.command, "created_at": _iso(j.created_at),
-        "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
-        "preemption_script": j.preemption_script, "max_preemptions": j.max_preemptions,
-        "preemptions": j.preemptions, "resume_from": j.resume_from or None,
-        "url": request.build_absolute_uri(reverse("job_detail", args=[j.pk])),
-    }  # fmt: skip
+# -- clusters ---------------------------------------------------------------------------
+
+# The cluster form's fields that the API names otherwise.
+_CLUSTER_NAMES = {"resource": "gpu_model", "custom_image": "image"}
 
 
 def _as_text(value, sep="\n") -> str:
@@ -188,157 +273,129 @@ def _as_text(value, sep="\n") -> str:
     return str(value)
 
 
-def _scalars(body: dict, names, *, numbers=()) -> dict:
-    """The named fields of a JSON body, as a form's data. Text fields take JSON strings
-    only and number fields whole numbers (or their digits as a string), so that e.g.
-    `"command": 123` is refused, not run as the command `123`."""
-    data, errors = {}, {}
-    for name in names:
-        value = body.get(name)
-        if value is None:
-            continue
-        if name in numbers:
-            if isinstance(value, bool) or not isinstance(value, int | str):
-                errors[name] = ["Give a whole number."]
-                continue
-        elif not isinstance(value, str):
-            errors[name] = ["Give a string."]
-            continue
-        data[name] = value
-    if errors:
-        raise ValidationError(errors)
-    return data
-
-
-def _cluster_form_data(body: dict) -> dict:
+def _cluster_form_data(body: NewCluster) -> dict:
     """The API's fields as the cluster form's."""
-    data = _scalars(
-        body,
-        (
-            "name",
-            "nodes",
-            "gpus_per_node",
-            "network",
-            "zone",
-            "release_policy",
-            "idle_minutes",
-        ),
-        numbers=("nodes", "gpus_per_node", "idle_minutes"),
-    )
-    if body.get("instance_type"):
-        data["resource"] = f"cpu:{body['instance_type']}"
-    elif body.get("gpu_model"):
-        data["resource"] = f"gpu:{body['gpu_model']}"
-    reference = body.get("image")
-    if reference:
-        image = Image.objects.filter(reference=str(reference), active=True).first()
+    given = body.dict(exclude_none=True)
+    data = {
+        name: given[name]
+        for name in ("name", "nodes", "gpus_per_node", "zone", "idle_minutes")
+        if name in given
+    }
+    data["network"] = body.network or "standard"
+    data["release_policy"] = body.release_policy or "after_last_job"
+    if body.instance_type:
+        data["resource"] = f"cpu:{body.instance_type}"
+    elif body.gpu_model:
+        data["resource"] = f"gpu:{body.gpu_model}"
+    if body.image:
+        image = Image.objects.filter(reference=body.image, active=True).first()
         data["image"] = str(image.pk) if image else CUSTOM_IMAGE
         if image is None:
-            data["custom_image"] = str(reference)
-    data.setdefault("network", "standard")
-    data.setdefault("release_policy", "after_last_job")
-    data["volumes"] = _as_text(body.get("volumes"))
-    if body.get("spot") is True:
+            data["custom_image"] = body.image
+    data["volumes"] = _as_text(body.volumes)
+    if body.spot:
         data["spot"] = "on"
-    if isinstance(body.get("ssh_keys"), list):
-        data["ssh_keys"] = [str(k) for k in body["ssh_keys"]]
+    if body.ssh_keys is not None:
+        data["ssh_keys"] = [str(k) for k in body.ssh_keys]
     return data
 
 
-@endpoint("GET", "POST")
-def clusters(request, user, body):
-    if request.method == "GET":
-        rows, page = _page(request, fleet.clusters_for(user))
-        return JsonResponse({"clusters": [cluster_json(request, c) for c in rows], **page})
-    form = ClusterForm(_cluster_form_data(body), owner=user)
+@api.get("/clusters", response=_responses(200, list[ClusterOut]), summary="Your clusters")
+@paginate(Pages, items="clusters")
+def clusters(request):
+    """Newest first, 50 a page."""
+    return fleet.clusters_for(request.auth.user)
+
+
+@api.post("/clusters", response=_responses(201, ClusterOut), summary="Request a cluster")
+def cluster_create(request, payload: NewCluster):
+    """The same checks as the form, the balance included. The cluster is placed when
+    capacity allows; poll it until `state` is `running`."""
+    form = ClusterForm(_cluster_form_data(payload), owner=request.auth.user)
     if not form.is_valid():
-        return _fields_error(form)
-    cluster = fleet_services.cluster_create(owner=user, spec=form.spec())
-    return JsonResponse(cluster_json(request, cluster), status=201)
+        names = dict(_CLUSTER_NAMES)
+        if payload.instance_type and not payload.gpu_model:
+            names["resource"] = "instance_type"
+        return _fields_error(form, names)
+    return Status(201, fleet_services.cluster_create(owner=request.auth.user, spec=form.spec()))
 
 
-@endpoint("GET")
-def cluster(request, user, body, cluster_id: int):
-    return JsonResponse(cluster_json(request, fleet.cluster_for_user(user, cluster_id)))
+@api.get("/clusters/{cluster_id}", response=_responses(200, ClusterOut), summary="A cluster")
+def cluster(request, cluster_id: Id):
+    return fleet.cluster_for_user(request.auth.user, cluster_id)
 
 
-@endpoint("POST")
-def cluster_release(request, user, body, cluster_id: int):
-    c = fleet.cluster_for_user(user, cluster_id)
-    c = fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
-    return JsonResponse(cluster_json(request, c))
+@api.post("/clusters/{cluster_id}/release", response=_responses(200, ClusterOut), summary="Release")
+def cluster_release(request, cluster_id: Id):
+    """Stop its jobs and its billing; the cluster's storage folders stay."""
+    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    return fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
 
 
-@endpoint("POST")
-def cluster_resize(request, user, body, cluster_id: int):
+@api.post("/clusters/{cluster_id}/resize", response=_responses(200, ClusterOut), summary="Resize")
+def cluster_resize(request, payload: Resize, cluster_id: Id):
     """`{"nodes": N}`: the page's resize, with its balance check for more nodes."""
-    c = fleet.cluster_for_user(user, cluster_id)
-    form = ResizeForm(_scalars(body, ("nodes",), numbers=("nodes",)), cluster=c)
+    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    form = ResizeForm(payload.dict(exclude_none=True), cluster=c)
     if not form.is_valid():
         return _fields_error(form)
-    c = fleet_services.cluster_resize(cluster=c, nodes=form.cleaned_data["nodes"])
-    return JsonResponse(cluster_json(request, c))
+    return fleet_services.cluster_resize(cluster=c, nodes=form.cleaned_data["nodes"])
 
 
-def _job_form_data(body: dict) -> dict:
-    data = _scalars(
-        body,
-        (
-            "name",
-            "command",
-            "launcher",
-            "workdir",
-            "checkpoint_dir",
-            "max_runtime_min",
-            "retries",
-            "preemption_script",
-            "max_preemptions",
-        ),
-        numbers=("max_runtime_min", "retries", "max_preemptions"),
-    )
+# -- jobs -------------------------------------------------------------------------------
+
+_JOB_FIELDS = (
+    "name", "command", "launcher", "workdir", "checkpoint_dir", "max_runtime_min", "retries",
+    "preemption_script", "max_preemptions",
+)  # fmt: skip
+
+
+def _job_form_data(body: NewJob) -> dict:
+    given = body.dict(exclude_none=True)
+    data = {name: given[name] for name in _JOB_FIELDS if name in given}
     data.setdefault("workdir", "/workspace")
     data.setdefault("checkpoint_dir", "/workspace/checkpoints")
     data.setdefault("launcher", "plain")
     data.setdefault("retries", 0)
-    data["env"] = _as_text(body.get("env"))
+    data["env"] = _as_text(body.env)
     return data
 
 
-@endpoint("GET", "POST")
-def jobs(request, user, body):
-    if request.method == "GET":
-        queryset = fleet.jobs_for(user)
-        if request.GET.get("cluster"):
-            try:
-                queryset = queryset.filter(cluster_id=int(request.GET["cluster"]))
-            except ValueError:
-                raise ValidationError("cluster is a cluster id.") from None
-        rows, page = _page(request, queryset)
-        return JsonResponse({"jobs": [job_json(request, j) for j in rows], **page})
-    try:
-        cluster_id = int(body.get("cluster"))
-    except (TypeError, ValueError):
-        return _error(400, "Invalid input.", {"cluster": ["Give the id of one of your clusters."]})
-    target = fleet.cluster_for_user(user, cluster_id)
-    form = JobForm(_job_form_data(body))
+class JobFilter(Schema):
+    cluster: Id | None = Field(None, description="only this cluster's jobs")
+
+
+@api.get("/jobs", response=_responses(200, list[JobOut]), summary="Your jobs")
+@paginate(Pages, items="jobs")
+def jobs(request, filters: Query[JobFilter]):
+    """Newest first, 50 a page; `?cluster=<id>` for one cluster's."""
+    queryset = fleet.jobs_for(request.auth.user)
+    if filters.cluster:
+        queryset = queryset.filter(cluster_id=filters.cluster)
+    return queryset
+
+
+@api.post("/jobs", response=_responses(201, JobOut), summary="Submit a job")
+def job_submit(request, payload: NewJob):
+    """To one of your clusters; the same checks as the form."""
+    target = fleet.cluster_for_user(request.auth.user, payload.cluster)
+    form = JobForm(_job_form_data(payload))
     if not form.is_valid():
         return _fields_error(form)
     with transaction.atomic():
-        job = fleet_services.job_submit(cluster=target, spec=form.spec())
-    return JsonResponse(job_json(request, job), status=201)
+        return Status(201, fleet_services.job_submit(cluster=target, spec=form.spec()))
 
 
-@endpoint("GET")
-def job(request, user, body, job_id: int):
-    return JsonResponse(job_json(request, fleet.job_for_user(user, job_id)))
+@api.get("/jobs/{job_id}", response=_responses(200, JobOut), summary="A job")
+def job(request, job_id: Id):
+    return fleet.job_for_user(request.auth.user, job_id)
 
 
-@endpoint("POST")
-def job_cancel(request, user, body, job_id: int):
-    j = fleet.job_for_user(user, job_id)
+@api.post("/jobs/{job_id}/cancel", response=_responses(200, JobOut), summary="Cancel a job")
+def job_cancel(request, job_id: Id):
+    j = fleet.job_for_user(request.auth.user, job_id)
     with transaction.atomic():
-        j = fleet_services.job_cancel(job=j, by=user.username)
-    return JsonResponse(job_json(request, j))
+        return fleet_services.job_cancel(job=j, by=request.auth.user.username)
 
 
 _CURSOR = re.compile(r"(\d{1,5})((?:~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64})")
@@ -405,15 +462,19 @@ def _log_after(job, attempt: int, positions: dict) -> tuple[list[dict], dict]:
     return [{"ts": ts, "rank": rank, "text": text} for _, rank, ts, text in out], after
 
 
-@endpoint("GET")
-def job_log(request, user, body, job_id: int):
+@api.get("/jobs/{job_id}/log", response=_responses(200, Log), summary="A job's log")
+def job_log(
+    request,
+    job_id: Id,
+    since: str | None = Query(None, description="the `cursor` of an earlier answer"),
+):
     """The current attempt's log; with `?since=<cursor>` (each answer's `cursor`) only the
     lines after that answer's, first the rest of an earlier attempt that the cursor was
     reading. `complete` once the job has ended and this is the last attempt's log."""
-    j = fleet.job_for_user(user, job_id)
+    j = fleet.job_for_user(request.auth.user, job_id)
     attempt, positions = j.attempt, {}
-    if "since" in request.GET:
-        attempt, positions = _parse_cursor(request.GET["since"])
+    if since is not None:
+        attempt, positions = _parse_cursor(since)
         if attempt > j.attempt:
             raise ValidationError("since is a cursor of another job.")
         if attempt < j.attempt and not j.replicas.filter(attempt=attempt).exists():
@@ -422,45 +483,31 @@ def job_log(request, user, body, job_id: int):
     cursor = f"{attempt}" + "".join(f"~{r}.{ns}.{n}" for r, (ns, n) in sorted(after.items()))
     if attempt < j.attempt:
         cursor = f"{attempt + 1}"  # the next answer starts the next attempt
-    return JsonResponse(
-        {
-            "job": j.pk, "state": j.state, "attempt": attempt, "exit_code": j.exit_code,
-            "complete": j.is_ended and attempt == j.attempt, "lines": lines, "cursor": cursor,
-        }
-    )  # fmt: skip
+    return {
+        "job": j.pk, "state": j.state, "attempt": attempt, "exit_code": j.exit_code,
+        "complete": j.is_ended and attempt == j.attempt, "lines": lines, "cursor": cursor,
+    }  # fmt: skip
 
 
-@endpoint("GET")
-def balance(request, user, body):
-    standing = money.standing(user)
-    entries = money.entries_of(user)[:PAGE]
-    return JsonResponse(
-        {
-            "currency": standing.currency,
-            "balance": str(standing.balance),
-            "burn_per_hour": str(standing.burn_per_hour),
-            "hours_left": str(round(standing.hours_left, 2)) if standing.hours_left is not None else None,
-            "entries": [
-                {
-                    "kind": e.kind, "amount": str(e.amount), "balance_after": str(e.balance_after),
-                    "cluster": e.cluster_id, "period_from": _iso(e.period_from),
-                    "period_to": _iso(e.period_to), "units": e.units,
-                    "rate": str(e.rate) if e.rate is not None else None, "memo": e.memo,
-                    "created_at": _iso(e.created_at),
-                }
-                for e in entries
-            ],
-        }
-    )  # fmt: skip
+# -- money ------------------------------------------------------------------------------
 
 
-@csrf_exempt
+@api.get("/balance", response=_responses(200, Balance), summary="Your balance")
+def balance(request):
+    """Balance, what runs now costs an hour, and the newest 50 ledger entries."""
+    standing = money.standing(request.auth.user)
+    hours_left = standing.hours_left
+    return {
+        "currency": standing.currency,
+        "balance": standing.balance,
+        "burn_per_hour": standing.burn_per_hour,
+        "hours_left": round(hours_left, 2) if hours_left is not None else None,
+        "entries": list(money.entries_of(request.auth.user)[:PAGE]),
+    }
+
+
 def not_found(request):
     return _error(404, "No such API path; see /api/v1/schema.")
-
-
-def schema(request):
-    return JsonResponse(SCHEMA)
 
 
 @login_required

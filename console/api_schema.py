@@ -1,387 +1,227 @@
-"""The OpenAPI 3.0 description of /api/v1/, served at /api/v1/schema."""
+"""The shapes of /api/v1/: one schema per resource and per request body (django-ninja's
+Pydantic schemas). The OpenAPI document at /api/v1/schema is generated from them.
+
+They check types and shapes only: a string is a string, a count a whole number, `env` an
+object or lines. The rules (names, ranges, images, zones, the balance) are the forms' and
+services', the same ones the pages use.
+"""
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from django.urls import reverse
+from ninja import Field, Schema
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from jobs.models import Cluster, Job
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
+MAX_ID = 2_147_483_647  # the database's integer keys
 
 
-def _resp(description: str, schema=None) -> dict:
-    out = {"description": description}
-    if schema is not None:
-        out["content"] = {"application/json": {"schema": schema}}
-    return out
+def iso(value: datetime | None) -> str | None:
+    """UTC as `...Z`, to the microsecond."""
+    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-_COMMON = {
-    "401": _resp("Missing, unknown or revoked token.", _ERROR),
-    "429": _resp(
-        "Too many requests for this token, or too many failed tokens or log-ins from this "
-        "address (see Retry-After).",
-        _ERROR,
-    ),
-}
-_ID = {"type": "integer", "minimum": 1, "maximum": 2147483647}
-_PAGE = {
-    "name": "page",
-    "in": "query",
-    "required": False,
-    "schema": {"type": "integer", "minimum": 1, "maximum": 100000},
-}
+Stamp = Annotated[datetime, PlainSerializer(iso, return_type=str)]
+# Money leaves as its exact decimal digits, never a float.
+Money = Annotated[
+    Decimal,
+    PlainSerializer(str, return_type=str),
+    WithJsonSchema({"type": "string", "format": "decimal", "example": "12.5000"}),
+]
 
 
-def _path_id(name: str) -> dict:
-    return {"name": name, "in": "path", "required": True, "schema": _ID}
+def _whole(value):
+    """JSON's whole numbers, or their digits as a string; never true/false or 2.5."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise PydanticCustomError("whole_number", "Give a whole number.")
+    return value
 
 
-SCHEMA = {
-    "openapi": "3.0.3",
-    "info": {
-        "title": "Suanli API",
-        "version": "1",
-        "description": "GPU clusters, jobs and balance of the token's owner. Another researcher's objects are 404.",
-    },
-    "servers": [{"url": "/api/v1"}],
-    "security": [{"bearerAuth": []}],
-    "components": {
-        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": {
-                "type": "object",
-                "required": ["error", "fields"],
-                "properties": {
-                    "error": {"type": "string"},
-                    "fields": {
-                        "type": "object",
-                        "additionalProperties": {"type": "array", "items": {"type": "string"}},
-                    },
-                },
-            },
-            "Cluster": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "integer"},
-                    "name": {"type": "string"},
-                    "state": {"type": "string", "enum": [s for s, _ in Cluster.State.choices]},
-                    "state_reason": {"type": "string"},
-                    "gpu_model": {"type": "string", "nullable": True},
-                    "instance_type": {"type": "string", "nullable": True},
-                    "nodes": {"type": "integer"},
-                    "gpus_per_node": {"type": "integer"},
-                    "image": {"type": "string"},
-                    "network": {"type": "string"},
-                    "zone": {"type": "string"},
-                    "spot": {"type": "boolean"},
-                    "release_policy": {"type": "string"},
-                    "url": {"type": "string"},
-                    "created_at": {"type": "string", "format": "date-time"},
-                    "running_since": {"type": "string", "format": "date-time", "nullable": True},
-                    "released_at": {"type": "string", "format": "date-time", "nullable": True},
-                },
-            },
-            "NewCluster": {
-                "type": "object",
-                "required": ["name", "nodes", "image"],
-                "properties": {
-                    "name": {
-                        "type": "string",
-                        "maxLength": 63,
-                        "description": "lower-case letters, digits, dashes",
-                    },
-                    "gpu_model": {
-                        "type": "string",
-                        "description": "a GPU model's slug, e.g. a100-80gb",
-                    },
-                    "instance_type": {
-                        "type": "string",
-                        "description": "a CPU-only type's name (instead of gpu_model)",
-                    },
-                    "nodes": {"type": "integer", "minimum": 1, "maximum": 64},
-                    "gpus_per_node": {"type": "integer", "minimum": 1, "maximum": 8},
-                    "image": {
-                        "type": "string",
-                        "maxLength": 255,
-                        "description": "a catalog image reference, or any other reference",
-                    },
-                    "network": {"type": "string", "enum": [s for s, _ in Cluster.Network.choices]},
-                    "zone": {"type": "string", "maxLength": 40},
-                    "spot": {"type": "boolean"},
-                    "volumes": {
-                        "type": "array",
-                        "items": {"type": "string", "maxLength": 300},
-                        "maxItems": 16,
-                        "description": "storage-folder:/container/path[:ro]",
-                    },
-                    "release_policy": {
-                        "type": "string",
-                        "enum": [s for s, _ in Cluster.ReleasePolicy.choices],
-                    },
-                    "idle_minutes": {"type": "integer", "minimum": 1, "maximum": 10080},
-                    "ssh_keys": {"type": "array", "items": _ID, "maxItems": 20},
-                },
-            },
-            "Job": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "integer"},
-                    "name": {"type": "string"},
-                    "cluster": {"type": "integer"},
-                    "state": {"type": "string", "enum": [s for s, _ in Job.State.choices]},
-                    "state_reason": {"type": "string"},
-                    "exit_code": {"type": "integer", "nullable": True},
-                    "attempt": {"type": "integer"},
-                    "launcher": {"type": "string"},
-                    "command": {"type": "string"},
-                    "url": {"type": "string"},
-                    "created_at": {"type": "string", "format": "date-time"},
-                    "started_at": {"type": "string", "format": "date-time", "nullable": True},
-                    "finished_at": {"type": "string", "format": "date-time", "nullable": True},
-                    "preemption_script": {"type": "string"},
-                    "max_preemptions": {"type": "integer"},
-                    "preemptions": {
-                        "type": "integer",
-                        "description": "times a spot preemption stopped it so far",
-                    },
-                    "resume_from": {
-                        "type": "string",
-                        "nullable": True,
-                        "description": "the checkpoint the current attempt was started from "
-                        "(its SUANLI_RESUME_FROM)",
-                    },
-                },
-            },
-            "NewJob": {
-                "type": "object",
-                "required": ["cluster", "name", "command"],
-                "properties": {
-                    "cluster": _ID,
-                    "name": {"type": "string", "maxLength": 100},
-                    "command": {"type": "string", "maxLength": 16384},
-                    "launcher": {"type": "string", "enum": [s for s, _ in Job.Launcher.choices]},
-                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "workdir": {"type": "string", "maxLength": 255},
-                    "checkpoint_dir": {"type": "string", "maxLength": 255},
-                    "max_runtime_min": {"type": "integer", "minimum": 1, "maximum": 43200},
-                    "retries": {"type": "integer", "minimum": 0, "maximum": 10},
-                    "preemption_script": {
-                        "type": "string",
-                        "maxLength": 16384,
-                        "description": "spot clusters: run in each replica with /bin/sh -c "
-                        "when a preemption notice arrives (e.g. save a checkpoint)",
-                    },
-                    "max_preemptions": {
-                        "type": "integer",
-                        "minimum": 0,
-                        "maximum": 100,
-                        "default": 5,
-                        "description": "preemptions the job survives; one more fails it",
-                    },
-                },
-            },
-        },
-    },
-    "paths": {
-        "/clusters": {
-            "get": {
-                "summary": "Your clusters, newest first (50 a page).",
-                "parameters": [_PAGE],
-                "responses": {
-                    "200": _resp("A page of clusters.", {"type": "object"}),
-                    "400": _resp("Bad page.", _ERROR),
-                    **_COMMON,
-                },
-            },
-            "post": {
-                "summary": "Request a cluster (the same checks as the form, including the balance).",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/NewCluster"}}
-                    },
-                },
-                "responses": {
-                    "201": _resp(
-                        "Requested; it runs once placed.", {"$ref": "#/components/schemas/Cluster"}
-                    ),
-                    "400": _resp("Invalid input: a message per field.", _ERROR),
-                    **_COMMON,
-                },
-            },
-        },
-        "/clusters/{cluster_id}": {
-            "get": {
-                "parameters": [_path_id("cluster_id")],
-                "responses": {
-                    "200": _resp("The cluster.", {"$ref": "#/components/schemas/Cluster"}),
-                    "404": _resp("Not yours or no such cluster.", _ERROR),
-                    **_COMMON,
-                },
-            }
-        },
-        "/clusters/{cluster_id}/release": {
-            "post": {
-                "summary": "Give the capacity back now (idempotent).",
-                "parameters": [_path_id("cluster_id")],
-                "responses": {
-                    "200": _resp("Released.", {"$ref": "#/components/schemas/Cluster"}),
-                    "404": _resp("Not found.", _ERROR),
-                    **_COMMON,
-                },
-            }
-        },
-        "/clusters/{cluster_id}/resize": {
-            "post": {
-                "summary": "Change a running cluster's node count (more nodes: placed now or "
-                "refused, and the balance must cover them as for a new cluster).",
-                "parameters": [_path_id("cluster_id")],
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["nodes"],
-                                "properties": {"nodes": {"type": "integer", "minimum": 1}},
-                            }
-                        }
-                    },
-                },
-                "responses": {
-                    "200": _resp("Resized.", {"$ref": "#/components/schemas/Cluster"}),
-                    "400": _resp(
-                        "Refused: not running, a job runs, no room, or not enough balance.",
-                        _ERROR,
-                    ),
-                    "404": _resp("Not found.", _ERROR),
-                    **_COMMON,
-                },
-            }
-        },
-        "/jobs": {
-            "get": {
-                "parameters": [
-                    _PAGE,
-                    {"name": "cluster", "in": "query", "required": False, "schema": _ID},
-                ],
-                "responses": {
-                    "200": _resp("A page of jobs.", {"type": "object"}),
-                    "400": _resp("Bad filter.", _ERROR),
-                    **_COMMON,
-                },
-            },
-            "post": {
-                "summary": "Queue a job on one of your clusters.",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/NewJob"}}
-                    },
-                },
-                "responses": {
-                    "201": _resp("Queued.", {"$ref": "#/components/schemas/Job"}),
-                    "400": _resp("Invalid input, or the cluster takes no jobs.", _ERROR),
-                    "404": _resp("No such cluster of yours.", _ERROR),
-                    **_COMMON,
-                },
-            },
-        },
-        "/jobs/{job_id}": {
-            "get": {
-                "parameters": [_path_id("job_id")],
-                "responses": {
-                    "200": _resp("The job.", {"$ref": "#/components/schemas/Job"}),
-                    "404": _resp("Not found.", _ERROR),
-                    **_COMMON,
-                },
-            }
-        },
-        "/jobs/{job_id}/cancel": {
-            "post": {
-                "parameters": [_path_id("job_id")],
-                "responses": {
-                    "200": _resp(
-                        "Cancelled (queued) or stopping (SIGTERM, then SIGKILL).",
-                        {"$ref": "#/components/schemas/Job"},
-                    ),
-                    "400": _resp("Nothing to cancel.", _ERROR),
-                    "404": _resp("Not found.", _ERROR),
-                    **_COMMON,
-                },
-            }
-        },
-        "/jobs/{job_id}/log": {
-            "get": {
-                "summary": "The current attempt's log, rank-labelled: live from the engines "
-                "while it runs, the stored log once it has ended (`complete` then).",
-                "parameters": [
-                    _path_id("job_id"),
-                    {
-                        "name": "since",
-                        "in": "query",
-                        "required": False,
-                        "description": "the `cursor` of an earlier answer: only the lines "
-                        "after it (first the rest of the attempt it was reading, if the job "
-                        "has started another since); poll with each answer's cursor to follow "
-                        "the log",
-                        "schema": {
-                            "type": "string",
-                            "maxLength": 2400,
-                            "pattern": r"^\d{1,5}(~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64}$",
-                        },
-                    },
-                ],
-                "responses": {
-                    "200": _resp(
-                        "Log lines.",
-                        {
-                            "type": "object",
-                            "properties": {
-                                "job": {"type": "integer"},
-                                "state": {"type": "string"},
-                                "attempt": {
-                                    "type": "integer",
-                                    "description": "the attempt these lines are from",
-                                },
-                                "exit_code": {"type": "integer", "nullable": True},
-                                "complete": {
-                                    "type": "boolean",
-                                    "description": "the job has ended and no line is left "
-                                    "after this answer",
-                                },
-                                "lines": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {
-                                            "ts": {"type": "string"},
-                                            "rank": {"type": "integer"},
-                                            "text": {"type": "string"},
-                                        },
-                                    },
-                                },
-                                "cursor": {
-                                    "type": "string",
-                                    "description": "pass as `since` for the lines after these",
-                                },
-                            },
-                        },
-                    ),
-                    "400": _resp("Not a cursor of this job.", _ERROR),
-                    "404": _resp("Not found.", _ERROR),
-                    **_COMMON,
-                },
-            }
-        },
-        "/balance": {
-            "get": {
-                "summary": "Balance, burn rate and the 50 newest ledger entries (amounts are decimal strings).",
-                "responses": {"200": _resp("Where you stand.", {"type": "object"}), **_COMMON},
-            }
-        },
-        "/schema": {
-            "get": {
-                "security": [],
-                "responses": {"200": _resp("This document.", {"type": "object"})},
-            }
-        },
-    },
-}
+Whole = Annotated[int, BeforeValidator(_whole)]
+Id = Annotated[int, Field(ge=1, le=MAX_ID), BeforeValidator(_whole)]
+
+
+def _env_shape(value):
+    if value is not None and not isinstance(value, dict | list | str):
+        raise PydanticCustomError(
+            "env_shape", "Give an object of names to values, or NAME=value lines."
+        )
+    return value
+
+
+def _lines_shape(value):
+    if value is not None and not isinstance(value, list | str):
+        raise PydanticCustomError("lines_shape", "Give a list of strings.")
+    return value
+
+
+def _choices(choices) -> type:
+    return Literal.__getitem__(tuple(value for value, _ in choices))
+
+
+class Error(Schema):
+    error: str = Field(description="What went wrong, in words.")
+    fields: dict[str, list[str]] = Field(
+        description="Per request field (as the API names it), what is wrong with it."
+    )
+
+
+class ClusterOut(Schema):
+    id: int
+    name: str
+    state: _choices(Cluster.State.choices)
+    state_reason: str
+    gpu_model: str | None = Field(description="the GPU model's slug; null on CPU-only types")
+    instance_type: str | None = Field(description="the CPU-only type's name")
+    nodes: int
+    gpus_per_node: int
+    image: str = Field(description="the image reference the nodes run")
+    network: _choices(Cluster.Network.choices)
+    zone: str
+    spot: bool
+    release_policy: _choices(Cluster.ReleasePolicy.choices)
+    created_at: Stamp
+    running_since: Stamp | None
+    released_at: Stamp | None
+    url: str = Field(description="the cluster's page in the console")
+
+    @staticmethod
+    def resolve_gpu_model(obj) -> str | None:
+        return obj.gpu_model.slug if obj.gpu_model_id else None
+
+    @staticmethod
+    def resolve_instance_type(obj) -> str | None:
+        return obj.instance_type.name if obj.instance_type_id else None
+
+    @staticmethod
+    def resolve_image(obj) -> str:
+        return obj.image_reference
+
+    @staticmethod
+    def resolve_url(obj, context) -> str:
+        return context["request"].build_absolute_uri(reverse("cluster_detail", args=[obj.pk]))
+
+
+class NewCluster(Schema):
+    name: str | None = Field(None, description="lower-case letters, digits and dashes")
+    gpu_model: str | None = Field(None, description="a GPU model's slug, e.g. a100-80gb")
+    instance_type: str | None = Field(None, description="a CPU-only type (instead of gpu_model)")
+    nodes: Whole | None = None
+    gpus_per_node: Whole | None = None
+    image: str | None = Field(None, description="a catalog image's reference, or any other")
+    network: str | None = Field(None, description="standard (default) or rdma")
+    zone: str | None = Field(None, description="empty: any zone")
+    spot: bool | None = Field(None, strict=True, description="a cheaper, preemptible cluster")
+    volumes: Annotated[list[str] | str | None, BeforeValidator(_lines_shape)] = Field(
+        None, description="storage-folder:/container/path[:ro], one per item"
+    )
+    release_policy: str | None = Field(
+        None, description="after_last_job (default), when_idle or never"
+    )
+    idle_minutes: Whole | None = Field(None, description="with release_policy when_idle")
+    ssh_keys: list[Whole] | None = Field(None, description="ids of your SSH keys")
+
+
+class Resize(Schema):
+    nodes: Whole | None = Field(None, description="the cluster's new node count")
+
+
+class JobOut(Schema):
+    id: int
+    name: str
+    cluster: int
+    state: _choices(Job.State.choices)
+    state_reason: str
+    exit_code: int | None
+    attempt: int
+    launcher: _choices(Job.Launcher.choices)
+    command: str
+    created_at: Stamp
+    started_at: Stamp | None
+    finished_at: Stamp | None
+    preemption_script: str
+    max_preemptions: int
+    preemptions: int = Field(description="times a spot preemption stopped it so far")
+    resume_from: str | None = Field(
+        description="the checkpoint the current attempt started from (its SUANLI_RESUME_FROM)"
+    )
+    url: str = Field(description="the job's page in the console")
+
+    @staticmethod
+    def resolve_cluster(obj) -> int:
+        return obj.cluster_id
+
+    @staticmethod
+    def resolve_resume_from(obj) -> str | None:
+        return obj.resume_from or None
+
+    @staticmethod
+    def resolve_url(obj, context) -> str:
+        return context["request"].build_absolute_uri(reverse("job_detail", args=[obj.pk]))
+
+
+class NewJob(Schema):
+    cluster: Id = Field(description="the id of one of your running clusters")
+    name: str | None = None
+    command: str | None = Field(None, description="run with /bin/sh -c in every replica")
+    launcher: str | None = Field(None, description="plain (default) or torchrun")
+    env: Annotated[
+        dict[str, str | int | float] | list[str] | str | None, BeforeValidator(_env_shape)
+    ] = Field(None, description='{"NAME": "value"} or ["NAME=value", ...]')
+    workdir: str | None = Field(None, description="default /workspace")
+    checkpoint_dir: str | None = Field(None, description="default /workspace/checkpoints")
+    max_runtime_min: Whole | None = None
+    retries: Whole | None = None
+    preemption_script: str | None = Field(
+        None,
+        description="spot clusters: run in each replica with /bin/sh -c when a preemption "
+        "notice arrives (e.g. save a checkpoint)",
+    )
+    max_preemptions: Whole | None = Field(
+        None, description="preemptions the job survives (default 5); one more fails it"
+    )
+
+
+class LogLine(Schema):
+    ts: str = Field(description="the engine's RFC 3339 timestamp of the line")
+    rank: int
+    text: str
+
+
+class Log(Schema):
+    job: int
+    state: _choices(Job.State.choices)
+    attempt: int = Field(description="the attempt these lines are of")
+    exit_code: int | None
+    complete: bool = Field(description="the job has ended and this is its last attempt's log")
+    lines: list[LogLine]
+    cursor: str = Field(description="pass as ?since= for the lines after these")
+
+
+class Entry(Schema):
+    kind: str
+    amount: Money = Field(description="signed, in the balance's currency: usage is negative")
+    balance_after: Money
+    cluster: int | None
+    period_from: Stamp | None
+    period_to: Stamp | None
+    units: int | None
+    rate: Money | None
+    memo: str
+    created_at: Stamp
+
+    @staticmethod
+    def resolve_cluster(obj) -> int | None:
+        return obj.cluster_id
+
+
+class Balance(Schema):
+    currency: str
+    balance: Money
+    burn_per_hour: Money = Field(description="what your running clusters cost an hour")
+    hours_left: Money | None = Field(description="at that rate; null when nothing runs")
+    entries: list[Entry] = Field(description="the newest 50 ledger entries")

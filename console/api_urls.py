@@ -1,19 +1,38 @@
-"""The token JSON API under /api/v1/ (console/api.py)."""
+"""The token JSON API under /api/v1/ (console/api.py, django-ninja)."""
 
-from django.urls import path, re_path
+import functools
+
+from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 
 from console import api
 
+
+def _json_405(view):
+    """django-ninja answers a method a path does not take in plain text; scripts get the
+    API's JSON error with the methods it takes."""
+
+    @functools.wraps(view)
+    def handler(request, *args, **kwargs):
+        response = view(request, *args, **kwargs)
+        if response.status_code == 405 and response.get("Content-Type", "").startswith("text/"):
+            allowed = response["Allow"].split(", ")
+            allowed = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE") if m in allowed]
+            out = api._error(405, f"Use {' or '.join(allowed)}.", Allow=", ".join(allowed))
+            return out
+        return response
+
+    return handler
+
+
+_patterns, _app, _namespace = api.api.urls
+for _pattern in _patterns:
+    if _pattern.name == "api-root":  # django-ninja's is an HTML 404; scripts get JSON
+        _pattern.callback = csrf_exempt(api.not_found)
+    else:
+        _pattern.callback = _json_405(_pattern.callback)
+
 urlpatterns = [
-    path("schema", api.schema, name="api_schema"),
-    path("clusters", api.clusters, name="api_clusters"),
-    path("clusters/<int:cluster_id>", api.cluster, name="api_cluster"),
-    path("clusters/<int:cluster_id>/release", api.cluster_release, name="api_cluster_release"),
-    path("clusters/<int:cluster_id>/resize", api.cluster_resize, name="api_cluster_resize"),
-    path("jobs", api.jobs, name="api_jobs"),
-    path("jobs/<int:job_id>", api.job, name="api_job"),
-    path("jobs/<int:job_id>/cancel", api.job_cancel, name="api_job_cancel"),
-    path("jobs/<int:job_id>/log", api.job_log, name="api_job_log"),
-    path("balance", api.balance, name="api_balance"),
-    re_path(r"^.*$", api.not_found),  # a JSON 404, not the HTML page, for scripts
+    path("", include((_patterns, _app), namespace=_namespace)),
+    re_path(r"^.*$", csrf_exempt(api.not_found)),  # a JSON 404, not the HTML page, for scripts
 ]

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
+    "ninja",  # the API's docs page serves its own static Swagger UI (no CDN)
     "channels",
     "django_rq",
     "axes",

@@ -29,7 +29,6 @@ TIMEOUT_S = 30
 POLL_S = float(os.environ.get("SUANLI_POLL_S", "1"))
 JOB_ENDED = ("succeeded", "failed", "cancelled")
 CLI_OPTION = {  # the API's field names as this command's options, in error messages
-    "resource": "--gpu / --cpu",
     "gpu_model": "--gpu",
     "instance_type": "--cpu",
     "gpus_per_node": "--gpus-per-node",
@@ -37,7 +36,6 @@ CLI_OPTION = {  # the API's field names as this command's options, in error mess
     "idle_minutes": "--idle-minutes",
     "volumes": "--volume",
     "ssh_keys": "--ssh-key",
-    "custom_image": "--image",
     "checkpoint_dir": "--checkpoint-dir",
     "preemption_script": "--preemption-script",
     "max_preemptions": "--max-preemptions",
@@ -658,7 +656,3 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("", err=True)
         sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
