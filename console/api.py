@@ -171,15 +171,31 @@ _WORDS = {
 }
 
 
+# One sentence for a field whose value fits none of its shapes (not one per shape).
+_SHAPES = {
+    "env": "Give an object of names to text or numbers, or NAME=value lines.",
+    "volumes": "Give a list of strings.",
+}
+
+
+def _words(err: dict) -> str:
+    kind, ctx = err.get("type"), err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"Give {ctx.get('ge')} or more."
+    if kind == "less_than_equal":
+        return f"Give at most {ctx.get('le')}."
+    return _WORDS.get(kind, err.get("msg", "Invalid."))
+
+
 @api.exception_handler(SchemaError)
 def _schema_error(request, exc):
     fields: dict[str, list[str]] = {}
     for err in exc.errors:
         loc = [str(part) for part in err.get("loc", ())]
-        name = loc[2] if loc[:1] == ["body"] and len(loc) > 2 else loc[-1] if loc else ""
         if loc[:1] == ["body"] and len(loc) <= 2:
             return _error(400, "The body must be a JSON object.")
-        words = _WORDS.get(err.get("type"), err.get("msg", "Invalid."))
+        name = loc[2] if loc[:1] == ["body"] else loc[-1] if loc else ""
+        words = _SHAPES.get(name) or _words(err)
         if words not in fields.setdefault(name, []):
             fields[name].append(words)
     return _error(400, "Invalid input.", fields)
@@ -300,14 +316,24 @@ def _cluster_form_data(body: NewCluster) -> dict:
     return data
 
 
-@api.get("/clusters", response=_responses(200, list[ClusterOut]), summary="Your clusters")
+@api.get(
+    "/clusters",
+    tags=["clusters"],
+    response=_responses(200, list[ClusterOut]),
+    summary="Your clusters",
+)
 @paginate(Pages, items="clusters")
 def clusters(request):
     """Newest first, 50 a page."""
     return fleet.clusters_for(request.auth.user)
 
 
-@api.post("/clusters", response=_responses(201, ClusterOut), summary="Request a cluster")
+@api.post(
+    "/clusters",
+    tags=["clusters"],
+    response=_responses(201, ClusterOut),
+    summary="Request a cluster",
+)
 def cluster_create(request, payload: NewCluster):
     """The same checks as the form, the balance included. The cluster is placed when
     capacity allows; poll it until `state` is `running`."""
@@ -320,19 +346,34 @@ def cluster_create(request, payload: NewCluster):
     return Status(201, fleet_services.cluster_create(owner=request.auth.user, spec=form.spec()))
 
 
-@api.get("/clusters/{cluster_id}", response=_responses(200, ClusterOut), summary="A cluster")
+@api.get(
+    "/clusters/{cluster_id}",
+    tags=["clusters"],
+    response=_responses(200, ClusterOut),
+    summary="A cluster",
+)
 def cluster(request, cluster_id: Id):
     return fleet.cluster_for_user(request.auth.user, cluster_id)
 
 
-@api.post("/clusters/{cluster_id}/release", response=_responses(200, ClusterOut), summary="Release")
+@api.post(
+    "/clusters/{cluster_id}/release",
+    tags=["clusters"],
+    response=_responses(200, ClusterOut),
+    summary="Release",
+)
 def cluster_release(request, cluster_id: Id):
     """Stop its jobs and its billing; the cluster's storage folders stay."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
     return fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
 
 
-@api.post("/clusters/{cluster_id}/resize", response=_responses(200, ClusterOut), summary="Resize")
+@api.post(
+    "/clusters/{cluster_id}/resize",
+    tags=["clusters"],
+    response=_responses(200, ClusterOut),
+    summary="Resize",
+)
 def cluster_resize(request, payload: Resize, cluster_id: Id):
     """`{"nodes": N}`: the page's resize, with its balance check for more nodes."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
@@ -365,7 +406,7 @@ class JobFilter(Schema):
     cluster: Id | None = Field(None, description="only this cluster's jobs")
 
 
-@api.get("/jobs", response=_responses(200, list[JobOut]), summary="Your jobs")
+@api.get("/jobs", tags=["jobs"], response=_responses(200, list[JobOut]), summary="Your jobs")
 @paginate(Pages, items="jobs")
 def jobs(request, filters: Query[JobFilter]):
     """Newest first, 50 a page; `?cluster=<id>` for one cluster's."""
@@ -375,7 +416,7 @@ def jobs(request, filters: Query[JobFilter]):
     return queryset
 
 
-@api.post("/jobs", response=_responses(201, JobOut), summary="Submit a job")
+@api.post("/jobs", tags=["jobs"], response=_responses(201, JobOut), summary="Submit a job")
 def job_submit(request, payload: NewJob):
     """To one of your clusters; the same checks as the form."""
     target = fleet.cluster_for_user(request.auth.user, payload.cluster)
@@ -386,12 +427,14 @@ def job_submit(request, payload: NewJob):
         return Status(201, fleet_services.job_submit(cluster=target, spec=form.spec()))
 
 
-@api.get("/jobs/{job_id}", response=_responses(200, JobOut), summary="A job")
+@api.get("/jobs/{job_id}", tags=["jobs"], response=_responses(200, JobOut), summary="A job")
 def job(request, job_id: Id):
     return fleet.job_for_user(request.auth.user, job_id)
 
 
-@api.post("/jobs/{job_id}/cancel", response=_responses(200, JobOut), summary="Cancel a job")
+@api.post(
+    "/jobs/{job_id}/cancel", tags=["jobs"], response=_responses(200, JobOut), summary="Cancel a job"
+)
 def job_cancel(request, job_id: Id):
     j = fleet.job_for_user(request.auth.user, job_id)
     with transaction.atomic():
@@ -462,7 +505,7 @@ def _log_after(job, attempt: int, positions: dict) -> tuple[list[dict], dict]:
     return [{"ts": ts, "rank": rank, "text": text} for _, rank, ts, text in out], after
 
 
-@api.get("/jobs/{job_id}/log", response=_responses(200, Log), summary="A job's log")
+@api.get("/jobs/{job_id}/log", tags=["jobs"], response=_responses(200, Log), summary="A job's log")
 def job_log(
     request,
     job_id: Id,
@@ -492,7 +535,7 @@ def job_log(
 # -- money ------------------------------------------------------------------------------
 
 
-@api.get("/balance", response=_responses(200, Balance), summary="Your balance")
+@api.get("/balance", tags=["money"], response=_responses(200, Balance), summary="Your balance")
 def balance(request):
     """Balance, what runs now costs an hour, and the newest 50 ledger entries."""
     standing = money.standing(request.auth.user)

@@ -1,6 +1,7 @@
 """The token JSON API: the same checks and object-level access as the pages."""
 
 import json
+import os
 import re
 import threading
 import time
@@ -13,6 +14,7 @@ from django.db import connection
 from django.test import Client
 from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
+from playwright.sync_api import expect
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -26,6 +28,7 @@ from jobs import runner
 from jobs.models import Cluster, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
+SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 
 def _api(token):
@@ -314,3 +317,31 @@ def test_an_unknown_api_path_is_a_json_404(alice, token_of):
     for path in ("nope/", ""):
         status, body = _api(token_of(alice))("GET", path)
         assert status == 404 and "schema" in body["error"]
+
+
+@pytest.mark.browser
+def test_the_docs_page_runs_a_call_with_a_token_from_our_own_files(
+    page, live_server, alice, token_of, priced
+):
+    """/api/v1/docs lists every operation, takes a token under Authorize and runs a call,
+    loading nothing from anywhere but the console."""
+    token = token_of(alice)
+    elsewhere = []
+    page.on(
+        "request",
+        lambda r: None if r.url.startswith((live_server.url, "data:")) else elsewhere.append(r.url),
+    )
+    page.goto(f"{live_server.url}/api/v1/docs")
+    expect(page.locator(".opblock")).to_have_count(11)
+    page.get_by_role("button", name="Authorize").first.click()
+    page.locator(".modal-ux input").fill(token)
+    page.locator(".modal-ux button.authorize").click()
+    page.locator(".modal-ux button.btn-done").click()
+    page.locator("#operations-money-console_api_balance").click()
+    page.get_by_role("button", name="Try it out").click()
+    page.get_by_role("button", name="Execute").click()
+    live = page.locator("#operations-money-console_api_balance .live-responses-table")
+    expect(live.locator("tr.response .response-col_status").first).to_have_text("200")
+    expect(live.locator("tr.response pre.microlight").first).to_contain_text('"1000.0000"')
+    page.screenshot(path=f"{SHOTS}/api-docs.png", full_page=False)
+    assert elsewhere == [], elsewhere

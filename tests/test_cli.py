@@ -4,6 +4,7 @@ the real engines."""
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -187,3 +188,29 @@ def test_the_command_line_loads_no_django_and_is_installed():
     assert script.exists(), "reinstall the project: `make venv`"
     done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "suanli login" in done.stdout
+
+
+def test_the_command_line_installs_alone_with_pip(console_url, alice, tmp_path):
+    """`pip install ./console/cli` into an environment with no Django and no console gives
+    a `suanli` that works against the console."""
+    source = tmp_path / "cli"
+    shutil.copytree(ROOT / "console" / "cli", source, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
+    install = subprocess.run(
+        [venv / "bin" / "pip", "install", "-q", "--disable-pip-version-check", source],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr[-2000:]
+    alone = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    no_django = subprocess.run(
+        [venv / "bin" / "python", "-c", "import django"], capture_output=True, env=alone
+    )
+    assert no_django.returncode != 0, "the CLI's environment must not need the console's"
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    done = subprocess.run(
+        ["suanli", "--json", "balance"], capture_output=True, text=True, timeout=60,
+        env={**alone, "SUANLI_URL": console_url, "SUANLI_TOKEN": token},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["balance"] == "1000.0000"
