@@ -313,6 +313,8 @@ def _cluster_form_data(body: NewCluster) -> dict:
         data["spot"] = "on"
     if body.ssh_keys is not None:
         data["ssh_keys"] = [str(k) for k in body.ssh_keys]
+    if body.workspace is not False:
+        data["workspace"] = "on"
     return data
 
 

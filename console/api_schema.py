@@ -84,6 +84,7 @@ class ClusterOut(Schema):
     zone: str
     spot: bool
     release_policy: _choices(Cluster.ReleasePolicy.choices)
+    workspace: bool = Field(description="each node has a workspace to log in to")
     created_at: Stamp
     running_since: Stamp | None
     released_at: Stamp | None
@@ -124,6 +125,9 @@ class NewCluster(Schema):
     )
     idle_minutes: Whole | None = Field(None, description="with release_policy when_idle")
     ssh_keys: list[Whole] | None = Field(None, description="ids of your SSH keys")
+    workspace: bool | None = Field(
+        None, strict=True, description="a workspace on each node to log in to (default true)"
+    )
 
 
 class Resize(Schema):

@@ -103,6 +103,13 @@ class ClusterForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
         label="SSH keys",
     )
+    workspace = forms.BooleanField(
+        required=False,
+        initial=True,
+        label="Workspace on each node: log in with ssh, scp/sftp and the web terminal",
+        help_text="A container on every node from placement to release, beside your jobs. "
+        "Untick for pure batch use (jobs only).",
+    )
     release_policy = forms.ChoiceField(
         choices=Cluster.ReleasePolicy.choices,
         initial=Cluster.ReleasePolicy.AFTER_LAST_JOB,
@@ -331,6 +338,7 @@ class ClusterForm(forms.Form):
             spot=d.get("spot", False),
             volumes=tuple(d["volumes"]),
             ssh_keys=tuple(d["ssh_keys"]),
+            workspace=d.get("workspace", False),
             release_policy=d["release_policy"],
             idle_minutes=d.get("idle_minutes"),
         )

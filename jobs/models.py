@@ -385,6 +385,11 @@ class Cluster(models.Model):
     zone = models.CharField(max_length=40, blank=True, help_text="Empty: any zone.")
     spot = models.BooleanField(default=False)
     ssh_keys = models.ManyToManyField(SshKey, blank=True, related_name="clusters")
+    workspace = models.BooleanField(
+        default=True,
+        help_text="Keep a workspace container on each node from placement to release, to "
+        "log in to (ssh, scp/sftp, the web terminal). Off: jobs only (pure batch).",
+    )
     release_policy = models.CharField(
         max_length=20, choices=ReleasePolicy.choices, default=ReleasePolicy.AFTER_LAST_JOB
     )
@@ -495,6 +500,9 @@ class Node(models.Model):
         "(a new row) when the host is back or the node moves to another host.",
     )
     released_at = models.DateTimeField(null=True, blank=True)
+    workspace_container = models.CharField(
+        max_length=80, blank=True, help_text="The engine's id of the node's workspace container."
+    )
 
     class Meta:
         ordering = ["cluster", "index"]

@@ -26,7 +26,7 @@ from django.db import connections, models, transaction
 from django.utils import timezone
 from rq.registry import StartedJobRegistry
 
-from jobs import engine, lifecycle, network, runtime, storage, webhooks
+from jobs import engine, lifecycle, network, runtime, storage, webhooks, workspaces
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
 from jobs.queue import enqueue_later, enqueue_unique
 
@@ -877,6 +877,9 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
         except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
             log.warning("reconcile: %s unreachable: %s", host.name, exc)
             continue
+        report["workspaces_removed"] = report.get("workspaces_removed", 0) + workspaces.sweep(
+            host, engine.cached_client(host)
+        )
         report["networks_removed"] = report.get("networks_removed", 0) + network.sweep(
             host, engine.cached_client(host)
         )
@@ -943,10 +946,26 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     report["restarted"] = len(stuck)
     for job_id in stuck:
         _enqueue("jobs.tasks.job_start", job_id, job_id=f"start-{job_id}")
+    report["workspaces_made"] = _ensure_missing_workspaces(now)
     report["killed"] = _kill_overdue_stops(now)
     report["preemptions"] = _follow_preemptions()
     report["settled"] = _settle_orphans()
     return report
+
+
+def _ensure_missing_workspaces(now) -> int:
+    """Nodes placed a while ago whose workspace was not made (an engine that refused, a
+    lost task): try again."""
+    clusters = set(
+        Node.objects.filter(
+            released_at__isnull=True, lost_at__isnull=True, workspace_container="",
+            cluster__state=Cluster.State.RUNNING, cluster__workspace=True,
+            placed_at__lt=now - timedelta(seconds=30),
+        ).values_list("cluster_id", flat=True)
+    )  # fmt: skip
+    for cluster_id in clusters:
+        workspaces.ensure(cluster_id)
+    return len(clusters)
 
 
 def _kill_overdue_stops(now) -> int:

@@ -124,8 +124,6 @@ def container_spec(
     """The container of one replica. `network_name` is the cluster's own network
     (jobs.network); the container is on it alone: never the host's network."""
     cluster: Cluster = job.cluster
-    uid = tenant_uid(job.owner_id)
-    gpus = ",".join(str(i) for i in node.gpu_indices)
     # The cluster network is eth0; a researcher may name another interface in the job's env.
     env: dict[str, str] = {
         "NCCL_SOCKET_IFNAME": network.IFNAME,
@@ -135,8 +133,6 @@ def container_spec(
     env.update(distributed_env(job, node, container_name(job, 0, attempt), nodes))
     env.update(
         {
-            "NVIDIA_VISIBLE_DEVICES": gpus or "void",
-            "CUDA_VISIBLE_DEVICES": gpus,
             "SUANLI_JOB": str(job.pk),
             "SUANLI_CLUSTER": str(cluster.pk),
             "SUANLI_ATTEMPT": str(attempt),
@@ -148,25 +144,45 @@ def container_spec(
     )
     if job.resume_from:
         env["SUANLI_RESUME_FROM"] = job.resume_from
-    if cluster.network == Cluster.Network.RDMA:
-        env["NCCL_IB_HCA"] = settings.SUANLI_NCCL_IB_HCA
-    else:
-        env["NCCL_IB_DISABLE"] = "1"
-    mounts = volume_mounts(cluster, job.owner_id)
-    cpus, memory = node_limits(cluster, node.host)
     name = container_name(job, node.index, attempt)
-    kwargs: dict = {
-        "command": wrapped_command(job, env),
-        "environment": env,
-        "labels": {
+    kwargs = node_container_kwargs(
+        cluster, node, owner_id=job.owner_id, network_name=network_name, name=name, nvidia=nvidia
+    )
+    # The node's own (GPUs, RDMA) win over anything the job's env names.
+    kwargs["environment"] = {**env, **kwargs["environment"]}
+    kwargs.update(
+        command=wrapped_command(job, env),
+        labels={
             LABEL_JOB: str(job.pk),
             LABEL_REPLICA: str(node.index),
             LABEL_CLUSTER: str(cluster.pk),
             LABEL_OWNER: str(job.owner_id),
             LABEL_ATTEMPT: str(attempt),
         },
+        working_dir=job.workdir,
+    )
+    return ContainerSpec(image=cluster.image_reference, name=name, kwargs=kwargs)
+
+
+def node_container_kwargs(
+    cluster: Cluster, node: Node, *, owner_id: int, network_name: str, name: str, nvidia: bool
+) -> dict:
+    """The hardening, limits, mounts, network and devices of any container of a node (a
+    job's replica or the node's workspace): the tenant's uid, no capabilities, no new
+    privileges, bounded pids, the node's share of CPU and memory, the cluster's volumes, its
+    own network, its GPUs, an init as PID 1."""
+    uid = tenant_uid(owner_id)
+    gpus = ",".join(str(i) for i in node.gpu_indices)
+    env = {"NVIDIA_VISIBLE_DEVICES": gpus or "void", "CUDA_VISIBLE_DEVICES": gpus}
+    if cluster.network == Cluster.Network.RDMA:
+        env["NCCL_IB_HCA"] = settings.SUANLI_NCCL_IB_HCA
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
+    mounts = volume_mounts(cluster, owner_id)
+    cpus, memory = node_limits(cluster, node.host)
+    kwargs: dict = {
+        "environment": env,
         "user": f"{uid}:{uid}",
-        "working_dir": job.workdir,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "privileged": False,
@@ -188,7 +204,7 @@ def container_spec(
     if cluster.network == Cluster.Network.RDMA:
         kwargs["devices"] = ["/dev/infiniband:/dev/infiniband"]
         kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1)]
-    return ContainerSpec(image=cluster.image_reference, name=name, kwargs=kwargs)
+    return kwargs
 
 
 def preemption_exec(job: Job, reason: str) -> dict:

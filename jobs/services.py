@@ -47,6 +47,7 @@ from jobs.models import (
     SshKey,
     Volume,
 )
+from jobs.queue import enqueue_by_name
 from jobs.storage import VolumeSpec
 
 
@@ -174,6 +175,7 @@ class ClusterSpec:
     spot: bool = False
     volumes: tuple[VolumeSpec, ...] = ()
     ssh_keys: tuple[SshKey, ...] = ()
+    workspace: bool = True
     release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
     idle_minutes: int | None = None
 
@@ -193,6 +195,7 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
         network=spec.network,
         zone=spec.zone,
         spot=spec.spot,
+        workspace=spec.workspace,
         release_policy=spec.release_policy,
         idle_minutes=spec.idle_minutes
         if spec.release_policy == Cluster.ReleasePolicy.IDLE
@@ -284,6 +287,8 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     cluster.last_active_at = now
     cluster.save(update_fields=["nodes", "last_active_at"])
     cluster_event(cluster, "resized", message, at=now)
+    # The network may change (one host to several) and new nodes need their workspaces.
+    enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
     return cluster
 
 

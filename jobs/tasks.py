@@ -5,7 +5,7 @@ scheduler, webhooks, network, models and queue. The parts below queue these by t
 name ("jobs.tasks.cluster_dispatch") through `jobs.queue`, never by importing this module.
 """
 
-from jobs import network, runner, scheduler, services, webhooks
+from jobs import network, runner, scheduler, services, webhooks, workspaces
 from jobs.models import Cluster, Host, Job
 from jobs.queue import enqueue_later, enqueue_unique
 
@@ -42,19 +42,24 @@ def cluster_dispatch(cluster_id: int) -> int | None:
 
 
 def cluster_network_ensure(cluster_id: int) -> str | None:
-    """After placement: the cluster's network, so that its first job starts on one."""
+    """After placement, a move or a resize: the cluster's network, so that its first job
+    starts on one, and a workspace on each node (the reconciler retries one that failed)."""
     if not Cluster.objects.filter(pk=cluster_id, state=Cluster.State.RUNNING).exists():
         return None
     try:
-        return network.ensure(cluster_id)
+        name = network.ensure(cluster_id)
     except network.NetworkError as exc:
         return f"not made: {exc}"  # the job start tries again and says why it fails
+    failed = workspaces.ensure(cluster_id)
+    return name + "".join(f"; workspace {i}: {why}" for i, why in failed.items())
 
 
 def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
-    """After release: remove the cluster's networks once its containers are gone; try
-    again a little later while they are stopping (the reconciler sweeps what is left)."""
-    if network.remove(cluster_id):
+    """After release: remove the cluster's workspaces, then its networks once its
+    containers are gone; try again a little later while they are stopping (the
+    reconciler sweeps what is left)."""
+    gone = workspaces.remove(cluster_id)
+    if network.remove(cluster_id) and gone:
         return True
     if tries < 5:
         enqueue_later(cluster_network_remove, cluster_id, tries + 1, delay_s=10 * (tries + 1))

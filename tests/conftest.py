@@ -303,14 +303,17 @@ def settle_until():
 
 @pytest.fixture(autouse=True)
 def _no_leftover_containers(request):
-    """Tests that start containers leave none behind on the engines."""
+    """Tests that start containers leave none behind on the engines: no workspace after
+    any test, no replica after those that ran a cluster's jobs."""
     yield
-    if "running_cluster" not in request.fixturenames:
-        return
+    labels = ["suanli.workspace"]
+    if "running_cluster" in request.fixturenames:
+        labels.append("suanli.job")
     for url in _engine_urls():
         client = docker.DockerClient(base_url=url, timeout=10)
-        for c in client.containers.list(all=True, filters={"label": "suanli.job"}):
-            c.remove(force=True)
+        for label in labels:
+            for c in client.containers.list(all=True, filters={"label": label}):
+                c.remove(force=True)
         client.close()
 
 

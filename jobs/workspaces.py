@@ -1,0 +1,253 @@
+"""Workspaces (DESIGN.md, Vocabulary): one long-lived container per live node of a running
+cluster, from placement to release, that the researcher logs in to through the SSH gateway
+(jobs/gateway.py) and the web terminal. Jobs still run as replicas of their own beside it.
+
+A workspace is a node's container like a replica (runtime.node_container_kwargs: the
+tenant's uid, no capabilities, the node's GPUs and limits, the cluster's volumes and
+network, an init as PID 1) whose command only keeps it up. Its name is fixed by the
+cluster and node index, so a retried or duplicated `ensure` finds it again (409), and the
+node row keeps its engine id. A cluster created with `workspace` off has none.
+
+Reads: clusters and nodes. Talks to: the engines. Called by the tasks after placement, a
+move or a resize (`ensure`), after release (`remove`), and by the reconciler (`sweep`).
+
+Layer: workspaces, under the gateway; uses runtime, network, engine and models.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import docker
+from django.db.models import Q
+
+from jobs import engine, network, runtime
+from jobs.models import Cluster, Host, Node
+
+log = logging.getLogger(__name__)
+
+LABEL = "suanli.workspace"  # value: the node's index
+KEEP_UP = ["/bin/sh", "-c", "exec sleep 2147483647"]
+_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError, runtime.SpecError)
+
+
+class WorkspaceError(Exception):
+    """No running workspace to reach; the text says why, for the researcher."""
+
+
+def container_name(cluster_id: int, index: int) -> str:
+    return f"suanli-ws-c{cluster_id}-n{index}"
+
+
+def home(cluster: Cluster) -> str:
+    """Where a login starts: the first volume's mount point, else the container's /tmp."""
+    first = cluster.volumes.order_by("pk").first()
+    return first.target if first else "/tmp"  # noqa: S108 (the container's own /tmp)
+
+
+def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSpec:
+    name = container_name(cluster.pk, node.index)
+    kwargs = runtime.node_container_kwargs(
+        cluster, node, owner_id=cluster.owner_id, network_name=network_name, name=name,
+        nvidia=not node.host.emulated_gpu,
+    )  # fmt: skip
+    kwargs["environment"] = {
+        **kwargs["environment"],
+        "HOME": home(cluster),
+        "SUANLI_CLUSTER": str(cluster.pk),
+        "NODE_RANK": str(node.index),
+        "SUANLI_WORKSPACE": "1",
+    }
+    kwargs.update(
+        command=KEEP_UP,
+        labels={
+            runtime.LABEL_CLUSTER: str(cluster.pk),
+            runtime.LABEL_OWNER: str(cluster.owner_id),
+            LABEL: str(node.index),
+        },
+        working_dir=home(cluster),
+    )
+    return runtime.ContainerSpec(image=cluster.image_reference, name=name, kwargs=kwargs)
+
+
+def _live_nodes(cluster_id: int) -> list[Node]:
+    return list(
+        Node.objects.filter(cluster_id=cluster_id, released_at__isnull=True, lost_at__isnull=True)
+        .select_related("host", "cluster")
+        .order_by("index")
+    )
+
+
+def ensure(cluster_id: int) -> dict[int, str]:
+    """A running workspace on every live node of a running cluster that wants them, and
+    none on its released nodes. Returns node index -> why it is not running, for those
+    that failed (empty: all up). Idempotent and safe to race."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None or cluster.state != Cluster.State.RUNNING or not cluster.workspace:
+        return {}
+    nodes = _live_nodes(cluster_id)
+    if not nodes:
+        return {}
+    failed = {}
+    try:
+        network_name = network.ensure(cluster_id, nodes)
+    except network.NetworkError as exc:
+        return {n.index: str(exc) for n in nodes}
+    for node in nodes:
+        try:
+            container = _up(cluster, node, network_name)
+        except _ERRORS as exc:
+            failed[node.index] = f"{node.host.name}: {engine.describe(exc)}"
+            log.warning("workspace of %s not started: %s", node, failed[node.index])
+            continue
+        if node.workspace_container != container.id:
+            Node.objects.filter(pk=node.pk).update(workspace_container=container.id)
+    _remove_released(cluster_id)
+    return failed
+
+
+def _up(cluster: Cluster, node: Node, network_name: str):
+    made = spec(cluster, node, network_name)
+    client = engine.cached_client(node.host)
+    try:
+        container = client.containers.create(made.image, name=made.name, **made.kwargs)
+    except docker.errors.ImageNotFound:
+        client.images.pull(made.image)
+        container = client.containers.create(made.image, name=made.name, **made.kwargs)
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            raise
+        container = client.containers.get(made.name)  # made before (or by a racing task)
+        if network_name not in container.attrs["NetworkSettings"]["Networks"]:
+            # The cluster's network changed (a resize onto a second host): made again on
+            # the new one; its volumes keep the files.
+            container.remove(force=True)
+            container = client.containers.create(made.image, name=made.name, **made.kwargs)
+    if container.status != "running":
+        container.start()
+    return container
+
+
+def _remove_released(cluster_id: int) -> None:
+    """Workspaces of the cluster's released or lost nodes whose index no live node holds on
+    that host (a node moved elsewhere keeps its index)."""
+    live = {(n.host_id, n.index) for n in _live_nodes(cluster_id)}
+    gone = Node.objects.filter(cluster_id=cluster_id).exclude(workspace_container="")
+    gone = gone.filter(Q(released_at__isnull=False) | Q(lost_at__isnull=False))
+    for node in gone.select_related("host"):
+        if (node.host_id, node.index) in live or node.host.state == Host.State.DOWN:
+            continue
+        if _remove_one(node.host, node.workspace_container):
+            Node.objects.filter(pk=node.pk).update(workspace_container="")
+
+
+def _remove_one(host: Host, container_id: str) -> bool:
+    try:
+        engine.cached_client(host).containers.get(container_id).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except _ERRORS as exc:
+        log.info("workspace %s on %s not removed yet: %s", container_id[:12], host.name, exc)
+        return False
+    return True
+
+
+def remove(cluster_id: int) -> bool:
+    """After release: every workspace of the cluster, on every host that held one of its
+    nodes. True when none is left; False when an engine did not answer (try again)."""
+    done = True
+    nodes = Node.objects.filter(cluster_id=cluster_id).select_related("host")
+    for host in {n.host for n in nodes}:
+        if host.state == Host.State.DOWN:
+            done = False
+            continue
+        try:
+            found = engine.cached_client(host).containers.list(
+                all=True, filters={"label": [LABEL, f"{runtime.LABEL_CLUSTER}={cluster_id}"]}
+            )
+        except _ERRORS:
+            done = False
+            continue
+        for container in found:
+            done = _remove_one(host, container.id) and done
+    if done:
+        Node.objects.filter(cluster_id=cluster_id).update(workspace_container="")
+    return done
+
+
+def sweep(host: Host, client: docker.DockerClient) -> int:
+    """The reconciler's safety net: remove the host's workspaces whose cluster is over or
+    whose node is gone; start again those of live nodes that stopped. Returns how many went."""
+    removed = 0
+    found = client.containers.list(all=True, filters={"label": LABEL})
+    if not found:
+        return 0
+    live = {
+        (n.cluster_id, n.index): n
+        for n in Node.objects.filter(
+            host=host, released_at__isnull=True, lost_at__isnull=True,
+            cluster__state=Cluster.State.RUNNING, cluster__workspace=True,
+        )
+    }  # fmt: skip
+    for container in found:
+        labels = container.labels
+        try:
+            key = (int(labels.get(runtime.LABEL_CLUSTER, "")), int(labels.get(LABEL, "")))
+        except ValueError:
+            continue
+        if key in live:
+            if container.status != "running":  # stopped from inside (`kill 1`): up again
+                try:
+                    container.start()
+                except _ERRORS as exc:
+                    log.warning("workspace %s not restarted: %s", container.name, exc)
+            continue
+        if _remove_one(host, container.id):
+            removed += 1
+    return removed
+
+
+def running(cluster: Cluster, index: int):
+    """The running workspace container of the cluster's node `index`, or WorkspaceError
+    saying why there is none (in words a researcher acts on)."""
+    if cluster.state != Cluster.State.RUNNING:
+        raise WorkspaceError(f"cluster {cluster.name} is {cluster.state}, not running")
+    if not cluster.workspace:
+        raise WorkspaceError(f"cluster {cluster.name} was created without workspaces (jobs only)")
+    node = (
+        Node.objects.filter(
+            cluster=cluster, index=index, released_at__isnull=True, lost_at__isnull=True
+        )
+        .select_related("host")
+        .first()
+    )
+    if node is None:
+        raise WorkspaceError(f"cluster {cluster.name} has no node {index}")
+    if not node.workspace_container:
+        raise WorkspaceError(f"the workspace of node {index} is starting; try again shortly")
+    try:
+        container = engine.cached_client(node.host).containers.get(node.workspace_container)
+    except docker.errors.NotFound:
+        raise WorkspaceError(f"the workspace of node {index} is being made again") from None
+    except _ERRORS as exc:
+        raise WorkspaceError(f"the host of node {index} does not answer: {exc}") from None
+    if container.status != "running":
+        raise WorkspaceError(f"the workspace of node {index} is {container.status}")
+    return container
+
+
+def exec_kwargs(cluster: Cluster, cmd: list[str], *, tty: bool, env: dict | None = None) -> dict:
+    """`exec_create` arguments of a login into a workspace: the tenant's uid, never root,
+    never privileged; the command is one argv list, never a shell string we build."""
+    uid = runtime.tenant_uid(cluster.owner_id)
+    return {
+        "cmd": cmd,
+        "user": f"{uid}:{uid}",
+        "workdir": home(cluster),
+        "environment": {"HOME": home(cluster), **(env or {})},
+        "stdin": True,
+        "stdout": True,
+        "stderr": True,
+        "tty": tty,
+        "privileged": False,
+    }
