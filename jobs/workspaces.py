@@ -17,6 +17,7 @@ Layer: workspaces, under the gateway; uses runtime, network, engine and models.
 from __future__ import annotations
 
 import logging
+import re
 
 import docker
 from django.db.models import Q
@@ -37,6 +38,22 @@ class WorkspaceError(Exception):
 
 def container_name(cluster_id: int, index: int) -> str:
     return f"suanli-ws-c{cluster_id}-n{index}"
+
+
+_LOGIN = re.compile(r"c([1-9][0-9]{0,9})(?:-([0-9]{1,3}))?")
+
+
+def login_name(cluster_id: int, index: int = 0) -> str:
+    """The SSH user name of a node's workspace: `c42-0` (cluster 42, node 0)."""
+    return f"c{cluster_id}-{index}"
+
+
+def parse_login(name: str) -> tuple[int, int] | None:
+    """(cluster id, node index) of `c42-1`, or of `c42` (node 0); None for anything else."""
+    match = _LOGIN.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2) or 0)
 
 
 def home(cluster: Cluster) -> str:
