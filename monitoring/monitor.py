@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from channels.layers import get_channel_layer
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, models
 
 from jobs import engine
-from jobs.models import Host, Replica
+from jobs.models import Cluster, Host, Node, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.sql import insert_rows
 from monitoring import collector, dcgm
@@ -46,7 +46,7 @@ def group_for(cluster_id: int) -> str:
 @dataclass(frozen=True)
 class Target:
     container_id: str
-    job_id: int
+    job_id: int | None  # None: the node's workspace
     cluster_id: int
     node_index: int
     host_id: int
@@ -82,6 +82,17 @@ def load_targets(shard: tuple[int, int]) -> tuple[list[Target], dict[int, HostIn
         .values_list(
             "container_id", "job_id", "job__cluster_id", "node__index", "host_id",
             "node__gpu_indices", "job__cluster__gpu_model__memory_gb",
+        )
+    )  # fmt: skip
+    # The nodes' workspaces too: interactive work shows on the charts like a job's.
+    rows = list(rows) + list(
+        Node.objects.filter(
+            released_at__isnull=True, lost_at__isnull=True, cluster__state=Cluster.State.RUNNING
+        )
+        .exclude(workspace_container="")
+        .values_list(
+            "workspace_container", models.Value(None, output_field=models.IntegerField()),
+            "cluster_id", "index", "host_id", "gpu_indices", "cluster__gpu_model__memory_gb",
         )
     )  # fmt: skip
     targets = [
@@ -182,7 +193,8 @@ class Monitor:
         report.targets = len(targets)
         gpu_by_host = await self._gpu_sources()
         results = await asyncio.gather(*(self._reading(t) for t in targets), return_exceptions=True)
-        rows, by_cluster, failed_hosts = [], {}, set()
+        failed_hosts: set[int] = set()
+        nodes: dict[tuple[int, int], tuple[Target, float, dict]] = {}
         for target, result in zip(targets, results, strict=True):
             if isinstance(result, Gone):
                 self.previous.pop(target.container_id, None)
@@ -200,9 +212,22 @@ class Monitor:
             rate = collector.rates(prev, result) if prev else None
             if rate is None:
                 continue
+            # One row per node per second: a job's replica and the node's workspace share
+            # the node (and its GPUs), so their use adds up; the row names the job.
+            key = (target.cluster_id, target.node_index)
+            if key in nodes:
+                other, read_at, summed = nodes[key]
+                rate = {k: v + summed.get(k, 0) for k, v in rate.items()}
+                target = target if target.job_id is not None else other
+                result_at = max(read_at, result.read_at)
+            else:
+                result_at = result.read_at
+            nodes[key] = (target, result_at, rate)
+        rows, by_cluster = [], {}
+        for target, read_at, rate in nodes.values():
             host = self.hosts[target.host_id]
             util, mem, source = self._gpus(target, host, rate, gpu_by_host.get(host.pk))
-            at = datetime.fromtimestamp(int(result.read_at), tz=UTC)
+            at = datetime.fromtimestamp(int(read_at), tz=UTC)
             rows.append(
                 (
                     at, target.cluster_id, target.job_id, target.host_id, target.node_index,
@@ -212,7 +237,7 @@ class Monitor:
                 )
             )  # fmt: skip
             by_cluster.setdefault(target.cluster_id, []).append(
-                {"t": int(result.read_at), "ts": round(result.read_at, 3), "node": target.node_index, "job": target.job_id,
+                {"t": int(read_at), "ts": round(read_at, 3), "node": target.node_index, "job": target.job_id,
                  "gpu": util, "gmem": mem, **{k: round(v, 1) for k, v in rate.items()}}
             )  # fmt: skip
         self._note_engines(failed_hosts, report)

@@ -1,0 +1,152 @@
+"""Workspaces: one hardened container per live node of a running cluster, from placement to
+release, on the node's own host, beside the jobs (jobs/workspaces.py)."""
+
+import asyncio
+
+import docker
+import pytest
+from waiting import until
+
+from jobs import runner, runtime, services, tasks, workspaces
+from jobs.models import Cluster, ClusterEvent
+from jobs.services import JobSpec
+from jobs.storage import VolumeSpec
+from monitoring.models import Sample
+from monitoring.monitor import Monitor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _monitor(ticks: int) -> None:
+    monitor = Monitor(publish=False)
+    try:
+        asyncio.run(monitor.run(ticks=ticks))
+    finally:
+        monitor.close()
+
+
+def _workspaces(engine_urls, cluster_id) -> dict[str, list]:
+    """Engine URL -> the cluster's workspace containers there."""
+    found = {}
+    for url in engine_urls:
+        client = docker.DockerClient(base_url=url, timeout=10)
+        found[url] = client.containers.list(
+            all=True, filters={"label": [workspaces.LABEL, f"suanli.cluster={cluster_id}"]}
+        )
+    return found
+
+
+def _run(container, *cmd) -> tuple[int, str]:
+    code, out = container.exec_run(list(cmd), **{"user": container.attrs["Config"]["User"]})
+    return code, out.decode().strip()
+
+
+def test_a_two_node_cluster_has_a_hardened_workspace_per_node_and_release_removes_them(
+    running_cluster, engine_urls, alice
+):
+    cluster = running_cluster(2, gpus=2, volumes=(VolumeSpec("work", "/workspace"),))
+    nodes = list(cluster.node_set.filter(released_at__isnull=True).select_related("host"))
+    assert {n.host.engine_url for n in nodes} == set(engine_urls[:2]), "one node per host"
+    assert tasks.cluster_network_ensure(cluster.pk).endswith("-x"), "made with the overlay"
+    on = _workspaces(engine_urls[:2], cluster.pk)
+    for node in nodes:
+        (container,) = on[node.host.engine_url]
+        node.refresh_from_db()
+        assert container.id == node.workspace_container
+        assert container.name == f"suanli-ws-c{cluster.pk}-n{node.index}"
+        assert container.status == "running"
+        config, host_config = container.attrs["Config"], container.attrs["HostConfig"]
+        uid = runtime.tenant_uid(alice.pk)
+        assert config["User"] == f"{uid}:{uid}"
+        assert host_config["CapDrop"] == ["ALL"] and not host_config["Privileged"]
+        assert host_config["SecurityOpt"] == ["no-new-privileges"] and host_config["Init"]
+        assert host_config["PidsLimit"] > 0 and host_config["Memory"] > 0
+        assert host_config["NetworkMode"] == f"suanli-c{cluster.pk}-x"
+        assert [m["Destination"] for m in container.attrs["Mounts"]] == ["/workspace"]
+        assert _run(container, "id", "-u") == (0, str(uid))
+        env = dict(line.split("=", 1) for line in config["Env"])
+        assert env["HOME"] == "/workspace" and env["NODE_RANK"] == str(node.index)
+    # The nodes reach each other by their workspaces' names on the cluster's network.
+    first, second = on[nodes[0].host.engine_url][0], on[nodes[1].host.engine_url][0]
+    second.exec_run(["nc", "-l", "-p", "7000"], user=second.attrs["Config"]["User"], detach=True)
+    reach = f"echo hi | nc -w 5 suanli-ws-c{cluster.pk}-n1 7000"
+    until(lambda: _run(first, "sh", "-c", reach)[0] == 0, what="node 0 reaches node 1")
+
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
+    assert _workspaces(engine_urls[:2], cluster.pk) == {url: [] for url in engine_urls[:2]}
+    assert not cluster.node_set.exclude(workspace_container="").exists()
+
+
+def test_a_job_runs_beside_the_workspace_and_sees_its_files(running_cluster, settle_until):
+    cluster = running_cluster(1, volumes=(VolumeSpec("work", "/workspace"),))
+    tasks.cluster_network_ensure(cluster.pk)
+    workspace = workspaces.running(cluster, 0)
+    assert _run(workspace, "sh", "-c", "echo from-the-workspace > /workspace/note")[0] == 0
+    job = services.job_submit(
+        cluster=cluster, spec=JobSpec(name="reads", command="cat /workspace/note")
+    )
+    runner.dispatch(cluster.pk)
+    job = settle_until(job)
+    assert job.state == "succeeded", job.state_reason
+    assert "from-the-workspace" in job.replicas.get().log
+    assert workspaces.running(cluster, 0).status == "running", "the job did not touch it"
+
+
+def test_a_batch_cluster_has_no_workspace(running_cluster, engine_urls):
+    cluster = running_cluster(1, workspace=False)
+    tasks.cluster_network_ensure(cluster.pk)
+    assert _workspaces(engine_urls[:1], cluster.pk) == {engine_urls[0]: []}
+    with pytest.raises(workspaces.WorkspaceError, match="without workspaces"):
+        workspaces.running(cluster, 0)
+
+
+def test_the_reconciler_restarts_a_stopped_workspace_and_a_resize_removes_a_nodes(
+    running_cluster, engine_urls
+):
+    cluster = running_cluster(2, gpus=2)
+    tasks.cluster_network_ensure(cluster.pk)
+    node0 = workspaces.running(cluster, 0)
+    _run(node0, "kill", "1")  # the researcher stops their own workspace from inside
+    until(lambda: node0.reload() or node0.status == "exited", what="the workspace stopped")
+    with pytest.raises(workspaces.WorkspaceError, match="exited"):
+        workspaces.running(cluster, 0)
+    runner.reconcile()
+    assert workspaces.running(cluster, 0).id == node0.id, "the same container, files kept"
+
+    cluster = services.cluster_resize(cluster=Cluster.objects.get(pk=cluster.pk), nodes=1)
+    tasks.cluster_network_ensure(cluster.pk)
+    left = _workspaces(engine_urls[:2], cluster.pk)
+    assert [c.name for cs in left.values() for c in cs] == [f"suanli-ws-c{cluster.pk}-n0"]
+    with pytest.raises(workspaces.WorkspaceError, match="has no node 1"):
+        workspaces.running(cluster, 1)
+    assert ClusterEvent.objects.filter(cluster=cluster, kind="resized").exists()
+
+
+def test_login_names_are_short_and_exact():
+    assert workspaces.login_name(42, 1) == "c42-1"
+    assert workspaces.parse_login("c42-1") == (42, 1)
+    assert workspaces.parse_login("c42") == (42, 0)
+    for bad in ("c0-1", "c42-", "42-1", "c42-1-2", "c42;id", "C42-1", "c42-1\n", ""):
+        assert workspaces.parse_login(bad) is None, bad
+
+
+def test_the_monitor_samples_the_workspace_and_a_job_beside_it_as_one_node(running_cluster):
+    cluster = running_cluster(1)
+    tasks.cluster_network_ensure(cluster.pk)
+    workspace = workspaces.running(cluster, 0)
+    busy = ["sh", "-c", "timeout 30 sh -c 'while :; do :; done'"]
+    workspace.exec_run(busy, user=workspace.attrs["Config"]["User"], detach=True)
+    _monitor(4)
+    interactive = Sample.objects.filter(cluster=cluster)
+    assert interactive.exists() and not interactive.exclude(job=None).exists()
+    assert max(s.cpu_pct for s in interactive) > 50, "interactive work shows on the charts"
+
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="j", command="sleep 30"))
+    runner.dispatch(cluster.pk)
+    Sample.objects.all().delete()
+    _monitor(4)
+    rows = list(Sample.objects.filter(cluster=cluster).values_list("at", "node_index", "job_id"))
+    assert rows and all(job_id == job.pk for _, _, job_id in rows), "the row names the job"
+    assert len(rows) == len({(at, node) for at, node, _ in rows}), "one row per node a second"
+    assert max(s.cpu_pct for s in Sample.objects.filter(cluster=cluster)) > 50, "both add up"
