@@ -248,3 +248,40 @@ def test_no_cluster_reaches_another_clusters_container(running_cluster, settle_u
     services.job_cancel(job=listener, by="alice")
     runner.stop(listener.pk)
     settle_until(listener)
+
+
+def test_a_workspace_reaches_no_host_service_and_no_other_researchers_workspace(
+    running_cluster, host_services, alice, bob
+):
+    """bob's shell in his workspace (what the gateway and the terminal give him) probes the
+    hosts' services and alice's workspace, which listens; her own second node gets in."""
+    from jobs import tasks, workspaces
+
+    mine = running_cluster(2, gpus=1, name="alices")
+    tasks.cluster_network_ensure(mine.pk)
+    hers = workspaces.running(mine, 0)
+    user = hers.attrs["Config"]["User"]
+    hers.exec_run(
+        ["sh", "-c", "while true; do echo ALICE-SECRET | nc -l -p 7000; done"],
+        user=user, detach=True,
+    )  # fmt: skip
+    addrs = [n["IPAddress"] for n in hers.attrs["NetworkSettings"]["Networks"].values()]
+    peer = workspaces.running(mine, 1)
+    reached = ""
+    for _ in range(50):  # her other node, over the overlay: the port is open
+        reached = peer.exec_run(["nc", "-w", "2", addrs[0], "7000"], user=user).output.decode()
+        if "ALICE-SECRET" in reached:
+            break
+        time.sleep(0.2)
+    assert "ALICE-SECRET" in reached
+
+    theirs = running_cluster(1, owner=bob, name="bobs")
+    tasks.cluster_network_ensure(theirs.pk)
+    his = workspaces.running(theirs, 0)
+    targets = _targets(host_services, theirs) + [(a, 7000) for a in addrs if a]
+    out = his.exec_run(
+        ["sh", "-c", _probe_command(targets)], user=his.attrs["Config"]["User"]
+    ).output.decode()
+    assert out.count("PROBE") == len(targets)
+    _assert_nothing_reached(out)
+    assert "ALICE-SECRET" not in out, "another researcher's workspace is out of reach"

@@ -150,3 +150,29 @@ def test_the_monitor_samples_the_workspace_and_a_job_beside_it_as_one_node(runni
     assert rows and all(job_id == job.pk for _, _, job_id in rows), "the row names the job"
     assert len(rows) == len({(at, node) for at, node, _ in rows}), "one row per node a second"
     assert max(s.cpu_pct for s in Sample.objects.filter(cluster=cluster)) > 50, "both add up"
+
+
+def test_the_api_turns_the_workspace_off_for_batch_use(alice, priced, paper_host):
+    from django.test import Client
+
+    from console.models import ApiToken
+
+    _, token = ApiToken.issue(user=alice, name="t")
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
+            "image": "suanli/busybox:latest"}  # fmt: skip
+    made = api.post("/api/v1/clusters", {**body, "name": "inter"}, content_type="application/json")
+    assert made.status_code == 201 and made.json()["workspace"] is True
+    batch = api.post(
+        "/api/v1/clusters", {**body, "name": "batch", "workspace": False},
+        content_type="application/json",
+    )  # fmt: skip
+    assert batch.status_code == 201 and batch.json()["workspace"] is False
+    assert not Cluster.objects.get(name="batch").workspace
+    wrong = api.post(
+        "/api/v1/clusters", {**body, "name": "x", "workspace": "no"},
+        content_type="application/json",
+    )  # fmt: skip
+    assert wrong.status_code == 400 and wrong.json()["fields"] == {
+        "workspace": ["Give true or false."]
+    }
