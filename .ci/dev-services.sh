@@ -18,7 +18,8 @@
 # - Docker: the machine's engine at /var/run/docker.sock. If it does not answer
 #   and we are root, start the system dockerd in the background (log and
 #   pidfile in .run/dev/) and remember that we did.
-# - The engine gets the image suanli/busybox:latest when it lacks it.
+# - The engine gets the image suanli/busybox:latest when it lacks it, and the SSH
+#   gateway's suanli/sftp:latest (OpenSSH's sftp-server alone).
 # Prints `export` lines on stdout (also written to .run/dev/env.sh); progress
 # goes to stderr.
 set -euo pipefail
@@ -71,7 +72,7 @@ apply_firewall() {
 }
 
 ensure_packages() {
-    local needed=(docker.io busybox-static iptables)
+    local needed=(docker.io busybox-static iptables openssh-sftp-server)
     [[ -n "${REDIS_URL:-}" ]] || needed+=(redis-server)
     # As root this installs what is missing; otherwise it lists what is
     # missing with the apt-get command to run, and fails.
@@ -112,6 +113,7 @@ cmd_start() {
     ensure_docker
     apply_firewall
     ensure_busybox_image "$LOCAL_ENGINE" "$DEV_DIR/busybox-rootfs.tar"
+    ensure_sftp_image "$LOCAL_ENGINE" "$DEV_DIR/sftp-rootfs.tar"
     log "dev services up"
     print_env
 }

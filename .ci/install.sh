@@ -14,7 +14,8 @@ LOG_TAG=install
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ALL_PACKAGES=(postgresql redis-server docker.io busybox-static chromium iproute2 iptables)
+ALL_PACKAGES=(postgresql redis-server docker.io busybox-static chromium iproute2 iptables
+    openssh-client openssh-sftp-server)
 if (($#)); then
     wanted=("$@")
 else

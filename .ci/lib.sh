@@ -340,3 +340,55 @@ ensure_busybox_image() {
     [[ "$out" == ok ]] || die "unexpected smoke-test output on $host: $out"
     log "$SUANLI_IMAGE runs on $host"
 }
+
+# --------------------------------------------------------- sftp image ----
+
+SFTP_IMAGE="${SUANLI_SFTP_IMAGE:-suanli/sftp:latest}"
+SFTP_SERVER_BIN="${SFTP_SERVER_BIN:-/usr/lib/openssh/sftp-server}"
+
+# build_sftp_rootfs TARBALL: the smallest root filesystem that runs OpenSSH's
+# sftp-server (Debian's openssh-sftp-server): the binary, the shared libraries
+# ldd names, and an empty /etc (the gateway adds the tenant's passwd line per
+# session, jobs/gateway.py). No shell, no /tmp: nothing in it is the tenant's
+# to write. Rebuilt when missing or older than the binary.
+build_sftp_rootfs() {
+    local tarball="$1" root lib
+    if [[ -s "$tarball" && "$tarball" -nt "$SFTP_SERVER_BIN" ]]; then
+        return 0
+    fi
+    [[ -x "$SFTP_SERVER_BIN" ]] || die "$SFTP_SERVER_BIN missing (run .ci/install.sh openssh-sftp-server)"
+    log "building sftp rootfs $tarball"
+    mkdir -p "$(dirname "$tarball")"
+    rm -rf "$(dirname "$tarball")"/.sftp-rootfs.*
+    root="$(mktemp -d "$(dirname "$tarball")/.sftp-rootfs.XXXXXX")"
+    chmod 0755 "$root"
+    mkdir -p "$root"/{etc,proc,sys,dev,usr/lib/openssh}
+    install -m 0755 "$SFTP_SERVER_BIN" "$root/usr/lib/openssh/sftp-server"
+    # `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` and the loader's own line.
+    while IFS= read -r lib; do
+        [[ -n "$lib" ]] || continue
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done < <(ldd "$SFTP_SERVER_BIN" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+    tar --numeric-owner --owner=0 --group=0 -C "$root" -cf "$tarball.tmp" . \
+        && mv -f "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+}
+
+# ensure_sftp_image HOST TARBALL: `docker import` the rootfs as $SFTP_IMAGE
+# unless the engine has it, then check that sftp-server starts (it answers an
+# empty input by exiting; "No user found" means it ran but has no passwd line,
+# which the gateway supplies).
+ensure_sftp_image() {
+    local host="$1" tarball="$2" out
+    if ! "$DOCKER_CLI" -H "$host" image inspect "$SFTP_IMAGE" >/dev/null 2>&1; then
+        build_sftp_rootfs "$tarball"
+        log "importing $SFTP_IMAGE into $host"
+        "$DOCKER_CLI" -H "$host" import --change 'CMD ["/usr/lib/openssh/sftp-server"]' \
+            "$tarball" "$SFTP_IMAGE" >/dev/null
+    fi
+    out="$("$DOCKER_CLI" -H "$host" run --rm --network none --user 4242:4242 "$SFTP_IMAGE" 2>&1 </dev/null)" || true
+    [[ "$out" == *"No user found for uid 4242"* ]] ||
+        die "$SFTP_IMAGE does not run sftp-server on $host: $out"
+    log "$SFTP_IMAGE runs on $host"
+}

@@ -17,7 +17,8 @@
 #     namespace (suanli-test-a/b) joined to this machine by a veth pair on the
 #     bridge suanli-hosts (172.29.0.1/24; engines 172.29.0.11 and .12), its own
 #     socket, data root and exec root, the tenant firewall
-#     (jobs/scripts/host-firewall.sh) and the image suanli/busybox:latest. The two
+#     (jobs/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
+#     gateway's suanli/sftp:latest (OpenSSH's sftp-server alone). The two
 #     form a swarm (a manages) that carries the clusters' overlay networks.
 #     Nothing outside those namespaces and suanli-hosts is touched: this machine's
 #     docker0 and any other engine stay as they are.
@@ -42,6 +43,7 @@ REDIS_DIR="$RUN_DIR/redis"
 PG_CLUSTER=main
 PG_MARKER="$RUN_DIR/postgres.started-by-us"
 BUSYBOX_TAR="$RUN_DIR/busybox-rootfs.tar"
+SFTP_TAR="$RUN_DIR/sftp-rootfs.tar"
 
 ENGINES=(a b)
 HOSTS_BRIDGE=suanli-hosts
@@ -328,7 +330,8 @@ cmd_start() {
     is_root || die "services.sh start needs root (dockerd, bridges, pg_ctlcluster)"
     local e
     # No-op (dpkg-query only) when everything is already installed.
-    "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables
+    "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables \
+        openssh-client openssh-sftp-server
     # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
     # alongside. The engines start one after the other on purpose: a starting
     # dockerd flushes and recreates the shared DOCKER iptables chains, which
@@ -342,8 +345,11 @@ cmd_start() {
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
     form_swarm
     build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
+    build_sftp_rootfs "$SFTP_TAR"       # the SSH gateway's sftp sessions (jobs/gateway.py)
     for e in "${ENGINES[@]}"; do
         ensure_busybox_image "$(engine_host "$e")" "$BUSYBOX_TAR" &
+        jobs+=($!)
+        ensure_sftp_image "$(engine_host "$e")" "$SFTP_TAR" &
         jobs+=($!)
     done
     for j in "${jobs[@]}" "$pg_job"; do wait "$j" || rc=1; done

@@ -15,6 +15,7 @@ from ninja import Field, Schema
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from console.logins import ssh_logins
 from jobs.models import Cluster, Job
 
 MAX_ID = 2_147_483_647  # the database's integer keys
@@ -70,6 +71,15 @@ class Error(Schema):
     )
 
 
+class SshLogin(Schema):
+    node: int = Field(description="the node's index")
+    user: str = Field(description="the SSH user name of the node's workspace, e.g. c42-0")
+    host: str = Field(description="the SSH gateway's host name")
+    port: int = Field(description="the SSH gateway's port")
+    command: str = Field(description="the whole command, e.g. ssh -p 2222 c42-0@host")
+    host_key_fingerprint: str = Field(description="the gateway's host key, SHA256:...")
+
+
 class ClusterOut(Schema):
     id: int
     name: str
@@ -89,6 +99,10 @@ class ClusterOut(Schema):
     running_since: Stamp | None
     released_at: Stamp | None
     url: str = Field(description="the cluster's page in the console")
+    ssh: list[SshLogin] = Field(
+        description="how to log in to each node's workspace: empty unless the cluster runs "
+        "with workspaces"
+    )
 
     @staticmethod
     def resolve_gpu_model(obj) -> str | None:
@@ -105,6 +119,10 @@ class ClusterOut(Schema):
     @staticmethod
     def resolve_url(obj, context) -> str:
         return context["request"].build_absolute_uri(reverse("cluster_detail", args=[obj.pk]))
+
+    @staticmethod
+    def resolve_ssh(obj, context) -> list[dict]:
+        return [login.as_dict() for login in ssh_logins(obj, context["request"])]
 
 
 class NewCluster(Schema):

@@ -303,3 +303,18 @@ SUANLI_WEBHOOK_DISABLE_AFTER_S = envint("SUANLI_WEBHOOK_DISABLE_AFTER_S", 5 * 24
 # Webhook targets operators allow although not public (comma-separated; off by default).
 SUANLI_WEBHOOK_ALLOW_HOSTS = [h for h in envstr("SUANLI_WEBHOOK_ALLOW_HOSTS", "").split(",") if h]
 SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").split(",") if n]
+# Logging in (console/logins.py): the host name the cluster page, the API and `suanli ssh`
+# give for the SSH gateway; empty: the name the console was reached by, without its port.
+SUANLI_SSH_HOST = envstr("SUANLI_SSH_HOST", "")
+# The SSH gateway (jobs/gateway.py, Procfile `gateway`): ssh, scp/sftp and `ssh -L` into the
+# workspaces. Bound to this machine unless the operator binds it elsewhere. Its host key
+# is made once (ed25519, 0600) and kept: researchers' known_hosts remember it.
+SUANLI_SSH_PORT = envint("SUANLI_SSH_PORT", 2222)
+SUANLI_SSH_BIND = envstr("SUANLI_SSH_BIND", "127.0.0.1")
+SUANLI_SSH_HOST_KEY = Path(
+    envstr("SUANLI_SSH_HOST_KEY", str(BASE_DIR / ".run" / "ssh_host_ed25519_key"))
+)
+SUANLI_SSH_IDLE_S = envint("SUANLI_SSH_IDLE_S", 3600)  # no data either way: closed
+SUANLI_SSH_MAX_SESSIONS = envint("SUANLI_SSH_MAX_SESSIONS", 10)  # per researcher, all gateways
+# OpenSSH's sftp-server alone (.ci/lib.sh builds it on every engine); never pulled.
+SUANLI_SFTP_IMAGE = envstr("SUANLI_SFTP_IMAGE", "suanli/sftp:latest")

@@ -20,6 +20,11 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/release/", views.cluster_release, name="cluster_release"),
     path("clusters/<int:cluster_id>/resize/", views.cluster_resize, name="cluster_resize"),
     path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
+    path(
+        "clusters/<int:cluster_id>/nodes/<int:index>/terminal/",
+        views.node_terminal,
+        name="node_terminal",
+    ),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/status/", views.job_status, name="job_status"),
     path("jobs/<int:job_id>/log/", views.job_log, name="job_log"),

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 from billing import selectors as money
 from billing import services as billing
 from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, SshKeyForm
+from console.logins import ssh_logins
 from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
 from jobs import services as fleet_services
@@ -201,6 +202,7 @@ def cluster_detail(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     context = _cluster_context(cluster)
     context["cost"] = money.cluster_cost(cluster)  # billing/_cluster_cost.html polls itself
+    context["logins"] = ssh_logins(cluster, request)
     return render(request, "console/cluster_detail.html", context)
 
 
@@ -212,6 +214,12 @@ def cluster_status(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     changed = request.GET.get("shown") != cluster.state
     context = {**_cluster_status_context(cluster), "oob": True, "state_changed": changed}
+    if changed:  # the login card comes (or goes) with the state, like the actions
+        context.update(
+            logins=ssh_logins(cluster, request),
+            ssh_keys=cluster.ssh_keys.all(),
+            volumes=cluster.volumes.all(),
+        )
     response = render(request, "console/_cluster_status.html", context)
     ended = cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED)
     if request.headers.get("HX-Request") and ended and changed:
@@ -250,6 +258,20 @@ def cluster_resize(request, cluster_id: int):
     else:
         messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
     return redirect("cluster_detail", cluster_id=cluster.pk)
+
+
+@login_required
+def node_terminal(request, cluster_id: int, index: int):
+    """A shell in the node's workspace, in the browser (console/terminal.py). Its owner's
+    only; the socket says why when there is no workspace to reach."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    login = next((x for x in ssh_logins(cluster, request) if x.node == index), None)
+    return render(
+        request,
+        "console/terminal.html",
+        {"cluster": cluster, "index": index, "login": login,
+         "ws": f"/ws/clusters/{cluster.pk}/nodes/{index}/terminal/"},
+    )  # fmt: skip
 
 
 # -- SSH keys -------------------------------------------------------------------------------

@@ -345,3 +345,32 @@ def test_the_docs_page_runs_a_call_with_a_token_from_our_own_files(
     expect(live.locator("tr.response pre.microlight").first).to_contain_text('"1000.0000"')
     page.screenshot(path=f"{SHOTS}/api-docs.png", full_page=False)
     assert elsewhere == [], elsewhere
+
+
+def test_a_running_cluster_says_how_to_ssh_to_each_node(
+    make_cluster, paper_host, alice, token_of, settings
+):
+    from console.logins import gateway
+    from jobs import scheduler
+
+    cluster = make_cluster(alice, "shell", nodes=2, release_policy="never", volumes=())
+    api = _api(token_of(alice))
+    assert api("GET", f"clusters/{cluster.pk}")[1]["ssh"] == [], "pending: nothing to log in to"
+    scheduler.place_pending()
+    settings.SUANLI_SSH_HOST = "ssh.gpu.example.edu"
+    status, body = api("GET", f"clusters/{cluster.pk}")
+    assert status == 200 and body["state"] == "running"
+    port, fingerprint = gateway.ssh_port(), gateway.host_key_fingerprint()
+    assert body["ssh"] == [
+        {
+            "node": n, "user": f"c{cluster.pk}-{n}", "host": "ssh.gpu.example.edu", "port": port,
+            "command": f"ssh -p {port} c{cluster.pk}-{n}@ssh.gpu.example.edu",
+            "host_key_fingerprint": fingerprint,
+        }
+        for n in (0, 1)
+    ]  # fmt: skip
+    settings.SUANLI_SSH_HOST = ""  # the name the console was reached by, without the port
+    _, listed = api("GET", "clusters")
+    assert listed["clusters"][0]["ssh"][1]["host"] == "testserver"
+    Cluster.objects.filter(pk=cluster.pk).update(workspace=False)
+    assert api("GET", f"clusters/{cluster.pk}")[1]["ssh"] == [], "no workspaces: no login"

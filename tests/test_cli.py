@@ -214,3 +214,49 @@ def test_the_command_line_installs_alone_with_pip(console_url, alice, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["balance"] == "1000.0000"
+
+
+def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
+    console_url, alice, bob, make_cluster, tmp_path
+):
+    from console.logins import gateway
+    from jobs import scheduler
+
+    cluster = make_cluster(alice, "shell", release_policy="never", volumes=())
+    waits = make_cluster(alice, "waits", gpus=8)  # more than the one host has
+    scheduler.place_pending()
+    until(lambda: Cluster.objects.get(pk=cluster.pk).state == "running", what="placed")
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
+    done = cli("ssh", waits.pk, ok=False)
+    assert done.returncode == 1 and f"cluster {waits.pk} (waits) is pending" in done.stderr
+    port, user = gateway.ssh_port(), f"c{cluster.pk}-0"
+
+    assert cli("ssh", cluster.pk, "--print").stdout == f"ssh -p {port} {user}@127.0.0.1\n"
+    forward = cli("ssh", cluster.pk, 0, "-L", "6006:localhost:6006", "--print").stdout
+    assert forward == f"ssh -p {port} -L 6006:localhost:6006 {user}@127.0.0.1\n"
+    login = cli.json("ssh", cluster.pk)
+    assert login == {
+        "node": 0, "user": user, "host": "127.0.0.1", "port": port,
+        "command": f"ssh -p {port} {user}@127.0.0.1",
+        "host_key_fingerprint": gateway.host_key_fingerprint(),
+    }  # fmt: skip
+    done = cli("ssh", cluster.pk, 1, ok=False)
+    assert done.returncode == 1 and "has no node 1 (its nodes: 0)" in done.stderr
+
+    # Without --print it becomes the local ssh, with those arguments (here a stand-in that
+    # prints them, one a line).
+    stand_in = tmp_path / "bin" / "ssh"
+    stand_in.parent.mkdir()
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    stand_in.chmod(0o755)
+    cli.env["PATH"] = f"{stand_in.parent}:{os.environ['PATH']}"
+    done = cli("ssh", cluster.pk)
+    assert done.stdout.splitlines() == ["-p", str(port), f"{user}@127.0.0.1"]
+    assert login["host_key_fingerprint"] in done.stderr
+
+    _, bobs = ApiToken.issue(user=bob, name="bob")
+    cli.env["SUANLI_TOKEN"] = bobs
+    done = cli("ssh", cluster.pk, "--print", ok=False)
+    assert done.returncode == 1 and "not found" in done.stderr and "ssh -p" not in done.stdout

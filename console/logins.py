@@ -1,0 +1,71 @@
+"""How a researcher logs in to the workspaces of a running cluster: per node the SSH user
+name, the gateway's host and port, the `ssh` command and the gateway's host key
+fingerprint. The cluster page and the API (`ssh` of a cluster, which `suanli ssh` reads)
+both say it from here, so they never disagree.
+
+The host is `SUANLI_SSH_HOST` where the operator exposes the gateway under another name;
+else the name the researcher reached the console by (the request's host, without its
+port). The port and fingerprint are the gateway's own (jobs/gateway.py).
+"""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http.request import split_domain_port
+
+from jobs import gateway, workspaces
+from jobs.models import Cluster
+
+
+@dataclass(frozen=True)
+class Login:
+    node: int
+    user: str
+    host: str
+    port: int
+    host_key_fingerprint: str
+
+    @property
+    def command(self) -> str:
+        return f"ssh -p {self.port} {self.user}@{self.host}"
+
+    @property
+    def alias(self) -> str:
+        """The `Host` of the node's `~/.ssh/config` block (VS Code Remote-SSH lists it)."""
+        return f"suanli-{self.user}"
+
+    def as_dict(self) -> dict:
+        return {
+            "node": self.node, "user": self.user, "host": self.host, "port": self.port,
+            "command": self.command, "host_key_fingerprint": self.host_key_fingerprint,
+        }  # fmt: skip
+
+
+def ssh_host(request) -> str:
+    if settings.SUANLI_SSH_HOST:
+        return settings.SUANLI_SSH_HOST
+    domain, _ = split_domain_port(request.get_host())
+    return domain.strip("[]")  # an IPv6 literal: ssh takes it bare after the `@`
+
+
+def ssh_logins(cluster: Cluster, request) -> list[Login]:
+    """One login per node of a running cluster with workspaces; none otherwise. A running
+    cluster's nodes are indexed 0..nodes-1 (a resize adds and removes at the end; a moved
+    node keeps its index), so this reads no rows."""
+    if cluster.state != Cluster.State.RUNNING or not cluster.workspace:
+        return []
+    host, port = ssh_host(request), gateway.ssh_port()
+    try:
+        fingerprint = gateway.host_key_fingerprint()
+    except (OSError, ValueError):  # SUANLI_SSH_HOST_KEY unreadable from this process
+        fingerprint = "unknown here (ask the operator)"
+    return [
+        Login(
+            node=index,
+            user=workspaces.login_name(cluster.pk, index),
+            host=host,
+            port=port,
+            host_key_fingerprint=fingerprint,
+        )
+        for index in range(cluster.nodes)
+    ]

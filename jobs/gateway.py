@@ -1,0 +1,1213 @@
+"""The SSH gateway (Procfile `gateway`, `manage.py suanli_gateway`): `ssh`, `scp`/`sftp` and
+`ssh -L` into the workspaces of a researcher's running clusters (jobs/workspaces.py).
+
+`ssh -p 2222 c42-0@console` logs in to node 0 of cluster 42 with a key attached to that
+cluster by its owner; nothing else logs in (no password, no other method). What a login
+gets, every part through the node's engine, so remote engines and any image work alike:
+- a shell (with a PTY, window changes followed) or `ssh host cmd` with its exit status:
+  an exec in the workspace as the tenant's uid (workspaces.exec_kwargs);
+- sftp, and so OpenSSH's `scp`: per session a short-lived container on the node's host
+  from `SUANLI_SFTP_IMAGE` (OpenSSH's sftp-server and its libraries, nothing else), as
+  the tenant's uid, with no network, no capability, a read-only root and only the
+  cluster's volumes mounted where the workspace has them (runtime.volume_mounts, checked
+  just before the mount). The kernel confines it: a link to /etc that a job made leads to
+  that container's own /etc, which holds only the tenant's passwd line;
+- local forwarding to localhost of the workspace: an exec of a relay (nc, else python3,
+  else bash's /dev/tcp) inside it. No remote forwarding, agent or X11 forwarding.
+
+Refusals come in words, as an authentication banner, before the client gives up. A key
+that is not attached to the named cluster (another researcher's key, an unknown key, a
+cluster that does not exist) gets the same words, which name nothing but what the client
+typed. What is told only to the holder of an attached key's private half (after its
+signature checked out, never on the client's unsigned "would this key do?" query): the
+cluster is not running, the node does not exist, the workspace is not up, the researcher
+has `SUANLI_SSH_MAX_SESSIONS` sessions open already (counted in Redis with an expiry, so
+that sessions of every gateway process count and a killed one's expire).
+
+Every login goes on the cluster's timeline with its key's fingerprint. A connection with
+no data either way for `SUANLI_SSH_IDLE_S` is closed. Docker does not end an exec when its
+client goes (moby/moby#9098): when a channel closes first, a second exec hangs up
+(SIGHUP) the processes that carry that channel's marker in their environment, as the
+kernel does for an SSH session whose connection drops (console/terminal.py does the same).
+
+Threads: the engine's hijacked sockets (exec, attach) are blocking, plain or TLS. Each is
+bridged to the event loop by two threads of its own (a reader, a writer) that share it
+non-blocking under a lock and wait in poll(), so a TLS socket is never used by two threads
+at once and nothing spins. Database reads run on a small pool of their own threads
+(each call starts with close_old_connections), engine and Redis calls on the loop's
+executor: the event loop itself never waits on anything. The process lives through
+Redis and PostgreSQL restarts: a login meanwhile is refused in words (the database) or
+not counted (Redis), and the outage is logged once (jobs.outage).
+
+Layer: gateway, beside runner and under services; uses workspaces, lifecycle, runtime,
+engine, outage and models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import io
+import logging
+import os
+import secrets
+import select
+import signal
+import socket
+import ssl
+import struct
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+import django_rq
+import docker
+from django.conf import settings
+from django.db import close_old_connections
+from docker.types import Mount
+
+from jobs import engine, lifecycle, runtime, workspaces
+from jobs.models import Cluster, Host, Node
+from jobs.outage import DB_DOWN, REDIS_DOWN, Outage, close_db_connections
+
+log = logging.getLogger("suanli.gateway")
+
+LABEL = "suanli.sftp"  # an sftp session's container; value: the login name
+MARKER = "SUANLI_SSH"  # env of every exec of a channel: its own value, for the hang-up
+# bash where the image has it (a login shell: the image's profile), else the POSIX shell.
+LOGIN_SHELL = ["/bin/sh", "-c", "command -v bash >/dev/null && exec bash -l || exec sh"]
+# $1: the channel's marker. Every process that inherited it gets SIGHUP.
+HANG_UP = (
+    'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null'
+    ' | grep -qxF "$1" && kill -HUP "${p#/proc/}" 2>/dev/null; done; true'
+)
+# $1: the port on the workspace's loopback. stdin to it, what it says to stdout.
+RELAY = (
+    'if command -v nc >/dev/null 2>&1; then exec nc 127.0.0.1 "$1"; fi\n'
+    'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$2" "$1"; fi\n'
+    "if command -v bash >/dev/null 2>&1; then exec bash -c "
+    '\'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1; cat <&3 & cat >&3; wait\' relay "$1"; fi\n'
+    'echo "the image has no nc, python3 or bash to reach port $1" >&2; exit 127'
+)
+RELAY_PY = (
+    "import socket,sys,threading\n"
+    "s=socket.create_connection(('127.0.0.1',int(sys.argv[1])))\n"
+    "def up():\n"
+    "    while b:=sys.stdin.buffer.read1(65536): s.sendall(b)\n"
+    "    s.shutdown(socket.SHUT_WR)\n"
+    "threading.Thread(target=up,daemon=True).start()\n"
+    "while b:=s.recv(65536): sys.stdout.buffer.write(b); sys.stdout.buffer.flush()\n"
+)
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+# A TTY exec passes stdin through Docker's detach-key filter (ctrl-p ctrl-q by default):
+# a sequence no one types, so that ctrl-p (bash's previous line) stays a keystroke.
+DETACH_KEYS = "ctrl-^,ctrl-_,ctrl-^,ctrl-_,ctrl-^"
+LOCALHOST = ("localhost", "127.0.0.1")
+CHUNK = 65536
+HIGH_WATER = 1 << 20  # bytes for the engine not sent yet: stop reading the client
+LOW_WATER = 1 << 18
+SESSION_TTL_S = 90  # a session's count in Redis lives this long unless refreshed
+HEARTBEAT_S = 30
+_ENGINE_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
+
+
+# -- what the console page shows ------------------------------------------------------------
+
+
+def ssh_port() -> int:
+    """The port researchers' `ssh -p` names."""
+    return int(settings.SUANLI_SSH_PORT)
+
+
+def host_key_fingerprint() -> str:
+    """`SHA256:...` of the gateway's host key, as `ssh` shows it on a first login. Makes the
+    key when there is none yet (whichever process asks first; they agree on the file)."""
+    return _host_key().get_fingerprint("sha256")
+
+
+_keys: dict[tuple, asyncssh.SSHKey] = {}
+
+
+def _host_key() -> asyncssh.SSHKey:
+    path = Path(settings.SUANLI_SSH_HOST_KEY)
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        _make_host_key(path)
+        found = path.stat()
+    if found.st_mode & 0o077 and found.st_uid == os.geteuid():
+        log.warning("the SSH host key %s was readable by others: made 0600", path)
+        path.chmod(0o600)
+    stamp = (str(path), found.st_mtime_ns, found.st_size)
+    key = _keys.get(stamp)
+    if key is None:
+        key = _keys[stamp] = asyncssh.read_private_key(str(path))
+    return key
+
+
+def _make_host_key(path: Path) -> None:
+    """An ed25519 key, 0600, written whole under a temporary name and linked into place:
+    two processes making it at once end with one key, the first one's."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="suanli-gateway")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key.export_private_key())
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    log.info("made the SSH host key %s (%s)", path, key.get_fingerprint("sha256"))
+
+
+# -- an engine's hijacked socket, bridged to the event loop ---------------------------------
+
+
+class _EOF:
+    pass
+
+
+class _CLOSE:
+    pass
+
+
+class EngineStream:
+    """One exec's or attach's socket, its two threads, and flow control both ways.
+
+    Output arrives on the loop through `on_output(data, stderr)` (Docker's frames taken
+    apart when the stream is multiplexed, i.e. has no TTY), then `on_end()` once. Input
+    (`write`, `write_eof`) queues for the writer thread from the start, so nothing typed
+    before the engine answered is lost. `pause()`/`resume()` hold the reader while the
+    SSH channel's window is full; `on_backlog(True/False)` asks the caller to stop and
+    start reading the client while too much input waits for the engine."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        on_output: Callable[[bytes, bool], None],
+        on_end: Callable[[], None],
+        on_backlog: Callable[[bool], None],
+        multiplexed: bool,
+    ):
+        self._loop = loop
+        self._on_output = on_output
+        self._on_end = on_end
+        self._on_backlog = on_backlog
+        self.multiplexed = multiplexed
+        self._queue: list = []
+        self._queued = threading.Condition()
+        self._backlog = 0
+        self._held = False
+        self._may_read = threading.Event()
+        self._may_read.set()
+        self._io = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._keep = None  # the SDK's object (it holds the HTTP response: TLS dies with it)
+        self._writing: threading.Thread | None = None
+        self._tls = False
+        self._closing = False
+        self.ended = False
+
+    # on the loop
+
+    def start(self, hijacked) -> None:
+        """Take over the engine's socket (after the upgrade) and start the threads."""
+        self._keep = hijacked
+        sock = getattr(hijacked, "_sock", hijacked)  # plain ones come in a SocketIO
+        self._sock = sock
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        sock.setblocking(False)
+        # What came with the upgrade's headers waits in the HTTP response's buffer, not
+        # on the socket (a quick `echo` can): read it from there first.
+        response = getattr(hijacked, "_response", None)
+        buffered = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+        first = b""
+        if hasattr(buffered, "read1"):
+            with contextlib.suppress(OSError, ValueError):
+                first = buffered.read1(CHUNK) or b""
+        if self._closing:
+            self._shut()
+        self._writing = threading.Thread(target=self._writer, daemon=True)
+        self._writing.start()
+        threading.Thread(target=self._reader, args=(first,), daemon=True).start()
+
+    def write(self, data: bytes) -> None:
+        if not data or self._closing:
+            return
+        with self._queued:
+            self._queue.append(bytes(data))
+            self._backlog += len(data)
+            self._queued.notify()
+            hold = self._backlog > HIGH_WATER and not self._held
+            if hold:
+                self._held = True
+        if hold:
+            self._on_backlog(True)
+
+    def write_eof(self) -> None:
+        with self._queued:
+            self._queue.append(_EOF)
+            self._queued.notify()
+
+    def pause(self) -> None:
+        self._may_read.clear()
+
+    def resume(self) -> None:
+        self._may_read.set()
+
+    def close(self) -> None:
+        """Stop both threads and drop the socket (idempotent)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._queue_close()
+        self._may_read.set()
+        self._shut()
+
+    def _queue_close(self) -> None:
+        with self._queued:
+            self._queue.append(_CLOSE)
+            self._queued.notify()
+
+    # on the threads
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError, ValueError):
+                # Under the TLS layer: wakes both threads from poll() whatever its state.
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+
+    def _wait(self, events: int) -> None:
+        poller = select.poll()
+        poller.register(self._sock, events)
+        poller.poll()
+
+    def _recv(self) -> bytes:
+        sock = self._sock
+        while True:
+            if not (self._tls and sock.pending()):
+                self._wait(select.POLLIN)
+            with self._io:
+                try:
+                    return sock.recv(CHUNK)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    continue  # TLS needed more than was there; wait again
+
+    def _send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            with self._io:
+                try:
+                    view = view[self._sock.send(view) :]
+                    continue
+                except (BlockingIOError, ssl.SSLWantWriteError):
+                    events = select.POLLOUT
+                except ssl.SSLWantReadError:
+                    events = select.POLLIN
+            self._wait(events)
+
+    def _deliver(self, data: bytes, stderr: bool = False) -> None:
+        self._call(self._on_output, data, stderr)
+
+    def _call(self, fn, *args) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the process is ending
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _reader(self, first: bytes) -> None:
+        pending = b""
+        try:
+            data = first or self._recv()
+            while data:
+                if not self.multiplexed:
+                    self._deliver(data)
+                else:
+                    pending += data
+                    # Docker's frames: stream (1 stdout, 2 stderr), 3 zero bytes, size.
+                    while len(pending) >= 8:
+                        kind, size = pending[0], struct.unpack(">I", pending[4:8])[0]
+                        if len(pending) < 8 + size:
+                            break
+                        if size:
+                            self._deliver(pending[8 : 8 + size], kind != 1)
+                        pending = pending[8 + size :]
+                self._may_read.wait()
+                if self._closing:
+                    break
+                data = self._recv()
+        except (OSError, ValueError):
+            pass  # closed under us: the channel went, or the engine
+        finally:
+            self._call(self.close)
+            self._queue_close()
+            self._shut()
+            self._writing.join(timeout=10)  # it fails fast on the shut socket
+            with contextlib.suppress(OSError, ValueError):
+                self._sock.close()
+            self._call(self._ended)
+
+    def _ended(self) -> None:
+        self.ended = True
+        self._on_end()
+
+    def _writer(self) -> None:
+        try:
+            while True:
+                with self._queued:
+                    while not self._queue:
+                        self._queued.wait()
+                    item = self._queue.pop(0)
+                if item is _CLOSE:
+                    return
+                if item is _EOF:
+                    if not self._tls:  # TLS has no half-close: the process keeps its stdin
+                        with self._io:
+                            self._sock.shutdown(socket.SHUT_WR)
+                    continue
+                self._send_all(item)
+                with self._queued:
+                    self._backlog -= len(item)
+                    release = self._held and self._backlog < LOW_WATER
+                    if release:
+                        self._held = False
+                if release:
+                    self._call(self._on_backlog, False)
+        except (OSError, ValueError):
+            pass  # the process is gone: its stdin with it
+
+
+# -- who may log in: the database, on threads of its own -------------------------------------
+
+
+@dataclass
+class Login:
+    """What an admitted connection reaches: one node's workspace."""
+
+    name: str
+    cluster: Cluster
+    index: int
+    host: Host
+    container_id: str
+    fingerprint: str
+    exec_base: dict  # workspaces.exec_kwargs as the tenant, for every exec of the login
+
+
+class Refused(Exception):
+    """A login is refused; the text is the banner, for the researcher."""
+
+
+_db_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-db")
+_database = Outage("PostgreSQL (gateway)", log)
+_redis = Outage("Redis (gateway)", log)
+_DB_AWAY = (
+    "Suanli cannot check this login right now (its database does not answer); "
+    "try again in a minute."
+)
+
+
+async def _in_db(fn, *args):
+    """`fn(*args)` on a database thread, with that thread's dead or old connection
+    replaced first; a database outage becomes a refusal in words."""
+
+    def call():
+        close_old_connections()
+        try:
+            result = fn(*args)
+        except DB_DOWN as exc:
+            close_db_connections()
+            _database.failed(exc)
+            raise Refused(_DB_AWAY) from None
+        _database.ok()
+        return result
+
+    return await asyncio.get_running_loop().run_in_executor(_db_pool, call)
+
+
+def key_attached(cluster_id: int, fingerprint: str, public_data: bytes) -> bool:
+    """The key is one the cluster's owner attached to it (the same key, not only the same
+    fingerprint). False for anything else, alike: another researcher's key, a key
+    attached to no cluster, a cluster that does not exist."""
+    cluster = Cluster.objects.filter(pk=cluster_id).only("pk", "owner_id").first()
+    if cluster is None:
+        return False
+    for text in cluster.ssh_keys.filter(
+        owner_id=cluster.owner_id, fingerprint=fingerprint
+    ).values_list("public_key", flat=True):
+        try:
+            if asyncssh.import_public_key(text).public_data == public_data:
+                return True
+        except (asyncssh.KeyImportError, ValueError):
+            continue
+    return False
+
+
+def admit(name: str, cluster_id: int, index: int, fingerprint: str) -> Login:
+    """The node's running workspace for a proven holder of an attached key, or Refused
+    saying why not (the cluster's state, a missing node, a workspace not up)."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:  # deleted since its key was checked
+        raise Refused(f"Suanli: {name}: there is no such cluster.")
+    try:
+        container = workspaces.running(cluster, index)
+    except workspaces.WorkspaceError as exc:
+        raise Refused(f"Suanli: {name}: {exc}.") from None
+    node = (
+        Node.objects.filter(
+            cluster=cluster, index=index, released_at__isnull=True, lost_at__isnull=True
+        )
+        .select_related("host")
+        .first()
+    )
+    if node is None:  # released between the two reads
+        raise Refused(f"Suanli: {name}: cluster {cluster.name} has no node {index}.")
+    return Login(
+        name=name, cluster=cluster, index=index, host=node.host, container_id=container.id,
+        fingerprint=fingerprint, exec_base=workspaces.exec_kwargs(cluster, [], tty=False),
+    )  # fmt: skip
+
+
+def record_login(login: Login) -> None:
+    lifecycle.cluster_event(
+        login.cluster, "ssh", f"ssh login to node {login.index} with key {login.fingerprint}"
+    )
+
+
+def sftp_mounts(cluster: Cluster) -> list[Mount]:
+    """The cluster's volumes, checked now, just before the engine mounts them."""
+    return runtime.volume_mounts(cluster, cluster.owner_id)
+
+
+# -- sessions per researcher, across gateway processes (Redis) -------------------------------
+
+
+def _sessions_key(owner_id: int) -> str:
+    return f"suanli:gateway:sessions:u{owner_id}"
+
+
+def session_claim(owner_id: int, session_id: str, limit: int) -> bool:
+    """Count one more session of the researcher, unless they have `limit` already. Each
+    entry expires unless its gateway refreshes it, so a killed process's go on their own.
+    While Redis is away logins are let in uncounted (the limit bounds use, it guards
+    nothing), and counted once it is back (`sessions_refresh`)."""
+    key, now = _sessions_key(owner_id), time.time()
+    try:
+        with django_rq.get_connection("default").pipeline() as pipe:
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zadd(key, {session_id: now + SESSION_TTL_S})
+            pipe.zcard(key)
+            pipe.expire(key, SESSION_TTL_S)
+            count = pipe.execute()[2]
+            if count > limit:
+                pipe.zrem(key, session_id).execute()
+                return False
+    except REDIS_DOWN as exc:
+        _redis.failed(exc)
+        return True
+    _redis.ok()
+    return True
+
+
+def sessions_refresh(live: dict[str, int]) -> None:
+    """Keep the live sessions (id -> researcher) counted for another SESSION_TTL_S."""
+    if not live:
+        return
+    expiry = time.time() + SESSION_TTL_S
+    try:
+        with django_rq.get_connection("default").pipeline() as pipe:
+            for session_id, owner_id in live.items():
+                pipe.zadd(_sessions_key(owner_id), {session_id: expiry})
+                pipe.expire(_sessions_key(owner_id), SESSION_TTL_S)
+            pipe.execute()
+    except REDIS_DOWN as exc:
+        _redis.failed(exc)
+        return
+    _redis.ok()
+
+
+def session_release(owner_id: int, session_id: str) -> None:
+    try:
+        django_rq.get_connection("default").zrem(_sessions_key(owner_id), session_id)
+    except REDIS_DOWN as exc:
+        _redis.failed(exc)  # it expires on its own
+
+
+# -- the engine side of a channel (blocking: run on the executor) ----------------------------
+
+
+def _client(login: Login) -> docker.DockerClient:
+    return engine.cached_client(login.host)
+
+
+def exec_open(login: Login, cmd: list[str], *, tty: bool, env: dict) -> tuple[str, object]:
+    """An exec in the workspace as the tenant, started: (its id, the hijacked socket)."""
+    api = _client(login).api
+    kwargs = {
+        **login.exec_base,
+        "cmd": cmd,
+        "tty": tty,
+        "environment": {**login.exec_base["environment"], **env},
+    }
+    if tty:
+        kwargs["detach_keys"] = DETACH_KEYS
+    made = api.exec_create(login.container_id, **kwargs)
+    return made["Id"], api.exec_start(made["Id"], tty=tty, socket=True)
+
+
+def exec_exit_code(login: Login, exec_id: str) -> int:
+    """The exec's exit status; the engine may take a moment to record it after the
+    stream ends."""
+    api = _client(login).api
+    for _ in range(40):
+        found = api.exec_inspect(exec_id)
+        if not found.get("Running") and found.get("ExitCode") is not None:
+            return int(found["ExitCode"])
+        time.sleep(0.05)
+    return 255
+
+
+def exec_hang_up(login: Login, exec_id: str, marker: str) -> None:
+    """SIGHUP to what the channel's exec left running (its marker in their environment)."""
+    api = _client(login).api
+    try:
+        if not api.exec_inspect(exec_id).get("Running"):
+            return
+        made = api.exec_create(
+            login.container_id,
+            **{**login.exec_base, "cmd": ["/bin/sh", "-c", HANG_UP, "sh", marker], "stdin": False},
+        )
+        api.exec_start(made["Id"])
+    except _ENGINE_ERRORS as exc:
+        log.info("%s: exec %s not hung up: %s", login.name, exec_id[:12], exc)
+
+
+def exec_resize(login: Login, exec_id: str, width: int, height: int) -> None:
+    with contextlib.suppress(*_ENGINE_ERRORS):
+        _client(login).api.exec_resize(exec_id, height=height, width=width)
+
+
+def _etc_archive(uid: int, home: str) -> bytes:
+    """The sftp container's whole /etc: the tenant's passwd and group lines (sftp-server
+    asks who it runs as), nothing else."""
+    files = {
+        "passwd": f"tenant:x:{uid}:{uid}:tenant:{home}:/sbin/nologin\n",
+        "group": f"tenant:x:{uid}:\n",
+    }
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def sftp_open(login: Login, mounts: list[Mount]) -> tuple[str, object]:
+    """sftp-server in a container of its own on the node's host, confined by the kernel:
+    the tenant's uid, the cluster's volumes where the workspace has them and nothing else
+    of the host's, no network, no capability, a read-only root whose /etc is a fresh
+    volume holding the tenant's passwd line. Removed when it ends (stdin closes with the
+    attach, so a gateway that dies leaves none running). Returns (id, hijacked socket)."""
+    api = _client(login).api
+    uid = runtime.tenant_uid(login.cluster.owner_id)
+    home = login.exec_base["workdir"]
+    host_config = api.create_host_config(
+        mounts=[*mounts, Mount(target="/etc", source=None, type="volume")],
+        network_mode="none",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+        privileged=False,
+        pids_limit=16,
+        mem_limit=128 * 2**20,
+        memswap_limit=128 * 2**20,
+        nano_cpus=10**9,
+        auto_remove=True,
+    )
+    try:
+        made = api.create_container(
+            settings.SUANLI_SFTP_IMAGE,
+            [SFTP_SERVER, "-d", home],
+            user=f"{uid}:{uid}",
+            stdin_open=True,  # and StdinOnce: the attach's end is the container's
+            host_config=host_config,
+            labels={
+                LABEL: login.name,
+                runtime.LABEL_CLUSTER: str(login.cluster.pk),
+                runtime.LABEL_OWNER: str(login.cluster.owner_id),
+            },
+        )
+    except docker.errors.ImageNotFound:
+        # Never pulled: a name on a public registry is anyone's.
+        raise Refused(
+            f"file transfer is not set up on {login.host.name} (its engine lacks "
+            f"{settings.SUANLI_SFTP_IMAGE}); tell an operator"
+        ) from None
+    container_id = made["Id"]
+    try:
+        api.put_archive(container_id, "/etc", _etc_archive(uid, home))
+        attached = api.attach_socket(
+            container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+        api.start(container_id)
+    except BaseException:
+        sftp_remove(login, container_id)
+        raise
+    return container_id, attached
+
+
+def sftp_remove(login: Login, container_id: str) -> None:
+    with contextlib.suppress(*_ENGINE_ERRORS):
+        _client(login).api.remove_container(container_id, force=True, v=True)
+
+
+# -- SSH ------------------------------------------------------------------------------------
+
+
+def _shown(name: str) -> str:
+    """A user name as typed, safe to say back: printable, short."""
+    text = "".join(ch if ch.isprintable() else "?" for ch in name[:40])
+    return text + ("..." if len(name) > 40 else "")
+
+
+class Gateway:
+    """The listening server: shared state of all connections."""
+
+    def __init__(self):
+        self.sessions: dict[str, int] = {}  # session id -> researcher, counted in Redis
+        self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task] = set()  # hang-ups and releases: awaited at exit
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await asyncio.to_thread(sessions_refresh, dict(self.sessions))
+            except Exception:  # the next beat tries again; sessions expire meanwhile
+                log.exception("refreshing the session count failed")
+
+
+class Connection(asyncssh.SSHServer):
+    """One client connection: authentication, then its channels."""
+
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.login: Login | None = None
+        self.target: tuple[int, int] | None = None
+        self.username = ""
+        self.key: asyncssh.SSHKey | None = None
+        self.told: set[str] = set()
+        self.refusal: str | None = None
+        self.session_id = secrets.token_hex(8)
+        self.channels: set[Channel] = set()
+        self.lost = False
+        self.active = 0.0
+        self._idle: asyncio.TimerHandle | None = None
+
+    def spawn(self, coro) -> asyncio.Task:
+        return self.gateway.spawn(coro)
+
+    def touch(self) -> None:
+        self.active = time.monotonic()
+
+    # authentication
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+        self.gateway.connections.add(self)
+        # The connection checks a key for asyncssh (validate_public_key below) both when
+        # the client asks whether a key would do and when it signs with it; only the
+        # second proves the client holds the private half. What is said about the
+        # cluster waits for that proof.
+        checked = conn.validate_public_key
+
+        async def validate(username: str, key_data: bytes, msg: bytes, signature: bytes) -> bool:
+            if not await checked(username, key_data, msg, signature):
+                return False
+            return True if not msg else await self._admit()
+
+        conn.validate_public_key = validate
+        self._ack_at_once(conn)
+
+    @staticmethod
+    def _ack_at_once(conn: asyncssh.SSHServerConnection) -> None:
+        """ACK what arrives at once rather than after Linux's delayed-ACK timer. OpenSSH's
+        client leaves Nagle on until a session starts, so it holds each small message while
+        its last one is unacknowledged, and the key exchange and the request for
+        authentication each waited some 40 ms on our delayed ACK (90 of a login's 120 ms)."""
+        sock = conn.get_extra_info("socket")
+        if sock is None or not hasattr(socket, "TCP_QUICKACK"):
+            return
+        received = conn.data_received
+
+        def data_received(*args, **kwargs):
+            received(*args, **kwargs)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+
+        conn.data_received = data_received
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.gateway.connections.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+        for channel in list(self.channels):
+            channel.hang_up()
+        self._release()
+
+    def _release(self) -> None:
+        owner_id = self.gateway.sessions.pop(self.session_id, None)
+        if owner_id is not None:
+            self.spawn(asyncio.to_thread(session_release, owner_id, self.session_id))
+
+    def _banner(self, text: str) -> None:
+        if text in self.told:
+            return
+        self.told.add(text)
+        log.info("%s: refused: %s", _shown(self.username), text)
+        with contextlib.suppress(OSError):
+            self.conn.send_auth_banner(text.rstrip("\n") + "\n")
+
+    def begin_auth(self, username: str) -> bool:
+        self.username = username
+        self.target = workspaces.parse_login(username)
+        if self.target is None:
+            self._banner(
+                f"Suanli: '{_shown(username)}' is not a login here. Log in as c<cluster>-<node>, "
+                f"e.g. ssh -p {ssh_port()} c42-0@<host>: each running cluster's page shows "
+                "the command for each of its nodes."
+            )
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        if self.target is None:
+            return False
+        fingerprint = key.get_fingerprint("sha256")
+        try:
+            attached = await _in_db(key_attached, self.target[0], fingerprint, key.public_data)
+        except Refused as exc:
+            self._banner(str(exc))
+            return False
+        except Exception:
+            log.exception("%s: checking key %s failed", _shown(username), fingerprint)
+            self._banner("Suanli: the gateway could not check your key; try again in a minute.")
+            return False
+        if not attached:
+            self._banner(
+                f"Suanli: the key {fingerprint} may not log in as {_shown(username)}. Add it "
+                "on the SSH keys page of the console and pick it when you request the "
+                "cluster; the cluster's page also has a Terminal for each node."
+            )
+            return False
+        self.key = key
+        return True
+
+    async def _admit(self) -> bool:
+        """The client signed with an attached key: admit it, or say why not."""
+        if self.login is not None:
+            return True
+        if self.refusal is not None:
+            return False
+        cluster_id, index = self.target
+        fingerprint = self.key.get_fingerprint("sha256")
+        name = workspaces.login_name(cluster_id, index)
+        try:
+            login = await _in_db(admit, name, cluster_id, index, fingerprint)
+            owner_id = login.cluster.owner_id
+            limit = settings.SUANLI_SSH_MAX_SESSIONS
+            claimed = await asyncio.to_thread(session_claim, owner_id, self.session_id, limit)
+            if not claimed:
+                raise Refused(
+                    f"Suanli: you have {limit} SSH sessions open, the most one researcher may "
+                    "have at a time. End one (exit, or close its window) and log in again."
+                )
+            self.gateway.sessions[self.session_id] = owner_id
+            if self.lost:  # gone while we looked
+                self._release()
+                return False
+            await _in_db(record_login, login)
+        except Refused as exc:
+            self._release()
+            self.refusal = str(exc)
+            self._banner(self.refusal)
+            return False
+        except Exception:
+            log.exception("%s: admitting a login failed", name)
+            self._release()
+            self.refusal = "Suanli: the gateway could not log you in; try again in a minute."
+            self._banner(self.refusal)
+            return False
+        self.login = login
+        log.info("%s: login with %s from %s", login.name, fingerprint,
+                 self.conn.get_extra_info("peername"))  # fmt: skip
+        return True
+
+    def auth_completed(self) -> None:
+        self.touch()
+        self._watch_idle()
+
+    def _watch_idle(self) -> None:
+        limit = settings.SUANLI_SSH_IDLE_S
+        idle = time.monotonic() - self.active
+        if idle >= limit:
+            log.info("%s: idle for %.0f s, closed", self.login.name if self.login else "?", idle)
+            for channel in list(self.channels):
+                channel.say(f"Suanli: idle for {limit} s (no input, no output): the session ends.")
+            self.conn.disconnect(
+                asyncssh.DISC_BY_APPLICATION, f"idle for {limit} s: closed by the gateway"
+            )
+            return
+        self._idle = asyncio.get_running_loop().call_later(
+            min(limit - idle, max(limit / 4, 1), 60) + 0.05, self._watch_idle
+        )
+
+    # channels
+
+    def session_requested(self):
+        return WorkspaceSession(self)
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
+        if dest_host not in LOCALHOST or not 0 < dest_port < 65536:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                "Suanli forwards only to localhost of the workspace, e.g. -L 6006:localhost:6006",
+            )
+        return PortRelay(self, dest_port)
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return False  # no remote forwarding: nothing listens on the gateway for a tenant
+
+
+class Channel:
+    """What a shell, an exec, an sftp session and a relay share: an engine stream between
+    the SSH channel and the engine, activity for the idle check, and the hang-up."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.login = connection.login
+        self.chan = None
+        self.marker = f"{MARKER}={secrets.token_hex(12)}"
+        self.exec_id = ""
+        self.container_id = ""
+        self.closed = False
+        self.stream: EngineStream | None = None
+
+    def connection_made(self, chan) -> None:
+        self.chan = chan
+        self.connection.channels.add(self)
+        self.stream = EngineStream(
+            asyncio.get_running_loop(), on_output=self._output, on_end=self._on_end,
+            on_backlog=self._backlog, multiplexed=True,
+        )  # fmt: skip
+
+    def _output(self, data: bytes, stderr: bool) -> None:
+        if self.closed:
+            return
+        self.connection.touch()
+        if stderr:
+            self.chan.write_stderr(data)
+        else:
+            self.chan.write(data)
+
+    def _backlog(self, full: bool) -> None:
+        if self.closed:
+            return
+        if full:
+            self.chan.pause_reading()
+        else:
+            self.chan.resume_reading()
+
+    def data_received(self, data: bytes, datatype) -> None:
+        self.connection.touch()
+        self.stream.write(data)
+
+    def eof_received(self) -> bool:
+        self.stream.write_eof()
+        return True  # the output may go on
+
+    def pause_writing(self) -> None:
+        self.stream.pause()
+
+    def resume_writing(self) -> None:
+        self.stream.resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.hang_up()
+
+    def say(self, text: str) -> None:
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                self.chan.write_stderr(f"\r\n{text}\r\n".encode())
+
+    def hang_up(self) -> None:
+        """The channel went first: drop the stream, end what it started."""
+        if self.closed:
+            return
+        self.closed = True
+        self.connection.channels.discard(self)
+        ended = self.stream.ended
+        self.stream.close()
+        if not ended:
+            self._end_what_runs()
+
+    def _end_what_runs(self) -> None:
+        if self.exec_id:
+            self.connection.spawn(
+                asyncio.to_thread(exec_hang_up, self.login, self.exec_id, self.marker)
+            )
+        if self.container_id:
+            self.connection.spawn(asyncio.to_thread(sftp_remove, self.login, self.container_id))
+
+    def _started(self, hijacked) -> bool:
+        """Bridge the engine's socket; False when the client left while it started."""
+        self.stream.start(hijacked)
+        if self.closed:
+            self.stream.close()
+            self._end_what_runs()
+            return False
+        return True
+
+    def _on_end(self) -> None:
+        if not self.closed:
+            self.connection.spawn(self._finish())
+
+    async def _finish(self) -> None:
+        raise NotImplementedError
+
+    def fail(self, text: str) -> None:
+        raise NotImplementedError
+
+
+class WorkspaceSession(Channel, asyncssh.SSHServerSession):
+    """A session channel: a shell, a command, or the sftp subsystem."""
+
+    def __init__(self, connection: Connection):
+        super().__init__(connection)
+        self.term = ""
+        self.size = (80, 24)
+        self.kind = ""
+        self.command = ""
+
+    def pty_requested(self, term_type, term_size, term_modes) -> bool:
+        self.term = term_type or "xterm"
+        self.size = (term_size[0] or 80, term_size[1] or 24)
+        return True
+
+    def shell_requested(self) -> bool:
+        self.kind = "shell"
+        return True
+
+    def exec_requested(self, command: str) -> bool:
+        self.kind, self.command = "exec", command
+        return True
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        if subsystem != "sftp":
+            return False
+        self.kind = "sftp"
+        self.term = ""  # sftp-server speaks its protocol, never to a terminal
+        return True
+
+    def session_started(self) -> None:
+        self.stream.multiplexed = not self.term  # a TTY's output comes as one stream
+        self.connection.spawn(self._start())
+
+    def terminal_size_changed(self, width, height, pixwidth, pixheight) -> None:
+        self.size = (width or 80, height or 24)
+        if self.term and self.exec_id and not self.closed:
+            self.connection.spawn(
+                asyncio.to_thread(exec_resize, self.login, self.exec_id, *self.size)
+            )
+
+    def eof_received(self) -> bool:
+        # Through a TTY the engine takes the end of input for the end of the session and
+        # drops the output still to come; a terminal ends when its shell exits, as sshd's.
+        if not self.term:
+            self.stream.write_eof()
+        return True
+
+    def break_received(self, msec: int) -> bool:
+        return False
+
+    def signal_received(self, signal: str) -> None:
+        pass  # the engine has no way to signal an exec
+
+    def _environment(self) -> dict:
+        env = {MARKER: self.marker.partition("=")[2]}
+        if self.term:
+            env["TERM"] = self.term
+        for name, value in (self.chan.get_environment() or {}).items():
+            if name == "LANG" or name.startswith("LC_"):
+                env[name] = value
+        return env
+
+    async def _start(self) -> None:
+        try:
+            if self.kind == "sftp":
+                mounts = await _in_db(sftp_mounts, self.login.cluster)
+                self.container_id, hijacked = await asyncio.to_thread(sftp_open, self.login, mounts)
+            else:
+                cmd = LOGIN_SHELL if self.kind == "shell" else ["/bin/sh", "-c", self.command]
+                self.exec_id, hijacked = await asyncio.to_thread(
+                    exec_open, self.login, cmd, tty=bool(self.term), env=self._environment()
+                )
+        except Refused as exc:
+            self.fail(str(exc))
+            return
+        except runtime.SpecError as exc:
+            self.fail(f"your volumes cannot be mounted: {exc}")
+            return
+        except _ENGINE_ERRORS as exc:
+            self.fail(f"the workspace of node {self.login.index} did not answer: "
+                      f"{engine.describe(exc)}")  # fmt: skip
+            return
+        if self._started(hijacked) and self.term:
+            await asyncio.to_thread(exec_resize, self.login, self.exec_id, *self.size)
+
+    def fail(self, text: str) -> None:
+        log.info("%s: %s not started: %s", self.login.name, self.kind, text)
+        if not self.closed:
+            self.say(f"Suanli: {text}.")
+            self.closed = True
+            self.connection.channels.discard(self)
+            self.chan.exit(1)
+
+    async def _finish(self) -> None:
+        status = 0
+        if self.exec_id:
+            try:
+                status = await asyncio.to_thread(exec_exit_code, self.login, self.exec_id)
+            except _ENGINE_ERRORS:
+                status = 255
+        if not self.closed:
+            self.closed = True
+            self.connection.channels.discard(self)
+            self.chan.exit(status)
+
+
+class PortRelay(Channel, asyncssh.SSHTCPSession):
+    """A forwarded connection (`ssh -L`): a relay exec inside the workspace to its loopback."""
+
+    def __init__(self, connection: Connection, port: int):
+        super().__init__(connection)
+        self.port = port
+        self.errors = b""
+
+    def _output(self, data: bytes, stderr: bool) -> None:
+        if stderr:
+            self.errors = (self.errors + data)[-500:]
+        else:
+            super()._output(data, False)
+
+    def session_started(self) -> None:
+        self.connection.spawn(self._start())
+
+    async def _start(self) -> None:
+        cmd = ["/bin/sh", "-c", RELAY, "relay", str(self.port), RELAY_PY]
+        env = {MARKER: self.marker.partition("=")[2]}
+        try:
+            self.exec_id, hijacked = await asyncio.to_thread(
+                exec_open, self.login, cmd, tty=False, env=env
+            )
+        except _ENGINE_ERRORS as exc:
+            self.fail(engine.describe(exc))
+            return
+        self._started(hijacked)
+
+    def fail(self, text: str) -> None:
+        log.info("%s: forward to port %s: %s", self.login.name, self.port, text)
+        if not self.closed:
+            self.closed = True
+            self.connection.channels.discard(self)
+            self.chan.close()
+
+    async def _finish(self) -> None:
+        if self.errors:
+            log.info("%s: forward to port %s: %s", self.login.name, self.port,
+                     self.errors.decode(errors="replace").strip())  # fmt: skip
+        if not self.closed:
+            self.closed = True
+            self.connection.channels.discard(self)
+            self.chan.close()
+
+
+# -- the process ----------------------------------------------------------------------------
+
+
+def _check_asyncssh() -> None:
+    """Connection.connection_made wraps the connection's own key check; make sure it is the
+    one this was written against, rather than let an upgrade silently skip the proof."""
+    params = list(inspect.signature(asyncssh.SSHServerConnection.validate_public_key).parameters)
+    if params != ["self", "username", "key_data", "msg", "signature"]:
+        raise RuntimeError(f"asyncssh {asyncssh.__version__}: unexpected key check {params}")
+
+
+async def serve(*, ready: Callable[[str], None] = print) -> None:
+    """Listen until SIGTERM or SIGINT, then close every connection (their channels hang
+    up what they started) and return."""
+    _check_asyncssh()
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="gateway"))
+    gateway = Gateway()
+    key = _host_key()
+    server = await asyncssh.listen(
+        settings.SUANLI_SSH_BIND, ssh_port(),
+        server_factory=functools.partial(Connection, gateway),
+        server_host_keys=[key],
+        server_version="Suanli",
+        encoding=None,
+        line_editor=False,
+        allow_pty=True,
+        agent_forwarding=False,
+        x11_forwarding=False,
+        allow_scp=False,
+        password_auth=False,
+        kbdint_auth=False,
+        host_based_auth=False,
+        gss_auth=False,
+        login_timeout=30,
+        keepalive_interval=60,
+        keepalive_count_max=3,
+        reuse_address=True,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    heartbeat = loop.create_task(gateway.heartbeat())
+    ready(
+        f"gateway: listening on {settings.SUANLI_SSH_BIND}:{ssh_port()} "
+        f"(host key {key.get_fingerprint('sha256')})"
+    )
+    await stop.wait()
+    heartbeat.cancel()
+    server.close()
+    for connection in list(gateway.connections):
+        connection.conn.disconnect(asyncssh.DISC_BY_APPLICATION, "the gateway is restarting")
+    await asyncio.sleep(0.2)  # connection_lost runs: hang-ups and releases are spawned
+    if gateway.tasks:
+        await asyncio.wait(set(gateway.tasks), timeout=10)
+
+
+def run() -> None:
+    asyncio.run(serve(ready=lambda line: print(line, flush=True)))

@@ -1,0 +1,537 @@
+"""The SSH gateway (jobs/gateway.py), driven by the real OpenSSH client against the Procfile's
+`gateway` process and the real engines: a researcher's notebook of what works, then an
+attacker's of what must not (another researcher's key, a key not attached, a cluster
+that is over, a node that is not there, a link out of the storage, forwarding anywhere
+but the workspace's own loopback)."""
+
+import asyncio
+import hashlib
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+import docker
+import pytest
+from browsing import free_port
+from test_fault_services import PostgresServer, RedisServer
+from waiting import until
+
+from jobs import gateway as gateway_module
+from jobs import runner, runtime, services, tasks, workspaces
+from jobs.models import ClusterEvent
+from jobs.services import JobSpec
+from jobs.storage import VolumeSpec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VOLUMES = (VolumeSpec("work", "/workspace"), VolumeSpec("data", "/data"))
+
+
+@dataclass
+class Key:
+    path: Path
+    public: str
+
+    @property
+    def fingerprint(self) -> str:
+        done = subprocess.run(
+            ["ssh-keygen", "-lf", str(self.path) + ".pub"], capture_output=True, text=True
+        )
+        return done.stdout.split()[1]
+
+
+def make_key(folder: Path, name: str) -> Key:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(path)], check=True
+    )
+    return Key(path, (folder / f"{name}.pub").read_text().strip())
+
+
+@dataclass
+class Gateway:
+    port: int
+    host_key: Path
+    log: Path
+
+    def options(self, key: Key) -> list[str]:
+        return [
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=INFO",
+            "-i", str(key.path),
+        ]  # fmt: skip
+
+    def ssh_command(self, key: Key, login: str, *args, options=()) -> list[str]:
+        return ["ssh", *self.options(key), "-p", str(self.port), *options,
+                f"{login}@127.0.0.1", *args]  # fmt: skip
+
+    def ssh(self, key: Key, login: str, *args, input=None, options=(), timeout=60):
+        return subprocess.run(
+            self.ssh_command(key, login, *args, options=options),
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def sftp(self, key: Key, login: str, batch: str, timeout=60):
+        return subprocess.run(
+            ["sftp", *self.options(key), "-P", str(self.port), "-b", "-", f"{login}@127.0.0.1"],
+            input=batch.encode(),
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def scp(self, key: Key, *paths, timeout=60):
+        return subprocess.run(
+            ["scp", *self.options(key), "-P", str(self.port), *map(str, paths)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            return s.recv(64).startswith(b"SSH-2.0-Suanli")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def start_gateway(processes, storage_root, tmp_path):
+    """`gateway` as the Procfile runs it, on a free port, with the test's storage."""
+
+    def start(**env) -> Gateway:
+        port = free_port()
+        host_key = tmp_path / "gateway" / "ssh_host_ed25519_key"
+        processes.start(
+            "gateway",
+            env={
+                "SUANLI_SSH_PORT": str(port),
+                "SUANLI_SSH_HOST_KEY": str(host_key),
+                "SUANLI_STORAGE_ROOT": str(storage_root),
+                **{k: str(v) for k, v in env.items()},
+            },
+        )
+        until(lambda: _answers(port), timeout=30, what="the gateway answers")
+        return Gateway(port, host_key, tmp_path / f"gateway-{len(processes.procs) - 1}.log")
+
+    return start
+
+
+@pytest.fixture
+def alice_key(alice, tmp_path):
+    key = make_key(tmp_path / "alice", "id_ed25519")
+    key.row = services.ssh_key_add(owner=alice, name="laptop", public_key=key.public)
+    return key
+
+
+@pytest.fixture
+def workspace_cluster(running_cluster, alice_key):
+    """Alice's running 1-node cluster with her key attached and its workspace up."""
+
+    def make(**extra):
+        extra.setdefault("volumes", VOLUMES)
+        extra.setdefault("ssh_keys", (alice_key.row,))
+        cluster = running_cluster(1, **extra)
+        assert tasks.cluster_network_ensure(cluster.pk)
+        return cluster
+
+    return make
+
+
+def _in_workspace(cluster, *cmd, detach=False):
+    container = workspaces.running(cluster, 0)
+    return container.exec_run(list(cmd), user=container.attrs["Config"]["User"], detach=detach)
+
+
+# -- what a researcher does -----------------------------------------------------------------
+
+
+def test_an_interactive_shell_with_a_tty_runs_as_the_tenant(
+    start_gateway, workspace_cluster, alice, alice_key, settings
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    done = gw.ssh(alice_key, login, input=b"id -u\nexit\n", options=["-tt"])
+    out = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, (out, done.stderr)
+    uid = runtime.tenant_uid(alice.pk)
+    assert re.search(rf"^{uid}\r?$", out, re.M), (out, done.stderr)
+    # Every login is on the cluster's timeline with its key.
+    event = ClusterEvent.objects.filter(cluster=cluster, kind="ssh").last()
+    assert event.message == f"ssh login to node 0 with key {alice_key.fingerprint}"
+
+    # The host key was made once, 0600, and is what the console page shows.
+    assert stat.S_IMODE(gw.host_key.stat().st_mode) == 0o600
+    settings.SUANLI_SSH_HOST_KEY = gw.host_key
+    scan = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", "-p", str(gw.port), "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    listed = subprocess.run(
+        ["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True, text=True
+    )
+    assert gateway_module.host_key_fingerprint() == listed.stdout.split()[1]
+    assert gateway_module.ssh_port() == settings.SUANLI_SSH_PORT
+
+
+def test_the_window_size_follows_the_client(start_gateway, workspace_cluster, alice_key):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+
+    async def session():
+        async with asyncssh.connect(
+            "127.0.0.1", gw.port, username=workspaces.login_name(cluster.pk, 0),
+            client_keys=[str(alice_key.path)], known_hosts=None,
+        ) as conn:  # fmt: skip
+            process = await conn.create_process(term_type="xterm", term_size=(100, 30))
+            seen = ""
+            for asked, (cols, rows) in enumerate(((100, 30), (132, 43)), start=1):
+                process.change_terminal_size(cols, rows)
+                await asyncio.sleep(0.5)  # the resize goes its own way to the engine
+                process.stdin.write("echo size=$(stty size)=\n")
+                while len(re.findall(r"size=\d+ \d+=", seen)) < asked:
+                    seen += await asyncio.wait_for(process.stdout.read(1024), 10)
+            process.stdin.write("exit\n")
+            await asyncio.wait_for(process.wait(), 10)
+            return re.findall(r"size=(\d+ \d+)=", seen)
+
+    assert asyncio.run(session()) == ["30 100", "43 132"]
+
+
+def test_a_command_keeps_its_exit_status_streams_and_input(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    login = workspaces.login_name(workspace_cluster().pk, 0)
+    assert gw.ssh(alice_key, login, "exit 7").returncode == 7
+    done = gw.ssh(alice_key, login, "echo out; echo err >&2; pwd")
+    assert done.returncode == 0
+    assert done.stdout.decode().split() == ["out", "/workspace"]
+    assert b"err" in done.stderr and b"out" not in done.stderr
+    # stdin reaches the command and its end too (cat ends).
+    payload = os.urandom(300_000)
+    done = gw.ssh(alice_key, login, "cat", input=payload)
+    assert done.returncode == 0
+    assert hashlib.sha256(done.stdout).hexdigest() == hashlib.sha256(payload).hexdigest()
+
+
+def test_scp_copies_into_a_volume_and_back_unchanged_and_a_job_sees_it(
+    start_gateway, workspace_cluster, alice_key, alice, storage_root, settle_until, tmp_path
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    original = tmp_path / "weights.bin"
+    original.write_bytes(os.urandom(2_000_000))
+    done = gw.scp(alice_key, original, f"{login}@127.0.0.1:/workspace/weights.bin")
+    assert done.returncode == 0, done.stderr
+    stored = storage_root / f"u{alice.pk}" / "work" / "weights.bin"
+    assert stored.read_bytes() == original.read_bytes()
+    assert stored.stat().st_uid == runtime.tenant_uid(alice.pk), "written as the tenant"
+    # A relative path lands in the login's home (the first volume), as in the workspace.
+    back = tmp_path / "back.bin"
+    done = gw.scp(alice_key, f"{login}@127.0.0.1:weights.bin", back)
+    assert done.returncode == 0, done.stderr
+    assert back.read_bytes() == original.read_bytes()
+
+    digest = hashlib.sha256(original.read_bytes()).hexdigest()
+    job = services.job_submit(
+        cluster=cluster, spec=JobSpec(name="reads", command="sha256sum /workspace/weights.bin")
+    )
+    runner.dispatch(cluster.pk)
+    job = settle_until(job)
+    assert job.state == "succeeded", job.state_reason
+    assert digest in job.replicas.get().log
+
+
+def test_sftp_lists_the_volumes_from_a_hardened_container_that_goes_with_the_session(
+    start_gateway, workspace_cluster, alice_key, alice
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    assert _in_workspace(cluster, "sh", "-c", "echo hi > /data/note").exit_code == 0
+    done = gw.sftp(alice_key, login, "pwd\nls /\nls /data\n")
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr
+    assert "Remote working directory: /workspace" in out
+    listing = out.split("sftp> ls /\n")[1].split("sftp>")[0].split()
+    assert {"/workspace", "/data"} <= set(listing), out
+    assert "/data/note" in out
+
+    # While a session is open its container is there, hardened; then it is gone.
+    proc = subprocess.Popen(
+        ["sftp", *gw.options(alice_key), "-P", str(gw.port), f"{login}@127.0.0.1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
+    client = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+    try:
+        (container,) = until(
+            lambda: client.containers.list(filters={"label": gateway_module.LABEL}),
+            what="the sftp container",
+        )
+        host_config = container.attrs["HostConfig"]
+        uid = runtime.tenant_uid(alice.pk)
+        assert container.attrs["Config"]["User"] == f"{uid}:{uid}"
+        assert host_config["NetworkMode"] == "none" and host_config["ReadonlyRootfs"]
+        assert host_config["CapDrop"] == ["ALL"] and not host_config["Privileged"]
+        assert host_config["SecurityOpt"] == ["no-new-privileges"]
+        assert 0 < host_config["PidsLimit"] <= 64 and host_config["Memory"] > 0
+        mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+        assert set(mounts) == {"/workspace", "/data", "/etc"}
+        assert mounts["/etc"]["Type"] == "volume"
+        assert all(mounts[t]["Type"] == "bind" for t in ("/workspace", "/data"))
+    finally:
+        proc.communicate(b"bye\n", timeout=30)
+    until(
+        lambda: not client.containers.list(all=True, filters={"label": gateway_module.LABEL}),
+        what="the sftp container removed",
+    )
+
+
+def test_local_forwarding_reaches_a_port_of_the_workspace(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    listen = "(echo hello-from-the-workspace; sleep 5) | nc -l -p 7000 > /workspace/got"
+    _in_workspace(cluster, "sh", "-c", listen, detach=True)
+    local = free_port()
+    tunnel = subprocess.Popen(
+        gw.ssh_command(alice_key, login, options=["-N", "-L", f"{local}:localhost:7000"]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+
+        def exchange():
+            try:
+                with socket.create_connection(("127.0.0.1", local), timeout=5) as s:
+                    s.sendall(b"ping-from-the-laptop\n")
+                    got = b""
+                    while not got.endswith(b"\n") and (chunk := s.recv(1024)):
+                        got += chunk
+                    return got
+            except OSError:
+                return b""
+
+        assert until(exchange, timeout=30, what="the tunnel") == b"hello-from-the-workspace\n"
+        until(
+            lambda: (
+                _in_workspace(cluster, "cat", "/workspace/got").output == b"ping-from-the-laptop\n"
+            ),
+            what="the workspace got the laptop's line",
+        )
+    finally:
+        tunnel.terminate()
+        tunnel.communicate(timeout=10)
+
+
+# -- what must not work ---------------------------------------------------------------------
+
+
+def test_refusals_are_in_words_and_tell_a_stranger_nothing(
+    start_gateway, workspace_cluster, running_cluster, alice, alice_key, bob, tmp_path
+):
+    gw = start_gateway()
+    cluster = workspace_cluster(name="secret-project")
+    login = workspaces.login_name(cluster.pk, 0)
+    not_attached = make_key(tmp_path / "alice", "id_other")
+    services.ssh_key_add(owner=alice, name="other", public_key=not_attached.public)
+    bob_key = make_key(tmp_path / "bob", "id_ed25519")
+    bob_row = services.ssh_key_add(owner=bob, name="bob", public_key=bob_key.public)
+    # Bob has a running cluster of his own with his key: it opens nothing of alice's.
+    running_cluster(1, owner=bob, name="bobs", ssh_keys=(bob_row,))
+
+    def refused(key, name, *words):
+        done = gw.ssh(key, name, "true")
+        err = done.stderr.decode()
+        assert done.returncode == 255, err
+        for word in words:
+            assert word in err, err
+        assert "secret-project" not in err
+        return err
+
+    stranger = refused(bob_key, login, f"the key {bob_key.fingerprint} may not log in as {login}")
+    unattached = refused(not_attached, login, f"the key {not_attached.fingerprint} may not log in")
+    missing = refused(alice_key, "c999999-0", "may not log in as c999999-0")
+    assert stranger.replace(bob_key.fingerprint, "K") == missing.replace(
+        alice_key.fingerprint, "K"
+    ).replace("c999999-0", login), "a cluster that exists reads as one that does not"
+    assert "SSH keys page" in unattached
+    refused(alice_key, "root", "'root' is not a login here", "c42-0")
+
+    # The key's holder is told about the cluster itself.
+    err = gw.ssh(alice_key, workspaces.login_name(cluster.pk, 3), "true").stderr.decode()
+    assert f"cluster {cluster.name} has no node 3" in err
+    assert not ClusterEvent.objects.filter(cluster=cluster, kind="ssh").exists()
+
+    services.cluster_release(cluster=cluster)
+    err = gw.ssh(alice_key, login, "true").stderr.decode()
+    assert f"cluster {cluster.name} is released, not running" in err
+
+
+def test_a_cluster_without_workspaces_or_pending_says_so(
+    start_gateway, running_cluster, make_cluster, alice, alice_key
+):
+    gw = start_gateway()
+    batch = running_cluster(1, workspace=False, ssh_keys=(alice_key.row,), name="batch")
+    err = gw.ssh(alice_key, workspaces.login_name(batch.pk, 0), "true").stderr.decode()
+    assert "created without workspaces" in err
+    waiting = make_cluster(alice, "waits", ssh_keys=(alice_key.row,))  # never placed here
+    err = gw.ssh(alice_key, workspaces.login_name(waiting.pk, 0), "true").stderr.decode()
+    assert "is pending, not running" in err
+
+
+def test_a_link_to_etc_made_in_the_workspace_shows_nothing_of_the_host(
+    start_gateway, workspace_cluster, alice_key, alice, tmp_path
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    made = gw.ssh(alice_key, login, "ln -s /etc /workspace/etc && ln -s / /workspace/root")
+    assert made.returncode == 0, made.stderr
+    got = tmp_path / "passwd"
+    done = gw.sftp(alice_key, login, f"get /workspace/etc/passwd {got}\nls /workspace/root/\n")
+    assert done.returncode == 0, done.stderr
+    uid = runtime.tenant_uid(alice.pk)
+    assert got.read_text() == f"tenant:x:{uid}:{uid}:tenant:/workspace:/sbin/nologin\n"
+    assert got.read_text() != Path("/etc/passwd").read_text()
+    listing = done.stdout.decode().split("ls /workspace/root/\n")[1].split()
+    assert not {"/workspace/root/home", "/workspace/root/var", "/workspace/root/bin"} & set(
+        listing
+    ), listing
+    # Nothing of the host's: no shadow, no other tenant's storage, no engine socket.
+    for path in ("/workspace/etc/shadow", "/workspace/root/var/run/docker.sock",
+                 "/workspace/root/home"):  # fmt: skip
+        done = gw.sftp(alice_key, login, f"ls {path}\n")
+        assert done.returncode != 0 and b"not found" in done.stderr, (path, done.stderr)
+
+
+def test_forwarding_goes_nowhere_but_the_workspaces_loopback(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    login = workspaces.login_name(workspace_cluster().pk, 0)
+    local = free_port()
+    tunnel = subprocess.Popen(
+        gw.ssh_command(alice_key, login, options=["-N", "-L", f"{local}:172.29.0.1:5432"]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        until(lambda: _connects(local), what="the tunnel's local end")
+        with socket.create_connection(("127.0.0.1", local), timeout=5) as s:
+            assert s.recv(100) == b"", "closed at once"
+    finally:
+        tunnel.terminate()
+        _, err = tunnel.communicate(timeout=10)
+    assert b"administratively prohibited" in err and b"only to localhost" in err, err
+    # No remote forwarding, no agent forwarding.
+    done = gw.ssh(
+        alice_key, login, "echo ${SSH_AUTH_SOCK:-none}",
+        options=["-A", "-R", "9999:localhost:22", "-o", "ExitOnForwardFailure=yes"],
+    )  # fmt: skip
+    assert done.returncode == 255 and b"remote port forwarding failed" in done.stderr
+    done = gw.ssh(alice_key, login, "echo ${SSH_AUTH_SOCK:-none}", options=["-A"])
+    assert done.stdout == b"none\n"
+
+
+def _connects(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_sessions_are_bounded_per_researcher_and_idle_ones_end(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway(SUANLI_SSH_MAX_SESSIONS=1, SUANLI_SSH_IDLE_S=4)
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    started = time.monotonic()
+    first = subprocess.Popen(
+        gw.ssh_command(alice_key, login, "sleep 300"),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    until(lambda: ClusterEvent.objects.filter(cluster=cluster, kind="ssh").exists(),
+          what="the first login")  # fmt: skip
+    done = gw.ssh(alice_key, login, "true")
+    assert done.returncode == 255
+    assert b"you have 1 SSH sessions open" in done.stderr, done.stderr
+
+    # Nothing came or went for 4 s: the first ends, and what it ran with it.
+    _, err = first.communicate(timeout=30)
+    assert time.monotonic() - started < 20
+    assert b"idle for 4 s" in err, err
+    until(lambda: b"sleep 300" not in _in_workspace(cluster, "ps").output,
+          what="the session's process hung up")  # fmt: skip
+    # Its place is free again.
+    assert gw.ssh(alice_key, login, "true").returncode == 0
+
+
+def test_the_gateway_hangs_up_what_a_dropped_session_left(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    proc = subprocess.Popen(
+        gw.ssh_command(alice_key, login, "sleep 301; echo never"),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    until(lambda: b"sleep 301" in _in_workspace(cluster, "ps").output, what="it runs")
+    proc.send_signal(signal.SIGKILL)  # the laptop's lid closes
+    proc.communicate(timeout=10)
+    until(lambda: b"sleep 301" not in _in_workspace(cluster, "ps").output,
+          what="the process hung up")  # fmt: skip
+
+
+def test_the_gateway_lives_through_redis_and_postgresql_restarts(
+    start_gateway, workspace_cluster, alice_key
+):
+    from django.db import connection
+
+    gw = start_gateway()
+    login = workspaces.login_name(workspace_cluster().pk, 0)
+    redis, postgres = RedisServer(), PostgresServer()
+    try:
+        redis.shutdown()
+        # Sessions are not counted meanwhile: the login is let in all the same.
+        assert gw.ssh(alice_key, login, "echo in").stdout == b"in\n"
+        redis.start()
+        assert gw.ssh(alice_key, login, "echo in").stdout == b"in\n"
+
+        postgres.stop()
+        done = gw.ssh(alice_key, login, "true")
+        assert done.returncode == 255 and b"its database does not answer" in done.stderr
+        done = gw.ssh(alice_key, login, "true")
+        assert b"its database does not answer" in done.stderr
+        postgres.start()
+        until(lambda: gw.ssh(alice_key, login, "echo in").stdout == b"in\n", timeout=30,
+              what="logins again")  # fmt: skip
+    finally:
+        redis.start()
+        postgres.start()
+        connection.close()  # the test's own connection died with the server
+    text = gw.log.read_text()
+    assert text.count("Redis (gateway) is unreachable") == 1, text
+    assert text.count("PostgreSQL (gateway) is unreachable") == 1, text
+    assert "Traceback" not in text, text
