@@ -17,7 +17,9 @@ cat <<MSG
 
   Suanli is starting on  http://127.0.0.1:${PORT}/
   Admin (operator):      http://127.0.0.1:${PORT}/admin/
-  Ctrl-C stops the web server, the worker, the cron scheduler and the services started for it.
+  SSH gateway:           ssh -p ${SUANLI_SSH_PORT:-2222} c<cluster>-<node>@127.0.0.1 (add a key, attach it to a cluster)
+  API docs:              http://127.0.0.1:${PORT}/api/v1/docs
+  Ctrl-C stops every Procfile process and the services started for it.
 
 MSG
 honcho start -f Procfile -p "$PORT"
