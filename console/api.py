@@ -162,7 +162,7 @@ api = NinjaAPI(
 _WORDS = {
     "string_type": "Give a string.",
     "int_type": "Give a whole number.",
-    "int_parsing": "Give a whole number.",
+    "int_parsing": "Enter a whole number.",  # text that is not one: the form's words
     "int_from_float": "Give a whole number.",
     "bool_type": "Give true or false.",
     "list_type": "Give a list.",

@@ -303,6 +303,10 @@ SUANLI_WEBHOOK_DISABLE_AFTER_S = envint("SUANLI_WEBHOOK_DISABLE_AFTER_S", 5 * 24
 # Webhook targets operators allow although not public (comma-separated; off by default).
 SUANLI_WEBHOOK_ALLOW_HOSTS = [h for h in envstr("SUANLI_WEBHOOK_ALLOW_HOSTS", "").split(",") if h]
 SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").split(",") if n]
+# Workspaces (jobs/workspaces.py): the share of a node's CPUs and memory its workspace gets;
+# a job's replicas get the rest (all of it on clusters without workspaces), so that the
+# node's containers together never hold more than the node.
+SUANLI_WORKSPACE_SHARE = min(max(envint("SUANLI_WORKSPACE_SHARE_PCT", 25), 5), 95) / 100
 # Logging in (console/logins.py): the host name the cluster page, the API and `suanli ssh`
 # give for the SSH gateway; empty: the name the console was reached by, without its port.
 SUANLI_SSH_HOST = envstr("SUANLI_SSH_HOST", "")

@@ -955,7 +955,8 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
 
 def _ensure_missing_workspaces(now) -> int:
     """Nodes placed a while ago whose workspace was not made (an engine that refused, a
-    lost task): try again."""
+    lost task): queue the task again (never inline: an image pull must not hold up the
+    reconciler's other work)."""
     clusters = set(
         Node.objects.filter(
             released_at__isnull=True, lost_at__isnull=True, workspace_container="",
@@ -964,7 +965,7 @@ def _ensure_missing_workspaces(now) -> int:
         ).values_list("cluster_id", flat=True)
     )  # fmt: skip
     for cluster_id in clusters:
-        workspaces.ensure(cluster_id)
+        _enqueue("jobs.tasks.cluster_network_ensure", cluster_id, job_id=f"net-{cluster_id}")
     return len(clusters)
 
 

@@ -146,8 +146,9 @@ def container_spec(
         env["SUANLI_RESUME_FROM"] = job.resume_from
     name = container_name(job, node.index, attempt)
     kwargs = node_container_kwargs(
-        cluster, node, owner_id=job.owner_id, network_name=network_name, name=name, nvidia=nvidia
-    )
+        cluster, node, owner_id=job.owner_id, network_name=network_name, name=name,
+        nvidia=nvidia, share=replica_share(cluster),
+    )  # fmt: skip
     # The node's own (GPUs, RDMA) win over anything the job's env names.
     kwargs["environment"] = {**env, **kwargs["environment"]}
     kwargs.update(
@@ -164,13 +165,26 @@ def container_spec(
     return ContainerSpec(image=cluster.image_reference, name=name, kwargs=kwargs)
 
 
+def replica_share(cluster: Cluster) -> float:
+    """A job's replicas get the node less its workspace's share (all of it without one)."""
+    return 1 - settings.SUANLI_WORKSPACE_SHARE if cluster.workspace else 1.0
+
+
 def node_container_kwargs(
-    cluster: Cluster, node: Node, *, owner_id: int, network_name: str, name: str, nvidia: bool
+    cluster: Cluster,
+    node: Node,
+    *,
+    owner_id: int,
+    network_name: str,
+    name: str,
+    nvidia: bool,
+    share: float = 1.0,
 ) -> dict:
     """The hardening, limits, mounts, network and devices of any container of a node (a
     job's replica or the node's workspace): the tenant's uid, no capabilities, no new
     privileges, bounded pids, the node's share of CPU and memory, the cluster's volumes, its
-    own network, its GPUs, an init as PID 1."""
+    own network, its GPUs, an init as PID 1. `share`: the part of the node's CPUs and
+    memory this container gets (a workspace and a job's replica split the node)."""
     uid = tenant_uid(owner_id)
     gpus = ",".join(str(i) for i in node.gpu_indices)
     env = {"NVIDIA_VISIBLE_DEVICES": gpus or "void", "CUDA_VISIBLE_DEVICES": gpus}
@@ -180,6 +194,7 @@ def node_container_kwargs(
         env["NCCL_IB_DISABLE"] = "1"
     mounts = volume_mounts(cluster, owner_id)
     cpus, memory = node_limits(cluster, node.host)
+    cpus, memory = cpus * share, int(memory * share)
     kwargs: dict = {
         "environment": env,
         "user": f"{uid}:{uid}",

@@ -20,6 +20,7 @@ import logging
 import re
 
 import docker
+from django.conf import settings
 from django.db.models import Q
 
 from jobs import engine, network, runtime
@@ -28,6 +29,10 @@ from jobs.models import Cluster, Host, Node
 log = logging.getLogger(__name__)
 
 LABEL = "suanli.workspace"  # value: the node's index
+LABEL_NODE = "suanli.node"  # the node row's id: a workspace of an earlier node is not reused
+LABEL_SFTP = "suanli.sftp"  # the gateway's sftp containers (jobs/gateway.py)
+# The entrypoint, not the command: an image's own ENTRYPOINT (`python`, a server) must not
+# wrap what keeps the workspace up.
 KEEP_UP = ["/bin/sh", "-c", "exec sleep 2147483647"]
 _ERRORS = (docker.errors.DockerException, engine.EngineError, OSError, runtime.SpecError)
 
@@ -66,7 +71,7 @@ def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSp
     name = container_name(cluster.pk, node.index)
     kwargs = runtime.node_container_kwargs(
         cluster, node, owner_id=cluster.owner_id, network_name=network_name, name=name,
-        nvidia=not node.host.emulated_gpu,
+        nvidia=not node.host.emulated_gpu, share=settings.SUANLI_WORKSPACE_SHARE,
     )  # fmt: skip
     kwargs["environment"] = {
         **kwargs["environment"],
@@ -76,11 +81,13 @@ def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSp
         "SUANLI_WORKSPACE": "1",
     }
     kwargs.update(
-        command=KEEP_UP,
+        entrypoint=KEEP_UP,
+        command=[],
         labels={
             runtime.LABEL_CLUSTER: str(cluster.pk),
             runtime.LABEL_OWNER: str(cluster.owner_id),
             LABEL: str(node.index),
+            LABEL_NODE: str(node.pk),
         },
         working_dir=home(cluster),
     )
@@ -135,9 +142,11 @@ def _up(cluster: Cluster, node: Node, network_name: str):
         if exc.status_code != 409:
             raise
         container = client.containers.get(made.name)  # made before (or by a racing task)
-        if network_name not in container.attrs["NetworkSettings"]["Networks"]:
-            # The cluster's network changed (a resize onto a second host): made again on
-            # the new one; its volumes keep the files.
+        stale = container.labels.get(LABEL_NODE) != str(node.pk)
+        if stale or network_name not in container.attrs["NetworkSettings"]["Networks"]:
+            # An earlier node's (other GPUs, perhaps now another tenant's: never reused),
+            # or the cluster's network changed (a resize onto a second host): made again;
+            # the volumes keep the files.
             container.remove(force=True)
             container = client.containers.create(made.image, name=made.name, **made.kwargs)
     if container.status != "running":
@@ -170,8 +179,9 @@ def _remove_one(host: Host, container_id: str) -> bool:
 
 
 def remove(cluster_id: int) -> bool:
-    """After release: every workspace of the cluster, on every host that held one of its
-    nodes. True when none is left; False when an engine did not answer (try again)."""
+    """After release: every workspace of the cluster (and any sftp session's container of
+    it), on every host that held one of its nodes. True when none is left; False when an
+    engine did not answer (try again)."""
     done = True
     nodes = Node.objects.filter(cluster_id=cluster_id).select_related("host")
     for host in {n.host for n in nodes}:
@@ -179,9 +189,13 @@ def remove(cluster_id: int) -> bool:
             done = False
             continue
         try:
-            found = engine.cached_client(host).containers.list(
-                all=True, filters={"label": [LABEL, f"{runtime.LABEL_CLUSTER}={cluster_id}"]}
-            )
+            found = [
+                container
+                for label in (LABEL, LABEL_SFTP)  # and its sftp sessions' containers
+                for container in engine.cached_client(host).containers.list(
+                    all=True, filters={"label": [label, f"{runtime.LABEL_CLUSTER}={cluster_id}"]}
+                )
+            ]
         except _ERRORS:
             done = False
             continue
@@ -200,7 +214,7 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
     if not found:
         return 0
     live = {
-        (n.cluster_id, n.index): n
+        (n.cluster_id, n.index, n.pk): n
         for n in Node.objects.filter(
             host=host, released_at__isnull=True, lost_at__isnull=True,
             cluster__state=Cluster.State.RUNNING, cluster__workspace=True,
@@ -209,8 +223,10 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
     for container in found:
         labels = container.labels
         try:
-            key = (int(labels.get(runtime.LABEL_CLUSTER, "")), int(labels.get(LABEL, "")))
+            key = tuple(int(labels.get(k, "")) for k in (runtime.LABEL_CLUSTER, LABEL, LABEL_NODE))
         except ValueError:
+            key = None  # not one we made: leave it
+        if key is None:
             continue
         if key in live:
             if container.status != "running":  # stopped from inside (`kill 1`): up again

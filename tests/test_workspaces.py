@@ -61,6 +61,8 @@ def test_a_two_node_cluster_has_a_hardened_workspace_per_node_and_release_remove
         assert host_config["CapDrop"] == ["ALL"] and not host_config["Privileged"]
         assert host_config["SecurityOpt"] == ["no-new-privileges"] and host_config["Init"]
         assert host_config["PidsLimit"] > 0 and host_config["Memory"] > 0
+        assert config["Entrypoint"] == workspaces.KEEP_UP, "not the image's ENTRYPOINT"
+        assert container.labels["suanli.node"] == str(node.pk)
         assert host_config["NetworkMode"] == f"suanli-c{cluster.pk}-x"
         assert [m["Destination"] for m in container.attrs["Mounts"]] == ["/workspace"]
         assert _run(container, "id", "-u") == (0, str(uid))
@@ -90,7 +92,19 @@ def test_a_job_runs_beside_the_workspace_and_sees_its_files(running_cluster, set
     job = settle_until(job)
     assert job.state == "succeeded", job.state_reason
     assert "from-the-workspace" in job.replicas.get().log
-    assert workspaces.running(cluster, 0).status == "running", "the job did not touch it"
+    workspace = workspaces.running(cluster, 0)
+    assert workspace.status == "running", "the job did not touch it"
+    # Together they hold the node's share of the host, no more: 25 % and 75 % by default.
+    long = services.job_submit(cluster=cluster, spec=JobSpec(name="long", command="sleep 60"))
+    runner.dispatch(cluster.pk)
+    replica = long.replicas.get()
+    node = cluster.node_set.select_related("host").get()
+    cpus, memory = runtime.node_limits(cluster, node.host)
+    client = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+    inspected = client.api.inspect_container(replica.container_name)["HostConfig"]
+    assert workspace.attrs["HostConfig"]["Memory"] == int(memory * 0.25)
+    assert inspected["Memory"] == int(memory * 0.75)
+    assert workspace.attrs["HostConfig"]["NanoCpus"] + inspected["NanoCpus"] == int(cpus * 1e9)
 
 
 def test_a_batch_cluster_has_no_workspace(running_cluster, engine_urls):
@@ -140,7 +154,8 @@ def test_the_monitor_samples_the_workspace_and_a_job_beside_it_as_one_node(runni
     _monitor(4)
     interactive = Sample.objects.filter(cluster=cluster)
     assert interactive.exists() and not interactive.exclude(job=None).exists()
-    assert max(s.cpu_pct for s in interactive) > 50, "interactive work shows on the charts"
+    busy_pct = workspace.attrs["HostConfig"]["NanoCpus"] / 1e7  # its CPU limit, in %
+    assert max(s.cpu_pct for s in interactive) > 0.6 * busy_pct, "interactive work shows"
 
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="j", command="sleep 30"))
     runner.dispatch(cluster.pk)
@@ -149,7 +164,7 @@ def test_the_monitor_samples_the_workspace_and_a_job_beside_it_as_one_node(runni
     rows = list(Sample.objects.filter(cluster=cluster).values_list("at", "node_index", "job_id"))
     assert rows and all(job_id == job.pk for _, _, job_id in rows), "the row names the job"
     assert len(rows) == len({(at, node) for at, node, _ in rows}), "one row per node a second"
-    assert max(s.cpu_pct for s in Sample.objects.filter(cluster=cluster)) > 50, "both add up"
+    assert max(s.cpu_pct for s in Sample.objects.filter(cluster=cluster)) > 0.6 * busy_pct
 
 
 def test_the_api_turns_the_workspace_off_for_batch_use(alice, priced, paper_host):
