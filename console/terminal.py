@@ -15,8 +15,22 @@ gets the reason written into the terminal, then the socket closes (4000).
 The engine's socket is the gateway's EngineStream's (threads of its own, TLS-safe), and
 engine and database calls run on worker threads: nothing here waits on the event loop.
 Output goes to the browser in order, one frame at a time; while frames pile up (a slow
-browser) the stream stops reading the engine. When the socket closes first, what the
-shell left running is hung up (SIGHUP), as for an SSH session whose connection drops.
+browser) the stream stops reading the engine. Input is held back the same way: while more
+than the stream's high-water mark waits for a shell that does not read (`sleep` in raw
+mode), `receive` waits until it drains, so the server's websocket stops reading the
+browser (uvicorn reads one message ahead); a single message over MAX_FRAME closes the
+socket (4413) with a line saying why (terminal.js sends pastes in smaller pieces).
+
+A terminal is one of the researcher's `SUANLI_SSH_MAX_SESSIONS` sessions, counted in Redis
+with the gateway's (gateway.session_claim): one over is refused in words (4429). The count
+is refreshed while the terminal is open and released when it closes. A terminal with no
+input and no output for `SUANLI_SSH_IDLE_S` closes (4408) with a line saying so.
+
+The login goes on the cluster's timeline before the shell opens. However the socket ends
+(the browser goes, the shell exits, idle, a refusal, the consumer cancelled), one
+clean-up runs once: the stream's threads stop, the session is released and, when the
+socket closed first, what the shell left running is hung up (SIGHUP), as for an SSH
+session whose connection drops.
 """
 
 from __future__ import annotations
@@ -26,10 +40,12 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 
 import docker
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.http import Http404
 
 from jobs import engine, gateway, lifecycle, workspaces
@@ -40,6 +56,7 @@ log = logging.getLogger("suanli.web")
 MARKER = "SUANLI_TERMINAL"  # env of the terminal's exec: its own value, for the hang-up
 MAX_SIZE = 1000  # columns or rows: more is not a screen
 HIGH_WATER, LOW_WATER = 64, 16  # output frames waiting for the browser: pause, resume
+MAX_FRAME = 64 * 1024  # bytes in one message from the browser: more closes the socket
 _ENDED = object()
 _ENGINE_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
 
@@ -55,8 +72,21 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     login: gateway.Login | None = None
     stream: gateway.EngineStream | None = None
     sender: asyncio.Task | None = None
+    watcher: asyncio.Task | None = None
+    finishing: asyncio.Future | None = None
+    drained: asyncio.Event | None = None  # clear while input waits for the shell
+    session_owner: int | None = None  # whose session this terminal counts as, once claimed
     exec_id = ""
+    marker = ""
     closed = False
+    active = 0.0  # time.monotonic() of the last input or output
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # also when cancelled (the server stops): nothing is left behind
+            if self.stream is not None or self.session_owner is not None:
+                self._finish()
 
     async def connect(self):
         user = self.scope.get("user")
@@ -72,71 +102,142 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return
         await self.accept()
         name = workspaces.login_name(cluster_id, index)
+        self.session_id = f"web-{secrets.token_hex(8)}"
         try:
             # Not thread-sensitive: a slow engine must not hold the shared sync thread.
             self.login = await database_sync_to_async(gateway.admit, thread_sensitive=False)(
-                name, cluster_id, index, ""
+                name, cluster_id, index, "", b""
+            )
+            await asyncio.to_thread(gateway.workspace_up, self.login)  # the engine's say
+            owner_id, limit = self.login.cluster.owner_id, settings.SUANLI_SSH_MAX_SESSIONS
+            if not await asyncio.to_thread(gateway.session_claim, owner_id, self.session_id, limit):
+                await self._say_and_close(
+                    f"Suanli: you have as many SSH sessions and terminals open as one researcher "
+                    f"may ({limit}). End one (exit, or close its window), then reload this page.",
+                    4429,
+                )
+                return
+            self.session_owner = owner_id
+            # On the timeline before the shell opens: nothing to undo when this fails.
+            await database_sync_to_async(lifecycle.cluster_event, thread_sensitive=False)(
+                self.login.cluster, "terminal", f"web terminal login to node {index} by {user}"
             )
         except gateway.Refused as exc:
-            await self._refuse(str(exc))
+            await self._say_and_close(str(exc))
+            return
+        except Exception:
+            log.exception("%s: opening a web terminal for %s failed", name, user)
+            await self._say_and_close(
+                "Suanli: the console could not open this terminal; try again in a minute."
+            )
             return
         self.marker = f"{MARKER}={secrets.token_hex(12)}"
         self.output: asyncio.Queue = asyncio.Queue()
+        self.drained = asyncio.Event()
+        self.drained.set()
         self.stream = gateway.EngineStream(
             asyncio.get_running_loop(), on_output=self._output, on_end=self._on_end,
-            on_backlog=lambda full: None, multiplexed=False,
+            on_backlog=self._on_backlog, multiplexed=False,
         )  # fmt: skip
         env = {"TERM": "xterm-256color", MARKER: self.marker.partition("=")[2]}
         try:
             self.exec_id, hijacked = await asyncio.to_thread(
                 gateway.exec_open, self.login, gateway.LOGIN_SHELL, tty=True, env=env
             )
+            self.stream.start(hijacked)
         except _ENGINE_ERRORS as exc:
-            await self._refuse(
+            await self._say_and_close(
                 f"Suanli: the workspace of node {index} did not answer: {engine.describe(exc)}."
             )
             return
-        self.stream.start(hijacked)
+        self.active = time.monotonic()
         self.sender = asyncio.create_task(self._send_output())
-        await database_sync_to_async(lifecycle.cluster_event, thread_sensitive=False)(
-            self.login.cluster, "terminal", f"web terminal login to node {index} by {user}"
-        )
+        self.watcher = asyncio.create_task(self._watch())
 
-    async def _refuse(self, text: str) -> None:
+    async def _say_and_close(self, text: str, code: int = 4000) -> None:
+        """A line of the console's in the terminal, then the socket closes and all ends."""
+        if self.closed:
+            return
         self.closed = True
-        await self.send(bytes_data=_words(text))
-        await self.close(code=4000)
+        with contextlib.suppress(OSError, RuntimeError):  # the browser went meanwhile
+            await self.send(bytes_data=_words(text))
+            await self.close(code=code)
+        await asyncio.shield(self._finish())
 
     # the engine's side (called on the loop by the stream)
 
     def _output(self, data: bytes, stderr: bool) -> None:
+        self.active = time.monotonic()
         self.output.put_nowait(data)
         if self.output.qsize() > HIGH_WATER:
-            self.stream.pause()
+            self.stream.hold("browser", True)
+
+    def _on_backlog(self, full: bool) -> None:
+        if full:
+            self.drained.clear()
+        else:
+            self.drained.set()
 
     def _on_end(self) -> None:
         self.output.put_nowait(_ENDED)
+        self.drained.set()  # nothing will read what waits: stop waiting for it
 
     async def _send_output(self) -> None:
         try:
             while (data := await self.output.get()) is not _ENDED:
                 await self.send(bytes_data=data)
                 if self.output.qsize() < LOW_WATER:
-                    self.stream.resume()
+                    self.stream.hold("browser", False)
             if not self.closed:  # the shell ended (exit): say so, and close
                 self.closed = True
                 await self.send(bytes_data=_words("The shell ended."))
                 await self.close(code=1000)
         except (OSError, RuntimeError):  # the browser went meanwhile: disconnect() follows
             pass
+        self._finish()
+
+    async def _watch(self) -> None:
+        """Close the terminal once idle; keep its session counted meanwhile."""
+        limit, beat = settings.SUANLI_SSH_IDLE_S, gateway.HEARTBEAT_S
+        refreshed = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now - self.active >= limit:
+                log.info("%s: web terminal idle for %s s, closed", self.login.name, limit)
+                await self._say_and_close(
+                    f"Suanli: idle for {limit} s (no input, no output): the terminal closes.", 4408
+                )
+                return
+            if now - refreshed >= beat:
+                refreshed = now
+                try:
+                    live = {self.session_id: self.session_owner}
+                    await asyncio.to_thread(gateway.sessions_refresh, live)
+                except Exception:  # the next beat tries again; the count expires meanwhile
+                    log.exception("refreshing the session count failed")
+            wake = min(self.active + limit, refreshed + beat) - time.monotonic()
+            await asyncio.sleep(max(wake, 0) + 0.05)
 
     # the browser's side
 
     async def receive(self, text_data=None, bytes_data=None):
         if self.stream is None or self.closed:
             return
+        size = len(bytes_data) if bytes_data is not None else len((text_data or "").encode())
+        if size > MAX_FRAME:
+            await self._say_and_close(
+                f"Suanli: {size} bytes came in one message, more than the terminal takes at "
+                f"once ({MAX_FRAME // 1024} KiB): it closes.",
+                4413,
+            )
+            return
+        self.active = time.monotonic()
         if bytes_data:
             self.stream.write(bytes_data)  # queued for the stream's writer thread
+            if not self.drained.is_set():
+                # The shell does not read what came: take nothing more from the browser
+                # until it has (the server's socket holds the browser back meanwhile).
+                await self.drained.wait()
             return
         try:
             cols, rows = json.loads(text_data or "")["resize"]
@@ -146,13 +247,33 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             await asyncio.to_thread(gateway.exec_resize, self.login, self.exec_id, cols, rows)
 
     async def disconnect(self, code):
-        if self.stream is None:
-            return
-        ended, self.closed = self.stream.ended, True
-        self.stream.close()
-        if self.sender is not None:
-            self.sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.sender
-        if not ended:  # the browser went first: end what the shell left running
-            await asyncio.to_thread(gateway.exec_hang_up, self.login, self.exec_id, self.marker)
+        await asyncio.shield(self._finish())
+
+    # the end, once
+
+    def _finish(self) -> asyncio.Future:
+        if self.finishing is None:
+            self.finishing = asyncio.ensure_future(self._clean_up())
+        return self.finishing
+
+    async def _clean_up(self) -> None:
+        self.closed = True
+        if self.drained is not None:
+            self.drained.set()  # a receive() waiting for the shell returns
+        tasks = [task for task in (self.sender, self.watcher) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            if self.session_owner is not None:  # first: the engine may be slow
+                owner_id, self.session_owner = self.session_owner, None
+                await asyncio.to_thread(gateway.session_release, owner_id, self.session_id)
+            if self.stream is not None:
+                ended = self.stream.ended
+                self.stream.close()
+                if not ended and self.exec_id:  # the socket closed first: end what runs
+                    await asyncio.to_thread(
+                        gateway.exec_hang_up, self.login, self.exec_id, self.marker
+                    )
+        except Exception:
+            log.exception("%s: closing a web terminal failed", getattr(self.login, "name", "?"))

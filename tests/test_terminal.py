@@ -2,6 +2,7 @@
 (console/logins.py): a shell in a node's workspace in Chromium, through the Procfile's web
 process and the real engines; the owner's only, and the page says how to ssh in."""
 
+import asyncio
 import os
 import socket
 import time
@@ -94,6 +95,21 @@ async def _read_until(communicator, wanted: bytes, timeout=10) -> bytes:
         assert message["type"] == "websocket.send", (message, seen)
         seen += message.get("bytes") or b""
     return seen
+
+
+async def _closed_with(communicator, words: bytes, code: int, timeout=10) -> bytes:
+    """The console's words in the terminal, then the socket closes with `code`."""
+    seen = await _read_until(communicator, words, timeout)
+    closed = await communicator.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": code}, (closed, seen)
+    return seen
+
+
+async def _hung_up(workspace, timeout=15) -> None:
+    deadline = time.monotonic() + timeout
+    while await asyncio.to_thread(_logins, workspace):
+        assert time.monotonic() < deadline, "the shell was left running"
+        await asyncio.sleep(0.2)
 
 
 @pytest.mark.browser
@@ -242,3 +258,81 @@ def test_the_cluster_page_says_how_to_log_in(make_cluster, paper_host, alice, bo
     stranger.force_login(bob)
     assert stranger.get(terminal).status_code == 404
     assert stranger.get(page).status_code == 404
+
+
+def test_a_terminal_is_a_session_and_closes_when_idle(
+    running_cluster, alice, settings, monkeypatch
+):
+    """Terminals count against SUANLI_SSH_MAX_SESSIONS with the gateway's SSH sessions
+    (Redis, refreshed while open); one over is refused in words. A terminal with no input
+    and no output for SUANLI_SSH_IDLE_S says so, closes, hangs up its shell and frees its
+    session."""
+    settings.SUANLI_SSH_MAX_SESSIONS = 1
+    settings.SUANLI_SSH_IDLE_S = 5
+    monkeypatch.setattr(gateway, "SESSION_TTL_S", 2)  # gone in 2 s unless refreshed
+    monkeypatch.setattr(gateway, "HEARTBEAT_S", 0.5)
+    cluster = _with_workspace(running_cluster)
+    workspace = _workspace(cluster)
+
+    async def scenario():
+        first = _socket(alice, cluster.pk)
+        assert (await first.connect())[0]
+        await first.send_to(bytes_data=b"echo $((6*7))\r")
+        await _read_until(first, b"\r\n42\r\n")
+        quiet = time.monotonic()
+        await asyncio.sleep(3)  # past the count's expiry: the terminal keeps it counted
+        second = _socket(alice, cluster.pk)
+        assert (await second.connect())[0]
+        await _closed_with(
+            second, b"as many SSH sessions and terminals open as one researcher may (1)", 4429
+        )
+        await _closed_with(first, b"idle for 5 s (no input, no output): the terminal closes", 4408)
+        assert time.monotonic() - quiet > 4, "not before it was idle"
+        await _hung_up(workspace)
+        third = _socket(alice, cluster.pk)  # the idle one's session is free again
+        assert (await third.connect())[0]
+        await third.send_to(bytes_data=b"echo $((6*9))\r")
+        await _read_until(third, b"\r\n54\r\n")
+        await third.disconnect()
+        await _hung_up(workspace)
+
+    _run(scenario)
+
+
+def test_input_waits_for_a_shell_that_does_not_read_and_big_messages_close(
+    running_cluster, alice, settings
+):
+    """A shell that reads nothing (sleep, the TTY raw) while input floods in: the consumer
+    stops taking messages once about a MiB waits for the engine, so what the browser
+    sends stays with the server's socket (the communicator's queue here) and the web
+    process does not grow; then the terminal is idle and closes. One message over 64 KiB
+    closes the socket with words."""
+    settings.SUANLI_SSH_IDLE_S = 4
+    cluster = _with_workspace(running_cluster)
+    workspace = _workspace(cluster)
+    piece, pieces = b"#" * 32768, 1024  # 32 MiB
+
+    async def scenario():
+        mine = _socket(alice, cluster.pk)
+        assert (await mine.connect())[0]
+        await mine.send_to(bytes_data=b"stty raw -echo; echo read''y; sleep 999999\r")
+        await _read_until(mine, b"ready")
+        for _ in range(pieces):
+            await mine.send_to(bytes_data=piece)
+        left, since = mine.input_queue.qsize(), time.monotonic()
+        while time.monotonic() - since < 1.5:  # until the consumer takes no more
+            await asyncio.sleep(0.1)
+            if mine.input_queue.qsize() != left:
+                left, since = mine.input_queue.qsize(), time.monotonic()
+        taken = pieces - left
+        assert 0 < taken * len(piece) < 8 << 20, f"{taken} of {pieces} messages taken"
+        await _closed_with(mine, b"idle for 4 s (no input, no output)", 4408)
+        await _hung_up(workspace)
+
+        big = _socket(alice, cluster.pk)
+        assert (await big.connect())[0]
+        await big.send_to(bytes_data=b"x" * (64 * 1024 + 1))
+        await _closed_with(big, b"65537 bytes came in one message", 4413)
+        await _hung_up(workspace)
+
+    _run(scenario)

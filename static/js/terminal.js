@@ -1,6 +1,7 @@
 // The web terminal (templates/console/terminal.html): xterm.js over the node's websocket
 // (console/terminal.py). Binary frames both ways carry the TTY's bytes; a text frame to
-// the server is a control message, {"resize": [cols, rows]}.
+// the server is a control message, {"resize": [cols, rows]}. The server takes at most
+// 64 KiB in one message (more closes the terminal): input goes in pieces of PIECE bytes.
 (function () {
   const box = document.getElementById("terminal");
   const state = document.getElementById("terminal-state");
@@ -21,7 +22,13 @@
   const socket = new WebSocket(scheme + "//" + location.host + box.dataset.ws);
   socket.binaryType = "arraybuffer";
   const utf8 = new TextEncoder();
+  const PIECE = 16384;
   const open = function () { return socket.readyState === WebSocket.OPEN; };
+  const sendBytes = function (bytes) {
+    for (let i = 0; i < bytes.length && open(); i += PIECE) {
+      socket.send(bytes.subarray(i, i + PIECE));
+    }
+  };
   const sendSize = function () {
     if (open()) socket.send(JSON.stringify({ resize: [term.cols, term.rows] }));
   };
@@ -41,15 +48,18 @@
       4000: "no shell",
       4401: "logged out: log in again",
       4404: "not found",
+      4408: "closed: idle",
+      4413: "closed: too much input at once",
+      4429: "refused: too many sessions open",
     }[event.code] || "closed (" + event.code + ")";
     state.textContent = why;
     term.write("\r\n\x1b[2m[" + why + "]\x1b[0m\r\n");
   });
 
-  term.onData(function (data) { if (open()) socket.send(utf8.encode(data)); });
+  term.onData(function (data) { sendBytes(utf8.encode(data)); }); // keys, and pastes
   // Bytes that are not text (some mouse reports): as they are.
   term.onBinary(function (data) {
-    if (open()) socket.send(Uint8Array.from(data, function (c) { return c.charCodeAt(0) & 255; }));
+    sendBytes(Uint8Array.from(data, function (c) { return c.charCodeAt(0) & 255; }));
   });
   term.onResize(sendSize);
   window.addEventListener("resize", function () { fit.fit(); });
