@@ -7,37 +7,59 @@ gets, every part through the node's engine, so remote engines and any image work
 - a shell (with a PTY, window changes followed) or `ssh host cmd` with its exit status:
   an exec in the workspace as the tenant's uid (workspaces.exec_kwargs);
 - sftp, and so OpenSSH's `scp`: per session a short-lived container on the node's host
-  from `SUANLI_SFTP_IMAGE` (OpenSSH's sftp-server and its libraries, nothing else), as
-  the tenant's uid, with no network, no capability, a read-only root and only the
+  from `SUANLI_SFTP_IMAGE` (OpenSSH's sftp-server and its libraries, nothing else; only
+  as the operator made it on that engine, never one pulled from a registry), as
+  the tenant's uid, with no network, no capability, no log, a read-only root and only the
   cluster's volumes mounted where the workspace has them (runtime.volume_mounts, checked
   just before the mount). The kernel confines it: a link to /etc that a job made leads to
   that container's own /etc, which holds only the tenant's passwd line;
 - local forwarding to localhost of the workspace: an exec of a relay (nc, else python3,
   else bash's /dev/tcp) inside it. No remote forwarding, agent or X11 forwarding.
 
-Refusals come in words, as an authentication banner, before the client gives up. A key
-that is not attached to the named cluster (another researcher's key, an unknown key, a
-cluster that does not exist) gets the same words, which name nothing but what the client
-typed. What is told only to the holder of an attached key's private half (after its
-signature checked out, never on the client's unsigned "would this key do?" query): the
-cluster is not running, the node does not exist, the workspace is not up, the researcher
-has `SUANLI_SSH_MAX_SESSIONS` sessions open already (counted in Redis with an expiry, so
-that sessions of every gateway process count and a killed one's expire).
+Refusals come in words, as an authentication banner, before the client gives up. The
+client's unsigned "would this key do?" query gets the same yes for every well-formed login
+name and every key, so it tells nothing (not even by its timing): the key is looked up
+only once the client signed with it. A key that is not attached to the named cluster
+(another researcher's key, an unknown key, a cluster that does not exist, an account that
+is off) then gets the same words, which name nothing but what the client typed. What is
+told only to the holder of an attached key's private half: the cluster is not running,
+the node does not exist, the workspace is not up, the researcher has
+`SUANLI_SSH_MAX_SESSIONS` sessions open already (counted in Redis with an expiry, so that
+sessions of every gateway process count and a killed one's expire). A connection may try
+AUTH_KEYS keys; the next one ends it, in words.
+
+What a connection may spend: a session is a connection, and each sftp container beyond a
+connection's first (so a researcher's containers never outnumber their sessions); a
+connection (OpenSSH's ControlMaster) may have `SUANLI_SSH_MAX_CHANNELS` channels (shells,
+commands, sftp, -L relays) open at once, and the next channel open is refused in words.
+Every channel open checks again that the cluster still runs, the node is still live with
+the same workspace, the key is still attached and the account is on; when that no longer
+holds the channel is refused and the connection ends, and the heartbeat ends the
+connections of clusters that stopped running meanwhile. What a client asks of a channel
+is bounded too: window sizes (1..1000, one resize in flight, the latest wins) and its
+environment (LANG and LC_* only, at most ENV_NAMES names of at most ENV_VALUE bytes).
 
 Every login goes on the cluster's timeline with its key's fingerprint. A connection with
 no data either way for `SUANLI_SSH_IDLE_S` is closed. Docker does not end an exec when its
 client goes (moby/moby#9098): when a channel closes first, a second exec hangs up
 (SIGHUP) the processes that carry that channel's marker in their environment, as the
 kernel does for an SSH session whose connection drops (console/terminal.py does the same).
+Output is read from the engine only as fast as the client takes it: a channel's window,
+and the connection's socket (a client that stops reading while it advertises a huge
+window stops every engine read of its connection, rather than have the gateway hold it).
 
 Threads: the engine's hijacked sockets (exec, attach) are blocking, plain or TLS. Each is
 bridged to the event loop by two threads of its own (a reader, a writer) that share it
 non-blocking under a lock and wait in poll(), so a TLS socket is never used by two threads
 at once and nothing spins. Database reads run on a small pool of their own threads
 (each call starts with close_old_connections), engine and Redis calls on the loop's
-executor: the event loop itself never waits on anything. The process lives through
-Redis and PostgreSQL restarts: a login meanwhile is refused in words (the database) or
-not counted (Redis), and the outage is logged once (jobs.outage).
+executor: the event loop itself never waits on anything. Engine errors are logged in the
+engine's words; a researcher is told what failed, without the engine's addresses. The
+process lives through Redis and PostgreSQL restarts: a login meanwhile is refused in
+words (the database) or not counted (Redis), and the outage is logged once (jobs.outage).
+
+The host key (`SUANLI_SSH_HOST_KEY`, and its .pub beside it) is made by the gateway when
+it starts; every other process (the console's pages) only reads it.
 
 Layer: gateway, beside runner and under services; uses workspaces, lifecycle, runtime,
 engine, outage and models.
@@ -71,7 +93,7 @@ import django_rq
 import docker
 from django.conf import settings
 from django.db import close_old_connections
-from docker.types import Mount
+from docker.types import LogConfig, Mount
 
 from jobs import engine, lifecycle, runtime, workspaces
 from jobs.models import Cluster, Host, Node
@@ -115,7 +137,18 @@ HIGH_WATER = 1 << 20  # bytes for the engine not sent yet: stop reading the clie
 LOW_WATER = 1 << 18
 SESSION_TTL_S = 90  # a session's count in Redis lives this long unless refreshed
 HEARTBEAT_S = 30
+AUTH_KEYS = 6  # keys one connection may try (OpenSSH's MaxAuthTries)
+TERM_MAX = 1000  # columns and rows of a terminal
+ENV_NAMES = 8  # environment a client may pass (LANG, LC_*): names, and bytes of a value
+ENV_VALUE = 256
+SFTP_LEFTOVER_S = 60  # an sftp container still only created after this was left behind
+NO_HOST_KEY = "none yet: the SSH gateway makes its host key when it first starts"
 _ENGINE_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
+
+
+def max_channels() -> int:
+    """`SUANLI_SSH_MAX_CHANNELS` (10): channels one connection may have open at once."""
+    return max(1, int(settings.SUANLI_SSH_MAX_CHANNELS))
 
 
 # -- what the console page shows ------------------------------------------------------------
@@ -126,16 +159,36 @@ def ssh_port() -> int:
     return int(settings.SUANLI_SSH_PORT)
 
 
-def host_key_fingerprint() -> str:
-    """`SHA256:...` of the gateway's host key, as `ssh` shows it on a first login. Makes the
-    key when there is none yet (whichever process asks first; they agree on the file)."""
-    return _host_key().get_fingerprint("sha256")
+def host_key_fingerprint(create: bool = False) -> str:
+    """`SHA256:...` of the gateway's host key, as `ssh` shows it on a first login. Only
+    reads the key (its .pub where this process may not read the private half); NO_HOST_KEY
+    while there is none yet. The gateway itself makes it on start (`create=True`)."""
+    if create:
+        return _host_key().get_fingerprint("sha256")
+    path = Path(settings.SUANLI_SSH_HOST_KEY)
+    public = _public_path(path)
+    for candidate, read in ((public, asyncssh.read_public_key), (path, asyncssh.read_private_key)):
+        try:
+            found = candidate.stat()
+        except FileNotFoundError:
+            continue
+        stamp = (str(candidate), found.st_mtime_ns, found.st_size)
+        key = _keys.get(stamp)
+        if key is None:
+            key = _keys[stamp] = read(str(candidate))
+        return key.get_fingerprint("sha256")
+    return NO_HOST_KEY
 
 
 _keys: dict[tuple, asyncssh.SSHKey] = {}
 
 
+def _public_path(path: Path) -> Path:
+    return path.with_name(path.name + ".pub")
+
+
 def _host_key() -> asyncssh.SSHKey:
+    """The gateway's own: made when there is none, its .pub written when missing."""
     path = Path(settings.SUANLI_SSH_HOST_KEY)
     try:
         found = path.stat()
@@ -149,7 +202,29 @@ def _host_key() -> asyncssh.SSHKey:
     key = _keys.get(stamp)
     if key is None:
         key = _keys[stamp] = asyncssh.read_private_key(str(path))
+    _write_public(path, key)
     return key
+
+
+def _write_public(path: Path, key: asyncssh.SSHKey) -> None:
+    """The .pub beside the key (0644: it is public), so that the console's processes can
+    show the fingerprint without reading the private half. Replaced whole when it is not
+    this key's."""
+    public = _public_path(path)
+    text = key.export_public_key()
+    with contextlib.suppress(OSError):
+        if public.read_bytes() == text:
+            return
+    temporary = public.with_name(f".{public.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
+        os.replace(temporary, public)
+    except OSError as exc:
+        log.warning("the SSH host key's %s not written: %s", public, exc)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _make_host_key(path: Path) -> None:
@@ -186,9 +261,11 @@ class EngineStream:
     Output arrives on the loop through `on_output(data, stderr)` (Docker's frames taken
     apart when the stream is multiplexed, i.e. has no TTY), then `on_end()` once. Input
     (`write`, `write_eof`) queues for the writer thread from the start, so nothing typed
-    before the engine answered is lost. `pause()`/`resume()` hold the reader while the
-    SSH channel's window is full; `on_backlog(True/False)` asks the caller to stop and
-    start reading the client while too much input waits for the engine."""
+    before the engine answered is lost. `hold(reason, True/False)` holds the reader while
+    any reason holds (the SSH channel's window is full, the connection's socket is), and
+    the reader never has more than HIGH_WATER bytes handed to the loop and not yet taken;
+    `on_backlog(True/False)` asks the caller to stop and start reading the client while
+    too much input waits for the engine."""
 
     def __init__(
         self,
@@ -208,8 +285,11 @@ class EngineStream:
         self._queued = threading.Condition()
         self._backlog = 0
         self._held = False
+        self._holds: set[str] = set()
         self._may_read = threading.Event()
         self._may_read.set()
+        self._handed = 0  # bytes on their way to the loop, not taken yet
+        self._taken = threading.Condition()
         self._io = threading.Lock()
         self._sock: socket.socket | None = None
         self._keep = None  # the SDK's object (it holds the HTTP response: TLS dies with it)
@@ -259,11 +339,16 @@ class EngineStream:
             self._queue.append(_EOF)
             self._queued.notify()
 
-    def pause(self) -> None:
-        self._may_read.clear()
-
-    def resume(self) -> None:
-        self._may_read.set()
+    def hold(self, reason: str, on: bool) -> None:
+        if self._closing:
+            return
+        if on:
+            self._holds.add(reason)
+            self._may_read.clear()
+        else:
+            self._holds.discard(reason)
+            if not self._holds:
+                self._may_read.set()
 
     def close(self) -> None:
         """Stop both threads and drop the socket (idempotent)."""
@@ -272,6 +357,8 @@ class EngineStream:
         self._closing = True
         self._queue_close()
         self._may_read.set()
+        with self._taken:
+            self._taken.notify_all()
         self._shut()
 
     def _queue_close(self) -> None:
@@ -317,7 +404,18 @@ class EngineStream:
             self._wait(events)
 
     def _deliver(self, data: bytes, stderr: bool = False) -> None:
-        self._call(self._on_output, data, stderr)
+        with self._taken:
+            while self._handed > HIGH_WATER and not self._closing:
+                self._taken.wait()
+            self._handed += len(data)
+        self._call(self._take, data, stderr)
+
+    def _take(self, data: bytes, stderr: bool) -> None:
+        """On the loop: hand the output on, and let the reader hand more."""
+        with self._taken:
+            self._handed -= len(data)
+            self._taken.notify()
+        self._on_output(data, stderr)
 
     def _call(self, fn, *args) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the process is ending
@@ -398,6 +496,7 @@ class Login:
     host: Host
     container_id: str
     fingerprint: str
+    key_data: bytes  # the key it proved, checked again on every channel open
     exec_base: dict  # workspaces.exec_kwargs as the tenant, for every exec of the login
 
 
@@ -434,9 +533,12 @@ async def _in_db(fn, *args):
 
 def key_attached(cluster_id: int, fingerprint: str, public_data: bytes) -> bool:
     """The key is one the cluster's owner attached to it (the same key, not only the same
-    fingerprint). False for anything else, alike: another researcher's key, a key
-    attached to no cluster, a cluster that does not exist."""
-    cluster = Cluster.objects.filter(pk=cluster_id).only("pk", "owner_id").first()
+    fingerprint), and the owner's account is on. False for anything else, alike: another
+    researcher's key, a key attached to no cluster, a cluster that does not exist, an
+    account an operator turned off."""
+    cluster = (
+        Cluster.objects.filter(pk=cluster_id, owner__is_active=True).only("pk", "owner_id").first()
+    )
     if cluster is None:
         return False
     for text in cluster.ssh_keys.filter(
@@ -450,16 +552,16 @@ def key_attached(cluster_id: int, fingerprint: str, public_data: bytes) -> bool:
     return False
 
 
-def admit(name: str, cluster_id: int, index: int, fingerprint: str) -> Login:
-    """The node's running workspace for a proven holder of an attached key, or Refused
-    saying why not (the cluster's state, a missing node, a workspace not up)."""
-    cluster = Cluster.objects.filter(pk=cluster_id).first()
-    if cluster is None:  # deleted since its key was checked
-        raise Refused(f"Suanli: {name}: there is no such cluster.")
-    try:
-        container = workspaces.running(cluster, index)
-    except workspaces.WorkspaceError as exc:
-        raise Refused(f"Suanli: {name}: {exc}.") from None
+def _workspace_node(cluster: Cluster, index: int, name: str) -> Node:
+    """The live node `index` of a running cluster with workspaces, whose workspace was made;
+    else Refused in the words workspaces.running uses (what the engine says is asked
+    apart, off the database's threads: workspace_up)."""
+    if cluster.state != Cluster.State.RUNNING:
+        raise Refused(f"Suanli: {name}: cluster {cluster.name} is {cluster.state}, not running.")
+    if not cluster.workspace:
+        raise Refused(
+            f"Suanli: {name}: cluster {cluster.name} was created without workspaces (jobs only)."
+        )
     node = (
         Node.objects.filter(
             cluster=cluster, index=index, released_at__isnull=True, lost_at__isnull=True
@@ -467,11 +569,83 @@ def admit(name: str, cluster_id: int, index: int, fingerprint: str) -> Login:
         .select_related("host")
         .first()
     )
-    if node is None:  # released between the two reads
+    if node is None:
         raise Refused(f"Suanli: {name}: cluster {cluster.name} has no node {index}.")
+    if not node.workspace_container:
+        raise Refused(
+            f"Suanli: {name}: the workspace of node {index} is starting; try again shortly."
+        )
+    return node
+
+
+def admit(name: str, cluster_id: int, index: int, fingerprint: str, key_data: bytes) -> Login:
+    """What the database says of a proven holder of an attached key: the node's workspace
+    to reach, or Refused saying why not (the cluster's state, a missing node, a workspace
+    not made yet). Whether the engine runs it is workspace_up's."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:  # deleted since its key was checked
+        raise Refused(f"Suanli: {name}: there is no such cluster.")
+    node = _workspace_node(cluster, index, name)
     return Login(
-        name=name, cluster=cluster, index=index, host=node.host, container_id=container.id,
-        fingerprint=fingerprint, exec_base=workspaces.exec_kwargs(cluster, [], tty=False),
+        name=name, cluster=cluster, index=index, host=node.host,
+        container_id=node.workspace_container, fingerprint=fingerprint, key_data=key_data,
+        exec_base=workspaces.exec_kwargs(cluster, [], tty=False),
+    )  # fmt: skip
+
+
+def workspace_up(login: Login) -> None:
+    """The engine runs the login's workspace, or Refused saying so in words (the engine's
+    own text, which names its addresses, goes to the log only). Blocking: the executor's."""
+    index = login.index
+    try:
+        found = _client(login).api.inspect_container(login.container_id)
+    except docker.errors.NotFound:
+        raise Refused(
+            f"Suanli: {login.name}: the workspace of node {index} is being made again; "
+            "try again shortly."
+        ) from None
+    except _ENGINE_ERRORS as exc:
+        log.warning("%s: the engine of %s did not answer: %s", login.name, login.host.name,
+                    engine.describe(exc))  # fmt: skip
+        raise Refused(
+            f"Suanli: {login.name}: the host of node {index} does not answer; "
+            "try again in a minute."
+        ) from None
+    status = (found.get("State") or {}).get("Status", "unknown")
+    if status != "running":
+        raise Refused(f"Suanli: {login.name}: the workspace of node {index} is {status}.")
+
+
+def still_admitted(login: Login) -> str | None:
+    """None while a login may open another channel: its cluster runs, its node is live with
+    the same workspace, its key is still attached and the account on. Else why not, in
+    words for the researcher."""
+    name = login.name
+    if not key_attached(login.cluster.pk, login.fingerprint, login.key_data):
+        return f"Suanli: the key {login.fingerprint} may not log in as {name} any more."
+    cluster = Cluster.objects.filter(pk=login.cluster.pk).first()
+    if cluster is None:
+        return f"Suanli: {name}: there is no such cluster."
+    try:
+        node = _workspace_node(cluster, login.index, name)
+    except Refused as exc:
+        return str(exc)
+    if node.host_id != login.host.pk or node.workspace_container != login.container_id:
+        return (
+            f"Suanli: {name}: the workspace of node {login.index} was made again since this "
+            "connection logged in; log in again."
+        )
+    return None
+
+
+def live_workspaces(cluster_ids: set[int]) -> set[tuple[int, int, int, str]]:
+    """(cluster, node index, host, workspace) of the live nodes of those clusters that run
+    and whose owner's account is on: what an admitted connection may still reach."""
+    return set(
+        Node.objects.filter(
+            cluster_id__in=cluster_ids, cluster__state=Cluster.State.RUNNING,
+            cluster__owner__is_active=True, released_at__isnull=True, lost_at__isnull=True,
+        ).values_list("cluster_id", "index", "host_id", "workspace_container")
     )  # fmt: skip
 
 
@@ -611,13 +785,65 @@ def _etc_archive(uid: int, home: str) -> bytes:
     return out.getvalue()
 
 
+def sftp_image_problem(found: dict) -> str | None:
+    """Why the engine's image (`inspect_image`) is not one to run as the sftp container, or
+    None. The operator makes it on each engine (.ci/lib.sh imports it); one that came from
+    a registry was pulled, maybe at a tenant's request, and is then anyone's to have made."""
+    digests = found.get("RepoDigests") or []
+    if digests:
+        return f"it was pulled from a registry ({', '.join(digests)}), not made on the engine"
+    return None
+
+
+def _sftp_image(api, login: Login) -> str:
+    """The id of the engine's SUANLI_SFTP_IMAGE, checked (sftp_image_problem); never
+    pulled. The container is made from this id, not the name, so a name retagged
+    meanwhile changes nothing."""
+    name = settings.SUANLI_SFTP_IMAGE
+    not_set_up = (
+        f"file transfer is not set up on {login.host.name} (its engine lacks the operator's "
+        f"{name}); tell an operator"
+    )
+    try:
+        found = api.inspect_image(name)
+    except docker.errors.ImageNotFound:
+        raise Refused(not_set_up) from None
+    problem = sftp_image_problem(found)
+    if problem is not None:
+        log.warning("%s: %s on %s is not used for sftp: %s", login.name, name,
+                    login.host.name, problem)  # fmt: skip
+        raise Refused(not_set_up)
+    return found["Id"]
+
+
+def sftp_sweep(api, login: Login) -> None:
+    """Remove the sftp containers of this engine left only created for more than
+    SFTP_LEFTOVER_S (a gateway killed between create and start; one that started goes by
+    itself when its attach ends)."""
+    try:
+        found = api.containers(all=True, filters={"label": LABEL, "status": "created"})
+    except _ENGINE_ERRORS as exc:
+        log.info("%s: sftp leftovers on %s not listed: %s", login.name, login.host.name, exc)
+        return
+    before = time.time() - SFTP_LEFTOVER_S
+    for container in found:
+        if container.get("Created", before) < before:
+            log.info("%s: removing sftp leftover %s on %s", login.name, container["Id"][:12],
+                     login.host.name)  # fmt: skip
+            with contextlib.suppress(*_ENGINE_ERRORS):
+                api.remove_container(container["Id"], force=True, v=True)
+
+
 def sftp_open(login: Login, mounts: list[Mount]) -> tuple[str, object]:
     """sftp-server in a container of its own on the node's host, confined by the kernel:
     the tenant's uid, the cluster's volumes where the workspace has them and nothing else
-    of the host's, no network, no capability, a read-only root whose /etc is a fresh
-    volume holding the tenant's passwd line. Removed when it ends (stdin closes with the
-    attach, so a gateway that dies leaves none running). Returns (id, hijacked socket)."""
+    of the host's, no network, no capability, no log (its output is the files the tenant
+    downloads), a read-only root whose /etc is a fresh volume holding the tenant's passwd
+    line. Removed when it ends (stdin closes with the attach, so a gateway that dies
+    leaves none running). Returns (id, hijacked socket)."""
     api = _client(login).api
+    sftp_sweep(api, login)
+    image = _sftp_image(api, login)
     uid = runtime.tenant_uid(login.cluster.owner_id)
     home = login.exec_base["workdir"]
     host_config = api.create_host_config(
@@ -632,10 +858,11 @@ def sftp_open(login: Login, mounts: list[Mount]) -> tuple[str, object]:
         memswap_limit=128 * 2**20,
         nano_cpus=10**9,
         auto_remove=True,
+        log_config=LogConfig(type=LogConfig.types.NONE),
     )
     try:
         made = api.create_container(
-            settings.SUANLI_SFTP_IMAGE,
+            image,
             [SFTP_SERVER, "-d", home],
             user=f"{uid}:{uid}",
             stdin_open=True,  # and StdinOnce: the attach's end is the container's
@@ -646,11 +873,9 @@ def sftp_open(login: Login, mounts: list[Mount]) -> tuple[str, object]:
                 runtime.LABEL_OWNER: str(login.cluster.owner_id),
             },
         )
-    except docker.errors.ImageNotFound:
-        # Never pulled: a name on a public registry is anyone's.
+    except docker.errors.ImageNotFound:  # removed since it was inspected
         raise Refused(
-            f"file transfer is not set up on {login.host.name} (its engine lacks "
-            f"{settings.SUANLI_SFTP_IMAGE}); tell an operator"
+            f"file transfer is not set up on {login.host.name}; tell an operator"
         ) from None
     container_id = made["Id"]
     try:
@@ -700,6 +925,27 @@ class Gateway:
                 await asyncio.to_thread(sessions_refresh, dict(self.sessions))
             except Exception:  # the next beat tries again; sessions expire meanwhile
                 log.exception("refreshing the session count failed")
+            try:
+                await self.end_stopped()
+            except Refused:
+                pass  # the database is away (logged once): the next beat looks again
+            except Exception:
+                log.exception("checking the connections' clusters failed")
+
+    async def end_stopped(self) -> None:
+        """End the connections whose cluster stopped running, whose node went or whose
+        workspace was made again (one query for all, then the words for those)."""
+        admitted = [c for c in self.connections if c.login is not None and not c.lost]
+        if not admitted:
+            return
+        live = await _in_db(live_workspaces, {c.login.cluster.pk for c in admitted})
+        for connection in admitted:
+            login = connection.login
+            if (login.cluster.pk, login.index, login.host.pk, login.container_id) in live:
+                continue
+            problem = await _in_db(still_admitted, login)
+            if problem is not None:
+                connection.end(problem)
 
 
 class Connection(asyncssh.SSHServer):
@@ -712,10 +958,17 @@ class Connection(asyncssh.SSHServer):
         self.target: tuple[int, int] | None = None
         self.username = ""
         self.key: asyncssh.SSHKey | None = None
+        self.tried: set[bytes] = set()
+        self.attempts = 0
+        self.cut = False  # too many keys tried: disconnecting
         self.told: set[str] = set()
         self.refusal: str | None = None
         self.session_id = secrets.token_hex(8)
         self.channels: set[Channel] = set()
+        self.open_channels = 0  # open or being opened: at most max_channels()
+        self.sftp_live = 0  # sftp containers of this connection
+        self.sftp_claims: list[str] = []  # their sessions beyond the connection's own
+        self.socket_full = False
         self.lost = False
         self.active = 0.0
         self._idle: asyncio.TimerHandle | None = None
@@ -733,17 +986,25 @@ class Connection(asyncssh.SSHServer):
         self.gateway.connections.add(self)
         # The connection checks a key for asyncssh (validate_public_key below) both when
         # the client asks whether a key would do and when it signs with it; only the
-        # second proves the client holds the private half. What is said about the
-        # cluster waits for that proof.
+        # second proves the client holds the private half. The first gets the same yes
+        # for every key; the key is looked up only once the signature checked out.
         checked = conn.validate_public_key
 
         async def validate(username: str, key_data: bytes, msg: bytes, signature: bytes) -> bool:
+            if not self._may_try(key_data):
+                return False
             if not await checked(username, key_data, msg, signature):
                 return False
-            return True if not msg else await self._admit()
+            if not msg:
+                return True
+            key = self.key
+            if key is None or key.public_data != key_data:
+                return False
+            return await self._admit(key)
 
         conn.validate_public_key = validate
         self._ack_at_once(conn)
+        self._follow_socket(conn)
 
     @staticmethod
     def _ack_at_once(conn: asyncssh.SSHServerConnection) -> None:
@@ -763,6 +1024,28 @@ class Connection(asyncssh.SSHServer):
 
         conn.data_received = data_received
 
+    def _follow_socket(self, conn: asyncssh.SSHServerConnection) -> None:
+        """Hold every channel's engine reads while the socket's buffer is full. asyncssh
+        does nothing then (SSHConnection.pause_writing), and a channel's window is the
+        client's to pick: a client that stops reading while it advertises a huge window
+        would otherwise have the gateway hold all the output of its commands."""
+        paused, resumed = conn.pause_writing, conn.resume_writing
+
+        def pause_writing() -> None:
+            paused()
+            self.socket_full = True
+            for channel in list(self.channels):
+                channel.stream.hold("socket", True)
+
+        def resume_writing() -> None:
+            resumed()
+            self.socket_full = False
+            for channel in list(self.channels):
+                channel.stream.hold("socket", False)
+
+        conn.pause_writing = pause_writing
+        conn.resume_writing = resume_writing
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.gateway.connections.discard(self)
@@ -773,9 +1056,11 @@ class Connection(asyncssh.SSHServer):
         self._release()
 
     def _release(self) -> None:
-        owner_id = self.gateway.sessions.pop(self.session_id, None)
-        if owner_id is not None:
-            self.spawn(asyncio.to_thread(session_release, owner_id, self.session_id))
+        for session_id in [self.session_id, *self.sftp_claims]:
+            owner_id = self.gateway.sessions.pop(session_id, None)
+            if owner_id is not None:
+                self.spawn(asyncio.to_thread(session_release, owner_id, session_id))
+        self.sftp_claims.clear()
 
     def _banner(self, text: str) -> None:
         if text in self.told:
@@ -784,6 +1069,15 @@ class Connection(asyncssh.SSHServer):
         log.info("%s: refused: %s", _shown(self.username), text)
         with contextlib.suppress(OSError):
             self.conn.send_auth_banner(text.rstrip("\n") + "\n")
+
+    def end(self, text: str) -> None:
+        """End the connection, saying why on every channel and in the disconnect."""
+        if self.lost:
+            return
+        log.info("%s: ended: %s", self.login.name if self.login else "?", text)
+        for channel in list(self.channels):
+            channel.say(text)
+        self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, text)
 
     def begin_auth(self, username: str) -> bool:
         self.username = username
@@ -799,40 +1093,61 @@ class Connection(asyncssh.SSHServer):
     def public_key_auth_supported(self) -> bool:
         return True
 
-    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        if self.target is None:
-            return False
-        fingerprint = key.get_fingerprint("sha256")
-        try:
-            attached = await _in_db(key_attached, self.target[0], fingerprint, key.public_data)
-        except Refused as exc:
-            self._banner(str(exc))
-            return False
-        except Exception:
-            log.exception("%s: checking key %s failed", _shown(username), fingerprint)
-            self._banner("Suanli: the gateway could not check your key; try again in a minute.")
-            return False
-        if not attached:
+    def _may_try(self, key_data: bytes) -> bool:
+        """At most AUTH_KEYS keys (a query and a signature each) per connection; the next
+        ends it, in words."""
+        self.attempts += 1
+        self.tried.add(key_data)
+        if len(self.tried) <= AUTH_KEYS and self.attempts <= 2 * AUTH_KEYS:
+            return True
+        if not (self.lost or self.cut):
+            self.cut = True
             self._banner(
-                f"Suanli: the key {fingerprint} may not log in as {_shown(username)}. Add it "
-                "on the SSH keys page of the console and pick it when you request the "
-                "cluster; the cluster's page also has a Terminal for each node."
+                f"Suanli: {AUTH_KEYS} keys tried, the most one connection may try. Name the "
+                "key attached to the cluster: ssh -i <key> -o IdentitiesOnly=yes ..."
             )
-            return False
-        self.key = key
-        return True
+            # Once this attempt's failure has gone out.
+            asyncio.get_running_loop().call_soon(
+                self.conn.disconnect,
+                asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
+                f"{AUTH_KEYS} keys tried: closed by the gateway",
+            )
+        return False
 
-    async def _admit(self) -> bool:
-        """The client signed with an attached key: admit it, or say why not."""
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """Any key would do for a well-formed login name: nothing is looked up before the
+        client proved it holds the key (Connection.connection_made's `validate`)."""
+        self.key = key
+        return self.target is not None
+
+    async def _admit(self, key: asyncssh.SSHKey) -> bool:
+        """The client signed with `key`: admit it if the key is attached, or say why not."""
         if self.login is not None:
             return True
         if self.refusal is not None:
             return False
         cluster_id, index = self.target
-        fingerprint = self.key.get_fingerprint("sha256")
+        fingerprint = key.get_fingerprint("sha256")
         name = workspaces.login_name(cluster_id, index)
         try:
-            login = await _in_db(admit, name, cluster_id, index, fingerprint)
+            attached = await _in_db(key_attached, cluster_id, fingerprint, key.public_data)
+        except Refused as exc:
+            self._banner(str(exc))
+            return False
+        except Exception:
+            log.exception("%s: checking key %s failed", _shown(self.username), fingerprint)
+            self._banner("Suanli: the gateway could not check your key; try again in a minute.")
+            return False
+        if not attached:
+            self._banner(
+                f"Suanli: the key {fingerprint} may not log in as {_shown(self.username)}. Add "
+                "it on the SSH keys page of the console and pick it when you request the "
+                "cluster; the cluster's page also has a Terminal for each node."
+            )
+            return False
+        try:
+            login = await _in_db(admit, name, cluster_id, index, fingerprint, key.public_data)
+            await asyncio.get_running_loop().run_in_executor(None, workspace_up, login)
             owner_id = login.cluster.owner_id
             limit = settings.SUANLI_SSH_MAX_SESSIONS
             claimed = await asyncio.to_thread(session_claim, owner_id, self.session_id, limit)
@@ -884,7 +1199,8 @@ class Connection(asyncssh.SSHServer):
     # channels
 
     def session_requested(self):
-        return WorkspaceSession(self)
+        self._count_channel()
+        return self._open(WorkspaceSession(self))
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
         if dest_host not in LOCALHOST or not 0 < dest_port < 65536:
@@ -892,10 +1208,78 @@ class Connection(asyncssh.SSHServer):
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                 "Suanli forwards only to localhost of the workspace, e.g. -L 6006:localhost:6006",
             )
-        return PortRelay(self, dest_port)
+        self._count_channel()
+        return self._open(PortRelay(self, dest_port))
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no remote forwarding: nothing listens on the gateway for a tenant
+
+    def _count_channel(self) -> None:
+        limit = max_channels()
+        if self.open_channels >= limit:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_RESOURCE_SHORTAGE,
+                f"Suanli: this connection has {limit} channels open (shells, commands, sftp, "
+                "forwards), the most one connection may have; close one first",
+            )
+        self.open_channels += 1
+
+    def channel_closed(self) -> None:
+        self.open_channels -= 1
+
+    async def _open(self, channel: Channel) -> Channel:
+        """The channel, once the login still holds (still_admitted); else the open is
+        refused in words and, when the cluster or workspace is what changed, the
+        connection ends."""
+        try:
+            problem = await _in_db(still_admitted, self.login)
+        except Refused as exc:  # the database is away: this channel only
+            self.channel_closed()
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(exc)) from None
+        except Exception:
+            log.exception("%s: checking a channel's login failed", self.login.name)
+            self.channel_closed()
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_CONNECT_FAILED,
+                "Suanli: the gateway could not check this login; try again in a minute.",
+            ) from None
+        if problem is not None or self.lost:
+            self.channel_closed()
+            if problem is not None:
+                # After the refusal has gone out (it goes once this task step ends).
+                asyncio.get_running_loop().call_soon(self.end, problem)
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem or "the connection closed"
+            )
+        channel.counted = True
+        return channel
+
+    async def sftp_claim(self) -> bool:
+        """Count one more sftp container of this connection: the first goes under the
+        connection's own session, each more is a session of its own. False when the
+        researcher has no session left."""
+        self.sftp_live += 1
+        if self.sftp_live <= 1:
+            return True
+        owner_id = self.login.cluster.owner_id
+        claim = f"{self.session_id}.sftp.{secrets.token_hex(4)}"
+        limit = settings.SUANLI_SSH_MAX_SESSIONS
+        if not await asyncio.to_thread(session_claim, owner_id, claim, limit):
+            self.sftp_live -= 1
+            return False
+        self.gateway.sessions[claim] = owner_id
+        self.sftp_claims.append(claim)
+        if self.lost:
+            self._release()
+        return True
+
+    def sftp_done(self) -> None:
+        self.sftp_live -= 1
+        if len(self.sftp_claims) > max(self.sftp_live - 1, 0):
+            claim = self.sftp_claims.pop()
+            owner_id = self.gateway.sessions.pop(claim, None)
+            if owner_id is not None:
+                self.spawn(asyncio.to_thread(session_release, owner_id, claim))
 
 
 class Channel:
@@ -910,6 +1294,8 @@ class Channel:
         self.exec_id = ""
         self.container_id = ""
         self.closed = False
+        self.counted = False  # among the connection's open channels
+        self.sftp_counted = False  # among its sftp containers
         self.stream: EngineStream | None = None
 
     def connection_made(self, chan) -> None:
@@ -919,6 +1305,8 @@ class Channel:
             asyncio.get_running_loop(), on_output=self._output, on_end=self._on_end,
             on_backlog=self._backlog, multiplexed=True,
         )  # fmt: skip
+        if self.connection.socket_full:
+            self.stream.hold("socket", True)
 
     def _output(self, data: bytes, stderr: bool) -> None:
         if self.closed:
@@ -946,13 +1334,19 @@ class Channel:
         return True  # the output may go on
 
     def pause_writing(self) -> None:
-        self.stream.pause()
+        self.stream.hold("window", True)
 
     def resume_writing(self) -> None:
-        self.stream.resume()
+        self.stream.hold("window", False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.hang_up()
+        if self.counted:
+            self.counted = False
+            self.connection.channel_closed()
+        if self.sftp_counted:
+            self.sftp_counted = False
+            self.connection.sftp_done()
 
     def say(self, text: str) -> None:
         if not self.closed:
@@ -998,6 +1392,22 @@ class Channel:
         raise NotImplementedError
 
 
+def _term_size(width: int, height: int) -> tuple[int, int]:
+    """A terminal's size as the client asks it, within 1..TERM_MAX (0: the usual 80x24)."""
+    return min(max(width or 80, 1), TERM_MAX), min(max(height or 24, 1), TERM_MAX)
+
+
+def _env_taken(name: str, value: str) -> bool:
+    """LANG and LC_*, with a short value: all of the client's environment an exec gets."""
+    if not (name == "LANG" or (name.startswith("LC_") and name[3:].replace("_", "").isalnum())):
+        return False
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return False
+    return name.isascii() and len(name) <= 64 and size <= ENV_VALUE and "\0" not in value
+
+
 class WorkspaceSession(Channel, asyncssh.SSHServerSession):
     """A session channel: a shell, a command, or the sftp subsystem."""
 
@@ -1005,12 +1415,35 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         super().__init__(connection)
         self.term = ""
         self.size = (80, 24)
+        self.resizing = False
         self.kind = ""
         self.command = ""
+        self.env: dict[str, str] = {}
+
+    def connection_made(self, chan) -> None:
+        super().connection_made(chan)
+        # asyncssh keeps every name a client sends (channel._process_env_request): take
+        # them here instead, bounded, and keep none of the rest.
+        chan._process_env_request = self._env_request
+
+    def _env_request(self, packet) -> bool:
+        name, value = packet.get_string(), packet.get_string()
+        packet.check_end()
+        try:
+            name, value = name.decode(), value.decode()
+        except UnicodeDecodeError:
+            return False
+        if not _env_taken(name, value):
+            return False
+        if name not in self.env and len(self.env) >= ENV_NAMES:
+            return False
+        self.env[name] = value
+        return True
 
     def pty_requested(self, term_type, term_size, term_modes) -> bool:
-        self.term = term_type or "xterm"
-        self.size = (term_size[0] or 80, term_size[1] or 24)
+        term = term_type or "xterm"
+        self.term = term if term.isascii() and term.isprintable() and len(term) <= 64 else "xterm"
+        self.size = _term_size(term_size[0], term_size[1])
         return True
 
     def shell_requested(self) -> bool:
@@ -1033,11 +1466,20 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         self.connection.spawn(self._start())
 
     def terminal_size_changed(self, width, height, pixwidth, pixheight) -> None:
-        self.size = (width or 80, height or 24)
-        if self.term and self.exec_id and not self.closed:
-            self.connection.spawn(
-                asyncio.to_thread(exec_resize, self.login, self.exec_id, *self.size)
-            )
+        self.size = _term_size(width, height)
+        if self.term and self.exec_id and not self.closed and not self.resizing:
+            self.connection.spawn(self._resize())
+
+    async def _resize(self) -> None:
+        """Follow the client's size: one resize at a time, then the latest asked meanwhile."""
+        self.resizing = True
+        sent = None
+        try:
+            while self.size != sent and not self.closed:
+                sent = self.size
+                await asyncio.to_thread(exec_resize, self.login, self.exec_id, *sent)
+        finally:
+            self.resizing = False
 
     def eof_received(self) -> bool:
         # Through a TTY the engine takes the end of input for the end of the session and
@@ -1056,14 +1498,25 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         env = {MARKER: self.marker.partition("=")[2]}
         if self.term:
             env["TERM"] = self.term
-        for name, value in (self.chan.get_environment() or {}).items():
-            if name == "LANG" or name.startswith("LC_"):
-                env[name] = value
+        passed = {**(self.chan.get_environment() or {}), **self.env}
+        taken = [(name, value) for name, value in passed.items() if _env_taken(name, value)]
+        env.update(taken[:ENV_NAMES])
         return env
 
     async def _start(self) -> None:
+        limit = settings.SUANLI_SSH_MAX_SESSIONS
         try:
             if self.kind == "sftp":
+                if not await self.connection.sftp_claim():
+                    self.fail(
+                        f"you have {limit} SSH sessions open, the most one researcher may have "
+                        "at a time (an sftp session beyond the first of a connection counts "
+                        "as one); end one and try again"
+                    )
+                    return
+                self.sftp_counted = True
+                if self.closed:  # the client left meanwhile
+                    return
                 mounts = await _in_db(sftp_mounts, self.login.cluster)
                 self.container_id, hijacked = await asyncio.to_thread(sftp_open, self.login, mounts)
             else:
@@ -1078,11 +1531,13 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             self.fail(f"your volumes cannot be mounted: {exc}")
             return
         except _ENGINE_ERRORS as exc:
-            self.fail(f"the workspace of node {self.login.index} did not answer: "
-                      f"{engine.describe(exc)}")  # fmt: skip
+            log.warning("%s: the engine of %s: %s", self.login.name, self.login.host.name,
+                        engine.describe(exc))  # fmt: skip
+            self.fail(f"the workspace of node {self.login.index} did not answer; "
+                      "try again in a minute")  # fmt: skip
             return
         if self._started(hijacked) and self.term:
-            await asyncio.to_thread(exec_resize, self.login, self.exec_id, *self.size)
+            await self._resize()
 
     def fail(self, text: str) -> None:
         log.info("%s: %s not started: %s", self.login.name, self.kind, text)
@@ -1143,8 +1598,9 @@ class PortRelay(Channel, asyncssh.SSHTCPSession):
 
     async def _finish(self) -> None:
         if self.errors:
-            log.info("%s: forward to port %s: %s", self.login.name, self.port,
-                     self.errors.decode(errors="replace").strip())  # fmt: skip
+            # The tenant's words: quoted, never a line of the log of their own.
+            log.info("%s: forward to port %s: %r", self.login.name, self.port,
+                     self.errors[-200:])  # fmt: skip
         if not self.closed:
             self.closed = True
             self.connection.channels.discard(self)
@@ -1155,11 +1611,20 @@ class PortRelay(Channel, asyncssh.SSHTCPSession):
 
 
 def _check_asyncssh() -> None:
-    """Connection.connection_made wraps the connection's own key check; make sure it is the
-    one this was written against, rather than let an upgrade silently skip the proof."""
+    """Make sure the parts of asyncssh this wraps are the ones it was written against,
+    rather than let an upgrade silently skip them: the connection's own key check
+    (Connection.connection_made: the proof of the private half), its socket's flow control
+    (_follow_socket) and a channel's handler of environment requests (WorkspaceSession)."""
     params = list(inspect.signature(asyncssh.SSHServerConnection.validate_public_key).parameters)
     if params != ["self", "username", "key_data", "msg", "signature"]:
         raise RuntimeError(f"asyncssh {asyncssh.__version__}: unexpected key check {params}")
+    for cls, name in (
+        (asyncssh.SSHServerConnection, "pause_writing"),
+        (asyncssh.SSHServerConnection, "resume_writing"),
+        (asyncssh.SSHServerChannel, "_process_env_request"),
+    ):
+        if not callable(getattr(cls, name, None)):
+            raise RuntimeError(f"asyncssh {asyncssh.__version__}: no {cls.__name__}.{name}")
 
 
 async def serve(*, ready: Callable[[str], None] = print) -> None:
@@ -1170,7 +1635,7 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="gateway"))
     gateway = Gateway()
-    key = _host_key()
+    key = _host_key()  # made here when there is none yet: the only process that makes it
     server = await asyncssh.listen(
         settings.SUANLI_SSH_BIND, ssh_port(),
         server_factory=functools.partial(Connection, gateway),

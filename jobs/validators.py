@@ -14,6 +14,7 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -145,6 +146,35 @@ def validate_image_reference(value: str) -> None:
         raise ValidationError(
             "Not a Docker image reference: write it as name:tag, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
         )
+    reserved = getattr(settings, "SUANLI_SFTP_IMAGE", "")
+    if reserved and image_repository(value) == image_repository(reserved):
+        raise ValidationError(
+            f"{image_repository(reserved)} is the image of Suanli's own file transfer (sftp), "
+            "which clusters may not run, whatever the tag; pick another image."
+        )
+
+
+_DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
+
+
+def image_repository(value: str) -> str:
+    """The repository an image reference names, as the engine resolves it, without tag or
+    digest: `suanli/sftp:latest`, `docker.io/suanli/sftp` and `suanli/sftp@sha256:...` are
+    all `docker.io/suanli/sftp`; `busybox` is `docker.io/library/busybox`."""
+    name = (value or "").strip().partition("@")[0]
+    head, _, last = name.rpartition("/")
+    last = last.partition(":")[0]  # a tag (a registry's port is in `head`)
+    name = f"{head}/{last}" if head else last
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first.lower(), rest
+    else:
+        registry, path = "docker.io", name
+    if registry in _DOCKER_HUB:
+        registry = "docker.io"
+        if "/" not in path:
+            path = f"library/{path}"
+    return f"{registry}/{path.lower()}"
 
 
 def parse_ssh_public_key(text: str) -> dict:

@@ -20,11 +20,14 @@ import asyncssh
 import docker
 import pytest
 from browsing import free_port
+from django.core.exceptions import ValidationError
+from forms_data import cluster_form
 from test_fault_services import PostgresServer, RedisServer
 from waiting import until
 
+from console.forms import CUSTOM_IMAGE, ClusterForm
 from jobs import gateway as gateway_module
-from jobs import runner, runtime, services, tasks, workspaces
+from jobs import runner, runtime, services, tasks, validators, workspaces
 from jobs.models import ClusterEvent
 from jobs.services import JobSpec
 from jobs.storage import VolumeSpec
@@ -61,6 +64,7 @@ class Gateway:
     port: int
     host_key: Path
     log: Path
+    pid: int
 
     def options(self, key: Key) -> list[str]:
         return [
@@ -114,7 +118,7 @@ def start_gateway(processes, storage_root, tmp_path):
     def start(**env) -> Gateway:
         port = free_port()
         host_key = tmp_path / "gateway" / "ssh_host_ed25519_key"
-        processes.start(
+        proc = processes.start(
             "gateway",
             env={
                 "SUANLI_SSH_PORT": str(port),
@@ -124,7 +128,8 @@ def start_gateway(processes, storage_root, tmp_path):
             },
         )
         until(lambda: _answers(port), timeout=30, what="the gateway answers")
-        return Gateway(port, host_key, tmp_path / f"gateway-{len(processes.procs) - 1}.log")
+        log = tmp_path / f"gateway-{len(processes.procs) - 1}.log"
+        return Gateway(port, host_key, log, proc.pid)
 
     return start
 
@@ -187,6 +192,8 @@ def test_an_interactive_shell_with_a_tty_runs_as_the_tenant(
     )
     assert gateway_module.host_key_fingerprint() == listed.stdout.split()[1]
     assert gateway_module.ssh_port() == settings.SUANLI_SSH_PORT
+    public = gw.host_key.with_name(gw.host_key.name + ".pub")
+    assert stat.S_IMODE(public.stat().st_mode) == 0o644, "the console reads its .pub"
 
 
 def test_the_window_size_follows_the_client(start_gateway, workspace_cluster, alice_key):
@@ -292,6 +299,8 @@ def test_sftp_lists_the_volumes_from_a_hardened_container_that_goes_with_the_ses
         assert host_config["NetworkMode"] == "none" and host_config["ReadonlyRootfs"]
         assert host_config["CapDrop"] == ["ALL"] and not host_config["Privileged"]
         assert host_config["SecurityOpt"] == ["no-new-privileges"]
+        # What it says is the files downloaded: never in the engine's log.
+        assert host_config["LogConfig"]["Type"] == "none"
         assert 0 < host_config["PidsLimit"] <= 64 and host_config["Memory"] > 0
         mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
         assert set(mounts) == {"/workspace", "/data", "/etc"}
@@ -381,6 +390,13 @@ def test_refusals_are_in_words_and_tell_a_stranger_nothing(
     err = gw.ssh(alice_key, workspaces.login_name(cluster.pk, 3), "true").stderr.decode()
     assert f"cluster {cluster.name} has no node 3" in err
     assert not ClusterEvent.objects.filter(cluster=cluster, kind="ssh").exists()
+
+    # An account an operator turned off logs in no more, and is told as a stranger is.
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    refused(alice_key, login, f"the key {alice_key.fingerprint} may not log in as {login}")
+    alice.is_active = True
+    alice.save(update_fields=["is_active"])
 
     services.cluster_release(cluster=cluster)
     err = gw.ssh(alice_key, login, "true").stderr.decode()
@@ -535,3 +551,234 @@ def test_the_gateway_lives_through_redis_and_postgresql_restarts(
     assert text.count("Redis (gateway) is unreachable") == 1, text
     assert text.count("PostgreSQL (gateway) is unreachable") == 1, text
     assert "Traceback" not in text, text
+
+
+def _connect(gw: Gateway, login: str, key: Key):
+    return asyncssh.connect(
+        "127.0.0.1", gw.port, username=login, client_keys=[str(key.path)], known_hosts=None
+    )
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_one_connection_opens_a_bounded_number_of_channels_and_sftp_counts_as_sessions(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway(SUANLI_SSH_MAX_CHANNELS=3, SUANLI_SSH_MAX_SESSIONS=2)
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
+    engine = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+
+    def sftp_containers() -> int:
+        return len(engine.api.containers(filters={"label": gateway_module.LABEL}))
+
+    async def session():
+        async with _connect(gw, login, alice_key) as conn:  # one connection, as ControlMaster
+            held = [await conn.create_process("sleep 60") for _ in range(3)]
+            with pytest.raises(asyncssh.ChannelOpenError) as refused:
+                await conn.create_process("true")
+            assert "this connection has 3 channels open" in refused.value.reason
+            held[0].close()
+            await held[0].wait_closed()
+            assert (await conn.run("echo again")).stdout == "again\n", "a place is free again"
+            for process in held[1:]:
+                process.close()
+                await process.wait_closed()
+
+            # The connection is one session of two; its first sftp goes with it, a second
+            # is the other session, a third has none left.
+            first = await conn.start_sftp_client()
+            second = await conn.start_sftp_client()
+            await asyncio.to_thread(until, lambda: sftp_containers() == 2, what="two sftp")
+            third = await conn.create_process(subsystem="sftp", encoding=None)
+            err = await asyncio.wait_for(third.stderr.read(), 30)
+            assert b"you have 2 SSH sessions open" in err, err
+            assert sftp_containers() == 2
+            second.exit()
+            await second.wait_closed()
+            await asyncio.sleep(1)  # its session's release reaches Redis
+            fourth = await conn.start_sftp_client()
+            assert await fourth.exists("/workspace"), "its session is free again"
+            first.exit()
+            fourth.exit()
+
+    asyncio.run(session())
+    until(lambda: sftp_containers() == 0, what="the sftp containers removed")
+
+
+def test_a_client_that_stops_reading_holds_the_command_not_the_gateways_memory(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    login = workspaces.login_name(workspace_cluster().pk, 0)
+    size = 200_000_000
+
+    class Counted(asyncssh.SSHClientSession):
+        got = 0
+
+        def data_received(self, data, datatype):
+            self.got += len(data)
+
+    async def session():
+        async with _connect(gw, login, alice_key) as conn:
+            assert (await conn.run("echo warm")).exit_status == 0
+            before = _rss(gw.pid)
+            # A window of 2 GiB: the client's to pick; then it stops reading its socket.
+            chan, counted = await conn.create_session(
+                Counted, f"head -c {size} /dev/zero", encoding=None, window=2**31
+            )
+            conn._transport.pause_reading()  # asyncssh has no public way to stop reading
+            await asyncio.sleep(5)
+            grown = _rss(gw.pid) - before
+            conn._transport.resume_reading()
+            await asyncio.wait_for(chan.wait_closed(), 120)
+            return grown, counted.got, chan.get_exit_status()
+
+    grown, got, status = asyncio.run(session())
+    assert (got, status) == (size, 0), "all of it came once the client read again"
+    assert grown < 48 * 2**20, f"the gateway grew by {grown / 2**20:.0f} MiB while nobody read"
+
+
+def test_a_released_clusters_open_connection_gets_no_new_channel_and_ends(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    cluster = workspace_cluster(name="soon-over")
+    login = workspaces.login_name(cluster.pk, 0)
+
+    def release():  # on a thread of its own (the event loop's may not use the database)
+        from django.db import connection
+
+        try:
+            services.cluster_release(cluster=cluster)
+        finally:
+            connection.close()
+
+    async def session():
+        async with _connect(gw, login, alice_key) as conn:
+            assert (await conn.run("echo in")).stdout == "in\n"
+            await asyncio.to_thread(release)
+            with pytest.raises(asyncssh.ChannelOpenError) as refused:
+                await conn.run("echo again")
+            await asyncio.wait_for(conn.wait_closed(), 10)
+            return refused.value.reason
+
+    reason = asyncio.run(session())
+    assert f"{login}: cluster soon-over is released, not running" in reason, reason
+
+
+def test_an_unsigned_key_query_tells_nothing_and_a_connection_tries_few_keys(
+    start_gateway, running_cluster, bob, tmp_path
+):
+    gw = start_gateway()
+    bob_key = make_key(tmp_path / "bob", "id_ed25519")
+    row = services.ssh_key_add(owner=bob, name="bob", public_key=bob_key.public)
+    bobs = workspaces.login_name(running_cluster(1, owner=bob, name="bobs", ssh_keys=(row,)).pk)
+    # A stranger holds bob's public key only (from a repository, a server's authorized_keys).
+    stranger = tmp_path / "stranger" / "id_ed25519.pub"  # ssh -i takes it, for the query
+    stranger.parent.mkdir()
+    stranger.write_text(bob_key.public + "\n")
+
+    def answer(login: str) -> list[str]:
+        done = subprocess.run(
+            ["ssh", "-o", "LogLevel=DEBUG1", *gw.options(Key(stranger, bob_key.public)),
+             "-p", str(gw.port), f"{login}@127.0.0.1", "true"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 255, done.stderr
+        assert "Offering public key" in done.stderr, done.stderr
+        return [line for line in done.stderr.splitlines() if "accepts key" in line]
+
+    on_bobs, on_none = answer(bobs), answer("c999999-0")
+    assert len(on_bobs) == 1, "the same yes for every key"
+    assert on_bobs == on_none, "bob's cluster reads as one that does not exist"
+
+    # Seven keys: the seventh is not tried, the connection ends in words.
+    keys = [make_key(tmp_path / "many", f"id_{n}") for n in range(7)]
+    options = [arg for key in keys for arg in ("-i", str(key.path))]
+    done = subprocess.run(
+        ["ssh", *gw.options(keys[0]), *options, "-p", str(gw.port), f"{bobs}@127.0.0.1", "true"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 255
+    assert "6 keys tried, the most one connection may try" in done.stderr, done.stderr
+    assert done.stderr.count("may not log in as") == 6, done.stderr
+
+
+def test_window_sizes_and_the_clients_environment_are_bounded(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    login = workspaces.login_name(workspace_cluster().pk, 0)
+    env = {f"LC_X{n}": "v" for n in range(20)}
+    env.update(LANG="x" * 300, FOO="bar", LD_PRELOAD="/workspace/evil.so")
+
+    async def session():
+        async with _connect(gw, login, alice_key) as conn:
+            process = await conn.create_process(term_type="xterm", term_size=(5000, 0), env=env)
+            seen = ""
+
+            async def ask(line: str, pattern: str) -> str:
+                nonlocal seen
+                process.stdin.write(line + "\n")
+                while not (found := re.search(pattern, seen)):
+                    seen += await asyncio.wait_for(process.stdout.read(1024), 10)
+                seen = seen[found.end() :]
+                return found.group(1)
+
+            # The prompt first: a shell setting up its terminal may drop what came before.
+            seen += await asyncio.wait_for(process.stdout.read(1024), 30)
+            first = await ask("echo size=$(stty size)=", r"size=(\d+ \d+)=")
+            for n in range(300):  # a flood of resizes: the last one wins
+                process.change_terminal_size(40 + n % 50, 10 + n % 20)
+            process.change_terminal_size(123, 45)
+            await asyncio.sleep(1)
+            last = await ask("echo size=$(stty size)=", r"size=(\d+ \d+)=")
+            names = await ask("echo names=$(env | grep -c '^LC_X')=", r"names=(\d+)=")
+            others = await ask(
+                "echo others=${LANG:-none}${FOO:-}${LD_PRELOAD:-}=", r"others=(\w*)="
+            )
+            process.stdin.write("exit\n")
+            await asyncio.wait_for(process.wait(), 10)
+            return first, last, names, others
+
+    assert asyncio.run(session()) == ("24 1000", "45 123", "8", "none")
+
+
+def test_the_console_reads_the_host_key_and_never_makes_it(settings, tmp_path):
+    key = tmp_path / "gateway" / "ssh_host_ed25519_key"
+    settings.SUANLI_SSH_HOST_KEY = key
+    assert gateway_module.host_key_fingerprint() == gateway_module.NO_HOST_KEY
+    assert not key.parent.exists(), "nothing made"
+    made = gateway_module.host_key_fingerprint(create=True)  # the gateway's own start
+    assert made.startswith("SHA256:") and key.exists()
+    key.unlink()  # a console that may read the .pub only
+    assert gateway_module.host_key_fingerprint() == made
+
+
+def test_a_cluster_may_not_run_the_sftp_image_and_sftp_runs_only_the_operators(
+    alice, catalog, storage_root, settings, engine_urls
+):
+    assert settings.SUANLI_SFTP_IMAGE == "suanli/sftp:latest"
+    for reference in ("suanli/sftp:latest", "suanli/sftp:mine", "docker.io/suanli/sftp",
+                      f"index.docker.io/suanli/sftp@sha256:{'0' * 64}"):  # fmt: skip
+        with pytest.raises(ValidationError, match="Suanli's own file transfer"):
+            validators.validate_image_reference(reference)
+    validators.validate_image_reference("suanli/sftp-tools:1")  # another repository
+    form = ClusterForm(
+        cluster_form(image=CUSTOM_IMAGE, custom_image="suanli/sftp:mine"), owner=alice
+    )
+    assert not form.is_valid()
+    assert "Suanli's own file transfer" in " ".join(form.errors["custom_image"])
+
+    # On the engine: the operator's image, made there, is used; one pulled is not.
+    found = docker.APIClient(base_url=engine_urls[0]).inspect_image("suanli/sftp:latest")
+    assert gateway_module.sftp_image_problem(found) is None
+    pulled = {**found, "RepoDigests": [f"suanli/sftp@sha256:{'1' * 64}"]}
+    assert "pulled from a registry" in gateway_module.sftp_image_problem(pulled)
