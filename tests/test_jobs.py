@@ -61,8 +61,12 @@ def test_running_replica_is_hardened(running_cluster, settle_until, alice, stora
     host = replica.host
     cpus, memory = runtime.node_limits(cluster, host)
     assert host_config["PidsLimit"] == 4096
-    assert host_config["Memory"] == memory == host.memory_bytes // 2, "1 of the host's 2 GPUs"
-    assert host_config["NanoCpus"] == int(cpus * 1e9) > 0
+    assert memory == host.memory_bytes // 2, "1 of the host's 2 GPUs"
+    # The node's workspace holds its share (25 %); the job's replica the rest.
+    share = runtime.replica_share(cluster)
+    assert cluster.workspace and share == 0.75
+    assert host_config["Memory"] == int(memory * share)
+    assert host_config["NanoCpus"] == int(cpus * share * 1e9) > 0
     assert host_config["NetworkMode"] == f"suanli-c{cluster.pk}", "its own network, never host"
     assert host_config["PidMode"] == "" and host_config["IpcMode"] in ("private", "shareable", "")
     assert host_config["UsernsMode"] == "" and host_config["UTSMode"] == ""
@@ -426,8 +430,9 @@ def test_nothing_typed_becomes_a_docker_argument(client, alice, running_cluster,
 
 
 def test_a_cpu_instance_gets_the_cpus_and_memory_of_its_type(running_cluster, settle_until):
-    """cpu-2c-4g: 2 CPUs and 4 GiB in the engine's own record, not the engine's defaults."""
-    cluster = running_cluster(1, cpu="cpu-2c-4g")
+    """cpu-2c-4g: 2 CPUs and 4 GiB in the engine's own record, not the engine's defaults
+    (all of it for the job on a cluster without a workspace, which would hold its share)."""
+    cluster = running_cluster(1, cpu="cpu-2c-4g", workspace=False)
     job = _submit(cluster, "sleep 30")
     replica = job.replicas.get()
     host_config = _client(replica).api.inspect_container(replica.container_name)["HostConfig"]
