@@ -556,25 +556,10 @@ def _workspace_node(cluster: Cluster, index: int, name: str) -> Node:
     """The live node `index` of a running cluster with workspaces, whose workspace was made;
     else Refused in the words workspaces.running uses (what the engine says is asked
     apart, off the database's threads: workspace_up)."""
-    if cluster.state != Cluster.State.RUNNING:
-        raise Refused(f"Suanli: {name}: cluster {cluster.name} is {cluster.state}, not running.")
-    if not cluster.workspace:
-        raise Refused(
-            f"Suanli: {name}: cluster {cluster.name} was created without workspaces (jobs only)."
-        )
-    node = (
-        Node.objects.filter(
-            cluster=cluster, index=index, released_at__isnull=True, lost_at__isnull=True
-        )
-        .select_related("host")
-        .first()
-    )
-    if node is None:
-        raise Refused(f"Suanli: {name}: cluster {cluster.name} has no node {index}.")
-    if not node.workspace_container:
-        raise Refused(
-            f"Suanli: {name}: the workspace of node {index} is starting; try again shortly."
-        )
+    try:
+        node = workspaces.live_node(cluster, index)
+    except workspaces.WorkspaceError as exc:
+        raise Refused(f"Suanli: {name}: {exc}.") from None
     return node
 
 

@@ -240,9 +240,10 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
     return removed
 
 
-def running(cluster: Cluster, index: int):
-    """The running workspace container of the cluster's node `index`, or WorkspaceError
-    saying why there is none (in words a researcher acts on)."""
+def live_node(cluster: Cluster, index: int) -> Node:
+    """The cluster's live node `index` whose workspace was made (its host selected), or
+    WorkspaceError saying why there is none (in words a researcher acts on). Reads only
+    the database."""
     if cluster.state != Cluster.State.RUNNING:
         raise WorkspaceError(f"cluster {cluster.name} is {cluster.state}, not running")
     if not cluster.workspace:
@@ -258,6 +259,13 @@ def running(cluster: Cluster, index: int):
         raise WorkspaceError(f"cluster {cluster.name} has no node {index}")
     if not node.workspace_container:
         raise WorkspaceError(f"the workspace of node {index} is starting; try again shortly")
+    return node
+
+
+def running(cluster: Cluster, index: int):
+    """The running workspace container of the cluster's node `index`, or WorkspaceError
+    saying why there is none (in words a researcher acts on)."""
+    node = live_node(cluster, index)
     try:
         container = engine.cached_client(node.host).containers.get(node.workspace_container)
     except docker.errors.NotFound:
