@@ -68,14 +68,14 @@ def home(cluster: Cluster) -> str:
 
 
 def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSpec:
-    name = container_name(cluster.pk, node.index)
+    name, start = container_name(cluster.pk, node.index), home(cluster)
     kwargs = runtime.node_container_kwargs(
         cluster, node, owner_id=cluster.owner_id, network_name=network_name, name=name,
         nvidia=not node.host.emulated_gpu, share=settings.SUANLI_WORKSPACE_SHARE,
     )  # fmt: skip
     kwargs["environment"] = {
         **kwargs["environment"],
-        "HOME": home(cluster),
+        "HOME": start,
         "SUANLI_CLUSTER": str(cluster.pk),
         "NODE_RANK": str(node.index),
         "SUANLI_WORKSPACE": "1",
@@ -89,7 +89,7 @@ def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSp
             LABEL: str(node.index),
             LABEL_NODE: str(node.pk),
         },
-        working_dir=home(cluster),
+        working_dir=start,
     )
     return runtime.ContainerSpec(image=cluster.image_reference, name=name, kwargs=kwargs)
 
@@ -126,7 +126,7 @@ def ensure(cluster_id: int) -> dict[int, str]:
             continue
         if node.workspace_container != container.id:
             Node.objects.filter(pk=node.pk).update(workspace_container=container.id)
-    _remove_released(cluster_id)
+    _remove_released(cluster_id, nodes)
     return failed
 
 
@@ -154,10 +154,10 @@ def _up(cluster: Cluster, node: Node, network_name: str):
     return container
 
 
-def _remove_released(cluster_id: int) -> None:
+def _remove_released(cluster_id: int, live_nodes: list[Node]) -> None:
     """Workspaces of the cluster's released or lost nodes whose index no live node holds on
     that host (a node moved elsewhere keeps its index)."""
-    live = {(n.host_id, n.index) for n in _live_nodes(cluster_id)}
+    live = {(n.host_id, n.index) for n in live_nodes}
     gone = Node.objects.filter(cluster_id=cluster_id).exclude(workspace_container="")
     gone = gone.filter(Q(released_at__isnull=False) | Q(lost_at__isnull=False))
     for node in gone.select_related("host"):
@@ -280,12 +280,12 @@ def running(cluster: Cluster, index: int):
 def exec_kwargs(cluster: Cluster, cmd: list[str], *, tty: bool, env: dict | None = None) -> dict:
     """`exec_create` arguments of a login into a workspace: the tenant's uid, never root,
     never privileged; the command is one argv list, never a shell string we build."""
-    uid = runtime.tenant_uid(cluster.owner_id)
+    uid, start = runtime.tenant_uid(cluster.owner_id), home(cluster)
     return {
         "cmd": cmd,
         "user": f"{uid}:{uid}",
-        "workdir": home(cluster),
-        "environment": {"HOME": home(cluster), **(env or {})},
+        "workdir": start,
+        "environment": {"HOME": start, **(env or {})},
         "stdin": True,
         "stdout": True,
         "stderr": True,
