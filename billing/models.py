@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -37,6 +38,16 @@ class RateCard(models.Model):
     min_charge_s = models.PositiveIntegerField(
         default=0, help_text="Minimum seconds charged per cluster (0: none)."
     )
+    no_gpu_per_hour = models.DecimalField(
+        "no-GPU mode, per node-hour", max_digits=12, decimal_places=4, default=Decimal("0.1000"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="A stopped GPU cluster started without GPUs (its workspaces only).",
+    )  # fmt: skip
+    stopped_per_hour = models.DecimalField(
+        "stopped, per node-hour", max_digits=12, decimal_places=4, default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="A stopped cluster's kept workspaces (their disk). 0: free.",
+    )  # fmt: skip
     note = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(

@@ -353,6 +353,11 @@ class Cluster(models.Model):
         # and run their preemption script; it holds its GPUs until they are gone but is not
         # charged from the notice on. Then it goes back to pending on its own.
         PREEMPTING = "preempting", "preempting"
+        # Stopped by its owner (关机): no GPUs held, no job runs, not charged for GPUs; its
+        # workspaces are stopped but kept on their hosts (their files stay) until it is
+        # started again on those hosts, or released (by hand, or after
+        # SUANLI_STOPPED_RELEASE_DAYS).
+        STOPPED = "stopped", "stopped"
 
     class Network(models.TextChoices):
         STANDARD = "standard", "standard"
@@ -394,6 +399,12 @@ class Cluster(models.Model):
         max_length=20, choices=ReleasePolicy.choices, default=ReleasePolicy.AFTER_LAST_JOB
     )
     idle_minutes = models.PositiveIntegerField(null=True, blank=True)
+    no_gpu = models.BooleanField(
+        "no-GPU mode",
+        default=False,
+        help_text="Running without GPUs (started so from stopped): its workspaces only, a "
+        "small CPU and memory share, billed per node-hour at the no-GPU price; no jobs.",
+    )
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=300, blank=True)
@@ -402,6 +413,15 @@ class Cluster(models.Model):
     running_since = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     last_active_at = models.DateTimeField(default=timezone.now, help_text="For the idle policy.")
+    stopped_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When it was stopped (its workspaces kept); cleared when it runs again. A "
+        "pending cluster with this set waits for the hosts that keep its workspaces.",
+    )
+    release_warned_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the release-soon warning of this stop went out."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -503,6 +523,22 @@ class Node(models.Model):
     workspace_container = models.CharField(
         max_length=80, blank=True, help_text="The engine's id of the node's workspace container."
     )
+    no_gpu = models.BooleanField(
+        "no-GPU mode", default=False, help_text="Holds no GPUs: billed per node-hour at the "
+        "rate card's no-GPU price.",
+    )  # fmt: skip
+    stopped_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="It ended with a stop of its cluster (= released_at): its workspace is kept "
+        "on its host, stopped, until `kept_until`.",
+    )
+    kept_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its stopped workspace stopped being kept (the cluster started again "
+        "or was released). Empty while kept.",
+    )
 
     class Meta:
         ordering = ["cluster", "index"]
@@ -531,6 +567,39 @@ class Volume(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}:{self.target}{':ro' if self.read_only else ''}"
+
+
+class WorkspaceApp(models.Model):
+    """A web app running in a node's workspace that the console proxies to its owner:
+    JupyterLab, TensorBoard, or a port of the researcher's own service. One of each kind per
+    node; gone when the workspace stops (rows are removed by a stop or a release)."""
+
+    class Kind(models.TextChoices):
+        JUPYTER = "jupyter", "JupyterLab"
+        TENSORBOARD = "tensorboard", "TensorBoard"
+        SERVICE = "service", "service port"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="apps")
+    node_index = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    port = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(65535)],
+        help_text="The port it listens on inside the workspace.",
+    )
+    token = EncryptedTextField(blank=True, help_text="Its own token (JupyterLab).")
+    logdir = models.CharField(max_length=255, blank=True, help_text="TensorBoard's --logdir.")
+    started_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["cluster", "node_index", "kind"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "node_index", "kind"], name="workspace_app_one_per_kind"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/node{self.node_index} {self.kind}:{self.port}"
 
 
 class Job(models.Model):
@@ -690,6 +759,8 @@ class WebhookEndpoint(models.Model):
         ("job.cancelled", "job cancelled"),
         ("job.preempted", "job preempted"),
         ("cluster.running", "cluster running"),
+        ("cluster.stopped", "cluster stopped"),
+        ("cluster.release_soon", "stopped cluster released in a day"),
         ("cluster.released", "cluster released"),
         ("balance.low", "balance low"),
     ]

@@ -8,91 +8,303 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('jobs', '0004_job_stop_and_port'),
+        ("jobs", "0004_job_stop_and_port"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Account',
+            name="Account",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('balance', models.DecimalField(decimal_places=4, default=Decimal('0'), max_digits=18)),
-                ('exhausted_at', models.DateTimeField(blank=True, help_text='When its clusters were stopped for balance.', null=True)),
-                ('user', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='account', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "balance",
+                    models.DecimalField(decimal_places=4, default=Decimal("0"), max_digits=18),
+                ),
+                (
+                    "exhausted_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="When its clusters were stopped for balance.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "user",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="account",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='RateCard',
+            name="RateCard",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('effective_from', models.DateTimeField(default=django.utils.timezone.now, help_text='Prices apply from this second on.', unique=True)),
-                ('currency', models.CharField(default='CNY', max_length=3)),
-                ('spot_discount_pct', models.DecimalField(decimal_places=2, default=Decimal('60.00'), help_text='Spot clusters pay this much less (percent).', max_digits=5)),
-                ('min_charge_s', models.PositiveIntegerField(default=0, help_text='Minimum seconds charged per cluster (0: none).')),
-                ('note', models.CharField(blank=True, max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "effective_from",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now,
+                        help_text="Prices apply from this second on.",
+                        unique=True,
+                    ),
+                ),
+                ("currency", models.CharField(default="CNY", max_length=3)),
+                (
+                    "spot_discount_pct",
+                    models.DecimalField(
+                        decimal_places=2,
+                        default=Decimal("60.00"),
+                        help_text="Spot clusters pay this much less (percent).",
+                        max_digits=5,
+                    ),
+                ),
+                (
+                    "min_charge_s",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Minimum seconds charged per cluster (0: none)."
+                    ),
+                ),
+                ("note", models.CharField(blank=True, max_length=200)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-effective_from'],
+                "ordering": ["-effective_from"],
             },
         ),
         migrations.CreateModel(
-            name='LedgerEntry',
+            name="LedgerEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('topup', 'top-up'), ('usage', 'usage'), ('refund', 'refund'), ('adjustment', 'adjustment'), ('credit', 'credit')], max_length=10)),
-                ('amount', models.DecimalField(decimal_places=4, help_text='Signed: usage is negative.', max_digits=18)),
-                ('balance_after', models.DecimalField(decimal_places=4, max_digits=18)),
-                ('key', models.CharField(help_text='Idempotency key.', max_length=120, unique=True)),
-                ('period_from', models.DateTimeField(blank=True, null=True)),
-                ('period_to', models.DateTimeField(blank=True, null=True)),
-                ('units', models.PositiveIntegerField(default=0, help_text='GPUs (or CPU-only instances) held during the period.')),
-                ('rate', models.DecimalField(blank=True, decimal_places=8, help_text='Per unit-hour, after the spot discount.', max_digits=16, null=True)),
-                ('memo', models.CharField(blank=True, max_length=300)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.account')),
-                ('cluster', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.cluster')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('gpu_model', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.gpumodel')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("topup", "top-up"),
+                            ("usage", "usage"),
+                            ("refund", "refund"),
+                            ("adjustment", "adjustment"),
+                            ("credit", "credit"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "amount",
+                    models.DecimalField(
+                        decimal_places=4, help_text="Signed: usage is negative.", max_digits=18
+                    ),
+                ),
+                ("balance_after", models.DecimalField(decimal_places=4, max_digits=18)),
+                (
+                    "key",
+                    models.CharField(help_text="Idempotency key.", max_length=120, unique=True),
+                ),
+                ("period_from", models.DateTimeField(blank=True, null=True)),
+                ("period_to", models.DateTimeField(blank=True, null=True)),
+                (
+                    "units",
+                    models.PositiveIntegerField(
+                        default=0, help_text="GPUs (or CPU-only instances) held during the period."
+                    ),
+                ),
+                (
+                    "rate",
+                    models.DecimalField(
+                        blank=True,
+                        decimal_places=8,
+                        help_text="Per unit-hour, after the spot discount.",
+                        max_digits=16,
+                        null=True,
+                    ),
+                ),
+                ("memo", models.CharField(blank=True, max_length=300)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="entries",
+                        to="billing.account",
+                    ),
+                ),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.cluster",
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "gpu_model",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.gpumodel",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'ledger entries',
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['account', '-created_at'], name='ledger_account_idx'), models.Index(fields=['cluster', 'period_to'], name='ledger_cluster_idx')],
+                "verbose_name_plural": "ledger entries",
+                "ordering": ["-created_at", "-id"],
+                "indexes": [
+                    models.Index(fields=["account", "-created_at"], name="ledger_account_idx"),
+                    models.Index(fields=["cluster", "period_to"], name="ledger_cluster_idx"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Meter',
+            name="Meter",
             fields=[
-                ('cluster', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, primary_key=True, related_name='meter', serialize=False, to='jobs.cluster')),
-                ('billed_until', models.DateTimeField()),
-                ('exact', models.DecimalField(decimal_places=10, default=Decimal('0'), max_digits=40)),
-                ('charged', models.DecimalField(decimal_places=4, default=Decimal('0'), max_digits=18)),
-                ('settled', models.BooleanField(default=False)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='meters', to='billing.account')),
+                (
+                    "cluster",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        primary_key=True,
+                        related_name="meter",
+                        serialize=False,
+                        to="jobs.cluster",
+                    ),
+                ),
+                ("billed_until", models.DateTimeField()),
+                (
+                    "exact",
+                    models.DecimalField(decimal_places=10, default=Decimal("0"), max_digits=40),
+                ),
+                (
+                    "charged",
+                    models.DecimalField(decimal_places=4, default=Decimal("0"), max_digits=18),
+                ),
+                ("settled", models.BooleanField(default=False)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="meters",
+                        to="billing.account",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('settled', False)), fields=['settled'], name='meter_open_idx')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("settled", False)),
+                        fields=["settled"],
+                        name="meter_open_idx",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Price',
+            name="Price",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('per_hour', models.DecimalField(decimal_places=4, help_text='Per GPU-hour, or per instance-hour.', max_digits=12)),
-                ('gpu_model', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.gpumodel')),
-                ('instance_type', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.instancetype')),
-                ('card', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='prices', to='billing.ratecard')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "per_hour",
+                    models.DecimalField(
+                        decimal_places=4,
+                        help_text="Per GPU-hour, or per instance-hour.",
+                        max_digits=12,
+                    ),
+                ),
+                (
+                    "gpu_model",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.gpumodel",
+                    ),
+                ),
+                (
+                    "instance_type",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.instancetype",
+                    ),
+                ),
+                (
+                    "card",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="prices",
+                        to="billing.ratecard",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['card', 'gpu_model', 'instance_type'],
-                'constraints': [models.CheckConstraint(condition=models.Q(models.Q(('gpu_model__isnull', True), ('instance_type__isnull', False)), models.Q(('gpu_model__isnull', False), ('instance_type__isnull', True)), _connector='OR'), name='price_one_resource'), models.UniqueConstraint(fields=('card', 'gpu_model'), name='price_unique_gpu'), models.UniqueConstraint(fields=('card', 'instance_type'), name='price_unique_cpu'), models.CheckConstraint(condition=models.Q(('per_hour__gte', 0)), name='price_not_negative')],
+                "ordering": ["card", "gpu_model", "instance_type"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("gpu_model__isnull", True), ("instance_type__isnull", False)),
+                            models.Q(("gpu_model__isnull", False), ("instance_type__isnull", True)),
+                            _connector="OR",
+                        ),
+                        name="price_one_resource",
+                    ),
+                    models.UniqueConstraint(fields=("card", "gpu_model"), name="price_unique_gpu"),
+                    models.UniqueConstraint(
+                        fields=("card", "instance_type"), name="price_unique_cpu"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("per_hour__gte", 0)), name="price_not_negative"
+                    ),
+                ],
             },
         ),
     ]

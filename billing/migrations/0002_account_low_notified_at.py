@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0001_ledger'),
+        ("billing", "0001_ledger"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='account',
-            name='low_notified_at',
-            field=models.DateTimeField(blank=True, help_text='When balance.low was last sent (cleared by a top-up).', null=True),
+            model_name="account",
+            name="low_notified_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When balance.low was last sent (cleared by a top-up).",
+                null=True,
+            ),
         ),
     ]

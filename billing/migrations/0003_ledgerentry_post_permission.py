@@ -4,14 +4,17 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0002_account_low_notified_at'),
+        ("billing", "0002_account_low_notified_at"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='ledgerentry',
-            options={'ordering': ['-created_at', '-id'], 'permissions': [('post_ledgerentry', 'Can post top-ups, refunds and adjustments')], 'verbose_name_plural': 'ledger entries'},
+            name="ledgerentry",
+            options={
+                "ordering": ["-created_at", "-id"],
+                "permissions": [("post_ledgerentry", "Can post top-ups, refunds and adjustments")],
+                "verbose_name_plural": "ledger entries",
+            },
         ),
     ]

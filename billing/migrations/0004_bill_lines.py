@@ -15,113 +15,190 @@ def fold_the_ledger(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0003_ledgerentry_post_permission'),
-        ('jobs', '0012_history_indexes'),
+        ("billing", "0003_ledgerentry_post_permission"),
+        ("jobs", "0012_history_indexes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BillLine',
+            name="BillLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('topup', 'top-up'), ('usage', 'usage'), ('refund', 'refund'), ('adjustment', 'adjustment'), ('credit', 'credit')], max_length=10)),
-                ('at', models.DateTimeField(help_text='Usage: the start of its hour; else when it was posted.')),
-                ('amount', models.DecimalField(decimal_places=4, help_text='Signed: usage is negative.', max_digits=18)),
-                ('hour', models.DateTimeField(blank=True, help_text="Usage pieces' UTC hour.", null=True)),
-                ('units', models.PositiveIntegerField(default=0)),
-                ('rate', models.DecimalField(blank=True, decimal_places=8, max_digits=16, null=True)),
-                ('seconds', models.PositiveIntegerField(blank=True, null=True)),
-                ('pieces', models.PositiveIntegerField(default=1)),
-                ('period_from', models.DateTimeField(blank=True, null=True)),
-                ('period_to', models.DateTimeField(blank=True, null=True)),
-                ('charged_at', models.DateTimeField(help_text='When its last piece was charged.')),
-                ('memo', models.CharField(blank=True, max_length=300)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("topup", "top-up"),
+                            ("usage", "usage"),
+                            ("refund", "refund"),
+                            ("adjustment", "adjustment"),
+                            ("credit", "credit"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "at",
+                    models.DateTimeField(
+                        help_text="Usage: the start of its hour; else when it was posted."
+                    ),
+                ),
+                (
+                    "amount",
+                    models.DecimalField(
+                        decimal_places=4, help_text="Signed: usage is negative.", max_digits=18
+                    ),
+                ),
+                (
+                    "hour",
+                    models.DateTimeField(
+                        blank=True, help_text="Usage pieces' UTC hour.", null=True
+                    ),
+                ),
+                ("units", models.PositiveIntegerField(default=0)),
+                (
+                    "rate",
+                    models.DecimalField(blank=True, decimal_places=8, max_digits=16, null=True),
+                ),
+                ("seconds", models.PositiveIntegerField(blank=True, null=True)),
+                ("pieces", models.PositiveIntegerField(default=1)),
+                ("period_from", models.DateTimeField(blank=True, null=True)),
+                ("period_to", models.DateTimeField(blank=True, null=True)),
+                ("charged_at", models.DateTimeField(help_text="When its last piece was charged.")),
+                ("memo", models.CharField(blank=True, max_length=300)),
             ],
             options={
-                'ordering': ['-at', '-id'],
+                "ordering": ["-at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='UsageDay',
+            name="UsageDay",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('day', models.DateField()),
-                ('resource', models.CharField(max_length=100)),
-                ('amount', models.DecimalField(decimal_places=4, help_text='Charged (positive).', max_digits=18)),
-                ('seconds', models.BigIntegerField(default=0, help_text='Unit-seconds.')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("day", models.DateField()),
+                ("resource", models.CharField(max_length=100)),
+                (
+                    "amount",
+                    models.DecimalField(
+                        decimal_places=4, help_text="Charged (positive).", max_digits=18
+                    ),
+                ),
+                ("seconds", models.BigIntegerField(default=0, help_text="Unit-seconds.")),
             ],
         ),
         migrations.RemoveIndex(
-            model_name='ledgerentry',
-            name='ledger_account_idx',
+            model_name="ledgerentry",
+            name="ledger_account_idx",
         ),
         migrations.RemoveIndex(
-            model_name='ledgerentry',
-            name='ledger_cluster_idx',
+            model_name="ledgerentry",
+            name="ledger_cluster_idx",
         ),
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(fields=['account', '-created_at', '-id'], name='ledger_account_at'),
+            model_name="ledgerentry",
+            index=models.Index(fields=["account", "-created_at", "-id"], name="ledger_account_at"),
         ),
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(fields=['cluster', 'period_from'], name='ledger_cluster_from'),
+            model_name="ledgerentry",
+            index=models.Index(fields=["cluster", "period_from"], name="ledger_cluster_from"),
         ),
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(fields=['-created_at', '-id'], name='ledger_created'),
+            model_name="ledgerentry",
+            index=models.Index(fields=["-created_at", "-id"], name="ledger_created"),
         ),
         migrations.AddField(
-            model_name='billline',
-            name='account',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='bill_lines', to='billing.account'),
+            model_name="billline",
+            name="account",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="bill_lines",
+                to="billing.account",
+            ),
         ),
         migrations.AddField(
-            model_name='billline',
-            name='cluster',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.cluster'),
+            model_name="billline",
+            name="cluster",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="jobs.cluster",
+            ),
         ),
         migrations.AddField(
-            model_name='billline',
-            name='entry',
-            field=models.OneToOneField(blank=True, help_text='The entry of a line that is one entry (not a usage hour).', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.ledgerentry'),
+            model_name="billline",
+            name="entry",
+            field=models.OneToOneField(
+                blank=True,
+                help_text="The entry of a line that is one entry (not a usage hour).",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="billing.ledgerentry",
+            ),
         ),
         migrations.AddField(
-            model_name='billline',
-            name='gpu_model',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.gpumodel'),
+            model_name="billline",
+            name="gpu_model",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="jobs.gpumodel",
+            ),
         ),
         migrations.AddField(
-            model_name='usageday',
-            name='account',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='usage_days', to='billing.account'),
+            model_name="usageday",
+            name="account",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="usage_days",
+                to="billing.account",
+            ),
         ),
         migrations.AddIndex(
-            model_name='billline',
-            index=models.Index(fields=['account', '-at', '-id'], name='billline_account_at'),
+            model_name="billline",
+            index=models.Index(fields=["account", "-at", "-id"], name="billline_account_at"),
         ),
         migrations.AddIndex(
-            model_name='billline',
-            index=models.Index(fields=['account', 'kind', '-at', '-id'], name='billline_kind_at'),
+            model_name="billline",
+            index=models.Index(fields=["account", "kind", "-at", "-id"], name="billline_kind_at"),
         ),
         migrations.AddIndex(
-            model_name='billline',
-            index=models.Index(fields=['cluster', '-at', '-id'], name='billline_cluster_at'),
+            model_name="billline",
+            index=models.Index(fields=["cluster", "-at", "-id"], name="billline_cluster_at"),
         ),
         migrations.AddConstraint(
-            model_name='billline',
-            constraint=models.UniqueConstraint(condition=models.Q(('hour__isnull', False)), fields=('cluster', 'hour', 'units', 'rate', 'memo'), name='billline_one_per_hour'),
+            model_name="billline",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("hour__isnull", False)),
+                fields=("cluster", "hour", "units", "rate", "memo"),
+                name="billline_one_per_hour",
+            ),
         ),
         migrations.AddIndex(
-            model_name='usageday',
-            index=models.Index(fields=['day'], name='usageday_day'),
+            model_name="usageday",
+            index=models.Index(fields=["day"], name="usageday_day"),
         ),
         migrations.AddConstraint(
-            model_name='usageday',
-            constraint=models.UniqueConstraint(fields=('account', 'day', 'resource'), name='usageday_unique'),
+            model_name="usageday",
+            constraint=models.UniqueConstraint(
+                fields=("account", "day", "resource"), name="usageday_unique"
+            ),
         ),
         migrations.RunPython(fold_the_ledger, migrations.RunPython.noop),
     ]

@@ -8,95 +8,249 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='GpuModel',
+            name="GpuModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='As researchers see it, e.g. A100 80 GB.', max_length=64, unique=True)),
-                ('slug', models.SlugField(max_length=64, unique=True)),
-                ('memory_gb', models.PositiveSmallIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
-                ('bf16', models.BooleanField(default=False, help_text='Supports bfloat16 training.', verbose_name='BF16')),
-                ('nvlink', models.BooleanField(default=False, help_text='GPUs of one host are linked by NVLink.', verbose_name='NVLink')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="As researchers see it, e.g. A100 80 GB.",
+                        max_length=64,
+                        unique=True,
+                    ),
+                ),
+                ("slug", models.SlugField(max_length=64, unique=True)),
+                (
+                    "memory_gb",
+                    models.PositiveSmallIntegerField(
+                        validators=[django.core.validators.MinValueValidator(1)]
+                    ),
+                ),
+                (
+                    "bf16",
+                    models.BooleanField(
+                        default=False, help_text="Supports bfloat16 training.", verbose_name="BF16"
+                    ),
+                ),
+                (
+                    "nvlink",
+                    models.BooleanField(
+                        default=False,
+                        help_text="GPUs of one host are linked by NVLink.",
+                        verbose_name="NVLink",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['memory_gb', 'name'],
+                "ordering": ["memory_gb", "name"],
             },
         ),
         migrations.CreateModel(
-            name='Image',
+            name="Image",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=80, unique=True)),
-                ('reference', models.CharField(help_text='Docker reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime', max_length=255, validators=[jobs.validators.validate_image_reference])),
-                ('framework', models.CharField(blank=True, help_text='e.g. PyTorch 2.4', max_length=80)),
-                ('cuda_version', models.CharField(blank=True, max_length=20, verbose_name='CUDA version')),
-                ('description', models.TextField(blank=True)),
-                ('active', models.BooleanField(default=True, help_text='Offered on the cluster form.')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=80, unique=True)),
+                (
+                    "reference",
+                    models.CharField(
+                        help_text="Docker reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
+                        max_length=255,
+                        validators=[jobs.validators.validate_image_reference],
+                    ),
+                ),
+                (
+                    "framework",
+                    models.CharField(blank=True, help_text="e.g. PyTorch 2.4", max_length=80),
+                ),
+                (
+                    "cuda_version",
+                    models.CharField(blank=True, max_length=20, verbose_name="CUDA version"),
+                ),
+                ("description", models.TextField(blank=True)),
+                (
+                    "active",
+                    models.BooleanField(default=True, help_text="Offered on the cluster form."),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='InstanceType',
+            name="InstanceType",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='e.g. cpu-4c-16g', max_length=64, unique=True)),
-                ('vcpus', models.PositiveSmallIntegerField(validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(512)])),
-                ('memory_gb', models.PositiveSmallIntegerField(validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(4096)])),
-                ('description', models.CharField(blank=True, max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(help_text="e.g. cpu-4c-16g", max_length=64, unique=True)),
+                (
+                    "vcpus",
+                    models.PositiveSmallIntegerField(
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(512),
+                        ]
+                    ),
+                ),
+                (
+                    "memory_gb",
+                    models.PositiveSmallIntegerField(
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(4096),
+                        ]
+                    ),
+                ),
+                ("description", models.CharField(blank=True, max_length=200)),
             ],
             options={
-                'ordering': ['vcpus', 'memory_gb'],
+                "ordering": ["vcpus", "memory_gb"],
             },
         ),
         migrations.CreateModel(
-            name='Host',
+            name="Host",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True, validators=[jobs.validators.validate_host_name])),
-                ('engine_url', models.CharField(help_text='unix:///var/run/docker.sock for a local engine, or tcp://HOST:2376 with TLS.', max_length=255)),
-                ('tls_ca', models.TextField(blank=True, help_text='PEM. Required for tcp://.', verbose_name='TLS CA certificate')),
-                ('tls_cert', models.TextField(blank=True, help_text='PEM. Required for tcp://.', verbose_name='TLS client certificate')),
-                ('tls_key', models.TextField(blank=True, help_text='PEM, unencrypted. Required for tcp://.', verbose_name='TLS client key')),
-                ('address', models.CharField(help_text='Where other hosts reach this one (jobs use it as MASTER_ADDR).', max_length=253, validators=[jobs.validators.validate_address])),
-                ('zone', models.SlugField(help_text='e.g. zone-a', max_length=40)),
-                ('gpu_count', models.PositiveSmallIntegerField(default=0, verbose_name='GPUs')),
-                ('rdma', models.BooleanField(default=False, verbose_name='RDMA capable')),
-                ('state', models.CharField(choices=[('active', 'active'), ('draining', 'draining'), ('down', 'down')], default='down', max_length=10)),
-                ('drain_requested', models.BooleanField(default=False)),
-                ('emulated_gpu', models.BooleanField(default=True, help_text='No NVIDIA runtime on the engine: GPUs are bookkeeping only.', verbose_name='emulated GPUs')),
-                ('docker_version', models.CharField(blank=True, max_length=40)),
-                ('operating_system', models.CharField(blank=True, max_length=120)),
-                ('cpu_count', models.PositiveIntegerField(blank=True, null=True)),
-                ('memory_bytes', models.BigIntegerField(blank=True, null=True)),
-                ('last_checked', models.DateTimeField(blank=True, null=True)),
-                ('last_seen', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                ('gpu_model', models.ForeignKey(blank=True, help_text='Leave empty for a CPU-only host.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='hosts', to='jobs.gpumodel')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=63, unique=True, validators=[jobs.validators.validate_host_name]
+                    ),
+                ),
+                (
+                    "engine_url",
+                    models.CharField(
+                        help_text="unix:///var/run/docker.sock for a local engine, or tcp://HOST:2376 with TLS.",
+                        max_length=255,
+                    ),
+                ),
+                (
+                    "tls_ca",
+                    models.TextField(
+                        blank=True,
+                        help_text="PEM. Required for tcp://.",
+                        verbose_name="TLS CA certificate",
+                    ),
+                ),
+                (
+                    "tls_cert",
+                    models.TextField(
+                        blank=True,
+                        help_text="PEM. Required for tcp://.",
+                        verbose_name="TLS client certificate",
+                    ),
+                ),
+                (
+                    "tls_key",
+                    models.TextField(
+                        blank=True,
+                        help_text="PEM, unencrypted. Required for tcp://.",
+                        verbose_name="TLS client key",
+                    ),
+                ),
+                (
+                    "address",
+                    models.CharField(
+                        help_text="Where other hosts reach this one (jobs use it as MASTER_ADDR).",
+                        max_length=253,
+                        validators=[jobs.validators.validate_address],
+                    ),
+                ),
+                ("zone", models.SlugField(help_text="e.g. zone-a", max_length=40)),
+                ("gpu_count", models.PositiveSmallIntegerField(default=0, verbose_name="GPUs")),
+                ("rdma", models.BooleanField(default=False, verbose_name="RDMA capable")),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("active", "active"), ("draining", "draining"), ("down", "down")],
+                        default="down",
+                        max_length=10,
+                    ),
+                ),
+                ("drain_requested", models.BooleanField(default=False)),
+                (
+                    "emulated_gpu",
+                    models.BooleanField(
+                        default=True,
+                        help_text="No NVIDIA runtime on the engine: GPUs are bookkeeping only.",
+                        verbose_name="emulated GPUs",
+                    ),
+                ),
+                ("docker_version", models.CharField(blank=True, max_length=40)),
+                ("operating_system", models.CharField(blank=True, max_length=120)),
+                ("cpu_count", models.PositiveIntegerField(blank=True, null=True)),
+                ("memory_bytes", models.BigIntegerField(blank=True, null=True)),
+                ("last_checked", models.DateTimeField(blank=True, null=True)),
+                ("last_seen", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True)),
+                (
+                    "created_at",
+                    models.DateTimeField(default=django.utils.timezone.now, editable=False),
+                ),
+                (
+                    "gpu_model",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Leave empty for a CPU-only host.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="hosts",
+                        to="jobs.gpumodel",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['zone', 'name'],
+                "ordering": ["zone", "name"],
             },
         ),
         migrations.CreateModel(
-            name='GpuSlot',
+            name="GpuSlot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='slots', to='jobs.host')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                (
+                    "host",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="slots",
+                        to="jobs.host",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['host', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('host', 'index'), name='gpu_slot_unique_index')],
+                "ordering": ["host", "index"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("host", "index"), name="gpu_slot_unique_index")
+                ],
             },
         ),
     ]

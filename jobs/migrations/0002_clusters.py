@@ -7,132 +7,290 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0001_initial'),
+        ("jobs", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SshKey',
+            name="SshKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=80)),
-                ('public_key', models.TextField()),
-                ('key_type', models.CharField(max_length=40)),
-                ('bits', models.PositiveIntegerField()),
-                ('fingerprint', models.CharField(max_length=80)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=80)),
+                ("public_key", models.TextField()),
+                ("key_type", models.CharField(max_length=40)),
+                ("bits", models.PositiveIntegerField()),
+                ("fingerprint", models.CharField(max_length=80)),
+                (
+                    "created_at",
+                    models.DateTimeField(default=django.utils.timezone.now, editable=False),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Volume',
+            name="Volume",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('source', models.CharField(help_text="Relative to the owner's storage root.", max_length=255)),
-                ('target', models.CharField(max_length=255)),
-                ('read_only', models.BooleanField(default=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "source",
+                    models.CharField(
+                        help_text="Relative to the owner's storage root.", max_length=255
+                    ),
+                ),
+                ("target", models.CharField(max_length=255)),
+                ("read_only", models.BooleanField(default=False)),
             ],
             options={
-                'ordering': ['target'],
+                "ordering": ["target"],
             },
         ),
         migrations.CreateModel(
-            name='Cluster',
+            name="Cluster",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63)),
-                ('nodes', models.PositiveSmallIntegerField()),
-                ('gpus_per_node', models.PositiveSmallIntegerField(default=0)),
-                ('image_reference', models.CharField(max_length=255)),
-                ('network', models.CharField(choices=[('standard', 'standard'), ('rdma', 'high-performance (RDMA)')], default='standard', max_length=10)),
-                ('zone', models.CharField(blank=True, help_text='Empty: any zone.', max_length=40)),
-                ('spot', models.BooleanField(default=False)),
-                ('release_policy', models.CharField(choices=[('after_last_job', 'when the last job ends'), ('idle', 'after N idle minutes'), ('never', 'never (release by hand)')], default='after_last_job', max_length=20)),
-                ('idle_minutes', models.PositiveIntegerField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('pending', 'pending'), ('running', 'running'), ('releasing', 'releasing'), ('released', 'released'), ('failed', 'failed')], default='pending', max_length=10)),
-                ('state_reason', models.CharField(blank=True, max_length=300)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('queued_at', models.DateTimeField(default=django.utils.timezone.now, help_text='Place in the queue (FIFO).')),
-                ('running_since', models.DateTimeField(blank=True, null=True)),
-                ('released_at', models.DateTimeField(blank=True, null=True)),
-                ('last_active_at', models.DateTimeField(default=django.utils.timezone.now, help_text='For the idle policy.')),
-                ('gpu_model', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.gpumodel')),
-                ('image', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.image')),
-                ('instance_type', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.instancetype')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='clusters', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=63)),
+                ("nodes", models.PositiveSmallIntegerField()),
+                ("gpus_per_node", models.PositiveSmallIntegerField(default=0)),
+                ("image_reference", models.CharField(max_length=255)),
+                (
+                    "network",
+                    models.CharField(
+                        choices=[("standard", "standard"), ("rdma", "high-performance (RDMA)")],
+                        default="standard",
+                        max_length=10,
+                    ),
+                ),
+                ("zone", models.CharField(blank=True, help_text="Empty: any zone.", max_length=40)),
+                ("spot", models.BooleanField(default=False)),
+                (
+                    "release_policy",
+                    models.CharField(
+                        choices=[
+                            ("after_last_job", "when the last job ends"),
+                            ("idle", "after N idle minutes"),
+                            ("never", "never (release by hand)"),
+                        ],
+                        default="after_last_job",
+                        max_length=20,
+                    ),
+                ),
+                ("idle_minutes", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "pending"),
+                            ("running", "running"),
+                            ("releasing", "releasing"),
+                            ("released", "released"),
+                            ("failed", "failed"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("state_reason", models.CharField(blank=True, max_length=300)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "queued_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now, help_text="Place in the queue (FIFO)."
+                    ),
+                ),
+                ("running_since", models.DateTimeField(blank=True, null=True)),
+                ("released_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "last_active_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now, help_text="For the idle policy."
+                    ),
+                ),
+                (
+                    "gpu_model",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.gpumodel",
+                    ),
+                ),
+                (
+                    "image",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="jobs.image",
+                    ),
+                ),
+                (
+                    "instance_type",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.instancetype",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="clusters",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='ClusterEvent',
+            name="ClusterEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('kind', models.CharField(max_length=20)),
-                ('message', models.CharField(blank=True, max_length=300)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("kind", models.CharField(max_length=20)),
+                ("message", models.CharField(blank=True, max_length=300)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="jobs.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'id'],
+                "ordering": ["at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('gpu_indices', models.JSONField(default=list, help_text="Indices of the host's GPUs it holds.")),
-                ('vcpus', models.PositiveSmallIntegerField(default=0, help_text='CPU-only nodes: reserved vCPUs.')),
-                ('placed_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('released_at', models.DateTimeField(blank=True, null=True)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='node_set', to='jobs.cluster')),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='nodes', to='jobs.host')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                (
+                    "gpu_indices",
+                    models.JSONField(
+                        default=list, help_text="Indices of the host's GPUs it holds."
+                    ),
+                ),
+                (
+                    "vcpus",
+                    models.PositiveSmallIntegerField(
+                        default=0, help_text="CPU-only nodes: reserved vCPUs."
+                    ),
+                ),
+                ("placed_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("released_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="node_set",
+                        to="jobs.cluster",
+                    ),
+                ),
+                (
+                    "host",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="nodes",
+                        to="jobs.host",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['cluster', 'index'],
+                "ordering": ["cluster", "index"],
             },
         ),
         migrations.AddField(
-            model_name='gpuslot',
-            name='node',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='slots', to='jobs.node'),
+            model_name="gpuslot",
+            name="node",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="slots",
+                to="jobs.node",
+            ),
         ),
         migrations.AddIndex(
-            model_name='gpuslot',
-            index=models.Index(fields=['host', 'node'], name='gpu_slot_free_idx'),
+            model_name="gpuslot",
+            index=models.Index(fields=["host", "node"], name="gpu_slot_free_idx"),
         ),
         migrations.AddField(
-            model_name='sshkey',
-            name='owner',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='ssh_keys', to=settings.AUTH_USER_MODEL),
+            model_name="sshkey",
+            name="owner",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="ssh_keys",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='cluster',
-            name='ssh_keys',
-            field=models.ManyToManyField(blank=True, related_name='clusters', to='jobs.sshkey'),
+            model_name="cluster",
+            name="ssh_keys",
+            field=models.ManyToManyField(blank=True, related_name="clusters", to="jobs.sshkey"),
         ),
         migrations.AddField(
-            model_name='volume',
-            name='cluster',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='volumes', to='jobs.cluster'),
+            model_name="volume",
+            name="cluster",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="volumes",
+                to="jobs.cluster",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='node',
-            constraint=models.UniqueConstraint(condition=models.Q(('released_at__isnull', True)), fields=('cluster', 'index'), name='node_unique_live_index'),
+            model_name="node",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("released_at__isnull", True)),
+                fields=("cluster", "index"),
+                name="node_unique_live_index",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='sshkey',
-            constraint=models.UniqueConstraint(fields=('owner', 'fingerprint'), name='ssh_key_unique_per_owner'),
+            model_name="sshkey",
+            constraint=models.UniqueConstraint(
+                fields=("owner", "fingerprint"), name="ssh_key_unique_per_owner"
+            ),
         ),
         migrations.AddIndex(
-            model_name='cluster',
-            index=models.Index(fields=['state', 'queued_at'], name='cluster_queue_idx'),
+            model_name="cluster",
+            index=models.Index(fields=["state", "queued_at"], name="cluster_queue_idx"),
         ),
     ]

@@ -7,82 +7,191 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0002_clusters'),
+        ("jobs", "0002_clusters"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('command', models.TextField()),
-                ('launcher', models.CharField(choices=[('plain', 'plain (the command runs once per node)'), ('torchrun', 'torchrun (one process per GPU)')], default='plain', max_length=10)),
-                ('env', models.JSONField(blank=True, default=dict)),
-                ('workdir', models.CharField(default='/workspace', max_length=255)),
-                ('checkpoint_dir', models.CharField(default='/workspace/checkpoints', max_length=255)),
-                ('max_runtime_s', models.PositiveIntegerField(blank=True, null=True)),
-                ('retries', models.PositiveSmallIntegerField(default=0)),
-                ('attempt', models.PositiveSmallIntegerField(default=0, help_text='Starts so far (retries add one).')),
-                ('state', models.CharField(choices=[('queued', 'queued'), ('starting', 'starting'), ('running', 'running'), ('succeeded', 'succeeded'), ('failed', 'failed'), ('cancelled', 'cancelled')], default='queued', max_length=10)),
-                ('state_reason', models.CharField(blank=True, max_length=500)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('queued_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('running_since', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to='jobs.cluster')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("command", models.TextField()),
+                (
+                    "launcher",
+                    models.CharField(
+                        choices=[
+                            ("plain", "plain (the command runs once per node)"),
+                            ("torchrun", "torchrun (one process per GPU)"),
+                        ],
+                        default="plain",
+                        max_length=10,
+                    ),
+                ),
+                ("env", models.JSONField(blank=True, default=dict)),
+                ("workdir", models.CharField(default="/workspace", max_length=255)),
+                (
+                    "checkpoint_dir",
+                    models.CharField(default="/workspace/checkpoints", max_length=255),
+                ),
+                ("max_runtime_s", models.PositiveIntegerField(blank=True, null=True)),
+                ("retries", models.PositiveSmallIntegerField(default=0)),
+                (
+                    "attempt",
+                    models.PositiveSmallIntegerField(
+                        default=0, help_text="Starts so far (retries add one)."
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "queued"),
+                            ("starting", "starting"),
+                            ("running", "running"),
+                            ("succeeded", "succeeded"),
+                            ("failed", "failed"),
+                            ("cancelled", "cancelled"),
+                        ],
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                ("state_reason", models.CharField(blank=True, max_length=500)),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("queued_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("running_since", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="jobs",
+                        to="jobs.cluster",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='JobEvent',
+            name="JobEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('kind', models.CharField(max_length=20)),
-                ('message', models.CharField(blank=True, max_length=500)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("kind", models.CharField(max_length=20)),
+                ("message", models.CharField(blank=True, max_length=500)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'id'],
+                "ordering": ["at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='Replica',
+            name="Replica",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveSmallIntegerField(default=1)),
-                ('rank', models.PositiveSmallIntegerField()),
-                ('container_name', models.CharField(max_length=128, unique=True)),
-                ('container_id', models.CharField(blank=True, max_length=80)),
-                ('state', models.CharField(choices=[('creating', 'creating'), ('running', 'running'), ('exited', 'exited'), ('lost', 'lost')], default='creating', max_length=10)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('log', models.TextField(blank=True, help_text='Stored when the container ends (tail, timestamped).')),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='replicas', to='jobs.host')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='replicas', to='jobs.job')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='replicas', to='jobs.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("attempt", models.PositiveSmallIntegerField(default=1)),
+                ("rank", models.PositiveSmallIntegerField()),
+                ("container_name", models.CharField(max_length=128, unique=True)),
+                ("container_id", models.CharField(blank=True, max_length=80)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("creating", "creating"),
+                            ("running", "running"),
+                            ("exited", "exited"),
+                            ("lost", "lost"),
+                        ],
+                        default="creating",
+                        max_length=10,
+                    ),
+                ),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                (
+                    "log",
+                    models.TextField(
+                        blank=True, help_text="Stored when the container ends (tail, timestamped)."
+                    ),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "host",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="replicas",
+                        to="jobs.host",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="replicas",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="replicas",
+                        to="jobs.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', 'attempt', 'rank'],
+                "ordering": ["job", "attempt", "rank"],
             },
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['cluster', 'state', 'queued_at'], name='job_cluster_queue_idx'),
+            model_name="job",
+            index=models.Index(
+                fields=["cluster", "state", "queued_at"], name="job_cluster_queue_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='replica',
-            constraint=models.UniqueConstraint(fields=('job', 'attempt', 'rank'), name='replica_unique_rank'),
+            model_name="replica",
+            constraint=models.UniqueConstraint(
+                fields=("job", "attempt", "rank"), name="replica_unique_rank"
+            ),
         ),
     ]

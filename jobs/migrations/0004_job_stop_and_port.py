@@ -4,20 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0003_jobs'),
+        ("jobs", "0003_jobs"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='master_port',
-            field=models.PositiveIntegerField(blank=True, help_text='Chosen per attempt, unique among active jobs.', null=True),
+            model_name="job",
+            name="master_port",
+            field=models.PositiveIntegerField(
+                blank=True, help_text="Chosen per attempt, unique among active jobs.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='stop_requested_at',
-            field=models.DateTimeField(blank=True, help_text='When its replicas got SIGTERM (for the SIGKILL net).', null=True),
+            model_name="job",
+            name="stop_requested_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When its replicas got SIGTERM (for the SIGKILL net).",
+                null=True,
+            ),
         ),
     ]

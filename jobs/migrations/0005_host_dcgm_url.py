@@ -5,15 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0004_job_stop_and_port'),
+        ("jobs", "0004_job_stop_and_port"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='host',
-            name='dcgm_url',
-            field=models.URLField(blank=True, help_text="Optional: the host's dcgm-exporter metrics endpoint (http(s)://host:9400/metrics). GPU samples then come from it instead of NVML.", validators=[django.core.validators.URLValidator(schemes=['http', 'https'])], verbose_name='dcgm-exporter URL'),
+            model_name="host",
+            name="dcgm_url",
+            field=models.URLField(
+                blank=True,
+                help_text="Optional: the host's dcgm-exporter metrics endpoint (http(s)://host:9400/metrics). GPU samples then come from it instead of NVML.",
+                validators=[django.core.validators.URLValidator(schemes=["http", "https"])],
+                verbose_name="dcgm-exporter URL",
+            ),
         ),
     ]

@@ -7,88 +7,161 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0005_host_dcgm_url'),
+        ("jobs", "0005_host_dcgm_url"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='WebhookDelivery',
+            name="WebhookDelivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('state', models.CharField(choices=[('pending', 'pending'), ('succeeded', 'delivered'), ('dead', 'gave up')], default='pending', max_length=10)),
-                ('attempts', models.PositiveSmallIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_status', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "pending"),
+                            ("succeeded", "delivered"),
+                            ("dead", "gave up"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("attempts", models.PositiveSmallIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_status", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='WebhookAttempt',
+            name="WebhookAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('latency_ms', models.PositiveIntegerField(default=0)),
-                ('response_excerpt', models.CharField(blank=True, max_length=1000)),
-                ('error', models.CharField(blank=True, max_length=300)),
-                ('delivery', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tries', to='jobs.webhookdelivery')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("latency_ms", models.PositiveIntegerField(default=0)),
+                ("response_excerpt", models.CharField(blank=True, max_length=1000)),
+                ("error", models.CharField(blank=True, max_length=300)),
+                (
+                    "delivery",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tries",
+                        to="jobs.webhookdelivery",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at', '-id'],
+                "ordering": ["-at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='WebhookEndpoint',
+            name="WebhookEndpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('url', models.CharField(max_length=2000)),
-                ('events', models.JSONField(default=list)),
-                ('enabled', models.BooleanField(default=True)),
-                ('secret', models.CharField(help_text='whsec_...; shown to its owner once.', max_length=80)),
-                ('previous_secret', models.CharField(blank=True, max_length=80)),
-                ('previous_valid_until', models.DateTimeField(blank=True, null=True)),
-                ('failing_since', models.DateTimeField(blank=True, null=True)),
-                ('last_success_at', models.DateTimeField(blank=True, null=True)),
-                ('disabled_reason', models.CharField(blank=True, max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='webhook_endpoints', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("url", models.CharField(max_length=2000)),
+                ("events", models.JSONField(default=list)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "secret",
+                    models.CharField(
+                        help_text="whsec_...; shown to its owner once.", max_length=80
+                    ),
+                ),
+                ("previous_secret", models.CharField(blank=True, max_length=80)),
+                ("previous_valid_until", models.DateTimeField(blank=True, null=True)),
+                ("failing_since", models.DateTimeField(blank=True, null=True)),
+                ("last_success_at", models.DateTimeField(blank=True, null=True)),
+                ("disabled_reason", models.CharField(blank=True, max_length=200)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="webhook_endpoints",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='webhookdelivery',
-            name='endpoint',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='jobs.webhookendpoint'),
+            model_name="webhookdelivery",
+            name="endpoint",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="deliveries",
+                to="jobs.webhookendpoint",
+            ),
         ),
         migrations.CreateModel(
-            name='WebhookEvent',
+            name="WebhookEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('uid', models.CharField(max_length=40, unique=True)),
-                ('type', models.CharField(max_length=40)),
-                ('body', models.TextField(help_text='The exact JSON body sent (the same on every attempt).')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("uid", models.CharField(max_length=40, unique=True)),
+                ("type", models.CharField(max_length=40)),
+                (
+                    "body",
+                    models.TextField(
+                        help_text="The exact JSON body sent (the same on every attempt)."
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='webhookdelivery',
-            name='event',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='jobs.webhookevent'),
+            model_name="webhookdelivery",
+            name="event",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="deliveries",
+                to="jobs.webhookevent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='webhookdelivery',
-            index=models.Index(condition=models.Q(('state', 'pending')), fields=['next_attempt_at'], name='delivery_due_idx'),
+            model_name="webhookdelivery",
+            index=models.Index(
+                condition=models.Q(("state", "pending")),
+                fields=["next_attempt_at"],
+                name="delivery_due_idx",
+            ),
         ),
     ]

@@ -4,60 +4,105 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0006_webhooks'),
+        ("jobs", "0006_webhooks"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='max_preemptions',
-            field=models.PositiveSmallIntegerField(default=5, help_text='Preemptions it survives; one more fails it. Apart from retries.'),
+            model_name="job",
+            name="max_preemptions",
+            field=models.PositiveSmallIntegerField(
+                default=5,
+                help_text="Preemptions it survives; one more fails it. Apart from retries.",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='preempt_requested_at',
-            field=models.DateTimeField(blank=True, help_text="When this attempt's replicas got a preemption notice.", null=True),
+            model_name="job",
+            name="preempt_requested_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When this attempt's replicas got a preemption notice.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='preemption_script',
-            field=models.TextField(blank=True, help_text='Run in each replica (/bin/sh -c) when a preemption notice arrives, e.g. to save a checkpoint.'),
+            model_name="job",
+            name="preemption_script",
+            field=models.TextField(
+                blank=True,
+                help_text="Run in each replica (/bin/sh -c) when a preemption notice arrives, e.g. to save a checkpoint.",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='preemptions',
+            model_name="job",
+            name="preemptions",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='resume_from',
-            field=models.CharField(blank=True, help_text='SUANLI_RESUME_FROM of the current attempt: its newest checkpoint at start.', max_length=1024),
+            model_name="job",
+            name="resume_from",
+            field=models.CharField(
+                blank=True,
+                help_text="SUANLI_RESUME_FROM of the current attempt: its newest checkpoint at start.",
+                max_length=1024,
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='preempted_at',
-            field=models.DateTimeField(blank=True, help_text='When a preemption notice went out: billing stops here, although the node holds its GPUs until its containers are gone (then released_at).', null=True),
+            model_name="node",
+            name="preempted_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When a preemption notice went out: billing stops here, although the node holds its GPUs until its containers are gone (then released_at).",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='preempt_exec_id',
-            field=models.CharField(blank=True, help_text="The engine's exec of the preemption script.", max_length=80),
+            model_name="replica",
+            name="preempt_exec_id",
+            field=models.CharField(
+                blank=True, help_text="The engine's exec of the preemption script.", max_length=80
+            ),
         ),
         migrations.AlterField(
-            model_name='cluster',
-            name='state',
-            field=models.CharField(choices=[('pending', 'pending'), ('running', 'running'), ('releasing', 'releasing'), ('released', 'released'), ('failed', 'failed'), ('preempting', 'preempting')], default='pending', max_length=10),
+            model_name="cluster",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("pending", "pending"),
+                    ("running", "running"),
+                    ("releasing", "releasing"),
+                    ("released", "released"),
+                    ("failed", "failed"),
+                    ("preempting", "preempting"),
+                ],
+                default="pending",
+                max_length=10,
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='attempt',
-            field=models.PositiveSmallIntegerField(default=0, help_text='Starts so far (retries and restarts after preemptions add one).'),
+            model_name="job",
+            name="attempt",
+            field=models.PositiveSmallIntegerField(
+                default=0,
+                help_text="Starts so far (retries and restarts after preemptions add one).",
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='state',
-            field=models.CharField(choices=[('queued', 'queued'), ('starting', 'starting'), ('running', 'running'), ('succeeded', 'succeeded'), ('failed', 'failed'), ('cancelled', 'cancelled'), ('preempted', 'preempted')], default='queued', max_length=10),
+            model_name="job",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("queued", "queued"),
+                    ("starting", "starting"),
+                    ("running", "running"),
+                    ("succeeded", "succeeded"),
+                    ("failed", "failed"),
+                    ("cancelled", "cancelled"),
+                    ("preempted", "preempted"),
+                ],
+                default="queued",
+                max_length=10,
+            ),
         ),
     ]

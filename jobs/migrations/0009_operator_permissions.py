@@ -7,16 +7,31 @@ class Migration(migrations.Migration):
     """Operators' actions on running work as permissions of their own (issue 14)."""
 
     dependencies = [
-        ('jobs', '0008_host_swarm'),
+        ("jobs", "0008_host_swarm"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='cluster',
-            options={'ordering': ['-created_at'], 'permissions': [('preempt_cluster', "Can preempt researchers' spot clusters"), ('release_cluster', "Can release researchers' clusters")]},
+            name="cluster",
+            options={
+                "ordering": ["-created_at"],
+                "permissions": [
+                    ("preempt_cluster", "Can preempt researchers' spot clusters"),
+                    ("release_cluster", "Can release researchers' clusters"),
+                ],
+            },
         ),
         migrations.AlterModelOptions(
-            name='host',
-            options={'ordering': ['zone', 'name'], 'permissions': [('drain_host', 'Can drain and undrain hosts'), ('reclaim_spot', "Can reclaim a host's spot capacity (preempts its spot clusters)")]},
+            name="host",
+            options={
+                "ordering": ["zone", "name"],
+                "permissions": [
+                    ("drain_host", "Can drain and undrain hosts"),
+                    (
+                        "reclaim_spot",
+                        "Can reclaim a host's spot capacity (preempts its spot clusters)",
+                    ),
+                ],
+            },
         ),
     ]

@@ -4,7 +4,10 @@ from django.db import migrations
 
 import jobs.crypto
 
-SECRETS = {"jobs_host": ("tls_ca", "tls_cert", "tls_key"), "jobs_webhookendpoint": ("secret", "previous_secret")}
+SECRETS = {
+    "jobs_host": ("tls_ca", "tls_cert", "tls_key"),
+    "jobs_webhookendpoint": ("secret", "previous_secret"),
+}
 
 
 def _rewrite(schema_editor, change):
@@ -38,34 +41,44 @@ class Migration(migrations.Migration):
     the way back."""
 
     dependencies = [
-        ('jobs', '0009_operator_permissions'),
+        ("jobs", "0009_operator_permissions"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='host',
-            name='tls_ca',
-            field=jobs.crypto.EncryptedTextField(blank=True, help_text='PEM. Required for tcp://.', verbose_name='TLS CA certificate'),
+            model_name="host",
+            name="tls_ca",
+            field=jobs.crypto.EncryptedTextField(
+                blank=True, help_text="PEM. Required for tcp://.", verbose_name="TLS CA certificate"
+            ),
         ),
         migrations.AlterField(
-            model_name='host',
-            name='tls_cert',
-            field=jobs.crypto.EncryptedTextField(blank=True, help_text='PEM. Required for tcp://.', verbose_name='TLS client certificate'),
+            model_name="host",
+            name="tls_cert",
+            field=jobs.crypto.EncryptedTextField(
+                blank=True,
+                help_text="PEM. Required for tcp://.",
+                verbose_name="TLS client certificate",
+            ),
         ),
         migrations.AlterField(
-            model_name='host',
-            name='tls_key',
-            field=jobs.crypto.EncryptedTextField(blank=True, help_text='PEM, unencrypted. Required for tcp://.', verbose_name='TLS client key'),
+            model_name="host",
+            name="tls_key",
+            field=jobs.crypto.EncryptedTextField(
+                blank=True,
+                help_text="PEM, unencrypted. Required for tcp://.",
+                verbose_name="TLS client key",
+            ),
         ),
         migrations.AlterField(
-            model_name='webhookendpoint',
-            name='previous_secret',
+            model_name="webhookendpoint",
+            name="previous_secret",
             field=jobs.crypto.EncryptedTextField(blank=True),
         ),
         migrations.AlterField(
-            model_name='webhookendpoint',
-            name='secret',
-            field=jobs.crypto.EncryptedTextField(help_text='whsec_...; shown to its owner once.'),
+            model_name="webhookendpoint",
+            name="secret",
+            field=jobs.crypto.EncryptedTextField(help_text="whsec_...; shown to its owner once."),
         ),
         migrations.RunPython(encrypt_rows, decrypt_rows),
     ]

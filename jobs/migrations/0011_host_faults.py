@@ -4,45 +4,67 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0010_encrypt_secrets'),
+        ("jobs", "0010_encrypt_secrets"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='host',
-            name='outage_from',
+            model_name="host",
+            name="outage_from",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='outage_to',
+            model_name="host",
+            name="outage_to",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='host',
-            name='unhealthy_since',
-            field=models.DateTimeField(blank=True, help_text='When it was first seen down or degraded, this time.', null=True),
+            model_name="host",
+            name="unhealthy_since",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When it was first seen down or degraded, this time.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='host_restarts',
-            field=models.PositiveSmallIntegerField(default=0, help_text="Attempts ended by a host's failure: they do not count as retries."),
+            model_name="job",
+            name="host_restarts",
+            field=models.PositiveSmallIntegerField(
+                default=0,
+                help_text="Attempts ended by a host's failure: they do not count as retries.",
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='lost_at',
-            field=models.DateTimeField(blank=True, help_text='When its host was seen down: billing stops here; the node is placed again (a new row) when the host is back or the node moves to another host.', null=True),
+            model_name="node",
+            name="lost_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When its host was seen down: billing stops here; the node is placed again (a new row) when the host is back or the node moves to another host.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='host_fault',
-            field=models.BooleanField(default=False, help_text='Ended by its host (the engine died, restarted or could not start it), not by the job: the attempt runs again without using a retry.'),
+            model_name="replica",
+            name="host_fault",
+            field=models.BooleanField(
+                default=False,
+                help_text="Ended by its host (the engine died, restarted or could not start it), not by the job: the attempt runs again without using a retry.",
+            ),
         ),
         migrations.AlterField(
-            model_name='host',
-            name='state',
-            field=models.CharField(choices=[('active', 'active'), ('draining', 'draining'), ('degraded', 'degraded'), ('down', 'down')], default='down', max_length=10),
+            model_name="host",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("active", "active"),
+                    ("draining", "draining"),
+                    ("degraded", "degraded"),
+                    ("down", "down"),
+                ],
+                default="down",
+                max_length=10,
+            ),
         ),
     ]

@@ -9,29 +9,39 @@ class Migration(migrations.Migration):
     paged history, and the admin's job list."""
 
     dependencies = [
-        ('jobs', '0011_host_faults'),
+        ("jobs", "0011_host_faults"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='cluster',
-            index=models.Index(condition=models.Q(('state__in', ['released', 'failed']), _negated=True), fields=['owner', '-created_at'], name='cluster_owner_live_idx'),
+            model_name="cluster",
+            index=models.Index(
+                condition=models.Q(("state__in", ["released", "failed"]), _negated=True),
+                fields=["owner", "-created_at"],
+                name="cluster_owner_live_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='cluster',
-            index=models.Index(condition=models.Q(('state__in', ['released', 'failed'])), fields=['owner', '-created_at', '-id'], name='cluster_owner_history_idx'),
+            model_name="cluster",
+            index=models.Index(
+                condition=models.Q(("state__in", ["released", "failed"])),
+                fields=["owner", "-created_at", "-id"],
+                name="cluster_owner_history_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='cluster',
-            index=models.Index(fields=['owner', '-created_at', '-id'], name='cluster_owner_recent_idx'),
+            model_name="cluster",
+            index=models.Index(
+                fields=["owner", "-created_at", "-id"], name="cluster_owner_recent_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['-created_at', '-id'], name='job_recent_idx'),
+            model_name="job",
+            index=models.Index(fields=["-created_at", "-id"], name="job_recent_idx"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['owner', '-created_at', '-id'], name='job_owner_recent_idx'),
+            model_name="job",
+            index=models.Index(fields=["owner", "-created_at", "-id"], name="job_owner_recent_idx"),
         ),
     ]

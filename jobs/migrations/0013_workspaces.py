@@ -4,20 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0012_history_indexes'),
+        ("jobs", "0012_history_indexes"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cluster',
-            name='workspace',
-            field=models.BooleanField(default=True, help_text='Keep a workspace container on each node from placement to release, to log in to (ssh, scp/sftp, the web terminal). Off: jobs only (pure batch).'),
+            model_name="cluster",
+            name="workspace",
+            field=models.BooleanField(
+                default=True,
+                help_text="Keep a workspace container on each node from placement to release, to log in to (ssh, scp/sftp, the web terminal). Off: jobs only (pure batch).",
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='workspace_container',
-            field=models.CharField(blank=True, help_text="The engine's id of the node's workspace container.", max_length=80),
+            model_name="node",
+            name="workspace_container",
+            field=models.CharField(
+                blank=True,
+                help_text="The engine's id of the node's workspace container.",
+                max_length=80,
+            ),
         ),
     ]
