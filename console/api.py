@@ -49,6 +49,7 @@ from console.api_schema import (
     NewCluster,
     NewJob,
     Resize,
+    Start,
 )
 from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm
 from console.models import ApiToken, digest_of
@@ -368,6 +369,40 @@ def cluster_release(request, cluster_id: Id):
     """Stop its jobs and its billing; the cluster's storage folders stay."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
     return fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
+
+
+@api.post(
+    "/clusters/{cluster_id}/stop",
+    tags=["clusters"],
+    response=_responses(200, ClusterOut),
+    summary="Stop (keep its files)",
+)
+def cluster_stop(request, cluster_id: Id):
+    """Cancel its jobs, give its GPUs back (not charged from now) and stop its workspaces,
+    keeping every file on their hosts until it is started or released."""
+    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    return fleet_services.cluster_stop(cluster=c, by="its owner (API)")
+
+
+@api.post(
+    "/clusters/{cluster_id}/start",
+    tags=["clusters"],
+    response={**_responses(200, ClusterOut), 409: Error},
+    summary="Start a stopped cluster",
+)
+def cluster_start(request, cluster_id: Id, payload: Start = None):
+    """On the hosts that keep its workspaces: `{"mode": "gpu"}` (default; 409 when its GPUs
+    there are taken, saying so), `"wait"` (in line for them) or `"no_gpu"`."""
+    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    mode = payload.mode if payload is not None else "gpu"
+    try:
+        return fleet_services.cluster_start(cluster=c, mode=mode, by="its owner (API)")
+    except fleet_services.StartBlocked as exc:
+        return _error(
+            409,
+            " ".join(exc.messages)
+            + ' Send {"mode": "wait"} to wait in line, or {"mode": "no_gpu"} to start without GPUs.',
+        )
 
 
 @api.post(

@@ -6,10 +6,11 @@ object or lines. The rules (names, ranges, images, zones, the balance) are the f
 services', the same ones the pages use.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Literal
 
+from django.conf import settings
 from django.urls import reverse
 from ninja import Field, Schema
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
@@ -98,6 +99,13 @@ class ClusterOut(Schema):
     created_at: Stamp
     running_since: Stamp | None
     released_at: Stamp | None
+    no_gpu: bool = Field(description="running without GPUs (no-GPU mode): no jobs")
+    stopped_at: Stamp | None = Field(
+        description="when it was stopped; set while stopped or waiting to start again"
+    )
+    release_at: Stamp | None = Field(
+        description="when a stopped cluster is released with its workspaces unless started"
+    )
     url: str = Field(description="the cluster's page in the console")
     ssh: list[SshLogin] = Field(
         description="how to log in to each node's workspace: empty unless the cluster runs "
@@ -115,6 +123,12 @@ class ClusterOut(Schema):
     @staticmethod
     def resolve_image(obj) -> str:
         return obj.image_reference
+
+    @staticmethod
+    def resolve_release_at(obj) -> datetime | None:
+        if obj.stopped_at is None:
+            return None
+        return obj.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
 
     @staticmethod
     def resolve_url(obj, context) -> str:
@@ -145,6 +159,14 @@ class NewCluster(Schema):
     ssh_keys: list[Whole] | None = Field(None, description="ids of your SSH keys")
     workspace: bool | None = Field(
         None, strict=True, description="a workspace on each node to log in to (default true)"
+    )
+
+
+class Start(Schema):
+    mode: Literal["gpu", "wait", "no_gpu"] = Field(
+        "gpu",
+        description="gpu: with its GPUs now (409 when they are taken); wait: in line for "
+        "them on the hosts that keep its workspaces; no_gpu: at once without GPUs",
     )
 
 

@@ -307,6 +307,13 @@ SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").
 # a job's replicas get the rest (all of it on clusters without workspaces), so that the
 # node's containers together never hold more than the node.
 SUANLI_WORKSPACE_SHARE = min(max(envint("SUANLI_WORKSPACE_SHARE_PCT", 25), 5), 95) / 100
+SUANLI_WORKSPACE_STOP_S = envint("SUANLI_WORKSPACE_STOP_S", 10)  # SIGTERM, then SIGKILL
+# Stopping and starting (jobs/services.py): a stopped cluster keeps its workspaces on their
+# hosts this many days (a fraction is allowed), then is released; a warning goes out a day
+# before. Started without GPUs, each node's workspace gets this CPU and memory.
+SUANLI_STOPPED_RELEASE_S = int(float(envstr("SUANLI_STOPPED_RELEASE_DAYS", "15")) * 86400)
+SUANLI_NO_GPU_CPUS = float(envstr("SUANLI_NO_GPU_CPUS", "1"))
+SUANLI_NO_GPU_MEMORY_MB = envint("SUANLI_NO_GPU_MEMORY_MB", 4096)
 # Logging in (console/logins.py): the host name the cluster page, the API and `suanli ssh`
 # give for the SSH gateway; empty: the name the console was reached by, without its port.
 SUANLI_SSH_HOST = envstr("SUANLI_SSH_HOST", "")

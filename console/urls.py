@@ -19,6 +19,8 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/status/", views.cluster_status, name="cluster_status"),
     path("clusters/<int:cluster_id>/release/", views.cluster_release, name="cluster_release"),
     path("clusters/<int:cluster_id>/resize/", views.cluster_resize, name="cluster_resize"),
+    path("clusters/<int:cluster_id>/stop/", views.cluster_stop, name="cluster_stop"),
+    path("clusters/<int:cluster_id>/start/", views.cluster_start, name="cluster_start"),
     path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
     path(
         "clusters/<int:cluster_id>/nodes/<int:index>/terminal/",

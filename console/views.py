@@ -150,7 +150,15 @@ def cluster_new(request):
 
 
 def _cluster_status_context(cluster: Cluster) -> dict:
+    stopped = cluster.state == Cluster.State.STOPPED
     return {
+        "start_blocked": fleet_services.start_blocked(cluster) if stopped else "",
+        "release_at": (
+            cluster.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+            if cluster.stopped_at
+            else None
+        ),
+        "stop_prices": money.stop_prices() if stopped or cluster.no_gpu else None,
         "cluster": cluster,
         "nodes": fleet.live_nodes(cluster),
         "events": cluster.events.all(),
@@ -238,6 +246,44 @@ def cluster_release(request, cluster_id: int):
             cluster=cluster, reason=f"released by {request.user.username}"
         )
         messages.success(request, f"Cluster {cluster.name} released; its GPUs are free again.")
+    return redirect("cluster_detail", cluster_id=cluster.pk)
+
+
+@login_required
+@require_POST
+def cluster_stop(request, cluster_id: int):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    try:
+        fleet_services.cluster_stop(cluster=cluster, by=request.user.username)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(
+            request,
+            f"Cluster {cluster.name} stopped: its GPUs are free and not charged; its "
+            "workspaces keep every file until you start it.",
+        )
+    return redirect("cluster_detail", cluster_id=cluster.pk)
+
+
+@login_required
+@require_POST
+def cluster_start(request, cluster_id: int):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    mode = request.POST.get("mode", "gpu")
+    try:
+        cluster = fleet_services.cluster_start(cluster=cluster, mode=mode, by=request.user.username)
+    except fleet_services.StartBlocked as exc:
+        messages.warning(request, " ".join(exc.messages))
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        done = {
+            "gpu": f"Cluster {cluster.name} is starting on its hosts with its GPUs.",
+            "wait": f"Cluster {cluster.name} waits in line for its GPUs; it starts when they free.",
+            "no_gpu": f"Cluster {cluster.name} is starting without GPUs: files, ssh and the terminal work; jobs do not.",
+        }
+        messages.success(request, done[mode])
     return redirect("cluster_detail", cluster_id=cluster.pk)
 
 

@@ -12,7 +12,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from jobs import webhooks
-from jobs.models import Cluster, ClusterEvent, GpuSlot, Host, Job, JobEvent, Node
+from jobs.models import Cluster, ClusterEvent, GpuSlot, Host, Job, JobEvent, Node, WorkspaceApp
 from jobs.queue import enqueue_by_name, enqueue_unique
 
 # -- timelines ------------------------------------------------------------------------------
@@ -23,7 +23,7 @@ def cluster_event(cluster: Cluster, kind: str, message: str = "", at=None) -> No
     ClusterEvent.objects.create(
         cluster=cluster, kind=kind, message=message[:300], at=at or timezone.now()
     )
-    if kind == "released":
+    if kind in ("running", "released", "stopped", "release-soon"):
         webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
 
 
@@ -125,7 +125,7 @@ def host_outage_ended(*, host_id: int, at=None) -> None:
 # -- clusters ---------------------------------------------------------------------------------
 
 
-def _cancel_jobs_of(cluster: Cluster, reason: str) -> None:
+def cancel_jobs_of(cluster: Cluster, reason: str) -> None:
     """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
     now = timezone.now()
     for job in cluster.jobs.filter(state__in=Job.WAITING):
@@ -153,18 +153,23 @@ def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") 
     if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
         return cluster
     now = timezone.now()
-    was_pending = cluster.state == Cluster.State.PENDING
+    was_pending = cluster.state == Cluster.State.PENDING and cluster.stopped_at is None
     if not was_pending:
         cluster_event(cluster, "releasing", reason, at=now)
-    _cancel_jobs_of(cluster, reason)
+    cancel_jobs_of(cluster, reason)
     live = list(cluster.node_set.filter(released_at__isnull=True))
     free_nodes(live, now)
+    # A stopped cluster's kept workspaces go with it (and their stopped time ends).
+    kept = cluster.node_set.filter(stopped_at__isnull=False, kept_until__isnull=True).update(
+        kept_until=now
+    )
     cluster.state = Cluster.State.RELEASED
     cluster.state_reason = reason[:300]
     cluster.released_at = now
     cluster.save(update_fields=["state", "state_reason", "released_at"])
     cluster_event(cluster, "released", reason if was_pending else "capacity returned", at=now)
-    if live:
+    WorkspaceApp.objects.filter(cluster=cluster).delete()  # they die with the workspaces
+    if live or kept:
         request_placement()
         enqueue_by_name(
             "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"

@@ -79,10 +79,12 @@ def master_port(job: Job) -> int:
 def node_limits(cluster: Cluster, host: Host) -> tuple[float, int]:
     """(CPUs, memory bytes) of one node: a CPU instance type's own figures; for a GPU node
     its share of the host (Host.gpu_share), SUANLI_MEM_LIMIT_MB where the host's memory
-    is not known yet."""
+    is not known yet; in no-GPU mode SUANLI_NO_GPU_CPUS and SUANLI_NO_GPU_MEMORY_MB."""
     if cluster.is_cpu_only:
         it = cluster.instance_type
         return float(it.vcpus), it.memory_gb * 2**30
+    if cluster.no_gpu:  # started without GPUs: a small share, whatever the host
+        return settings.SUANLI_NO_GPU_CPUS, settings.SUANLI_NO_GPU_MEMORY_MB * 2**20
     cpus, memory = host.gpu_share(cluster.gpus_per_node)
     return cpus, memory or settings.SUANLI_MEM_LIMIT_MB * 2**20
 

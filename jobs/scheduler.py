@@ -306,6 +306,17 @@ class Fleet:
         if cap is not None and cap.gpu_model_id is not None:
             self._rebucket(cap, free)
 
+    def hold(self, host_ids, key: str) -> None:
+        """Keep these hosts for one waiting cluster: later requests of its resource in this
+        pass do not take them."""
+        for host_id in set(host_ids):
+            cap = self.hosts.get(host_id)
+            if cap is None:
+                continue
+            self.reserved[key].add(host_id)
+            if cap.gpu_model_id is not None:
+                self.buckets[_pool_key(cap)][cap.free].discard(host_id)
+
     def reserve_for(self, cluster: Cluster) -> None:
         hosts = self.usable_hosts(cluster)
         self.reserved[resource_key(cluster)].update(h.id for h in hosts)
@@ -323,6 +334,40 @@ class Fleet:
                 max(h.cpu_free, 0) for h in hosts
             )
         return sum(h.free // cluster.gpus_per_node for h in hosts), sum(h.free for h in hosts)
+
+
+def plan_kept(cluster: Cluster, fleet: Fleet) -> tuple[list[int] | None, str]:
+    """Host per node (index order) for a stopped cluster that waits to start again on the
+    hosts that keep its workspaces, or (None, why it waits). Hosts an earlier request in
+    line holds are not used; those it waits for are held for it (`Fleet.hold`)."""
+    key = resource_key(cluster)
+    kept = list(
+        Node.objects.filter(cluster=cluster, stopped_at__isnull=False, kept_until__isnull=True)
+        .order_by("index")
+        .values_list("host_id", "host__name", "host__state")
+    )
+    if not kept:
+        return None, "keeps no workspaces: release it"
+    per_node = cluster.instance_type.vcpus if cluster.is_cpu_only else cluster.gpus_per_node
+    need: dict[int, int] = defaultdict(int)
+    for host_id, _, _ in kept:
+        need[host_id] += per_node
+    why = ""
+    for host_id, name, state in kept:
+        cap = fleet.hosts.get(host_id)
+        if cap is None:
+            why = why or f"waiting for host {name}, which keeps its workspaces ({state})"
+            continue
+        free = cap.cpu_free if cluster.is_cpu_only else cap.free
+        unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
+        if host_id in fleet.reserved[key] and not why:
+            why = f"waiting for {unit} on {name}, which keeps its workspaces (held for an earlier request)"
+        elif free < need[host_id] and not why:
+            why = f"waiting for {need[host_id]} {unit} on {name}, which keeps its workspaces ({max(free, 0)} free)"
+    if why:
+        fleet.hold(need, key)
+        return None, why[:300]
+    return [host_id for host_id, _, _ in kept], ""
 
 
 def resource_key(cluster: Cluster) -> str:
@@ -369,6 +414,15 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             .filter(pk__in=[c.pk for c, _ in batch], state=Cluster.State.PENDING)
             .values_list("pk", flat=True)
         )
+        # Stopped clusters starting again: their kept nodes' GPUs, by node index.
+        kept_gpus: dict[int, list[list[int]]] = defaultdict(list)
+        for cid, gpus_held in (
+            Node.objects.filter(
+                cluster_id__in=[c.pk for c, _ in batch if c.stopped_at is not None],
+                stopped_at__isnull=False, kept_until__isnull=True,
+            ).order_by("cluster_id", "index").values_list("cluster_id", "gpu_indices")
+        ):  # fmt: skip
+            kept_gpus[cid].append(gpus_held)
         gpu_hosts = {h for c, hosts in batch if c.gpus_per_node for h in hosts}
         free = _lock_free_slots(gpu_hosts)
         cpu_hosts = {h for c, hosts in batch if c.is_cpu_only for h in hosts}
@@ -391,7 +445,10 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
                 report.conflicts += 1
                 continue
             mine = []
+            prefer = kept_gpus.get(cluster.pk, [])
             for index, host_id in enumerate(hosts):
+                if index < len(prefer) and prefer[index]:
+                    free[host_id] = _preferring(free[host_id], prefer[index])
                 taken, free[host_id] = free[host_id][:gpus], free[host_id][gpus:]
                 if vcpus:
                     cpu_free[host_id] -= vcpus
@@ -414,8 +471,14 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             [(slot, node.pk) for node, ids in zip(nodes, slots_of, strict=True) for slot in ids]
         )
         Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]).update(
-            state=Cluster.State.RUNNING, state_reason="", running_since=now, last_active_at=now
-        )
+            state=Cluster.State.RUNNING, state_reason="", running_since=now, last_active_at=now,
+            stopped_at=None, release_warned_at=None, no_gpu=False,
+        )  # fmt: skip
+        # Those that were stopped run again on the hosts that keep their workspaces.
+        Node.objects.filter(
+            cluster_id__in=[c.pk for c, _ in placed if c.pk in kept_gpus],
+            stopped_at__isnull=False, kept_until__isnull=True,
+        ).update(kept_until=now, workspace_container="")  # fmt: skip
         names = {h: cap.name for h, cap in fleet.hosts.items()}
         ClusterEvent.objects.bulk_create(
             [
@@ -472,9 +535,13 @@ def _assign_slots(pairs: list[tuple[int, int]]) -> None:
     update_rows(GpuSlot, "id", ["node"], pairs)
 
 
-def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) -> list[Node]:
+def place_nodes(
+    *, cluster: Cluster, hosts: list[int], first_index: int, now, prefer: list | None = None
+) -> list[Node]:
     """Add nodes on `hosts` (one per entry) to a running cluster, holding their slots.
-    Runs inside the caller's transaction; raises Conflict, writing nothing, when the
+    `prefer`: per node, the GPU indices to take where all of them are free (a stopped
+    cluster starting again gets its own GPUs back, so its workspaces are reused as they
+    are). Runs inside the caller's transaction; raises Conflict, writing nothing, when the
     capacity is gone."""
     gpus = cluster.gpus_per_node
     vcpus = cluster.instance_type.vcpus if cluster.is_cpu_only else 0
@@ -491,6 +558,8 @@ def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) ->
         raise Conflict(short[0])
     nodes, slots_of = [], []
     for offset, host_id in enumerate(hosts):
+        if prefer and prefer[offset]:
+            free[host_id] = _preferring(free[host_id], prefer[offset])
         taken, free[host_id] = free[host_id][:gpus], free[host_id][gpus:]
         nodes.append(
             Node(
@@ -508,6 +577,14 @@ def place_nodes(*, cluster: Cluster, hosts: list[int], first_index: int, now) ->
         [(slot, node.pk) for node, ids in zip(nodes, slots_of, strict=True) for slot in ids]
     )
     return nodes
+
+
+def _preferring(free: list[tuple[int, int]], indices: list[int]) -> list[tuple[int, int]]:
+    """Free (slot id, GPU index) pairs with `indices` first when all of them are free."""
+    want = set(indices)
+    if not want <= {i for _, i in free}:
+        return free
+    return [p for p in free if p[1] in want] + [p for p in free if p[1] not in want]
 
 
 def describe_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> str:
@@ -692,7 +769,18 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     batch: list[tuple[Cluster, list[int]]] = []
     for cluster in pending.iterator(chunk_size=2000):
         key = resource_key(cluster)
-        hosts = fleet.plan(cluster)
+        if cluster.stopped_at is not None:
+            # A stopped cluster waiting to start again: only on the hosts that keep its
+            # workspaces. Those hosts are held for it while it waits (not the whole pool).
+            hosts, why = plan_kept(cluster, fleet)
+            if hosts is None:
+                report.waiting += 1
+                if why and cluster.state_reason != why:
+                    cluster.state_reason = why
+                    reasons.append(cluster)
+                continue
+        else:
+            hosts = fleet.plan(cluster)
         if hosts is not None:
             # Count the capacity as taken now; the batch is written a little later.
             for host_id in hosts:

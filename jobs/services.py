@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from jobs import engine, runtime, scheduler, storage, validators
 from jobs.lifecycle import (
+    cancel_jobs_of,
     cluster_event,
     free_nodes,
     job_event,
@@ -46,6 +47,7 @@ from jobs.models import (
     Node,
     SshKey,
     Volume,
+    WorkspaceApp,
 )
 from jobs.queue import enqueue_by_name
 from jobs.storage import VolumeSpec
@@ -234,6 +236,11 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
         raise ValidationError(
             f"Only a running cluster can be resized; this one is {cluster.state}."
         )
+    if cluster.no_gpu:
+        raise ValidationError(
+            "A cluster running without GPUs cannot be resized: stop it and start it with "
+            "GPUs first."
+        )
     active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
     if active is not None:
         raise ValidationError(
@@ -290,6 +297,243 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     # The network may change (one host to several) and new nodes need their workspaces.
     enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
     return cluster
+
+
+# -- stop and start (关机 / 开机) ------------------------------------------------------------
+
+
+class StartBlocked(ValidationError):
+    """A stopped cluster's GPUs on the hosts that keep its workspaces are taken: the
+    researcher may wait in line for them or start without GPUs."""
+
+
+def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
+    """Stop a running cluster: its jobs are cancelled (as on release), its GPUs go back to
+    the pool and are not charged from this second, and its workspaces are stopped but kept
+    on their hosts (every file of theirs stays) until it is started or released."""
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
+        if cluster.state != Cluster.State.RUNNING:
+            raise ValidationError(
+                f"Only a running cluster can be stopped; {cluster.name} is {cluster.state}."
+            )
+        if not cluster.workspace:
+            raise ValidationError(
+                f"{cluster.name} has no workspaces (it was created for jobs only), so a stop "
+                "would keep nothing: release it instead."
+            )
+        now = timezone.now()
+        reason = f"stopped by {by}"
+        cancel_jobs_of(cluster, reason)
+        live = list(cluster.node_set.filter(released_at__isnull=True))
+        free_nodes(live, now)
+        Node.objects.filter(pk__in=[n.pk for n in live]).update(stopped_at=now)
+        cluster.state = Cluster.State.STOPPED
+        cluster.state_reason = reason[:300]
+        cluster.stopped_at = now
+        cluster.release_warned_at = None
+        cluster.running_since = None
+        cluster.save(
+            update_fields=[
+                "state",
+                "state_reason",
+                "stopped_at",
+                "release_warned_at",
+                "running_since",
+            ]
+        )
+        WorkspaceApp.objects.filter(cluster=cluster).delete()  # they stop with the workspaces
+        gpus = (
+            f"{cluster.total_gpus} GPUs returned"
+            if cluster.total_gpus and not cluster.no_gpu
+            else "capacity returned"
+        )
+        cluster_event(
+            cluster, "stopped",
+            f"{reason}: {gpus}, not charged for them from now; workspaces kept on "
+            + ", ".join(sorted({n.host.name for n in live})),
+            at=now,
+        )  # fmt: skip
+        request_placement()
+        transaction.on_commit(
+            lambda: enqueue_by_name(
+                "jobs.tasks.cluster_workspaces_stop", cluster.pk, job_id=f"ws-stop-{cluster.pk}"
+            )
+        )
+    return cluster
+
+
+def _kept(cluster: Cluster) -> list[Node]:
+    return list(
+        cluster.node_set.filter(stopped_at__isnull=False, kept_until__isnull=True)
+        .select_related("host")
+        .order_by("index")
+    )
+
+
+def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner") -> Cluster:
+    """Start a stopped cluster on the hosts that keep its workspaces. `mode`:
+
+    * "gpu": with its GPUs now, or StartBlocked (words for the page) when they are taken;
+    * "wait": in line for those GPUs (pending; placement starts it there when they free);
+    * "no_gpu": at once without GPUs (GPU clusters only): its workspaces alone, a small
+      CPU and memory share, billed per node-hour at the no-GPU price; no jobs.
+    """
+    if mode not in ("gpu", "wait", "no_gpu"):
+        raise ValidationError(f"Unknown start mode {mode!r}: gpu, wait or no_gpu.")
+    with transaction.atomic():
+        cluster = (
+            Cluster.objects.select_for_update(of=("self",))
+            .select_related("gpu_model", "instance_type")
+            .get(pk=cluster.pk)
+        )
+        if cluster.state != Cluster.State.STOPPED:
+            raise ValidationError(
+                f"Only a stopped cluster can be started; {cluster.name} is {cluster.state}."
+            )
+        kept = _kept(cluster)
+        if not kept:
+            raise ValidationError(f"{cluster.name} keeps no workspaces; release it.")
+        now = timezone.now()
+        if mode == "no_gpu":
+            if cluster.is_cpu_only:
+                raise ValidationError(
+                    "A CPU-only cluster has no GPUs to leave out: start it as it is."
+                )
+            unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
+            if unhealthy:
+                raise ValidationError(
+                    f"Host {unhealthy[0]}, which keeps its workspace, is "
+                    f"{Host.objects.get(name=unhealthy[0]).state}: start it when the host is back."
+                )
+            nodes = Node.objects.bulk_create(
+                [
+                    Node(cluster=cluster, index=n.index, host_id=n.host_id, gpu_indices=[],
+                         vcpus=0, no_gpu=True, placed_at=now)
+                    for n in kept
+                ]
+            )  # fmt: skip
+            _started(cluster, kept, now, no_gpu=True, message=f"started without GPUs by {by}: "
+                     + ", ".join(f"node {n.index} on {n.host.name}" for n in kept))  # fmt: skip
+            return cluster
+        if mode == "wait":
+            Cluster.objects.filter(pk=cluster.pk).update(
+                state=Cluster.State.PENDING, queued_at=now, no_gpu=False,
+                state_reason="waiting for its GPUs on the hosts that keep its workspaces",
+            )  # fmt: skip
+            cluster_event(
+                cluster, "waiting", f"{by} chose to wait in line for its GPUs on "
+                + ", ".join(sorted({n.host.name for n in kept})), at=now,
+            )  # fmt: skip
+            request_placement()
+            cluster.refresh_from_db()
+            return cluster
+        blocked = _why_blocked(cluster, kept)
+        if blocked:
+            raise StartBlocked(blocked, code="gpus_taken")
+        try:
+            nodes = scheduler.place_nodes(
+                cluster=cluster, hosts=[n.host_id for n in kept], first_index=0, now=now,
+                prefer=[n.gpu_indices for n in kept],
+            )  # fmt: skip
+        except scheduler.Conflict:
+            raise StartBlocked(
+                "Its GPUs were just taken by another request: wait in line for them or start "
+                "without GPUs.",
+                code="gpus_taken",
+            ) from None
+        _started(cluster, kept, now, no_gpu=False,
+                 message=f"started by {by}: " + scheduler.describe_nodes(nodes).removeprefix("placed: "))  # fmt: skip
+    return cluster
+
+
+def start_blocked(cluster: Cluster) -> str:
+    """Why a stopped cluster cannot start with its GPUs now ("" when it can): for its page,
+    which then offers to wait in line or to start without GPUs. Reads only."""
+    if cluster.state != Cluster.State.STOPPED:
+        return ""
+    return _why_blocked(cluster, _kept(cluster))
+
+
+def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
+    """Words for the page when the kept hosts cannot give the cluster its GPUs now."""
+    need: dict[int, int] = {}
+    for node in kept:
+        need[node.host_id] = need.get(node.host_id, 0) + (
+            cluster.gpus_per_node or (cluster.instance_type.vcpus if cluster.is_cpu_only else 0)
+        )
+    fleet = scheduler.Fleet.load()
+    for node in kept:
+        cap = fleet.hosts.get(node.host_id)
+        if cap is None:
+            return (
+                f"Host {node.host.name}, which keeps the workspace of node {node.index}, is "
+                f"{node.host.state}: it takes no work now. Wait in line for it, or release "
+                "the cluster."
+            )
+        free = cap.cpu_free if cluster.is_cpu_only else cap.free
+        if free < need[node.host_id]:
+            unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
+            return (
+                f"The {unit} of host {node.host.name}, which keeps the workspace of node "
+                f"{node.index}, are in use by other clusters: {need[node.host_id]} needed, "
+                f"{max(free, 0)} free. Wait in line for them, or start without GPUs to reach "
+                "your files now."
+            )
+    return ""
+
+
+def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: str) -> None:
+    """A stopped (or waiting) cluster runs again on its kept hosts: the kept time ends, its
+    workspaces are started (or made again with their files), its timeline says so."""
+    Node.objects.filter(pk__in=[n.pk for n in kept]).update(kept_until=now, workspace_container="")
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.RUNNING, state_reason="", stopped_at=None, release_warned_at=None,
+        running_since=now, last_active_at=now, no_gpu=no_gpu,
+    )  # fmt: skip
+    cluster.refresh_from_db()
+    cluster_event(cluster, "running", message[:300], at=now)
+    enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
+
+
+def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:
+    """Stopped clusters (and those waiting in line to start again) past
+    SUANLI_STOPPED_RELEASE_S are released, their workspaces with them; those within a day
+    of it are warned once (a timeline entry and the `cluster.release_soon` webhook)."""
+    now = now or timezone.now()
+    keep = timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    warn = now + min(timedelta(days=1), keep)
+    out: dict[str, list[int]] = {"released": [], "warned": []}
+    stopped = Cluster.objects.filter(
+        state__in=[Cluster.State.STOPPED, Cluster.State.PENDING], stopped_at__isnull=False
+    )
+    for cluster_id in list(stopped.filter(stopped_at__lte=now - keep).values_list("pk", flat=True)):
+        with transaction.atomic():
+            cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+            if cluster.stopped_at is None or cluster.stopped_at + keep > now:
+                continue
+            days = settings.SUANLI_STOPPED_RELEASE_S / 86400
+            cluster_release(
+                cluster=cluster,
+                reason=f"released automatically after {days:g} days stopped",
+            )
+            out["released"].append(cluster_id)
+    due = stopped.filter(stopped_at__lte=warn - keep, release_warned_at__isnull=True)
+    for cluster in due:
+        with transaction.atomic():
+            if not Cluster.objects.filter(
+                pk=cluster.pk, release_warned_at__isnull=True, stopped_at__isnull=False
+            ).update(release_warned_at=now):
+                continue
+            at = cluster.stopped_at + keep
+            cluster_event(
+                cluster, "release-soon",
+                f"stopped since {cluster.stopped_at:%Y-%m-%d %H:%M} UTC: released with its "
+                f"workspaces at {at:%Y-%m-%d %H:%M} UTC unless started before",
+                at=now,
+            )  # fmt: skip
+            out["warned"].append(cluster.pk)
+    return out
 
 
 def clusters_release_idle(*, now=None) -> list[int]:
@@ -410,6 +654,12 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         raise ValidationError(
             f"Cluster {cluster.name} is {cluster.state}: jobs run only on a pending or running cluster."
         )  # fmt: skip
+    if cluster.no_gpu:
+        raise ValidationError(
+            f"Cluster {cluster.name} runs without GPUs (no-GPU mode), for editing code and "
+            "moving data: jobs need its GPUs. Stop it and start it with GPUs to run jobs; "
+            "ssh, files and the terminal work meanwhile."
+        )
     now = timezone.now()
     job = Job.objects.create(
         cluster=cluster,

@@ -66,6 +66,20 @@ def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
     return False
 
 
+def cluster_workspaces_stop(cluster_id: int, tries: int = 0) -> bool:
+    """After a stop: the kept workspaces stopped on their hosts; tried again a little later
+    while an engine does not answer (the reconciler's sweep also stops them)."""
+    if workspaces.stop(cluster_id):
+        return True
+    if tries < 5:
+        enqueue_later(cluster_workspaces_stop, cluster_id, tries + 1, delay_s=10 * (tries + 1))
+    return False
+
+
+def clusters_release_stopped() -> dict:
+    return services.clusters_release_stopped()
+
+
 def job_start(job_id: int) -> None:
     runner.start_replicas(job_id)
 

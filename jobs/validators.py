@@ -152,6 +152,13 @@ def validate_image_reference(value: str) -> None:
             f"{image_repository(reserved)} is the image of Suanli's own file transfer (sftp), "
             "which clusters may not run, whatever the tag; pick another image."
         )
+    if image_repository(value).startswith("docker.io/suanli-keep/"):
+        # A stopped workspace's saved filesystem (jobs/workspaces.py, KEEP_REPOSITORY):
+        # another researcher's files, never an image a cluster may name.
+        raise ValidationError(
+            "suanli-keep/ images are workspaces saved by Suanli, not images clusters may run; "
+            "pick another image."
+        )
 
 
 _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")

@@ -154,9 +154,25 @@ def cluster_data(cluster: Cluster) -> dict:
     }  # fmt: skip
 
 
+CLUSTER_EVENTS = {
+    "running": "cluster.running",
+    "stopped": "cluster.stopped",
+    "release-soon": "cluster.release_soon",
+    "released": "cluster.released",
+}
+
+
 def cluster_changed(cluster: Cluster, kind: str) -> None:
-    if kind in ("running", "released"):
-        emit(owner_id=cluster.owner_id, event_type=f"cluster.{kind}", data=cluster_data(cluster))
+    """The cluster's webhook event for a timeline entry of this kind, if it has one. A
+    stopped cluster's events say when it will be released (`release_at`, ISO 8601)."""
+    event_type = CLUSTER_EVENTS.get(kind)
+    if event_type is None:
+        return
+    data = cluster_data(cluster)
+    if cluster.stopped_at is not None and kind != "released":
+        release_at = cluster.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+        data["cluster"]["release_at"] = release_at.isoformat()
+    emit(owner_id=cluster.owner_id, event_type=event_type, data=data)
 
 
 def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:

@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 LABEL = "suanli.workspace"  # value: the node's index
 LABEL_NODE = "suanli.node"  # the node row's id: a workspace of an earlier node is not reused
 LABEL_SFTP = "suanli.sftp"  # the gateway's sftp containers (jobs/gateway.py)
+# What the container was made for (GPUs, limits, network): one made for other GPUs or for
+# no-GPU mode is made again from its own filesystem (`_remake`), never reused as it is.
+LABEL_SHAPE = "suanli.shape"
+# The image a workspace's filesystem is saved to when it is made again (a start on other
+# GPUs, in no-GPU mode): never a cluster's image (validators refuse the prefix), removed
+# with the workspace at release.
+KEEP_REPOSITORY = "suanli-keep"
 # The entrypoint, not the command: an image's own ENTRYPOINT (`python`, a server) must not
 # wrap what keeps the workspace up.
 KEEP_UP = ["/bin/sh", "-c", "exec sleep 2147483647"]
@@ -67,12 +74,20 @@ def home(cluster: Cluster) -> str:
     return first.target if first else "/tmp"  # noqa: S108 (the container's own /tmp)
 
 
+def keep_image(cluster_id: int, index: int) -> str:
+    return f"{KEEP_REPOSITORY}/c{cluster_id}-n{index}:latest"
+
+
 def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSpec:
     name, start = container_name(cluster.pk, node.index), home(cluster)
+    # In no-GPU mode the workspace is all the node has (its small share, runtime).
+    share = 1.0 if node.no_gpu else settings.SUANLI_WORKSPACE_SHARE
     kwargs = runtime.node_container_kwargs(
         cluster, node, owner_id=cluster.owner_id, network_name=network_name, name=name,
-        nvidia=not node.host.emulated_gpu, share=settings.SUANLI_WORKSPACE_SHARE,
+        nvidia=not node.host.emulated_gpu, share=share,
     )  # fmt: skip
+    shape = ",".join(map(str, node.gpu_indices)) or "none"
+    shape += f"|{kwargs['nano_cpus']}|{kwargs['mem_limit']}|{network_name}"
     kwargs["environment"] = {
         **kwargs["environment"],
         "HOME": start,
@@ -88,6 +103,7 @@ def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSp
             runtime.LABEL_OWNER: str(cluster.owner_id),
             LABEL: str(node.index),
             LABEL_NODE: str(node.pk),
+            LABEL_SHAPE: shape,
         },
         working_dir=start,
     )
@@ -141,17 +157,30 @@ def _up(cluster: Cluster, node: Node, network_name: str):
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
             raise
-        container = client.containers.get(made.name)  # made before (or by a racing task)
-        stale = container.labels.get(LABEL_NODE) != str(node.pk)
-        if stale or network_name not in container.attrs["NetworkSettings"]["Networks"]:
-            # An earlier node's (other GPUs, perhaps now another tenant's: never reused),
-            # or the cluster's network changed (a resize onto a second host): made again;
-            # the volumes keep the files.
-            container.remove(force=True)
-            container = client.containers.create(made.image, name=made.name, **made.kwargs)
+        # Made before: by a racing task, or before a stop. The name is the cluster's and
+        # the node index's, so it is this researcher's node's own filesystem.
+        container = client.containers.get(made.name)
+        labels = made.kwargs["labels"]
+        if container.labels.get(LABEL_SHAPE) != labels[LABEL_SHAPE]:
+            # Made for other GPUs, limits or network (a start on other GPUs or without
+            # them, a resize onto a second host): made again with its files.
+            container = _remake(client, container, made, cluster.pk, node.index)
     if container.status != "running":
         container.start()
     return container
+
+
+def _remake(client, old, made: runtime.ContainerSpec, cluster_id: int, index: int):
+    """The workspace made again from its own filesystem: its writable layer is saved as an
+    image of the cluster's node (`keep_image`), the new container made from that with the
+    new spec, and the old one removed. The image's own ENTRYPOINT and CMD stay the
+    original image's (the commit keeps the config; the spec sets the entrypoint)."""
+    if old.status == "running":
+        old.stop(timeout=settings.SUANLI_WORKSPACE_STOP_S)
+    repository, tag = keep_image(cluster_id, index).rsplit(":", 1)
+    old.commit(repository=repository, tag=tag)
+    old.remove(force=True)
+    return client.containers.create(keep_image(cluster_id, index), name=made.name, **made.kwargs)
 
 
 def _remove_released(cluster_id: int, live_nodes: list[Node]) -> None:
@@ -178,6 +207,39 @@ def _remove_one(host: Host, container_id: str) -> bool:
     return True
 
 
+def kept_nodes(cluster_id: int):
+    """The nodes whose workspaces a stop of the cluster keeps on their hosts."""
+    return Node.objects.filter(
+        cluster_id=cluster_id, stopped_at__isnull=False, kept_until__isnull=True
+    ).exclude(workspace_container="")
+
+
+def stop(cluster_id: int) -> bool:
+    """After a stop: every kept workspace of the cluster stopped (its filesystem stays on
+    its host), and the cluster's sftp sessions' containers gone. True when all are
+    stopped; False when an engine did not answer (try again; the reconciler also does)."""
+    done = True
+    for node in kept_nodes(cluster_id).select_related("host"):
+        if node.host.state == Host.State.DOWN:
+            done = False
+            continue
+        try:
+            client = engine.cached_client(node.host)
+            client.containers.get(node.workspace_container).stop(
+                timeout=settings.SUANLI_WORKSPACE_STOP_S
+            )
+            for container in client.containers.list(
+                all=True, filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]}
+            ):
+                _remove_one(node.host, container.id)
+        except docker.errors.NotFound:
+            log.warning("the kept workspace of %s is gone from %s", node, node.host.name)
+        except _ERRORS as exc:
+            log.info("workspace of %s not stopped yet: %s", node, exc)
+            done = False
+    return done
+
+
 def remove(cluster_id: int) -> bool:
     """After release: every workspace of the cluster (and any sftp session's container of
     it), on every host that held one of its nodes. True when none is left; False when an
@@ -201,49 +263,86 @@ def remove(cluster_id: int) -> bool:
             continue
         for container in found:
             done = _remove_one(host, container.id) and done
+        done = _remove_kept_images(host, cluster_id) and done
     if done:
         Node.objects.filter(cluster_id=cluster_id).update(workspace_container="")
     return done
 
 
+def _remove_kept_images(host: Host, cluster_id: int) -> bool:
+    try:
+        client = engine.cached_client(host)
+        for image in client.images.list(name=f"{KEEP_REPOSITORY}/c{cluster_id}-n*"):
+            client.images.remove(image.id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except _ERRORS as exc:
+        log.info("kept images of cluster %s on %s not removed yet: %s", cluster_id, host.name, exc)
+        return False
+    return True
+
+
 def sweep(host: Host, client: docker.DockerClient) -> int:
     """The reconciler's safety net: remove the host's workspaces whose cluster is over or
-    whose node is gone; start again those of live nodes that stopped. Returns how many went."""
+    whose node is gone; start again those of live nodes that stopped; stop those a stop
+    keeps that still run. Returns how many went."""
     removed = 0
     found = client.containers.list(all=True, filters={"label": LABEL})
     if not found:
         return 0
-    live = {
-        (n.cluster_id, n.index, n.pk): n
-        for n in Node.objects.filter(
+    live = set(
+        Node.objects.filter(
             host=host, released_at__isnull=True, lost_at__isnull=True,
             cluster__state=Cluster.State.RUNNING, cluster__workspace=True,
-        )
-    }  # fmt: skip
+        ).values_list("cluster_id", "index")
+    )  # fmt: skip
+    kept = set(kept_nodes_on(host).values_list("cluster_id", "index"))
     for container in found:
         labels = container.labels
         try:
-            key = tuple(int(labels.get(k, "")) for k in (runtime.LABEL_CLUSTER, LABEL, LABEL_NODE))
+            key = tuple(int(labels.get(k, "")) for k in (runtime.LABEL_CLUSTER, LABEL))
         except ValueError:
             key = None  # not one we made: leave it
         if key is None:
             continue
-        if key in live:
-            if container.status != "running":  # stopped from inside (`kill 1`): up again
-                try:
-                    container.start()
-                except _ERRORS as exc:
-                    log.warning("workspace %s not restarted: %s", container.name, exc)
+        if key in live or key in kept:
+            want = "running" if key in live else "exited"
+            if container.status in ("running", "restarting") and want == "exited":
+                _quietly(container.stop, container.name, timeout=settings.SUANLI_WORKSPACE_STOP_S)
+            elif container.status != "running" and want == "running":
+                _quietly(container.start, container.name)  # stopped from inside (`kill 1`)
             continue
         if _remove_one(host, container.id):
             removed += 1
     return removed
 
 
+def kept_nodes_on(host: Host):
+    """Nodes on `host` whose workspaces a stop keeps (their cluster stopped, or waiting to
+    start again on this host)."""
+    return Node.objects.filter(
+        host=host,
+        stopped_at__isnull=False,
+        kept_until__isnull=True,
+        cluster__state__in=[Cluster.State.STOPPED, Cluster.State.PENDING],
+    )
+
+
+def _quietly(call, name: str, **kwargs) -> None:
+    try:
+        call(**kwargs)
+    except _ERRORS as exc:
+        log.warning("workspace %s: %s failed: %s", name, call.__name__, exc)
+
+
 def live_node(cluster: Cluster, index: int) -> Node:
     """The cluster's live node `index` whose workspace was made (its host selected), or
     WorkspaceError saying why there is none (in words a researcher acts on). Reads only
     the database."""
+    if cluster.state == Cluster.State.STOPPED:
+        raise WorkspaceError(
+            f"cluster {cluster.name} is stopped: start it (with or without GPUs) to log in"
+        )
     if cluster.state != Cluster.State.RUNNING:
         raise WorkspaceError(f"cluster {cluster.name} is {cluster.state}, not running")
     if not cluster.workspace:

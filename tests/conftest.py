@@ -314,6 +314,8 @@ def _no_leftover_containers(request):
         for label in labels:
             for c in client.containers.list(all=True, filters={"label": label}):
                 c.remove(force=True)
+        for image in client.images.list(name="suanli-keep/*"):  # stopped workspaces saved
+            client.images.remove(image.id, force=True)
         client.close()
 
 

@@ -340,7 +340,7 @@ def balance(as_json):
 
 @cli.group()
 def clusters():
-    """Request, list, resize and release GPU clusters."""
+    """Request, list, resize, stop, start and release GPU clusters."""
 
 
 _CLUSTER_COLUMNS = [
@@ -438,6 +438,49 @@ def clusters_release(cluster_id, as_json):
         _emit_json(c)
         return
     click.echo(f"Cluster {c['id']} ({c['name']}) is {c['state']}.")
+
+
+@clusters.command("stop")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@json_option
+def clusters_stop(cluster_id, as_json):
+    """Stop a running cluster, keeping its files: its jobs are cancelled, its GPUs given
+    back (not charged from now), its workspaces stopped and kept until you start it."""
+    c = Api.from_config().post(f"clusters/{cluster_id}/stop", f"cluster {cluster_id}")
+    if _wants_json(as_json):
+        _emit_json(c)
+        return
+    click.echo(
+        f"Cluster {c['id']} ({c['name']}) is {c['state']}; released at {_when(c.get('release_at'))} unless started."
+    )
+
+
+@clusters.command("start")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@click.option(
+    "--no-gpu",
+    "mode",
+    flag_value="no_gpu",
+    help="Start at once without GPUs (files, ssh, terminal; no jobs).",
+)
+@click.option(
+    "--wait", "mode", flag_value="wait", help="Wait in line for its GPUs where they are taken."
+)
+@json_option
+def clusters_start(cluster_id, mode, as_json):
+    """Start a stopped cluster on the hosts that keep its files, with its GPUs (or say why
+    not: then --wait or --no-gpu)."""
+    c = Api.from_config().post(
+        f"clusters/{cluster_id}/start", f"cluster {cluster_id}", {"mode": mode or "gpu"}
+    )
+    if _wants_json(as_json):
+        _emit_json(c)
+        return
+    how = " without GPUs" if c.get("no_gpu") else ""
+    click.echo(
+        f"Cluster {c['id']} ({c['name']}) is {c['state']}{how}"
+        + (f": {c['state_reason']}" if c.get("state_reason") else ".")
+    )
 
 
 @clusters.command("resize")

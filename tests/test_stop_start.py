@@ -1,0 +1,266 @@
+"""Stop and start (关机 / 开机), no-GPU mode (无卡模式) and the stopped period's release, on
+the real engines: a stop keeps each workspace's own filesystem on its host, gives the GPUs
+back and stops their charge; a start comes back on the same hosts (jobs/services.py)."""
+
+import json
+from datetime import timedelta
+
+import docker
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+
+from billing import services as billing
+from billing.models import LedgerEntry
+from jobs import scheduler, services, tasks, workspaces
+from jobs.models import Cluster, GpuSlot, Job, Node, WebhookEndpoint, WebhookEvent
+from jobs.services import JobSpec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _client(node: Node) -> docker.DockerClient:
+    return docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+
+
+def _last_node(cluster: Cluster, index: int = 0) -> Node:
+    return (
+        Node.objects.filter(cluster=cluster, index=index)
+        .select_related("host")
+        .order_by("-pk")
+        .first()
+    )
+
+
+def _workspace(cluster: Cluster, index: int = 0):
+    node = _last_node(cluster, index)
+    return _client(node).containers.get(workspaces.container_name(cluster.pk, index))
+
+
+def _sh(container, script: str) -> tuple[int, str]:
+    code, out = container.exec_run(
+        ["/bin/sh", "-c", script], user=container.attrs["Config"]["User"]
+    )
+    return code, out.decode().strip()
+
+
+def _usage_over(cluster: Cluster, start, end) -> list[LedgerEntry]:
+    """GPU usage entries whose period overlaps (start, end), in billing's whole seconds."""
+    start, end = billing.floor_s(start), billing.floor_s(end)
+    return [
+        e
+        for e in LedgerEntry.objects.filter(cluster=cluster, kind="usage", gpu_model__isnull=False)
+        if e.period_from < end and e.period_to > start
+    ]
+
+
+def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_others_meanwhile(
+    running_cluster, make_cluster, bob, alice, priced, client
+):
+    cluster = running_cluster(1, gpus=2)  # a whole host's GPUs
+    host = _last_node(cluster).host
+    tasks.cluster_network_ensure(cluster.pk)
+    before = _workspace(cluster)
+    assert _sh(before, "echo kept > /tmp/notes.txt && mkdir -p /tmp/p && echo 1 > /tmp/p/a")[0] == 0
+    queued = services.job_submit(cluster=cluster, spec=JobSpec(name="later", command="sleep 60"))
+    billing.accrue()
+
+    services.cluster_stop(cluster=cluster, by="alice")
+    cluster.refresh_from_db()
+    stopped_at = cluster.stopped_at
+    assert cluster.state == "stopped" and stopped_at is not None
+    queued.refresh_from_db()
+    assert queued.state == Job.State.CANCELLED, "jobs are cancelled as on release"
+    assert not GpuSlot.objects.filter(host=host, node__isnull=False).exists(), "GPUs back"
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+    before.reload()
+    assert before.status == "exited", "stopped, not removed"
+    assert cluster.events.filter(kind="stopped").exists()
+
+    # Meanwhile the GPUs are another researcher's: bob's 2 x 2 takes both hosts.
+    other = make_cluster(bob, "bobs", nodes=2, gpus=2, release_policy="never")
+    scheduler.place_pending()
+    other.refresh_from_db()
+    assert other.state == "running", other.state_reason
+    with pytest.raises(services.StartBlocked, match=f"{host.name}.*in use by other clusters"):
+        services.cluster_start(cluster=cluster)
+    client.force_login(alice)
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert "in use by other clusters" in page
+    assert "Wait in line for its GPUs" in page and "Start without GPUs" in page
+    assert 'data-testid="release-countdown"' in page
+
+    services.cluster_start(cluster=cluster, mode="wait", by="alice")
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.state == "pending" and host.name in cluster.state_reason, cluster.state_reason
+    services.cluster_release(cluster=other)
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.state == "running", cluster.state_reason
+    node = _last_node(cluster)
+    assert node.host_id == host.pk and node.released_at is None
+    assert sorted(node.gpu_indices) == [0, 1]
+    assert cluster.stopped_at is None
+
+    tasks.cluster_network_ensure(cluster.pk)
+    after = _workspace(cluster)
+    assert after.id == before.id, "the same container, started again"
+    assert after.status == "running"
+    assert _sh(after, "cat /tmp/notes.txt /tmp/p/a") == (0, "kept\n1")
+
+    started = node.placed_at
+    billing.accrue(now=started + timedelta(seconds=5))
+    assert _usage_over(cluster, stopped_at, started) == [], "no GPU charge while stopped"
+    assert LedgerEntry.objects.filter(
+        cluster=cluster, period_from__gte=billing.floor_s(started)
+    ).exists(), "charged again from the start"
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
+
+
+def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
+    running_cluster, alice, priced, client
+):
+    cluster = running_cluster(1, gpus=2)
+    host = _last_node(cluster).host
+    tasks.cluster_network_ensure(cluster.pk)
+    first = _workspace(cluster)
+    assert _sh(first, "echo mine > /tmp/notes.txt")[0] == 0
+    services.cluster_stop(cluster=cluster)
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+
+    services.cluster_start(cluster=cluster, mode="no_gpu")
+    cluster.refresh_from_db()
+    assert cluster.state == "running" and cluster.no_gpu
+    node = _last_node(cluster)
+    assert node.no_gpu and node.gpu_indices == [] and node.host_id == host.pk
+    assert not GpuSlot.objects.filter(host=host, node__isnull=False).exists()
+    tasks.cluster_network_ensure(cluster.pk)
+    ws = _workspace(cluster)
+    assert ws.id != first.id, "made again for no GPUs, from its own filesystem"
+    host_config = ws.attrs["HostConfig"]
+    assert not host_config.get("DeviceRequests")
+    assert host_config["NanoCpus"] == 10**9 and host_config["Memory"] == 4096 * 2**20
+    env = dict(line.split("=", 1) for line in ws.attrs["Config"]["Env"])
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert host_config["CapDrop"] == ["ALL"] and ws.attrs["Config"]["User"] != "0"
+    assert _sh(ws, "cat /tmp/notes.txt") == (0, "mine")
+    with pytest.raises(ValidationError, match="without GPUs"):
+        services.job_submit(cluster=cluster, spec=JobSpec(name="x", command="true"))
+    client.force_login(alice)
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert 'data-testid="no-gpu"' in page
+
+    billing.accrue(now=node.placed_at + timedelta(seconds=30))
+    lines = LedgerEntry.objects.filter(
+        cluster=cluster, period_from__gte=billing.floor_s(node.placed_at)
+    )
+    assert lines.exists() and all(e.memo == "no-GPU mode" and e.gpu_model_id is None for e in lines)
+
+    # Back to GPUs: stop, start; the same files.
+    services.cluster_stop(cluster=cluster)
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+    services.cluster_start(cluster=cluster)
+    tasks.cluster_network_ensure(cluster.pk)
+    back = _workspace(cluster)
+    env = dict(line.split("=", 1) for line in back.attrs["Config"]["Env"])
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0,1", "1,0")
+    assert _sh(back, "cat /tmp/notes.txt") == (0, "mine")
+
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
+    engine = _client(node)
+    assert not engine.containers.list(all=True, filters={"name": f"suanli-ws-c{cluster.pk}-"})
+    assert not engine.images.list(name=f"suanli-keep/c{cluster.pk}-n*"), "saved layers removed"
+
+
+def test_a_stopped_cluster_is_warned_then_released_with_its_workspaces(
+    running_cluster, alice, settings
+):
+    settings.SUANLI_STOPPED_RELEASE_S = 3
+    WebhookEndpoint.objects.create(
+        owner=alice,
+        url="https://hooks.example.com/x",
+        events=["cluster.stopped", "cluster.release_soon", "cluster.released"],
+        secret="whsec_" + "a" * 32,
+    )
+    cluster = running_cluster(1, gpus=1)
+    tasks.cluster_network_ensure(cluster.pk)
+    services.cluster_stop(cluster=cluster)
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+    cluster.refresh_from_db()
+    at = cluster.stopped_at
+
+    assert services.clusters_release_stopped(now=at + timedelta(seconds=1)) == {
+        "released": [],
+        "warned": [cluster.pk],
+    }
+    assert services.clusters_release_stopped(now=at + timedelta(seconds=2))["warned"] == []
+    assert cluster.events.filter(kind="release-soon").count() == 1
+    soon = json.loads(WebhookEvent.objects.get(type="cluster.release_soon").body)
+    assert soon["data"]["cluster"]["release_at"].startswith(
+        (at + timedelta(seconds=3)).isoformat()[:19]
+    )
+    assert WebhookEvent.objects.filter(type="cluster.stopped").exists()
+
+    assert services.clusters_release_stopped(now=at + timedelta(seconds=4))["released"] == [
+        cluster.pk
+    ]
+    cluster.refresh_from_db()
+    assert cluster.state == "released" and "days stopped" in cluster.state_reason
+    assert WebhookEvent.objects.filter(type="cluster.released").exists()
+    assert tasks.cluster_network_remove(cluster.pk)
+    assert not _client(_last_node(cluster)).containers.list(
+        all=True, filters={"label": f"suanli.cluster={cluster.pk}"}
+    )
+    assert (
+        not Node.objects.filter(cluster=cluster, kept_until__isnull=True)
+        .exclude(stopped_at__isnull=True)
+        .exists()
+    )
+
+
+def test_stopped_workspaces_are_kept_by_the_reconciler_and_refused_to_logins(running_cluster, bob):
+    cluster = running_cluster(1, gpus=1)
+    tasks.cluster_network_ensure(cluster.pk)
+    services.cluster_stop(cluster=cluster)
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+    ws = _workspace(cluster)
+    ws.start()  # as if a racing task had started it: the sweep stops it again, keeps it
+    node = _last_node(cluster)
+    workspaces.sweep(node.host, _client(node))
+    ws.reload()
+    assert ws.status == "exited"
+    cluster.refresh_from_db()
+    with pytest.raises(workspaces.WorkspaceError, match="stopped: start it"):
+        workspaces.live_node(cluster, 0)
+    with pytest.raises(ValidationError, match="Only a running cluster can be stopped"):
+        services.cluster_stop(cluster=cluster)  # already stopped: a plain refusal
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
+
+
+def test_the_page_and_the_api_stop_and_start_for_the_owner_only(
+    running_cluster, alice, bob, client
+):
+    cluster = running_cluster(1, gpus=1)
+    tasks.cluster_network_ensure(cluster.pk)
+    client.force_login(bob)
+    assert client.post(reverse("cluster_stop", args=[cluster.pk])).status_code == 404
+    client.force_login(alice)
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert 'data-testid="stop"' in page and "jobs are cancelled" in page
+    response = client.post(reverse("cluster_stop", args=[cluster.pk]), follow=True)
+    assert "stopped" in response.content.decode()
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped"
+    client.force_login(bob)
+    assert client.post(reverse("cluster_start", args=[cluster.pk])).status_code == 404
+    client.force_login(alice)
+    response = client.post(reverse("cluster_start", args=[cluster.pk]), {"mode": "gpu"})
+    assert response.status_code == 302
+    cluster.refresh_from_db()
+    assert cluster.state == "running" and not cluster.no_gpu
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
