@@ -260,3 +260,28 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
     cli.env["SUANLI_TOKEN"] = bobs
     done = cli("ssh", cluster.pk, "--print", ok=False)
     assert done.returncode == 1 and "not found" in done.stderr and "ssh -p" not in done.stdout
+
+
+def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_taken(
+    console_url, alice, bob, make_cluster, tmp_path
+):
+    from jobs import scheduler
+
+    cluster = make_cluster(alice, "keep", gpus=2, release_policy="never", volumes=())
+    scheduler.place_pending()
+    until(lambda: Cluster.objects.get(pk=cluster.pk).state == "running", what="placed")
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
+    done = cli("clusters", "stop", cluster.pk)
+    assert f"Cluster {cluster.pk} (keep) is stopped; released at " in done.stdout
+    make_cluster(bob, "takes", gpus=2, release_policy="never", volumes=())
+    scheduler.place_pending()
+    done = cli("clusters", "start", cluster.pk, ok=False)
+    assert done.returncode == 1 and "in use by other clusters" in done.stderr
+    assert '"mode": "wait"' in done.stderr and '"mode": "no_gpu"' in done.stderr
+    done = cli("clusters", "start", cluster.pk, "--no-gpu")
+    assert done.stdout == f"Cluster {cluster.pk} (keep) is running without GPUs.\n"
+    shown = cli.json("clusters", "show", cluster.pk)
+    assert shown["no_gpu"] is True and shown["state"] == "running"
+    assert shown["stopped_at"] is None and shown["release_at"] is None

@@ -3,18 +3,23 @@ the real engines: a stop keeps each workspace's own filesystem on its host, give
 back and stops their charge; a start comes back on the same hosts (jobs/services.py)."""
 
 import json
+import os
 from datetime import timedelta
 
 import docker
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
+from playwright.sync_api import expect
 
 from billing import services as billing
 from billing.models import LedgerEntry
 from jobs import scheduler, services, tasks, workspaces
 from jobs.models import Cluster, GpuSlot, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.services import JobSpec
+from tests.browsing import login
+
+SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -262,5 +267,36 @@ def test_the_page_and_the_api_stop_and_start_for_the_owner_only(
     assert response.status_code == 302
     cluster.refresh_from_db()
     assert cluster.state == "running" and not cluster.no_gpu
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
+
+
+@pytest.mark.browser
+def test_a_blocked_start_offers_both_choices_in_chromium(
+    running_cluster, make_cluster, alice, bob, priced, live_server, browser
+):
+    cluster = running_cluster(1, gpus=2)
+    tasks.cluster_network_ensure(cluster.pk)
+    services.cluster_stop(cluster=cluster)
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+    make_cluster(bob, "bobs", nodes=2, gpus=2, release_policy="never")
+    scheduler.place_pending()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        login(page, live_server, "alice", "alice-pass-123")
+        page.goto(f"{live_server.url}{reverse('cluster_detail', args=[cluster.pk])}")
+        expect(page.get_by_test_id("cluster-state")).to_have_text("stopped")
+        blocked = page.get_by_test_id("start-blocked")
+        expect(blocked).to_contain_text("in use by other clusters")
+        expect(page.get_by_test_id("release-countdown")).to_contain_text("Released with its")
+        expect(page.get_by_test_id("start")).to_have_count(0)  # not offered while blocked
+        page.screenshot(path=f"{SHOTS}/cluster_stopped_blocked.png", full_page=True)
+        blocked.get_by_role("button", name="Start without GPUs").click()
+        expect(page.get_by_test_id("cluster-state")).to_have_text("running")
+        expect(page.get_by_test_id("no-gpu")).to_contain_text("without GPUs")
+        page.screenshot(path=f"{SHOTS}/cluster_no_gpu.png", full_page=True)
+    finally:
+        context.close()
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
