@@ -55,6 +55,12 @@ def hosts_with_occupancy() -> QuerySet[Host]:
         slot_total=Count("slots", distinct=True),
         slot_held=Count("slots", filter=Q(slots__node__isnull=False), distinct=True),
         node_count=Count("nodes", filter=Q(nodes__released_at__isnull=True), distinct=True),
+        # Stopped clusters' workspaces kept here: they come back to this host on start.
+        kept_count=Count(
+            "nodes",
+            filter=Q(nodes__stopped_at__isnull=False, nodes__kept_until__isnull=True),
+            distinct=True,
+        ),
         # What "reclaim spot capacity" would preempt here.
         spot_nodes=Count(
             "nodes",

@@ -9,12 +9,13 @@ from datetime import timedelta
 import docker
 import pytest
 from django.core.exceptions import ValidationError
+from django.test import Client
 from django.urls import reverse
 from playwright.sync_api import expect
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import scheduler, services, tasks, workspaces
+from jobs import scheduler, selectors, services, tasks, workspaces
 from jobs.models import Cluster, GpuSlot, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.services import JobSpec
 from tests.browsing import login
@@ -232,6 +233,8 @@ def test_stopped_workspaces_are_kept_by_the_reconciler_and_refused_to_logins(run
     services.cluster_stop(cluster=cluster)
     assert tasks.cluster_workspaces_stop(cluster.pk)
     ws = _workspace(cluster)
+    host = _last_node(cluster).host
+    assert selectors.hosts_with_occupancy().get(pk=host.pk).kept_count == 1, "ops see it"
     ws.start()  # as if a racing task had started it: the sweep stops it again, keeps it
     node = _last_node(cluster)
     workspaces.sweep(node.host, _client(node))
@@ -300,3 +303,27 @@ def test_a_blocked_start_offers_both_choices_in_chromium(
         context.close()
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
+
+
+def test_another_researcher_can_neither_stop_start_nor_run_a_saved_workspace(
+    running_cluster, make_cluster, alice, bob, priced
+):
+    from console.models import ApiToken
+
+    cluster = running_cluster(1, gpus=1)
+    _, bobs = ApiToken.issue(user=bob, name="bob")
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {bobs}")
+    for verb in ("stop", "start"):
+        response = api.post(f"/api/v1/clusters/{cluster.pk}/{verb}", "{}", "application/json")
+        assert response.status_code == 404 and response.json()["error"] == "Not found."
+    cluster.refresh_from_db()
+    assert cluster.state == "running"
+    # The image a stop saves a workspace's files into is never a cluster's image.
+    for reference in (f"suanli-keep/c{cluster.pk}-n0", f"docker.io/suanli-keep/c{cluster.pk}-n0"):
+        body = {"name": "thief", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
+                "image": reference, "volumes": []}  # fmt: skip
+        response = api.post("/api/v1/clusters", json.dumps(body), "application/json")
+        assert response.status_code == 400, response.json()
+        assert "saved by Suanli" in json.dumps(response.json())
+    assert not Cluster.objects.filter(name="thief").exists()
+    services.cluster_release(cluster=cluster)
