@@ -33,13 +33,17 @@ class PriceInline(admin.TabularInline):
 @admin.register(RateCard)
 class RateCardAdmin(admin.ModelAdmin):
     """A card that has taken effect is history: change prices with "Save as new" and a
-    later effective-from time."""
+    later effective-from time. That goes for the per node-hour prices of a stopped GPU
+    cluster too (started without GPUs; its kept workspaces, 0 for free): each version keeps
+    its own, so every past second keeps the price it was charged at."""
 
     list_display = [
         "effective_from",
         "currency",
         "spot_discount_pct",
         "min_charge_s",
+        "no_gpu_per_hour",
+        "stopped_per_hour",
         "in_force",
         "note",
     ]

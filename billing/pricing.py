@@ -4,7 +4,8 @@ The rule: a cluster's exact cost so far is `sum(units x seconds x rate_per_hour)
 kept exactly (as the numerator, a Decimal). What the ledger has charged the cluster is
 that exact cost rounded half-up to `UNIT` (0.0001); each new charge is the rounded new
 total minus what was charged before. The charges of a cluster therefore always add up to
-its exact cost rounded once, however many accrual periods it spans.
+its exact cost rounded once, however many accrual periods it spans, and whatever the
+kinds of time in them (GPU, no-GPU mode, kept while stopped) add up to.
 """
 
 from __future__ import annotations
@@ -17,6 +18,19 @@ from decimal import ROUND_HALF_UP, Decimal, localcontext
 from billing.models import UNIT, RateCard
 
 HUNDRED = Decimal(100)
+
+# What a node holds during an interval; each kind is priced by a line of its own on the card.
+GPU = "gpu"  # its GPUs, or its CPU-only instance: the cluster's price, per unit-hour
+NO_GPU = "no-gpu"  # started without GPUs: the card's no-GPU price, per node-hour
+STOPPED = "stopped"  # a stopped node's kept workspace: the card's stopped price, per node-hour
+KINDS = (GPU, NO_GPU, STOPPED)
+
+
+def kind_of_key(key: str) -> str:
+    """The kind of time a usage entry charged, from its idempotency key: GPU time keeps
+    the key it always had (`usage:<cluster>:<from>:<to>`), the others end in their kind."""
+    tail = key.rsplit(":", 1)[-1]
+    return tail if tail in (NO_GPU, STOPPED) else GPU
 
 
 def to_money(exact_x3600: Decimal) -> Decimal:
@@ -38,6 +52,8 @@ class Card:
     min_charge_s: int
     gpu: dict[int, Decimal] = field(default_factory=dict)
     cpu: dict[int, Decimal] = field(default_factory=dict)
+    no_gpu: Decimal = Decimal("0")  # per node-hour, never spot-discounted
+    stopped: Decimal = Decimal("0")  # per node-hour; 0: kept workspaces are free
 
     def rate(self, *, gpu_model_id: int | None, instance_type_id: int | None, spot: bool):
         """Per unit-hour after the spot discount, or None when the card has no price."""
@@ -47,6 +63,15 @@ class Card:
         if spot:
             return base * (HUNDRED - self.spot_discount_pct) / HUNDRED
         return base
+
+    def rate_of(self, kind: str, *, gpu_model_id, instance_type_id, spot: bool):
+        """Per unit-hour of this kind of time (a node is the unit of no-GPU and stopped
+        time), or None when the card has no price for the cluster's GPUs."""
+        if kind == NO_GPU:
+            return self.no_gpu
+        if kind == STOPPED:
+            return self.stopped
+        return self.rate(gpu_model_id=gpu_model_id, instance_type_id=instance_type_id, spot=spot)
 
 
 class RateBook:
@@ -65,6 +90,8 @@ class RateBook:
                 card.currency,
                 card.spot_discount_pct,
                 card.min_charge_s,
+                no_gpu=card.no_gpu_per_hour,
+                stopped=card.stopped_per_hour,
             )
             for price in card.prices.all():
                 if price.gpu_model_id:
@@ -95,6 +122,10 @@ class Quote:
     on_demand: Decimal | None
     spot: Decimal | None
     units: int
+    # Per node-hour, whatever the shape: a stopped GPU cluster started without GPUs, and a
+    # stopped cluster's kept workspaces (0: free). None without a card in force.
+    no_gpu_per_node: Decimal | None = None
+    stopped_per_node: Decimal | None = None
 
     @property
     def priced(self) -> bool:
@@ -105,8 +136,12 @@ def quote(book: RateBook, *, gpu_model_id, instance_type_id, units: int, now) ->
     card = book.at(now)
     if card is None:
         return Quote(book.currency, None, None, units)
+    stop = {
+        "no_gpu_per_node": per_hour_of(card.no_gpu, 1),
+        "stopped_per_node": per_hour_of(card.stopped, 1),
+    }
     demand = card.rate(gpu_model_id=gpu_model_id, instance_type_id=instance_type_id, spot=False)
     if demand is None:
-        return Quote(card.currency, None, None, units)
+        return Quote(card.currency, None, None, units, **stop)
     spot = card.rate(gpu_model_id=gpu_model_id, instance_type_id=instance_type_id, spot=True)
-    return Quote(card.currency, per_hour_of(demand, units), per_hour_of(spot, units), units)
+    return Quote(card.currency, per_hour_of(demand, units), per_hour_of(spot, units), units, **stop)

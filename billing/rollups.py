@@ -21,6 +21,7 @@ from decimal import Decimal
 from django.db import transaction
 
 from billing.models import Account, BillLine, LedgerEntry, UsageDay
+from billing.pricing import GPU, NO_GPU, STOPPED, kind_of_key
 from jobs.models import Cluster, GpuModel, InstanceType
 from jobs.sql import insert_rows, update_rows
 
@@ -89,7 +90,15 @@ def resource_names(*, gpu_model_ids: Iterable, instance_type_ids: Iterable) -> d
     return out
 
 
-def resource_of(names: dict, gpu_model_id, instance_type_id) -> str:
+# The resource of the kinds of time priced per node, whatever the cluster's GPUs: one name
+# each, so that the daily chart and the operators' revenue show one series for each (their
+# price does not depend on the GPU model either).
+KIND_RESOURCE = {NO_GPU: "no-GPU mode", STOPPED: "stopped (kept workspaces)"}
+
+
+def resource_of(names: dict, gpu_model_id, instance_type_id, *, kind: str = GPU) -> str:
+    if kind in KIND_RESOURCE:
+        return KIND_RESOURCE[kind]
     if gpu_model_id:
         return names.get(("gpu", gpu_model_id), "")
     if instance_type_id:
@@ -245,6 +254,7 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
             .order_by("created_at", "id")
             .values_list(
                 "pk",
+                "key",
                 "account_id",
                 "kind",
                 "amount",
@@ -258,7 +268,7 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
                 "created_at",
             )  # fmt: skip
         )
-        for pk, account, kind, amount, cluster, *period_to_written in entries.iterator(
+        for pk, key, account, kind, amount, cluster, *period_to_written in entries.iterator(
             chunk_size=5000
         ):
             # (start, end, units, rate, gpu, memo, at): Piece's fields after cluster
@@ -272,7 +282,7 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
                 continue
             if start is None:
                 minimum[cluster] = pk
-            resource = resource_of(names, gpu, clusters.get(cluster))
+            resource = resource_of(names, gpu, clusters.get(cluster), kind=kind_of_key(key))
             batch.append(Piece(account, amount, cluster, *period_to_written, resource))
             if len(batch) >= chunk:
                 add_usage(batch, minimum_entries=minimum)

@@ -8,12 +8,12 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
-from django.db.models import DecimalField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import DecimalField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from billing import formatting
 from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
-from billing.pricing import Quote, RateBook, per_hour_of, quote
+from billing.pricing import GPU, NO_GPU, STOPPED, Quote, RateBook, per_hour_of, quote
 from jobs.models import Cluster, Node
 
 ZERO = Decimal("0")
@@ -54,20 +54,26 @@ def balance_of(user) -> Decimal:
 
 
 def burn_per_hour(user, *, book: RateBook | None = None, now=None) -> Decimal:
-    """What the user's clusters cost per hour right now, at the prices in force now."""
+    """What the user's clusters cost per hour right now, at the prices in force now: each
+    node that holds capacity at its cluster's price (a node without GPUs at the no-GPU
+    price), and each stopped node's kept workspace at the stopped price."""
     book = book or RateBook.load()
     now = now or timezone.now()
     card = book.at(now)
     if card is None:
         return ZERO
     total = ZERO
+    holding = Q(cluster__state__in=Cluster.HOLDS_CAPACITY, released_at__isnull=True)
+    # Kept until its cluster starts again or is released, whatever the cluster's state now:
+    # the accrual charges every open kept interval.
+    kept = Q(stopped_at__isnull=False, kept_until__isnull=True)
     rows = (
-        Node.objects.filter(
-            cluster__owner=user,
-            cluster__state__in=Cluster.HOLDS_CAPACITY,
-            released_at__isnull=True,
-        )
+        Node.objects.filter(cluster__owner=user)
+        .filter(holding | kept)
         .values_list(
+            "no_gpu",
+            "kept_until",
+            "stopped_at",
             "cluster__gpu_model_id",
             "cluster__instance_type_id",
             "cluster__spot",
@@ -75,10 +81,17 @@ def burn_per_hour(user, *, book: RateBook | None = None, now=None) -> Decimal:
         )
         .order_by()
     )
-    for gpu_model_id, instance_type_id, spot, gpus in rows:
-        rate = card.rate(gpu_model_id=gpu_model_id, instance_type_id=instance_type_id, spot=spot)
-        if rate is not None:
-            total += rate * (gpus or 1)
+    for no_gpu, kept_until, stopped_at, gpu_model_id, instance_type_id, spot, gpus in rows:
+        if stopped_at is not None and kept_until is None:
+            total += card.stopped
+        elif no_gpu:
+            total += card.no_gpu
+        else:
+            rate = card.rate(
+                gpu_model_id=gpu_model_id, instance_type_id=instance_type_id, spot=spot
+            )
+            if rate is not None:
+                total += rate * (gpus or 1)
     return total.quantize(UNIT, rounding=ROUND_HALF_UP)
 
 
@@ -104,12 +117,15 @@ def quote_for(*, gpu_model_id=None, instance_type_id=None, units: int = 1) -> Qu
 
 def price_table(now=None) -> dict:
     """Per unit-hour prices in force now, for the cluster form's live estimate:
-    {"gpu": {id: [on_demand, spot]}, "cpu": {...}, "currency": "CNY"}."""
+    {"gpu": {id: [on_demand, spot]}, "cpu": {...}, "currency": "CNY", "no_gpu": "0.1000",
+    "stopped": "0.0000"} (the last two per node-hour; None without a card in force)."""
     book = RateBook.load()
     card = book.at(now or timezone.now())
-    out: dict = {"gpu": {}, "cpu": {}, "currency": book.currency}
+    out: dict = {"gpu": {}, "cpu": {}, "currency": book.currency, "no_gpu": None, "stopped": None}
     if card is None:
         return out
+    out["no_gpu"] = str(per_hour_of(card.no_gpu, 1))
+    out["stopped"] = str(per_hour_of(card.stopped, 1))
     for kind, table in (("gpu", card.gpu), ("cpu", card.cpu)):
         for pk in table:
             ids = {"gpu_model_id": pk, "instance_type_id": None}
@@ -119,6 +135,29 @@ def price_table(now=None) -> dict:
             spot = card.rate(**ids, spot=True)
             out[kind][pk] = [str(per_hour_of(demand, 1)), str(per_hour_of(spot, 1))]
     return out
+
+
+@dataclass(frozen=True)
+class StopPrices:
+    """What a stopped GPU cluster costs, per node-hour, at the card in force: started
+    without GPUs (its workspaces only), and kept while stopped (0: free)."""
+
+    currency: str
+    no_gpu: Decimal | None  # None: no card in force
+    stopped: Decimal | None
+
+    @property
+    def stopped_free(self) -> bool:
+        return not self.stopped
+
+
+def stop_prices(now=None, *, book: RateBook | None = None) -> StopPrices:
+    """For the cluster page: "Start without GPUs: 0.1000 CNY per node-hour"."""
+    book = book or RateBook.load()
+    card = book.at(now or timezone.now())
+    if card is None:
+        return StopPrices(book.currency, None, None)
+    return StopPrices(card.currency, per_hour_of(card.no_gpu, 1), per_hour_of(card.stopped, 1))
 
 
 # -- the ledger --------------------------------------------------------------------------
@@ -311,17 +350,22 @@ def keyset(qs: QuerySet, cursor: str = "", *, size: int = 50, field: str = "at")
 
 @dataclass(frozen=True)
 class ClusterCost:
-    """What a cluster costs: per hour at its size, charged so far, and once it is settled
-    its final cost and the seconds it was billed for."""
+    """What a cluster costs: per hour at its size in its mode now, charged so far, and once
+    it is settled its final cost and the seconds it was billed for."""
 
     currency: str
     per_hour: Decimal | None  # None: no price on the rate card
     charged: Decimal
     billed_until: datetime | None
     settled: bool
-    seconds: int | None  # billed seconds, once settled
+    seconds: int | None  # billed seconds (every kind of time on the bill), once settled
     live: bool  # may still change: worth polling
     minimum: bool = False  # the final cost includes the rate card's minimum charge
+    # "gpu" (its GPUs or CPU-only instances), "no-gpu" (started without GPUs: per node) or
+    # "stopped" (its kept workspaces: per node, often free): what `per_hour` is the price of.
+    mode: str = GPU
+    no_gpu_per_node: Decimal | None = None  # per node-hour at the card in force
+    stopped_per_node: Decimal | None = None
 
     @property
     def started(self) -> bool:
@@ -332,15 +376,23 @@ def cluster_cost(cluster: Cluster) -> ClusterCost:
     book = RateBook.load()
     meter = Meter.objects.filter(cluster=cluster).first()
     card = book.at(meter.billed_until if meter and meter.settled else timezone.now())
+    nodes = max(cluster.nodes, 1)
+    mode = GPU
+    if cluster.state == Cluster.State.STOPPED:
+        mode = STOPPED
+    elif cluster.no_gpu:
+        mode = NO_GPU
     per_hour = None
     if card is not None:
-        rate = card.rate(
+        rate = card.rate_of(
+            mode,
             gpu_model_id=cluster.gpu_model_id,
             instance_type_id=cluster.instance_type_id,
             spot=cluster.spot,
         )
         if rate is not None:
-            per_hour = per_hour_of(rate, max(cluster.nodes, 1) * (cluster.gpus_per_node or 1))
+            units = nodes if mode != GPU else nodes * (cluster.gpus_per_node or 1)
+            per_hour = per_hour_of(rate, units)
     seconds = None
     if meter is not None and meter.settled:
         seconds = (
@@ -362,6 +414,9 @@ def cluster_cost(cluster: Cluster) -> ClusterCost:
         and (
             meter is not None or cluster.state not in (Cluster.State.RELEASED, Cluster.State.FAILED)
         ),
+        mode=mode,
+        no_gpu_per_node=per_hour_of(card.no_gpu, 1) if card else None,
+        stopped_per_node=per_hour_of(card.stopped, 1) if card else None,
     )
 
 

@@ -2,7 +2,8 @@
 idempotency key) and the accrual tick that turns clusters' held capacity into usage.
 
 Billing observes the jobs app's tables (clusters and their nodes' placed/released
-seconds); the jobs app never calls billing. The one call the other way is the stop for an
+seconds, whether a node ran without GPUs, and how long a stopped node's workspace was
+kept); the jobs app never calls billing. The one call the other way is the stop for an
 exhausted balance, which releases clusters through `jobs.services.cluster_release`.
 """
 
@@ -12,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -22,7 +24,7 @@ from django.utils import timezone
 
 from billing import rollups, selectors
 from billing.models import Account, LedgerEntry, Meter
-from billing.pricing import RateBook, to_money
+from billing.pricing import GPU, KINDS, NO_GPU, STOPPED, RateBook, kind_of_key, to_money
 from jobs import services as fleet
 from jobs import webhooks
 from jobs.models import Cluster, Node
@@ -173,21 +175,45 @@ def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
     return report
 
 
-def _nodes_of(units: dict[int, int]) -> dict[int, list[tuple[datetime, datetime | None, int]]]:
-    """cluster id -> its nodes' (placed, released, units) for the clusters in `units`
-    (cluster id -> units a node holds: its GPUs, or 1 for a CPU-only instance). A
-    preempted node's billing ends at its preemption notice, not when its GPUs came back;
-    a node on a host that went down, at the second the host was seen down (it is placed
-    again, as a new node, when the host is back or it moves)."""
-    out: dict[int, list] = {}
+class Interval(NamedTuple):
+    """A stretch of one node's time of one kind: from `start` to `end` (None: open)."""
+
+    start: datetime
+    end: datetime | None
+    units: int  # GPUs (or 1 CPU-only instance) for GPU time; 1 (the node) for the others
+    kind: str  # pricing.GPU, NO_GPU or STOPPED
+
+
+def _nodes_of(units: dict[int, int]) -> dict[int, list[Interval]]:
+    """cluster id -> its nodes' intervals for the clusters in `units` (cluster id -> units a
+    node holds: its GPUs, or 1 for a CPU-only instance).
+
+    A node is GPU time (no-GPU time when it was started without GPUs: one unit, the node)
+    from its placement to its end. A preempted node's billing ends at its preemption
+    notice, not when its GPUs came back; a node on a host that went down, at the second
+    the host was seen down (it is placed again, as a new node, when the host is back or it
+    moves). A node that ended with a stop of its cluster adds its kept workspace: stopped
+    time, one unit, from the stop until it stopped being kept (open while kept)."""
+    out: dict[int, list[Interval]] = {}
     rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
-        "cluster_id", "placed_at", "preempted_at", "lost_at", "released_at"
-    )
-    for cluster_id, placed, *ends in rows:
+        "cluster_id", "no_gpu", "stopped_at", "kept_until", "placed_at",
+        "preempted_at", "lost_at", "released_at",
+    )  # fmt: skip
+    for cluster_id, no_gpu, stopped, kept_until, placed, *ends in rows:
         released = min((t for t in ends if t is not None), default=None)
-        out.setdefault(cluster_id, []).append(
-            (floor_s(placed), floor_s(released) if released else None, units[cluster_id])
+        held = out.setdefault(cluster_id, [])
+        held.append(
+            Interval(
+                floor_s(placed),
+                floor_s(released) if released else None,
+                1 if no_gpu else units[cluster_id],
+                NO_GPU if no_gpu else GPU,
+            )
         )
+        if stopped is not None:
+            held.append(
+                Interval(floor_s(stopped), floor_s(kept_until) if kept_until else None, 1, STOPPED)
+            )
     return out
 
 
@@ -197,12 +223,27 @@ class _Segment:
     end: datetime
     units: int
     rate: Decimal | None
+    kind: str = GPU
 
 
-def segments(*, nodes, since: datetime, until: datetime, book: RateBook, cluster) -> list[_Segment]:
-    """Split (since, until] wherever the number of units held or the price changes."""
+def segments(
+    *, nodes: list[Interval], since: datetime, until: datetime, book: RateBook, cluster
+) -> list[_Segment]:
+    """Split (since, until] per kind of time, and within a kind wherever the number of units
+    held or the price changes. Each kind is split by its own intervals only, so a cluster
+    that only ever held GPUs gets the very segments (and ledger keys) it always got."""
+    out: list[_Segment] = []
+    for kind in KINDS:
+        of_kind = [n for n in nodes if n.kind == kind]
+        if of_kind:
+            out += _segments_of(kind, of_kind, since, until, book, cluster)
+    out.sort(key=lambda s: (s.start, KINDS.index(s.kind)))
+    return out
+
+
+def _segments_of(kind, nodes, since, until, book: RateBook, cluster) -> list[_Segment]:
     points = {since, until}
-    for placed, released, _ in nodes:
+    for placed, released, _, _ in nodes:
         for t in (placed, released):
             if t is not None and since < t < until:
                 points.add(t)
@@ -212,12 +253,13 @@ def segments(*, nodes, since: datetime, until: datetime, book: RateBook, cluster
     for a, b in zip(ordered, ordered[1:], strict=False):
         units = sum(
             u
-            for placed, released, u in nodes
+            for placed, released, u, _ in nodes
             if placed <= a and (released is None or released >= b)
         )
         card = book.at(a)
         rate = (
-            card.rate(
+            card.rate_of(
+                kind,
                 gpu_model_id=cluster.gpu_model_id,
                 instance_type_id=cluster.instance_type_id,
                 spot=cluster.spot,
@@ -228,7 +270,7 @@ def segments(*, nodes, since: datetime, until: datetime, book: RateBook, cluster
         if out and out[-1].units == units and out[-1].rate == rate and out[-1].end == a:
             out[-1].end = b
         else:
-            out.append(_Segment(a, b, units, rate))
+            out.append(_Segment(a, b, units, rate, kind))
     return [s for s in out if s.units]
 
 
@@ -295,33 +337,21 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
         written = timezone.now()
         for meter in meters:
             held = nodes.get(meter.cluster_id, [])
+            # Settled only once every interval is closed, kept workspaces included: a
+            # released cluster's kept time runs until its workspaces are gone.
             ended = meter.state in (Cluster.State.RELEASED, Cluster.State.FAILED) and all(
-                released is not None for _, released, _ in held
+                i.end is not None for i in held
             )
-            last = max((r for _, r, _ in held if r is not None), default=None)
+            last = max((i.end for i in held if i.end is not None), default=None)
             until = min(now, last) if ended and last is not None else now
             account = accounts[meter.account_id]
             if until > meter.billed_until:
                 for seg in segments(
                     nodes=held, since=meter.billed_until, until=until, book=book, cluster=meter
                 ):
-                    seconds = int((seg.end - seg.start).total_seconds())
-                    rate = seg.rate if seg.rate is not None else Decimal("0")
-                    entries.append(
-                        _entry(
-                            meter,
-                            account,
-                            rate=rate,
-                            units=seg.units,
-                            seconds=seconds,
-                            key=f"usage:{meter.cluster_id}:{epoch(seg.start)}:{epoch(seg.end)}",
-                            period=(seg.start, seg.end),
-                            written=written,
-                            memo=""
-                            if seg.rate is not None
-                            else "no price on the rate card: not charged",
-                        )  # fmt: skip
-                    )
+                    entry = _usage(meter, account, seg, written)
+                    if entry is not None:
+                        entries.append(entry)
                 meter.billed_until = until
             if ended and meter.billed_until >= (last or meter.billed_until):
                 minimum = _minimum_charge(meter, account, held, book, written)
@@ -353,6 +383,35 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
     report.charged += sum((-e[2] for e in entries), Decimal("0"))
 
 
+# The memo of each kind's entries: it tells the lines apart on the bill (a bill line is
+# one cluster-hour at one size, rate and memo) and says what the time was.
+MEMO = {NO_GPU: "no-GPU mode", STOPPED: "stopped: workspaces kept"}
+UNPRICED = "no price on the rate card: not charged"
+
+
+def _usage(meter: _Meter, account: _Account, seg: _Segment, written) -> tuple | None:
+    """The entry of one segment. GPU time keeps its key of old; the other kinds' keys end
+    in their kind, so that no key can clash across kinds in one period.
+
+    Free kept workspaces (a stopped price of 0) write nothing: a stopped cluster may be
+    kept for weeks, and a bill of zero lines for it says nothing. No-GPU time at 0 is
+    written as zero lines, as a GPU price of 0 is: the cluster ran (its workspaces held
+    CPU and memory on the hosts), and the bill shows when and for how many nodes."""
+    if seg.kind == STOPPED and not seg.rate:
+        return None
+    key = f"usage:{meter.cluster_id}:{epoch(seg.start)}:{epoch(seg.end)}"
+    if seg.kind == GPU:
+        memo = "" if seg.rate is not None else UNPRICED
+    else:
+        key, memo = f"{key}:{seg.kind}", MEMO[seg.kind]
+    return _entry(
+        meter, account, rate=seg.rate if seg.rate is not None else Decimal("0"),
+        units=seg.units, seconds=int((seg.end - seg.start).total_seconds()), key=key,
+        period=(seg.start, seg.end), written=written, memo=memo,
+        gpu_model_id=meter.gpu_model_id if seg.kind == GPU else None,
+    )  # fmt: skip
+
+
 def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
     """The bill's hour lines and daily usage for the pieces just written (same transaction)."""
     if not entries:
@@ -367,17 +426,23 @@ def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
         LedgerEntry.objects.filter(key__in=minimum).values_list("cluster_id", "pk")
     ) if minimum else {}  # fmt: skip
     pieces = []
-    for account, _kind, amount, _after, _key, cluster, *period_to_written in entries:
+    for account, _kind, amount, _after, key, cluster, *period_to_written in entries:
         meter = by_cluster[cluster]
-        resource = rollups.resource_of(names, meter.gpu_model_id, meter.instance_type_id)
+        resource = rollups.resource_of(
+            names, meter.gpu_model_id, meter.instance_type_id, kind=kind_of_key(key)
+        )
         # (start, end, units, rate, gpu, memo, at): the order of Piece's fields after cluster
         pieces.append(rollups.Piece(account, amount, cluster, *period_to_written, resource))
     rollups.add_usage(pieces, minimum_entries=minimum_ids)
 
 
-def _entry(meter: _Meter, account: _Account, *, rate, units, seconds, key, period, written, memo):
-    """Charge `units x seconds` at `rate` per unit-hour: add it to the meter's exact cost,
-    charge the newly rounded total minus what was charged before, and return the row."""
+def _entry(
+    meter: _Meter, account: _Account, *, rate, units, seconds, key, period, written, memo,
+    gpu_model_id,
+):  # fmt: skip
+    """Charge `units x seconds` at `rate` per unit-hour: add it to the meter's exact cost
+    (one for all kinds of time), charge the newly rounded total minus what was charged
+    before, and return the row."""
     meter.exact += units * seconds * rate
     total = to_money(meter.exact)
     amount = total - meter.charged
@@ -386,18 +451,30 @@ def _entry(meter: _Meter, account: _Account, *, rate, units, seconds, key, perio
     account.charged = True
     return (
         account.pk, LedgerEntry.Kind.USAGE.value, -amount, account.balance, key,
-        meter.cluster_id, period[0], period[1], units, rate, meter.gpu_model_id, memo, written,
+        meter.cluster_id, period[0], period[1], units, rate, gpu_model_id, memo, written,
     )  # fmt: skip
 
 
 def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, written):
-    if not held:
+    """The card's minimum for a short rental of GPUs (or CPU-only instances): it pays for
+    placing the cluster's size on the fleet, so only the seconds it held them count, and at
+    their price. No-GPU time and kept workspaces are charged per second at their own
+    prices; they neither make a GPU rental long enough nor owe a GPU minimum themselves.
+    The seconds used are those the cluster held GPUs (the union of its GPU intervals), what
+    its GPU lines on the bill add up to."""
+    gpu = sorted((i.start, i.end or meter.billed_until) for i in held if i.kind == GPU)
+    if not gpu:
         return None
-    start = min(p for p, _, _ in held)
+    start = gpu[0][0]
     card = book.at(start)
     if card is None or not card.min_charge_s:
         return None
-    seconds = int((meter.billed_until - start).total_seconds())
+    seconds, reach = 0, start
+    for placed, released in gpu:
+        a, b = max(placed, reach), min(released, meter.billed_until)
+        if b > a:
+            seconds += int((b - a).total_seconds())
+            reach = b
     short = card.min_charge_s - seconds
     if short <= 0:
         return None
@@ -410,6 +487,7 @@ def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, writ
         meter, account, rate=rate, units=max(meter.nodes, 1) * (meter.gpus_per_node or 1),
         seconds=short, key=f"minimum:{meter.cluster_id}", period=(None, None), written=written,
         memo=f"minimum charge: {card.min_charge_s} s, {seconds} s used",
+        gpu_model_id=meter.gpu_model_id,
     )  # fmt: skip
 
 
@@ -417,18 +495,30 @@ def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, writ
 
 
 def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) -> list[int]:
-    """Release every pending or running cluster of these accounts, then bill them up to
-    the second they stopped (in this same tick, so the overdraft stays within one period)."""
+    """Release every cluster of these accounts that would go on charging, then bill them up
+    to the second they stopped (in this same tick, so the overdraft stays within one period).
+
+    That is every pending, running (no-GPU mode included) or preempting cluster, and the
+    stopped ones too when the card in force charges for kept workspaces (a stopped price
+    above 0). While kept workspaces are free, a stopped cluster costs nothing and stays, its
+    files with it: the stopped-period auto-release (SUANLI_STOPPED_RELEASE_DAYS) ends it if
+    nobody tops up and starts it again; one waiting in line to start again goes back to
+    stopped."""
+    book = RateBook.load()
+    states = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
+    card = book.at(report.now if report else floor_s(timezone.now()))
+    if card is not None and card.stopped > 0:
+        states.append(Cluster.State.STOPPED)
     stopped = []
-    for cluster in Cluster.objects.filter(
-        owner__account__pk__in=account_ids,
-        state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING],
-    ):
+    for cluster in Cluster.objects.filter(owner__account__pk__in=account_ids, state__in=states):
+        if Cluster.State.STOPPED not in states and fleet.cluster_stop_waiting(
+            cluster=cluster, reason=EXHAUSTED
+        ):
+            continue  # waiting to start again from stopped: stopped again, files kept
         fleet.cluster_release(cluster=cluster, reason=EXHAUSTED)
         stopped.append(cluster.pk)
     if stopped:
         later = floor_s(timezone.now())
-        book = RateBook.load()
         _accrue_batch(stopped, later, book, report or AccrualReport(now=later))
     log.warning("accounts %s exhausted: stopped clusters %s", account_ids, stopped)
     return stopped
@@ -440,10 +530,13 @@ def enough_balance(account: Account, per_hour: Decimal) -> bool:
 
 
 def notify_low_balances() -> int:
-    """`balance.low` once per low spell: accounts with running clusters and under
+    """`balance.low` once per low spell: accounts with running clusters (or stopped ones,
+    whose kept workspaces burn when the card prices them) and under
     `SUANLI_LOW_BALANCE_HOURS` of balance left at the current burn."""
     sent = 0
-    owners = Cluster.objects.filter(state=Cluster.State.RUNNING).values_list("owner_id", flat=True)
+    owners = Cluster.objects.filter(
+        state__in=[Cluster.State.RUNNING, Cluster.State.STOPPED]
+    ).values_list("owner_id", flat=True)
     for account in Account.objects.filter(
         user_id__in=set(owners), low_notified_at__isnull=True
     ).select_related("user"):

@@ -447,6 +447,20 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
     return cluster
 
 
+@transaction.atomic
+def cluster_stop_waiting(*, cluster: Cluster, reason: str) -> bool:
+    """A stopped cluster waiting in line to start again goes back to stopped (its files
+    kept): e.g. its owner's balance ran out. False when it was not waiting (any more)."""
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if cluster.state != Cluster.State.PENDING or cluster.stopped_at is None:
+        return False
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.STOPPED, state_reason=reason[:300]
+    )
+    cluster_event(cluster, "stopped", f"no longer waiting to start: {reason}")
+    return True
+
+
 def start_blocked(cluster: Cluster) -> str:
     """Why a stopped cluster cannot start with its GPUs now ("" when it can): for its page,
     which then offers to wait in line or to start without GPUs. Reads only."""
