@@ -308,6 +308,9 @@ SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").
 # node's containers together never hold more than the node.
 SUANLI_WORKSPACE_SHARE = min(max(envint("SUANLI_WORKSPACE_SHARE_PCT", 25), 5), 95) / 100
 SUANLI_WORKSPACE_STOP_S = envint("SUANLI_WORKSPACE_STOP_S", 10)  # SIGTERM, then SIGKILL
+# A workspace made again (another GPU set, no-GPU mode) is committed over its last save;
+# past this many layers the save is flattened (overlay2 stacks about 125).
+SUANLI_WORKSPACE_MAX_LAYERS = envint("SUANLI_WORKSPACE_MAX_LAYERS", 60)
 # Stopping and starting (jobs/services.py): a stopped cluster keeps its workspaces on their
 # hosts this many days (a fraction is allowed), then is released; a warning goes out a day
 # before. Started without GPUs, each node's workspace gets this CPU and memory.

@@ -16,6 +16,7 @@ Layer: workspaces, under the gateway; uses runtime, network, engine and models.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -180,7 +181,40 @@ def _remake(client, old, made: runtime.ContainerSpec, cluster_id: int, index: in
     repository, tag = keep_image(cluster_id, index).rsplit(":", 1)
     old.commit(repository=repository, tag=tag)
     old.remove(force=True)
+    _flatten_if_deep(client, keep_image(cluster_id, index))
     return client.containers.create(keep_image(cluster_id, index), name=made.name, **made.kwargs)
+
+
+def _flatten_if_deep(client, reference: str) -> None:
+    """Each remake commits one more layer over the last; the storage driver takes about 125
+    (overlay2). Past SUANLI_WORKSPACE_MAX_LAYERS the saved image is made again as one
+    layer (its filesystem exported and imported, its config kept), and the chain goes."""
+    image = client.images.get(reference)
+    if len(image.history()) <= settings.SUANLI_WORKSPACE_MAX_LAYERS:
+        return
+    config = image.attrs.get("Config") or {}
+    changes = [
+        f"ENV {name}={json.dumps(value, ensure_ascii=False)}"
+        for name, _, value in (e.partition("=") for e in config.get("Env") or [])
+        if name
+    ]
+    for key, instruction in (("Entrypoint", "ENTRYPOINT"), ("Cmd", "CMD")):
+        if config.get(key):
+            changes.append(f"{instruction} {json.dumps(config[key])}")
+    if config.get("WorkingDir"):
+        changes.append(f"WORKDIR {config['WorkingDir']}")
+    repository, tag = reference.rsplit(":", 1)
+    source = client.containers.create(reference, entrypoint=["/bin/true"], network_mode="none")
+    try:
+        client.api.import_image_from_data(
+            source.export(), repository=repository, tag=tag, changes=changes
+        )
+    finally:
+        source.remove(force=True)
+    try:
+        client.images.remove(image.id)  # the old chain, untagged now
+    except docker.errors.APIError as exc:
+        log.info("the old chain of %s stays until release: %s", reference, exc)
 
 
 def _remove_released(cluster_id: int, live_nodes: list[Node]) -> None:

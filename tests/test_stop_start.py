@@ -126,8 +126,9 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
 
 
 def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
-    running_cluster, alice, priced, client
+    running_cluster, alice, priced, client, settings
 ):
+    settings.SUANLI_WORKSPACE_MAX_LAYERS = 2  # the second save is flattened
     cluster = running_cluster(1, gpus=2)
     host = _last_node(cluster).host
     tasks.cluster_network_ensure(cluster.pk)
@@ -173,6 +174,10 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
     env = dict(line.split("=", 1) for line in back.attrs["Config"]["Env"])
     assert env["CUDA_VISIBLE_DEVICES"] in ("0,1", "1,0")
     assert _sh(back, "cat /tmp/notes.txt") == (0, "mine")
+    saved = _client(node).images.get(workspaces.keep_image(cluster.pk, 0))
+    assert len(saved.history()) == 1, "flattened past the layer bound, files kept"
+    assert back.attrs["Config"]["Entrypoint"] == workspaces.KEEP_UP
+    assert _sh(back, "id -u")[1] == back.attrs["Config"]["User"].split(":")[0]
 
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
