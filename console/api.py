@@ -51,7 +51,7 @@ from console.api_schema import (
     Resize,
     Start,
 )
-from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm
+from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm, start_refusal
 from console.models import ApiToken, digest_of
 from jobs import runner
 from jobs import selectors as fleet
@@ -395,13 +395,16 @@ def cluster_start(request, cluster_id: Id, payload: Start = None):
     there are taken, saying so), `"wait"` (in line for them) or `"no_gpu"`."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
     mode = payload.mode if payload is not None else "gpu"
+    short = start_refusal(c, mode)
+    if short:
+        return _error(400, short)
     try:
         return fleet_services.cluster_start(cluster=c, mode=mode, by="its owner (API)")
     except fleet_services.StartBlocked as exc:
         return _error(
             409,
             " ".join(exc.messages)
-            + ' Send {"mode": "wait"} to wait in line, or {"mode": "no_gpu"} to start without GPUs.',
+            + ' (API: {"mode": "wait"} waits in line; {"mode": "no_gpu"} starts without GPUs.)',
         )
 
 

@@ -67,6 +67,34 @@ def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> F
     )
 
 
+def start_refusal(cluster, mode: str) -> str:
+    """Why the owner's balance cannot start a stopped cluster in this mode ("" when it
+    can): the same minutes of balance as creating one of its shape (no-GPU mode: at its
+    price per node-hour)."""
+    if mode == "no_gpu":
+        prices = money.stop_prices()
+        if prices.no_gpu is None:
+            return ""
+        per_hour = prices.no_gpu * cluster.nodes
+        minutes = settings.SUANLI_MIN_BALANCE_MINUTES
+        funds = Funds(
+            per_hour=per_hour, needed=(per_hour * minutes / 60).quantize(per_hour),
+            balance=money.balance_of(cluster.owner), minutes=minutes, currency=prices.currency,
+        )  # fmt: skip
+        what = "Without GPUs this cluster"
+    else:
+        units = cluster.nodes * (cluster.gpus_per_node if cluster.gpu_model_id else 1)
+        funds = check_funds(
+            cluster.owner, gpu_model=cluster.gpu_model,
+            instance_type=None if cluster.gpu_model_id else cluster.instance_type,
+            units=units, spot=cluster.spot,
+        )  # fmt: skip
+        what = "This cluster"
+    if funds is None or not funds.short:
+        return ""
+    return funds.refusal(what, "starting it")
+
+
 class ClusterForm(forms.Form):
     name = forms.CharField(
         max_length=63, help_text="Lower-case letters, digits and dashes, e.g. llama-ft-1."

@@ -311,6 +311,7 @@ SUANLI_WORKSPACE_STOP_S = envint("SUANLI_WORKSPACE_STOP_S", 10)  # SIGTERM, then
 # A workspace made again (another GPU set, no-GPU mode) is committed over its last save;
 # past this many layers the save is flattened (overlay2 stacks about 125).
 SUANLI_WORKSPACE_MAX_LAYERS = envint("SUANLI_WORKSPACE_MAX_LAYERS", 60)
+SUANLI_WORKSPACE_SAVE_S = envint("SUANLI_WORKSPACE_SAVE_S", 3600)  # one save (docker commit)
 # Stopping and starting (jobs/services.py): a stopped cluster keeps its workspaces on their
 # hosts this many days (a fraction is allowed), then is released; a warning goes out a day
 # before. Started without GPUs, each node's workspace gets this CPU and memory.

@@ -18,7 +18,14 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as money
 from billing import services as billing
-from console.forms import ZONE_SPREAD_NOTE, ClusterForm, JobForm, ResizeForm, SshKeyForm
+from console.forms import (
+    ZONE_SPREAD_NOTE,
+    ClusterForm,
+    JobForm,
+    ResizeForm,
+    SshKeyForm,
+    start_refusal,
+)
 from console.logins import ssh_logins
 from console.views_billing import cluster_form_prices
 from jobs import selectors as fleet
@@ -253,6 +260,12 @@ def cluster_release(request, cluster_id: int):
 @require_POST
 def cluster_stop(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
+    if cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None:
+        fleet_services.cluster_stop_waiting(
+            cluster=cluster, reason=f"stopped waiting by {request.user.username}"
+        )
+        messages.success(request, f"Cluster {cluster.name} no longer waits; it is stopped.")
+        return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
         fleet_services.cluster_stop(cluster=cluster, by=request.user.username)
     except ValidationError as exc:
@@ -271,6 +284,10 @@ def cluster_stop(request, cluster_id: int):
 def cluster_start(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     mode = request.POST.get("mode", "gpu")
+    short = start_refusal(cluster, mode) if mode in ("gpu", "wait", "no_gpu") else ""
+    if short:
+        messages.error(request, short)
+        return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
         cluster = fleet_services.cluster_start(cluster=cluster, mode=mode, by=request.user.username)
     except fleet_services.StartBlocked as exc:

@@ -55,8 +55,8 @@ def dispatch(cluster_id: int) -> int | None:
     """Claim the cluster's oldest queued job if nothing runs on it; then start it."""
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update(of=("self",)).filter(pk=cluster_id).first()
-        if cluster is None or cluster.state != Cluster.State.RUNNING:
-            return None
+        if cluster is None or cluster.state != Cluster.State.RUNNING or cluster.no_gpu:
+            return None  # no-GPU mode runs no jobs (job_submit says so)
         if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
             return None  # one job at a time: the next starts when this one ends
         # A preempted job keeps its place: it was queued before anything behind it.

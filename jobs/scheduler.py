@@ -520,6 +520,7 @@ def _lock_cpu_capacity(host_ids: set[int]) -> dict[int, int]:
     caps = dict(
         Host.objects.select_for_update()
         .filter(id__in=host_ids, state=Host.State.ACTIVE)
+        .order_by("id")  # one lock order for every scheduler: no deadlock
         .values_list("id", "cpu_count")
     )
     used = dict(
@@ -623,7 +624,7 @@ def replace_node(node: Node, *, host_id: int, now, same_slots: bool = False) -> 
     if same_slots:
         fresh = Node.objects.create(
             cluster_id=node.cluster_id, index=node.index, host_id=node.host_id,
-            gpu_indices=node.gpu_indices, vcpus=node.vcpus, placed_at=now,
+            gpu_indices=node.gpu_indices, vcpus=node.vcpus, placed_at=now, no_gpu=node.no_gpu,
             preempted_at=now if node.preempted_at else None,  # a preempting cluster stays unbilled
         )  # fmt: skip
         GpuSlot.objects.filter(pk__in=old_slots).update(node=fresh)
@@ -640,6 +641,8 @@ def _stranded(now) -> dict[int, list[Node]]:
     down_before = now - timedelta(seconds=settings.SUANLI_HOST_DOWN_MOVE_S)
     nodes = (
         Node.objects.filter(released_at__isnull=True, cluster__state=Cluster.State.RUNNING)
+        # Without GPUs its workspaces live on that host only: they wait for it to come back.
+        .exclude(cluster__no_gpu=True)
         .filter(
             models.Q(host__state=Host.State.DEGRADED)
             | models.Q(host__state=Host.State.DOWN, host__unhealthy_since__lte=down_before)

@@ -387,9 +387,17 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
             .select_related("gpu_model", "instance_type")
             .get(pk=cluster.pk)
         )
-        if cluster.state != Cluster.State.STOPPED:
+        waiting = cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None
+        if not (cluster.state == Cluster.State.STOPPED or (waiting and mode == "no_gpu")):
             raise ValidationError(
-                f"Only a stopped cluster can be started; {cluster.name} is {cluster.state}."
+                f"Only a stopped cluster can be started; {cluster.name} is "
+                + ("waiting in line for its GPUs already." if waiting else f"{cluster.state}.")
+            )
+        stopping = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+        if stopping is not None:
+            raise ValidationError(
+                f"Job {stopping.name} is still stopping (SIGTERM, then SIGKILL after "
+                f"{settings.SUANLI_STOP_GRACE_S} s): start the cluster once it has ended."
             )
         kept = _kept(cluster)
         if not kept:
@@ -438,8 +446,8 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
             )  # fmt: skip
         except scheduler.Conflict:
             raise StartBlocked(
-                "Its GPUs were just taken by another request: wait in line for them or start "
-                "without GPUs.",
+                "Its capacity there was just taken by another request: wait in line for it"
+                + ("." if cluster.is_cpu_only else " or start without GPUs."),
                 code="gpus_taken",
             ) from None
         _started(cluster, kept, now, no_gpu=False,
@@ -454,6 +462,7 @@ def cluster_stop_waiting(*, cluster: Cluster, reason: str) -> bool:
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.state != Cluster.State.PENDING or cluster.stopped_at is None:
         return False
+    cancel_jobs_of(cluster, f"cancelled: the cluster stopped waiting ({reason})")
     Cluster.objects.filter(pk=cluster.pk).update(
         state=Cluster.State.STOPPED, state_reason=reason[:300]
     )
@@ -485,15 +494,26 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
                 f"{node.host.state}: it takes no work now. Wait in line for it, or release "
                 "the cluster."
             )
+        unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
+        total = cap.cpu_total if cluster.is_cpu_only else cap.gpu_total
+        changed = not cluster.is_cpu_only and cap.gpu_model_id != cluster.gpu_model_id
+        if changed or total < need[node.host_id]:
+            return (
+                f"Host {node.host.name}, which keeps the workspace of node {node.index}, no "
+                f"longer has {need[node.host_id]} {unit}"
+                + (f" of {cluster.gpu_model}" if not cluster.is_cpu_only else "")
+                + " (its operator changed it), so waiting would not help: "
+                + ("start without GPUs to copy your files out, or release the cluster."
+                   if not cluster.is_cpu_only else "release the cluster.")
+            )  # fmt: skip
         free = cap.cpu_free if cluster.is_cpu_only else cap.free
         if free < need[node.host_id]:
-            unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
             return (
                 f"The {unit} of host {node.host.name}, which keeps the workspace of node "
                 f"{node.index}, are in use by other clusters: {need[node.host_id]} needed, "
-                f"{max(free, 0)} free. Wait in line for them, or start without GPUs to reach "
-                "your files now."
-            )
+                f"{max(free, 0)} free. Wait in line for them"
+                + (", or start without GPUs to reach your files now." if not cluster.is_cpu_only else ".")
+            )  # fmt: skip
     return ""
 
 
@@ -561,6 +581,7 @@ def clusters_release_idle(*, now=None) -> list[int]:
             state=Cluster.State.RUNNING,
             release_policy=Cluster.ReleasePolicy.IDLE,
             idle_minutes__isnull=False,
+            no_gpu=False,  # no jobs to measure idleness by: its owner edits files in it
         )
         .exclude(jobs__state__in=[*Job.WAITING, *Job.ACTIVE])
         .values_list("pk", flat=True)

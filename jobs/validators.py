@@ -140,6 +140,9 @@ def validate_key_matches_cert(key_pem: str, cert_pem: str) -> None:
         raise ValidationError("This key does not belong to the client certificate above.")
 
 
+_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{1,64}")
+
+
 def validate_image_reference(value: str) -> None:
     value = (value or "").strip()
     if len(value) > 255 or not _IMAGE_REF.match(value):
@@ -151,6 +154,13 @@ def validate_image_reference(value: str) -> None:
         raise ValidationError(
             f"{image_repository(reserved)} is the image of Suanli's own file transfer (sftp), "
             "which clusters may not run, whatever the tag; pick another image."
+        )
+    if _IMAGE_ID.fullmatch(value.lower()):
+        # The engine takes a bare hex string (or sha256:...) as an image ID prefix: it
+        # could name any image on the host, another researcher's saved workspace included.
+        raise ValidationError(
+            "Name an image by its repository and tag (e.g. pytorch/pytorch:2.4.0), not by "
+            "an image ID."
         )
     if image_repository(value).startswith("docker.io/suanli-keep/"):
         # A stopped workspace's saved filesystem (jobs/workspaces.py, KEEP_REPOSITORY):

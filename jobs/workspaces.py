@@ -150,9 +150,16 @@ def ensure(cluster_id: int) -> dict[int, str]:
 def _up(cluster: Cluster, node: Node, network_name: str):
     made = spec(cluster, node, network_name)
     client = engine.cached_client(node.host)
+    if _saved(client, cluster.pk, node.index):
+        # A remake was cut short (or raced) after its save: its files are in the save.
+        made = runtime.ContainerSpec(
+            image=keep_image(cluster.pk, node.index), name=made.name, kwargs=made.kwargs
+        )
     try:
         container = client.containers.create(made.image, name=made.name, **made.kwargs)
     except docker.errors.ImageNotFound:
+        if made.image.startswith(KEEP_REPOSITORY + "/"):
+            raise  # a save is never pulled from anywhere: only this engine has it
         client.images.pull(made.image)
         container = client.containers.create(made.image, name=made.name, **made.kwargs)
     except docker.errors.APIError as exc:
@@ -165,23 +172,40 @@ def _up(cluster: Cluster, node: Node, network_name: str):
         if container.labels.get(LABEL_SHAPE) != labels[LABEL_SHAPE]:
             # Made for other GPUs, limits or network (a start on other GPUs or without
             # them, a resize onto a second host): made again with its files.
-            container = _remake(client, container, made, cluster.pk, node.index)
+            container = _remake(client, container, made, cluster.pk, node.index, node.host)
     if container.status != "running":
         container.start()
     return container
 
 
-def _remake(client, old, made: runtime.ContainerSpec, cluster_id: int, index: int):
+def _saved(client, cluster_id: int, index: int):
+    """The node's saved filesystem (`keep_image`) on this engine, or None."""
+    try:
+        return client.images.get(keep_image(cluster_id, index))
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remake(client, old, made: runtime.ContainerSpec, cluster_id: int, index: int, host: Host):
     """The workspace made again from its own filesystem: its writable layer is saved as an
     image of the cluster's node (`keep_image`), the new container made from that with the
     new spec, and the old one removed. The image's own ENTRYPOINT and CMD stay the
     original image's (the commit keeps the config; the spec sets the entrypoint)."""
     if old.status == "running":
         old.stop(timeout=settings.SUANLI_WORKSPACE_STOP_S)
-    repository, tag = keep_image(cluster_id, index).rsplit(":", 1)
-    old.commit(repository=repository, tag=tag)
+    reference = keep_image(cluster_id, index)
+    saved = _saved(client, cluster_id, index)
+    if saved is None or saved.attrs.get("Container") != old.id:  # not saved from it yet
+        repository, tag = reference.rsplit(":", 1)
+        # A big filesystem takes long to save: no client timeout (a timed-out commit the
+        # engine finishes anyway would be made again and again by the retries).
+        patient = engine.client_for(host, timeout=settings.SUANLI_WORKSPACE_SAVE_S)
+        try:
+            patient.api.commit(old.id, repository=repository, tag=tag)
+        finally:
+            patient.close()
     old.remove(force=True)
-    _flatten_if_deep(client, keep_image(cluster_id, index))
+    _flatten_if_deep(client, reference)
     return client.containers.create(keep_image(cluster_id, index), name=made.name, **made.kwargs)
 
 
@@ -257,6 +281,8 @@ def stop(cluster_id: int) -> bool:
         if node.host.state == Host.State.DOWN:
             done = False
             continue
+        if not kept_nodes(cluster_id).filter(pk=node.pk).exists():
+            continue  # started again meanwhile: its workspace is in use
         try:
             client = engine.cached_client(node.host)
             client.containers.get(node.workspace_container).stop(
@@ -322,7 +348,8 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
     keeps that still run. Returns how many went."""
     removed = 0
     found = client.containers.list(all=True, filters={"label": LABEL})
-    if not found:
+    saves = client.images.list(name=f"{KEEP_REPOSITORY}/*")
+    if not found and not saves:
         return 0
     live = set(
         Node.objects.filter(
@@ -348,7 +375,17 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
             continue
         if _remove_one(host, container.id):
             removed += 1
+    for image in saves:
+        # Saved filesystems of nodes that are neither live nor kept here (a release whose
+        # host was down, a resize that dropped the node): the tenant's files, removed.
+        for tag in image.tags:
+            match = _KEPT_TAG.fullmatch(tag)
+            if match and (int(match[1]), int(match[2])) not in live | kept:
+                _quietly(client.images.remove, tag, image=tag, force=True)
     return removed
+
+
+_KEPT_TAG = re.compile(KEEP_REPOSITORY + r"/c([0-9]+)-n([0-9]+):latest")
 
 
 def kept_nodes_on(host: Host):

@@ -9,8 +9,10 @@ from datetime import timedelta
 import docker
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from billing import services as billing
@@ -19,6 +21,7 @@ from jobs import scheduler, selectors, services, tasks, workspaces
 from jobs.models import Cluster, GpuSlot, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.services import JobSpec
 from tests.browsing import login
+from tests.conftest import TEST_IMAGE
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
@@ -100,6 +103,12 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
     scheduler.place_pending()
     cluster.refresh_from_db()
     assert cluster.state == "pending" and host.name in cluster.state_reason, cluster.state_reason
+    # Changed her mind: out of the line (stopped again, files kept), then in line again.
+    client.post(reverse("cluster_stop", args=[cluster.pk]))
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped" and cluster.stopped_at == stopped_at
+    services.cluster_start(cluster=cluster, mode="wait", by="alice")
+    scheduler.place_pending()
     services.cluster_release(cluster=other)
     scheduler.place_pending()
     cluster.refresh_from_db()
@@ -155,6 +164,13 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
     assert _sh(ws, "cat /tmp/notes.txt") == (0, "mine")
     with pytest.raises(ValidationError, match="without GPUs"):
         services.job_submit(cluster=cluster, spec=JobSpec(name="x", command="true"))
+    # Its host coming back after a blip places it again as it was: without GPUs.
+    with transaction.atomic():
+        node = scheduler.replace_node(node, host_id=host.pk, now=timezone.now(), same_slots=True)
+    assert node.no_gpu and node.gpu_indices == []
+    # No jobs to measure idleness by: the idle policy leaves it alone.
+    Cluster.objects.filter(pk=cluster.pk).update(release_policy="idle", idle_minutes=1)
+    assert services.clusters_release_idle(now=timezone.now() + timedelta(hours=1)) == []
     client.force_login(alice)
     page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
     assert 'data-testid="no-gpu"' in page
@@ -179,9 +195,15 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
     assert back.attrs["Config"]["Entrypoint"] == workspaces.KEEP_UP
     assert _sh(back, "id -u")[1] == back.attrs["Config"]["User"].split(":")[0]
 
+    # A save of no live or kept node (a release whose host was down) is swept.
+    engine = _client(node)
+    engine.images.get(TEST_IMAGE).tag("suanli-keep/c99999-n0", "latest")
+    workspaces.sweep(node.host, engine)
+    assert not engine.images.list(name="suanli-keep/c99999-n0")
+    assert engine.images.list(name=f"suanli-keep/c{cluster.pk}-n0"), "its own save stays"
+
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
-    engine = _client(node)
     assert not engine.containers.list(all=True, filters={"name": f"suanli-ws-c{cluster.pk}-"})
     assert not engine.images.list(name=f"suanli-keep/c{cluster.pk}-n*"), "saved layers removed"
 
@@ -250,6 +272,15 @@ def test_stopped_workspaces_are_kept_by_the_reconciler_and_refused_to_logins(run
         workspaces.live_node(cluster, 0)
     with pytest.raises(ValidationError, match="Only a running cluster can be stopped"):
         services.cluster_stop(cluster=cluster)  # already stopped: a plain refusal
+    # A job still stopping (its replicas in their grace period) holds the start back: its
+    # end would otherwise release the cluster under the after-last-job policy.
+    job = Job.objects.create(
+        cluster=cluster, owner=cluster.owner, name="stopping", command="sleep 60",
+        state=Job.State.RUNNING, cancel_requested=True,
+    )  # fmt: skip
+    with pytest.raises(ValidationError, match="still stopping"):
+        services.cluster_start(cluster=cluster)
+    Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED)
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
 
@@ -330,5 +361,11 @@ def test_another_researcher_can_neither_stop_start_nor_run_a_saved_workspace(
         response = api.post("/api/v1/clusters", json.dumps(body), "application/json")
         assert response.status_code == 400, response.json()
         assert "saved by Suanli" in json.dumps(response.json())
-    assert not Cluster.objects.filter(name="thief").exists()
+    # Nor by an image ID prefix, which the engine resolves to any image on the host.
+    for reference in ("2", "249a", "sha256:249aa2", "DEADBEEF"):
+        body = {"name": "thief", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
+                "image": reference, "volumes": []}  # fmt: skip
+        response = api.post("/api/v1/clusters", json.dumps(body), "application/json")
+        assert response.status_code == 400, (reference, response.json())
+        assert not Cluster.objects.filter(name="thief").exists()
     services.cluster_release(cluster=cluster)

@@ -470,9 +470,15 @@ def clusters_stop(cluster_id, as_json):
 def clusters_start(cluster_id, mode, as_json):
     """Start a stopped cluster on the hosts that keep its files, with its GPUs (or say why
     not: then --wait or --no-gpu)."""
-    c = Api.from_config().post(
-        f"clusters/{cluster_id}/start", f"cluster {cluster_id}", {"mode": mode or "gpu"}
-    )
+    try:
+        c = Api.from_config().post(
+            f"clusters/{cluster_id}/start", f"cluster {cluster_id}", {"mode": mode or "gpu"}
+        )
+    except Failure as exc:
+        if exc.status != 409:
+            raise
+        words = exc.format_message().split(" (API: ")[0]
+        raise Failure(f"{words} Run it again with --wait or --no-gpu.", 409) from None
     if _wants_json(as_json):
         _emit_json(c)
         return
