@@ -20,6 +20,7 @@ mkdir -p "$SUANLI_SCREENSHOTS" staticfiles
 if [ "${E2E:-0}" = 1 ]; then
     IFS=, read -ra engines <<<"$SUANLI_TEST_ENGINES"
     bash .ci/torch-image.sh "${engines[@]}"
+    bash .ci/jupyter-image.sh "${engines[@]}"
 fi
 
 echo "== lint: ruff check, ruff format --check, import-linter layers"

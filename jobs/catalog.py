@@ -29,6 +29,14 @@ IMAGES = [
         "Official PyTorch runtime image with cuDNN 9; torchrun included.",
     ),
     (
+        "PyTorch 2.13 + JupyterLab (CPU)",
+        "suanli/jupyter:2.13-cpu",
+        "PyTorch 2.13",
+        "",
+        "PyTorch 2.13 (CPU) with JupyterLab 4 and TensorBoard, started from the cluster page;"
+        " built on this machine by .ci/jupyter-image.sh (make e2e).",
+    ),
+    (
         "Busybox (local test image)",
         "suanli/busybox:latest",
         "none",

@@ -106,20 +106,25 @@ class Fleet:
                 self.buckets[_pool_key(cap)][cap.free].add(cap.id)
 
     @classmethod
-    def load(cls) -> Fleet:
+    def load(cls, host_ids=None) -> Fleet:
+        """The active hosts (only those of `host_ids` when given: one cluster's page)."""
+        only = {} if host_ids is None else {"host_id__in": list(host_ids)}
         free = dict(
-            GpuSlot.objects.filter(host__state=Host.State.ACTIVE, node__isnull=True)
+            GpuSlot.objects.filter(host__state=Host.State.ACTIVE, node__isnull=True, **only)
             .values_list("host_id")
             .annotate(n=Count("id"))
         )
         cpu_used = dict(
             Node.objects.filter(
-                released_at__isnull=True, vcpus__gt=0, host__state=Host.State.ACTIVE
+                released_at__isnull=True, vcpus__gt=0, host__state=Host.State.ACTIVE, **only
             )
             .values_list("host_id")
             .annotate(n=Sum("vcpus"))
         )
-        rows = Host.objects.filter(state=Host.State.ACTIVE).values_list(
+        hosts = Host.objects.filter(state=Host.State.ACTIVE)
+        if host_ids is not None:
+            hosts = hosts.filter(id__in=list(host_ids))
+        rows = hosts.values_list(
             "id", "name", "zone", "rdma", "gpu_model_id", "gpu_count", "cpu_count",
             "swarm_state", "swarm_cluster",
         )  # fmt: skip

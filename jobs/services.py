@@ -485,7 +485,7 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
         need[node.host_id] = need.get(node.host_id, 0) + (
             cluster.gpus_per_node or (cluster.instance_type.vcpus if cluster.is_cpu_only else 0)
         )
-    fleet = scheduler.Fleet.load()
+    fleet = scheduler.Fleet.load(host_ids=need)  # its hosts only: the page asks every poll
     for node in kept:
         cap = fleet.hosts.get(node.host_id)
         if cap is None:
