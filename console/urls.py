@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import api, views, views_billing, views_monitoring, views_webhooks
+from console import api, views, views_apps, views_billing, views_monitoring, views_webhooks
 
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
@@ -26,6 +26,23 @@ urlpatterns = [
         "clusters/<int:cluster_id>/nodes/<int:index>/terminal/",
         views.node_terminal,
         name="node_terminal",
+    ),
+    # The tiles of the workspace apps (console/views_apps.py); the apps themselves are at
+    # /clusters/<id>/nodes/<n>/{jupyter,tensorboard,service}/ (console/proxy.py).
+    path(
+        "clusters/<int:cluster_id>/nodes/<int:index>/apps/status/",
+        views_apps.app_status,
+        name="app_status",
+    ),
+    path(
+        "clusters/<int:cluster_id>/nodes/<int:index>/apps/<slug:kind>/start/",
+        views_apps.app_start,
+        name="app_start",
+    ),
+    path(
+        "clusters/<int:cluster_id>/nodes/<int:index>/apps/<slug:kind>/stop/",
+        views_apps.app_stop,
+        name="app_stop",
     ),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/status/", views.job_status, name="job_status"),

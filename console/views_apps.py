@@ -1,0 +1,115 @@
+"""The tiles of a running cluster's page that start and stop the web apps of each node's
+workspace (jobs/webapps.py): JupyterLab, TensorBoard, a service port. The apps themselves
+are served by console/proxy.py under /clusters/<id>/nodes/<n>/<kind>/. The owner's only:
+anyone else gets 404, as for the cluster page.
+
+    POST /clusters/<id>/nodes/<n>/apps/jupyter/start/      (no fields)
+    POST /clusters/<id>/nodes/<n>/apps/tensorboard/start/  logdir (empty: the default)
+    POST /clusters/<id>/nodes/<n>/apps/service/start/      port (empty: 6006)
+    POST /clusters/<id>/nodes/<n>/apps/<kind>/stop/
+    GET  /clusters/<id>/nodes/<n>/apps/status/             the tiles' badges (htmx)
+
+Each POST (with the CSRF token) answers with a redirect to the cluster page, which says
+what happened (or why not, in words) in its messages.
+"""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from jobs import selectors as fleet
+from jobs import webapps
+from jobs.models import WorkspaceApp
+
+STARTING_S = 300  # an app that does not answer yet is "starting" this long, then "not answering"
+
+
+def _back(cluster, index: int):
+    return redirect(f"{reverse('cluster_detail', args=[cluster.pk])}#apps-node-{index}")
+
+
+def _kind(kind: str) -> WorkspaceApp.Kind:
+    if kind not in webapps.KINDS:
+        raise Http404("No such app.")
+    return WorkspaceApp.Kind(kind)
+
+
+@login_required
+@require_POST
+def app_start(request, cluster_id: int, index: int, kind: str):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    kind = _kind(kind)
+    try:
+        app = webapps.start(
+            cluster=cluster,
+            index=index,
+            kind=kind,
+            port=request.POST.get("port"),
+            logdir=request.POST.get("logdir"),
+        )
+    except webapps.AppError as exc:
+        messages.error(request, f"Node {index}: {exc}")
+        return _back(cluster, index)
+    if kind == WorkspaceApp.Kind.SERVICE:
+        messages.success(
+            request,
+            f"Node {index}: port {app.port} of the workspace is served at "
+            f"{webapps.prefix(cluster.pk, index, kind)} (to you only). Your server must listen "
+            f"on 127.0.0.1:{app.port} or 0.0.0.0:{app.port} there.",
+        )
+    else:
+        where = f" reading {app.logdir}" if app.logdir else ""
+        messages.success(
+            request,
+            f"Node {index}: {kind.label} is starting{where}; open it once its tile says it "
+            f"answers. Its output goes to {webapps.log_path(kind)} in the workspace.",
+        )
+    return _back(cluster, index)
+
+
+@login_required
+@require_POST
+def app_stop(request, cluster_id: int, index: int, kind: str):
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    kind = _kind(kind)
+    if webapps.stop(cluster=cluster, index=index, kind=kind):
+        messages.success(request, f"Node {index}: {kind.label} stopped.")
+    else:
+        messages.info(request, f"Node {index}: {kind.label} was not started.")
+    return _back(cluster, index)
+
+
+@login_required
+@require_GET
+def app_status(request, cluster_id: int, index: int):
+    """The badges of a node's started apps: answering, starting (for STARTING_S after a
+    start), or not answering. One exec in the workspace, so the page loads it after."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    apps = list(cluster.apps.filter(node_index=index))
+    up = webapps.answering(cluster, index, apps)
+    now = timezone.now()
+    badges = []
+    for app in apps:
+        if up.get(app.kind):
+            state = "answering"
+        elif app.kind != WorkspaceApp.Kind.SERVICE and (
+            (now - app.started_at).total_seconds() < STARTING_S
+        ):
+            state = "starting"
+        else:
+            state = "not answering"
+        badges.append({"kind": app.kind, "state": state})
+    return render(
+        request,
+        "console/_app_status.html",
+        {
+            "cluster": cluster,
+            "index": index,
+            "badges": badges,
+            "again": any(b["state"] == "starting" for b in badges),
+        },
+    )
