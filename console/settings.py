@@ -318,6 +318,10 @@ SUANLI_WORKSPACE_SAVE_S = envint("SUANLI_WORKSPACE_SAVE_S", 3600)  # one save (d
 SUANLI_STOPPED_RELEASE_S = int(float(envstr("SUANLI_STOPPED_RELEASE_DAYS", "15")) * 86400)
 SUANLI_NO_GPU_CPUS = float(envstr("SUANLI_NO_GPU_CPUS", "1"))
 SUANLI_NO_GPU_MEMORY_MB = envint("SUANLI_NO_GPU_MEMORY_MB", 4096)
+# They come on top of the GPU nodes' shares of the host: at most this many a host. And
+# one researcher keeps at most this many stopped clusters (their workspaces' disk).
+SUANLI_NO_GPU_PER_HOST = envint("SUANLI_NO_GPU_PER_HOST", 4)
+SUANLI_MAX_STOPPED_CLUSTERS = envint("SUANLI_MAX_STOPPED_CLUSTERS", 10)
 # Logging in (console/logins.py): the host name the cluster page, the API and `suanli ssh`
 # give for the SSH gateway; empty: the name the console was reached by, without its port.
 SUANLI_SSH_HOST = envstr("SUANLI_SSH_HOST", "")

@@ -15,6 +15,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from jobs import engine, runtime, scheduler, storage, validators
@@ -322,6 +323,16 @@ def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
                 f"{cluster.name} has no workspaces (it was created for jobs only), so a stop "
                 "would keep nothing: release it instead."
             )
+        kept = (
+            Cluster.objects.filter(owner_id=cluster.owner_id, stopped_at__isnull=False)
+            .filter(state__in=[Cluster.State.STOPPED, Cluster.State.PENDING])
+            .count()
+        )
+        if kept >= settings.SUANLI_MAX_STOPPED_CLUSTERS:
+            raise ValidationError(
+                f"You keep {kept} stopped clusters already, the most one researcher may "
+                "(their workspaces take disk on the hosts): release one, then stop this one."
+            )
         now = timezone.now()
         reason = f"stopped by {by}"
         cancel_jobs_of(cluster, reason)
@@ -408,6 +419,9 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
                 raise ValidationError(
                     "A CPU-only cluster has no GPUs to leave out: start it as it is."
                 )
+            full = _no_gpu_room(cluster, kept)
+            if full:
+                raise ValidationError(full)
             unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
             if unhealthy:
                 raise ValidationError(
@@ -468,6 +482,29 @@ def cluster_stop_waiting(*, cluster: Cluster, reason: str) -> bool:
     )
     cluster_event(cluster, "stopped", f"no longer waiting to start: {reason}")
     return True
+
+
+def _no_gpu_room(cluster: Cluster, kept: list[Node]) -> str:
+    """Why the kept hosts take no more workspaces without GPUs ("" when they do): each
+    takes SUANLI_NO_GPU_PER_HOST of them, beside the GPU nodes' shares of the host. Their
+    rows are locked (in id order) so that two starts cannot both take the last place."""
+    hosts = sorted({n.host_id for n in kept})
+    list(Host.objects.select_for_update().filter(pk__in=hosts).order_by("id").values("id"))
+    running = dict(
+        Node.objects.filter(host_id__in=hosts, no_gpu=True, released_at__isnull=True)
+        .exclude(cluster=cluster)
+        .values_list("host_id")
+        .annotate(n=Count("id"))
+    )
+    for node in kept:
+        wanted = sum(1 for n in kept if n.host_id == node.host_id)
+        if running.get(node.host_id, 0) + wanted > settings.SUANLI_NO_GPU_PER_HOST:
+            return (
+                f"Host {node.host.name}, which keeps the workspace of node {node.index}, runs "
+                f"{running.get(node.host_id, 0)} workspaces without GPUs already, the most it "
+                "takes: wait in line for its GPUs, or start without GPUs a little later."
+            )
+    return ""
 
 
 def start_blocked(cluster: Cluster) -> str:

@@ -166,8 +166,8 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
         services.job_submit(cluster=cluster, spec=JobSpec(name="x", command="true"))
     # Its host coming back after a blip places it again as it was: without GPUs.
     with transaction.atomic():
-        node = scheduler.replace_node(node, host_id=host.pk, now=timezone.now(), same_slots=True)
-    assert node.no_gpu and node.gpu_indices == []
+        back = scheduler.replace_node(node, host_id=host.pk, now=timezone.now(), same_slots=True)
+    assert back.no_gpu and back.gpu_indices == []
     # No jobs to measure idleness by: the idle policy leaves it alone.
     Cluster.objects.filter(pk=cluster.pk).update(release_policy="idle", idle_minutes=1)
     assert services.clusters_release_idle(now=timezone.now() + timedelta(hours=1)) == []
@@ -369,3 +369,23 @@ def test_another_researcher_can_neither_stop_start_nor_run_a_saved_workspace(
         assert response.status_code == 400, (reference, response.json())
         assert not Cluster.objects.filter(name="thief").exists()
     services.cluster_release(cluster=cluster)
+
+
+def test_bounds_on_stopped_clusters_and_on_workspaces_without_gpus(running_cluster, settings):
+    settings.SUANLI_MAX_STOPPED_CLUSTERS = 1
+    settings.SUANLI_NO_GPU_PER_HOST = 0
+    first = running_cluster(1, gpus=1, name="first")
+    second = running_cluster(1, gpus=1, name="second")
+    services.cluster_stop(cluster=first)
+    with pytest.raises(ValidationError, match="keep 1 stopped clusters already"):
+        services.cluster_stop(cluster=second)
+    second.refresh_from_db()
+    assert second.state == "running", "refused whole"
+    with pytest.raises(ValidationError, match="workspaces without GPUs already, the most"):
+        services.cluster_start(cluster=first, mode="no_gpu")
+    settings.SUANLI_NO_GPU_PER_HOST = 1
+    services.cluster_start(cluster=first, mode="no_gpu")
+    first.refresh_from_db()
+    assert first.state == "running" and first.no_gpu
+    for cluster in (first, second):
+        services.cluster_release(cluster=cluster)
