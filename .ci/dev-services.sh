@@ -20,6 +20,8 @@
 #   pidfile in .run/dev/) and remember that we did.
 # - The engine gets the image suanli/busybox:latest when it lacks it, and the SSH
 #   gateway's suanli/sftp:latest (OpenSSH's sftp-server alone).
+# - The image registry (docker-registry) on 127.0.0.1:5444 with TLS from a CA made once in
+#   .run/dev/registry and a password; the engine trusts the CA (as root only).
 # Prints `export` lines on stdout (also written to .run/dev/env.sh); progress
 # goes to stderr.
 set -euo pipefail
@@ -37,6 +39,8 @@ DOCKERD_MARKER="$DEV_DIR/dockerd.started-by-us"
 # exec-root of a default dockerd: its managed containerd runs from here.
 SYSTEM_EXEC_ROOT=/var/run/docker
 
+REGISTRY_DIR="$DEV_DIR/registry"
+REGISTRY_PORT="${SUANLI_DEV_REGISTRY_PORT:-5444}"
 REDIS_PASS_FILE="$DEV_DIR/redis.pass"
 SECRETS_KEY_FILE="$DEV_DIR/secrets.key"
 FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
@@ -56,7 +60,13 @@ host_mtu() {
 
 print_env() {
     secret_file "$SECRETS_KEY_FILE" fernet >/dev/null
-    write_env "$DEV_DIR/env.sh" \
+    local registry=()
+    if [[ -s "$REGISTRY_DIR/ca.crt" && -s "$REGISTRY_DIR/registry.pass" ]]; then
+        registry=("SUANLI_REGISTRY=127.0.0.1:$REGISTRY_PORT" "SUANLI_REGISTRY_USERNAME=suanli"
+            "SUANLI_REGISTRY_PASSWORD=$(cat "$REGISTRY_DIR/registry.pass")"
+            "SUANLI_REGISTRY_CA=$REGISTRY_DIR/ca.crt")
+    fi
+    write_env "$DEV_DIR/env.sh" "${registry[@]}" \
         "REDIS_URL=$(redis_url)" \
         "SUANLI_LOCAL_ENGINE=$LOCAL_ENGINE" \
         "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE" \
@@ -72,7 +82,7 @@ apply_firewall() {
 }
 
 ensure_packages() {
-    local needed=(docker.io busybox-static iptables openssh-sftp-server)
+    local needed=(docker.io busybox-static iptables openssh-sftp-server docker-registry apache2-utils curl openssl)
     [[ -n "${REDIS_URL:-}" ]] || needed+=(redis-server)
     # As root this installs what is missing; otherwise it lists what is
     # missing with the apt-get command to run, and fails.
@@ -112,6 +122,11 @@ cmd_start() {
     fi
     ensure_docker
     apply_firewall
+    if is_root; then
+        start_registry "$REGISTRY_DIR" 127.0.0.1 "$REGISTRY_PORT"
+    else
+        warn "not root: the image registry is not started (the engine's trust in its CA needs /etc/docker/certs.d); Images will say so"
+    fi
     ensure_busybox_image "$LOCAL_ENGINE" "$DEV_DIR/busybox-rootfs.tar"
     ensure_sftp_image "$LOCAL_ENGINE" "$DEV_DIR/sftp-rootfs.tar"
     log "dev services up"
@@ -119,6 +134,7 @@ cmd_start() {
 }
 
 cmd_stop() {
+    stop_registry "$REGISTRY_DIR" 127.0.0.1 "$REGISTRY_PORT"
     # Pidfile-based: a redis we did not start has no pidfile in our dir.
     REDIS_PASSWORD="$(redis_password)" stop_redis "$REDIS_PORT" "$REDIS_DIR"
     if [[ -f "$DOCKERD_MARKER" ]]; then

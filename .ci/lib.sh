@@ -392,3 +392,89 @@ ensure_sftp_image() {
         die "$SFTP_IMAGE does not run sftp-server on $host: $out"
     log "$SFTP_IMAGE runs on $host"
 }
+
+# ------------------------------------------------------------- registry ----
+
+# The private image registry (Debian's docker-registry: the CNCF distribution registry)
+# that researchers' own images live in (jobs/registry.py, jobs/images.py).
+
+registry_up() { # registry_up DIR ADDR PORT: /v2/ answers with TLS and the password
+    curl -fsS --max-time 3 --cacert "$1/ca.crt" -u "suanli:$(cat "$1/registry.pass" 2>/dev/null)" \
+        "https://$2:$3/v2/" >/dev/null 2>&1
+}
+
+# start_registry DIR ADDR PORT: the registry on ADDR:PORT, TLS from a CA made once in DIR
+# (ca.crt), the user "suanli" with a password made once (DIR/registry.pass, bcrypt in
+# DIR/htpasswd), its blobs in DIR/data, deletes enabled. The engines of this machine
+# trust the CA for that address (/etc/docker/certs.d/ADDR:PORT/ca.crt, read at each pull
+# and push: no engine restart). A no-op when it already answers.
+start_registry() {
+    local dir="$1" addr="$2" port="$3" pass
+    command -v docker-registry >/dev/null || die "docker-registry not installed (run .ci/install.sh docker-registry)"
+    mkdir -p "$dir/data"
+    if [[ ! -s "$dir/ca.crt" || ! -s "$dir/server.crt" ]] ||
+        ! openssl x509 -in "$dir/server.crt" -noout -ext subjectAltName 2>/dev/null | grep -qF "IP Address:$addr"; then
+        log "registry: making a CA and a certificate for $addr"
+        (umask 077 && openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=Suanli registry CA" \
+            -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null)
+        (umask 077 && openssl req -newkey rsa:2048 -nodes -subj "/CN=$addr" \
+            -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null)
+        printf 'subjectAltName=IP:%s,DNS:localhost\nextendedKeyUsage=serverAuth\n' "$addr" >"$dir/server.ext"
+        openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
+            -days 3650 -extfile "$dir/server.ext" -out "$dir/server.crt" 2>/dev/null
+        rm -f "$dir/server.csr" "$dir/server.ext"
+    fi
+    pass="$(secret_file "$dir/registry.pass" hex)"
+    (umask 077 && htpasswd -Bbn suanli "$pass" >"$dir/htpasswd" 2>/dev/null) ||
+        die "htpasswd failed (run .ci/install.sh apache2-utils)"
+    cat >"$dir/config.yml" <<YAML
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $dir/data
+  delete:
+    enabled: true
+  maintenance:
+    uploadpurging:
+      enabled: false
+http:
+  addr: $addr:$port
+  tls:
+    certificate: $dir/server.crt
+    key: $dir/server.key
+  headers:
+    X-Content-Type-Options: [nosniff]
+auth:
+  htpasswd:
+    realm: suanli
+    path: $dir/htpasswd
+YAML
+    install -D -m 0644 "$dir/ca.crt" "/etc/docker/certs.d/$addr:$port/ca.crt"
+    if registry_up "$dir" "$addr" "$port"; then
+        log "registry already answering on $addr:$port"
+        return 0
+    fi
+    if pid_from_file "$dir/registry.pid" >/dev/null; then kill_and_wait 5 "$(pid_from_file "$dir/registry.pid")"; fi
+    log "starting the image registry on https://$addr:$port (data $dir/data)"
+    setsid nohup docker-registry serve "$dir/config.yml" >"$dir/registry.log" 2>&1 </dev/null &
+    echo $! >"$dir/registry.pid"
+    if ! wait_until 20 "registry on $addr:$port" registry_up "$dir" "$addr" "$port"; then
+        tail -n 20 "$dir/registry.log" >&2 || true
+        die "the registry did not come up"
+    fi
+}
+
+# stop_registry DIR ADDR PORT: stop the registry started from DIR and take back the
+# engines' trust in it.
+stop_registry() {
+    local dir="$1" addr="$2" port="$3" pid
+    if pid="$(pid_from_file "$dir/registry.pid")"; then
+        log "stopping the image registry (pid $pid)"
+        kill_and_wait 10 "$pid"
+    fi
+    rm -f "$dir/registry.pid"
+    rm -rf "/etc/docker/certs.d/$addr:$port"
+    rmdir /etc/docker/certs.d 2>/dev/null || true
+}

@@ -20,6 +20,8 @@
 #     (jobs/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
 #     gateway's suanli/sftp:latest (OpenSSH's sftp-server alone). The two
 #     form a swarm (a manages) that carries the clusters' overlay networks.
+#   - the image registry (docker-registry) on 172.29.0.1:5443 with TLS from a CA made
+#     here and a password (.ci/lib.sh start_registry); the engines trust its CA.
 #     Nothing outside those namespaces and suanli-hosts is touched: this machine's
 #     docker0 and any other engine stay as they are.
 # and prints `export` lines on stdout (also saved to $RUN_DIR/env.sh).
@@ -53,6 +55,10 @@ declare -A ENGINE_IP=([a]=172.29.0.11 [b]=172.29.0.12)
 # distinct, so that no two networks of the test hosts overlap.
 declare -A ADDR_POOL=([a]=172.29.64.0/18 [b]=172.29.128.0/18)
 SWARM_POOL=172.29.192.0/18
+# The private image registry (researchers' own images) on the hosts' network, where every
+# engine reaches it; tenant containers do not (the firewall drops private ranges).
+REGISTRY_DIR="$RUN_DIR/registry"
+REGISTRY_PORT="${SUANLI_TEST_REGISTRY_PORT:-5443}"
 
 engine_dir() { printf '%s/docker-%s' "$RUN_DIR" "$1"; }
 engine_sock() { printf '%s/docker-%s.sock' "$RUN_DIR" "$1"; }
@@ -323,7 +329,11 @@ print_env() {
         "SUANLI_TEST_ENGINE_NETNS=$(engine_netns a),$(engine_netns b)" \
         "SUANLI_TEST_HOSTS_GATEWAY=$HOSTS_GATEWAY" \
         "SUANLI_TEST_IMAGE=$SUANLI_IMAGE" \
-        "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE"
+        "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE" \
+        "SUANLI_REGISTRY=$HOSTS_GATEWAY:$REGISTRY_PORT" \
+        "SUANLI_REGISTRY_USERNAME=suanli" \
+        "SUANLI_REGISTRY_PASSWORD=$(secret_file "$REGISTRY_DIR/registry.pass" hex)" \
+        "SUANLI_REGISTRY_CA=$REGISTRY_DIR/ca.crt"
 }
 
 cmd_start() {
@@ -331,7 +341,7 @@ cmd_start() {
     local e
     # No-op (dpkg-query only) when everything is already installed.
     "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables \
-        openssh-client openssh-sftp-server
+        openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl
     # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
     # alongside. The engines start one after the other on purpose: a starting
     # dockerd flushes and recreates the shared DOCKER iptables chains, which
@@ -342,6 +352,7 @@ cmd_start() {
     export REDIS_PASSWORD
     start_redis "$REDIS_PORT" "$REDIS_DIR" --save '' --appendonly no --requirepass "$REDIS_PASSWORD"
     ensure_hosts_lan
+    start_registry "$REGISTRY_DIR" "$HOSTS_GATEWAY" "$REGISTRY_PORT"
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
     form_swarm
     build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
@@ -378,6 +389,7 @@ cmd_stop() {
     done
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     ((rc == 0)) || die "stopping an engine failed"
+    stop_registry "$REGISTRY_DIR" "$HOSTS_GATEWAY" "$REGISTRY_PORT"
     remove_hosts_lan
     REDIS_PASSWORD="$(redis_password)" stop_redis "$REDIS_PORT" "$REDIS_DIR"
     stop_postgres

@@ -12,6 +12,7 @@ cron.register(job_tasks.hosts_check_all, "default", interval=settings.SUANLI_HOS
 cron.register(job_tasks.place_pending, "default", interval=settings.SUANLI_PLACEMENT_INTERVAL)
 cron.register(job_tasks.clusters_release_idle, "default", interval=60)
 cron.register(job_tasks.clusters_release_stopped, "default", interval=60)
+cron.register(job_tasks.image_builds_sweep, "default", interval=300)
 cron.register(job_tasks.reconcile, "docker", interval=settings.SUANLI_RECONCILE_INTERVAL)
 cron.register(job_tasks.dispatch_all, "default", interval=settings.SUANLI_RECONCILE_INTERVAL)
 # Money: charge held capacity per second, every few seconds (billing/services.accrue).

@@ -193,7 +193,9 @@ _rq_queue = {
     "DEFAULT_TIMEOUT": 600,
     "SERIALIZER": "rq.serializers.JSONSerializer",
 }
-RQ_QUEUES = {name: dict(_rq_queue) for name in ("docker", "default", "webhooks")}
+# "builds" has workers of its own (Procfile `builder`): a long image build never holds up
+# a job's start on "docker".
+RQ_QUEUES = {name: dict(_rq_queue) for name in ("docker", "default", "webhooks", "builds")}
 RQ = {"COMMIT_MODE": "on_db_commit"}
 RQ_SHOW_ADMIN_LINK = True
 
@@ -338,3 +340,30 @@ SUANLI_SSH_MAX_SESSIONS = envint("SUANLI_SSH_MAX_SESSIONS", 10)  # per researche
 SUANLI_SSH_MAX_CHANNELS = envint("SUANLI_SSH_MAX_CHANNELS", 10)  # per connection (shells, -L, sftp)
 # OpenSSH's sftp-server alone (.ci/lib.sh builds it on every engine); never pulled.
 SUANLI_SFTP_IMAGE = envstr("SUANLI_SFTP_IMAGE", "suanli/sftp:latest")
+
+# Researchers' own images (jobs/images.py, jobs/registry.py). The registry they live in, as
+# host[:port] (Harbor, a cloud registry, or `make run`'s docker-registry), with the
+# console's credentials: researchers need none of their own. Empty: no own images.
+SUANLI_REGISTRY = envstr("SUANLI_REGISTRY", "")
+SUANLI_REGISTRY_USERNAME = envstr("SUANLI_REGISTRY_USERNAME", "")
+SUANLI_REGISTRY_PASSWORD = envstr("SUANLI_REGISTRY_PASSWORD", "")
+SUANLI_REGISTRY_CA = envstr("SUANLI_REGISTRY_CA", "")  # a PEM file; empty: the system's CAs
+# Builds run on hosts marked as build hosts, never privileged, with no host mounts, under
+# these limits (a build over its time is stopped), on their own network: a bridge whose
+# containers reach neither the host nor the private networks (the tenant firewall's slc+
+# rules), or "none".
+SUANLI_BUILD_CPUS = float(envstr("SUANLI_BUILD_CPUS", "2"))
+SUANLI_BUILD_MEMORY_MB = envint("SUANLI_BUILD_MEMORY_MB", 4096)
+SUANLI_BUILD_TIMEOUT_S = envint("SUANLI_BUILD_TIMEOUT_S", 3600)
+SUANLI_BUILD_CONTEXT_MB = envint("SUANLI_BUILD_CONTEXT_MB", 512)  # a storage folder, tarred
+SUANLI_BUILD_NETWORK = envstr("SUANLI_BUILD_NETWORK", "slcbuild")
+SUANLI_BUILD_LOG_BYTES = envint("SUANLI_BUILD_LOG_BYTES", 1 << 20)  # kept per build (its end)
+# What FROM may name besides the catalog's images and the researcher's own: references,
+# or prefixes ending in "*" (e.g. "docker.io/pytorch/pytorch:*"), comma-separated.
+SUANLI_BUILD_FROM_ALLOWED = [
+    r.strip() for r in envstr("SUANLI_BUILD_FROM_ALLOWED", "").split(",") if r.strip()
+]
+# Per researcher: how many own images, and how many GB of distinct layers in the registry.
+SUANLI_IMAGE_QUOTA_COUNT = envint("SUANLI_IMAGE_QUOTA_COUNT", 20)
+SUANLI_IMAGE_QUOTA_GB = float(envstr("SUANLI_IMAGE_QUOTA_GB", "50"))
+SUANLI_IMAGE_PULL_S = envint("SUANLI_IMAGE_PULL_S", 3600)  # one pull onto a host

@@ -29,10 +29,12 @@ from jobs.models import (
     GpuSlot,
     Host,
     Image,
+    ImageBuild,
     InstanceType,
     Job,
     JobEvent,
     Node,
+    OwnImage,
     SshKey,
 )
 
@@ -76,7 +78,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         "docker_version",
         "last_seen",
     ]
-    list_filter = ["state", "zone", "gpu_model", "rdma", "emulated_gpu"]
+    list_filter = ["state", "zone", "gpu_model", "rdma", "emulated_gpu", "build_host"]
     search_fields = ["name", "address", "engine_url"]
     actions = ["check_now", "drain", "undrain", "reclaim_spot"]
     readonly_fields = [
@@ -95,6 +97,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["name", "engine_url", "address", "zone"]}),
         ("GPUs", {"fields": ["gpu_model", "gpu_count", "rdma"]}),
+        ("Images", {"fields": ["build_host"]}),
         (
             "TLS (tcp:// engines)",
             {
@@ -258,6 +261,28 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(OwnImage)
+class OwnImageAdmin(ReadOnlyAdmin):
+    """Researchers' own images (jobs/images.py): they delete them on their Images page."""
+
+    list_display = ["reference", "owner", "size_bytes", "source", "updated_at"]
+    list_filter = ["source"]
+    search_fields = ["reference", "owner__username"]
+
+
+@admin.register(ImageBuild)
+class ImageBuildAdmin(ReadOnlyAdmin):
+    list_display = ["id", "owner", "kind", "name", "tag", "state", "host", "created_at"]
+    list_filter = ["state", "kind", "host"]
+    search_fields = ["name", "owner__username"]
+    exclude = ["log"]
+    readonly_fields = ["log_end"]
+
+    @admin.display(description="log (its end)")
+    def log_end(self, obj):
+        return obj.log[-20000:]
 
 
 class ReadOnlyInline(admin.TabularInline):

@@ -22,6 +22,7 @@ class HostForm(forms.ModelForm):
             "gpu_model",
             "gpu_count",
             "rdma",
+            "build_host",
             "tls_ca",
             "tls_cert",
             "tls_key",

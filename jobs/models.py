@@ -145,6 +145,12 @@ class Host(models.Model):
         help_text="Optional: the host's dcgm-exporter metrics endpoint (http(s)://host:9400/metrics). "
         "GPU samples then come from it instead of NVML.",
     )
+    build_host = models.BooleanField(
+        "build host",
+        default=False,
+        help_text="Builds researchers' images (Images page) and saves workspaces as images, "
+        "under the build limits of the settings.",
+    )
     docker_version = models.CharField(max_length=40, blank=True)
     operating_system = models.CharField(max_length=120, blank=True)
     cpu_count = models.PositiveIntegerField(null=True, blank=True)
@@ -422,6 +428,12 @@ class Cluster(models.Model):
     release_warned_at = models.DateTimeField(
         null=True, blank=True, help_text="When the release-soon warning of this stop went out."
     )
+    own_image = models.ForeignKey(
+        "OwnImage", on_delete=models.SET_NULL, null=True, blank=True, related_name="clusters"
+    )
+    # Pulls of its image onto its hosts (jobs/images.py): {host name: {"state": pulling |
+    # pulled | failed, "done": bytes, "total": bytes, "message": words}}.
+    image_pulls = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -846,3 +858,95 @@ class WebhookAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.delivery_id} at {self.at}: {self.status_code or self.error}"
+
+
+class OwnImage(models.Model):
+    """A researcher's own image in the registry (SUANLI_REGISTRY), at
+    `<registry>/u<owner id>/<name>:<tag>`: built from a Dockerfile or saved from a workspace.
+    Usable by its owner only (jobs/validators.py refuses the registry's other names)."""
+
+    class Source(models.TextChoices):
+        BUILD = "build", "built from a Dockerfile"
+        SAVE = "save", "saved from a workspace"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="own_images"
+    )
+    name = models.CharField(max_length=64, validators=[validators.validate_own_image_name])
+    tag = models.CharField(max_length=64, validators=[validators.validate_own_image_tag])
+    reference = models.CharField(max_length=255, unique=True)
+    digest = models.CharField(max_length=80, help_text="The manifest's digest in the registry.")
+    size_bytes = models.BigIntegerField(default=0, help_text="Its layers, compressed.")
+    # [[digest, bytes], ...]: the quota counts each distinct layer of a researcher once.
+    layers = models.JSONField(default=list, blank=True)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.BUILD)
+    source_note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "tag"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name", "tag"], name="own_image_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+
+class ImageBuild(models.Model):
+    """One build of an own image (a Dockerfile, or a workspace saved), on a build host,
+    from the queue "builds". Its log is streamed live (jobs/images.py) and its end kept."""
+
+    class Kind(models.TextChoices):
+        BUILD = "build", "build"
+        SAVE = "save", "save of a workspace"
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RUNNING = "running", "running"
+        PUSHING = "pushing", "pushing"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+
+    ACTIVE = (State.QUEUED, State.RUNNING, State.PUSHING)
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="image_builds"
+    )
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.BUILD)
+    name = models.CharField(max_length=64, validators=[validators.validate_own_image_name])
+    tag = models.CharField(max_length=64, validators=[validators.validate_own_image_tag])
+    dockerfile = models.TextField(blank=True)
+    context = models.CharField(
+        max_length=255, blank=True, help_text="A folder of the researcher's storage, or empty."
+    )
+    build_args = models.JSONField(default=dict, blank=True)
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.SET_NULL, null=True, blank=True, related_name="image_saves"
+    )
+    node_index = models.PositiveSmallIntegerField(null=True, blank=True)
+    host = models.ForeignKey(Host, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    step = models.CharField(max_length=300, blank=True, help_text="The step being run.")
+    done_bytes = models.BigIntegerField(default=0)  # pushed (or committed) so far
+    total_bytes = models.BigIntegerField(default=0)
+    log = models.TextField(blank=True, help_text="Its end, once finished (SUANLI_BUILD_LOG_BYTES).")
+    error = models.TextField(blank=True)
+    image = models.ForeignKey(
+        OwnImage, on_delete=models.SET_NULL, null=True, blank=True, related_name="builds"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-created_at"], name="build_owner_idx")]
+
+    def __str__(self) -> str:
+        return f"build {self.pk} of {self.name}:{self.tag}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE

@@ -54,12 +54,12 @@ def enqueue_later(func: Task, *args, delay_s: int, queue: str = "docker"):
     return django_rq.get_queue(queue).enqueue_at(at, func, *args)
 
 
-def enqueue_by_name(func: str, *args, job_id: str, queue: str = "docker") -> None:
+def enqueue_by_name(func: str, *args, job_id: str, queue: str = "docker", **options) -> None:
     """Once the caller's transaction commits; a Redis that is down is logged, not raised."""
 
     def send() -> None:
         try:
-            django_rq.get_queue(queue).enqueue(func, *args, job_id=job_id)
+            django_rq.get_queue(queue).enqueue(func, *args, job_id=job_id, **options)
         except Exception as exc:  # Redis down: the reconciler and the job start catch up
             log.warning("could not queue %s%s: %s", func, args, exc)
 

@@ -26,7 +26,7 @@ from django.db import connections, models, transaction
 from django.utils import timezone
 from rq.registry import StartedJobRegistry
 
-from jobs import engine, lifecycle, network, runtime, storage, webhooks, workspaces
+from jobs import engine, lifecycle, network, registry, runtime, storage, webhooks, workspaces
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
 from jobs.queue import enqueue_later, enqueue_unique
 
@@ -151,6 +151,7 @@ _START_ERRORS = (
     engine.EngineError,
     runtime.SpecError,
     network.NetworkError,
+    registry.RegistryError,
     OSError,
 )
 
@@ -323,6 +324,14 @@ def _launch(job: Job, replicas: list[Replica], replica: Replica, spec: runtime.C
         def create():
             return client.containers.create(spec.image, name=spec.name, **spec.kwargs)
 
+        if registry.in_registry(spec.image):  # a researcher's own image: pulled with progress
+            own = job.cluster.own_image
+            registry.ensure(
+                replica.host,
+                spec.image,
+                cluster_id=job.cluster_id,
+                digest=own.digest if own else "",
+            )
         # Straight to `create` (no look-ups first: each is a round trip on every start);
         # what it refuses says what is missing.
         try:

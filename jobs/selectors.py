@@ -9,7 +9,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
-from jobs.models import Cluster, Host, Job, Node
+from jobs.models import Cluster, Host, ImageBuild, Job, Node, OwnImage
 
 
 @dataclass(frozen=True)
@@ -332,3 +332,99 @@ def queue_position_of_job(job) -> int | None:
         .count()
         + 1
     )
+
+
+# -- own images -------------------------------------------------------------------------------
+
+
+def own_images_for(user) -> QuerySet[OwnImage]:
+    """A researcher's own images (registry), by name and tag."""
+    return OwnImage.objects.filter(owner=user).order_by("name", "tag")
+
+
+def own_image_for_user(user, image_id: int) -> OwnImage:
+    """Its owner's only: anyone else (operators too: the registry is tenants' property)
+    gets 404, as if it did not exist."""
+    try:
+        return own_images_for(user).get(pk=image_id)
+    except OwnImage.DoesNotExist:
+        raise Http404("No such image.") from None
+
+
+def builds_for(user) -> QuerySet[ImageBuild]:
+    """A researcher's builds and workspace saves, newest first."""
+    return (
+        ImageBuild.objects.filter(owner=user)
+        .select_related("image", "host", "cluster")
+        .order_by("-created_at", "-id")
+    )
+
+
+def build_for_user(user, build_id: int) -> ImageBuild:
+    """Its owner's only; anyone else gets 404."""
+    try:
+        return builds_for(user).get(pk=build_id)
+    except ImageBuild.DoesNotExist:
+        raise Http404("No such build.") from None
+
+
+def build_progress(build: ImageBuild) -> dict:
+    """What a build's page shows of it and its websocket sends: the fields of the build
+    worker's `build.state` messages (jobs/images.py)."""
+    return {
+        "state": build.state,
+        "step": build.step,
+        "done_bytes": build.done_bytes,
+        "total_bytes": build.total_bytes,
+        "error": build.error,
+        "image": build.image.reference if build.image_id and build.image else "",
+    }
+
+
+def saveable_nodes(cluster: Cluster) -> list[Node]:
+    """The nodes whose workspace can be saved as an image now: a running cluster's live
+    nodes, a stopped cluster's kept workspaces; none without workspaces."""
+    if not cluster.workspace:
+        return []
+    if cluster.state == Cluster.State.RUNNING:
+        return list(live_nodes(cluster))
+    if cluster.state == Cluster.State.STOPPED:
+        return list(
+            cluster.node_set.filter(stopped_at__isnull=False, kept_until__isnull=True)
+            .select_related("host")
+            .order_by("index")
+        )
+    return []
+
+
+@dataclass(frozen=True)
+class ImagePull:
+    """A pull of a cluster's image onto one of its hosts that has not (yet) succeeded."""
+
+    host: str
+    state: str  # pulling | failed
+    done: int
+    total: int
+    message: str
+
+
+def image_pulls(cluster: Cluster) -> list[ImagePull]:
+    """Pulls still under way or failed, by host name; none once every host has the image.
+    A pull under way says nothing after the cluster ended."""
+    ended = cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED)
+    out = []
+    for host, pull in sorted((cluster.image_pulls or {}).items()):
+        if not isinstance(pull, dict):
+            continue
+        state = pull.get("state")
+        if state == "failed" or (state == "pulling" and not ended):
+            out.append(
+                ImagePull(
+                    host=str(host),
+                    state=state,
+                    done=int(pull.get("done") or 0),
+                    total=int(pull.get("total") or 0),
+                    message=str(pull.get("message") or ""),
+                )  # fmt: skip
+            )
+    return out

@@ -46,6 +46,7 @@ from jobs.models import (
     Job,
     JobEvent,
     Node,
+    OwnImage,
     SshKey,
     Volume,
     WorkspaceApp,
@@ -173,6 +174,7 @@ class ClusterSpec:
     instance_type: InstanceType | None = None
     image: Image | None = None
     image_reference: str = ""
+    own_image: OwnImage | None = None  # one of the owner's own images: image_reference is its
     network: str = Cluster.Network.STANDARD
     zone: str = ""
     spot: bool = False
@@ -195,6 +197,7 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
         nodes=spec.nodes,
         image=spec.image,
         image_reference=spec.image_reference or (spec.image.reference if spec.image else ""),
+        own_image=spec.own_image,
         network=spec.network,
         zone=spec.zone,
         spot=spec.spot,

@@ -5,7 +5,7 @@ scheduler, webhooks, network, models and queue. The parts below queue these by t
 name ("jobs.tasks.cluster_dispatch") through `jobs.queue`, never by importing this module.
 """
 
-from jobs import network, runner, scheduler, services, webhooks, workspaces
+from jobs import images, network, runner, scheduler, services, webhooks, workspaces
 from jobs.models import Cluster, Host, Job
 from jobs.queue import enqueue_later, enqueue_unique
 
@@ -130,3 +130,12 @@ def webhook_deliver(delivery_id: int) -> str:
 
 def webhooks_sweep() -> int:
     return webhooks.sweep()
+
+
+def image_build_run(build_id: int) -> str:
+    """One build or workspace save (queue "builds")."""
+    return images.run(build_id)
+
+
+def image_builds_sweep() -> int:
+    return images.sweep_stuck()

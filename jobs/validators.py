@@ -143,6 +143,26 @@ def validate_key_matches_cert(key_pem: str, cert_pem: str) -> None:
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{1,64}")
 
 
+_OWN_IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_OWN_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def validate_own_image_name(value: str) -> None:
+    if len(value or "") > 64 or not _OWN_IMAGE_NAME.match(value or ""):
+        raise ValidationError(
+            "Use lower-case letters and digits, with single dots, dashes or underscores between "
+            "them (e.g. my-pytorch), at most 64 characters."
+        )
+
+
+def validate_own_image_tag(value: str) -> None:
+    if not _OWN_IMAGE_TAG.match(value or ""):
+        raise ValidationError(
+            "A tag is letters, digits, dots, dashes and underscores, not starting with a dot "
+            "or dash (e.g. v1 or 2024-06-01), at most 64 characters."
+        )
+
+
 def validate_image_reference(value: str) -> None:
     value = (value or "").strip()
     if len(value) > 255 or not _IMAGE_REF.match(value):
@@ -169,9 +189,48 @@ def validate_image_reference(value: str) -> None:
             "suanli-keep/ images are workspaces saved by Suanli, not images clusters may run; "
             "pick another image."
         )
+    if names_own_image(value):
+        # A researcher's own image (`<registry>/u<id>/...`): only the console's choice of
+        # the owner's own images names one (console/forms.py resolves those first), never a
+        # typed reference nor the catalog.
+        raise ValidationError(
+            f"{image_repository(value)} is a researcher's own image in Suanli's registry, "
+            "usable by its owner only (who picks it under Your images)."
+        )
 
 
 _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
+_OWN_NAMESPACE = re.compile(r"u[0-9]+")
+
+
+def _without_port(registry: str) -> str:
+    host, _, port = registry.rpartition(":")
+    return host if host and port.isdigit() else registry
+
+
+def _in_registry(value: str) -> list[str] | None:
+    """The path components of a reference into Suanli's registry (SUANLI_REGISTRY: host,
+    or host/project as on Harbor) under it, on any port of its host (`registry.example.com`
+    and `registry.example.com:443` are one server); None for any other reference."""
+    registry = (getattr(settings, "SUANLI_REGISTRY", "") or "").strip().strip("/").lower()
+    if not registry:
+        return None
+    host, *prefix = registry.split("/")
+    named, *path = image_repository(value).split("/")
+    if _without_port(named) != _without_port(host) or path[: len(prefix)] != prefix:
+        return None
+    return path[len(prefix) :]
+
+
+def names_registry(value: str) -> bool:
+    """The reference names an image of Suanli's registry (see _in_registry)."""
+    return _in_registry(value) is not None
+
+
+def names_own_image(value: str) -> bool:
+    """The reference names a researcher's own image: `<registry>/u<digits>/...`."""
+    path = _in_registry(value)
+    return bool(path) and bool(_OWN_NAMESPACE.fullmatch(path[0]))
 
 
 def image_repository(value: str) -> str:

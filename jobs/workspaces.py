@@ -24,7 +24,7 @@ import docker
 from django.conf import settings
 from django.db.models import Q
 
-from jobs import engine, network, runtime
+from jobs import engine, network, registry, runtime
 from jobs.models import Cluster, Host, Node
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,13 @@ KEEP_REPOSITORY = "suanli-keep"
 # The entrypoint, not the command: an image's own ENTRYPOINT (`python`, a server) must not
 # wrap what keeps the workspace up.
 KEEP_UP = ["/bin/sh", "-c", "exec sleep 2147483647"]
-_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError, runtime.SpecError)
+_ERRORS = (
+    docker.errors.DockerException,
+    engine.EngineError,
+    OSError,
+    runtime.SpecError,
+    registry.RegistryError,
+)
 
 
 class WorkspaceError(Exception):
@@ -154,6 +160,11 @@ def _up(cluster: Cluster, node: Node, network_name: str):
         # A remake was cut short (or raced) after its save: its files are in the save.
         made = runtime.ContainerSpec(
             image=keep_image(cluster.pk, node.index), name=made.name, kwargs=made.kwargs
+        )
+    elif registry.in_registry(made.image):  # a researcher's own image: pulled with progress
+        own = cluster.own_image
+        registry.ensure(
+            node.host, made.image, cluster_id=cluster.pk, digest=own.digest if own else ""
         )
     try:
         container = client.containers.create(made.image, name=made.name, **made.kwargs)

@@ -49,6 +49,7 @@ class Command(BaseCommand):
                 zone="zone-a",
                 gpu_model="a100-80gb",
                 gpus=8,
+                build_host=True,
                 stdout=self.stdout,
                 stderr=self.stderr,
             )

@@ -27,6 +27,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--gpus", type=int, default=0)
         parser.add_argument("--rdma", action="store_true")
+        parser.add_argument(
+            "--build-host",
+            action="store_true",
+            help="Builds researchers' images (and saves workspaces as images).",
+        )
 
     def handle(self, *args, **opts):
         model = None
@@ -42,6 +47,7 @@ class Command(BaseCommand):
         host.gpu_model = model
         host.gpu_count = opts["gpus"]
         host.rdma = opts["rdma"]
+        host.build_host = opts.get("build_host", False)
         try:
             services.host_save(host=host)
         except ValidationError as exc:

@@ -1,0 +1,996 @@
+"""Researchers' own images: built from a Dockerfile on a build host, or saved from a
+workspace, pushed to the registry (jobs/registry.py) as `<registry>/u<owner>/<name>:<tag>`,
+listed, counted against a quota, deleted.
+
+A build runs on the queue "builds" (its own workers: a long build never holds up a job's
+start), on a host the operator marked `build_host`, through the engine's build API
+(the classic builder: no privileged step, no host mount), with the build limits of the
+settings (CPU, memory, time; a build over its time is cut off and the engine removes its
+step's container), on the build network (a bridge whose containers reach neither the host
+nor the private networks). Its `FROM` (and `COPY --from`) may name only a catalog image,
+one of the researcher's own images, or what SUANLI_BUILD_FROM_ALLOWED allows; anything
+else is refused before the build, with the reason. Its log goes line by line to Redis and
+to the build's Channels group (the build page's websocket), and its end is kept on the row.
+
+Layer: beside gateway, runner and webapps; uses registry, storage, engine, queue, models.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import socket
+import stat
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import docker
+import redis
+import requests
+import urllib3
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from jobs import engine, registry, storage, validators
+from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
+from jobs.queue import enqueue_by_name
+
+log = logging.getLogger(__name__)
+
+DOCKERFILE_MAX = 64 * 1024
+BUILD_ARGS_MAX = 50
+_DOCKERFILE_NAME = ".suanli.Dockerfile"  # ours, beside whatever the context holds
+_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the engine colours a step's stderr
+_LOG_KEEP_S = 3600  # a finished build's lines stay in Redis this long (the row keeps its end)
+
+
+def enabled() -> bool:
+    return registry.enabled()
+
+
+def group_for(build_id: int) -> str:
+    return f"image-build-{int(build_id)}"
+
+
+@dataclass(frozen=True)
+class Quota:
+    count: int
+    max_count: int
+    bytes: int
+    max_bytes: int
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.max_count or self.bytes >= self.max_bytes
+
+
+def quota(owner) -> Quota:
+    """A researcher's images and the bytes of their distinct layers in the registry (a
+    layer two of them share is counted once)."""
+    images = list(OwnImage.objects.filter(owner=owner).values_list("layers", flat=True))
+    distinct = {}
+    for layers in images:
+        for digest, size in layers or []:
+            distinct[digest] = int(size)
+    return Quota(
+        count=len(images),
+        max_count=settings.SUANLI_IMAGE_QUOTA_COUNT,
+        bytes=sum(distinct.values()),
+        max_bytes=int(settings.SUANLI_IMAGE_QUOTA_GB * 1e9),
+    )
+
+
+def clusters_using(image: OwnImage):
+    """The clusters that are not released and run (or keep, stopped) this image."""
+    return Cluster.objects.filter(
+        Q(own_image=image) | Q(image_reference=image.reference), owner_id=image.owner_id
+    ).exclude(state__in=[Cluster.State.RELEASED, Cluster.State.FAILED])
+
+
+# -- what FROM may name -----------------------------------------------------------------
+
+
+def _instructions(dockerfile: str):
+    """(INSTRUCTION, arguments) of each instruction, continuation lines joined."""
+    line = ""
+    for raw in dockerfile.splitlines():
+        stripped = raw.strip()
+        if not line and (not stripped or stripped.startswith("#")):
+            continue
+        if line and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            line += stripped[:-1] + " "
+            continue
+        line += stripped
+        word, _, rest = line.partition(" ")
+        yield word.upper(), rest.strip()
+        line = ""
+    if line:
+        word, _, rest = line.partition(" ")
+        yield word.upper(), rest.strip()
+
+
+def _normal(ref: str) -> str:
+    repo = validators.image_repository(ref)
+    name, _, digest = ref.strip().partition("@")
+    if digest:
+        return f"{repo}@{digest}"
+    last = name.rpartition("/")[2]
+    return f"{repo}:{last.partition(':')[2] or 'latest'}"
+
+
+def _allowed(owner_id: int, ref: str) -> bool:
+    normal = _normal(ref)
+    catalog = Image.objects.filter(active=True).values_list("reference", flat=True)
+    if normal in {_normal(r) for r in catalog}:
+        return True
+    if registry.in_registry(ref):
+        own = OwnImage.objects.filter(owner_id=owner_id).values_list("reference", flat=True)
+        return normal in {_normal(r) for r in own}
+    for pattern in settings.SUANLI_BUILD_FROM_ALLOWED:
+        if pattern.endswith("*"):
+            if normal.startswith(_normal(pattern[:-1] + "x").rsplit("x", 1)[0]):
+                return True
+        elif normal == _normal(pattern):
+            return True
+    return False
+
+
+def bases(dockerfile: str) -> list[str]:
+    """The images a Dockerfile builds from (FROM, COPY/ADD --from, RUN --mount from=),
+    without its own stages. ValidationError when one cannot be known before the build."""
+    stages: set[str] = set()
+    found: list[str] = []
+    stage_count = 0
+    for word, rest in _instructions(dockerfile):
+        if word == "FROM":
+            args = [a for a in rest.split() if not a.startswith("--")]
+            if not args:
+                raise ValidationError("A FROM line names no image.")
+            ref = args[0]
+            if "$" in ref:
+                raise ValidationError(
+                    f"FROM {ref}: write the image itself, not a build argument, so that it can "
+                    "be checked before the build."
+                )
+            if ref.lower() != "scratch" and ref.lower() not in stages:
+                found.append(ref)
+            if len(args) >= 3 and args[1].lower() == "as":
+                stages.add(args[2].lower())
+            stage_count += 1
+        elif word in ("COPY", "ADD", "RUN"):
+            for flag in re.findall(r"--(?:from|mount)=(\S+)", rest):
+                source = flag
+                if word == "RUN":
+                    got = re.search(r"(?:^|,)from=([^,]+)", flag)
+                    if not got:
+                        continue
+                    source = got.group(1)
+                if "$" in source:
+                    raise ValidationError(
+                        f"{word} --from={source}: name the stage or image itself, not a build "
+                        "argument."
+                    )
+                if source.lower() in stages or (source.isdigit() and int(source) < stage_count):
+                    continue
+                found.append(source)
+    if stage_count == 0:
+        raise ValidationError("A Dockerfile starts with FROM and the image to build on.")
+    return found
+
+
+def check_bases(owner_id: int, dockerfile: str) -> list[str]:
+    refs = bases(dockerfile)
+    for ref in refs:
+        if not registry.in_registry(ref):  # the registry's own: _allowed checks the owner
+            try:
+                validators.validate_image_reference(ref)
+            except ValidationError as exc:
+                raise ValidationError(f"FROM {ref}: {exc.messages[0]}") from None
+        if not _allowed(owner_id, ref):
+            allowed = "a catalog image, one of your own images"
+            if settings.SUANLI_BUILD_FROM_ALLOWED:
+                allowed += " or " + ", ".join(settings.SUANLI_BUILD_FROM_ALLOWED)
+            raise ValidationError(
+                f"FROM {ref}: builds start from {allowed}; {ref} is none of them."
+            )
+    return refs
+
+
+# -- creating builds --------------------------------------------------------------------
+
+
+def _no_registry() -> ValidationError:
+    return ValidationError(
+        "Own images need an image registry, which the operator has not configured "
+        "(SUANLI_REGISTRY)."
+    )
+
+
+def _check_name(name: str, tag: str) -> dict:
+    errors = {}
+    for field, value, check in (
+        ("name", name, validators.validate_own_image_name),
+        ("tag", tag, validators.validate_own_image_tag),
+    ):
+        try:
+            check(value)
+        except ValidationError as exc:
+            errors[field] = exc.messages
+    return errors
+
+
+def _check_quota(owner, name: str, tag: str) -> None:
+    used = quota(owner)
+    replacing = OwnImage.objects.filter(owner=owner, name=name, tag=tag).exists()
+    if used.count >= used.max_count and not replacing:
+        raise ValidationError(
+            f"You have {used.count} images, your quota: delete one (or push to an existing "
+            "name and tag) first."
+        )
+    if used.bytes >= used.max_bytes:
+        raise ValidationError(
+            f"Your images take {registry.human(used.bytes)} of your "
+            f"{registry.human(used.max_bytes)}: delete some first."
+        )
+
+
+def build_create(
+    *, owner, name: str, tag: str, dockerfile: str, context: str = "", build_args=None
+) -> ImageBuild:
+    """Checks a build request and queues it. ValidationError by field."""
+    if not enabled():
+        raise _no_registry()
+    name, tag = (name or "").strip(), (tag or "").strip() or "latest"
+    errors = _check_name(name, tag)
+    dockerfile = dockerfile or ""
+    if not dockerfile.strip():
+        errors["dockerfile"] = ["Write the Dockerfile to build."]
+    elif len(dockerfile.encode()) > DOCKERFILE_MAX:
+        errors["dockerfile"] = [f"A Dockerfile of at most {DOCKERFILE_MAX // 1024} KB, please."]
+    elif "\x00" in dockerfile:
+        errors["dockerfile"] = ["The Dockerfile contains a NUL character."]
+    else:
+        try:
+            check_bases(owner.pk, dockerfile)
+        except ValidationError as exc:
+            errors["dockerfile"] = exc.messages
+    context = (context or "").strip().strip("/")
+    if context:
+        try:
+            context = storage.folder_name(context)
+            _context_dir(owner.pk, context)
+        except ValidationError as exc:
+            errors["context"] = exc.messages
+    args = {}
+    for key, value in dict(build_args or {}).items():
+        if not _ARG_NAME.match(str(key)) or not isinstance(value, str) or "\x00" in value:
+            errors["build_args"] = [
+                f"Build argument {str(key)[:40]!r}: a name of letters, digits and underscores "
+                "and a text value."
+            ]
+            break
+        args[str(key)] = value
+    if len(args) > BUILD_ARGS_MAX:
+        errors["build_args"] = [f"At most {BUILD_ARGS_MAX} build arguments."]
+    if not errors:
+        try:
+            _check_quota(owner, name, tag)
+        except ValidationError as exc:
+            errors["__all__"] = exc.messages
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        build = ImageBuild.objects.create(
+            owner=owner,
+            kind=ImageBuild.Kind.BUILD,
+            name=name,
+            tag=tag,
+            dockerfile=dockerfile,
+            context=context,
+            build_args=args,
+        )
+        _queue(build)
+    return build
+
+
+def save_create(*, owner, cluster: Cluster, node_index: int, name: str, tag: str) -> ImageBuild:
+    """Queues the save of a node's workspace (its cluster running or stopped) as an image."""
+    if not enabled():
+        raise _no_registry()
+    name, tag = (name or "").strip(), (tag or "").strip() or "latest"
+    errors = _check_name(name, tag)
+    if errors:
+        raise ValidationError(errors)
+    if cluster.owner_id != owner.pk:
+        raise ValidationError("No such cluster.")
+    if cluster.state not in (Cluster.State.RUNNING, Cluster.State.STOPPED) or not cluster.workspace:
+        raise ValidationError(
+            "A workspace is saved from a running or stopped cluster with workspaces."
+        )
+    if _node(cluster, node_index) is None:
+        raise ValidationError(f"Node {node_index} has no workspace to save.")
+    if ImageBuild.objects.filter(
+        cluster=cluster, node_index=node_index, state__in=ImageBuild.ACTIVE
+    ).exists():
+        raise ValidationError(f"Node {node_index}'s workspace is being saved already.")
+    _check_quota(owner, name, tag)
+    with transaction.atomic():
+        build = ImageBuild.objects.create(
+            owner=owner,
+            kind=ImageBuild.Kind.SAVE,
+            name=name,
+            tag=tag,
+            cluster=cluster,
+            node_index=node_index,
+        )
+        _queue(build)
+    return build
+
+
+def _queue(build: ImageBuild) -> None:
+    enqueue_by_name(
+        "jobs.tasks.image_build_run",
+        build.pk,
+        job_id=f"image-build-{build.pk}",
+        queue="builds",
+        job_timeout=settings.SUANLI_BUILD_TIMEOUT_S + 2 * settings.SUANLI_IMAGE_PULL_S,
+    )
+
+
+def _node(cluster: Cluster, index: int) -> Node | None:
+    """The node row whose workspace holds the node's files now: live, or kept (stopped)."""
+    return (
+        Node.objects.filter(cluster=cluster, index=index)
+        .exclude(workspace_container="")
+        .filter(Q(released_at__isnull=True) | Q(stopped_at__isnull=False, kept_until__isnull=True))
+        .select_related("host")
+        .order_by("-id")
+        .first()
+    )
+
+
+def delete(*, owner, image: OwnImage) -> None:
+    """Removes an image of the researcher's from the registry and the list; refused while a
+    cluster that is not released uses it."""
+    if image.owner_id != owner.pk:
+        raise ValidationError("No such image.")
+    using = list(clusters_using(image).values_list("name", flat=True)[:5])
+    if using:
+        raise ValidationError(
+            f"{image} is used by cluster {', '.join(using)}: release "
+            f"{'it' if len(using) == 1 else 'them'} first."
+        )
+    repo, tag = registry.split(image.reference)
+    shared = (
+        OwnImage.objects.filter(owner=owner, name=image.name, digest=image.digest)
+        .exclude(pk=image.pk)
+        .exists()
+    )
+    if not shared:  # a manifest is deleted by digest: every tag on it goes with it
+        try:
+            registry.delete(repo, tag)
+        except registry.RegistryError as exc:
+            raise ValidationError(f"{image} could not be deleted: {exc}") from None
+    image.delete()
+
+
+# -- the build log ----------------------------------------------------------------------
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+
+
+def _log_key(build_id: int) -> str:
+    return f"suanli:image-build:{int(build_id)}:log"
+
+
+def log_lines(build: ImageBuild) -> list[tuple[int, str]]:
+    """The build's lines so far, numbered from 1: from Redis while it runs (and an hour
+    after), else from the row."""
+    try:
+        raw = _redis().lrange(_log_key(build.pk), 0, -1)
+    except redis.RedisError:
+        raw = []
+    if raw:
+        out = []
+        for item in raw:
+            seq, _, text = item.decode("utf-8", "replace").partition("\t")
+            out.append((int(seq), text))
+        return out
+    return [(i, line) for i, line in enumerate(build.log.splitlines(), 1)]
+
+
+class _Log:
+    """Lines to Redis (numbered) and to the build's group, a batch at most every 0.2 s."""
+
+    def __init__(self, build: ImageBuild):
+        self.build = build
+        self.key = _log_key(build.pk)
+        self.redis = _redis()
+        self.redis.delete(self.key)
+        self.seq = 0
+        self.pending: list[list] = []
+        self.kept: list[str] = []
+        self.kept_bytes = 0
+        self.partial = ""
+        self.last_flush = 0.0
+        self.layer = get_channel_layer()
+
+    def write(self, text: str) -> None:
+        text = self.partial + _ANSI.sub("", text)
+        *lines, self.partial = text.split("\n")
+        for line in lines:
+            self.line(line.rstrip("\r"))
+
+    def line(self, line: str) -> None:
+        self._append(line)
+        if time.monotonic() - self.last_flush >= 0.2:
+            self.flush()
+
+    def _append(self, line: str) -> None:
+        line = line[:4000]
+        self.seq += 1
+        self.pending.append([self.seq, line])
+        self.kept.append(line)
+        self.kept_bytes += len(line) + 1
+        while self.kept_bytes > settings.SUANLI_BUILD_LOG_BYTES and len(self.kept) > 1:
+            self.kept_bytes -= len(self.kept.pop(0)) + 1
+
+    def flush(self, final: bool = False) -> None:
+        if final and self.partial:  # the last line, without its end
+            partial, self.partial = self.partial, ""
+            self._append(partial.rstrip("\r"))
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        self.last_flush = time.monotonic()
+        try:
+            pipe = self.redis.pipeline()
+            pipe.rpush(self.key, *[f"{seq}\t{text}" for seq, text in batch])
+            pipe.ltrim(self.key, -20000, -1)
+            pipe.expire(self.key, settings.SUANLI_BUILD_TIMEOUT_S + _LOG_KEEP_S)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("build %s: log not kept in Redis: %s", self.build.pk, exc)
+        self.send({"type": "build.lines", "lines": batch})
+
+    def send(self, message: dict) -> None:
+        if self.layer is None:
+            return
+        try:
+            async_to_sync(self.layer.group_send)(group_for(self.build.pk), message)
+        except Exception as exc:  # Redis down: the page reads the row once it ends
+            log.warning("build %s: not published: %s", self.build.pk, exc)
+
+    def state(self, **fields) -> None:
+        for name, value in fields.items():
+            setattr(self.build, name, value)
+        ImageBuild.objects.filter(pk=self.build.pk).update(**fields)
+        b = self.build
+        self.send(
+            {
+                "type": "build.state",
+                "state": b.state,
+                "step": b.step,
+                "done_bytes": b.done_bytes,
+                "total_bytes": b.total_bytes,
+                "error": b.error,
+                "image": b.image.reference if b.image_id and b.image else "",
+            }
+        )
+
+    def close(self) -> str:
+        self.flush(final=True)
+        try:
+            self.redis.expire(self.key, _LOG_KEEP_S)
+        except redis.RedisError:
+            pass
+        return "\n".join(self.kept)
+
+
+# -- running a build --------------------------------------------------------------------
+
+
+class BuildFailed(Exception):
+    """Why a build or save ended without an image, in words."""
+
+
+def run(build_id: int) -> str:
+    """The task: one build or save, from start to a pushed image (or a reason)."""
+    with transaction.atomic():
+        build = (
+            ImageBuild.objects.select_for_update(of=("self",))
+            .select_related("owner", "cluster")
+            .filter(pk=build_id)
+            .first()
+        )
+        if build is None or build.state != ImageBuild.State.QUEUED:
+            return "not queued"  # a second delivery of the task
+        build.state = ImageBuild.State.RUNNING
+        build.started_at = timezone.now()
+        build.save(update_fields=["state", "started_at"])
+    out = _Log(build)
+    try:
+        if build.kind == ImageBuild.Kind.SAVE:
+            node = _node(build.cluster, build.node_index) if build.cluster else None
+            if node is None:
+                raise BuildFailed(f"node {build.node_index} has no workspace to save any more")
+            out.state(host=node.host)
+            local = _save(build, node, out)
+        else:
+            host = _build_host()
+            out.state(host=host)
+            local = _build(build, host, out)
+        image = _push(build, build.host, local, out)
+    except BuildFailed as exc:
+        out.line(f"ERROR: {exc}")
+        out.state(state=ImageBuild.State.FAILED, error=str(exc)[:2000], finished_at=timezone.now())
+        return "failed"
+    except Exception as exc:
+        log.exception("build %s", build.pk)
+        out.line(f"ERROR: {exc}")
+        out.state(
+            state=ImageBuild.State.FAILED,
+            error=f"the build stopped on an error of the platform: {exc}"[:2000],
+            finished_at=timezone.now(),
+        )
+        return "failed"
+    finally:
+        text = out.close()
+        ImageBuild.objects.filter(pk=build.pk).update(log=text)
+    out.state(state=ImageBuild.State.SUCCEEDED, image=image, step="", finished_at=timezone.now())
+    out.close()
+    return image.reference
+
+
+def _build_host() -> Host:
+    hosts = list(Host.objects.filter(build_host=True, state=Host.State.ACTIVE))
+    if not hosts:
+        raise BuildFailed(
+            "no build host is up: an operator marks hosts as build hosts (Hosts in the admin)"
+        )
+    busy = dict(
+        ImageBuild.objects.filter(state__in=ImageBuild.ACTIVE, host__in=hosts)
+        .values_list("host")
+        .annotate(n=Count("id"))
+    )
+    return min(hosts, key=lambda h: (busy.get(h.pk, 0), h.pk))
+
+
+def _client(host: Host, timeout: int) -> docker.DockerClient:
+    return engine.client_for(host, timeout=timeout)
+
+
+def _context_dir(owner_id: int, folder: str) -> None:
+    """The folder is a real folder of the researcher's storage (not a link, not a file)."""
+    root = storage.tenant_root(owner_id)
+    try:
+        found = os.lstat(root / folder)
+    except OSError:
+        raise ValidationError(f"There is no folder '{folder}' in your storage.") from None
+    if not stat.S_ISDIR(found.st_mode):
+        raise ValidationError(f"'{folder}' in your storage is not a folder.")
+
+
+def _context_tar(build: ImageBuild) -> io.BytesIO | tarfile.TarFile:
+    """The build context: the storage folder (when named) and the Dockerfile, as a tar.
+    The folder is walked through directory descriptors without following a link (a link
+    goes in as a link: the researcher writes this folder from inside a container and
+    could swap a name for a link at any moment); only folders, files and links; at most
+    SUANLI_BUILD_CONTEXT_MB."""
+    limit = settings.SUANLI_BUILD_CONTEXT_MB * 1024 * 1024
+    spool = io.BytesIO() if not build.context else _spooled()
+    total = 0
+    with tarfile.open(fileobj=spool, mode="w") as tar:
+        if build.context:
+            root = storage.tenant_root(build.owner_id)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                base = os.open(str(root), flags)
+                try:
+                    top = os.open(build.context, flags, dir_fd=base)
+                finally:
+                    os.close(base)
+            except OSError:
+                raise BuildFailed(
+                    f"the context folder '{build.context}' is not a folder of your storage"
+                ) from None
+            stack = [(top, "")]
+            try:
+                while stack:
+                    dfd, prefix = stack.pop()
+                    try:
+                        for name in sorted(os.listdir(dfd)):
+                            path = f"{prefix}{name}"
+                            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                            info = tarfile.TarInfo(path)
+                            info.mode = stat.S_IMODE(st.st_mode)
+                            info.mtime = int(st.st_mtime)
+                            if stat.S_ISDIR(st.st_mode):
+                                info.type = tarfile.DIRTYPE
+                                tar.addfile(info)
+                                child = os.open(name, flags, dir_fd=dfd)
+                                stack.append((child, path + "/"))
+                            elif stat.S_ISLNK(st.st_mode):
+                                info.type = tarfile.SYMTYPE
+                                info.linkname = os.readlink(name, dir_fd=dfd)
+                                tar.addfile(info)
+                            elif stat.S_ISREG(st.st_mode):
+                                fd = os.open(
+                                    name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd
+                                )
+                                with os.fdopen(fd, "rb") as fh:
+                                    real = os.fstat(fh.fileno())
+                                    if not stat.S_ISREG(real.st_mode):
+                                        continue
+                                    total += real.st_size
+                                    if total > limit:
+                                        raise BuildFailed(
+                                            f"the context folder '{build.context}' holds more "
+                                            f"than {settings.SUANLI_BUILD_CONTEXT_MB} MB"
+                                        )
+                                    info.size = real.st_size
+                                    tar.addfile(info, _Exact(fh, real.st_size))
+                    finally:
+                        os.close(dfd)
+            except OSError as exc:
+                for dfd, _ in stack:
+                    os.close(dfd)
+                raise BuildFailed(f"the context folder could not be read: {exc}") from None
+        data = build.dockerfile.encode()
+        info = tarfile.TarInfo(_DOCKERFILE_NAME)
+        info.size = len(data)
+        info.mtime = int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    spool.seek(0)
+    return spool
+
+
+def _spooled():
+    return tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024)
+
+
+class _Exact(io.RawIOBase):
+    """A file read as exactly `size` bytes (padded or cut): one that changes while it is
+    tarred never breaks the archive."""
+
+    def __init__(self, fh, size: int):
+        self.fh, self.left = fh, size
+
+    def read(self, n=-1):
+        if self.left <= 0:
+            return b""
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.fh.read(n)
+        if len(data) < n:
+            data += b"\0" * (n - len(data))
+        self.left -= len(data)
+        return data
+
+
+def _ensure_build_network(client: docker.DockerClient) -> str:
+    name = settings.SUANLI_BUILD_NETWORK
+    if name in ("none", "bridge", "host", "default") or name.startswith("container:"):
+        return "none" if name != "bridge" else name
+    if not client.networks.list(names=[name]):
+        try:
+            client.networks.create(
+                name,
+                driver="bridge",
+                options={
+                    # slc+: the tenant firewall (jobs/scripts/host-firewall.sh) keeps its
+                    # containers off the host and the private networks.
+                    "com.docker.network.bridge.name": name[:15],
+                    "com.docker.network.bridge.enable_icc": "false",
+                },
+                labels={"suanli.build": "1"},
+            )
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+    return name
+
+
+def _pull_bases(client: docker.DockerClient, build: ImageBuild, out: _Log) -> None:
+    for ref in bases(build.dockerfile):
+        if registry.in_registry(ref) and not registry.has_current(client, ref):
+            out.line(f"Pulling {ref}")
+            try:
+                registry.pull(client, ref)
+            except registry.RegistryError as exc:
+                raise BuildFailed(f"{ref} could not be pulled: {exc}") from None
+
+
+def _build(build: ImageBuild, host: Host, out: _Log) -> str:
+    """The image built on `host`, tagged with its registry reference; its log streamed."""
+    check_bases(build.owner_id, build.dockerfile)  # again: the catalog may have changed
+    reference = registry.reference(build.owner_id, build.name, build.tag)
+    timeout = settings.SUANLI_BUILD_TIMEOUT_S
+    client = _client(host, timeout + 60)
+    try:
+        _pull_bases(client, build, out)
+        context = _context_tar(build)
+        network = _ensure_build_network(client)
+        memory = settings.SUANLI_BUILD_MEMORY_MB * 1024 * 1024
+        params = {
+            "t": reference,
+            "dockerfile": _DOCKERFILE_NAME,
+            "rm": True,
+            "forcerm": True,
+            "pull": False,
+            "networkmode": network,
+            "memory": memory,
+            "memswap": memory,  # no swap beyond the memory
+            "cpuperiod": 100000,
+            "cpuquota": max(1000, int(settings.SUANLI_BUILD_CPUS * 100000)),
+            "buildargs": json.dumps(build.build_args or {}),
+            # The cache is the researcher's own: only their images (and the steps under
+            # them) are reused. Without a list the engine would reuse any tenant's step
+            # that matched, and a hit would tell one researcher what another built.
+            "cachefrom": json.dumps(_cache_sources(build)),
+        }
+        out.line(
+            f"Building on {host.name} (limits: {settings.SUANLI_BUILD_CPUS:g} CPUs, "
+            f"{settings.SUANLI_BUILD_MEMORY_MB} MB, {timeout} s)"
+        )
+        api = client.api
+        try:
+            response = api._post(
+                api._url("/build"),
+                data=context,
+                params=params,
+                headers={"Content-Type": "application/x-tar"},
+                stream=True,
+                timeout=timeout + 60,
+            )
+            api._raise_for_status(response)
+        except docker.errors.APIError as exc:
+            raise BuildFailed(f"the engine refused the build: {engine.describe(exc)}") from None
+        over = threading.Event()
+
+        def cut_off():  # the engine cancels a build whose client went (and kills its step)
+            over.set()
+            try:
+                response.raw._connection.sock.shutdown(socket.SHUT_RDWR)
+            except (AttributeError, OSError):
+                response.close()
+
+        timer = threading.Timer(timeout, cut_off)
+        timer.daemon = True
+        timer.start()
+        built = ""
+        error = ""
+        try:
+            for chunk in api._stream_helper(response, decode=True):
+                if "stream" in chunk:
+                    text = chunk["stream"]
+                    step = _STEP.match(text.strip())
+                    if step:
+                        out.state(step=text.strip()[:300])
+                    out.write(text)
+                elif "error" in chunk:
+                    error = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
+                elif "aux" in chunk:
+                    built = (chunk["aux"] or {}).get("ID", "")
+                elif "status" in chunk:
+                    out.line(str(chunk["status"]))
+        except (
+            requests.RequestException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+            ValueError,
+        ) as exc:
+            if not over.is_set():
+                raise BuildFailed(f"the engine broke off the build: {exc}") from None
+        finally:
+            timer.cancel()
+            out.flush()
+        if over.is_set():
+            raise BuildFailed(
+                f"stopped: the build ran over its time limit of {timeout} s "
+                f"(at {out.build.step or 'its start'})"
+            )
+        if error:
+            where = out.build.step or "the build"
+            raise BuildFailed(f"{where} failed: {error.strip()}")
+        if not built:
+            raise BuildFailed("the engine ended the build without an image")
+        return reference
+    finally:
+        client.close()
+
+
+def _cache_sources(build: ImageBuild) -> list[str]:
+    own = OwnImage.objects.filter(owner_id=build.owner_id).order_by("-updated_at")
+    # Never empty: an empty list means "the engine's whole cache".
+    return [registry.reference(build.owner_id, build.name, build.tag)] + [
+        i.reference for i in own[:50]
+    ]
+
+
+_PLATFORM_KEYS = ("SUANLI_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NCCL_")
+
+
+def _save(build: ImageBuild, node: Node, out: _Log) -> str:
+    """The workspace's filesystem committed on its host as the image's registry reference
+    (volumes are not in it: they are the researcher's storage)."""
+    reference = registry.reference(build.owner_id, build.name, build.tag)
+    repository, tag = reference.rsplit(":", 1)
+    client = _client(node.host, settings.SUANLI_WORKSPACE_SAVE_S)
+    try:
+        out.state(step=f"Saving node {node.index}'s workspace on {node.host.name}")
+        out.line(f"Saving the workspace of node {node.index} ({node.host.name})")
+        try:
+            client.api.commit(node.workspace_container, repository=repository, tag=tag)
+        except docker.errors.NotFound:
+            raise BuildFailed(f"node {node.index}'s workspace is gone from its host") from None
+        except docker.errors.APIError as exc:
+            raise BuildFailed(f"the workspace could not be saved: {engine.describe(exc)}") from None
+        out.line("Saved")
+        return reference
+    finally:
+        client.close()
+
+
+def _original_config(build: ImageBuild, host: Host) -> dict | None:
+    """The config of the image the cluster was made from, as its host has it."""
+    cluster = build.cluster
+    if cluster is None:
+        return None
+    client = engine.cached_client(host)
+    try:
+        return client.images.get(cluster.image_reference).attrs.get("Config") or {}
+    except docker.errors.DockerException:
+        return None
+
+
+def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
+    """Pushes the image to the registry with progress, then records it."""
+    repository, tag = reference.rsplit(":", 1)
+    client = _client(host, settings.SUANLI_IMAGE_PULL_S)
+    out.state(state=ImageBuild.State.PUSHING, step=f"Pushing {reference}")
+    out.line(f"Pushing {reference}")
+    sizes: dict[str, int] = {}
+    done: dict[str, int] = {}
+    last = 0.0
+    try:
+        for event in client.api.push(
+            repository, tag=tag, stream=True, decode=True, auth_config=registry.auth_config()
+        ):
+            if "error" in event:
+                raise BuildFailed(f"the push failed: {str(event['error']).strip()}")
+            layer, status = event.get("id", ""), event.get("status", "")
+            detail = event.get("progressDetail") or {}
+            if status == "Pushing" and detail.get("total"):
+                sizes[layer] = int(detail["total"])
+                done[layer] = min(int(detail.get("current") or 0), sizes[layer])
+            elif status in ("Pushed", "Layer already exists", "Mounted from"):
+                done[layer] = sizes.get(layer, 0)
+                out.line(f"{layer}: {status}")
+            if time.monotonic() - last >= 0.5:
+                last = time.monotonic()
+                out.state(done_bytes=sum(done.values()), total_bytes=sum(sizes.values()))
+    except docker.errors.APIError as exc:
+        raise BuildFailed(f"the push failed: {engine.describe(exc)}") from None
+    finally:
+        client.close()
+    try:
+        if build.kind == ImageBuild.Kind.SAVE:
+            digest, man = _clean_saved_config(build, host, repository, tag)
+        else:
+            digest, man = registry.manifest(*registry.split(reference))
+    except registry.RegistryError as exc:
+        raise BuildFailed(str(exc)) from None
+    layers = registry.layers_of(man)
+    size = sum(n for _, n in layers)
+    out.state(done_bytes=size, total_bytes=size)
+    out.line(f"Pushed {reference} ({registry.human(size)}, {digest})")
+    now = timezone.now()
+    note = (
+        f"saved from {build.cluster.name if build.cluster else 'a cluster'} node {build.node_index}"
+        if build.kind == ImageBuild.Kind.SAVE
+        else f"built on {host.name}"
+    )
+    fields = {
+        "reference": reference,
+        "digest": digest,
+        "size_bytes": size,
+        "layers": layers,
+        "source": OwnImage.Source.SAVE
+        if build.kind == ImageBuild.Kind.SAVE
+        else OwnImage.Source.BUILD,
+        "source_note": note[:200],
+        "updated_at": now,
+    }
+    image, _ = OwnImage.objects.update_or_create(
+        owner_id=build.owner_id,
+        name=build.name,
+        tag=build.tag,
+        defaults=fields,
+        create_defaults={**fields, "created_at": now},
+    )
+    used = quota(build.owner)
+    if used.bytes > used.max_bytes or used.count > used.max_count:
+        image.delete()
+        try:
+            registry.delete(repository.split("/", 1)[1], tag)
+        except registry.RegistryError as exc:
+            log.warning("over-quota image %s not deleted: %s", reference, exc)
+        raise BuildFailed(
+            f"the image would take your images to {registry.human(used.bytes)} of your "
+            f"{registry.human(used.max_bytes)} quota; it was not kept"
+        )
+    return image
+
+
+def _clean_saved_config(build: ImageBuild, host: Host, repository: str, tag: str):
+    """A commit keeps the container's settings: the platform's environment (its cluster's
+    GPUs, ids), its labels and its entrypoint. The saved image gets the original image's
+    settings back (in the registry: the same layers under a new config), and the host's
+    local copy, which still has them, is untagged (the host pulls the clean one)."""
+    original = _original_config(build, host)
+
+    def change(config: dict) -> None:
+        cfg = config.setdefault("config", {})
+        if original is not None:
+            for key in (
+                "Env",
+                "Cmd",
+                "Entrypoint",
+                "WorkingDir",
+                "User",
+                "Labels",
+                "ExposedPorts",
+                "Volumes",
+                "StopSignal",
+                "Healthcheck",
+                "Shell",
+            ):
+                if original.get(key) is None:
+                    cfg.pop(key, None)
+                else:
+                    cfg[key] = original[key]
+        else:
+            cfg["Env"] = [e for e in cfg.get("Env") or [] if not e.startswith(_PLATFORM_KEYS)]
+            cfg["Labels"] = {
+                k: v for k, v in (cfg.get("Labels") or {}).items() if not k.startswith("suanli.")
+            }
+        config.pop("container_config", None)
+        config.pop("container", None)
+
+    result = registry.rewrite_config(repository.split("/", 1)[1], tag, change)
+    try:
+        engine.cached_client(host).images.remove(f"{repository}:{tag}")
+    except docker.errors.DockerException as exc:
+        log.warning("saved image %s:%s not untagged on %s: %s", repository, tag, host, exc)
+    return result
+
+
+def sweep_stuck() -> int:
+    """Builds whose worker died (past every limit and still running) end as failed."""
+    limit = settings.SUANLI_BUILD_TIMEOUT_S + 2 * settings.SUANLI_IMAGE_PULL_S + 600
+    cutoff = timezone.now() - timedelta(seconds=limit)
+    return ImageBuild.objects.filter(
+        state__in=[ImageBuild.State.RUNNING, ImageBuild.State.PUSHING], started_at__lt=cutoff
+    ).update(
+        state=ImageBuild.State.FAILED,
+        error="the build's worker stopped before it ended; build again",
+        finished_at=timezone.now(),
+    )

@@ -1,0 +1,402 @@
+"""The registry researchers' own images live in (SUANLI_REGISTRY): names in it, its HTTP API
+for what an engine does not do (sizes, deletes, an image's config rewritten), and pulls of
+its images onto hosts with the console's credentials and with progress.
+
+Researchers never hold registry credentials: the console does, and hands them to an engine
+for one pull or push (the engine keeps none). An image of researcher N is
+`<registry>/u<N>/<name>:<tag>`; jobs/validators.py refuses those names to anyone but the
+console's own choice of the owner's images.
+
+Layer: beside network and storage (workspaces and runner pull through it); uses engine,
+models and validators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+
+import docker
+import requests
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import engine
+from jobs.models import Cluster, ClusterEvent
+from jobs.validators import image_repository
+
+log = logging.getLogger(__name__)
+
+MANIFEST_TYPES = (
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+)
+_TIMEOUT = 30
+
+
+class RegistryError(Exception):
+    """The registry refused or could not be reached; the message is for people."""
+
+
+def enabled() -> bool:
+    return bool(settings.SUANLI_REGISTRY)
+
+
+def host() -> str:
+    return settings.SUANLI_REGISTRY.strip().rstrip("/").lower()
+
+
+def namespace(owner_id: int) -> str:
+    return f"u{int(owner_id)}"
+
+
+def repository(owner_id: int, name: str) -> str:
+    """The repository path inside the registry (no host): `u5/my-torch`."""
+    return f"{namespace(owner_id)}/{name}"
+
+
+def reference(owner_id: int, name: str, tag: str) -> str:
+    return f"{host()}/{repository(owner_id, name)}:{tag}"
+
+
+def in_registry(ref: str) -> bool:
+    """The reference names an image of our registry (any namespace)."""
+    return enabled() and image_repository(ref).startswith(host() + "/")
+
+
+def split(ref: str) -> tuple[str, str]:
+    """(repository path inside the registry, tag) of one of its references."""
+    name, _, digest = ref.partition("@")
+    head, _, last = name.rpartition("/")
+    last, _, tag = last.partition(":")
+    path = f"{head}/{last}"[len(host()) + 1 :] if head else last
+    return path, digest or tag or "latest"
+
+
+def auth_config() -> dict:
+    """Credentials for one engine call (pull, push): the engine stores none of them."""
+    return {
+        "username": settings.SUANLI_REGISTRY_USERNAME,
+        "password": settings.SUANLI_REGISTRY_PASSWORD,
+        "serveraddress": host(),
+    }
+
+
+def auth_for(ref: str) -> dict | None:
+    return auth_config() if in_registry(ref) and settings.SUANLI_REGISTRY_USERNAME else None
+
+
+# -- the registry's HTTP API (distribution spec v2) -------------------------------------
+
+
+class _Api:
+    """Basic auth (docker-registry's htpasswd) or the token flow (Harbor, cloud registries):
+    on a 401 the challenge says which; a token is kept per scope until it is refused."""
+
+    def __init__(self):
+        self.session = requests.Session()
+        # Per request: a session's own `verify` loses to REQUESTS_CA_BUNDLE in the environment.
+        self.verify = settings.SUANLI_REGISTRY_CA or True
+        self.credentials = (settings.SUANLI_REGISTRY_USERNAME, settings.SUANLI_REGISTRY_PASSWORD)
+        self.tokens: dict[str, str] = {}
+
+    def close(self):
+        self.session.close()
+
+    def request(self, method: str, path: str, *, scope: str, **kwargs) -> requests.Response:
+        url = path if path.startswith("https://") else f"https://{host()}/v2/{path}"
+        kwargs.setdefault("timeout", _TIMEOUT)
+        kwargs["verify"] = self.verify
+        headers = dict(kwargs.pop("headers", {}) or {})
+        for attempt in range(2):
+            if scope in self.tokens:
+                headers["Authorization"] = self.tokens[scope]
+            try:
+                response = self.session.request(method, url, headers=headers, **kwargs)
+            except requests.RequestException as exc:
+                raise RegistryError(f"the image registry {host()} did not answer: {exc}") from exc
+            if response.status_code != 401 or attempt:
+                return response
+            self.tokens[scope] = self._authorization(response, scope)
+        return response
+
+    def _authorization(self, response: requests.Response, scope: str) -> str:
+        challenge = response.headers.get("WWW-Authenticate", "")
+        scheme, _, rest = challenge.partition(" ")
+        if scheme.lower() == "basic":
+            return requests.auth._basic_auth_str(*self.credentials)
+        if scheme.lower() != "bearer":
+            raise RegistryError(f"the image registry {host()} refused the console's credentials")
+        params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        realm = params.pop("realm", "")
+        if not realm.startswith("https://"):
+            raise RegistryError(f"the image registry's token service is not HTTPS ({realm!r})")
+        params["scope"] = scope
+        try:
+            got = self.session.get(
+                realm, params=params, auth=self.credentials, timeout=_TIMEOUT, verify=self.verify
+            )
+        except requests.RequestException as exc:
+            raise RegistryError(f"the registry's token service did not answer: {exc}") from exc
+        if got.status_code != 200:
+            raise RegistryError(f"the image registry {host()} refused the console's credentials")
+        body = got.json()
+        return f"Bearer {body.get('token') or body.get('access_token')}"
+
+
+def _scope(repo: str, actions: str = "pull") -> str:
+    return f"repository:{repo}:{actions}"
+
+
+def _check(response: requests.Response, what: str) -> requests.Response:
+    if response.status_code >= 400:
+        try:
+            errors = response.json().get("errors") or []
+            detail = "; ".join(e.get("message", "") for e in errors) or response.reason
+        except ValueError:
+            detail = response.reason
+        raise RegistryError(f"{what}: the registry answered {response.status_code} ({detail})")
+    return response
+
+
+def manifest(repo: str, ref: str, *, api: _Api | None = None) -> tuple[str, dict]:
+    """(digest, manifest) of `repo:ref` (a tag or a digest)."""
+    own = api is None
+    api = api or _Api()
+    try:
+        response = _check(
+            api.request(
+                "GET",
+                f"{repo}/manifests/{ref}",
+                scope=_scope(repo),
+                headers={"Accept": ", ".join(MANIFEST_TYPES)},
+            ),
+            f"reading {repo}:{ref}",
+        )
+    finally:
+        if own:
+            api.close()
+    digest = response.headers.get("Docker-Content-Digest") or (
+        "sha256:" + hashlib.sha256(response.content).hexdigest()
+    )
+    return digest, response.json()
+
+
+def layers_of(man: dict) -> list[list]:
+    """[[digest, bytes], ...] of a manifest's config and layers (what the registry stores)."""
+    blobs = [man.get("config") or {}, *(man.get("layers") or [])]
+    return [[b["digest"], int(b.get("size") or 0)] for b in blobs if b.get("digest")]
+
+
+def delete(repo: str, tag: str) -> bool:
+    """Deletes the manifest `repo:tag` names (its blobs go at the registry's next garbage
+    collection). False when it was not there."""
+    api = _Api()
+    try:
+        try:
+            digest, _ = manifest(repo, tag, api=api)
+        except RegistryError as exc:
+            if " 404 " in str(exc):
+                return False
+            raise
+        response = api.request("DELETE", f"{repo}/manifests/{digest}", scope=_scope(repo, "*"))
+        if response.status_code == 404:
+            return False
+        _check(response, f"deleting {repo}:{tag}")
+        return True
+    finally:
+        api.close()
+
+
+def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple[str, dict]:
+    """`repo:tag` again with its config changed by `change` (in place) and the same layers:
+    a new config blob, then a new manifest under the tag. (digest, manifest) of the result.
+    For a saved workspace, whose commit carried the container's own settings."""
+    api = _Api()
+    scope = _scope(repo, "pull,push")
+    try:
+        _, man = manifest(repo, tag, api=api)
+        old = man["config"]
+        config = _check(
+            api.request("GET", f"{repo}/blobs/{old['digest']}", scope=scope), "reading the config"
+        ).json()
+        change(config)
+        body = json.dumps(config, separators=(",", ":")).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        started = _check(
+            api.request("POST", f"{repo}/blobs/uploads/", scope=scope), "starting an upload"
+        )
+        location = started.headers["Location"]
+        if location.startswith("/"):
+            location = f"https://{host()}{location}"
+        _check(
+            api.request(
+                "PUT",
+                location,
+                scope=scope,
+                params={"digest": digest},
+                data=body,
+                headers={"Content-Type": "application/octet-stream"},
+            ),
+            "uploading the config",
+        )
+        man = dict(man, config=dict(old, digest=digest, size=len(body)))
+        payload = json.dumps(man, separators=(",", ":")).encode()
+        put = _check(
+            api.request(
+                "PUT",
+                f"{repo}/manifests/{tag}",
+                scope=scope,
+                data=payload,
+                headers={"Content-Type": man.get("mediaType") or MANIFEST_TYPES[0]},
+            ),
+            "writing the manifest",
+        )
+        return put.headers.get("Docker-Content-Digest") or (
+            "sha256:" + hashlib.sha256(payload).hexdigest()
+        ), man
+    finally:
+        api.close()
+
+
+# -- pulls onto hosts -------------------------------------------------------------------
+
+
+def human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def pull(
+    client: docker.DockerClient,
+    ref: str,
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+    every: float = 0.5,
+) -> None:
+    """Pulls `ref` onto the engine, with the console's credentials when it is one of our
+    registry's; `on_progress(done, total)` (bytes to download, compressed) at most every
+    `every` seconds and once at the end. Raises RegistryError with the engine's words."""
+    sizes: dict[str, int] = {}
+    total = 0
+    if in_registry(ref):
+        repo, tag = split(ref)
+        _, man = manifest(repo, tag)
+        # The engine names a layer by its digest's first 12 hex digits.
+        sizes = {d.split(":", 1)[1][:12]: n for d, n in layers_of(man)[1:]}
+        total = sum(sizes.values())
+    name, _, digest = ref.partition("@")
+    repo_name, tag = (name, digest) if digest else _repo_tag(name)
+    done: dict[str, int] = {}
+    last = 0.0
+    try:
+        stream = client.api.pull(
+            repo_name, tag=tag, stream=True, decode=True, auth_config=auth_for(ref)
+        )
+        for event in stream:
+            if "error" in event:
+                raise RegistryError(str(event["error"]).strip())
+            layer, status = event.get("id", ""), event.get("status", "")
+            detail = event.get("progressDetail") or {}
+            if status == "Downloading" and detail.get("total"):
+                sizes.setdefault(layer, int(detail["total"]))
+                if not total or layer not in sizes:
+                    total = max(total, sum(sizes.values()))
+                done[layer] = int(detail.get("current") or 0)
+            elif status in ("Download complete", "Already exists", "Pull complete"):
+                done[layer] = sizes.get(layer, done.get(layer, 0))
+            if on_progress and time.monotonic() - last >= every:
+                last = time.monotonic()
+                on_progress(min(sum(done.values()), total or 0), total)
+    except docker.errors.APIError as exc:
+        raise RegistryError(engine.describe(exc)) from exc
+    except requests.RequestException as exc:
+        raise RegistryError(f"the pull broke off: {exc}") from exc
+    if on_progress:
+        on_progress(total, total)
+
+
+def _repo_tag(name: str) -> tuple[str, str]:
+    head, _, last = name.rpartition("/")
+    last, _, tag = last.partition(":")
+    return (f"{head}/{last}" if head else last), tag or "latest"
+
+
+def has_current(client: docker.DockerClient, ref: str, digest: str = "") -> bool:
+    """The engine has `ref` and, when `digest` is given, as that digest (a tag pushed again
+    since the engine pulled it is pulled again)."""
+    try:
+        image = client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    if not digest:
+        return True
+    return any(d.endswith("@" + digest) for d in image.attrs.get("RepoDigests") or [])
+
+
+def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -> bool:
+    """Before a workspace or a replica is made from `ref` on `host`: an image of our
+    registry the engine lacks (or has as an older digest) is pulled with the console's
+    credentials, its progress kept on the cluster (`Cluster.image_pulls`, the cluster page
+    reads it) and its start, end or failure on the cluster's timeline. False (and nothing
+    done) for images of other registries: the caller makes its container and pulls on
+    ImageNotFound, as before. Raises RegistryError, in words, when the pull fails."""
+    if not in_registry(ref):
+        return False
+    client = engine.cached_client(host)
+    if has_current(client, ref, digest):
+        return True
+    started = time.monotonic()
+    _note(cluster_id, host.name, state="pulling", done=0, total=0)
+    _event(cluster_id, "pulling", f"pulling {ref} onto {host.name}")
+    patient = engine.client_for(host, timeout=settings.SUANLI_IMAGE_PULL_S)
+    got = {"total": 0}
+
+    def progress(done: int, total: int) -> None:
+        got["total"] = total
+        _note(cluster_id, host.name, state="pulling", done=done, total=total)
+
+    try:
+        pull(patient, f"{ref.partition('@')[0]}", on_progress=progress)
+    except RegistryError as exc:
+        message = f"the image {ref} could not be pulled onto {host.name}: {exc}"
+        _note(cluster_id, host.name, state="failed", message=message)
+        _event(cluster_id, "pull-failed", message)
+        raise RegistryError(message) from exc
+    finally:
+        patient.close()
+    seconds = time.monotonic() - started
+    _note(cluster_id, host.name, state="pulled", done=got["total"], total=got["total"])
+    _event(
+        cluster_id, "pulled", f"{ref} is on {host.name} ({human(got['total'])} in {seconds:.0f} s)"
+    )
+    return True
+
+
+def _note(cluster_id, host_name: str, **state) -> None:
+    if cluster_id is None:
+        return
+    with transaction.atomic():
+        row = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+        if row is None:
+            return
+        pulls = dict(row.image_pulls or {})
+        pulls[host_name] = {"state": "pulling", "done": 0, "total": 0, "message": "", **state}
+        Cluster.objects.filter(pk=cluster_id).update(image_pulls=pulls)
+
+
+def _event(cluster_id, kind: str, message: str) -> None:
+    if cluster_id is None:
+        return
+    ClusterEvent.objects.create(
+        cluster_id=cluster_id, at=timezone.now(), kind=kind, message=message[:300]
+    )

@@ -1,0 +1,322 @@
+"""Own images on the real registry (docker-registry with TLS and a password, started by
+.ci/services.sh) and both engines: a Dockerfile built on the build host with a live log,
+pushed, pulled with progress onto the engine that never saw it; failures in words; the
+allowed FROM set; saves of workspaces; deletes; the time limit (jobs/images.py)."""
+
+import asyncio
+import threading
+import uuid
+
+import docker
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import channel_layers
+from django.core.exceptions import ValidationError
+from django.db import connection
+
+from jobs import images, registry, runner, scheduler, services, tasks, workspaces
+from jobs.models import Cluster, ImageBuild, Node, OwnImage
+from jobs.services import ClusterSpec, JobSpec
+from tests.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUN_ID = uuid.uuid4().hex[:12]  # engines keep build caches across runs of the suite
+SEED_STYLE = f"""\
+FROM {TEST_IMAGE}
+RUN echo this-run-{RUN_ID}
+# installs nothing from the network: the file and the environment are the proof
+RUN mkdir -p /opt/seed && echo "baked at build time" > /opt/seed/hello.txt && echo step-two-said-hi
+ENV GREETING=hello-from-env
+WORKDIR /workspace
+RUN echo "cwd is $(pwd)"
+"""
+
+
+@pytest.fixture
+def hosts(make_host):
+    a = make_host("gpu-a-01", engine=0, gpus=2, build_host=True)
+    b = make_host("gpu-b-01", engine=1, gpus=2)
+    return a, b
+
+
+def _engine(host) -> docker.DockerClient:
+    return docker.DockerClient(base_url=host.engine_url, timeout=30)
+
+
+def _forget(host, ref: str) -> None:
+    client = _engine(host)
+    try:
+        client.images.remove(ref, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+    client.close()
+
+
+def _cluster_on(owner, image: OwnImage, host_to_avoid, name="from-own") -> Cluster:
+    """A one-node cluster of `image` placed on the other host (the avoided one drained)."""
+    services.host_set_draining(host=host_to_avoid, draining=True)
+    from jobs.models import GpuModel
+
+    cluster = services.cluster_create(
+        owner=owner,
+        spec=ClusterSpec(
+            name=name,
+            nodes=1,
+            gpu_model=GpuModel.objects.get(slug="a100-80gb"),
+            gpus_per_node=1,
+            image_reference=image.reference,
+            own_image=image,
+            release_policy="never",
+        ),
+    )
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.state == "running", cluster.state_reason
+    services.host_set_draining(host=host_to_avoid, draining=False)
+    return cluster
+
+
+async def _receive(layer, channel):
+    return await asyncio.wait_for(layer.receive(channel), timeout=60)
+
+
+def _run_job(cluster, command, settle_until):
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="j", command=command))
+    runner.dispatch(cluster.pk)
+    job = settle_until(job, timeout=60)
+    return job, "".join(r.log for r in job.replicas.all())
+
+
+def test_a_seed_style_dockerfile_builds_live_is_pushed_and_pulled_where_a_cluster_lands(
+    hosts, alice, settle_until
+):
+    a, b = hosts
+    build = images.build_create(owner=alice, name="seed", tag="v1", dockerfile=SEED_STYLE)
+    assert build.state == "queued"
+    # The build page's websocket listens on the build's group: a channel of our own here.
+    layer = channel_layers.make_backend("default")  # the page's own, not the worker's
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(images.group_for(build.pk), channel)
+
+    # The worker's task, in a thread, while the page's side reads the group.
+    result = []
+    worker = threading.Thread(
+        target=lambda: (result.append(images.run(build.pk)), connection.close())
+    )
+    worker.start()
+    seen, states, batches = [], [], 0
+    while True:
+        message = async_to_sync(_receive)(layer, channel)
+        if message["type"] == "build.lines":
+            batches += 1
+            seen += message["lines"]
+        else:
+            states.append(message)
+            if message["state"] in ("succeeded", "failed"):
+                break
+    worker.join(60)
+    assert result[0].endswith("/seed:v1"), ImageBuild.objects.get(pk=build.pk).error
+    build.refresh_from_db()
+    assert build.state == "succeeded", build.error
+    assert build.host == a and build.image is not None
+    image = build.image
+    assert image.reference == f"{registry.host()}/u{alice.pk}/seed:v1"
+    assert image.digest.startswith("sha256:") and image.size_bytes > 0
+
+    # The live log: every line once, numbered without a gap, in more than one message,
+    # with the step being run announced as a state.
+    assert [seq for seq, _ in seen] == list(range(1, len(seen) + 1))
+    text = "\n".join(line for _, line in seen)
+    assert "Step 3/6 : RUN mkdir -p /opt/seed" in text and "step-two-said-hi" in text
+    assert "cwd is /workspace" in text and f"Pushed {image.reference}" in text
+    assert batches >= 2
+    assert any(s["step"].startswith("Step 4/6 : ENV") for s in states)
+    assert images.log_lines(build) == [tuple(x) for x in seen]
+    build.refresh_from_db()
+    assert "step-two-said-hi" in build.log  # kept on the row once finished
+
+    # In the registry, as the console reads it.
+    digest, manifest = registry.manifest(f"u{alice.pk}/seed", "v1")
+    assert digest == image.digest and registry.layers_of(manifest) == image.layers
+
+    # Engine b never saw it: a cluster placed there pulls it first, with progress.
+    _forget(b, image.reference)
+    cluster = _cluster_on(alice, image, a)
+    assert Node.objects.get(cluster=cluster).host == b
+    tasks.cluster_network_ensure(cluster.pk)  # the workspace: the pull happens here
+    cluster.refresh_from_db()
+    pull = cluster.image_pulls["gpu-b-01"]
+    assert pull["state"] == "pulled" and pull["total"] > 0 and pull["done"] == pull["total"]
+    kinds = list(cluster.events.values_list("kind", flat=True))
+    assert "pulling" in kinds and "pulled" in kinds
+    assert registry.has_current(_engine(b), image.reference, image.digest)
+
+    job, log = _run_job(
+        cluster, "cat /opt/seed/hello.txt; echo GREETING=$GREETING; echo PWD=$(pwd)", settle_until
+    )
+    assert job.state == "succeeded", job.state_reason
+    assert "baked at build time" in log and "GREETING=hello-from-env" in log
+    services.cluster_release(cluster=cluster)
+
+
+def test_run_false_fails_with_its_output_and_leaves_no_image(hosts, alice):
+    dockerfile = f"FROM {TEST_IMAGE}\nRUN echo before-the-fall && false\nRUN echo never\n"
+    build = images.build_create(owner=alice, name="broken", tag="v1", dockerfile=dockerfile)
+    assert images.run(build.pk) == "failed"
+    build.refresh_from_db()
+    assert build.state == "failed" and build.image is None
+    assert build.error.startswith("Step 2/3 : RUN echo before-the-fall && false failed:")
+    assert "returned a non-zero code: 1" in build.error
+    assert "before-the-fall" in build.log and "never" not in build.log.replace("echo never", "")
+    assert not OwnImage.objects.filter(owner=alice).exists()
+    with pytest.raises(registry.RegistryError, match="404"):
+        registry.manifest(f"u{alice.pk}/broken", "v1")
+
+
+def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, catalog, settings):
+    cases = {
+        "FROM docker.io/library/ubuntu:24.04\nRUN true\n": "none of them",
+        "ARG BASE=busybox\nFROM $BASE\n": "not a build argument",
+        f"FROM {TEST_IMAGE} AS a\nCOPY --from=evil/image:1 /x /x\n": "evil/image:1",
+        "RUN echo no-from\n": "starts with FROM",
+        # another researcher's image, even when its name is known
+        f"FROM {registry.reference(alice.pk, 'seed', 'v1')}\n": "none of them",
+    }
+    for dockerfile, words in cases.items():
+        with pytest.raises(ValidationError) as got:
+            images.build_create(owner=bob, name="x", tag="v1", dockerfile=dockerfile)
+        assert words in " ".join(got.value.message_dict["dockerfile"]), dockerfile
+    assert not ImageBuild.objects.exists(), "nothing queued, nothing built"
+    # Stages are not images; an allowed reference from the settings is.
+    images.check_bases(bob.pk, f"FROM {TEST_IMAGE} AS base\nFROM base\nCOPY --from=0 /a /b\n")
+    settings.SUANLI_BUILD_FROM_ALLOWED = ["docker.io/library/ubuntu:*"]
+    images.check_bases(bob.pk, "FROM ubuntu:24.04\n")
+    with pytest.raises(ValidationError):
+        images.check_bases(bob.pk, "FROM debian:12\n")
+    # Bad names, tags, folders and arguments are refused by field.
+    with pytest.raises(ValidationError) as got:
+        images.build_create(
+            owner=bob,
+            name="Bad Name",
+            tag="-x",
+            dockerfile=f"FROM {TEST_IMAGE}\n",
+            context="../etc",
+            build_args={"1bad": "x"},
+        )
+    assert set(got.value.message_dict) == {"name", "tag", "context", "build_args"}
+
+
+def test_a_file_written_in_a_workspace_is_in_the_image_saved_from_it(
+    hosts, make_cluster, alice, settle_until
+):
+    a, b = hosts
+    cluster = make_cluster(alice, "ws", nodes=1, gpus=1, release_policy="never", volumes=())
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    tasks.cluster_network_ensure(cluster.pk)
+    node = Node.objects.get(cluster=cluster, released_at__isnull=True)
+    container = _engine(node.host).containers.get(workspaces.container_name(cluster.pk, 0))
+    code, _ = container.exec_run(
+        ["/bin/sh", "-c", "echo made-in-the-workspace > /tmp/mine.txt"],
+        user=container.attrs["Config"]["User"],
+    )
+    assert code == 0
+    build = images.save_create(owner=alice, cluster=cluster, node_index=0, name="saved", tag="v1")
+    with pytest.raises(ValidationError, match="being saved already"):
+        images.save_create(owner=alice, cluster=cluster, node_index=0, name="saved", tag="v2")
+    assert images.run(build.pk).endswith("/saved:v1"), ImageBuild.objects.get(pk=build.pk).error
+    build.refresh_from_db()
+    image = build.image
+    assert image.source == "save" and "node 0" in image.source_note
+    assert build.host == node.host
+
+    # The image has the original image's settings, not the workspace's (its cluster's GPU
+    # indices, the platform's variables and labels are not baked in).
+    other = b if node.host == a else a
+    _forget(other, image.reference)
+    services.cluster_release(cluster=cluster)
+    fresh = _cluster_on(alice, image, node.host, name="from-save")
+    tasks.cluster_network_ensure(fresh.pk)
+    pulled = _engine(other).images.get(image.reference).attrs["Config"]
+    original = _engine(other).images.get(TEST_IMAGE).attrs["Config"]
+    assert pulled.get("Env") == original.get("Env")
+    assert not any(k.startswith("suanli.") for k in (pulled.get("Labels") or {}))
+    job, log = _run_job(fresh, "cat /tmp/mine.txt", settle_until)
+    assert "made-in-the-workspace" in log, log
+    services.cluster_release(cluster=fresh)
+
+
+def test_delete_is_refused_while_used_and_then_removes_it_from_the_registry(hosts, alice):
+    a, b = hosts
+    build = images.build_create(
+        owner=alice, name="doomed", tag="v1", dockerfile=f"FROM {TEST_IMAGE}\nRUN echo x > /x\n"
+    )
+    images.run(build.pk)
+    image = OwnImage.objects.get(owner=alice, name="doomed")
+    cluster = _cluster_on(alice, image, b, name="user")
+    with pytest.raises(ValidationError, match="used by cluster user"):
+        images.delete(owner=alice, image=image)
+    services.cluster_release(cluster=cluster)
+    images.delete(owner=alice, image=image)
+    assert not OwnImage.objects.filter(pk=image.pk).exists()
+    with pytest.raises(registry.RegistryError, match="404"):
+        registry.manifest(f"u{alice.pk}/doomed", "v1")
+    assert images.quota(alice).count == 0
+
+
+def test_a_build_over_its_time_limit_is_stopped_with_a_message(hosts, alice, settings):
+    a, _ = hosts
+    settings.SUANLI_BUILD_TIMEOUT_S = 3
+    dockerfile = f"FROM {TEST_IMAGE}\nRUN echo started-sleeping && sleep 60\n"
+    build = images.build_create(owner=alice, name="slow", tag="v1", dockerfile=dockerfile)
+    assert images.run(build.pk) == "failed"
+    build.refresh_from_db()
+    assert build.error.startswith("stopped: the build ran over its time limit of 3 s")
+    assert "started-sleeping" in build.log
+    client = _engine(a)
+    import time
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the engine kills and removes the step's container
+        left = [c for c in client.containers.list(all=True) if "sleep 60" in str(c.attrs["Args"])]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left
+    assert not OwnImage.objects.exists()
+
+
+def test_a_build_step_reaches_neither_the_host_nor_the_registry(hosts, alice):
+    """A RUN step is the researcher's code on the build host: the build network keeps it
+    off the host's services and the private networks (the registry among them)."""
+    reg_host, _, reg_port = registry.host().partition(":")
+    dockerfile = (
+        f"FROM {TEST_IMAGE}\n"
+        f"RUN echo {RUN_ID} && (nc -w 2 {reg_host} {reg_port} </dev/null && echo REACHED-REGISTRY || echo no-registry); "
+        f"(nc -w 2 {hosts[0].address} 2377 </dev/null && echo REACHED-HOST || echo no-host); "
+        "cat /proc/self/status | grep CapEff\n"
+    )
+    build = images.build_create(owner=alice, name="probe", tag="v1", dockerfile=dockerfile)
+    images.run(build.pk)
+    build.refresh_from_db()
+    said = build.log.splitlines()
+    assert "no-registry" in said and "no-host" in said, build.log
+    assert "REACHED-REGISTRY" not in said and "REACHED-HOST" not in said
+
+
+def test_one_researchers_build_cache_is_never_anothers(hosts, alice, bob):
+    """A cache hit on another tenant's step would tell what they built (and hand over
+    their layer): the engine reuses only the researcher's own images' steps."""
+    dockerfile = f"FROM {TEST_IMAGE}\nRUN echo secret-step-{uuid.uuid4().hex}\nRUN echo two\n"
+    first = images.build_create(owner=alice, name="mine", tag="v1", dockerfile=dockerfile)
+    images.run(first.pk)
+    again = images.build_create(owner=alice, name="mine", tag="v2", dockerfile=dockerfile)
+    images.run(again.pk)
+    theirs = images.build_create(owner=bob, name="guess", tag="v1", dockerfile=dockerfile)
+    images.run(theirs.pk)
+    logs = {b.pk: b.log for b in ImageBuild.objects.all()}
+    assert all(ImageBuild.objects.filter(state="succeeded").count() == 3 for _ in [0])
+    assert "Using cache" not in logs[first.pk]
+    assert "Using cache" in logs[again.pk], "one's own cache is used"
+    assert "Using cache" not in logs[theirs.pk], logs[theirs.pk]
