@@ -425,7 +425,7 @@ start_registry() {
         rm -f "$dir/server.csr" "$dir/server.ext"
     fi
     pass="$(secret_file "$dir/registry.pass" hex)"
-    (umask 077 && htpasswd -Bbn suanli "$pass" >"$dir/htpasswd" 2>/dev/null) ||
+    (umask 077 && htpasswd -Bin suanli <<<"$pass" >"$dir/htpasswd" 2>/dev/null) ||
         die "htpasswd failed (run .ci/install.sh apache2-utils)"
     cat >"$dir/config.yml" <<YAML
 version: 0.1

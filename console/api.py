@@ -41,22 +41,27 @@ from billing import selectors as money
 from console import auth
 from console.api_schema import (
     Balance,
+    BuildOut,
     ClusterOut,
     Error,
     Id,
+    ImagesOut,
     JobOut,
     Log,
+    NewBuild,
     NewCluster,
     NewJob,
+    NodeIndex,
     Resize,
+    SaveImage,
     Start,
 )
-from console.forms import CUSTOM_IMAGE, ClusterForm, JobForm, ResizeForm, start_refusal
+from console.forms import CUSTOM_IMAGE, OWN_IMAGE, ClusterForm, JobForm, ResizeForm, start_refusal
 from console.models import ApiToken, digest_of
-from jobs import runner
+from jobs import images, runner
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Image, Replica
+from jobs.models import Image, OwnImage, Replica
 
 PAGE = 50
 
@@ -147,8 +152,8 @@ class TokenRate(BaseThrottle):
 api = NinjaAPI(
     title="Suanli API",
     version="1",
-    description="GPU clusters, jobs and balance of the token's owner. Another researcher's "
-    'objects are 404. Errors are `{"error": ..., "fields": {...}}`.',
+    description="GPU clusters, jobs, own images and balance of the token's owner. Another "
+    'researcher\'s objects are 404. Errors are `{"error": ..., "fields": {...}}`.',
     urls_namespace="api",
     openapi_url="/schema",
     docs_url="/docs",
@@ -290,8 +295,10 @@ def _as_text(value, sep="\n") -> str:
     return str(value)
 
 
-def _cluster_form_data(body: NewCluster) -> dict:
-    """The API's fields as the cluster form's."""
+def _cluster_form_data(body: NewCluster, owner) -> dict:
+    """The API's fields as the cluster form's. An image is a reference: a catalog image's,
+    one of the owner's own images' (as if picked under "Your images"), or any other (the
+    form's custom image, which refuses another researcher's)."""
     given = body.dict(exclude_none=True)
     data = {
         name: given[name]
@@ -306,8 +313,13 @@ def _cluster_form_data(body: NewCluster) -> dict:
         data["resource"] = f"gpu:{body.gpu_model}"
     if body.image:
         image = Image.objects.filter(reference=body.image, active=True).first()
-        data["image"] = str(image.pk) if image else CUSTOM_IMAGE
-        if image is None:
+        own = OwnImage.objects.filter(owner=owner, reference=body.image.strip()).first()
+        if image is not None:
+            data["image"] = str(image.pk)
+        elif own is not None:
+            data["image"] = f"{OWN_IMAGE}{own.pk}"
+        else:
+            data["image"] = CUSTOM_IMAGE
             data["custom_image"] = body.image
     data["volumes"] = _as_text(body.volumes)
     if body.spot:
@@ -340,7 +352,7 @@ def clusters(request):
 def cluster_create(request, payload: NewCluster):
     """The same checks as the form, the balance included. The cluster is placed when
     capacity allows; poll it until `state` is `running`."""
-    form = ClusterForm(_cluster_form_data(payload), owner=request.auth.user)
+    form = ClusterForm(_cluster_form_data(payload, request.auth.user), owner=request.auth.user)
     if not form.is_valid():
         names = dict(_CLUSTER_NAMES)
         if payload.instance_type and not payload.gpu_model:
@@ -570,6 +582,101 @@ def job_log(
         "job": j.pk, "state": j.state, "attempt": attempt, "exit_code": j.exit_code,
         "complete": j.is_ended and attempt == j.attempt, "lines": lines, "cursor": cursor,
     }  # fmt: skip
+
+
+# -- own images -------------------------------------------------------------------------
+
+
+def _refused(exc: ValidationError) -> JsonResponse:
+    """A refusal of jobs/images.py: per field where it names one, the rest as the error."""
+    if not hasattr(exc, "error_dict"):
+        return _error(400, " ".join(exc.messages))
+    fields = dict(exc.message_dict)
+    general = fields.pop("__all__", [])
+    return _error(400, " ".join(general) or "Invalid input.", fields)
+
+
+@api.get("/images", tags=["images"], response=_responses(200, ImagesOut), summary="Your images")
+def image_list(request):
+    """Your own images (by name and tag), the clusters using each, and your quota."""
+    user = request.auth.user
+    own = list(fleet.own_images_for(user))
+    for image in own:  # at most the quota's count
+        image.using = list(images.clusters_using(image).order_by("pk"))
+    return {"images": own, "quota": images.quota(user), "enabled": images.enabled()}
+
+
+@api.post(
+    "/images/builds", tags=["images"], response=_responses(201, BuildOut), summary="Build an image"
+)
+def image_build_create(request, payload: NewBuild):
+    """Queue a build of a Dockerfile (with one of your storage folders as its context);
+    poll `GET /images/builds/{id}?after=<seq>` for its state and new log lines."""
+    try:
+        build = images.build_create(
+            owner=request.auth.user, name=payload.name or "", tag=payload.tag or "latest",
+            dockerfile=(payload.dockerfile or "").replace("\r\n", "\n"),
+            context=payload.context or "", build_args=payload.build_args or {},
+        )  # fmt: skip
+    except ValidationError as exc:
+        return _refused(exc)
+    return Status(201, build)
+
+
+class BuildLogFilter(Schema):
+    after: int = Field(0, ge=0, le=2**62, description="only the log lines after this seq")
+
+
+@api.get(
+    "/images/builds/{build_id}",
+    tags=["images"],
+    response=_responses(200, BuildOut),
+    summary="A build and its log",
+)
+def image_build(request, build_id: Id, filters: Query[BuildLogFilter]):
+    """Its state, the step being run, the push progress, the error in words, the image
+    once pushed, and its log lines numbered from 1 (`?after=<seq>`: only newer ones)."""
+    build = fleet.build_for_user(request.auth.user, build_id)
+    build.lines = [(seq, text) for seq, text in images.log_lines(build) if seq > filters.after]
+    return build
+
+
+# After /images/builds: "builds" would otherwise be taken for an image id (a 405).
+@api.delete(
+    "/images/{image_id}",
+    tags=["images"],
+    response={204: None, **ERRORS, 409: Error},
+    summary="Delete an image",
+)
+def image_delete(request, image_id: Id):
+    """From the registry and the list; 409, saying which, while a cluster that is not
+    released uses it."""
+    image = fleet.own_image_for_user(request.auth.user, image_id)
+    try:
+        images.delete(owner=request.auth.user, image=image)
+    except ValidationError as exc:
+        return _error(409, " ".join(exc.messages))
+    return Status(204, None)
+
+
+@api.post(
+    "/clusters/{cluster_id}/nodes/{index}/save-image",
+    tags=["images"],
+    response=_responses(201, BuildOut),
+    summary="Save a node's workspace as an image",
+)
+def node_save_image(request, cluster_id: Id, index: NodeIndex, payload: SaveImage):
+    """A running or stopped cluster's node: its workspace committed and pushed as one of
+    your images. Follow it as a build."""
+    target = fleet.cluster_for_user(request.auth.user, cluster_id)
+    try:
+        build = images.save_create(
+            owner=request.auth.user, cluster=target, node_index=index,
+            name=payload.name or "", tag=payload.tag or "latest",
+        )  # fmt: skip
+    except ValidationError as exc:
+        return _refused(exc)
+    return Status(201, build)
 
 
 # -- money ------------------------------------------------------------------------------

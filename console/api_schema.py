@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from console.logins import ssh_logins
-from jobs.models import Cluster, Job
+from jobs.models import Cluster, ImageBuild, Job, OwnImage
 
 MAX_ID = 2_147_483_647  # the database's integer keys
 
@@ -45,6 +45,7 @@ def _whole(value):
 
 Whole = Annotated[int, BeforeValidator(_whole)]
 Id = Annotated[int, Field(ge=1, le=MAX_ID), BeforeValidator(_whole)]
+NodeIndex = Annotated[int, Field(ge=0, le=999), BeforeValidator(_whole)]
 
 
 def _env_shape(value):
@@ -269,3 +270,97 @@ class Balance(Schema):
     burn_per_hour: Money = Field(description="what your running clusters cost an hour")
     hours_left: Money | None = Field(description="at that rate; null when nothing runs")
     entries: list[Entry] = Field(description="the newest 50 ledger entries")
+
+
+# -- own images -------------------------------------------------------------------------------
+
+
+class ImageOut(Schema):
+    id: int
+    name: str
+    tag: str
+    reference: str = Field(description="what a cluster runs: <registry>/u<you>/<name>:<tag>")
+    digest: str = Field(description="the manifest's digest in the registry")
+    size_bytes: int = Field(description="its layers, compressed")
+    source: _choices(OwnImage.Source.choices)
+    source_note: str
+    created_at: Stamp
+    clusters: list[int] = Field(description="the ids of your clusters (not released) using it")
+
+    @staticmethod
+    def resolve_clusters(obj) -> list[int]:
+        return [c.pk for c in getattr(obj, "using", [])]
+
+
+class QuotaOut(Schema):
+    count: int = Field(description="your images")
+    max_count: int
+    bytes: int = Field(description="their distinct layers in the registry, compressed")
+    max_bytes: int
+
+
+class ImagesOut(Schema):
+    images: list[ImageOut]
+    quota: QuotaOut
+    enabled: bool = Field(description="false: the operator has configured no image registry")
+
+
+class NewBuild(Schema):
+    name: str | None = Field(None, description="lower-case letters and digits, e.g. my-torch")
+    tag: str | None = Field(None, description="default latest")
+    dockerfile: str | None = Field(
+        None, description="its text: FROM a catalog image, one of yours, or one the operator allows"
+    )
+    context: str | None = Field(
+        None, description="one of your storage folders, sent as the build context (optional)"
+    )
+    build_args: dict[str, str] | None = Field(None, description='{"NAME": "value"}: ARG values')
+
+
+class SaveImage(Schema):
+    name: str | None = Field(None, description="lower-case letters and digits, e.g. my-env")
+    tag: str | None = Field(None, description="default latest")
+
+
+class BuildLine(Schema):
+    seq: int = Field(description="the line's number in the build's log, from 1")
+    text: str
+
+
+class BuildOut(Schema):
+    id: int
+    kind: _choices(ImageBuild.Kind.choices)
+    name: str
+    tag: str
+    state: _choices(ImageBuild.State.choices)
+    step: str = Field(description="the step being run, e.g. Step 2/5 : RUN ...")
+    done_bytes: int = Field(description="pushed (or committed) so far")
+    total_bytes: int
+    error: str = Field(description="why it failed, in words")
+    image: str | None = Field(description="the pushed image's reference, once it succeeded")
+    cluster: int | None = Field(description="a saved workspace's cluster")
+    node_index: int | None
+    created_at: Stamp
+    started_at: Stamp | None
+    finished_at: Stamp | None
+    url: str = Field(description="the build's page in the console (its live log)")
+    lines: list[BuildLine] = Field(
+        description="its log lines after ?after= (all of them without it); none in the "
+        "answer to a new build"
+    )
+
+    @staticmethod
+    def resolve_image(obj) -> str | None:
+        return obj.image.reference if obj.image_id and obj.image else None
+
+    @staticmethod
+    def resolve_cluster(obj) -> int | None:
+        return obj.cluster_id
+
+    @staticmethod
+    def resolve_url(obj, context) -> str:
+        return context["request"].build_absolute_uri(reverse("image_build", args=[obj.pk]))
+
+    @staticmethod
+    def resolve_lines(obj) -> list[dict]:
+        return [{"seq": seq, "text": text} for seq, text in getattr(obj, "lines", [])]

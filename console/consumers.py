@@ -1,5 +1,6 @@
-"""Live job logs over a websocket: all replicas, rank-labelled, once a second; and live
-metrics of a cluster, pushed by the monitor through the channel layer (Redis).
+"""Live job logs over a websocket: all replicas, rank-labelled, once a second; live
+metrics of a cluster, pushed by the monitor through the channel layer (Redis); and the
+live log of an image build, pushed by the build worker (jobs/images.py) the same way.
 
 A PostgreSQL or Redis restart closes no log socket (they read only the database and wait
 it out) and costs a metrics socket no traceback: it is closed with 1012 (restart) and
@@ -14,13 +15,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
-from jobs import runner
+from jobs import images, runner
 from jobs import selectors as fleet
-from jobs.models import Cluster, Job, Replica
+from jobs.models import Cluster, ImageBuild, Job, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
 from monitoring.monitor import group_for
 
 log = logging.getLogger("suanli.web")
+BUILD_END_GRACE_S = 1.5
 
 
 def _ts_seconds(ts: str) -> float | None:
@@ -146,3 +148,103 @@ class ClusterMetricsConsumer(AsyncJsonWebsocketConsumer):
 
     async def metrics_batch(self, event):
         await self.send_json({"samples": event["samples"]})
+
+
+class BuildLogConsumer(AsyncJsonWebsocketConsumer):
+    """An image build's log and state, live, for its owner only (others: 4404, as if it did
+    not exist). Authorised, then joined to the build's group, then the stored lines sent
+    (after `?after=<seq>`, the last line the page already shows), then the group's
+    messages: a line numbered at or below the last one sent is dropped, so the lines that
+    both the store and the group hold at the join are sent once, and a batch that skips
+    numbers (a message the channel layer lost) is completed from the store first.
+
+    Sent: `{"lines": [[seq, text], ...]}` and `{"state": ..., "step": ..., "done_bytes":
+    ..., "total_bytes": ..., "error": ..., "image": ...}`; closed after a final state."""
+
+    group = None
+    closing = None
+    closed = False
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except REDIS_DOWN as exc:
+            log.warning("build log socket: the channel layer is unreachable (%s); closing it", exc)
+            with contextlib.suppress(Exception):  # already closed by the client
+                await send({"type": "websocket.close", "code": 1012})
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        try:
+            build = await database_sync_to_async(fleet.build_for_user)(
+                user, int(self.scope["url_route"]["kwargs"]["build_id"])
+            )
+        except Http404:
+            await self.close(code=4404)
+            return
+        self.build_id = build.pk
+        self.last = self._after()
+        self.group = images.group_for(build.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        # What was published before the join is in the store; what comes after it queues
+        # on this channel and is handled once connect() returns.
+        build, lines = await database_sync_to_async(self._stored)()
+        await self._send_lines(lines)
+        await self.send_json(fleet.build_progress(build))
+        if build.state not in ImageBuild.ACTIVE:
+            self._close_soon()
+
+    def _after(self) -> int:
+        query = dict(
+            part.partition("=")[::2]
+            for part in self.scope.get("query_string", b"").decode("latin-1").split("&")
+        )
+        after = query.get("after", "")
+        return int(after) if after.isdigit() and len(after) < 12 else 0
+
+    def _stored(self) -> tuple[ImageBuild, list[tuple[int, str]]]:
+        build = ImageBuild.objects.select_related("image").get(pk=self.build_id)
+        return build, images.log_lines(build)
+
+    async def _send_lines(self, lines) -> None:
+        fresh = [[seq, text] for seq, text in lines if seq > self.last]
+        if fresh and not self.closed:
+            self.last = fresh[-1][0]
+            await self.send_json({"lines": fresh})
+
+    async def disconnect(self, code):
+        if self.closing:
+            self.closing.cancel()
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    def _close_soon(self) -> None:
+        """After the final state: the lines the worker still flushes come for a moment,
+        then the store's last ones, then the close."""
+        if self.closing is None:
+            self.closing = asyncio.create_task(self._close_after_end())
+
+    async def _close_after_end(self) -> None:
+        await asyncio.sleep(BUILD_END_GRACE_S)
+        _, stored = await database_sync_to_async(self._stored)()
+        await self._send_lines(stored)
+        self.closed = True
+        await self.close()
+
+    async def build_lines(self, event):
+        lines = [(int(seq), text) for seq, text in event.get("lines") or []]
+        if lines and lines[0][0] > self.last + 1:  # a gap: fill it from the store
+            _, stored = await database_sync_to_async(self._stored)()
+            await self._send_lines([line for line in stored if line[0] < lines[0][0]])
+        await self._send_lines(lines)
+
+    async def build_state(self, event):
+        if self.closed:
+            return
+        await self.send_json({k: v for k, v in event.items() if k != "type"})
+        if event.get("state") not in ImageBuild.ACTIVE:
+            self._close_soon()

@@ -1,5 +1,6 @@
 """Researchers' forms. Validation says what to write instead; nothing is half-created."""
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -10,10 +11,11 @@ from django.core.exceptions import ValidationError
 from billing import selectors as money
 from jobs import selectors as fleet
 from jobs import storage, validators
-from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, SshKey
+from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, OwnImage, SshKey
 from jobs.services import ClusterSpec, JobSpec
 
 CUSTOM_IMAGE = "custom"
+OWN_IMAGE = "own:"  # + the OwnImage's pk: one of the researcher's own images
 ZONE_SPREAD_NOTE = "Spreading nodes over zones costs about 5 % more communication time."
 
 
@@ -184,9 +186,16 @@ class ClusterForm(forms.Form):
         ]
         self.fields["resource"].choices = [("GPUs", choices), ("CPU-only (for debugging)", cpu)]
         self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}
-        self.fields["image"].choices = [
-            (pk, f"{i.name} ({i.reference})") for pk, i in self.images.items()
-        ] + [(CUSTOM_IMAGE, "Custom image…")]
+        self.own_images = {
+            f"{OWN_IMAGE}{i.pk}": i
+            for i in OwnImage.objects.filter(owner=owner).order_by("name", "tag")
+        }
+        choices = [(pk, f"{i.name} ({i.reference})") for pk, i in self.images.items()]
+        if self.own_images:
+            choices.append(
+                ("Your images", [(key, f"{i.name}:{i.tag}") for key, i in self.own_images.items()])
+            )
+        self.fields["image"].choices = [*choices, (CUSTOM_IMAGE, "Custom image…")]
         self.zones = fleet.active_zones()
         self.fields["zone"].choices = [("", "Any zone")] + [(z, z) for z in self.zones]
         self.rdma = fleet.rdma_available()
@@ -299,7 +308,7 @@ class ClusterForm(forms.Form):
                 self.add_error("resource" if too_big else "nodes", why)
         if network == Cluster.Network.RDMA and not self.rdma:
             self.add_error("network", "No RDMA host exists; choose standard networking.")
-        image = None
+        image = own = None
         reference = ""
         if data.get("image") == CUSTOM_IMAGE:
             reference = (data.get("custom_image") or "").strip()
@@ -308,11 +317,20 @@ class ClusterForm(forms.Form):
                     "custom_image",
                     "Give the image reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime.",
                 )
+            elif validators.names_registry(reference):
+                # Suanli's registry holds researchers' own images: a reference into it is
+                # one of this researcher's, or nothing (another's is as if it did not exist).
+                own = next((i for i in self.own_images.values() if i.reference == reference), None)
+                if own is None:
+                    self.add_error("custom_image", f"No image {reference} among your images.")
             else:
                 try:
                     validators.validate_image_reference(reference)
                 except ValidationError as exc:
                     self.add_error("custom_image", exc.messages[0])
+        elif (data.get("image") or "").startswith(OWN_IMAGE):
+            own = self.own_images.get(data["image"])
+            reference = own.reference if own else ""
         elif data.get("image"):
             image = self.images.get(data["image"])
             reference = image.reference if image else ""
@@ -323,8 +341,9 @@ class ClusterForm(forms.Form):
             )
         self._check_funds(data, gpu_model, instance_type)
         data.update(
-            gpu_model=gpu_model, instance_type=instance_type, image_obj=image, reference=reference
-        )
+            gpu_model=gpu_model, instance_type=instance_type, image_obj=image, reference=reference,
+            own_image=own,
+        )  # fmt: skip
         return data
 
     def _check_funds(self, data, gpu_model, instance_type) -> None:
@@ -361,6 +380,7 @@ class ClusterForm(forms.Form):
             instance_type=d["instance_type"],
             image=d["image_obj"],
             image_reference=d["reference"],
+            own_image=d["own_image"],
             network=d["network"],
             zone=d.get("zone") or "",
             spot=d.get("spot", False),
@@ -549,3 +569,119 @@ class JobForm(forms.Form):
             preemption_script=d.get("preemption_script") or "",
             max_preemptions=d["max_preemptions"],
         )
+
+
+# -- own images -------------------------------------------------------------------------------
+
+_BUILD_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def example_dockerfile() -> str:
+    """The build form's starting text: the seed's style, FROM the catalog's first image."""
+    first = Image.objects.filter(active=True).first()
+    return (
+        f"FROM {first.reference if first else '<a catalog image>'}\n"
+        "# e.g. RUN pip install --no-cache-dir transformers==4.44.0\n"
+        'RUN mkdir -p /opt/project && echo "built with Suanli" > /opt/project/NOTE\n'
+        "ENV PROJECT_HOME=/opt/project\n"
+        "WORKDIR /workspace\n"
+    )
+
+
+def parse_build_args(text: str) -> dict[str, str]:
+    """KEY=VALUE lines (blank lines and # comments skipped): the Dockerfile's ARG values."""
+    args: dict[str, str] = {}
+    errors: list[str] = []
+    for number, raw in enumerate((text or "").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if not sep:
+            errors.append(f"Line {number}: write KEY=VALUE, e.g. TORCH_VERSION=2.4.0.")
+        elif not _BUILD_ARG.fullmatch(name):
+            errors.append(
+                f"Line {number}: '{name}' is not an argument name (letters, digits, _; not "
+                "starting with a digit)."
+            )
+        elif name in args:
+            errors.append(f"Line {number}: {name} is given twice.")
+        elif "\x00" in value:
+            errors.append(f"Line {number}: the value of {name} contains NUL.")
+        else:
+            args[name] = value
+    if errors:
+        raise ValidationError(errors)
+    return args
+
+
+def attach_errors(form: forms.Form, exc: ValidationError) -> None:
+    """A service's refusal on the form: per field where it names one of the form's, else
+    above the form."""
+    if not hasattr(exc, "error_dict"):
+        form.add_error(None, exc.messages)
+        return
+    for name, errors in exc.message_dict.items():
+        form.add_error(name if name in form.fields else None, errors)
+
+
+class _ImageNameForm(forms.Form):
+    name = forms.CharField(
+        max_length=64,
+        help_text="Lower-case letters and digits, with dots, dashes or underscores between "
+        "them, e.g. my-pytorch.",
+    )
+    tag = forms.CharField(max_length=64, initial="latest", help_text="e.g. latest, v1, 2024-06-01.")
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        validators.validate_own_image_name(name)
+        return name
+
+    def clean_tag(self):
+        tag = self.cleaned_data["tag"].strip()
+        validators.validate_own_image_tag(tag)
+        return tag
+
+
+class ImageBuildForm(_ImageNameForm):
+    dockerfile = forms.CharField(
+        label="Dockerfile",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false"}),
+        help_text="FROM a catalog image, one of your own images, or an image the operator "
+        "allows; no FROM of anything else.",
+    )
+    context = forms.CharField(
+        label="Build context (optional)",
+        required=False,
+        max_length=255,
+        help_text="One of your storage folders, by its name (as a cluster's volume names it, "
+        "e.g. my-project), sent as the build's context so that COPY and ADD see its files. "
+        "Empty: the Dockerfile alone.",
+    )
+    build_args = forms.CharField(
+        label="Build arguments",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "spellcheck": "false", "placeholder": "TORCH_VERSION=2.4.0"}
+        ),
+        help_text="KEY=VALUE, one per line: values for the Dockerfile's ARG lines.",
+    )
+
+    def clean_dockerfile(self):
+        text = self.cleaned_data["dockerfile"].replace("\r\n", "\n")
+        if not text.strip():
+            raise ValidationError("Write the Dockerfile, starting with a FROM line.")
+        return text
+
+    def clean_context(self):
+        return (self.cleaned_data.get("context") or "").strip()
+
+    def clean_build_args(self):
+        return parse_build_args(self.cleaned_data.get("build_args") or "")
+
+
+class SaveImageForm(_ImageNameForm):
+    """A node's workspace saved as one of the researcher's images."""

@@ -7,6 +7,7 @@ from console import consumers, proxy, terminal
 websocket_urlpatterns = [
     path("ws/jobs/<int:job_id>/log/", consumers.JobLogConsumer.as_asgi()),
     path("ws/clusters/<int:cluster_id>/metrics/", consumers.ClusterMetricsConsumer.as_asgi()),
+    path("ws/images/builds/<int:build_id>/log/", consumers.BuildLogConsumer.as_asgi()),
     path(
         "ws/clusters/<int:cluster_id>/nodes/<int:index>/terminal/",
         terminal.TerminalConsumer.as_asgi(),

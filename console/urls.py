@@ -2,7 +2,15 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from console import api, views, views_apps, views_billing, views_monitoring, views_webhooks
+from console import (
+    api,
+    views,
+    views_apps,
+    views_billing,
+    views_images,
+    views_monitoring,
+    views_webhooks,
+)
 
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
@@ -44,6 +52,14 @@ urlpatterns = [
         views_apps.app_stop,
         name="app_stop",
     ),
+    path(
+        "clusters/<int:cluster_id>/nodes/<int:index>/save-image/",
+        views_images.node_save_image,
+        name="node_save_image",
+    ),
+    path("images/", views_images.image_list, name="image_list"),
+    path("images/<int:image_id>/delete/", views_images.image_delete, name="image_delete"),
+    path("images/builds/<int:build_id>/", views_images.image_build, name="image_build"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/status/", views.job_status, name="job_status"),
     path("jobs/<int:job_id>/log/", views.job_log, name="job_log"),

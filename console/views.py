@@ -23,14 +23,15 @@ from console.forms import (
     ClusterForm,
     JobForm,
     ResizeForm,
+    SaveImageForm,
     SshKeyForm,
     start_refusal,
 )
 from console.logins import ssh_logins
 from console.views_billing import cluster_form_prices
+from jobs import images, storage
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs import storage
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
 from monitoring import selectors as metrics
 
@@ -172,7 +173,14 @@ def _cluster_status_context(cluster: Cluster) -> dict:
         "position": fleet.queue_position(cluster),
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}, cluster=cluster),
         "jobs": cluster.jobs.all()[:50],
+        "pulls": fleet.image_pulls(cluster),
     }
+
+
+def _save_image_context(cluster: Cluster) -> dict:
+    """The "Save as image" card: the nodes whose workspace can be saved now."""
+    nodes = fleet.saveable_nodes(cluster) if images.enabled() else []
+    return {"save_nodes": nodes, "save_form": SaveImageForm()}
 
 
 def _cluster_context(cluster: Cluster) -> dict:
@@ -181,6 +189,7 @@ def _cluster_context(cluster: Cluster) -> dict:
         "volumes": cluster.volumes.all(),
         "ssh_keys": cluster.ssh_keys.all(),
         **_metrics_context(cluster),
+        **_save_image_context(cluster),
     }
 
 
@@ -234,6 +243,7 @@ def cluster_status(request, cluster_id: int):
             logins=ssh_logins(cluster, request),
             ssh_keys=cluster.ssh_keys.all(),
             volumes=cluster.volumes.all(),
+            **_save_image_context(cluster),
         )
     response = render(request, "console/_cluster_status.html", context)
     ended = cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED)

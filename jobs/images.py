@@ -270,7 +270,7 @@ def build_create(
             check_bases(owner.pk, dockerfile)
         except ValidationError as exc:
             errors["dockerfile"] = exc.messages
-    context = (context or "").strip().strip("/")
+    context = (context or "").strip().rstrip("/")
     if context:
         try:
             context = storage.folder_name(context)
@@ -418,7 +418,9 @@ def log_lines(build: ImageBuild) -> list[tuple[int, str]]:
 
 
 class _Log:
-    """Lines to Redis (numbered) and to the build's group, a batch at most every 0.2 s."""
+    """Lines to Redis (numbered) and to the build's group. A sender thread sends what was
+    written at most 0.2 s later (a quiet step never holds a line back), in order: a state
+    goes after the lines written before it."""
 
     def __init__(self, build: ImageBuild):
         self.build = build
@@ -427,22 +429,29 @@ class _Log:
         self.redis.delete(self.key)
         self.seq = 0
         self.pending: list[list] = []
+        self.outbox: list[dict] = []
         self.kept: list[str] = []
         self.kept_bytes = 0
         self.partial = ""
-        self.last_flush = 0.0
         self.layer = get_channel_layer()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.closed = False
+        self.sender = threading.Thread(
+            target=self._send_loop, daemon=True, name=f"image-build-{build.pk}-log"
+        )
+        self.sender.start()
 
     def write(self, text: str) -> None:
-        text = self.partial + _ANSI.sub("", text)
-        *lines, self.partial = text.split("\n")
-        for line in lines:
-            self.line(line.rstrip("\r"))
+        with self.lock:
+            text = self.partial + _ANSI.sub("", text)
+            *lines, self.partial = text.split("\n")
+            for line in lines:
+                self._append(line.rstrip("\r"))
 
     def line(self, line: str) -> None:
-        self._append(line)
-        if time.monotonic() - self.last_flush >= 0.2:
-            self.flush()
+        with self.lock:
+            self._append(line)
 
     def _append(self, line: str) -> None:
         line = line[:4000]
@@ -453,25 +462,59 @@ class _Log:
         while self.kept_bytes > settings.SUANLI_BUILD_LOG_BYTES and len(self.kept) > 1:
             self.kept_bytes -= len(self.kept.pop(0)) + 1
 
-    def flush(self, final: bool = False) -> None:
-        if final and self.partial:  # the last line, without its end
-            partial, self.partial = self.partial, ""
-            self._append(partial.rstrip("\r"))
-        if not self.pending:
-            return
-        batch, self.pending = self.pending, []
-        self.last_flush = time.monotonic()
-        try:
-            pipe = self.redis.pipeline()
-            pipe.rpush(self.key, *[f"{seq}\t{text}" for seq, text in batch])
-            pipe.ltrim(self.key, -20000, -1)
-            pipe.expire(self.key, settings.SUANLI_BUILD_TIMEOUT_S + _LOG_KEEP_S)
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("build %s: log not kept in Redis: %s", self.build.pk, exc)
-        self.send({"type": "build.lines", "lines": batch})
+    def _cut(self) -> None:  # under the lock
+        if self.pending:
+            self.outbox.append({"type": "build.lines", "lines": self.pending})
+            self.pending = []
 
-    def send(self, message: dict) -> None:
+    def state(self, **fields) -> None:
+        for name, value in fields.items():
+            setattr(self.build, name, value)
+        ImageBuild.objects.filter(pk=self.build.pk).update(**fields)
+        b = self.build
+        message = {
+            "type": "build.state",
+            "state": b.state,
+            "step": b.step,
+            "done_bytes": b.done_bytes,
+            "total_bytes": b.total_bytes,
+            "error": b.error,
+            "image": b.image.reference if b.image_id and b.image else "",
+        }
+        with self.lock:
+            self._cut()
+            self.outbox.append(message)
+        if self.closed:
+            self._drain()
+        else:
+            self.wake.set()
+
+    def flush(self) -> None:
+        self.wake.set()
+
+    def _send_loop(self) -> None:
+        while not self.closed:
+            self.wake.wait(0.2)
+            self.wake.clear()
+            self._drain()
+
+    def _drain(self) -> None:
+        with self.lock:
+            self._cut()
+            batch, self.outbox = self.outbox, []
+        for message in batch:
+            if message["type"] == "build.lines":
+                try:
+                    pipe = self.redis.pipeline()
+                    pipe.rpush(self.key, *[f"{seq}\t{text}" for seq, text in message["lines"]])
+                    pipe.ltrim(self.key, -20000, -1)
+                    pipe.expire(self.key, settings.SUANLI_BUILD_TIMEOUT_S + _LOG_KEEP_S)
+                    pipe.execute()
+                except redis.RedisError as exc:
+                    log.warning("build %s: log not kept in Redis: %s", self.build.pk, exc)
+            self._send(message)
+
+    def _send(self, message: dict) -> None:
         if self.layer is None:
             return
         try:
@@ -479,25 +522,16 @@ class _Log:
         except Exception as exc:  # Redis down: the page reads the row once it ends
             log.warning("build %s: not published: %s", self.build.pk, exc)
 
-    def state(self, **fields) -> None:
-        for name, value in fields.items():
-            setattr(self.build, name, value)
-        ImageBuild.objects.filter(pk=self.build.pk).update(**fields)
-        b = self.build
-        self.send(
-            {
-                "type": "build.state",
-                "state": b.state,
-                "step": b.step,
-                "done_bytes": b.done_bytes,
-                "total_bytes": b.total_bytes,
-                "error": b.error,
-                "image": b.image.reference if b.image_id and b.image else "",
-            }
-        )
-
     def close(self) -> str:
-        self.flush(final=True)
+        """Sends what is left (the sender thread ends first: one sender at a time)."""
+        with self.lock:
+            if self.partial:  # the last line, without its end
+                self._append(self.partial.rstrip("\r"))
+                self.partial = ""
+        self.closed = True
+        self.wake.set()
+        self.sender.join(30)
+        self._drain()
         try:
             self.redis.expire(self.key, _LOG_KEEP_S)
         except redis.RedisError:
@@ -527,6 +561,7 @@ def run(build_id: int) -> str:
         build.started_at = timezone.now()
         build.save(update_fields=["state", "started_at"])
     out = _Log(build)
+    result = "failed"
     try:
         if build.kind == ImageBuild.Kind.SAVE:
             node = _node(build.cluster, build.node_index) if build.cluster else None
@@ -539,10 +574,13 @@ def run(build_id: int) -> str:
             out.state(host=host)
             local = _build(build, host, out)
         image = _push(build, build.host, local, out)
+        out.state(
+            state=ImageBuild.State.SUCCEEDED, image=image, step="", finished_at=timezone.now()
+        )
+        result = image.reference
     except BuildFailed as exc:
         out.line(f"ERROR: {exc}")
         out.state(state=ImageBuild.State.FAILED, error=str(exc)[:2000], finished_at=timezone.now())
-        return "failed"
     except Exception as exc:
         log.exception("build %s", build.pk)
         out.line(f"ERROR: {exc}")
@@ -551,13 +589,9 @@ def run(build_id: int) -> str:
             error=f"the build stopped on an error of the platform: {exc}"[:2000],
             finished_at=timezone.now(),
         )
-        return "failed"
     finally:
-        text = out.close()
-        ImageBuild.objects.filter(pk=build.pk).update(log=text)
-    out.state(state=ImageBuild.State.SUCCEEDED, image=image, step="", finished_at=timezone.now())
-    out.close()
-    return image.reference
+        ImageBuild.objects.filter(pk=build.pk).update(log=out.close())
+    return result
 
 
 def _build_host() -> Host:
@@ -930,7 +964,7 @@ def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
     if used.bytes > used.max_bytes or used.count > used.max_count:
         image.delete()
         try:
-            registry.delete(repository.split("/", 1)[1], tag)
+            registry.delete(*registry.split(reference))
         except registry.RegistryError as exc:
             log.warning("over-quota image %s not deleted: %s", reference, exc)
         raise BuildFailed(
@@ -975,7 +1009,7 @@ def _clean_saved_config(build: ImageBuild, host: Host, repository: str, tag: str
         config.pop("container_config", None)
         config.pop("container", None)
 
-    result = registry.rewrite_config(repository.split("/", 1)[1], tag, change)
+    result = registry.rewrite_config(registry.split(f"{repository}:{tag}")[0], tag, change)
     try:
         engine.cached_client(host).images.remove(f"{repository}:{tag}")
     except docker.errors.DockerException as exc:

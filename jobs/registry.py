@@ -48,7 +48,13 @@ def enabled() -> bool:
 
 
 def host() -> str:
-    return settings.SUANLI_REGISTRY.strip().rstrip("/").lower()
+    """SUANLI_REGISTRY as references start: `host[:port]`, or `host[:port]/project` (a
+    Harbor project, a cloud registry's namespace) under which the researchers' go."""
+    return settings.SUANLI_REGISTRY.strip().strip("/").lower()
+
+
+def server() -> str:
+    return host().partition("/")[0]
 
 
 def namespace(owner_id: int) -> str:
@@ -56,12 +62,14 @@ def namespace(owner_id: int) -> str:
 
 
 def repository(owner_id: int, name: str) -> str:
-    """The repository path inside the registry (no host): `u5/my-torch`."""
-    return f"{namespace(owner_id)}/{name}"
+    """The repository path inside the registry (no server): `u5/my-torch`, or
+    `project/u5/my-torch` under a project."""
+    project = host().partition("/")[2]
+    return f"{project + '/' if project else ''}{namespace(owner_id)}/{name}"
 
 
 def reference(owner_id: int, name: str, tag: str) -> str:
-    return f"{host()}/{repository(owner_id, name)}:{tag}"
+    return f"{server()}/{repository(owner_id, name)}:{tag}"
 
 
 def in_registry(ref: str) -> bool:
@@ -74,7 +82,7 @@ def split(ref: str) -> tuple[str, str]:
     name, _, digest = ref.partition("@")
     head, _, last = name.rpartition("/")
     last, _, tag = last.partition(":")
-    path = f"{head}/{last}"[len(host()) + 1 :] if head else last
+    path = f"{head}/{last}"[len(server()) + 1 :] if head else last
     return path, digest or tag or "latest"
 
 
@@ -83,7 +91,7 @@ def auth_config() -> dict:
     return {
         "username": settings.SUANLI_REGISTRY_USERNAME,
         "password": settings.SUANLI_REGISTRY_PASSWORD,
-        "serveraddress": host(),
+        "serveraddress": server(),
     }
 
 
@@ -109,7 +117,7 @@ class _Api:
         self.session.close()
 
     def request(self, method: str, path: str, *, scope: str, **kwargs) -> requests.Response:
-        url = path if path.startswith("https://") else f"https://{host()}/v2/{path}"
+        url = path if path.startswith("https://") else f"https://{server()}/v2/{path}"
         kwargs.setdefault("timeout", _TIMEOUT)
         kwargs["verify"] = self.verify
         headers = dict(kwargs.pop("headers", {}) or {})
@@ -233,7 +241,7 @@ def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple
         )
         location = started.headers["Location"]
         if location.startswith("/"):
-            location = f"https://{host()}{location}"
+            location = f"https://{server()}{location}"
         _check(
             api.request(
                 "PUT",

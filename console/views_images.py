@@ -1,0 +1,117 @@
+"""Researchers' own images: the Images page (their images, quota, builds, the build form),
+a build's page (its live log: console/consumers.py BuildLogConsumer), deleting an image,
+and saving a node's workspace as an image. The work is jobs/images.py's; every object is
+looked up through its owner (jobs/selectors.py), so another researcher's is 404."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from console.forms import ImageBuildForm, SaveImageForm, attach_errors, example_dockerfile
+from jobs import images, registry
+from jobs import selectors as fleet
+
+RECENT_BUILDS = 20
+NO_REGISTRY = (
+    "Own images are off on this console: the operator has not configured an image registry "
+    "(SUANLI_REGISTRY). Clusters run the catalog's images."
+)
+
+
+@login_required
+def image_list(request):
+    enabled = images.enabled()
+    form = ImageBuildForm(request.POST or None, initial={"dockerfile": example_dockerfile()})
+    if request.method == "POST":
+        if not enabled:
+            messages.error(request, NO_REGISTRY)
+            return redirect("image_list")
+        if form.is_valid():
+            d = form.cleaned_data
+            try:
+                build = images.build_create(
+                    owner=request.user, name=d["name"], tag=d["tag"], dockerfile=d["dockerfile"],
+                    context=d["context"], build_args=d["build_args"],
+                )  # fmt: skip
+            except ValidationError as exc:
+                attach_errors(form, exc)
+            else:
+                messages.success(request, f"Build of {build.name}:{build.tag} queued.")
+                return redirect("image_build", build_id=build.pk)
+    own = list(fleet.own_images_for(request.user))
+    for image in own:  # at most the quota's count of images
+        image.using = list(images.clusters_using(image).order_by("name"))
+    return render(
+        request,
+        "console/images.html",
+        {
+            "enabled": enabled,
+            "no_registry": NO_REGISTRY,
+            "form": form,
+            "images": own,
+            "quota": images.quota(request.user),
+            "push_prefix": f"{registry.host()}/{registry.namespace(request.user.pk)}/"
+            if enabled
+            else "",
+            "builds": fleet.builds_for(request.user)[:RECENT_BUILDS],
+        },
+    )
+
+
+@login_required
+@require_POST
+def image_delete(request, image_id: int):
+    image = fleet.own_image_for_user(request.user, image_id)
+    label = f"{image.name}:{image.tag}"
+    try:
+        images.delete(owner=request.user, image=image)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Image {label} deleted from the registry.")
+    return redirect("image_list")
+
+
+@login_required
+def image_build(request, build_id: int):
+    build = fleet.build_for_user(request.user, build_id)
+    lines = images.log_lines(build)
+    return render(
+        request,
+        "console/image_build.html",
+        {
+            "build": build,
+            "progress": fleet.build_progress(build),
+            "lines": lines,
+            "last_seq": lines[-1][0] if lines else 0,
+            "ws": f"/ws/images/builds/{build.pk}/log/",
+        },
+    )
+
+
+@login_required
+@require_POST
+def node_save_image(request, cluster_id: int, index: int):
+    """A node's workspace (its cluster running or stopped) pushed as one of the owner's
+    images; the build page follows it."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    form = SaveImageForm(request.POST)
+    if not form.is_valid():
+        messages.error(
+            request,
+            "Save as image: "
+            + " ".join(f"{name}: {e}" for name, errs in form.errors.items() for e in errs),
+        )
+        return redirect("cluster_detail", cluster_id=cluster.pk)
+    try:
+        build = images.save_create(
+            owner=request.user, cluster=cluster, node_index=index,
+            name=form.cleaned_data["name"], tag=form.cleaned_data["tag"],
+        )  # fmt: skip
+    except ValidationError as exc:
+        messages.error(request, "Save as image: " + " ".join(exc.messages))
+        return redirect("cluster_detail", cluster_id=cluster.pk)
+    messages.success(request, f"Saving node {index} of {cluster.name} as {build.name}:{build.tag}.")
+    return redirect("image_build", build_id=build.pk)
