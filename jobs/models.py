@@ -926,7 +926,9 @@ class ImageBuild(models.Model):
         Cluster, on_delete=models.SET_NULL, null=True, blank=True, related_name="image_saves"
     )
     node_index = models.PositiveSmallIntegerField(null=True, blank=True)
-    host = models.ForeignKey(Host, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    host = models.ForeignKey(
+        Host, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     step = models.CharField(max_length=300, blank=True, help_text="The step being run.")
     done_bytes = models.BigIntegerField(default=0)  # pushed (or committed) so far

@@ -8,83 +8,218 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0014_stop_start'),
+        ("jobs", "0014_stop_start"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cluster',
-            name='image_pulls',
+            model_name="cluster",
+            name="image_pulls",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='host',
-            name='build_host',
-            field=models.BooleanField(default=False, help_text="Builds researchers' images (Images page) and saves workspaces as images, under the build limits of the settings.", verbose_name='build host'),
+            model_name="host",
+            name="build_host",
+            field=models.BooleanField(
+                default=False,
+                help_text="Builds researchers' images (Images page) and saves workspaces as images, under the build limits of the settings.",
+                verbose_name="build host",
+            ),
         ),
         migrations.CreateModel(
-            name='OwnImage',
+            name="OwnImage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, validators=[jobs.validators.validate_own_image_name])),
-                ('tag', models.CharField(max_length=64, validators=[jobs.validators.validate_own_image_tag])),
-                ('reference', models.CharField(max_length=255, unique=True)),
-                ('digest', models.CharField(help_text="The manifest's digest in the registry.", max_length=80)),
-                ('size_bytes', models.BigIntegerField(default=0, help_text='Its layers, compressed.')),
-                ('layers', models.JSONField(blank=True, default=list)),
-                ('source', models.CharField(choices=[('build', 'built from a Dockerfile'), ('save', 'saved from a workspace')], default='build', max_length=8)),
-                ('source_note', models.CharField(blank=True, max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='own_images', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64, validators=[jobs.validators.validate_own_image_name]
+                    ),
+                ),
+                (
+                    "tag",
+                    models.CharField(
+                        max_length=64, validators=[jobs.validators.validate_own_image_tag]
+                    ),
+                ),
+                ("reference", models.CharField(max_length=255, unique=True)),
+                (
+                    "digest",
+                    models.CharField(
+                        help_text="The manifest's digest in the registry.", max_length=80
+                    ),
+                ),
+                (
+                    "size_bytes",
+                    models.BigIntegerField(default=0, help_text="Its layers, compressed."),
+                ),
+                ("layers", models.JSONField(blank=True, default=list)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[
+                            ("build", "built from a Dockerfile"),
+                            ("save", "saved from a workspace"),
+                        ],
+                        default="build",
+                        max_length=8,
+                    ),
+                ),
+                ("source_note", models.CharField(blank=True, max_length=200)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="own_images",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name', 'tag'],
+                "ordering": ["name", "tag"],
             },
         ),
         migrations.CreateModel(
-            name='ImageBuild',
+            name="ImageBuild",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('build', 'build'), ('save', 'save of a workspace')], default='build', max_length=8)),
-                ('name', models.CharField(max_length=64, validators=[jobs.validators.validate_own_image_name])),
-                ('tag', models.CharField(max_length=64, validators=[jobs.validators.validate_own_image_tag])),
-                ('dockerfile', models.TextField(blank=True)),
-                ('context', models.CharField(blank=True, help_text="A folder of the researcher's storage, or empty.", max_length=255)),
-                ('build_args', models.JSONField(blank=True, default=dict)),
-                ('node_index', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('queued', 'queued'), ('running', 'running'), ('pushing', 'pushing'), ('succeeded', 'succeeded'), ('failed', 'failed')], default='queued', max_length=10)),
-                ('step', models.CharField(blank=True, help_text='The step being run.', max_length=300)),
-                ('done_bytes', models.BigIntegerField(default=0)),
-                ('total_bytes', models.BigIntegerField(default=0)),
-                ('log', models.TextField(blank=True, help_text='Its end, once finished (SUANLI_BUILD_LOG_BYTES).')),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('cluster', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='image_saves', to='jobs.cluster')),
-                ('host', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.host')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='image_builds', to=settings.AUTH_USER_MODEL)),
-                ('image', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='builds', to='jobs.ownimage')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("build", "build"), ("save", "save of a workspace")],
+                        default="build",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64, validators=[jobs.validators.validate_own_image_name]
+                    ),
+                ),
+                (
+                    "tag",
+                    models.CharField(
+                        max_length=64, validators=[jobs.validators.validate_own_image_tag]
+                    ),
+                ),
+                ("dockerfile", models.TextField(blank=True)),
+                (
+                    "context",
+                    models.CharField(
+                        blank=True,
+                        help_text="A folder of the researcher's storage, or empty.",
+                        max_length=255,
+                    ),
+                ),
+                ("build_args", models.JSONField(blank=True, default=dict)),
+                ("node_index", models.PositiveSmallIntegerField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "queued"),
+                            ("running", "running"),
+                            ("pushing", "pushing"),
+                            ("succeeded", "succeeded"),
+                            ("failed", "failed"),
+                        ],
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "step",
+                    models.CharField(blank=True, help_text="The step being run.", max_length=300),
+                ),
+                ("done_bytes", models.BigIntegerField(default=0)),
+                ("total_bytes", models.BigIntegerField(default=0)),
+                (
+                    "log",
+                    models.TextField(
+                        blank=True, help_text="Its end, once finished (SUANLI_BUILD_LOG_BYTES)."
+                    ),
+                ),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="image_saves",
+                        to="jobs.cluster",
+                    ),
+                ),
+                (
+                    "host",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="jobs.host",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="image_builds",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "image",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="builds",
+                        to="jobs.ownimage",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='cluster',
-            name='own_image',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='clusters', to='jobs.ownimage'),
+            model_name="cluster",
+            name="own_image",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="clusters",
+                to="jobs.ownimage",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='ownimage',
-            constraint=models.UniqueConstraint(fields=('owner', 'name', 'tag'), name='own_image_unique'),
+            model_name="ownimage",
+            constraint=models.UniqueConstraint(
+                fields=("owner", "name", "tag"), name="own_image_unique"
+            ),
         ),
         migrations.AddIndex(
-            model_name='imagebuild',
-            index=models.Index(fields=['owner', '-created_at'], name='build_owner_idx'),
+            model_name="imagebuild",
+            index=models.Index(fields=["owner", "-created_at"], name="build_owner_idx"),
         ),
     ]
