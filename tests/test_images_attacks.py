@@ -1,0 +1,178 @@
+"""Attacks on own images by another researcher (DESIGN.md, "The tenant threat model"):
+bob knows the name of alice's image and writes Dockerfiles, context folders and build
+output meant to reach it, hang the build worker or flood Redis. Real engines, the real
+registry, the real worker code (jobs/images.py)."""
+
+import os
+import threading
+import time
+import types
+import uuid
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from jobs import images, registry
+from jobs.models import ImageBuild, OwnImage
+from tests.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUN_ID = uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def build_host(make_host):
+    return make_host("gpu-a-01", engine=0, gpus=2, build_host=True)
+
+
+def _alices_secret_image(alice) -> tuple[str, str]:
+    """Alice's image with a secret file, built (and so left tagged) on the build host."""
+    secret = f"ALICE-SECRET-{uuid.uuid4().hex}"
+    build = images.build_create(
+        owner=alice,
+        name="private",
+        tag="v1",
+        dockerfile=f"FROM {TEST_IMAGE}\nRUN echo {secret} > /secret.txt\n",
+    )
+    assert images.run(build.pk).endswith("/private:v1"), ImageBuild.objects.get(pk=build.pk).error
+    return registry.reference(alice.pk, "private", "v1"), secret
+
+
+def _bob_builds(bob, name, dockerfile) -> tuple[str, str]:
+    """('refused', reason) or (build state, build log) of bob's build of `dockerfile`."""
+    try:
+        build = images.build_create(owner=bob, name=name, tag="v1", dockerfile=dockerfile)
+    except ValidationError as exc:
+        return "refused", " ".join(exc.messages)
+    images.run(build.pk)
+    build.refresh_from_db()
+    return build.state, build.log
+
+
+def test_no_spelling_of_a_dockerfile_builds_from_anothers_image(build_host, alice, bob):
+    """The engine's Dockerfile parser, not ours, decides what FROM / COPY --from name: a
+    tab after the instruction, a non-ASCII space after a line's backslash, or an escape
+    directive make ours miss an instruction that the engine runs, and alice's image is on
+    the build host (every build leaves its image tagged there)."""
+    ref, secret = _alices_secret_image(alice)
+    base = TEST_IMAGE
+    tricks = {
+        "tab-after-FROM": f"FROM {base}\nFROM\t{ref}\nRUN cat /secret.txt # {RUN_ID}\n",
+        "tab-after-COPY": (
+            f"FROM {base}\nCOPY\t--from={ref} /secret.txt /s\nRUN cat /s # {RUN_ID}\n"
+        ),
+        "nbsp-after-backslash": (
+            f"FROM {base}\nRUN echo hi \\\u00a0\nFROM {ref}\nRUN cat /secret.txt # {RUN_ID}\n"
+        ),
+        "escape-directive": (
+            f"# escape=`\nFROM {base}\nRUN echo hi \\\nFROM {ref}\nRUN cat /secret.txt # {RUN_ID}\n"
+        ),
+    }
+    leaked = {}
+    for i, (trick, dockerfile) in enumerate(tricks.items()):
+        state, said = _bob_builds(bob, f"trick{i}", dockerfile)
+        if secret in said:
+            leaked[trick] = state
+    assert not leaked, f"bob read alice's image through {leaked} (build state per trick)"
+
+
+def test_an_onbuild_trigger_of_ones_own_image_does_not_reach_anothers(build_host, alice, bob):
+    """ONBUILD COPY --from=<alice's image> in bob's first image is not checked; the
+    classic builder runs the trigger when bob's second build starts FROM his own image."""
+    ref, secret = _alices_secret_image(alice)
+    first, _ = _bob_builds(
+        bob, "trap", f"FROM {TEST_IMAGE}\nONBUILD COPY --from={ref} /secret.txt /s\n"
+    )
+    second, said = _bob_builds(
+        bob,
+        "sprung",
+        f"FROM {registry.reference(bob.pk, 'trap', 'v1')}\nRUN cat /s # {RUN_ID}\n",
+    )
+    assert secret not in said, f"bob read alice's image through ONBUILD ({first}, {second})"
+
+
+def test_a_fifo_swapped_into_the_context_does_not_hang_the_build_worker(bob, storage_root):
+    """The researcher writes the context folder from a container while it is tarred: a
+    regular file renamed over by a FIFO between the worker's stat and its open blocks
+    open() until a writer comes (the build's time limit has not started yet)."""
+    folder = storage_root / f"u{bob.pk}" / "ctx"
+    folder.mkdir(parents=True)
+    names = [folder / f"f{i:04d}" for i in range(2000)]
+    for path in names:
+        path.write_text("x")
+    stop = threading.Event()
+
+    def swap():
+        i = 0
+        while not stop.is_set():
+            path = names[i % len(names)]
+            tmp = folder / f".t{i % len(names):04d}"
+            try:
+                os.mkfifo(tmp)
+                os.rename(tmp, path)
+            except OSError:
+                pass
+            i += 1
+
+    build = types.SimpleNamespace(owner_id=bob.pk, context="ctx", dockerfile=f"FROM {TEST_IMAGE}\n")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(images._context_tar(build)), daemon=True)
+    attacker = threading.Thread(target=swap, daemon=True)
+    worker.start()
+    attacker.start()
+    worker.join(15)
+    stop.set()
+    attacker.join(5)
+    hung = not done
+    while worker.is_alive():  # let the stuck open() go: a writer on every FIFO
+        for path in names:
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        worker.join(0.2)
+    assert not hung, "the build worker hung in open() on a FIFO of the context folder"
+
+
+def test_a_flooding_build_keeps_a_bounded_log_in_redis(build_host, bob, settings):
+    """20,000 lines of 4,000 characters (80 MB): the Redis list kept for the build page
+    stays within a few times SUANLI_BUILD_LOG_BYTES, not the whole flood for an hour."""
+    dockerfile = (
+        f"FROM {TEST_IMAGE}\n"
+        f'RUN echo {RUN_ID}; yes "$(head -c 3999 /dev/zero | tr "\\0" a)" | head -n 20000\n'
+    )
+    build = images.build_create(owner=bob, name="flood", tag="v1", dockerfile=dockerfile)
+    started = time.monotonic()
+    images.run(build.pk)
+    key = images._log_key(build.pk)
+    kept = images._redis().memory_usage(key) or 0
+    ttl = images._redis().ttl(key)
+    assert kept <= 4 * settings.SUANLI_BUILD_LOG_BYTES, (
+        f"one build keeps {kept / 1e6:.0f} MB in Redis for {ttl} s "
+        f"(built in {time.monotonic() - started:.0f} s)"
+    )
+
+
+def test_a_replaced_image_leaves_no_unaccounted_manifest_in_the_registry(build_host, bob):
+    """Pushing the same name:tag again replaces the row the quota counts; the old manifest
+    (and its layers) must not stay in the registry, or the quota holds nothing back."""
+    digests = []
+    for n in range(2):
+        state, said = _bob_builds(
+            bob, "again", f"FROM {TEST_IMAGE}\nRUN head -c 200000 /dev/urandom > /blob{n}\n"
+        )
+        assert state == "succeeded", said
+        digests.append(OwnImage.objects.get(owner=bob, name="again").digest)
+    assert digests[0] != digests[1]
+    image = OwnImage.objects.get(owner=bob, name="again")
+    images.delete(owner=bob, image=image)
+    repo = registry.repository(bob.pk, "again")
+    still = []
+    for digest in digests:
+        try:
+            registry.manifest(repo, digest)
+            still.append(digest[:19])
+        except registry.RegistryError:
+            pass
+    assert not still, f"manifests left in the registry, counted by no quota: {still}"
