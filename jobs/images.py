@@ -28,6 +28,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -55,7 +56,10 @@ _DOCKERFILE_NAME = ".suanli.Dockerfile"  # ours, beside whatever the context hol
 _ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the engine colours a step's stderr
-_LOG_KEEP_S = 3600  # a finished build's lines stay in Redis this long (the row keeps its end)
+_LOG_KEEP_S = 3600
+_LINE_MAX = 2000  # characters of one log line
+_REDIS_LINES = 1000  # the last lines kept in Redis for the page (at most ~2 MB)
+_STREAM_MAX = 8_000_000  # bytes of a build's log sent live; past it only its end is kept  # a finished build's lines stay in Redis this long (the row keeps its end)
 
 
 def enabled() -> bool:
@@ -104,25 +108,53 @@ def clusters_using(image: OwnImage):
 # -- what FROM may name -----------------------------------------------------------------
 
 
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(syntax|escape|check)[ \t]*=", re.IGNORECASE)
+
+
+def _check_text(dockerfile: str) -> None:
+    """What the check cannot read as the engine does is refused: the engine's parser (not
+    this one) decides which instructions there are, so every way to make them disagree
+    goes (a parser directive such as `# escape=`, whitespace other than spaces, tabs and
+    newlines, control characters), and ONBUILD (a trigger run by a later build, unchecked)."""
+    for number, raw in enumerate(dockerfile.split("\n"), 1):
+        for ch in raw:
+            if ch != "\t" and (unicodedata.category(ch)[0] == "C" or (ch.isspace() and ch != " ")):
+                raise ValidationError(
+                    f"Line {number} contains the character U+{ord(ch):04X}: use plain spaces, "
+                    "tabs and line ends only."
+                )
+        if _DIRECTIVE.match(raw):
+            raise ValidationError(
+                f"Line {number}: parser directives (# syntax=, # escape=) are not supported here."
+            )
+    for word, _ in _instructions(dockerfile):
+        if word == "ONBUILD":
+            raise ValidationError("ONBUILD is not supported: its trigger would run unchecked.")
+
+
 def _instructions(dockerfile: str):
-    """(INSTRUCTION, arguments) of each instruction, continuation lines joined."""
+    """(INSTRUCTION, arguments) of each instruction, as the engine's classic parser reads
+    them once `_check_text` holds: lines end at \\n only, a line continues when it ends
+    with a backslash (and spaces or tabs), comment and empty lines inside a continued
+    instruction are skipped, the instruction word ends at the first space or tab."""
     line = ""
-    for raw in dockerfile.splitlines():
-        stripped = raw.strip()
-        if not line and (not stripped or stripped.startswith("#")):
-            continue
-        if line and stripped.startswith("#"):
+    for raw in dockerfile.split("\n"):
+        stripped = raw.strip(" \t")
+        if not stripped or stripped.startswith("#"):
             continue
         if stripped.endswith("\\"):
             line += stripped[:-1] + " "
             continue
         line += stripped
-        word, _, rest = line.partition(" ")
-        yield word.upper(), rest.strip()
+        yield _word_and_rest(line)
         line = ""
-    if line:
-        word, _, rest = line.partition(" ")
-        yield word.upper(), rest.strip()
+    if line.strip(" \t"):
+        yield _word_and_rest(line)
+
+
+def _word_and_rest(line: str) -> tuple[str, str]:
+    parts = re.split(r"[ \t]+", line.strip(" \t"), maxsplit=1)
+    return parts[0].upper(), (parts[1] if len(parts) > 1 else "").strip(" \t")
 
 
 def _normal(ref: str) -> str:
@@ -159,7 +191,7 @@ def bases(dockerfile: str) -> list[str]:
     stage_count = 0
     for word, rest in _instructions(dockerfile):
         if word == "FROM":
-            args = [a for a in rest.split() if not a.startswith("--")]
+            args = [a for a in re.split(r"[ \t]+", rest) if a and not a.startswith("--")]
             if not args:
                 raise ValidationError("A FROM line names no image.")
             ref = args[0]
@@ -174,10 +206,10 @@ def bases(dockerfile: str) -> list[str]:
                 stages.add(args[2].lower())
             stage_count += 1
         elif word in ("COPY", "ADD", "RUN"):
-            for flag in re.findall(r"--(?:from|mount)=(\S+)", rest):
+            for flag in re.findall(r"--(?:from|mount)=(\S+)", rest, re.IGNORECASE):
                 source = flag
                 if word == "RUN":
-                    got = re.search(r"(?:^|,)from=([^,]+)", flag)
+                    got = re.search(r"(?:^|,)from=([^,]+)", flag, re.IGNORECASE)
                     if not got:
                         continue
                     source = got.group(1)
@@ -195,6 +227,7 @@ def bases(dockerfile: str) -> list[str]:
 
 
 def check_bases(owner_id: int, dockerfile: str) -> list[str]:
+    _check_text(dockerfile)
     refs = bases(dockerfile)
     for ref in refs:
         if not registry.in_registry(ref):  # the registry's own: _allowed checks the owner
@@ -258,7 +291,7 @@ def build_create(
         raise _no_registry()
     name, tag = (name or "").strip(), (tag or "").strip() or "latest"
     errors = _check_name(name, tag)
-    dockerfile = dockerfile or ""
+    dockerfile = (dockerfile or "").replace("\r\n", "\n")  # a browser's textarea sends CRLF
     if not dockerfile.strip():
         errors["dockerfile"] = ["Write the Dockerfile to build."]
     elif len(dockerfile.encode()) > DOCKERFILE_MAX:
@@ -296,6 +329,7 @@ def build_create(
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():
+        _check_active(owner)
         build = ImageBuild.objects.create(
             owner=owner,
             kind=ImageBuild.Kind.BUILD,
@@ -331,6 +365,7 @@ def save_create(*, owner, cluster: Cluster, node_index: int, name: str, tag: str
         raise ValidationError(f"Node {node_index}'s workspace is being saved already.")
     _check_quota(owner, name, tag)
     with transaction.atomic():
+        _check_active(owner)
         build = ImageBuild.objects.create(
             owner=owner,
             kind=ImageBuild.Kind.SAVE,
@@ -341,6 +376,18 @@ def save_create(*, owner, cluster: Cluster, node_index: int, name: str, tag: str
         )
         _queue(build)
     return build
+
+
+def _check_active(owner) -> None:
+    """At most SUANLI_BUILDS_PER_RESEARCHER builds and saves queued or running per
+    researcher (their row locked: two requests cannot both take the last place), so that
+    no one fills the build hosts' queue for everyone else."""
+    type(owner).objects.select_for_update().filter(pk=owner.pk).first()
+    active = ImageBuild.objects.filter(owner=owner, state__in=ImageBuild.ACTIVE).count()
+    if active >= settings.SUANLI_BUILDS_PER_RESEARCHER:
+        raise ValidationError(
+            f"You have {active} builds queued or running, the most at a time: wait for one to end."
+        )
 
 
 def _queue(build: ImageBuild) -> None:
@@ -433,6 +480,8 @@ class _Log:
         self.kept: list[str] = []
         self.kept_bytes = 0
         self.partial = ""
+        self.streamed = 0
+        self.cut_off = False
         self.layer = get_channel_layer()
         self.lock = threading.Lock()
         self.wake = threading.Event()
@@ -448,15 +497,29 @@ class _Log:
             *lines, self.partial = text.split("\n")
             for line in lines:
                 self._append(line.rstrip("\r"))
+            while len(self.partial) > _LINE_MAX:  # a line that never ends comes in pieces
+                self._append(self.partial[:_LINE_MAX])
+                self.partial = self.partial[_LINE_MAX:]
 
     def line(self, line: str) -> None:
         with self.lock:
             self._append(line)
 
     def _append(self, line: str) -> None:
-        line = line[:4000]
+        line = line[:_LINE_MAX]
         self.seq += 1
-        self.pending.append([self.seq, line])
+        self.streamed += len(line) + 1
+        if self.streamed <= _STREAM_MAX:
+            self.pending.append([self.seq, line])
+        elif not self.cut_off:
+            self.cut_off = True
+            self.pending.append(
+                [
+                    self.seq,
+                    f"(the log passed {_STREAM_MAX // 1_000_000} MB: the rest is not shown "
+                    "live; its end is kept when the build ends)",
+                ]
+            )
         self.kept.append(line)
         self.kept_bytes += len(line) + 1
         while self.kept_bytes > settings.SUANLI_BUILD_LOG_BYTES and len(self.kept) > 1:
@@ -507,7 +570,7 @@ class _Log:
                 try:
                     pipe = self.redis.pipeline()
                     pipe.rpush(self.key, *[f"{seq}\t{text}" for seq, text in message["lines"]])
-                    pipe.ltrim(self.key, -20000, -1)
+                    pipe.ltrim(self.key, -_REDIS_LINES, -1)
                     pipe.expire(self.key, settings.SUANLI_BUILD_TIMEOUT_S + _LOG_KEEP_S)
                     pipe.execute()
                 except redis.RedisError as exc:
@@ -623,7 +686,7 @@ def _context_dir(owner_id: int, folder: str) -> None:
         raise ValidationError(f"'{folder}' in your storage is not a folder.")
 
 
-def _context_tar(build: ImageBuild) -> io.BytesIO | tarfile.TarFile:
+def _context_tar(build: ImageBuild, deadline: float | None = None):
     """The build context: the storage folder (when named) and the Dockerfile, as a tar.
     The folder is walked through directory descriptors without following a link (a link
     goes in as a link: the researcher writes this folder from inside a container and
@@ -650,10 +713,21 @@ def _context_tar(build: ImageBuild) -> io.BytesIO | tarfile.TarFile:
             try:
                 while stack:
                     dfd, prefix = stack.pop()
+                    if deadline is not None and time.monotonic() > deadline:
+                        os.close(dfd)
+                        raise BuildFailed(
+                            "stopped: the build ran over its time limit while its context was read"
+                        )
                     try:
                         for name in sorted(os.listdir(dfd)):
                             path = f"{prefix}{name}"
                             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                            total += 512
+                            if total > limit:
+                                raise BuildFailed(
+                                    f"the context folder '{build.context}' holds more than "
+                                    f"{settings.SUANLI_BUILD_CONTEXT_MB} MB"
+                                )
                             info = tarfile.TarInfo(path)
                             info.mode = stat.S_IMODE(st.st_mode)
                             info.mtime = int(st.st_mtime)
@@ -667,14 +741,18 @@ def _context_tar(build: ImageBuild) -> io.BytesIO | tarfile.TarFile:
                                 info.linkname = os.readlink(name, dir_fd=dfd)
                                 tar.addfile(info)
                             elif stat.S_ISREG(st.st_mode):
+                                # O_NONBLOCK: a FIFO swapped in since the stat opens at
+                                # once (and is skipped) instead of waiting for a writer.
                                 fd = os.open(
-                                    name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd
+                                    name,
+                                    os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                                    dir_fd=dfd,
                                 )
                                 with os.fdopen(fd, "rb") as fh:
                                     real = os.fstat(fh.fileno())
                                     if not stat.S_ISREG(real.st_mode):
                                         continue
-                                    total += real.st_size
+                                    total += real.st_size + 512  # and its tar header
                                     if total > limit:
                                         raise BuildFailed(
                                             f"the context folder '{build.context}' holds more "
@@ -750,6 +828,12 @@ def _pull_bases(client: docker.DockerClient, build: ImageBuild, out: _Log) -> No
                 registry.pull(client, ref)
             except registry.RegistryError as exc:
                 raise BuildFailed(f"{ref} could not be pulled: {exc}") from None
+        try:
+            triggers = (client.images.get(ref).attrs.get("Config") or {}).get("OnBuild")
+        except docker.errors.ImageNotFound:
+            continue  # the engine says so when it gets there
+        if triggers:  # run by the engine when a build starts FROM it, unchecked
+            raise BuildFailed(f"{ref} has ONBUILD triggers, which builds here do not run")
 
 
 def _build(build: ImageBuild, host: Host, out: _Log) -> str:
@@ -757,10 +841,11 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
     check_bases(build.owner_id, build.dockerfile)  # again: the catalog may have changed
     reference = registry.reference(build.owner_id, build.name, build.tag)
     timeout = settings.SUANLI_BUILD_TIMEOUT_S
+    deadline = time.monotonic() + timeout  # from here: the context and the bases count too
     client = _client(host, timeout + 60)
     try:
         _pull_bases(client, build, out)
-        context = _context_tar(build)
+        context = _context_tar(build, deadline)
         network = _ensure_build_network(client)
         memory = settings.SUANLI_BUILD_MEMORY_MB * 1024 * 1024
         params = {
@@ -806,7 +891,7 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
             except (AttributeError, OSError):
                 response.close()
 
-        timer = threading.Timer(timeout, cut_off)
+        timer = threading.Timer(max(1.0, deadline - time.monotonic()), cut_off)
         timer.daemon = True
         timer.start()
         built = ""
@@ -953,6 +1038,9 @@ def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
         "source_note": note[:200],
         "updated_at": now,
     }
+    before = OwnImage.objects.filter(
+        owner_id=build.owner_id, name=build.name, tag=build.tag
+    ).first()
     image, _ = OwnImage.objects.update_or_create(
         owner_id=build.owner_id,
         name=build.name,
@@ -960,6 +1048,8 @@ def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
         defaults=fields,
         create_defaults={**fields, "created_at": now},
     )
+    if before is not None and before.digest and before.digest != digest:
+        _forget_manifest(build.owner_id, build.name, before.digest)
     used = quota(build.owner)
     if used.bytes > used.max_bytes or used.count > used.max_count:
         image.delete()
@@ -972,6 +1062,17 @@ def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
             f"{registry.human(used.max_bytes)} quota; it was not kept"
         )
     return image
+
+
+def _forget_manifest(owner_id: int, name: str, digest: str) -> None:
+    """A tag pushed again leaves its old manifest in the registry, reachable by digest and
+    counted by no quota: deleted, unless another tag of the researcher's is on it."""
+    if OwnImage.objects.filter(owner_id=owner_id, name=name, digest=digest).exists():
+        return
+    try:
+        registry.delete(registry.repository(owner_id, name), digest)
+    except registry.RegistryError as exc:
+        log.warning("the replaced manifest %s of u%s/%s stays: %s", digest, owner_id, name, exc)
 
 
 def _clean_saved_config(build: ImageBuild, host: Host, repository: str, tag: str):

@@ -320,3 +320,25 @@ def test_one_researchers_build_cache_is_never_anothers(hosts, alice, bob):
     assert "Using cache" not in logs[first.pk]
     assert "Using cache" in logs[again.pk], "one's own cache is used"
     assert "Using cache" not in logs[theirs.pk], logs[theirs.pk]
+
+
+def test_a_researcher_has_at_most_two_builds_at_a_time_and_crlf_is_a_line_end(alice, bob, catalog):
+    """No one fills the build hosts' queue for everyone else (SUANLI_BUILDS_PER_RESEARCHER);
+    a browser's CRLF line ends are plain line ends, while a lone CR, another space or a
+    parser directive is refused (the engine's parser would read them otherwise)."""
+    crlf = f"FROM {TEST_IMAGE}\r\nRUN echo one\r\n"
+    for n in range(2):
+        images.build_create(owner=alice, name=f"q{n}", tag="v1", dockerfile=crlf)
+    with pytest.raises(ValidationError, match="2 builds queued or running"):
+        images.build_create(owner=alice, name="q2", tag="v1", dockerfile=crlf)
+    images.build_create(owner=bob, name="q0", tag="v1", dockerfile=crlf)  # bob's own two
+    assert ImageBuild.objects.get(owner=alice, name="q0").dockerfile == crlf.replace("\r", "")
+    for bad, words in {
+        f"FROM {TEST_IMAGE}\rFROM x\n": "U+000D",
+        f"FROM {TEST_IMAGE}\nRUN echo \\\u00a0\n": "U+00A0",
+        f"# escape=`\nFROM {TEST_IMAGE}\n": "parser directives",
+        f"FROM {TEST_IMAGE}\nONBUILD RUN id\n": "ONBUILD",
+    }.items():
+        with pytest.raises(ValidationError) as got:
+            images.build_create(owner=bob, name="bad", tag="v1", dockerfile=bad)
+        assert words in " ".join(got.value.messages), bad
