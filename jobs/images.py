@@ -39,6 +39,7 @@ import urllib3
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
@@ -382,7 +383,7 @@ def _check_active(owner) -> None:
     """At most SUANLI_BUILDS_PER_RESEARCHER builds and saves queued or running per
     researcher (their row locked: two requests cannot both take the last place), so that
     no one fills the build hosts' queue for everyone else."""
-    type(owner).objects.select_for_update().filter(pk=owner.pk).first()
+    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
     active = ImageBuild.objects.filter(owner=owner, state__in=ImageBuild.ACTIVE).count()
     if active >= settings.SUANLI_BUILDS_PER_RESEARCHER:
         raise ValidationError(
