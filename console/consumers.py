@@ -102,6 +102,36 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(1)
 
 
+class _GroupSocket:
+    """A socket fed through the channel layer, for the owner of one object: `_owned` finds
+    it for the socket's user before anything is joined (no one logged in: 4401; another
+    researcher's: 4404, as if it did not exist). When Redis is unreachable the socket is
+    closed with 1012 (restart), and the page reconnects with backoff; no traceback."""
+
+    what = "socket"
+
+    async def _owned(self, lookup, key: str):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return None
+        try:
+            return await database_sync_to_async(lookup)(
+                user, int(self.scope["url_route"]["kwargs"][key])
+            )
+        except Http404:
+            await self.close(code=4404)
+            return None
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except REDIS_DOWN as exc:
+            log.warning("%s: the channel layer is unreachable (%s); closing it", self.what, exc)
+            with contextlib.suppress(Exception):  # already closed by the client
+                await send({"type": "websocket.close", "code": 1012})
+
+
 def _watchable_cluster(user, cluster_id: int):
     """The cluster's owner, or an operator; anyone else: Http404 (as if it did not exist)."""
     if user.is_staff:
@@ -112,31 +142,16 @@ def _watchable_cluster(user, cluster_id: int):
     return fleet.cluster_for_user(user, cluster_id)
 
 
-class ClusterMetricsConsumer(AsyncJsonWebsocketConsumer):
+class ClusterMetricsConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
     """Live samples of one cluster's nodes: one message per monitor tick, pushed by the
     monitor to the cluster's group. Authorised here, before joining the group."""
 
     group = None
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        except REDIS_DOWN as exc:
-            log.warning("metrics socket: the channel layer is unreachable (%s); closing it", exc)
-            with contextlib.suppress(Exception):  # already closed by the client
-                await send({"type": "websocket.close", "code": 1012})
+    what = "metrics socket"
 
     async def connect(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=4401)
-            return
-        try:
-            cluster = await database_sync_to_async(_watchable_cluster)(
-                user, int(self.scope["url_route"]["kwargs"]["cluster_id"])
-            )
-        except Http404:
-            await self.close(code=4404)
+        cluster = await self._owned(_watchable_cluster, "cluster_id")
+        if cluster is None:
             return
         self.group = group_for(cluster.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -150,7 +165,7 @@ class ClusterMetricsConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"samples": event["samples"]})
 
 
-class BuildLogConsumer(AsyncJsonWebsocketConsumer):
+class BuildLogConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
     """An image build's log and state, live, for its owner only (others: 4404, as if it did
     not exist). Authorised, then joined to the build's group, then the stored lines sent
     (after `?after=<seq>`, the last line the page already shows), then the group's
@@ -165,25 +180,11 @@ class BuildLogConsumer(AsyncJsonWebsocketConsumer):
     closing = None
     closed = False
 
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        except REDIS_DOWN as exc:
-            log.warning("build log socket: the channel layer is unreachable (%s); closing it", exc)
-            with contextlib.suppress(Exception):  # already closed by the client
-                await send({"type": "websocket.close", "code": 1012})
+    what = "build log socket"
 
     async def connect(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=4401)
-            return
-        try:
-            build = await database_sync_to_async(fleet.build_for_user)(
-                user, int(self.scope["url_route"]["kwargs"]["build_id"])
-            )
-        except Http404:
-            await self.close(code=4404)
+        build = await self._owned(fleet.build_for_user, "build_id")
+        if build is None:
             return
         self.build_id = build.pk
         self.last = self._after()

@@ -1,6 +1,5 @@
 """Researchers' forms. Validation says what to write instead; nothing is half-created."""
 
-import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -573,8 +572,6 @@ class JobForm(forms.Form):
 
 # -- own images -------------------------------------------------------------------------------
 
-_BUILD_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 def example_dockerfile() -> str:
     """The build form's starting text: the seed's style, FROM the catalog's first image."""
@@ -590,30 +587,9 @@ def example_dockerfile() -> str:
 
 def parse_build_args(text: str) -> dict[str, str]:
     """KEY=VALUE lines (blank lines and # comments skipped): the Dockerfile's ARG values."""
-    args: dict[str, str] = {}
-    errors: list[str] = []
-    for number, raw in enumerate((text or "").splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.partition("=")
-        name = name.strip()
-        if not sep:
-            errors.append(f"Line {number}: write KEY=VALUE, e.g. TORCH_VERSION=2.4.0.")
-        elif not _BUILD_ARG.fullmatch(name):
-            errors.append(
-                f"Line {number}: '{name}' is not an argument name (letters, digits, _; not "
-                "starting with a digit)."
-            )
-        elif name in args:
-            errors.append(f"Line {number}: {name} is given twice.")
-        elif "\x00" in value:
-            errors.append(f"Line {number}: the value of {name} contains NUL.")
-        else:
-            args[name] = value
-    if errors:
-        raise ValidationError(errors)
-    return args
+    return validators.parse_assignments(
+        text, what="argument", example="TORCH_VERSION=2.4.0", most=50
+    )
 
 
 def attach_errors(form: forms.Form, exc: ValidationError) -> None:

@@ -329,19 +329,15 @@ def build_create(
             errors["__all__"] = exc.messages
     if errors:
         raise ValidationError(errors)
-    with transaction.atomic():
-        _check_active(owner)
-        build = ImageBuild.objects.create(
-            owner=owner,
-            kind=ImageBuild.Kind.BUILD,
-            name=name,
-            tag=tag,
-            dockerfile=dockerfile,
-            context=context,
-            build_args=args,
-        )
-        _queue(build)
-    return build
+    return _create(
+        owner,
+        kind=ImageBuild.Kind.BUILD,
+        name=name,
+        tag=tag,
+        dockerfile=dockerfile,
+        context=context,
+        build_args=args,
+    )
 
 
 def save_create(*, owner, cluster: Cluster, node_index: int, name: str, tag: str) -> ImageBuild:
@@ -365,16 +361,20 @@ def save_create(*, owner, cluster: Cluster, node_index: int, name: str, tag: str
     ).exists():
         raise ValidationError(f"Node {node_index}'s workspace is being saved already.")
     _check_quota(owner, name, tag)
+    return _create(
+        owner,
+        kind=ImageBuild.Kind.SAVE,
+        name=name,
+        tag=tag,
+        cluster=cluster,
+        node_index=node_index,
+    )
+
+
+def _create(owner, **fields) -> ImageBuild:
     with transaction.atomic():
         _check_active(owner)
-        build = ImageBuild.objects.create(
-            owner=owner,
-            kind=ImageBuild.Kind.SAVE,
-            name=name,
-            tag=tag,
-            cluster=cluster,
-            node_index=node_index,
-        )
+        build = ImageBuild.objects.create(owner=owner, **fields)
         _queue(build)
     return build
 

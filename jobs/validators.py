@@ -308,9 +308,13 @@ RESERVED_ENV = frozenset(
 )  # fmt: skip
 
 
-def parse_env(text: str) -> dict[str, str]:
-    """KEY=VALUE lines. Names are checked; the platform's own names are refused."""
-    env: dict[str, str] = {}
+def parse_assignments(
+    text: str, *, what: str, example: str, refuse=None, most: int = 200
+) -> dict[str, str]:
+    """KEY=VALUE lines (blank lines and # comments skipped), each name a `what` (variable,
+    argument) checked, each given once; `refuse(name)` may give a reason to refuse a name.
+    ValidationError with one sentence per bad line."""
+    found: dict[str, str] = {}
     errors: list[str] = []
     for number, raw in enumerate((text or "").splitlines(), start=1):
         line = raw.strip()
@@ -318,24 +322,35 @@ def parse_env(text: str) -> dict[str, str]:
             continue
         name, sep, value = line.partition("=")
         name = name.strip()
+        reason = refuse(name) if refuse and sep and _ENV_NAME.match(name) else ""
         if not sep:
-            errors.append(f"Line {number}: write KEY=VALUE, e.g. LR=3e-4.")
+            errors.append(f"Line {number}: write KEY=VALUE, e.g. {example}.")
         elif not _ENV_NAME.match(name):
             errors.append(
-                f"Line {number}: '{name}' is not a variable name (letters, digits, _; not starting with a digit)."
+                f"Line {number}: '{name}' is not {'an' if what[0] in 'aeiou' else 'a'} {what} "
+                "name (letters, digits, _; not starting with a digit)."
             )
-        elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
-            errors.append(
-                f"Line {number}: {name} is set by Suanli itself (distributed setup, GPUs); pick another name."
-            )
+        elif reason:
+            errors.append(f"Line {number}: {reason}")
         elif "\x00" in value or len(value) > 4096:
             errors.append(f"Line {number}: the value of {name} is too long or contains NUL.")
-        elif name in env:
+        elif name in found:
             errors.append(f"Line {number}: {name} is set twice.")
         else:
-            env[name] = value
-    if len(env) > 200:
-        errors.append("At most 200 variables.")
+            found[name] = value
+    if len(found) > most:
+        errors.append(f"At most {most} {what}s.")
     if errors:
         raise ValidationError(errors)
-    return env
+    return found
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """KEY=VALUE lines. Names are checked; the platform's own names are refused."""
+
+    def reserved(name: str) -> str:
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            return f"{name} is set by Suanli itself (distributed setup, GPUs); pick another name."
+        return ""
+
+    return parse_assignments(text, what="variable", example="LR=3e-4", refuse=reserved)

@@ -121,7 +121,7 @@ def test_the_build_form_says_what_is_wrong_per_field(alice, catalog, storage_roo
     assert errors["build_args"] == [
         "Line 2: write KEY=VALUE, e.g. TORCH_VERSION=2.4.0.",
         "Line 3: '1X' is not an argument name (letters, digits, _; not starting with a digit).",
-        "Line 4: TORCH is given twice.",
+        "Line 4: TORCH is set twice.",
     ]
     # The engine's own checks (jobs/images.build_create) land on their fields too.
     form.update(name="my-torch", tag="v1", build_args="", dockerfile="FROM evil/miner:latest\n")
