@@ -672,10 +672,6 @@ def _build_host() -> Host:
     return min(hosts, key=lambda h: (busy.get(h.pk, 0), h.pk))
 
 
-def _client(host: Host, timeout: int) -> docker.DockerClient:
-    return engine.client_for(host, timeout=timeout)
-
-
 def _context_dir(owner_id: int, folder: str) -> None:
     """The folder is a real folder of the researcher's storage (not a link, not a file)."""
     root = storage.tenant_root(owner_id)
@@ -843,7 +839,7 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
     reference = registry.reference(build.owner_id, build.name, build.tag)
     timeout = settings.SUANLI_BUILD_TIMEOUT_S
     deadline = time.monotonic() + timeout  # from here: the context and the bases count too
-    client = _client(host, timeout + 60)
+    client = engine.client_for(host, timeout=timeout + 60)
     try:
         _pull_bases(client, build, out)
         context = _context_tar(build, deadline)
@@ -953,7 +949,7 @@ def _save(build: ImageBuild, node: Node, out: _Log) -> str:
     (volumes are not in it: they are the researcher's storage)."""
     reference = registry.reference(build.owner_id, build.name, build.tag)
     repository, tag = reference.rsplit(":", 1)
-    client = _client(node.host, settings.SUANLI_WORKSPACE_SAVE_S)
+    client = engine.client_for(node.host, timeout=settings.SUANLI_WORKSPACE_SAVE_S)
     try:
         out.state(step=f"Saving node {node.index}'s workspace on {node.host.name}")
         out.line(f"Saving the workspace of node {node.index} ({node.host.name})")
@@ -984,7 +980,7 @@ def _original_config(build: ImageBuild, host: Host) -> dict | None:
 def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
     """Pushes the image to the registry with progress, then records it."""
     repository, tag = reference.rsplit(":", 1)
-    client = _client(host, settings.SUANLI_IMAGE_PULL_S)
+    client = engine.client_for(host, timeout=settings.SUANLI_IMAGE_PULL_S)
     out.state(state=ImageBuild.State.PUSHING, step=f"Pushing {reference}")
     out.line(f"Pushing {reference}")
     sizes: dict[str, int] = {}

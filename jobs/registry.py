@@ -275,13 +275,23 @@ def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple
 # -- pulls onto hosts -------------------------------------------------------------------
 
 
-def human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.1f} {unit}"
+_UNITS = ("kB", "MB", "GB", "TB", "PB")
+
+
+def human(value) -> str:
+    """Bytes in decimal units, as Docker and registries count them: "340 MB", "1.2 GB"."""
+    try:
+        size = float(value or 0)
+    except (TypeError, ValueError):
+        return ""
+    if size < 1000:
+        return f"{int(size)} B"
+    for unit in _UNITS:
         size /= 1000
-    return f"{n} B"
+        text = f"{size:.1f}" if size < 99.95 else f"{size:.0f}"
+        if float(text) < 1000 or unit == _UNITS[-1]:  # 999.96 MB is 1 GB, not "1000 MB"
+            return f"{text.removesuffix('.0')} {unit}"
+    raise AssertionError("unreachable")
 
 
 def pull(
