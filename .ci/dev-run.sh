@@ -11,6 +11,7 @@ eval "$env_out"
 
 export PATH="$PWD/.venv/bin:$PATH"
 export DEBUG="${DEBUG:-1}" PORT="${PORT:-8000}"
+python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0  # locale/*.po -> .mo (gettext)
 python manage.py migrate --no-input -v0
 python manage.py seed_demo --local-engine "$SUANLI_LOCAL_ENGINE" | tee .run/dev/logins.txt
 cat <<MSG

@@ -82,7 +82,8 @@ apply_firewall() {
 }
 
 ensure_packages() {
-    local needed=(docker.io busybox-static iptables openssh-sftp-server docker-registry apache2-utils curl openssl)
+    local needed=(docker.io busybox-static iptables openssh-sftp-server docker-registry apache2-utils curl openssl
+        gettext)
     [[ -n "${REDIS_URL:-}" ]] || needed+=(redis-server)
     # As root this installs what is missing; otherwise it lists what is
     # missing with the apt-get command to run, and fails.

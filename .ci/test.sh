@@ -23,6 +23,9 @@ if [ "${E2E:-0}" = 1 ]; then
     bash .ci/jupyter-image.sh "${engines[@]}"
 fi
 
+echo "== messages: locale/*.po -> .mo"
+python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0
+
 echo "== lint: ruff check, ruff format --check, import-linter layers"
 ruff check .
 ruff format --check .

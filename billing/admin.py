@@ -13,6 +13,8 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from billing import formatting, services
 from billing.models import Account, LedgerEntry, Meter, Price, RateCard
@@ -51,7 +53,7 @@ class RateCardAdmin(admin.ModelAdmin):
     save_as = True
     readonly_fields = ["created_by", "created_at"]
 
-    @admin.display(boolean=True, description="in force now")
+    @admin.display(boolean=True, description=gettext_lazy("in force now"))
     def in_force(self, card):
         current = RateCard.objects.filter(effective_from__lte=timezone.now()).first()
         return current is not None and current.pk == card.pk
@@ -75,17 +77,19 @@ class RateCardAdmin(admin.ModelAdmin):
 
 class EntryForm(forms.Form):
     kind = forms.ChoiceField(
-        choices=[(k, LedgerEntry.Kind(k).label) for k in services.OPERATOR_KINDS]
+        label=gettext_lazy("Kind"),
+        choices=[(k, LedgerEntry.Kind(k).label) for k in services.OPERATOR_KINDS],
     )
     amount = forms.DecimalField(
+        label=gettext_lazy("Amount"),
         max_digits=18,
         decimal_places=4,
-        help_text="Positive adds money; an adjustment may be negative.",
+        help_text=gettext_lazy("Positive adds money; an adjustment may be negative."),
     )
     memo = forms.CharField(
-        label="Reason",
+        label=gettext_lazy("Reason"),
         max_length=300,
-        help_text="Kept with the entry, e.g. invoice 2026-117.",
+        help_text=gettext_lazy("Kept with the entry, e.g. invoice 2026-117."),
         widget=forms.TextInput(attrs={"class": "vTextField", "style": "width: 32em"}),
     )
     token = forms.CharField(widget=forms.HiddenInput)
@@ -142,13 +146,17 @@ class AccountAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return redirect(back)
         if not (self.has_view_permission(request, account) and self.may_post(request)):
-            raise PermissionDenied("Posting ledger entries needs billing.post_ledgerentry.")
+            raise PermissionDenied(_("Posting ledger entries needs billing.post_ledgerentry."))
         form = EntryForm(request.POST)
         if not form.is_valid():
             messages.error(
                 request,
                 "; ".join(
-                    f"{form.fields[k].label if k in form.fields else k}: {' '.join(v)}"
+                    _("%(field)s: %(errors)s")
+                    % {
+                        "field": form.fields[k].label if k in form.fields else k,
+                        "errors": " ".join(v),
+                    }
                     for k, v in form.errors.items()
                 ),
             )
@@ -165,7 +173,12 @@ class AccountAdmin(admin.ModelAdmin):
             return redirect(back)
         messages.success(
             request,
-            f"{entry.get_kind_display()} of {entry.amount}: balance now {entry.balance_after}.",
+            _("%(kind)s of %(amount)s: balance now %(balance)s.")
+            % {
+                "kind": entry.get_kind_display(),
+                "amount": entry.amount,
+                "balance": entry.balance_after,
+            },
         )
         return redirect(back)
 
@@ -186,7 +199,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     ]
     list_filter = ["kind"]
 
-    @admin.display(description="rate per unit-hour", ordering="rate")
+    @admin.display(description=gettext_lazy("rate per unit-hour"), ordering="rate")
     def rate_per_hour(self, entry):
         return formatting.text(formatting.rate(entry.rate))
 

@@ -51,11 +51,22 @@ def rate(value) -> Decimal | None:
     return exact
 
 
+# Currencies written with their sign, before the figure, in every language ("¥12.50");
+# any other reads "12.50 EUR".
+SIGNS = {"CNY": "¥", "USD": "$", "GBP": "£", "HKD": "HK$"}
+
+
 def text(value: Decimal | None, currency: str = "") -> str:
-    """`Decimal("-0.4615"), "CNY"` -> "-0.4615 CNY"; a missing value reads "—"."""
+    """`Decimal("-0.4615"), "CNY"` -> "-¥0.4615", `"CHF"` -> "-0.4615 CHF"; a missing value
+    reads "—"."""
     if value is None:
         return "—"
     shown = f"{value:f}"
     if shown.startswith("-") and value == 0:
         shown = shown[1:]  # "-0.00" after rounding reads as a charge that is not there
-    return f"{shown} {currency}" if currency else shown
+    if not currency:
+        return shown
+    sign = SIGNS.get(currency)
+    if sign is None:
+        return f"{shown} {currency}"
+    return f"-{sign}{shown[1:]}" if shown.startswith("-") else f"{sign}{shown}"

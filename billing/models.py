@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy
 
 from jobs.models import Cluster, GpuModel, InstanceType
 
@@ -120,11 +121,11 @@ class LedgerEntry(models.Model):
     """Immutable: a correction is a new entry (refund, adjustment, credit)."""
 
     class Kind(models.TextChoices):
-        TOPUP = "topup", "top-up"
-        USAGE = "usage", "usage"
-        REFUND = "refund", "refund"
-        ADJUSTMENT = "adjustment", "adjustment"
-        CREDIT = "credit", "credit"
+        TOPUP = "topup", gettext_lazy("top-up")
+        USAGE = "usage", gettext_lazy("usage")
+        REFUND = "refund", gettext_lazy("refund")
+        ADJUSTMENT = "adjustment", gettext_lazy("adjustment")
+        CREDIT = "credit", gettext_lazy("credit")
 
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
     kind = models.CharField(max_length=10, choices=Kind.choices)

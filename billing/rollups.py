@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.utils.translation import gettext_noop
 
 from billing.models import Account, BillLine, LedgerEntry, UsageDay
 from billing.pricing import GPU, NO_GPU, STOPPED, kind_of_key
@@ -93,7 +94,12 @@ def resource_names(*, gpu_model_ids: Iterable, instance_type_ids: Iterable) -> d
 # The resource of the kinds of time priced per node, whatever the cluster's GPUs: one name
 # each, so that the daily chart and the operators' revenue show one series for each (their
 # price does not depend on the GPU model either).
-KIND_RESOURCE = {NO_GPU: "no-GPU mode", STOPPED: "stopped (kept workspaces)"}
+# Stored in English (bill lines, daily usage, the CSV); marked so that a page can show them
+# translated.
+KIND_RESOURCE = {
+    NO_GPU: gettext_noop("no-GPU mode"),
+    STOPPED: gettext_noop("stopped (kept workspaces)"),
+}
 
 
 def resource_of(names: dict, gpu_model_id, instance_type_id, *, kind: str = GPU) -> str:

@@ -10,6 +10,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.db.models import DecimalField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext, pgettext
 
 from billing import formatting
 from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
@@ -36,15 +38,18 @@ class Standing:
 
     @property
     def time_left_text(self) -> str:
+        # Read when a page shows it: in the language of that request.
         if self.hours_left is None:
-            return "nothing running"
+            return _("nothing running")
         minutes = int(self.hours_left * 60)
         if minutes <= 0:
-            return "none"
+            return pgettext("balance time left", "none")
         if minutes < 120:
-            return f"{minutes} min"
+            return ngettext("%(n)d min", "%(n)d min", minutes) % {"n": minutes}
         hours = minutes // 60
-        return f"{hours} h" if hours < 72 else f"{hours // 24} days"
+        if hours < 72:
+            return ngettext("%(n)d h", "%(n)d h", hours) % {"n": hours}
+        return ngettext("%(n)d day", "%(n)d days", hours // 24) % {"n": hours // 24}
 
 
 def balance_of(user) -> Decimal:
@@ -434,8 +439,9 @@ def revenue(*, days: int = 30, today: date | None = None) -> dict:
         .order_by()
     )
     per_model: dict[str, dict[date, Decimal]] = {}
+    other = pgettext("revenue of no named resource", "other")
     for row in rows:
-        by_day = per_model.setdefault(row["resource"] or "other", {})
+        by_day = per_model.setdefault(row["resource"] or other, {})
         by_day[row["day"]] = formatting.amount(row["amount"])
     axis = _days(days, today)
     series = {

@@ -21,6 +21,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from billing import rollups, selectors
 from billing.models import Account, LedgerEntry, Meter
@@ -29,10 +31,12 @@ from jobs import services as fleet
 from jobs import webhooks
 from jobs.models import Cluster, Node
 from jobs.sql import insert_rows, update_rows
+from jobs.text import Text
 
 log = logging.getLogger(__name__)
 
-EXHAUSTED = "stopped: balance exhausted"
+# Stored as the released clusters' reason (English; translated where it is shown).
+EXHAUSTED = gettext_noop("stopped: balance exhausted")
 OPERATOR_KINDS = (
     LedgerEntry.Kind.TOPUP,
     LedgerEntry.Kind.REFUND,
@@ -50,7 +54,7 @@ def epoch(when: datetime) -> int:
 
 
 def account_for(user) -> Account:
-    account, _ = Account.objects.get_or_create(user=user)
+    account, _created = Account.objects.get_or_create(user=user)
     return account
 
 
@@ -76,18 +80,20 @@ def post_entry(
     """Top-up, refund, adjustment or credit. Replaying the same key returns the first
     entry and changes nothing."""
     if kind not in OPERATOR_KINDS:
-        raise ValidationError(f"{kind} entries are written by the accrual, not by hand.")
+        raise ValidationError(
+            _("%(kind)s entries are written by the accrual, not by hand.") % {"kind": kind}
+        )
     amount = Decimal(amount)
     if amount.as_tuple().exponent < -4:
-        raise ValidationError("Amounts have at most 4 decimal places.")
+        raise ValidationError(_("Amounts have at most 4 decimal places."))
     if kind in (LedgerEntry.Kind.TOPUP, LedgerEntry.Kind.REFUND, LedgerEntry.Kind.CREDIT) and (
         amount <= 0
     ):
-        raise ValidationError(f"A {kind} adds money: give a positive amount.")
+        raise ValidationError(_("A %(kind)s adds money: give a positive amount.") % {"kind": kind})
     if amount == 0:
-        raise ValidationError("An adjustment of 0 changes nothing.")
+        raise ValidationError(_("An adjustment of 0 changes nothing."))
     if not memo.strip():
-        raise ValidationError("Say why (the reason is kept with the entry).")
+        raise ValidationError(_("Say why (the reason is kept with the entry)."))
     account = Account.objects.select_for_update().get(pk=account.pk)
     existing = LedgerEntry.objects.filter(key=key).first()
     if existing is not None:
@@ -243,7 +249,7 @@ def segments(
 
 def _segments_of(kind, nodes, since, until, book: RateBook, cluster) -> list[_Segment]:
     points = {since, until}
-    for placed, released, _, _ in nodes:
+    for placed, released, _units, _kind in nodes:
         for t in (placed, released):
             if t is not None and since < t < until:
                 points.add(t)
@@ -253,7 +259,7 @@ def _segments_of(kind, nodes, since, until, book: RateBook, cluster) -> list[_Se
     for a, b in zip(ordered, ordered[1:], strict=False):
         units = sum(
             u
-            for placed, released, u, _ in nodes
+            for placed, released, u, _kind in nodes
             if placed <= a and (released is None or released >= b)
         )
         card = book.at(a)
@@ -385,8 +391,10 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
 
 # The memo of each kind's entries: it tells the lines apart on the bill (a bill line is
 # one cluster-hour at one size, rate and memo) and says what the time was.
-MEMO = {NO_GPU: "no-GPU mode", STOPPED: "stopped: workspaces kept"}
-UNPRICED = "no price on the rate card: not charged"
+# Stored in English (the ledger, the bill and the CSV keep them); marked so that a page can
+# show them translated.
+MEMO = {NO_GPU: gettext_noop("no-GPU mode"), STOPPED: gettext_noop("stopped: workspaces kept")}
+UNPRICED = gettext_noop("no price on the rate card: not charged")
 
 
 def _usage(meter: _Meter, account: _Account, seg: _Segment, written) -> tuple | None:
@@ -512,10 +520,10 @@ def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) 
     stopped = []
     for cluster in Cluster.objects.filter(owner__account__pk__in=account_ids, state__in=states):
         if Cluster.State.STOPPED not in states and fleet.cluster_stop_waiting(
-            cluster=cluster, reason=EXHAUSTED
+            cluster=cluster, reason=Text(EXHAUSTED)
         ):
             continue  # waiting to start again from stopped: stopped again, files kept
-        fleet.cluster_release(cluster=cluster, reason=EXHAUSTED)
+        fleet.cluster_release(cluster=cluster, reason=Text(EXHAUSTED))
         stopped.append(cluster.pk)
     if stopped:
         later = floor_s(timezone.now())

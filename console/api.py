@@ -27,6 +27,7 @@ from django.db import transaction
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, Throttled
 from ninja.errors import ValidationError as SchemaError
@@ -62,6 +63,9 @@ from jobs import images, runner
 from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Image, OwnImage, Replica
+from jobs.text import Text
+
+BY_API = Text(gettext_noop("its owner (API)"))
 
 PAGE = 50
 
@@ -380,7 +384,9 @@ def cluster(request, cluster_id: Id):
 def cluster_release(request, cluster_id: Id):
     """Stop its jobs and its billing; the cluster's storage folders stay."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
-    return fleet_services.cluster_release(cluster=c, reason="released by its owner (API)")
+    return fleet_services.cluster_release(
+        cluster=c, reason=Text(gettext_noop("released by its owner (API)"))
+    )
 
 
 @api.post(
@@ -393,7 +399,7 @@ def cluster_stop(request, cluster_id: Id):
     """Cancel its jobs, give its GPUs back (not charged from now) and stop its workspaces,
     keeping every file on their hosts until it is started or released."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
-    return fleet_services.cluster_stop(cluster=c, by="its owner (API)")
+    return fleet_services.cluster_stop(cluster=c, by=BY_API)
 
 
 @api.post(
@@ -411,7 +417,7 @@ def cluster_start(request, cluster_id: Id, payload: Start = None):
     if short:
         return _error(400, short)
     try:
-        return fleet_services.cluster_start(cluster=c, mode=mode, by="its owner (API)")
+        return fleet_services.cluster_start(cluster=c, mode=mode, by=BY_API)
     except fleet_services.StartBlocked as exc:
         return _error(
             409,

@@ -25,6 +25,8 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 # What axes records as the "username" of a failed API token: none (the token is never kept).
 _TOKEN_CREDENTIALS = {"username": None}
@@ -52,11 +54,13 @@ def cool_off_s(request: HttpRequest) -> int:
 
 def lockout_message(request: HttpRequest) -> str:
     minutes = max(1, math.ceil(cool_off_s(request) / 60))
-    return (
-        f"Too many failed log-ins from your address: logging in is locked for now. "
-        f"Try again in {minutes} minute{'s' if minutes != 1 else ''} or ask an operator to "
-        "unlock it."
-    )
+    return ngettext(
+        "Too many failed log-ins from your address: logging in is locked for now. "
+        "Try again in %(minutes)s minute or ask an operator to unlock it.",
+        "Too many failed log-ins from your address: logging in is locked for now. "
+        "Try again in %(minutes)s minutes or ask an operator to unlock it.",
+        minutes,
+    ) % {"minutes": minutes}
 
 
 def _locked_form(base, request: HttpRequest, message: str):
@@ -81,7 +85,7 @@ def lockout_response(request: HttpRequest, *args, **kwargs) -> HttpResponse:
     if request.path.startswith(reverse("admin:login")):
         context = {
             **admin.site.each_context(request),
-            "title": "Log in",
+            "title": _("Log in"),
             "subtitle": None,
             "app_path": request.get_full_path(),
             "username": request.user.get_username(),

@@ -6,7 +6,10 @@ from decimal import Decimal
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
+from billing import formatting
 from billing import selectors as money
 from jobs import selectors as fleet
 from jobs import storage, validators
@@ -15,7 +18,9 @@ from jobs.services import ClusterSpec, JobSpec
 
 CUSTOM_IMAGE = "custom"
 OWN_IMAGE = "own:"  # + the OwnImage's pk: one of the researcher's own images
-ZONE_SPREAD_NOTE = "Spreading nodes over zones costs about 5 % more communication time."
+ZONE_SPREAD_NOTE = gettext_lazy(
+    "Spreading nodes over zones costs about 5 % more communication time."
+)
 
 
 @dataclass(frozen=True)
@@ -33,12 +38,17 @@ class Funds:
     def short(self) -> bool:
         return self.balance < self.needed
 
-    def refusal(self, what: str, doing: str) -> str:
-        return (
-            f"{what} costs {self.per_hour} {self.currency}/h; {doing} needs a balance for "
-            f"{self.minutes} minutes ({self.needed} {self.currency}). Your balance is "
-            f"{self.balance} {self.currency}: top up on the billing page."
-        )
+    def refusal(self, message: str, **extra) -> str:
+        """`message` (translated) with the amounts, each with its currency ("¥15.6000"):
+        %(per_hour)s, %(minutes)s, %(needed)s, %(balance)s and any `extra`."""
+
+        def money(value):
+            return formatting.text(value, self.currency)
+
+        return message % {
+            "per_hour": money(self.per_hour), "minutes": self.minutes,
+            "needed": money(self.needed), "balance": money(self.balance), **extra,
+        }  # fmt: skip
 
     def as_context(self) -> dict:
         return {
@@ -68,6 +78,10 @@ def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> F
     )
 
 
+def max_nodes_message() -> str:
+    return _("At most %(most)s nodes per cluster.") % {"most": settings.SUANLI_MAX_NODES}
+
+
 def start_refusal(cluster, mode: str) -> str:
     """Why the owner's balance cannot start a stopped cluster in this mode ("" when it
     can): the same minutes of balance as creating one of its shape (no-GPU mode: at its
@@ -82,7 +96,11 @@ def start_refusal(cluster, mode: str) -> str:
             per_hour=per_hour, needed=(per_hour * minutes / 60).quantize(per_hour),
             balance=money.balance_of(cluster.owner), minutes=minutes, currency=prices.currency,
         )  # fmt: skip
-        what = "Without GPUs this cluster"
+        message = _(
+            "Without GPUs this cluster costs %(per_hour)s/h; starting it needs a "
+            "balance for %(minutes)s minutes (%(needed)s). Your balance is "
+            "%(balance)s: top up on the billing page."
+        )
     else:
         units = cluster.nodes * (cluster.gpus_per_node if cluster.gpu_model_id else 1)
         funds = check_funds(
@@ -90,62 +108,80 @@ def start_refusal(cluster, mode: str) -> str:
             instance_type=None if cluster.gpu_model_id else cluster.instance_type,
             units=units, spot=cluster.spot,
         )  # fmt: skip
-        what = "This cluster"
+        message = _(
+            "This cluster costs %(per_hour)s/h; starting it needs a balance for "
+            "%(minutes)s minutes (%(needed)s). Your balance is %(balance)s: "
+            "top up on the billing page."
+        )
     if funds is None or not funds.short:
         return ""
-    return funds.refusal(what, "starting it")
+    return funds.refusal(message)
 
 
 class ClusterForm(forms.Form):
     name = forms.CharField(
-        max_length=63, help_text="Lower-case letters, digits and dashes, e.g. llama-ft-1."
+        max_length=63,
+        label=gettext_lazy("Name"),
+        help_text=gettext_lazy("Lower-case letters, digits and dashes, e.g. llama-ft-1."),
     )
-    resource = forms.ChoiceField(label="GPU model or CPU-only type")
-    nodes = forms.IntegerField(min_value=1, initial=1)
+    resource = forms.ChoiceField(label=gettext_lazy("GPU model or CPU-only type"))
+    nodes = forms.IntegerField(min_value=1, initial=1, label=gettext_lazy("Nodes"))
     gpus_per_node = forms.IntegerField(
-        label="GPUs per node", min_value=1, initial=1, required=False
+        label=gettext_lazy("GPUs per node"), min_value=1, initial=1, required=False
     )
-    image = forms.ChoiceField()
+    image = forms.ChoiceField(label=gettext_lazy("Image"))
     custom_image = forms.CharField(
-        label="Custom image reference", required=False, max_length=255,
-        help_text="Only with 'Custom image', e.g. nvcr.io/nvidia/pytorch:24.05-py3.",
+        label=gettext_lazy("Custom image reference"), required=False, max_length=255,
+        help_text=gettext_lazy("Only with 'Custom image', e.g. nvcr.io/nvidia/pytorch:24.05-py3."),
     )  # fmt: skip
     network = forms.ChoiceField(
-        choices=Cluster.Network.choices, initial=Cluster.Network.STANDARD, widget=forms.RadioSelect
+        label=gettext_lazy("Network"),
+        choices=Cluster.Network.choices,
+        initial=Cluster.Network.STANDARD,
+        widget=forms.RadioSelect,
     )
-    zone = forms.ChoiceField(required=False, help_text=ZONE_SPREAD_NOTE)
+    zone = forms.ChoiceField(required=False, label=gettext_lazy("Zone"), help_text=ZONE_SPREAD_NOTE)
     spot = forms.BooleanField(
-        required=False, label="Spot (cheaper; the operator may take it back with notice)"
+        required=False,
+        label=gettext_lazy("Spot (cheaper; the operator may take it back with notice)"),
     )
     volumes = forms.CharField(
         required=False,
+        label=gettext_lazy("Volumes"),
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         initial="workspace:/workspace",
-        help_text="One per line: storage-folder:/container/path[:ro], e.g. datasets:/workspace/data:ro. "
-        "A storage folder is one name (letters, digits, '.', '_', '-'), created when missing; "
-        "a volume mounts the whole folder, so for a sub-folder mount its folder and use the "
-        "path inside the container (/workspace/data/imagenet).",
+        help_text=gettext_lazy(
+            "One per line: storage-folder:/container/path[:ro], e.g. datasets:/workspace/data:ro. "
+            "A storage folder is one name (letters, digits, '.', '_', '-'), created when missing; "
+            "a volume mounts the whole folder, so for a sub-folder mount its folder and use the "
+            "path inside the container (/workspace/data/imagenet)."
+        ),
     )
     ssh_keys = forms.ModelMultipleChoiceField(
         queryset=SshKey.objects.none(),
         required=False,
         widget=forms.CheckboxSelectMultiple,
-        label="SSH keys",
+        label=gettext_lazy("SSH keys"),
     )
     workspace = forms.BooleanField(
         required=False,
         initial=True,
-        label="Workspace on each node: log in with ssh, scp/sftp and the web terminal",
-        help_text="A container on every node from placement to release, beside your jobs. "
-        "Untick for pure batch use (jobs only).",
+        label=gettext_lazy(
+            "Workspace on each node: log in with ssh, scp/sftp and the web terminal"
+        ),
+        help_text=gettext_lazy(
+            "A container on every node from placement to release, beside your jobs. "
+            "Untick for pure batch use (jobs only)."
+        ),
     )
     release_policy = forms.ChoiceField(
+        label=gettext_lazy("Release policy"),
         choices=Cluster.ReleasePolicy.choices,
         initial=Cluster.ReleasePolicy.AFTER_LAST_JOB,
         widget=forms.RadioSelect,
     )
     idle_minutes = forms.IntegerField(
-        min_value=1, max_value=7 * 24 * 60, required=False, label="Idle minutes"
+        min_value=1, max_value=7 * 24 * 60, required=False, label=gettext_lazy("Idle minutes")
     )
 
     def __init__(self, *args, owner, **kwargs):
@@ -162,16 +198,28 @@ class ClusterForm(forms.Form):
             cap = self.capacity.get(model.pk)
             if cap:
                 per_zone = ", ".join(f"{z} {n}" for z, n in sorted(cap["zones"].items()))
-                label = f"{model.name} — {sum(cap['zones'].values())} free ({per_zone})"
+                values = {
+                    "model": model.name, "free": sum(cap["zones"].values()), "zones": per_zone,
+                }  # fmt: skip
                 if cap.get("cpus_per_gpu") and cap.get("memory_gb_per_gpu"):
-                    label += (
-                        f"; per GPU {cap['cpus_per_gpu']:g} vCPU, "
-                        f"{cap['memory_gb_per_gpu']:.0f} GB memory"
+                    values.update(
+                        cpus=f"{cap['cpus_per_gpu']:g}", memory=f"{cap['memory_gb_per_gpu']:.0f}"
                     )
+                    label = (
+                        _(
+                            "%(model)s — %(free)s free (%(zones)s); per GPU %(cpus)s vCPU, "
+                            "%(memory)s GB memory"
+                        )
+                        % values
+                    )
+                else:
+                    label = _("%(model)s — %(free)s free (%(zones)s)") % values
             elif model.pk in registered:
-                label = f"{model.name} — cannot be placed now: its hosts are down or draining"
+                label = _("%(model)s — cannot be placed now: its hosts are down or draining") % {
+                    "model": model.name
+                }
             else:
-                label = f"{model.name} — no host now"
+                label = _("%(model)s — no host now") % {"model": model.name}
             choices.append((f"gpu:{slug}", label))
         # Preselect a model that can be had now, not merely the first of the catalog.
         available = [
@@ -179,11 +227,11 @@ class ClusterForm(forms.Form):
         ]
         if available and not self.is_bound:
             self.initial.setdefault("resource", available[0])
-        cpu = [
-            (f"cpu:{name}", f"CPU only: {t}{self._cpu_note(t)}")  # name, vCPUs and memory
-            for name, t in self.instance_types.items()
+        cpu = [(f"cpu:{name}", self._cpu_label(t)) for name, t in self.instance_types.items()]
+        self.fields["resource"].choices = [
+            (_("GPUs"), choices),
+            (_("CPU-only (for debugging)"), cpu),
         ]
-        self.fields["resource"].choices = [("GPUs", choices), ("CPU-only (for debugging)", cpu)]
         self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}
         self.own_images = {
             f"{OWN_IMAGE}{i.pk}": i
@@ -192,31 +240,41 @@ class ClusterForm(forms.Form):
         choices = [(pk, f"{i.name} ({i.reference})") for pk, i in self.images.items()]
         if self.own_images:
             choices.append(
-                ("Your images", [(key, f"{i.name}:{i.tag}") for key, i in self.own_images.items()])
+                (
+                    _("Your images"),
+                    [(key, f"{i.name}:{i.tag}") for key, i in self.own_images.items()],
+                )
             )
-        self.fields["image"].choices = [*choices, (CUSTOM_IMAGE, "Custom image…")]
+        self.fields["image"].choices = [*choices, (CUSTOM_IMAGE, _("Custom image…"))]
         self.zones = fleet.active_zones()
-        self.fields["zone"].choices = [("", "Any zone")] + [(z, z) for z in self.zones]
+        self.fields["zone"].choices = [("", _("Any zone"))] + [(z, z) for z in self.zones]
         self.rdma = fleet.rdma_available()
         if not self.rdma:
-            self.fields["network"].choices = [(Cluster.Network.STANDARD, "standard")]
-            self.fields[
-                "network"
-            ].help_text = "High-performance (RDMA) networking is offered where RDMA hosts exist; none does now."
+            self.fields["network"].choices = [
+                (Cluster.Network.STANDARD, Cluster.Network.STANDARD.label)
+            ]
+            self.fields["network"].help_text = _(
+                "High-performance (RDMA) networking is offered where RDMA hosts exist; none does now."
+            )
         else:
-            self.fields["network"].help_text = "RDMA clusters stay within one zone."
+            self.fields["network"].help_text = _("RDMA clusters stay within one zone.")
         self.fields["nodes"].max_value = settings.SUANLI_MAX_NODES
         self.fields["nodes"].widget.attrs["max"] = settings.SUANLI_MAX_NODES
         self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
 
-    def _cpu_note(self, itype: InstanceType) -> str:
-        """What keeps a CPU type from being placed now, for its label ("" when it fits)."""
+    def _cpu_label(self, itype: InstanceType) -> str:
+        """A CPU type's label (its name, vCPUs and memory), with what keeps it from being
+        placed now."""
         if any(r.active and r.free_cpus >= itype.vcpus for r in self.rooms):
-            return ""
+            return _("CPU only: %(type)s") % {"type": itype}
         largest = max((r.cpus for r in self.rooms), default=0)
         if largest < itype.vcpus:
-            return f" — cannot be placed: the largest host has {largest} vCPUs"
-        return " — cannot be placed now: no host has the vCPUs free"
+            return _(
+                "CPU only: %(type)s — cannot be placed: the largest host has %(largest)s vCPUs"
+            ) % {"type": itype, "largest": largest}
+        return _("CPU only: %(type)s — cannot be placed now: no host has the vCPUs free") % {
+            "type": itype
+        }
 
     def clean_name(self):
         name = self.cleaned_data["name"]
@@ -224,20 +282,20 @@ class ClusterForm(forms.Form):
             validators.validate_host_name(name)
         except ValidationError:
             raise ValidationError(
-                "Use lower-case letters, digits and dashes, e.g. llama-ft-1."
+                _("Use lower-case letters, digits and dashes, e.g. llama-ft-1.")
             ) from None
         if Cluster.objects.filter(
             owner=self.owner,
             name=name,
             state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING],
         ).exists():
-            raise ValidationError("You have an active cluster with this name already.")
+            raise ValidationError(_("You have an active cluster with this name already."))
         return name
 
     def clean_nodes(self):
         nodes = self.cleaned_data["nodes"]
         if nodes > settings.SUANLI_MAX_NODES:
-            raise ValidationError(f"At most {settings.SUANLI_MAX_NODES} nodes per cluster.")
+            raise ValidationError(max_nodes_message())
         return nodes
 
     def clean_volumes(self):
@@ -247,14 +305,14 @@ class ClusterForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        kind, _, key = (data.get("resource") or "").partition(":")
+        kind, _sep, key = (data.get("resource") or "").partition(":")
         gpu_model = instance_type = None
         if kind == "gpu":
             gpu_model = self.gpu_models.get(key)
         elif kind == "cpu":
             instance_type = self.instance_types.get(key)
         if data.get("resource") and gpu_model is None and instance_type is None:
-            self.add_error("resource", "Unknown GPU model or instance type.")
+            self.add_error("resource", _("Unknown GPU model or instance type."))
         zone = data.get("zone") or ""
         network = data.get("network") or Cluster.Network.STANDARD
         nodes = data.get("nodes")
@@ -268,22 +326,34 @@ class ClusterForm(forms.Form):
             )
             any_host = fleet.largest_fit(gpu_model=gpu_model, rooms=self.rooms)
             if not any_host.largest:
-                self.add_error("resource", f"No host offers {gpu_model.name}; pick another model.")
+                self.add_error(
+                    "resource",
+                    _("No host offers %(model)s; pick another model.") % {"model": gpu_model.name},
+                )
             elif gpus is None:
-                self.add_error("gpus_per_node", "How many GPUs per node?")
+                self.add_error("gpus_per_node", _("How many GPUs per node?"))
             elif cap and zone and zone not in cap["zones"]:
                 self.add_error(
                     "zone",
-                    f"No {gpu_model.name} host in {zone}; offered in: {', '.join(sorted(cap['zones']))}.",
+                    _("No %(model)s host in %(zone)s; offered in: %(zones)s.")
+                    % {
+                        "model": gpu_model.name,
+                        "zone": zone,
+                        "zones": ", ".join(sorted(cap["zones"])),
+                    },
                 )
             elif not fit.largest:
                 if not (cap and network == Cluster.Network.RDMA):  # said below
-                    where = (" with RDMA" if network == Cluster.Network.RDMA else "") + (
-                        f" in {zone}" if zone else ""
-                    )
-                    self.add_error(
-                        "zone" if zone else "network", f"No {gpu_model.name} host{where}."
-                    )
+                    values = {"model": gpu_model.name, "zone": zone}
+                    if network == Cluster.Network.RDMA and zone:
+                        why = _("No %(model)s host with RDMA in %(zone)s.") % values
+                    elif network == Cluster.Network.RDMA:
+                        why = _("No %(model)s host with RDMA.") % values
+                    elif zone:
+                        why = _("No %(model)s host in %(zone)s.") % values
+                    else:
+                        why = _("No %(model)s host.") % values
+                    self.add_error("zone" if zone else "network", why)
             elif nodes and (why := fit.refusal(nodes=nodes, per_node=gpus)):
                 self.add_error("gpus_per_node" if gpus > fit.largest else "nodes", why)
             if cap and network == Cluster.Network.RDMA:
@@ -291,22 +361,24 @@ class ClusterForm(forms.Form):
                 if not rdma_zones:
                     self.add_error(
                         "network",
-                        f"No RDMA host offers {gpu_model.name}; choose standard networking.",
+                        _("No RDMA host offers %(model)s; choose standard networking.")
+                        % {"model": gpu_model.name},
                     )
                 elif zone and zone not in rdma_zones:
                     self.add_error(
                         "zone",
-                        f"RDMA {gpu_model.name} hosts are in {', '.join(sorted(rdma_zones))} only.",
+                        _("RDMA %(model)s hosts are in %(zones)s only.")
+                        % {"model": gpu_model.name, "zones": ", ".join(sorted(rdma_zones))},
                     )
         elif instance_type is not None:
             fit = fleet.largest_fit(instance_type=instance_type, zone=zone, rooms=self.rooms)
             if network == Cluster.Network.RDMA:
-                self.add_error("network", "CPU-only instances use standard networking.")
+                self.add_error("network", _("CPU-only instances use standard networking."))
             elif nodes and (why := fit.refusal(nodes=nodes, per_node=instance_type.vcpus)):
                 too_big = instance_type.vcpus > fit.largest
                 self.add_error("resource" if too_big else "nodes", why)
         if network == Cluster.Network.RDMA and not self.rdma:
-            self.add_error("network", "No RDMA host exists; choose standard networking.")
+            self.add_error("network", _("No RDMA host exists; choose standard networking."))
         image = own = None
         reference = ""
         if data.get("image") == CUSTOM_IMAGE:
@@ -314,14 +386,19 @@ class ClusterForm(forms.Form):
             if not reference:
                 self.add_error(
                     "custom_image",
-                    "Give the image reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime.",
+                    _(
+                        "Give the image reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
+                    ),
                 )
             elif validators.names_registry(reference):
                 # Suanli's registry holds researchers' own images: a reference into it is
                 # one of this researcher's, or nothing (another's is as if it did not exist).
                 own = next((i for i in self.own_images.values() if i.reference == reference), None)
                 if own is None:
-                    self.add_error("custom_image", f"No image {reference} among your images.")
+                    self.add_error(
+                        "custom_image",
+                        _("No image %(reference)s among your images.") % {"reference": reference},
+                    )
             else:
                 try:
                     validators.validate_image_reference(reference)
@@ -336,7 +413,7 @@ class ClusterForm(forms.Form):
         policy = data.get("release_policy")
         if policy == Cluster.ReleasePolicy.IDLE and not data.get("idle_minutes"):
             self.add_error(
-                "idle_minutes", "After how many idle minutes should the cluster be released?"
+                "idle_minutes", _("After how many idle minutes should the cluster be released?")
             )
         self._check_funds(data, gpu_model, instance_type)
         data.update(
@@ -362,12 +439,20 @@ class ClusterForm(forms.Form):
         if funds is None:
             self.add_error(
                 "resource",
-                f"{(gpu_model or instance_type).name} has no price on the rate card yet; "
-                "pick another or ask an operator.",
+                _(
+                    "%(resource)s has no price on the rate card yet; pick another or ask an "
+                    "operator."
+                )
+                % {"resource": (gpu_model or instance_type).name},
             )
         elif funds.short:
             self.funds_short = funds.as_context()
-            self.add_error(None, funds.refusal("This cluster", "creating it"))
+            message = _(
+                "This cluster costs %(per_hour)s/h; creating it needs a balance for "
+                "%(minutes)s minutes (%(needed)s). Your balance is %(balance)s: "
+                "top up on the billing page."
+            )
+            self.add_error(None, funds.refusal(message))
 
     def spec(self) -> ClusterSpec:
         d = self.cleaned_data
@@ -396,7 +481,7 @@ class ResizeForm(forms.Form):
     researcher refused a 2-node cluster cannot get one by resizing a 1-node one); fewer
     nodes always pass."""
 
-    nodes = forms.IntegerField(min_value=1, label="Nodes")
+    nodes = forms.IntegerField(min_value=1, label=gettext_lazy("Nodes"))
 
     def __init__(self, *args, cluster: Cluster, **kwargs):
         super().__init__(*args, **kwargs)
@@ -405,7 +490,7 @@ class ResizeForm(forms.Form):
     def clean_nodes(self):
         nodes = self.cleaned_data["nodes"]
         if nodes > settings.SUANLI_MAX_NODES:
-            raise ValidationError(f"At most {settings.SUANLI_MAX_NODES} nodes per cluster.")
+            raise ValidationError(max_nodes_message())
         cluster = self.cluster
         if nodes > cluster.nodes:
             # A size no set of registered hosts could hold is refused, not tried.
@@ -429,21 +514,31 @@ class ResizeForm(forms.Form):
             )
             if funds is None:
                 raise ValidationError(
-                    f"{cluster.resource_label} has no price on the rate card now, so the "
-                    "cluster cannot grow; ask an operator."
+                    _(
+                        "%(resource)s has no price on the rate card now, so the cluster cannot "
+                        "grow; ask an operator."
+                    )
+                    % {"resource": cluster.resource_label}
                 )
             if funds.short:
-                raise ValidationError(
-                    funds.refusal(f"With {nodes} nodes this cluster", "growing it")
+                message = _(
+                    "With %(nodes)s nodes this cluster costs %(per_hour)s/h; growing "
+                    "it needs a balance for %(minutes)s minutes (%(needed)s). Your "
+                    "balance is %(balance)s: top up on the billing page."
                 )
+                raise ValidationError(funds.refusal(message, nodes=nodes))
         return nodes
 
 
 class SshKeyForm(forms.Form):
     name = forms.CharField(
-        max_length=80, required=False, help_text="Defaults to the key's comment."
+        max_length=80,
+        required=False,
+        label=gettext_lazy("Name"),
+        help_text=gettext_lazy("Defaults to the key's comment."),
     )
     public_key = forms.CharField(
+        label=gettext_lazy("Public key"),
         widget=forms.Textarea(
             attrs={
                 "rows": 3,
@@ -452,7 +547,9 @@ class SshKeyForm(forms.Form):
             }
         ),
         max_length=16384,
-        help_text="The contents of your .pub file: ed25519, ecdsa, or rsa with at least 2048 bits.",
+        help_text=gettext_lazy(
+            "The contents of your .pub file: ed25519, ecdsa, or rsa with at least 2048 bits."
+        ),
     )
 
     def clean_public_key(self):
@@ -462,35 +559,50 @@ class SshKeyForm(forms.Form):
 
 
 class JobForm(forms.Form):
-    name = forms.CharField(max_length=100, initial="train")
+    name = forms.CharField(max_length=100, initial="train", label=gettext_lazy("Name"))
     command = forms.CharField(
+        label=gettext_lazy("Command"),
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
-        help_text="Run by the container's shell on every node. With torchrun: the script and its arguments, "
-        "e.g. train.py --epochs 3.",
+        help_text=gettext_lazy(
+            "Run by the container's shell on every node. With torchrun: the script and its "
+            "arguments, e.g. train.py --epochs 3."
+        ),
     )
     launcher = forms.ChoiceField(
-        choices=Job.Launcher.choices, initial=Job.Launcher.PLAIN, widget=forms.RadioSelect
+        label=gettext_lazy("Launcher"),
+        choices=Job.Launcher.choices,
+        initial=Job.Launcher.PLAIN,
+        widget=forms.RadioSelect,
     )
     env = forms.CharField(
-        label="Environment",
+        label=gettext_lazy("Environment"),
         required=False,
         widget=forms.Textarea(
             attrs={"rows": 3, "spellcheck": "false", "placeholder": "LR=3e-4\nWANDB_MODE=offline"}
         ),
-        help_text="KEY=VALUE, one per line.",
+        help_text=gettext_lazy("KEY=VALUE, one per line."),
     )
-    workdir = forms.CharField(label="Working directory", initial="/workspace", max_length=255)
+    workdir = forms.CharField(
+        label=gettext_lazy("Working directory"), initial="/workspace", max_length=255
+    )
     checkpoint_dir = forms.CharField(
-        label="Checkpoint directory", initial="/workspace/checkpoints", max_length=255
+        label=gettext_lazy("Checkpoint directory"), initial="/workspace/checkpoints", max_length=255
     )
     max_runtime_min = forms.IntegerField(
-        label="Maximum runtime (minutes)", required=False, min_value=1, max_value=60 * 24 * 30
+        label=gettext_lazy("Maximum runtime (minutes)"),
+        required=False,
+        min_value=1,
+        max_value=60 * 24 * 30,
     )
     retries = forms.IntegerField(
-        initial=0, min_value=0, max_value=10, help_text="Restarts after a failure."
+        initial=0,
+        min_value=0,
+        max_value=10,
+        label=gettext_lazy("Retries"),
+        help_text=gettext_lazy("Restarts after a failure."),
     )
     preemption_script = forms.CharField(
-        label="Preemption script",
+        label=gettext_lazy("Preemption script"),
         required=False,
         widget=forms.Textarea(
             attrs={
@@ -501,44 +613,60 @@ class JobForm(forms.Form):
         ),
     )
     max_preemptions = forms.IntegerField(
-        label="Maximum preemptions",
+        label=gettext_lazy("Maximum preemptions"),
         required=False,
         initial=5,
         min_value=0,
         max_value=100,
-        help_text="Spot clusters only: preemptions the job survives (it restarts when the "
-        "cluster is placed again); one more fails it. Not counted against retries.",
+        help_text=gettext_lazy(
+            "Spot clusters only: preemptions the job survives (it restarts when the "
+            "cluster is placed again); one more fails it. Not counted against retries."
+        ),
     )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # The limits are settings: read them per form, not once at import.
-        self.fields["preemption_script"].help_text = (
+        self.fields["preemption_script"].help_text = _(
             "Spot clusters only: run in each replica with /bin/sh -c when a preemption notice "
-            "arrives, e.g. to save a checkpoint. It has "
-            f"{settings.SUANLI_PREEMPT_SCRIPT_S} s; then the replicas get SIGTERM, and "
-            f"SIGKILL {settings.SUANLI_PREEMPT_GRACE_S} s later."
-        )
+            "arrives, e.g. to save a checkpoint. It has %(script_s)s s; then the replicas get "
+            "SIGTERM, and SIGKILL %(grace_s)s s later."
+        ) % {
+            "script_s": settings.SUANLI_PREEMPT_SCRIPT_S,
+            "grace_s": settings.SUANLI_PREEMPT_GRACE_S,
+        }
 
-    def _shell_text(self, value: str, what: str) -> str:
+    @staticmethod
+    def _shell_text(value: str, too_long: str, nul: str) -> str:
         """Text run by /bin/sh: a browser's CRLF line ends would reach the shell as part of
-        each command, so they are made plain newlines; NUL cannot be passed at all."""
+        each command, so they are made plain newlines; NUL cannot be passed at all.
+        `too_long` says so with %(length)s and %(limit)s; `nul` refuses a NUL."""
         text = value.replace("\r\n", "\n").strip()
         limit = settings.SUANLI_JOB_COMMAND_MAX
         if len(text) > limit:
-            raise ValidationError(
-                f"The {what} is {len(text):,} characters; at most {limit:,}. Put long scripts in a file on a volume."
-            )
+            raise ValidationError(too_long % {"length": f"{len(text):,}", "limit": f"{limit:,}"})
         if "\x00" in text:
-            raise ValidationError(f"The {what} may not contain NUL characters.")
+            raise ValidationError(nul)
         return text
 
     def clean_command(self):
-        return self._shell_text(self.cleaned_data["command"], "command")
+        return self._shell_text(
+            self.cleaned_data["command"],
+            _(
+                "The command is %(length)s characters; at most %(limit)s. Put long scripts in a "
+                "file on a volume."
+            ),
+            _("The command may not contain NUL characters."),
+        )
 
     def clean_preemption_script(self):
         return self._shell_text(
-            self.cleaned_data.get("preemption_script") or "", "preemption script"
+            self.cleaned_data.get("preemption_script") or "",
+            _(
+                "The preemption script is %(length)s characters; at most %(limit)s. Put long "
+                "scripts in a file on a volume."
+            ),
+            _("The preemption script may not contain NUL characters."),
         )
 
     def clean_max_preemptions(self):
@@ -605,10 +733,18 @@ def attach_errors(form: forms.Form, exc: ValidationError) -> None:
 class _ImageNameForm(forms.Form):
     name = forms.CharField(
         max_length=64,
-        help_text="Lower-case letters and digits, with dots, dashes or underscores between "
-        "them, e.g. my-pytorch.",
+        label=gettext_lazy("Name"),
+        help_text=gettext_lazy(
+            "Lower-case letters and digits, with dots, dashes or underscores between "
+            "them, e.g. my-pytorch."
+        ),
     )
-    tag = forms.CharField(max_length=64, initial="latest", help_text="e.g. latest, v1, 2024-06-01.")
+    tag = forms.CharField(
+        max_length=64,
+        initial="latest",
+        label=gettext_lazy("Tag"),
+        help_text=gettext_lazy("e.g. latest, v1, 2024-06-01."),
+    )
 
     def clean_name(self):
         name = self.cleaned_data["name"].strip()
@@ -626,30 +762,34 @@ class ImageBuildForm(_ImageNameForm):
         label="Dockerfile",
         strip=False,
         widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false"}),
-        help_text="FROM a catalog image, one of your own images, or an image the operator "
-        "allows; no FROM of anything else.",
+        help_text=gettext_lazy(
+            "FROM a catalog image, one of your own images, or an image the operator "
+            "allows; no FROM of anything else."
+        ),
     )
     context = forms.CharField(
-        label="Build context (optional)",
+        label=gettext_lazy("Build context (optional)"),
         required=False,
         max_length=255,
-        help_text="One of your storage folders, by its name (as a cluster's volume names it, "
-        "e.g. my-project), sent as the build's context so that COPY and ADD see its files. "
-        "Empty: the Dockerfile alone.",
+        help_text=gettext_lazy(
+            "One of your storage folders, by its name (as a cluster's volume names it, "
+            "e.g. my-project), sent as the build's context so that COPY and ADD see its files. "
+            "Empty: the Dockerfile alone."
+        ),
     )
     build_args = forms.CharField(
-        label="Build arguments",
+        label=gettext_lazy("Build arguments"),
         required=False,
         widget=forms.Textarea(
             attrs={"rows": 3, "spellcheck": "false", "placeholder": "TORCH_VERSION=2.4.0"}
         ),
-        help_text="KEY=VALUE, one per line: values for the Dockerfile's ARG lines.",
+        help_text=gettext_lazy("KEY=VALUE, one per line: values for the Dockerfile's ARG lines."),
     )
 
     def clean_dockerfile(self):
         text = self.cleaned_data["dockerfile"].replace("\r\n", "\n")
         if not text.strip():
-            raise ValidationError("Write the Dockerfile, starting with a FROM line.")
+            raise ValidationError(_("Write the Dockerfile, starting with a FROM line."))
         return text
 
     def clean_context(self):

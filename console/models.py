@@ -1,4 +1,4 @@
-"""Console-level state: researchers' personal API tokens."""
+"""Console-level state: researchers' personal API tokens and preferences."""
 
 import hashlib
 import secrets
@@ -42,3 +42,20 @@ class ApiToken(models.Model):
             user=user, name=name, prefix=token[: len(PREFIX) + 6], digest=digest_of(token)
         )
         return row, token
+
+
+class Preferences(models.Model):
+    """How the console speaks to one person: language and time zone. Blank means "from the
+    browser" (Accept-Language) and "the language's usual zone" (console/preferences.py)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="preferences"
+    )
+    language = models.CharField(max_length=10, blank=True)
+    time_zone = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        verbose_name_plural = "preferences"
+
+    def __str__(self) -> str:
+        return f"{self.user}: {self.language or 'browser'}, {self.time_zone or 'default'}"

@@ -76,6 +76,7 @@ from django.http import Http404
 from django.http.request import split_domain_port, validate_host
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.defaults import ERROR_PAGE_TEMPLATE
 from websockets.client import ClientProtocol
 from websockets.datastructures import Headers
@@ -189,20 +190,36 @@ def resolve(user, route: Route) -> Upstream:
     try:
         node = workspaces.live_node(cluster, index)
     except workspaces.WorkspaceError as exc:
-        raise Unavailable(503, f"{label} of node {index} cannot be reached: {exc}.", back) from None
+        raise Unavailable(
+            503,
+            _("%(app)s of node %(index)s cannot be reached: %(error)s.")
+            % {"app": label, "index": index, "error": exc},
+            back,
+        ) from None
     app = webapps.started(cluster, index, route.kind)
     if app is None:
         raise Unavailable(
             503,
-            f"{label} is not started on node {index} of {cluster.name}. Start it from the "
-            "cluster page.",
+            _(
+                "%(app)s is not started on node %(index)s of %(cluster)s. Start it from the "
+                "cluster page."
+            )
+            % {"app": label, "index": index, "cluster": cluster.name},
             back,
         )
     if app.port not in webapps.PORTS:  # never a system port, whatever the row says
         raise Unavailable(
             403,
-            f"Port {app.port} is not one the console reaches (it reaches {webapps.PORTS.start}"
-            f" to {webapps.PORTS.stop - 1}). Start the {label} again from the cluster page.",
+            _(
+                "Port %(port)s is not one the console reaches (it reaches %(first)s to "
+                "%(last)s). Start the %(app)s again from the cluster page."
+            )
+            % {
+                "port": app.port,
+                "first": webapps.PORTS.start,
+                "last": webapps.PORTS.stop - 1,
+                "app": label,
+            },
             back,
         )
     login = gateway.Login(
@@ -452,15 +469,23 @@ class Relay:
             opening.add_done_callback(self._orphaned)
             raise
         except docker.errors.NotFound:
-            raise RelayError(f"the workspace of node {index} is being made again") from None
+            raise RelayError(
+                _("the workspace of node %(index)s is being made again") % {"index": index}
+            ) from None
         except docker.errors.APIError as exc:
             if exc.status_code == 409:
-                raise RelayError(f"the workspace of node {index} is not running") from None
+                raise RelayError(
+                    _("the workspace of node %(index)s is not running") % {"index": index}
+                ) from None
             log.warning("%s: relay not started: %s", login.name, engine.describe(exc))
-            raise RelayError(f"the host of node {index} does not answer") from None
+            raise RelayError(
+                _("the host of node %(index)s does not answer") % {"index": index}
+            ) from None
         except _ENGINE_ERRORS as exc:
             log.warning("%s: relay not started: %s", login.name, engine.describe(exc))
-            raise RelayError(f"the host of node {index} does not answer") from None
+            raise RelayError(
+                _("the host of node %(index)s does not answer") % {"index": index}
+            ) from None
         self.stream.start(hijacked)
         if self.closed:
             self.stream.close()
@@ -556,14 +581,14 @@ class Relay:
         """Why the app did not answer, for its owner."""
         said = self.errors.decode(errors="replace")
         if "has no nc, python3 or bash" in said:
-            return (
-                f"the image has no nc, python3 or bash to reach port {self.upstream.port} "
-                "with; the console needs one of them in the workspace"
-            )
-        return (
-            f"nothing answers on port {self.upstream.port} of node "
-            f"{self.upstream.login.index}'s workspace"
-        )
+            return _(
+                "the image has no nc, python3 or bash to reach port %(port)s with; the console "
+                "needs one of them in the workspace"
+            ) % {"port": self.upstream.port}
+        return _("nothing answers on port %(port)s of node %(index)s's workspace") % {
+            "port": self.upstream.port,
+            "index": self.upstream.login.index,
+        }
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -585,12 +610,18 @@ async def _respond(send, status: int, body: bytes, headers=()) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _too_big() -> str:
+    return _("The request's body is larger than the console passes on (%(most)s MiB).") % {
+        "most": MAX_BODY // 2**20
+    }
+
+
 async def _page(send, status: int, words: str, back: str, title: str = "") -> None:
     """A page in words for the owner, with the way back to the cluster page."""
     body = await _in_db(
         render_to_string,
         "console/app_unavailable.html",
-        {"title": title or "This app cannot be reached", "words": words, "back": back},
+        {"title": title or _("This app cannot be reached"), "words": words, "back": back},
     )
     await _respond(send, status, body.encode())
 
@@ -676,26 +707,28 @@ class HttpProxy:
             return await _respond(send, 302, b"", [(b"location", location)])
         method = scope["method"]
         if method == "CONNECT":
-            return await _page(send, 405, "CONNECT is not proxied.", upstream.back)
+            return await _page(send, 405, _("CONNECT is not proxied."), upstream.back)
         if method not in SAFE_METHODS and not _same_origin(scope):
             return await _page(
                 send, 403,
-                f"This {method} to {upstream.label} did not come from a page of this console, "
-                "so it was not passed on.", upstream.back,
+                _(
+                    "This %(method)s to %(app)s did not come from a page of this console, so it "
+                    "was not passed on."
+                ) % {"method": method, "app": upstream.label},
+                upstream.back,
             )  # fmt: skip
         incoming = dict(scope.get("headers", []))
         length = incoming.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-            return await _page(
-                send, 413,
-                f"The request's body is larger than the console passes on "
-                f"({MAX_BODY // 2**20} MiB).", upstream.back,
-            )  # fmt: skip
+            return await _page(send, 413, _too_big(), upstream.back)
         if not _take(user.pk):
             return await _page(
                 send, 503,
-                f"You have {MAX_OPEN} requests and websockets to your apps open, the most one "
-                "researcher may; close some (tabs, kernels) and reload.", upstream.back,
+                _(
+                    "You have %(most)s requests and websockets to your apps open, the most one "
+                    "researcher may; close some (tabs, kernels) and reload."
+                ) % {"most": MAX_OPEN},
+                upstream.back,
             )  # fmt: skip
         chunked = b"chunked" in incoming.get(b"transfer-encoding", b"").lower()
         has_body = chunked or int(length or 0) > 0
@@ -716,8 +749,10 @@ class HttpProxy:
                 await relay.open()
             except RelayError as exc:
                 await relay.close()
-                return await _page(send, 503, f"{upstream.label} cannot be reached: {exc}.",
-                                   upstream.back)  # fmt: skip
+                words = _("%(app)s cannot be reached: %(error)s.") % {
+                    "app": upstream.label, "error": exc,
+                }  # fmt: skip
+                return await _page(send, 503, words, upstream.back)
             conn = h11.Connection(our_role=h11.CLIENT)
             outcome = DONE
             try:
@@ -754,7 +789,8 @@ class HttpProxy:
             target = _target(scope, route, upstream)
             head = conn.send(h11.Request(method=scope["method"], target=target, headers=headers))
         except h11.LocalProtocolError as exc:  # a header h11 will not send
-            await _page(send, 400, f"This request cannot be passed on: {exc}.", upstream.back)
+            words = _("This request cannot be passed on: %(error)s.") % {"error": exc}
+            await _page(send, 400, words, upstream.back)
             return DONE
         await relay.write(head)
         upload = asyncio.ensure_future(self._upload(receive, conn, relay, has_body, state))
@@ -806,13 +842,15 @@ class HttpProxy:
         if pooled and not answered and not relay.closed:
             return STALE
         if state["too_big"]:
-            await _page(send, 413, f"The request's body is larger than the console passes on "
-                                   f"({MAX_BODY // 2**20} MiB).", upstream.back)  # fmt: skip
+            await _page(send, 413, _too_big(), upstream.back)
         else:
             await _page(
                 send, 502,
-                f"{upstream.label} does not answer: {relay.words()}. If its process ended, "
-                "start it again from the cluster page.", upstream.back,
+                _(
+                    "%(app)s does not answer: %(why)s. If its process ended, start it again "
+                    "from the cluster page."
+                ) % {"app": upstream.label, "why": relay.words()},
+                upstream.back,
             )  # fmt: skip
         return DONE
 

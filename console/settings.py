@@ -75,9 +75,13 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The language from the cookie or Accept-Language; console.preferences.UserLocale,
+    # after authentication, puts the person's saved choice and time zone above it.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "console.preferences.UserLocale",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last: turns a log-in refused for too many failures into the lock's page (console/auth.py).
@@ -166,7 +170,14 @@ LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 SUANLI_SIGNUP_ENABLED = envbool("SUANLI_SIGNUP_ENABLED", True)
 
-LANGUAGE_CODE = "en-us"
+# English and Simplified Chinese (locale/zh_Hans, compiled by `make run` and `make test`;
+# the .mo files are not committed). The API speaks English whatever is asked.
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+LANGUAGE_COOKIE_AGE = 365 * 24 * 3600
+LANGUAGE_COOKIE_SAMESITE = "Lax"
+# The default zone of a person who chose none and reads English (Chinese: Asia/Shanghai).
 TIME_ZONE = envstr("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
@@ -232,6 +243,7 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SUANLI_BEHIND_P
 SECURE_SSL_REDIRECT = _https
 SESSION_COOKIE_SECURE = _https
 CSRF_COOKIE_SECURE = _https
+LANGUAGE_COOKIE_SECURE = _https
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000 if _https else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = _https
 SECURE_HSTS_PRELOAD = _https

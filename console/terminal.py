@@ -47,9 +47,12 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from jobs import engine, gateway, lifecycle, workspaces
 from jobs import selectors as fleet
+from jobs.text import Text
 
 log = logging.getLogger("suanli.web")
 
@@ -112,15 +115,25 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             owner_id, limit = self.login.cluster.owner_id, settings.SUANLI_SSH_MAX_SESSIONS
             if not await asyncio.to_thread(gateway.session_claim, owner_id, self.session_id, limit):
                 await self._say_and_close(
-                    f"Suanli: you have as many SSH sessions and terminals open as one researcher "
-                    f"may ({limit}). End one (exit, or close its window), then reload this page.",
+                    _(
+                        "Suanli: you have as many SSH sessions and terminals open as one "
+                        "researcher may (%(limit)s). End one (exit, or close its window), then "
+                        "reload this page."
+                    )
+                    % {"limit": limit},
                     4429,
                 )
                 return
             self.session_owner = owner_id
             # On the timeline before the shell opens: nothing to undo when this fails.
             await database_sync_to_async(lifecycle.cluster_event, thread_sensitive=False)(
-                self.login.cluster, "terminal", f"web terminal login to node {index} by {user}"
+                self.login.cluster,
+                "terminal",
+                Text(
+                    gettext_noop("web terminal login to node %(index)s by %(who)s"),
+                    index=index,
+                    who=str(user),
+                ),
             )
         except gateway.Refused as exc:
             await self._say_and_close(str(exc))
@@ -128,7 +141,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         except Exception:
             log.exception("%s: opening a web terminal for %s failed", name, user)
             await self._say_and_close(
-                "Suanli: the console could not open this terminal; try again in a minute."
+                _("Suanli: the console could not open this terminal; try again in a minute.")
             )
             return
         self.marker = f"{MARKER}={secrets.token_hex(12)}"
@@ -147,7 +160,8 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             self.stream.start(hijacked)
         except _ENGINE_ERRORS as exc:
             await self._say_and_close(
-                f"Suanli: the workspace of node {index} did not answer: {engine.describe(exc)}."
+                _("Suanli: the workspace of node %(index)s did not answer: %(error)s.")
+                % {"index": index, "error": engine.describe(exc)}
             )
             return
         self.active = time.monotonic()
@@ -190,7 +204,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                     self.stream.hold("browser", False)
             if not self.closed:  # the shell ended (exit): say so, and close
                 self.closed = True
-                await self.send(bytes_data=_words("The shell ended."))
+                await self.send(bytes_data=_words(_("The shell ended.")))
                 await self.close(code=1000)
         except (OSError, RuntimeError):  # the browser went meanwhile: disconnect() follows
             pass
@@ -205,7 +219,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             if now - self.active >= limit:
                 log.info("%s: web terminal idle for %s s, closed", self.login.name, limit)
                 await self._say_and_close(
-                    f"Suanli: idle for {limit} s (no input, no output): the terminal closes.", 4408
+                    _("Suanli: idle for %(limit)s s (no input, no output): the terminal closes.")
+                    % {"limit": limit},
+                    4408,
                 )
                 return
             if now - refreshed >= beat:
@@ -226,8 +242,11 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         size = len(bytes_data) if bytes_data is not None else len((text_data or "").encode())
         if size > MAX_FRAME:
             await self._say_and_close(
-                f"Suanli: {size} bytes came in one message, more than the terminal takes at "
-                f"once ({MAX_FRAME // 1024} KiB): it closes.",
+                _(
+                    "Suanli: %(size)s bytes came in one message, more than the terminal takes at "
+                    "once (%(max)s KiB): it closes."
+                )
+                % {"size": size, "max": MAX_FRAME // 1024},
                 4413,
             )
             return

@@ -5,6 +5,7 @@ from django.urls import include, path
 from console import (
     api,
     views,
+    views_account,
     views_apps,
     views_billing,
     views_images,
@@ -21,6 +22,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("signup/", views.signup, name="signup"),
+    path("language/", views_account.set_language, name="set_language"),
+    path("settings/", views_account.account_settings, name="account_settings"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/new/", views.cluster_new, name="cluster_new"),
     path("clusters/<int:cluster_id>/", views.cluster_detail, name="cluster_detail"),

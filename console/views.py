@@ -14,6 +14,8 @@ from django.db.models import Prefetch
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_POST
 
 from billing import selectors as money
@@ -33,6 +35,7 @@ from jobs import images, storage
 from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
+from jobs.text import Text
 from monitoring import selectors as metrics
 
 
@@ -63,7 +66,9 @@ def dashboard(request):
 
 def signup(request):
     if not settings.SUANLI_SIGNUP_ENABLED:
-        raise Http404("Sign-up is switched off on this console; ask your operator for an account.")
+        raise Http404(
+            _("Sign-up is switched off on this console; ask your operator for an account.")
+        )
     if request.user.is_authenticated:
         return redirect("dashboard")
     form = UserCreationForm(request.POST or None)
@@ -73,7 +78,7 @@ def signup(request):
             billing.account_for(user)  # an operator can top up the new user at once
         # Named: axes' throttling backend comes first and logs nobody in (settings).
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        messages.success(request, f"Welcome to Suanli, {user.username}.")
+        messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": user.username})
         return redirect("dashboard")
     return render(request, "registration/signup.html", {"form": form})
 
@@ -90,10 +95,20 @@ def ops_host_check(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
     host = fleet_services.host_check(host_id=host.pk)
     if host.state == Host.State.DOWN:
-        messages.error(request, f"Host {host.name} did not answer: {host.last_error}")
+        messages.error(
+            request,
+            _("Host %(host)s did not answer: %(error)s")
+            % {"host": host.name, "error": host.last_error},
+        )
     else:
         messages.success(
-            request, f"Host {host.name} answered: Docker {host.docker_version}, {host.state}."
+            request,
+            _("Host %(host)s answered: Docker %(version)s, %(state)s.")
+            % {
+                "host": host.name,
+                "version": host.docker_version,
+                "state": host.get_state_display(),
+            },
         )
     return redirect("ops_hosts")
 
@@ -141,7 +156,8 @@ def cluster_new(request):
         cluster = fleet_services.cluster_create(owner=request.user, spec=form.spec())
         messages.success(
             request,
-            f"Cluster {cluster.name} requested: {cluster.shape}. It runs as soon as it is placed.",
+            _("Cluster %(name)s requested: %(shape)s. It runs as soon as it is placed.")
+            % {"name": cluster.name, "shape": cluster.shape},
         )
         return redirect("cluster_detail", cluster_id=cluster.pk)
     return render(
@@ -257,12 +273,20 @@ def cluster_status(request, cluster_id: int):
 def cluster_release(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
-        messages.warning(request, f"Cluster {cluster.name} is already {cluster.state}.")
+        messages.warning(
+            request,
+            _("Cluster %(name)s is already %(state)s.")
+            % {"name": cluster.name, "state": cluster.get_state_display()},
+        )
     else:
         fleet_services.cluster_release(
-            cluster=cluster, reason=f"released by {request.user.username}"
+            cluster=cluster,
+            reason=Text(gettext_noop("released by %(who)s"), who=request.user.username),
         )
-        messages.success(request, f"Cluster {cluster.name} released; its GPUs are free again.")
+        messages.success(
+            request,
+            _("Cluster %(name)s released; its GPUs are free again.") % {"name": cluster.name},
+        )
     return redirect("cluster_detail", cluster_id=cluster.pk)
 
 
@@ -272,9 +296,12 @@ def cluster_stop(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     if cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None:
         fleet_services.cluster_stop_waiting(
-            cluster=cluster, reason=f"stopped waiting by {request.user.username}"
+            cluster=cluster,
+            reason=Text(gettext_noop("stopped waiting by %(who)s"), who=request.user.username),
         )
-        messages.success(request, f"Cluster {cluster.name} no longer waits; it is stopped.")
+        messages.success(
+            request, _("Cluster %(name)s no longer waits; it is stopped.") % {"name": cluster.name}
+        )
         return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
         fleet_services.cluster_stop(cluster=cluster, by=request.user.username)
@@ -283,8 +310,11 @@ def cluster_stop(request, cluster_id: int):
     else:
         messages.success(
             request,
-            f"Cluster {cluster.name} stopped: its GPUs are free and not charged; its "
-            "workspaces keep every file until you start it.",
+            _(
+                "Cluster %(name)s stopped: its GPUs are free and not charged; its "
+                "workspaces keep every file until you start it."
+            )
+            % {"name": cluster.name},
         )
     return redirect("cluster_detail", cluster_id=cluster.pk)
 
@@ -306,11 +336,14 @@ def cluster_start(request, cluster_id: int):
         messages.error(request, " ".join(exc.messages))
     else:
         done = {
-            "gpu": f"Cluster {cluster.name} is starting on its hosts with its GPUs.",
-            "wait": f"Cluster {cluster.name} waits in line for its GPUs; it starts when they free.",
-            "no_gpu": f"Cluster {cluster.name} is starting without GPUs: files, ssh and the terminal work; jobs do not.",
+            "gpu": _("Cluster %(name)s is starting on its hosts with its GPUs."),
+            "wait": _("Cluster %(name)s waits in line for its GPUs; it starts when they free."),
+            "no_gpu": _(
+                "Cluster %(name)s is starting without GPUs: files, ssh and the terminal work; "
+                "jobs do not."
+            ),
         }
-        messages.success(request, done[mode])
+        messages.success(request, done[mode] % {"name": cluster.name})
     return redirect("cluster_detail", cluster_id=cluster.pk)
 
 
@@ -327,7 +360,11 @@ def cluster_resize(request, cluster_id: int):
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
         else:
-            messages.success(request, f"Cluster {cluster.name} now has {cluster.nodes} node(s).")
+            messages.success(
+                request,
+                _("Cluster %(name)s now has %(nodes)s node(s).")
+                % {"name": cluster.name, "nodes": cluster.nodes},
+            )
     else:
         messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
     return redirect("cluster_detail", cluster_id=cluster.pk)
@@ -363,7 +400,11 @@ def ssh_keys(request):
         except ValidationError as exc:
             form.add_error("public_key", exc.messages[0])
         else:
-            messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
+            messages.success(
+                request,
+                _("Key %(name)s added (%(fingerprint)s).")
+                % {"name": key.name, "fingerprint": key.fingerprint},
+            )
             return redirect("ssh_keys")
     keys = SshKey.objects.filter(owner=request.user)
     return render(request, "console/ssh_keys.html", {"form": form, "keys": keys})
@@ -375,7 +416,9 @@ def ssh_key_delete(request, key_id: int):
     key = get_object_or_404(SshKey, pk=key_id, owner=request.user)
     key.delete()
     messages.success(
-        request, f"Key {key.name} removed. Running clusters keep the keys they started with."
+        request,
+        _("Key %(name)s removed. Running clusters keep the keys they started with.")
+        % {"name": key.name},
     )
     return redirect("ssh_keys")
 
@@ -402,10 +445,12 @@ def ops_host_drain(request, host_id: int):
     host = fleet_services.host_set_draining(host=host, draining=draining)
     if draining:
         messages.success(
-            request, f"Host {host.name} is draining: no new placements; running nodes stay."
+            request,
+            _("Host %(host)s is draining: no new placements; running nodes stay.")
+            % {"host": host.name},
         )
     else:
-        messages.success(request, f"Host {host.name} takes new work again.")
+        messages.success(request, _("Host %(host)s takes new work again.") % {"host": host.name})
     return redirect("ops_hosts")
 
 
@@ -421,12 +466,18 @@ def ops_host_reclaim(request, host_id: int):
         names = ", ".join(c.name for c in preempted)
         messages.success(
             request,
-            f"Reclaiming spot capacity on {host.name}: preempting {names}. Their jobs get the "
-            "notice and run their preemption scripts; the clusters wait in the queue again "
-            "and may be placed here again unless the host is drained or the GPUs taken.",
+            _(
+                "Reclaiming spot capacity on %(host)s: preempting %(names)s. Their jobs get the "
+                "notice and run their preemption scripts; the clusters wait in the queue again "
+                "and may be placed here again unless the host is drained or the GPUs taken."
+            )
+            % {"host": host.name, "names": names},
         )
     else:
-        messages.info(request, f"No running spot cluster on {host.name}: nothing to reclaim.")
+        messages.info(
+            request,
+            _("No running spot cluster on %(host)s: nothing to reclaim.") % {"host": host.name},
+        )
     return redirect("ops_hosts")
 
 
@@ -443,7 +494,11 @@ def job_new(request, cluster_id: int):
         except ValidationError as exc:
             form.add_error(None, " ".join(exc.messages))
         else:
-            messages.success(request, f"Job {job.name} queued on {cluster.name}.")
+            messages.success(
+                request,
+                _("Job %(job)s queued on %(cluster)s.")
+                % {"job": job.name, "cluster": cluster.name},
+            )
             return redirect("job_detail", job_id=job.pk)
     volumes = list(cluster.volumes.all())
     checkpoint_dir = str(form["checkpoint_dir"].value() or "")
@@ -520,5 +575,8 @@ def job_cancel(request, job_id: int):
     except ValidationError as exc:
         messages.warning(request, " ".join(exc.messages))
     else:
-        messages.success(request, f"Cancelling {job.name}: its replicas get SIGTERM, then SIGKILL.")
+        messages.success(
+            request,
+            _("Cancelling %(job)s: its replicas get SIGTERM, then SIGKILL.") % {"job": job.name},
+        )
     return redirect("job_detail", job_id=job.pk)

@@ -19,6 +19,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs import selectors as fleet
@@ -34,7 +35,7 @@ def _back(cluster, index: int):
 
 def _kind(kind: str) -> WorkspaceApp.Kind:
     if kind not in webapps.KINDS:
-        raise Http404("No such app.")
+        raise Http404(_("No such app."))
     return WorkspaceApp.Kind(kind)
 
 
@@ -52,22 +53,33 @@ def app_start(request, cluster_id: int, index: int, kind: str):
             logdir=request.POST.get("logdir"),
         )
     except webapps.AppError as exc:
-        messages.error(request, f"Node {index}: {exc}")
+        messages.error(request, _("Node %(index)s: %(error)s") % {"index": index, "error": exc})
         return _back(cluster, index)
     if kind == WorkspaceApp.Kind.SERVICE:
         messages.success(
             request,
-            f"Node {index}: port {app.port} of the workspace is served at "
-            f"{webapps.prefix(cluster.pk, index, kind)} (to you only). Your server must listen "
-            f"on 127.0.0.1:{app.port} or 0.0.0.0:{app.port} there.",
+            _(
+                "Node %(index)s: port %(port)s of the workspace is served at %(prefix)s (to you "
+                "only). Your server must listen on 127.0.0.1:%(port)s or 0.0.0.0:%(port)s there."
+            )
+            % {"index": index, "port": app.port, "prefix": webapps.prefix(cluster.pk, index, kind)},
         )
     else:
-        where = f" reading {app.logdir}" if app.logdir else ""
-        messages.success(
-            request,
-            f"Node {index}: {kind.label} is starting{where}; open it once its tile says it "
-            f"answers. Its output goes to {webapps.log_path(kind)} in the workspace.",
-        )
+        values = {
+            "index": index, "app": kind.label, "logdir": app.logdir,
+            "log": webapps.log_path(kind),
+        }  # fmt: skip
+        if app.logdir:
+            text = _(
+                "Node %(index)s: %(app)s is starting reading %(logdir)s; open it once its tile "
+                "says it answers. Its output goes to %(log)s in the workspace."
+            )
+        else:
+            text = _(
+                "Node %(index)s: %(app)s is starting; open it once its tile says it answers. "
+                "Its output goes to %(log)s in the workspace."
+            )
+        messages.success(request, text % values)
     return _back(cluster, index)
 
 
@@ -77,9 +89,14 @@ def app_stop(request, cluster_id: int, index: int, kind: str):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     kind = _kind(kind)
     if webapps.stop(cluster=cluster, index=index, kind=kind):
-        messages.success(request, f"Node {index}: {kind.label} stopped.")
+        messages.success(
+            request, _("Node %(index)s: %(app)s stopped.") % {"index": index, "app": kind.label}
+        )
     else:
-        messages.info(request, f"Node {index}: {kind.label} was not started.")
+        messages.info(
+            request,
+            _("Node %(index)s: %(app)s was not started.") % {"index": index, "app": kind.label},
+        )
     return _back(cluster, index)
 
 

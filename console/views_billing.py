@@ -18,6 +18,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from billing import formatting
 from billing import selectors as money
@@ -111,10 +112,10 @@ def billing(request):
     chart = _chart(
         [
             go.Bar(
-                x=[d.isoformat() for d, _ in daily],
-                y=[v for _, v in daily],  # Decimal: a JSON number
+                x=[d.isoformat() for d, _cost in daily],
+                y=[v for _day, v in daily],  # Decimal: a JSON number
                 marker_color="#4f46e5",
-                name="cost",
+                name=_("cost"),
                 hovertemplate="%{x}: %{y:.4f} " + standing.currency + "<extra></extra>",
             )
         ],

@@ -7,6 +7,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from console.forms import ImageBuildForm, SaveImageForm, attach_errors, example_dockerfile
@@ -14,7 +16,7 @@ from jobs import images, registry
 from jobs import selectors as fleet
 
 RECENT_BUILDS = 20
-NO_REGISTRY = (
+NO_REGISTRY = gettext_lazy(
     "Own images are off on this console: the operator has not configured an image registry "
     "(SUANLI_REGISTRY). Clusters run the catalog's images."
 )
@@ -38,7 +40,10 @@ def image_list(request):
             except ValidationError as exc:
                 attach_errors(form, exc)
             else:
-                messages.success(request, f"Build of {build.name}:{build.tag} queued.")
+                messages.success(
+                    request,
+                    _("Build of %(image)s queued.") % {"image": f"{build.name}:{build.tag}"},
+                )
                 return redirect("image_build", build_id=build.pk)
     own = list(fleet.own_images_for(request.user))
     for image in own:  # at most the quota's count of images
@@ -70,7 +75,9 @@ def image_delete(request, image_id: int):
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
-        messages.success(request, f"Image {label} deleted from the registry.")
+        messages.success(
+            request, _("Image %(image)s deleted from the registry.") % {"image": label}
+        )
     return redirect("image_list")
 
 
@@ -101,8 +108,12 @@ def node_save_image(request, cluster_id: int, index: int):
     if not form.is_valid():
         messages.error(
             request,
-            "Save as image: "
-            + " ".join(f"{name}: {e}" for name, errs in form.errors.items() for e in errs),
+            _("Save as image: %(errors)s")
+            % {
+                "errors": " ".join(
+                    f"{name}: {e}" for name, errs in form.errors.items() for e in errs
+                )
+            },
         )
         return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
@@ -111,7 +122,11 @@ def node_save_image(request, cluster_id: int, index: int):
             name=form.cleaned_data["name"], tag=form.cleaned_data["tag"],
         )  # fmt: skip
     except ValidationError as exc:
-        messages.error(request, "Save as image: " + " ".join(exc.messages))
+        messages.error(request, _("Save as image: %(errors)s") % {"errors": " ".join(exc.messages)})
         return redirect("cluster_detail", cluster_id=cluster.pk)
-    messages.success(request, f"Saving node {index} of {cluster.name} as {build.name}:{build.tag}.")
+    messages.success(
+        request,
+        _("Saving node %(index)s of %(cluster)s as %(image)s.")
+        % {"index": index, "cluster": cluster.name, "image": f"{build.name}:{build.tag}"},
+    )
     return redirect("image_build", build_id=build.pk)

@@ -6,6 +6,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from jobs import netguard, webhooks
@@ -16,14 +18,17 @@ SECRET_ONCE = "webhook_secret_once"  # noqa: S105 (a session key name, not a sec
 
 class EndpointForm(forms.Form):
     url = forms.CharField(
-        label="URL",
+        label=gettext_lazy("URL"),
         max_length=2000,
-        help_text="http(s) on a public address; redirects are not followed.",
+        help_text=gettext_lazy("http(s) on a public address; redirects are not followed."),
     )
     events = forms.MultipleChoiceField(
-        choices=WebhookEndpoint.EVENTS, widget=forms.CheckboxSelectMultiple, required=True
+        label=gettext_lazy("Events"),
+        choices=WebhookEndpoint.EVENTS,
+        widget=forms.CheckboxSelectMultiple,
+        required=True,
     )
-    enabled = forms.BooleanField(required=False, initial=True)
+    enabled = forms.BooleanField(required=False, initial=True, label=gettext_lazy("Enabled"))
 
     def clean_url(self):
         url = self.cleaned_data["url"].strip()
@@ -48,7 +53,9 @@ def endpoint_list(request):
             enabled=form.cleaned_data["enabled"], secret=secret,
         )  # fmt: skip
         request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": secret}
-        messages.success(request, "Endpoint added. Copy its signing secret now: it is shown once.")
+        messages.success(
+            request, _("Endpoint added. Copy its signing secret now: it is shown once.")
+        )
         return redirect("webhook_detail", endpoint.pk)
     endpoints = WebhookEndpoint.objects.filter(owner=request.user)
     return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
@@ -71,7 +78,7 @@ def endpoint_detail(request, endpoint_id: int):
         endpoint.save(
             update_fields=["url", "events", "enabled", "failing_since", "disabled_reason"]
         )
-        messages.success(request, "Endpoint saved.")
+        messages.success(request, _("Endpoint saved."))
         return redirect("webhook_detail", endpoint.pk)
     once = request.session.pop(SECRET_ONCE, None)
     secret = once["secret"] if once and once.get("id") == endpoint.pk else None
@@ -92,7 +99,7 @@ def endpoint_detail(request, endpoint_id: int):
 def endpoint_test(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
     webhooks.send_test(endpoint)
-    messages.success(request, "A test event is on its way; its attempts show below.")
+    messages.success(request, _("A test event is on its way; its attempts show below."))
     return redirect("webhook_detail", endpoint.pk)
 
 
@@ -102,7 +109,9 @@ def endpoint_rotate(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
     secret = webhooks.rotate(endpoint)
     request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": secret}
-    messages.success(request, "New secret made. The old one keeps signing beside it for 24 hours.")
+    messages.success(
+        request, _("New secret made. The old one keeps signing beside it for 24 hours.")
+    )
     return redirect("webhook_detail", endpoint.pk)
 
 
@@ -111,7 +120,7 @@ def endpoint_rotate(request, endpoint_id: int):
 def endpoint_delete(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
     endpoint.delete()
-    messages.success(request, f"Endpoint {endpoint.url} deleted.")
+    messages.success(request, _("Endpoint %(url)s deleted.") % {"url": endpoint.url})
     return redirect("webhooks")
 
 
@@ -120,5 +129,8 @@ def endpoint_delete(request, endpoint_id: int):
 def delivery_redeliver(request, delivery_id: int):
     delivery = get_object_or_404(WebhookDelivery, pk=delivery_id, endpoint__owner=request.user)
     webhooks.redeliver(delivery)
-    messages.success(request, f"{delivery.event.type} queued again (same webhook-id).")
+    messages.success(
+        request,
+        _("%(event)s queued again (same webhook-id).") % {"event": delivery.event.type},
+    )
     return redirect("webhook_detail", delivery.endpoint_id)

@@ -1,9 +1,13 @@
-"""The starting catalog an operator gets (and edits in the admin afterwards).
+"""The starting catalog an operator gets (and edits in the admin afterwards). Its
+descriptions are stored in English and marked for the catalogue, so pages show the seeded
+ones in the reader's language (`{% translate it.description %}`); one an operator types
+shows as typed.
 
 Layer: catalog, beside engine, netguard, selectors and forms; uses models only.
 """
 
 from django.db import transaction
+from django.utils.translation import gettext_noop
 
 from jobs.models import GpuModel, Image, InstanceType
 
@@ -16,9 +20,9 @@ GPU_MODELS = [
     ("H100 80 GB", "h100-80gb", 80, True, True),
 ]
 INSTANCE_TYPES = [
-    ("cpu-2c-4g", 2, 4, "Debug a training script before paying for GPUs."),
-    ("cpu-4c-16g", 4, 16, "Data preparation and small CPU jobs."),
-    ("cpu-8c-32g", 8, 32, "Preprocessing and evaluation."),
+    ("cpu-2c-4g", 2, 4, gettext_noop("Debug a training script before paying for GPUs.")),
+    ("cpu-4c-16g", 4, 16, gettext_noop("Data preparation and small CPU jobs.")),
+    ("cpu-8c-32g", 8, 32, gettext_noop("Preprocessing and evaluation.")),
 ]
 IMAGES = [
     (
@@ -26,22 +30,26 @@ IMAGES = [
         "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
         "PyTorch 2.4",
         "12.1",
-        "Official PyTorch runtime image with cuDNN 9; torchrun included.",
+        gettext_noop("Official PyTorch runtime image with cuDNN 9; torchrun included."),
     ),
     (
         "PyTorch 2.13 + JupyterLab (CPU)",
         "suanli/jupyter:2.13-cpu",
         "PyTorch 2.13",
         "",
-        "PyTorch 2.13 (CPU) with JupyterLab 4 and TensorBoard, started from the cluster page;"
-        " built on this machine by .ci/jupyter-image.sh (make e2e).",
+        gettext_noop(
+            "PyTorch 2.13 (CPU) with JupyterLab 4 and TensorBoard, started from the cluster "
+            "page; built on this machine by .ci/jupyter-image.sh (make e2e)."
+        ),
     ),
     (
         "Busybox (local test image)",
         "suanli/busybox:latest",
         "none",
         "",
-        "A tiny image built on this machine with docker import: a shell and coreutils, no Python.",
+        gettext_noop(
+            "A tiny image built on this machine with docker import: a shell and coreutils, no Python."
+        ),
     ),
 ]
 

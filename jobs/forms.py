@@ -4,6 +4,7 @@ Layer: forms, beside engine, netguard, selectors and catalog; uses models only.
 """
 
 from django import forms
+from django.utils.translation import gettext as _
 
 from jobs.models import Host
 
@@ -43,9 +44,9 @@ class HostForm(forms.ModelForm):
         self.initial["tls_key"] = ""
         self.fields["gpu_count"].widget.attrs.update({"min": 0, "max": 16})
         if self._stored_key:
-            self.fields[
-                "tls_key"
-            ].help_text = "A key is stored. Leave empty to keep it; paste a new one to replace it."
+            self.fields["tls_key"].help_text = _(
+                "A key is stored. Leave empty to keep it; paste a new one to replace it."
+            )
 
     def clean_tls_key(self) -> str:
         return self.cleaned_data.get("tls_key") or self._stored_key

@@ -93,11 +93,13 @@ import django_rq
 import docker
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils.translation import gettext_noop
 from docker.types import LogConfig, Mount
 
 from jobs import engine, lifecycle, runtime, workspaces
 from jobs.models import Cluster, Host, Node
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage, close_db_connections
+from jobs.text import Text
 
 log = logging.getLogger("suanli.gateway")
 
@@ -636,7 +638,13 @@ def live_workspaces(cluster_ids: set[int]) -> set[tuple[int, int, int, str]]:
 
 def record_login(login: Login) -> None:
     lifecycle.cluster_event(
-        login.cluster, "ssh", f"ssh login to node {login.index} with key {login.fingerprint}"
+        login.cluster,
+        "ssh",
+        Text(
+            gettext_noop("ssh login to node %(index)s with key %(key)s"),
+            index=login.index,
+            key=login.fingerprint,
+        ),
     )
 
 

@@ -44,6 +44,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from jobs import engine, registry, storage, validators
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
@@ -121,16 +123,23 @@ def _check_text(dockerfile: str) -> None:
         for ch in raw:
             if ch != "\t" and (unicodedata.category(ch)[0] == "C" or (ch.isspace() and ch != " ")):
                 raise ValidationError(
-                    f"Line {number} contains the character U+{ord(ch):04X}: use plain spaces, "
-                    "tabs and line ends only."
+                    _(
+                        "Line %(number)s contains the character %(char)s: use plain spaces, tabs "
+                        "and line ends only."
+                    )
+                    % {"number": number, "char": f"U+{ord(ch):04X}"}
                 )
         if _DIRECTIVE.match(raw):
             raise ValidationError(
-                f"Line {number}: parser directives (# syntax=, # escape=) are not supported here."
+                _(
+                    "Line %(number)s: parser directives (# syntax=, # escape=) are not supported "
+                    "here."
+                )
+                % {"number": number}
             )
-    for word, _ in _instructions(dockerfile):
+    for word, _rest in _instructions(dockerfile):
         if word == "ONBUILD":
-            raise ValidationError("ONBUILD is not supported: its trigger would run unchecked.")
+            raise ValidationError(_("ONBUILD is not supported: its trigger would run unchecked."))
 
 
 def _instructions(dockerfile: str):
@@ -194,12 +203,15 @@ def bases(dockerfile: str) -> list[str]:
         if word == "FROM":
             args = [a for a in re.split(r"[ \t]+", rest) if a and not a.startswith("--")]
             if not args:
-                raise ValidationError("A FROM line names no image.")
+                raise ValidationError(_("A FROM line names no image."))
             ref = args[0]
             if "$" in ref:
                 raise ValidationError(
-                    f"FROM {ref}: write the image itself, not a build argument, so that it can "
-                    "be checked before the build."
+                    _(
+                        "FROM %(image)s: write the image itself, not a build argument, so that it "
+                        "can be checked before the build."
+                    )
+                    % {"image": ref}
                 )
             if ref.lower() != "scratch" and ref.lower() not in stages:
                 found.append(ref)
@@ -216,14 +228,17 @@ def bases(dockerfile: str) -> list[str]:
                     source = got.group(1)
                 if "$" in source:
                     raise ValidationError(
-                        f"{word} --from={source}: name the stage or image itself, not a build "
-                        "argument."
+                        _(
+                            "%(instruction)s --from=%(source)s: name the stage or image itself, "
+                            "not a build argument."
+                        )
+                        % {"instruction": word, "source": source}
                     )
                 if source.lower() in stages or (source.isdigit() and int(source) < stage_count):
                     continue
                 found.append(source)
     if stage_count == 0:
-        raise ValidationError("A Dockerfile starts with FROM and the image to build on.")
+        raise ValidationError(_("A Dockerfile starts with FROM and the image to build on."))
     return found
 
 
@@ -235,13 +250,24 @@ def check_bases(owner_id: int, dockerfile: str) -> list[str]:
             try:
                 validators.validate_image_reference(ref)
             except ValidationError as exc:
-                raise ValidationError(f"FROM {ref}: {exc.messages[0]}") from None
+                raise ValidationError(
+                    _("FROM %(image)s: %(error)s") % {"image": ref, "error": exc.messages[0]}
+                ) from None
         if not _allowed(owner_id, ref):
-            allowed = "a catalog image, one of your own images"
             if settings.SUANLI_BUILD_FROM_ALLOWED:
-                allowed += " or " + ", ".join(settings.SUANLI_BUILD_FROM_ALLOWED)
+                raise ValidationError(
+                    _(
+                        "FROM %(image)s: builds start from a catalog image, one of your own "
+                        "images or %(allowed)s; %(image)s is none of them."
+                    )
+                    % {"image": ref, "allowed": ", ".join(settings.SUANLI_BUILD_FROM_ALLOWED)}
+                )
             raise ValidationError(
-                f"FROM {ref}: builds start from {allowed}; {ref} is none of them."
+                _(
+                    "FROM %(image)s: builds start from a catalog image, one of your own images; "
+                    "%(image)s is none of them."
+                )
+                % {"image": ref}
             )
     return refs
 
@@ -251,8 +277,10 @@ def check_bases(owner_id: int, dockerfile: str) -> list[str]:
 
 def _no_registry() -> ValidationError:
     return ValidationError(
-        "Own images need an image registry, which the operator has not configured "
-        "(SUANLI_REGISTRY)."
+        _(
+            "Own images need an image registry, which the operator has not configured "
+            "(SUANLI_REGISTRY)."
+        )
     )
 
 
@@ -274,13 +302,16 @@ def _check_quota(owner, name: str, tag: str) -> None:
     replacing = OwnImage.objects.filter(owner=owner, name=name, tag=tag).exists()
     if used.count >= used.max_count and not replacing:
         raise ValidationError(
-            f"You have {used.count} images, your quota: delete one (or push to an existing "
-            "name and tag) first."
+            _(
+                "You have %(count)s images, your quota: delete one (or push to an existing name "
+                "and tag) first."
+            )
+            % {"count": used.count}
         )
     if used.bytes >= used.max_bytes:
         raise ValidationError(
-            f"Your images take {registry.human(used.bytes)} of your "
-            f"{registry.human(used.max_bytes)}: delete some first."
+            _("Your images take %(used)s of your %(quota)s: delete some first.")
+            % {"used": registry.human(used.bytes), "quota": registry.human(used.max_bytes)}
         )
 
 
@@ -294,11 +325,13 @@ def build_create(
     errors = _check_name(name, tag)
     dockerfile = (dockerfile or "").replace("\r\n", "\n")  # a browser's textarea sends CRLF
     if not dockerfile.strip():
-        errors["dockerfile"] = ["Write the Dockerfile to build."]
+        errors["dockerfile"] = [_("Write the Dockerfile to build.")]
     elif len(dockerfile.encode()) > DOCKERFILE_MAX:
-        errors["dockerfile"] = [f"A Dockerfile of at most {DOCKERFILE_MAX // 1024} KB, please."]
+        errors["dockerfile"] = [
+            _("A Dockerfile of at most %(kb)s KB, please.") % {"kb": DOCKERFILE_MAX // 1024}
+        ]
     elif "\x00" in dockerfile:
-        errors["dockerfile"] = ["The Dockerfile contains a NUL character."]
+        errors["dockerfile"] = [_("The Dockerfile contains a NUL character.")]
     else:
         try:
             check_bases(owner.pk, dockerfile)
@@ -315,13 +348,16 @@ def build_create(
     for key, value in dict(build_args or {}).items():
         if not _ARG_NAME.match(str(key)) or not isinstance(value, str) or "\x00" in value:
             errors["build_args"] = [
-                f"Build argument {str(key)[:40]!r}: a name of letters, digits and underscores "
-                "and a text value."
+                _(
+                    "Build argument %(name)s: a name of letters, digits and underscores and a "
+                    "text value."
+                )
+                % {"name": repr(str(key)[:40])}
             ]
             break
         args[str(key)] = value
     if len(args) > BUILD_ARGS_MAX:
-        errors["build_args"] = [f"At most {BUILD_ARGS_MAX} build arguments."]
+        errors["build_args"] = [_("At most %(most)s build arguments.") % {"most": BUILD_ARGS_MAX}]
     if not errors:
         try:
             _check_quota(owner, name, tag)
@@ -349,17 +385,19 @@ def save_create(*, owner, cluster: Cluster, node_index: int, name: str, tag: str
     if errors:
         raise ValidationError(errors)
     if cluster.owner_id != owner.pk:
-        raise ValidationError("No such cluster.")
+        raise ValidationError(_("No such cluster."))
     if cluster.state not in (Cluster.State.RUNNING, Cluster.State.STOPPED) or not cluster.workspace:
         raise ValidationError(
-            "A workspace is saved from a running or stopped cluster with workspaces."
+            _("A workspace is saved from a running or stopped cluster with workspaces.")
         )
     if _node(cluster, node_index) is None:
-        raise ValidationError(f"Node {node_index} has no workspace to save.")
+        raise ValidationError(_("Node %(index)s has no workspace to save.") % {"index": node_index})
     if ImageBuild.objects.filter(
         cluster=cluster, node_index=node_index, state__in=ImageBuild.ACTIVE
     ).exists():
-        raise ValidationError(f"Node {node_index}'s workspace is being saved already.")
+        raise ValidationError(
+            _("Node %(index)s's workspace is being saved already.") % {"index": node_index}
+        )
     _check_quota(owner, name, tag)
     return _create(
         owner,
@@ -387,7 +425,11 @@ def _check_active(owner) -> None:
     active = ImageBuild.objects.filter(owner=owner, state__in=ImageBuild.ACTIVE).count()
     if active >= settings.SUANLI_BUILDS_PER_RESEARCHER:
         raise ValidationError(
-            f"You have {active} builds queued or running, the most at a time: wait for one to end."
+            _(
+                "You have %(active)s builds queued or running, the most at a time: wait for one "
+                "to end."
+            )
+            % {"active": active}
         )
 
 
@@ -417,12 +459,16 @@ def delete(*, owner, image: OwnImage) -> None:
     """Removes an image of the researcher's from the registry and the list; refused while a
     cluster that is not released uses it."""
     if image.owner_id != owner.pk:
-        raise ValidationError("No such image.")
+        raise ValidationError(_("No such image."))
     using = list(clusters_using(image).values_list("name", flat=True)[:5])
     if using:
         raise ValidationError(
-            f"{image} is used by cluster {', '.join(using)}: release "
-            f"{'it' if len(using) == 1 else 'them'} first."
+            ngettext(
+                "%(image)s is used by cluster %(clusters)s: release it first.",
+                "%(image)s is used by cluster %(clusters)s: release them first.",
+                len(using),
+            )
+            % {"image": image, "clusters": ", ".join(using)}
         )
     repo, tag = registry.split(image.reference)
     shared = (
@@ -434,7 +480,9 @@ def delete(*, owner, image: OwnImage) -> None:
         try:
             registry.delete(repo, tag)
         except registry.RegistryError as exc:
-            raise ValidationError(f"{image} could not be deleted: {exc}") from None
+            raise ValidationError(
+                _("%(image)s could not be deleted: %(error)s") % {"image": image, "error": exc}
+            ) from None
     image.delete()
 
 
@@ -678,9 +726,13 @@ def _context_dir(owner_id: int, folder: str) -> None:
     try:
         found = os.lstat(root / folder)
     except OSError:
-        raise ValidationError(f"There is no folder '{folder}' in your storage.") from None
+        raise ValidationError(
+            _("There is no folder '%(folder)s' in your storage.") % {"folder": folder}
+        ) from None
     if not stat.S_ISDIR(found.st_mode):
-        raise ValidationError(f"'{folder}' in your storage is not a folder.")
+        raise ValidationError(
+            _("'%(folder)s' in your storage is not a folder.") % {"folder": folder}
+        )
 
 
 def _context_tar(build: ImageBuild, deadline: float | None = None):

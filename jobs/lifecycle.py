@@ -10,26 +10,35 @@ stop or preemption) is asked for by task name through `queue`, never by importin
 from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 
 from jobs import webhooks
 from jobs.models import Cluster, ClusterEvent, GpuSlot, Host, Job, JobEvent, Node, WorkspaceApp
 from jobs.queue import enqueue_by_name, enqueue_unique
+from jobs.text import Text, argument, json_of, reason_fields, stored_reason
 
 # -- timelines ------------------------------------------------------------------------------
 
 
-def cluster_event(cluster: Cluster, kind: str, message: str = "", at=None) -> None:
-    """The cluster's timeline, and its webhook event, in the caller's transaction."""
+def cluster_event(cluster: Cluster, kind: str, message: str | Text = "", at=None) -> None:
+    """The cluster's timeline, and its webhook event, in the caller's transaction. A Text
+    message is also kept as its msgid and arguments, shown in the reader's language."""
     ClusterEvent.objects.create(
-        cluster=cluster, kind=kind, message=message[:300], at=at or timezone.now()
+        cluster=cluster,
+        kind=kind,
+        message=str(message)[:300],
+        text=json_of(message),
+        at=at or timezone.now(),
     )
     if kind in ("running", "released", "stopped", "release-soon"):
         webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
 
 
-def job_event(job: Job, kind: str, message: str = "", at=None) -> None:
+def job_event(job: Job, kind: str, message: str | Text = "", at=None) -> None:
     """The job's timeline, and its webhook event, in the caller's transaction."""
-    JobEvent.objects.create(job=job, kind=kind, message=message, at=at or timezone.now())
+    JobEvent.objects.create(
+        job=job, kind=kind, message=str(message), text=json_of(message), at=at or timezone.now()
+    )
     webhooks.job_changed(job.pk, kind)
 
 
@@ -92,10 +101,13 @@ def host_unhealthy(*, host: Host, state: str, words: str, at=None) -> Host:
                 lost_at=at
             )
         if was != state:
-            what = (
-                f"host {host.name} stopped answering; not charged for its nodes from now"
+            what = Text(
+                gettext_noop("host %(host)s stopped answering; not charged for its nodes from now")
                 if state == Host.State.DOWN
-                else f"host {host.name} could not start containers; work moves to another host"
+                else gettext_noop(
+                    "host %(host)s could not start containers; work moves to another host"
+                ),
+                host=host.name,
             )
             for cluster in Cluster.objects.filter(
                 node_set__host=host, node_set__released_at__isnull=True
@@ -125,17 +137,19 @@ def host_outage_ended(*, host_id: int, at=None) -> None:
 # -- clusters ---------------------------------------------------------------------------------
 
 
-def cancel_jobs_of(cluster: Cluster, reason: str) -> None:
+def cancel_jobs_of(cluster: Cluster, reason: str | Text) -> None:
     """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
     now = timezone.now()
     for job in cluster.jobs.filter(state__in=Job.WAITING):
         Job.objects.filter(pk=job.pk).update(
-            state=Job.State.CANCELLED, state_reason=reason, finished_at=now
+            state=Job.State.CANCELLED, finished_at=now, **reason_fields(reason, 500)
         )
         job_event(job, "cancelled", reason, at=now)
     for job in cluster.jobs.filter(state__in=Job.ACTIVE):
-        Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
-        JobEvent.objects.create(job=job, kind="cancelling", message=reason, at=now)
+        Job.objects.filter(pk=job.pk).update(cancel_requested=True, **reason_fields(reason, 500))
+        JobEvent.objects.create(
+            job=job, kind="cancelling", message=str(reason), text=json_of(reason), at=now
+        )
         request_stop(job.pk)
 
 
@@ -146,8 +160,11 @@ def free_nodes(nodes, now) -> int:
     return Node.objects.filter(pk__in=ids).update(released_at=now)
 
 
+BY_OWNER = Text(gettext_noop("released by its owner"))
+
+
 @transaction.atomic
-def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") -> Cluster:
+def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Cluster:
     """Give the cluster's capacity back at once. Idempotent."""
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
@@ -164,10 +181,16 @@ def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") 
         kept_until=now
     )
     cluster.state = Cluster.State.RELEASED
-    cluster.state_reason = reason[:300]
+    cluster.state_reason = str(reason)[:300]
+    cluster.state_reason_text = json_of(reason)
     cluster.released_at = now
-    cluster.save(update_fields=["state", "state_reason", "released_at"])
-    cluster_event(cluster, "released", reason if was_pending else "capacity returned", at=now)
+    cluster.save(update_fields=["state", "state_reason", "state_reason_text", "released_at"])
+    cluster_event(
+        cluster,
+        "released",
+        reason if was_pending else Text(gettext_noop("capacity returned")),
+        at=now,
+    )
     WorkspaceApp.objects.filter(cluster=cluster).delete()  # they die with the workspaces
     if live or kept:
         request_placement()
@@ -179,9 +202,15 @@ def cluster_release(*, cluster: Cluster, reason: str = "released by its owner") 
 
 # -- spot preemption --------------------------------------------------------------------------
 
+# The state reasons of a preemption; the reason inside is said again further on (the job's
+# "preempted ...", the cluster's place in the queue).
+PREEMPTING = gettext_noop("preempting: %(reason)s")  # the cluster's
+NOTICE = gettext_noop("preemption notice: %(reason)s")  # its running job's
+PREEMPTED = gettext_noop("preempted (%(reason)s); waiting to be placed again")  # back in line
+
 
 @transaction.atomic
-def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
+def cluster_preempt(*, cluster: Cluster, reason: str | Text) -> bool:
     """Send a running spot cluster its preemption notice: billing stops at this second,
     the running job's replicas run its preemption script, then get SIGTERM and, after the
     grace period, SIGKILL; the cluster then goes back to the queue on its own
@@ -191,11 +220,15 @@ def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
         return False
     now = timezone.now()
     Cluster.objects.filter(pk=cluster.pk).update(
-        state=Cluster.State.PREEMPTING, state_reason=f"preempting: {reason}"[:300]
+        state=Cluster.State.PREEMPTING,
+        **reason_fields(Text(PREEMPTING, reason=reason), 300),
     )
     Node.objects.filter(cluster=cluster, released_at__isnull=True).update(preempted_at=now)
     cluster_event(
-        cluster, "preempting", f"{reason}; not charged from now until it runs again", at=now
+        cluster,
+        "preempting",
+        Text(gettext_noop("%(reason)s; not charged from now until it runs again"), reason=reason),
+        at=now,
     )
     active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
     if active is None:
@@ -206,20 +239,26 @@ def cluster_preempt(*, cluster: Cluster, reason: str) -> bool:
         # the cluster goes back to the queue when it has.
         return True
     Job.objects.filter(pk=active.pk).update(
-        preempt_requested_at=now, state_reason=f"preemption notice: {reason}"[:500]
+        preempt_requested_at=now,
+        **reason_fields(Text(NOTICE, reason=reason), 500),
     )
-    script = (
-        "running its preemption script"
+    notice = Text(
+        gettext_noop(
+            "preemption notice: %(reason)s; running its preemption script (limit %(limit)s s), "
+            "then SIGTERM, SIGKILL after %(grace)s s"
+        )
         if active.preemption_script.strip()
-        else "no preemption script"
+        else gettext_noop(
+            "preemption notice: %(reason)s; no preemption script (limit %(limit)s s), "
+            "then SIGTERM, SIGKILL after %(grace)s s"
+        ),
+        reason=reason,
+        limit=settings.SUANLI_PREEMPT_SCRIPT_S,
+        grace=settings.SUANLI_PREEMPT_GRACE_S,
     )
     JobEvent.objects.create(
-        job=active, kind="notice",
-        message=f"preemption notice: {reason}; {script} (limit "
-        f"{settings.SUANLI_PREEMPT_SCRIPT_S} s), then SIGTERM, SIGKILL after "
-        f"{settings.SUANLI_PREEMPT_GRACE_S} s",
-        at=now,
-    )  # fmt: skip
+        job=active, kind="notice", message=str(notice), text=json_of(notice), at=now
+    )
     job_id = active.pk
     transaction.on_commit(
         lambda: enqueue_unique(
@@ -241,17 +280,20 @@ def cluster_requeue_preempted(*, cluster_id: int) -> bool:
     now = timezone.now()
     live = list(cluster.node_set.filter(released_at__isnull=True))
     free_nodes(live, now)
-    reason = cluster.state_reason.removeprefix("preempting: ")
+    said = stored_reason(cluster)
+    reason = argument(said, PREEMPTING)
+    if reason is None:  # plain words (a row from before their twin)
+        reason = str(said).removeprefix("preempting: ")
     Cluster.objects.filter(pk=cluster.pk).update(
         state=Cluster.State.PENDING,
-        state_reason=f"preempted ({reason}); waiting to be placed again"[:300],
+        **reason_fields(Text(PREEMPTED, reason=reason), 300),
         queued_at=now,
         running_since=None,
     )
     cluster_event(
         cluster,
         "preempted",
-        "capacity returned; back in the queue, placed again when it fits",
+        Text(gettext_noop("capacity returned; back in the queue, placed again when it fits")),
         at=now,
     )
     request_placement()

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy
 
 from jobs import validators
 from jobs.crypto import EncryptedTextField
@@ -91,10 +92,10 @@ class Host(models.Model):
     """
 
     class State(models.TextChoices):
-        ACTIVE = "active", "active"
-        DRAINING = "draining", "draining"
-        DEGRADED = "degraded", "degraded"
-        DOWN = "down", "down"
+        ACTIVE = "active", gettext_lazy("active")
+        DRAINING = "draining", gettext_lazy("draining")
+        DEGRADED = "degraded", gettext_lazy("degraded")
+        DOWN = "down", gettext_lazy("down")
 
     UNHEALTHY = (State.DEGRADED, State.DOWN)
 
@@ -350,29 +351,29 @@ class Cluster(models.Model):
     nodes of one instance type), gang-placed on the hosts."""
 
     class State(models.TextChoices):
-        PENDING = "pending", "pending"
-        RUNNING = "running", "running"
-        RELEASING = "releasing", "releasing"
-        RELEASED = "released", "released"
-        FAILED = "failed", "failed"
+        PENDING = "pending", gettext_lazy("pending")
+        RUNNING = "running", gettext_lazy("running")
+        RELEASING = "releasing", gettext_lazy("releasing")
+        RELEASED = "released", gettext_lazy("released")
+        FAILED = "failed", gettext_lazy("failed")
         # A spot cluster whose capacity is being taken back: its replicas have the notice
         # and run their preemption script; it holds its GPUs until they are gone but is not
         # charged from the notice on. Then it goes back to pending on its own.
-        PREEMPTING = "preempting", "preempting"
+        PREEMPTING = "preempting", gettext_lazy("preempting")
         # Stopped by its owner (关机): no GPUs held, no job runs, not charged for GPUs; its
         # workspaces are stopped but kept on their hosts (their files stay) until it is
         # started again on those hosts, or released (by hand, or after
         # SUANLI_STOPPED_RELEASE_DAYS).
-        STOPPED = "stopped", "stopped"
+        STOPPED = "stopped", gettext_lazy("stopped")
 
     class Network(models.TextChoices):
-        STANDARD = "standard", "standard"
-        RDMA = "rdma", "high-performance (RDMA)"
+        STANDARD = "standard", gettext_lazy("standard")
+        RDMA = "rdma", gettext_lazy("high-performance (RDMA)")
 
     class ReleasePolicy(models.TextChoices):
-        AFTER_LAST_JOB = "after_last_job", "when the last job ends"
-        IDLE = "idle", "after N idle minutes"
-        NEVER = "never", "never (release by hand)"
+        AFTER_LAST_JOB = "after_last_job", gettext_lazy("when the last job ends")
+        IDLE = "idle", gettext_lazy("after N idle minutes")
+        NEVER = "never", gettext_lazy("never (release by hand)")
 
     HOLDS_CAPACITY = (State.RUNNING, State.RELEASING)
 
@@ -414,6 +415,9 @@ class Cluster(models.Model):
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=300, blank=True)
+    # The reason as a jobs.text.Text (msgid and arguments), shown in the reader's language;
+    # `state_reason` keeps the English (API, webhooks). None for plain words, older rows.
+    state_reason_text = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(default=timezone.now, help_text="Place in the queue (FIFO).")
     running_since = models.DateTimeField(null=True, blank=True)
@@ -490,6 +494,9 @@ class TimelineEvent(models.Model):
 
     at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=20)
+    # The message as a jobs.text.Text (msgid and arguments), shown in the reader's language;
+    # `message` keeps the English for the API and webhooks. Empty on older events.
+    text = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         abstract = True
@@ -587,9 +594,9 @@ class WorkspaceApp(models.Model):
     node; gone when the workspace stops (rows are removed by a stop or a release)."""
 
     class Kind(models.TextChoices):
-        JUPYTER = "jupyter", "JupyterLab"
-        TENSORBOARD = "tensorboard", "TensorBoard"
-        SERVICE = "service", "service port"
+        JUPYTER = "jupyter", gettext_lazy("JupyterLab")
+        TENSORBOARD = "tensorboard", gettext_lazy("TensorBoard")
+        SERVICE = "service", gettext_lazy("service port")
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="apps")
     node_index = models.PositiveSmallIntegerField()
@@ -618,19 +625,19 @@ class Job(models.Model):
     """A training run on a cluster. A cluster runs its jobs one at a time, FIFO."""
 
     class State(models.TextChoices):
-        QUEUED = "queued", "queued"
-        STARTING = "starting", "starting"
-        RUNNING = "running", "running"
-        SUCCEEDED = "succeeded", "succeeded"
-        FAILED = "failed", "failed"
-        CANCELLED = "cancelled", "cancelled"
+        QUEUED = "queued", gettext_lazy("queued")
+        STARTING = "starting", gettext_lazy("starting")
+        RUNNING = "running", gettext_lazy("running")
+        SUCCEEDED = "succeeded", gettext_lazy("succeeded")
+        FAILED = "failed", gettext_lazy("failed")
+        CANCELLED = "cancelled", gettext_lazy("cancelled")
         # Taken off its spot cluster by a preemption; starts again (resuming from its newest
         # checkpoint) when the cluster is placed again. Not an end.
-        PREEMPTED = "preempted", "preempted"
+        PREEMPTED = "preempted", gettext_lazy("preempted")
 
     class Launcher(models.TextChoices):
-        PLAIN = "plain", "plain (the command runs once per node)"
-        TORCHRUN = "torchrun", "torchrun (one process per GPU)"
+        PLAIN = "plain", gettext_lazy("plain (the command runs once per node)")
+        TORCHRUN = "torchrun", gettext_lazy("torchrun (one process per GPU)")
 
     ACTIVE = (State.STARTING, State.RUNNING)
     WAITING = (State.QUEUED, State.PREEMPTED)  # what dispatch starts, oldest first
@@ -674,6 +681,9 @@ class Job(models.Model):
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     state_reason = models.CharField(max_length=500, blank=True)
+    # The reason as a jobs.text.Text (msgid and arguments), shown in the reader's language;
+    # `state_reason` keeps the English (API, webhooks). None for plain words, older rows.
+    state_reason_text = models.JSONField(null=True, blank=True, editable=False)
     exit_code = models.IntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     stop_requested_at = models.DateTimeField(
@@ -719,10 +729,10 @@ class Replica(models.Model):
     """One container of one attempt of a job, on one node (rank = node index)."""
 
     class State(models.TextChoices):
-        CREATING = "creating", "creating"
-        RUNNING = "running", "running"
-        EXITED = "exited", "exited"
-        LOST = "lost", "lost"
+        CREATING = "creating", gettext_lazy("creating")
+        RUNNING = "running", gettext_lazy("running")
+        EXITED = "exited", gettext_lazy("exited")
+        LOST = "lost", gettext_lazy("lost")
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="replicas")
     attempt = models.PositiveSmallIntegerField(default=1)
@@ -764,17 +774,17 @@ class WebhookEndpoint(models.Model):
     """Where a researcher wants job and cluster events POSTed, signed per Standard Webhooks."""
 
     EVENTS = [
-        ("job.queued", "job queued"),
-        ("job.started", "job started"),
-        ("job.succeeded", "job succeeded"),
-        ("job.failed", "job failed"),
-        ("job.cancelled", "job cancelled"),
-        ("job.preempted", "job preempted"),
-        ("cluster.running", "cluster running"),
-        ("cluster.stopped", "cluster stopped"),
-        ("cluster.release_soon", "stopped cluster released in a day"),
-        ("cluster.released", "cluster released"),
-        ("balance.low", "balance low"),
+        ("job.queued", gettext_lazy("job queued")),
+        ("job.started", gettext_lazy("job started")),
+        ("job.succeeded", gettext_lazy("job succeeded")),
+        ("job.failed", gettext_lazy("job failed")),
+        ("job.cancelled", gettext_lazy("job cancelled")),
+        ("job.preempted", gettext_lazy("job preempted")),
+        ("cluster.running", gettext_lazy("cluster running")),
+        ("cluster.stopped", gettext_lazy("cluster stopped")),
+        ("cluster.release_soon", gettext_lazy("stopped cluster released in a day")),
+        ("cluster.released", gettext_lazy("cluster released")),
+        ("balance.low", gettext_lazy("balance low")),
     ]
 
     owner = models.ForeignKey(
@@ -817,9 +827,9 @@ class WebhookEvent(models.Model):
 
 class WebhookDelivery(models.Model):
     class State(models.TextChoices):
-        PENDING = "pending", "pending"
-        SUCCEEDED = "succeeded", "delivered"
-        DEAD = "dead", "gave up"
+        PENDING = "pending", gettext_lazy("pending")
+        SUCCEEDED = "succeeded", gettext_lazy("delivered")
+        DEAD = "dead", gettext_lazy("gave up")
 
     event = models.ForeignKey(WebhookEvent, on_delete=models.CASCADE, related_name="deliveries")
     endpoint = models.ForeignKey(
@@ -866,8 +876,8 @@ class OwnImage(models.Model):
     Usable by its owner only (jobs/validators.py refuses the registry's other names)."""
 
     class Source(models.TextChoices):
-        BUILD = "build", "built from a Dockerfile"
-        SAVE = "save", "saved from a workspace"
+        BUILD = "build", gettext_lazy("built from a Dockerfile")
+        SAVE = "save", gettext_lazy("saved from a workspace")
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="own_images"
@@ -899,15 +909,15 @@ class ImageBuild(models.Model):
     from the queue "builds". Its log is streamed live (jobs/images.py) and its end kept."""
 
     class Kind(models.TextChoices):
-        BUILD = "build", "build"
-        SAVE = "save", "save of a workspace"
+        BUILD = "build", gettext_lazy("build")
+        SAVE = "save", gettext_lazy("save of a workspace")
 
     class State(models.TextChoices):
-        QUEUED = "queued", "queued"
-        RUNNING = "running", "running"
-        PUSHING = "pushing", "pushing"
-        SUCCEEDED = "succeeded", "succeeded"
-        FAILED = "failed", "failed"
+        QUEUED = "queued", gettext_lazy("queued")
+        RUNNING = "running", gettext_lazy("running")
+        PUSHING = "pushing", gettext_lazy("pushing")
+        SUCCEEDED = "succeeded", gettext_lazy("succeeded")
+        FAILED = "failed", gettext_lazy("failed")
 
     ACTIVE = (State.QUEUED, State.RUNNING, State.PUSHING)
 

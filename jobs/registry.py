@@ -25,9 +25,12 @@ import requests
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from jobs import engine
 from jobs.models import Cluster, ClusterEvent
+from jobs.text import Text, json_of
 from jobs.validators import image_repository
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,13 @@ _TIMEOUT = 30
 
 
 class RegistryError(Exception):
-    """The registry refused or could not be reached; the message is for people."""
+    """The registry refused or could not be reached; the message is for people (in the
+    language active where it was raised: English in the workers). `status`: the registry's
+    HTTP status when it answered with an error."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 def enabled() -> bool:
@@ -127,7 +136,10 @@ class _Api:
             try:
                 response = self.session.request(method, url, headers=headers, **kwargs)
             except requests.RequestException as exc:
-                raise RegistryError(f"the image registry {host()} did not answer: {exc}") from exc
+                raise RegistryError(
+                    _("the image registry %(registry)s did not answer: %(error)s")
+                    % {"registry": host(), "error": exc}
+                ) from exc
             if response.status_code != 401 or attempt:
                 return response
             self.tokens[scope] = self._authorization(response, scope)
@@ -135,26 +147,37 @@ class _Api:
 
     def _authorization(self, response: requests.Response, scope: str) -> str:
         challenge = response.headers.get("WWW-Authenticate", "")
-        scheme, _, rest = challenge.partition(" ")
+        scheme, _sep, rest = challenge.partition(" ")
         if scheme.lower() == "basic":
             return requests.auth._basic_auth_str(*self.credentials)
         if scheme.lower() != "bearer":
-            raise RegistryError(f"the image registry {host()} refused the console's credentials")
+            raise RegistryError(_refused())
         params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
         realm = params.pop("realm", "")
         if not realm.startswith("https://"):
-            raise RegistryError(f"the image registry's token service is not HTTPS ({realm!r})")
+            raise RegistryError(
+                _("the image registry's token service is not HTTPS (%(realm)s)")
+                % {"realm": repr(realm)}
+            )
         params["scope"] = scope
         try:
             got = self.session.get(
                 realm, params=params, auth=self.credentials, timeout=_TIMEOUT, verify=self.verify
             )
         except requests.RequestException as exc:
-            raise RegistryError(f"the registry's token service did not answer: {exc}") from exc
+            raise RegistryError(
+                _("the registry's token service did not answer: %(error)s") % {"error": exc}
+            ) from exc
         if got.status_code != 200:
-            raise RegistryError(f"the image registry {host()} refused the console's credentials")
+            raise RegistryError(_refused())
         body = got.json()
         return f"Bearer {body.get('token') or body.get('access_token')}"
+
+
+def _refused() -> str:
+    return _("the image registry %(registry)s refused the console's credentials") % {
+        "registry": host()
+    }
 
 
 def _scope(repo: str, actions: str = "pull") -> str:
@@ -168,7 +191,11 @@ def _check(response: requests.Response, what: str) -> requests.Response:
             detail = "; ".join(e.get("message", "") for e in errors) or response.reason
         except ValueError:
             detail = response.reason
-        raise RegistryError(f"{what}: the registry answered {response.status_code} ({detail})")
+        raise RegistryError(
+            _("%(what)s: the registry answered %(status)s (%(detail)s)")
+            % {"what": what, "status": response.status_code, "detail": detail},
+            status=response.status_code,
+        )
     return response
 
 
@@ -184,7 +211,7 @@ def manifest(repo: str, ref: str, *, api: _Api | None = None) -> tuple[str, dict
                 scope=_scope(repo),
                 headers={"Accept": ", ".join(MANIFEST_TYPES)},
             ),
-            f"reading {repo}:{ref}",
+            _("reading %(image)s") % {"image": f"{repo}:{ref}"},
         )
     finally:
         if own:
@@ -207,15 +234,15 @@ def delete(repo: str, tag: str) -> bool:
     api = _Api()
     try:
         try:
-            digest, _ = manifest(repo, tag, api=api)
+            digest, _man = manifest(repo, tag, api=api)
         except RegistryError as exc:
-            if " 404 " in str(exc):
+            if exc.status == 404:
                 return False
             raise
         response = api.request("DELETE", f"{repo}/manifests/{digest}", scope=_scope(repo, "*"))
         if response.status_code == 404:
             return False
-        _check(response, f"deleting {repo}:{tag}")
+        _check(response, _("deleting %(image)s") % {"image": f"{repo}:{tag}"})
         return True
     finally:
         api.close()
@@ -228,16 +255,17 @@ def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple
     api = _Api()
     scope = _scope(repo, "pull,push")
     try:
-        _, man = manifest(repo, tag, api=api)
+        _digest, man = manifest(repo, tag, api=api)
         old = man["config"]
         config = _check(
-            api.request("GET", f"{repo}/blobs/{old['digest']}", scope=scope), "reading the config"
+            api.request("GET", f"{repo}/blobs/{old['digest']}", scope=scope),
+            _("reading the config"),
         ).json()
         change(config)
         body = json.dumps(config, separators=(",", ":")).encode()
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         started = _check(
-            api.request("POST", f"{repo}/blobs/uploads/", scope=scope), "starting an upload"
+            api.request("POST", f"{repo}/blobs/uploads/", scope=scope), _("starting an upload")
         )
         location = started.headers["Location"]
         if location.startswith("/"):
@@ -251,7 +279,7 @@ def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple
                 data=body,
                 headers={"Content-Type": "application/octet-stream"},
             ),
-            "uploading the config",
+            _("uploading the config"),
         )
         man = dict(man, config=dict(old, digest=digest, size=len(body)))
         payload = json.dumps(man, separators=(",", ":")).encode()
@@ -263,7 +291,7 @@ def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple
                 data=payload,
                 headers={"Content-Type": man.get("mediaType") or MANIFEST_TYPES[0]},
             ),
-            "writing the manifest",
+            _("writing the manifest"),
         )
         return put.headers.get("Docker-Content-Digest") or (
             "sha256:" + hashlib.sha256(payload).hexdigest()
@@ -308,11 +336,11 @@ def pull(
     total = 0
     if in_registry(ref):
         repo, tag = split(ref)
-        _, man = manifest(repo, tag)
+        _digest, man = manifest(repo, tag)
         # The engine names a layer by its digest's first 12 hex digits.
         sizes = {d.split(":", 1)[1][:12]: n for d, n in layers_of(man)[1:]}
         total = sum(sizes.values())
-    name, _, digest = ref.partition("@")
+    name, _sep, digest = ref.partition("@")
     repo_name, tag = (name, digest) if digest else _repo_tag(name)
     done: dict[str, int] = {}
     last = 0.0
@@ -338,7 +366,7 @@ def pull(
     except docker.errors.APIError as exc:
         raise RegistryError(engine.describe(exc)) from exc
     except requests.RequestException as exc:
-        raise RegistryError(f"the pull broke off: {exc}") from exc
+        raise RegistryError(_("the pull broke off: %(error)s") % {"error": exc}) from exc
     if on_progress:
         on_progress(total, total)
 
@@ -375,7 +403,11 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
         return True
     started = time.monotonic()
     _note(cluster_id, host.name, state="pulling", done=0, total=0)
-    _event(cluster_id, "pulling", f"pulling {ref} onto {host.name}")
+    _event(
+        cluster_id,
+        "pulling",
+        Text(gettext_noop("pulling %(image)s onto %(host)s"), image=ref, host=host.name),
+    )
     patient = engine.client_for(host, timeout=settings.SUANLI_IMAGE_PULL_S)
     got = {"total": 0}
 
@@ -386,16 +418,30 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
     try:
         pull(patient, f"{ref.partition('@')[0]}", on_progress=progress)
     except RegistryError as exc:
-        message = f"the image {ref} could not be pulled onto {host.name}: {exc}"
+        failed = Text(
+            gettext_noop("the image %(image)s could not be pulled onto %(host)s: %(error)s"),
+            image=ref,
+            host=host.name,
+            error=exc,
+        )
+        message = str(failed)
         _note(cluster_id, host.name, state="failed", message=message)
-        _event(cluster_id, "pull-failed", message)
+        _event(cluster_id, "pull-failed", failed)
         raise RegistryError(message) from exc
     finally:
         patient.close()
     seconds = time.monotonic() - started
     _note(cluster_id, host.name, state="pulled", done=got["total"], total=got["total"])
     _event(
-        cluster_id, "pulled", f"{ref} is on {host.name} ({human(got['total'])} in {seconds:.0f} s)"
+        cluster_id,
+        "pulled",
+        Text(
+            gettext_noop("%(image)s is on %(host)s (%(size)s in %(seconds)s s)"),
+            image=ref,
+            host=host.name,
+            size=human(got["total"]),
+            seconds=f"{seconds:.0f}",
+        ),
     )
     return True
 
@@ -412,9 +458,13 @@ def _note(cluster_id, host_name: str, **state) -> None:
         Cluster.objects.filter(pk=cluster_id).update(image_pulls=pulls)
 
 
-def _event(cluster_id, kind: str, message: str) -> None:
+def _event(cluster_id, kind: str, message: str | Text) -> None:
     if cluster_id is None:
         return
     ClusterEvent.objects.create(
-        cluster_id=cluster_id, at=timezone.now(), kind=kind, message=message[:300]
+        cluster_id=cluster_id,
+        at=timezone.now(),
+        kind=kind,
+        message=str(message)[:300],
+        text=json_of(message),
     )

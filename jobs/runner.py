@@ -24,18 +24,32 @@ import docker
 from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 from rq.registry import StartedJobRegistry
 
-from jobs import engine, lifecycle, network, registry, runtime, storage, webhooks, workspaces
+from jobs import (
+    engine,
+    lifecycle,
+    network,
+    registry,
+    runtime,
+    scheduler,
+    storage,
+    webhooks,
+    workspaces,
+)
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
 from jobs.queue import enqueue_later, enqueue_unique
+from jobs.text import Text, argument, join, json_of, reason_fields, stored_reason
 
 log = logging.getLogger(__name__)
 
 
-def _event(job_id: int, kind: str, message: str = "") -> None:
+def _event(job_id: int, kind: str, message: str | Text = "") -> None:
     """The job's timeline, and its webhook event, in the caller's transaction."""
-    JobEvent.objects.create(job_id=job_id, kind=kind, message=message[:500])
+    JobEvent.objects.create(
+        job_id=job_id, kind=kind, message=str(message)[:500], text=json_of(message)
+    )
     webhooks.job_changed(job_id, kind)
 
 
@@ -72,12 +86,29 @@ def dispatch(cluster_id: int) -> int | None:
         if stranded:
             # Not on a host that is down or cannot start containers: it waits for the host
             # to come back or for placement to move the node (`scheduler.move_stranded`).
-            where = ", ".join(
-                f"node {n.index} is on {n.host.name} ({n.host.state})" for n in stranded
+            where = join(
+                [
+                    Text(
+                        gettext_noop("node %(index)s is on %(host)s (%(state)s)"),
+                        index=n.index,
+                        host=n.host.name,
+                        state=scheduler.host_state(n.host.state),
+                    )
+                    for n in stranded
+                ]
             )
-            reason = f"waiting for its cluster: {where}; starts when the host is back or the node has moved"
-            Job.objects.filter(pk=job.pk).exclude(state_reason=reason[:500]).update(
-                state_reason=reason[:500]
+            waiting = reason_fields(
+                Text(
+                    gettext_noop(
+                        "waiting for its cluster: %(where)s; starts when the host is back or the "
+                        "node has moved"
+                    ),
+                    where=where,
+                ),
+                500,
+            )
+            Job.objects.filter(pk=job.pk).exclude(state_reason=waiting["state_reason"]).update(
+                **waiting
             )
             return None
         attempt = job.attempt + 1
@@ -91,6 +122,7 @@ def dispatch(cluster_id: int) -> int | None:
             attempt=attempt,
             started_at=now,
             state_reason="",
+            state_reason_text=None,
             master_port=port,
             stop_requested_at=None,
             preempt_requested_at=None,
@@ -98,14 +130,26 @@ def dispatch(cluster_id: int) -> int | None:
         ):
             return None
         if job.state == Job.State.PREEMPTED:
-            where = f"from {resume}" if resume else (
-                f"from scratch: no checkpoint in {job.checkpoint_dir}"
-                + ("" if storage.covering_volume(volumes, job.checkpoint_dir) else " (it is not on a volume)")
-            )  # fmt: skip
+            if resume:
+                where = Text(gettext_noop("from %(checkpoint)s"), checkpoint=resume)
+            elif storage.covering_volume(volumes, job.checkpoint_dir):
+                where = Text(
+                    gettext_noop("from scratch: no checkpoint in %(dir)s"), dir=job.checkpoint_dir
+                )
+            else:
+                where = Text(
+                    gettext_noop("from scratch: no checkpoint in %(dir)s (it is not on a volume)"),
+                    dir=job.checkpoint_dir,
+                )
             _event(
                 job.pk,
                 "resuming",
-                f"restart {attempt - 1} after preemption {job.preemptions}, {where}",
+                Text(
+                    gettext_noop("restart %(restart)s after preemption %(preemption)s, %(where)s"),
+                    restart=attempt - 1,
+                    preemption=job.preemptions,
+                    where=where,
+                ),
             )
         Replica.objects.bulk_create(
             [
@@ -125,7 +169,13 @@ def dispatch(cluster_id: int) -> int | None:
         _event(
             job.pk,
             "starting",
-            f"attempt {attempt} on {len(nodes)} node{'s' if len(nodes) != 1 else ''}",
+            Text(
+                gettext_noop("attempt %(attempt)s on 1 node")
+                if len(nodes) == 1
+                else gettext_noop("attempt %(attempt)s on %(nodes)s nodes"),
+                attempt=attempt,
+                nodes=len(nodes),
+            ),
         )
     start_replicas(job.pk)
     return job.pk
@@ -141,9 +191,17 @@ def _resume_point(job: Job, volumes) -> str:
 
 
 def _pull(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
-    _event(job.pk, "pulling", f"pulling {image} on {host.name}")
+    _event(
+        job.pk,
+        "pulling",
+        Text(gettext_noop("pulling %(image)s on %(host)s"), image=image, host=host.name),
+    )
     client.images.pull(image)
-    _event(job.pk, "pulled", f"{image} is on {host.name}")
+    _event(
+        job.pk,
+        "pulled",
+        Text(gettext_noop("%(image)s is on %(host)s"), image=image, host=host.name),
+    )
 
 
 _START_ERRORS = (
@@ -170,7 +228,9 @@ def start_replicas(job_id: int) -> None:
         .order_by("rank")
     )
     if not replicas:
-        _finish(job.pk, Job.State.FAILED, "the cluster has no nodes", exit_code=None)
+        _finish(
+            job.pk, Job.State.FAILED, Text(gettext_noop("the cluster has no nodes")), exit_code=None
+        )
         return
     todo = [r for r in replicas if r.state == Replica.State.CREATING]
     if todo and _start_abandoned(job):
@@ -189,7 +249,11 @@ def start_replicas(job_id: int) -> None:
         if cause is not None and on_it and engine.engine_fault(cause):
             _host_failed_start(job, [(r, cause) for r in on_it])
         else:
-            _fail_replicas(job, todo, f"the cluster network could not be made: {exc}")
+            _fail_replicas(
+                job,
+                todo,
+                Text(gettext_noop("the cluster network could not be made: %(error)s"), error=exc),
+            )
         return
     specs = []
     for replica in todo:
@@ -242,7 +306,12 @@ def _mark_running(job: Job, replicas: list[Replica]) -> bool:
         if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
             state=Job.State.RUNNING, running_since=timezone.now()
         ):
-            hosts = ", ".join(f"rank {r.rank} on {r.host.name}" for r in replicas)
+            hosts = join(
+                [
+                    Text(gettext_noop("rank %(rank)s on %(host)s"), rank=r.rank, host=r.host.name)
+                    for r in replicas
+                ]
+            )
             _event(job.pk, "running", hosts)
             return True
     return False
@@ -269,8 +338,13 @@ def _adopt(replica: Replica, container) -> None:
             stop(replica.job_id)
 
 
-def _where(replica: Replica, exc: BaseException) -> str:
-    return f"rank {replica.rank} on {replica.host.name}: {engine.describe(exc)}"
+def _where(replica: Replica, exc: BaseException) -> Text:
+    return Text(
+        gettext_noop("rank %(rank)s on %(host)s: %(error)s"),
+        rank=replica.rank,
+        host=replica.host.name,
+        error=engine.describe(exc),
+    )
 
 
 def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) -> None:
@@ -296,18 +370,21 @@ def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) ->
         state=Replica.State.LOST, host_fault=True, finished_at=timezone.now()
     )
     names = ", ".join(sorted({r.host.name for r, _ in faults}))
-    message = (
-        f"the host {names} could not start containers; your job is being moved to another "
-        "host (no retry used)"
+    message = Text(
+        gettext_noop(
+            "the host %(host)s could not start containers; your job is being moved to another "
+            "host (no retry used)"
+        ),
+        host=names,
     )
-    Job.objects.filter(pk=job.pk).update(state_reason=message[:500])
+    Job.objects.filter(pk=job.pk).update(**reason_fields(message, 500))
     _event(job.pk, "host-failed", message)
     _drop_unstarted(job)
     stop(job.pk)
     settle(job.pk)
 
 
-def _fail_replicas(job: Job, failed: list[Replica], message: str) -> None:
+def _fail_replicas(job: Job, failed: list[Replica], message: str | Text) -> None:
     Replica.objects.filter(pk__in=[r.pk for r in failed]).update(
         state=Replica.State.LOST, finished_at=timezone.now()
     )
@@ -407,8 +484,14 @@ def _drop_unstarted(job: Job) -> None:
         )
 
 
-def _fail_start(job: Job, message: str) -> None:
-    Job.objects.filter(pk=job.pk).update(state_reason=f"could not start: {message}"[:500])
+# A start's own failure, kept as the job's reason until it ends (settle says it again).
+COULD_NOT_START = gettext_noop("could not start: %(reason)s")
+
+
+def _fail_start(job: Job, message: str | Text) -> None:
+    Job.objects.filter(pk=job.pk).update(
+        **reason_fields(Text(COULD_NOT_START, reason=message), 500)
+    )
     _event(job.pk, "error", message)
     _drop_unstarted(job)
     stop(job.pk)
@@ -467,8 +550,15 @@ def _start_scripts(job: Job) -> None:
             api.exec_start(exec_id, detach=True)
         except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
             # Not running any more, or the engine is gone: nothing to save there.
-            _event(job.pk, "notice", f"rank {replica.rank}: preemption script not run: "
-                   f"{engine.describe(exc)}")  # fmt: skip
+            _event(
+                job.pk,
+                "notice",
+                Text(
+                    gettext_noop("rank %(rank)s: preemption script not run: %(error)s"),
+                    rank=replica.rank,
+                    error=engine.describe(exc),
+                ),
+            )
             exec_id = "-"
         Replica.objects.filter(pk=replica.pk, preempt_exec_id="").update(preempt_exec_id=exec_id)
 
@@ -489,7 +579,7 @@ def preempt(job_id: int) -> None:
     _start_scripts(job)
     limit = settings.SUANLI_PREEMPT_SCRIPT_S
     overdue = (timezone.now() - job.preempt_requested_at).total_seconds() >= limit
-    results: list[str] = []
+    results: list[Text] = []
     waiting = False
     for replica in Replica.objects.filter(
         job=job, attempt=job.attempt, state=Replica.State.RUNNING
@@ -503,12 +593,22 @@ def preempt(job_id: int) -> None:
         if state.get("Running"):
             waiting = True
             results.append(
-                f"rank {replica.rank}: preemption script still running after its {limit} s "
-                "limit; stopped with the replica"
+                Text(
+                    gettext_noop(
+                        "rank %(rank)s: preemption script still running after its %(limit)s s "
+                        "limit; stopped with the replica"
+                    ),
+                    rank=replica.rank,
+                    limit=limit,
+                )
             )
         else:
             results.append(
-                f"rank {replica.rank}: preemption script exited with code {state.get('ExitCode')}"
+                Text(
+                    gettext_noop("rank %(rank)s: preemption script exited with code %(code)s"),
+                    rank=replica.rank,
+                    code=state.get("ExitCode"),
+                )
             )
     if waiting and not overdue:
         _enqueue("jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}", delay=1)
@@ -522,9 +622,13 @@ def preempt(job_id: int) -> None:
         for line in results:
             _event(job_id, "notice", line)
         _event(
-            job_id, "stopping",
-            f"preemption: SIGTERM now, SIGKILL after {settings.SUANLI_PREEMPT_GRACE_S} s",
-        )  # fmt: skip
+            job_id,
+            "stopping",
+            Text(
+                gettext_noop("preemption: SIGTERM now, SIGKILL after %(grace)s s"),
+                grace=settings.SUANLI_PREEMPT_GRACE_S,
+            ),
+        )
     stop(job_id)
     settle(job_id)  # a job with no running replica left is preempted at once
 
@@ -538,32 +642,64 @@ def _preempted(job: Job) -> None:
         if job.state not in Job.ACTIVE or job.preempt_requested_at is None:
             return
         if job.cancel_requested:  # cancelled while the notice ran: it ends here
-            _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=None)
+            _finish(job.pk, Job.State.CANCELLED, _cancelled(job), exit_code=None)
             lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
             return
         count = job.preemptions + 1
-        reason = (job.state_reason or "preempted").removeprefix("preemption notice: ")
+        said = stored_reason(job)
+        reason = argument(said, lifecycle.NOTICE)
+        if reason is None:  # another reason, or plain words (a row from before their twin)
+            reason = said if isinstance(said, Text) else said.removeprefix("preemption notice: ")
+        reason = reason or Text(gettext_noop("preempted"))
         if count > job.max_preemptions:
             Job.objects.filter(pk=job.pk).update(preemptions=count)
             _finish(
-                job.pk, Job.State.FAILED,
-                f"preempted {count} times, more than its limit of {job.max_preemptions} "
-                f"(last: {reason})",
+                job.pk,
+                Job.State.FAILED,
+                Text(
+                    gettext_noop(
+                        "preempted %(count)s times, more than its limit of %(limit)s "
+                        "(last: %(reason)s)"
+                    ),
+                    count=count,
+                    limit=job.max_preemptions,
+                    reason=reason,
+                ),
                 exit_code=None,
-            )  # fmt: skip
+            )
         else:
             at = job.preempt_requested_at.strftime("%Y-%m-%d %H:%M:%S UTC")
             Job.objects.filter(pk=job.pk).update(
                 state=Job.State.PREEMPTED,
                 preemptions=count,
-                state_reason=f"preempted at {at}: {reason}; resumes when its cluster is "
-                "placed again"[:500],
+                **reason_fields(
+                    Text(
+                        gettext_noop(
+                            "preempted at %(at)s: %(reason)s; resumes when its cluster is placed "
+                            "again"
+                        ),
+                        at=at,
+                        reason=reason,
+                    ),
+                    500,
+                ),
             )
             _event(
-                job.pk, "preempted",
-                f"preemption {count} of at most {job.max_preemptions}: {reason}",
-            )  # fmt: skip
+                job.pk,
+                "preempted",
+                Text(
+                    gettext_noop("preemption %(count)s of at most %(limit)s: %(reason)s"),
+                    count=count,
+                    limit=job.max_preemptions,
+                    reason=reason,
+                ),
+            )
         lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
+
+
+def _cancelled(job: Job) -> Text | str:
+    """Why a cancelled job ended: its reason ("cancelled by ..."), else "cancelled"."""
+    return stored_reason(job) or Text(gettext_noop("cancelled"))
 
 
 def kill(job_id: int, attempt: int | None = None) -> None:
@@ -635,10 +771,18 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
         )
         if updated and host_fault:
             _event(
-                replica.job_id, "host-lost",
-                f"rank {replica.rank} was stopped by its host {replica.host.name} (the engine "
-                f"restarted or stopped answering; exit code {exit_code}): not the job's failure",
-            )  # fmt: skip
+                replica.job_id,
+                "host-lost",
+                Text(
+                    gettext_noop(
+                        "rank %(rank)s was stopped by its host %(host)s (the engine restarted "
+                        "or stopped answering; exit code %(code)s): not the job's failure"
+                    ),
+                    rank=replica.rank,
+                    host=replica.host.name,
+                    code=exit_code,
+                ),
+            )
     if container is not None:
         try:
             container.remove(force=True)
@@ -672,12 +816,16 @@ def _ended_by_engine(replica: Replica, finished) -> bool:
     return not Job.objects.filter(pk=replica.job_id, stop_requested_at__isnull=False).exists()
 
 
-def replica_lost(replica_id: int, reason: str, *, host_fault: bool = False) -> None:
+def replica_lost(replica_id: int, reason: str | Text, *, host_fault: bool = False) -> None:
     replica = Replica.objects.get(pk=replica_id)
     if Replica.objects.filter(
         pk=replica.pk, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
     ).update(state=Replica.State.LOST, finished_at=timezone.now(), host_fault=host_fault):
-        _event(replica.job_id, "lost", f"rank {replica.rank}: {reason}")
+        _event(
+            replica.job_id,
+            "lost",
+            Text(gettext_noop("rank %(rank)s: %(reason)s"), rank=replica.rank, reason=reason),
+        )
         settle(replica.job_id)
 
 
@@ -703,7 +851,7 @@ def settle(job_id: int) -> None:
             code = None
             if replicas and len(codes) == len(replicas) and None not in codes:
                 code = next((c for c in codes if c != 0), 0)
-            _finish(job.pk, Job.State.CANCELLED, job.state_reason or "cancelled", exit_code=code)
+            _finish(job.pk, Job.State.CANCELLED, _cancelled(job), exit_code=code)
         return
     if job.preempt_requested_at is not None:
         # Exit codes of a preempted attempt are the signal's, not the job's failure; but a
@@ -712,9 +860,15 @@ def settle(job_id: int) -> None:
             notice = job.preempt_requested_at
             if not failed and all(r.finished_at and r.finished_at < notice for r in done):
                 _finish(
-                    job.pk, Job.State.SUCCEEDED,
-                    "all replicas exited with code 0 (before the preemption notice)", exit_code=0,
-                )  # fmt: skip
+                    job.pk,
+                    Job.State.SUCCEEDED,
+                    Text(
+                        gettext_noop(
+                            "all replicas exited with code 0 (before the preemption notice)"
+                        )
+                    ),
+                    exit_code=0,
+                )
             else:
                 _preempted(job)  # whatever ended after the notice runs again from its checkpoint
         return
@@ -723,10 +877,12 @@ def settle(job_id: int) -> None:
         lost_to_host = [r for r in failed if r.host_fault]
         if lost_to_host:
             # The host's failure, not the job's: stop the rest, then run it again.
-            cause = (
-                ", ".join(f"rank {r.rank}" for r in lost_to_host)
-                + " lost to "
-                + (", ".join(sorted({r.host.name for r in lost_to_host})))
+            cause = Text(
+                gettext_noop("%(ranks)s lost to %(hosts)s"),
+                ranks=join(
+                    [Text(gettext_noop("rank %(rank)s"), rank=r.rank) for r in lost_to_host]
+                ),
+                hosts=", ".join(sorted({r.host.name for r in lost_to_host})),
             )
             if not all_done:
                 _stop_the_rest(job, cause)
@@ -734,68 +890,98 @@ def settle(job_id: int) -> None:
             _requeue_after_host(job, cause)
             return
         if job.state_reason.startswith("could not start"):
-            cause = job.state_reason  # the engine's own words, e.g. a failed pull
+            cause = stored_reason(job)  # the engine's own words, e.g. a failed pull
         elif first.state == Replica.State.LOST:
-            cause = f"rank {first.rank} was lost"
+            cause = Text(gettext_noop("rank %(rank)s was lost"), rank=first.rank)
         else:
-            cause = f"rank {first.rank} exited with code {first.exit_code}"
+            cause = Text(
+                gettext_noop("rank %(rank)s exited with code %(code)s"),
+                rank=first.rank,
+                code=first.exit_code,
+            )
         if not all_done:
             _stop_the_rest(job, cause)
             return
         used = job.attempt - job.preemptions - job.host_restarts  # failed attempts so far
         if used <= job.retries:
-            _requeue(job, f"{cause}; retry {used} of {job.retries}")
+            _requeue(
+                job,
+                Text(
+                    gettext_noop("%(cause)s; retry %(used)s of %(retries)s"),
+                    cause=cause,
+                    used=used,
+                    retries=job.retries,
+                ),
+            )
             return
         _finish(
             job.pk,
             Job.State.FAILED,
-            cause.removesuffix("; stopping the other replicas"),
+            cause.removesuffix("; stopping the other replicas")
+            if isinstance(cause, str)
+            else cause,
             exit_code=first.exit_code,
             at=_last_end(done),
         )
         return
     if all_done:
         _finish(
-            job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0", exit_code=0,
+            job.pk,
+            Job.State.SUCCEEDED,
+            Text(gettext_noop("all replicas exited with code 0")),
+            exit_code=0,
             at=_last_end(done),
-        )  # fmt: skip
+        )
 
 
 def _last_end(replicas: list[Replica]):
     return max((r.finished_at for r in replicas if r.finished_at), default=None)
 
 
-def _stop_the_rest(job: Job, cause: str) -> None:
+def _stop_the_rest(job: Job, cause: str | Text) -> None:
     """One replica ended the attempt: stop the others, once (a second settle finds the
     reason already said)."""
-    reason = f"{cause}; stopping the other replicas"
-    if Job.objects.filter(pk=job.pk).exclude(state_reason=reason).update(state_reason=reason):
+    reason = Text(gettext_noop("%(cause)s; stopping the other replicas"), cause=cause)
+    said = reason_fields(reason, 500)
+    if Job.objects.filter(pk=job.pk).exclude(state_reason=said["state_reason"]).update(**said):
         _event(job.pk, "stopping", reason)
         stop(job.pk)
 
 
-def _requeue_after_host(job: Job, cause: str) -> None:
+def _requeue_after_host(job: Job, cause: str | Text) -> None:
     """Every replica of an attempt that a host ended has stopped: the job waits again, at
     the head of its cluster's queue, and starts from its newest checkpoint once the
     cluster has its capacity back (the host answers again, or its nodes moved)."""
     if job.host_restarts >= MAX_HOST_RESTARTS:
         _finish(
-            job.pk, Job.State.FAILED,
-            f"{cause}; its hosts failed it {job.host_restarts + 1} times, the most a job is "
-            "run again for (tell the operator)",
+            job.pk,
+            Job.State.FAILED,
+            Text(
+                gettext_noop(
+                    "%(cause)s; its hosts failed it %(times)s times, the most a job is run "
+                    "again for (tell the operator)"
+                ),
+                cause=cause,
+                times=job.host_restarts + 1,
+            ),
             exit_code=None,
-        )  # fmt: skip
+        )
         return
     reason = (
-        job.state_reason  # the start's own plain sentence ("the host ... could not start")
+        stored_reason(job)  # the start's own sentence ("the host ... could not start")
         if job.state_reason.startswith("the host ")
-        else f"{cause}; runs again from its last checkpoint once its cluster has its capacity "
-        "back (no retry used)"
+        else Text(
+            gettext_noop(
+                "%(cause)s; runs again from its last checkpoint once its cluster has its "
+                "capacity back (no retry used)"
+            ),
+            cause=cause,
+        )
     )
     with transaction.atomic():
         if Job.objects.filter(pk=job.pk, state__in=Job.ACTIVE).update(
             state=Job.State.QUEUED,
-            state_reason=reason[:500],
+            **reason_fields(reason, 500),
             host_restarts=models.F("host_restarts") + 1,
         ):
             _event(job.pk, "requeued", reason)
@@ -804,17 +990,17 @@ def _requeue_after_host(job: Job, cause: str) -> None:
     lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
-def _requeue(job: Job, reason: str) -> None:
+def _requeue(job: Job, reason: str | Text) -> None:
     with transaction.atomic():
         if Job.objects.filter(pk=job.pk, state__in=Job.ACTIVE).update(
-            state=Job.State.QUEUED, state_reason=reason
+            state=Job.State.QUEUED, **reason_fields(reason, 500)
         ):
             _event(job.pk, "retrying", reason)
             lifecycle.request_dispatch(job.cluster_id)
     lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
 
-def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None, at=None) -> None:
+def _finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | None, at=None) -> None:
     """End the job: `at` is when it really ended (its last container's end) when known."""
     now = timezone.now()
     ended = min(at, now) if at is not None else now
@@ -826,7 +1012,9 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None, at=N
         if (
             not Job.objects.filter(pk=job_id)
             .exclude(state__in=Job.ENDED)
-            .update(state=state, state_reason=reason[:500], exit_code=exit_code, finished_at=ended)
+            .update(
+                state=state, exit_code=exit_code, finished_at=ended, **reason_fields(reason, 500)
+            )
         ):
             return
         _event(job_id, state, reason)
@@ -841,7 +1029,11 @@ def _finish(job_id: int, state: str, reason: str, *, exit_code: int | None, at=N
             and cluster.state in (Cluster.State.RUNNING, Cluster.State.PREEMPTING)
         ):
             lifecycle.cluster_release(
-                cluster=cluster, reason=f"released automatically after job {job.name} finished"
+                cluster=cluster,
+                reason=Text(
+                    gettext_noop("released automatically after job %(job)s finished"),
+                    job=job.name,
+                ),
             )
         elif cluster.state == Cluster.State.PREEMPTING:
             lifecycle.cluster_requeue_preempted(cluster_id=cluster.pk)
@@ -916,7 +1108,10 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
                 continue
             if container is None:
                 report["lost"] += 1
-                replica_lost(replica.pk, f"its container is gone from {host.name}")
+                replica_lost(
+                    replica.pk,
+                    Text(gettext_noop("its container is gone from %(host)s"), host=host.name),
+                )
             elif container.status in ("exited", "dead"):
                 report["finalised"] += 1
                 replica_exited(replica.pk, exit_code=container.attrs["State"]["ExitCode"])
@@ -938,9 +1133,12 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     ).only("pk", "running_since", "max_runtime_s")
     for job in overdue:
         if job.running_since and (now - job.running_since).total_seconds() > job.max_runtime_s:
-            reason = f"stopped: ran past its maximum runtime of {job.max_runtime_s // 60} min"
+            reason = Text(
+                gettext_noop("stopped: ran past its maximum runtime of %(minutes)s min"),
+                minutes=job.max_runtime_s // 60,
+            )
             if Job.objects.filter(pk=job.pk, cancel_requested=False).update(
-                cancel_requested=True, state_reason=reason
+                cancel_requested=True, **reason_fields(reason, 500)
             ):
                 _event(job.pk, "timeout", reason)
                 report["timed_out"] = report.get("timed_out", 0) + 1
@@ -949,9 +1147,13 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
         for replica in by_host[host.pk]:
             report["lost"] += 1
             replica_lost(
-                replica.pk, f"host {host.name} stopped answering (not the job's failure)",
+                replica.pk,
+                Text(
+                    gettext_noop("host %(host)s stopped answering (not the job's failure)"),
+                    host=host.name,
+                ),
                 host_fault=True,
-            )  # fmt: skip
+            )
     report["restarted"] = len(stuck)
     for job_id in stuck:
         _enqueue("jobs.tasks.job_start", job_id, job_id=f"start-{job_id}")

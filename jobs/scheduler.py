@@ -44,11 +44,13 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 
 from jobs import lifecycle, webhooks
 from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Job, Node
 from jobs.queue import enqueue_by_name
 from jobs.sql import update_rows
+from jobs.text import Text, argument, join, stored_reason
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +343,7 @@ class Fleet:
         return sum(h.free // cluster.gpus_per_node for h in hosts), sum(h.free for h in hosts)
 
 
-def plan_kept(cluster: Cluster, fleet: Fleet) -> tuple[list[int] | None, str]:
+def plan_kept(cluster: Cluster, fleet: Fleet) -> tuple[list[int] | None, Text | None]:
     """Host per node (index order) for a stopped cluster that waits to start again on the
     hosts that keep its workspaces, or (None, why it waits). Hosts an earlier request in
     line holds are not used; those it waits for are held for it (`Fleet.hold`)."""
@@ -352,27 +354,55 @@ def plan_kept(cluster: Cluster, fleet: Fleet) -> tuple[list[int] | None, str]:
         .values_list("host_id", "host__name", "host__state")
     )
     if not kept:
-        return None, "keeps no workspaces: release it"
+        return None, Text(gettext_noop("keeps no workspaces: release it"))
     per_node = cluster.instance_type.vcpus if cluster.is_cpu_only else cluster.gpus_per_node
     need: dict[int, int] = defaultdict(int)
     for host_id, _, _ in kept:
         need[host_id] += per_node
-    why = ""
+    why = None
+    cpu = cluster.is_cpu_only
     for host_id, name, state in kept:
         cap = fleet.hosts.get(host_id)
         if cap is None:
-            why = why or f"waiting for host {name}, which keeps its workspaces ({state})"
+            why = why or Text(
+                gettext_noop("waiting for host %(host)s, which keeps its workspaces (%(state)s)"),
+                host=name,
+                state=host_state(state),
+            )
             continue
-        free = cap.cpu_free if cluster.is_cpu_only else cap.free
-        unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
+        free = cap.cpu_free if cpu else cap.free
         if host_id in fleet.reserved[key] and not why:
-            why = f"waiting for {unit} on {name}, which keeps its workspaces (held for an earlier request)"
+            why = Text(
+                gettext_noop(
+                    "waiting for vCPUs on %(host)s, which keeps its workspaces (held for an "
+                    "earlier request)"
+                )
+                if cpu
+                else gettext_noop(
+                    "waiting for GPUs on %(host)s, which keeps its workspaces (held for an "
+                    "earlier request)"
+                ),
+                host=name,
+            )
         elif free < need[host_id] and not why:
-            why = f"waiting for {need[host_id]} {unit} on {name}, which keeps its workspaces ({max(free, 0)} free)"
+            why = Text(
+                gettext_noop(
+                    "waiting for %(need)s vCPUs on %(host)s, which keeps its workspaces "
+                    "(%(free)s free)"
+                )
+                if cpu
+                else gettext_noop(
+                    "waiting for %(need)s GPUs on %(host)s, which keeps its workspaces "
+                    "(%(free)s free)"
+                ),
+                need=need[host_id],
+                host=name,
+                free=max(free, 0),
+            )
     if why:
         fleet.hold(need, key)
-        return None, why[:300]
-    return [host_id for host_id, _, _ in kept], ""
+        return None, why
+    return [host_id for host_id, _, _ in kept], None
 
 
 def resource_key(cluster: Cluster) -> str:
@@ -382,23 +412,58 @@ def resource_key(cluster: Cluster) -> str:
 
 
 def shortage_text(cluster: Cluster, fleet: Fleet) -> str:
-    where = f"in {cluster.zone}" if cluster.zone else "in any zone"
-    rdma = " with RDMA" if cluster.network == Cluster.Network.RDMA else ""
+    return str(shortage(cluster, fleet))
+
+
+def shortage(cluster: Cluster, fleet: Fleet) -> Text:
+    """Why the cluster does not fit now ("waiting for ..."), in the reader's language."""
+    rdma = cluster.network == Cluster.Network.RDMA
+    if cluster.zone:
+        where = Text(
+            gettext_noop("with RDMA in %(zone)s") if rdma else gettext_noop("in %(zone)s"),
+            zone=cluster.zone,
+        )
+    else:
+        where = Text(gettext_noop("with RDMA in any zone") if rdma else gettext_noop("in any zone"))
     if not fleet.usable_hosts(cluster):
-        return (
-            f"no active host{rdma} {where} is large enough for a node of {cluster.shape} "
-            "(hosts may be draining or down)"
+        return Text(
+            gettext_noop(
+                "no active host %(where)s is large enough for a node of %(shape)s "
+                "(hosts may be draining or down)"
+            ),
+            where=where,
+            shape=cluster.shape,
         )
     fit, free = fleet.room(cluster)
-    unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
-    room = "room for no node now" if fit == 0 else f"room for {fit} of {cluster.nodes} nodes now"
-    text = f"waiting for {cluster.shape}{rdma} {where}; {room} ({free} {unit} free)"
-    if cluster.nodes > 1 and fit >= cluster.nodes:
-        text += (
-            "; its nodes must share one network: hosts outside a Docker swarm take it only "
-            "when all its nodes fit on one host"
+    room = (
+        Text(gettext_noop("room for no node now"))
+        if fit == 0
+        else Text(
+            gettext_noop("room for %(fit)s of %(nodes)s nodes now"), fit=fit, nodes=cluster.nodes
         )
-    return text
+    )
+    args = {"shape": cluster.shape, "where": where, "room": room, "free": free}
+    if cluster.nodes > 1 and fit >= cluster.nodes:
+        return Text(
+            gettext_noop(
+                "waiting for %(shape)s %(where)s; %(room)s (%(free)s vCPUs free); its nodes "
+                "must share one network: hosts outside a Docker swarm take it only when all "
+                "its nodes fit on one host"
+            )
+            if cluster.is_cpu_only
+            else gettext_noop(
+                "waiting for %(shape)s %(where)s; %(room)s (%(free)s GPUs free); its nodes "
+                "must share one network: hosts outside a Docker swarm take it only when all "
+                "its nodes fit on one host"
+            ),
+            **args,
+        )
+    return Text(
+        gettext_noop("waiting for %(shape)s %(where)s; %(room)s (%(free)s vCPUs free)")
+        if cluster.is_cpu_only
+        else gettext_noop("waiting for %(shape)s %(where)s; %(room)s (%(free)s GPUs free)"),
+        **args,
+    )
 
 
 BATCH = 100  # plans written per transaction
@@ -476,8 +541,9 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             [(slot, node.pk) for node, ids in zip(nodes, slots_of, strict=True) for slot in ids]
         )
         Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]).update(
-            state=Cluster.State.RUNNING, state_reason="", running_since=now, last_active_at=now,
-            stopped_at=None, release_warned_at=None, no_gpu=False,
+            state=Cluster.State.RUNNING, state_reason="", state_reason_text=None,
+            running_since=now, last_active_at=now, stopped_at=None, release_warned_at=None,
+            no_gpu=False,
         )  # fmt: skip
         # Those that were stopped run again on the hosts that keep their workspaces.
         Node.objects.filter(
@@ -487,8 +553,11 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
         names = {h: cap.name for h, cap in fleet.hosts.items()}
         ClusterEvent.objects.bulk_create(
             [
-                ClusterEvent(cluster=c, at=now, kind="running", message=describe_nodes(mine, names))
+                ClusterEvent(
+                    cluster=c, at=now, kind="running", message=str(t)[:300], text=t.as_json()
+                )
                 for c, mine in placed
+                for t in [placed_text(mine, names)]
             ]
         )
         for cluster in Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]):
@@ -594,6 +663,11 @@ def _preferring(free: list[tuple[int, int]], indices: list[int]) -> list[tuple[i
 
 
 def describe_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> str:
+    return str(placed_text(nodes, names))[:300]
+
+
+def nodes_text(nodes: list[Node], names: dict[int, str] | None = None) -> Text | str:
+    """ "node 0 on host-a GPU 0-7, node 1 on host-b GPU 0-7", in the reader's language."""
     if names is None:
         names = dict(
             Host.objects.filter(id__in={n.host_id for n in nodes}).values_list("id", "name")
@@ -601,9 +675,25 @@ def describe_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> st
     parts = []
     for node in nodes:
         where = names.get(node.host_id, f"host {node.host_id}")
-        gpus = f" GPU {format_indices(node.gpu_indices)}" if node.gpu_indices else ""
-        parts.append(f"node {node.index} on {where}{gpus}")
-    return ("placed: " + ", ".join(parts))[:300]
+        if node.gpu_indices:
+            parts.append(
+                Text(
+                    gettext_noop("node %(index)s on %(host)s GPU %(gpus)s"),
+                    index=node.index,
+                    host=where,
+                    gpus=format_indices(node.gpu_indices),
+                )
+            )
+        else:
+            parts.append(
+                Text(gettext_noop("node %(index)s on %(host)s"), index=node.index, host=where)
+            )
+    return join(parts)
+
+
+def placed_text(nodes: list[Node], names: dict[int, str] | None = None) -> Text:
+    """ "placed: node 0 on host-a GPU 0-7, ..." (a cluster's running event)."""
+    return Text(gettext_noop("placed: %(nodes)s"), nodes=nodes_text(nodes, names))
 
 
 def format_indices(indices: list[int]) -> str:
@@ -687,14 +777,31 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
             else fleet
         )
         hosts = fits.plan(extra)
-        where = ", ".join(f"node {n.index} on {n.host.name} ({n.host.state})" for n in nodes)
+        where = join(
+            [
+                Text(
+                    gettext_noop("node %(index)s on %(host)s (%(state)s)"),
+                    index=n.index,
+                    host=n.host.name,
+                    state=host_state(n.host.state),
+                )
+                for n in nodes
+            ]
+        )
         if hosts is None or not fleet.one_network(staying + hosts):
             why = (
-                shortage_text(extra, fleet)
+                shortage(extra, fleet)
                 if hosts is None
-                else "the hosts with room cannot share a network with its other nodes"
+                else Text(
+                    gettext_noop("the hosts with room cannot share a network with its other nodes")
+                )
             )
-            reason = f"{where}: to be moved to another host; {why}"[:300]
+            waiting = Text(
+                gettext_noop("%(nodes)s: to be moved to another host; %(why)s"),
+                nodes=where,
+                why=why,
+            )
+            reason = str(waiting)[:300]
             with transaction.atomic():
                 # Waiting for room is not charged (a down host's nodes are not already).
                 Node.objects.filter(pk__in=[n.pk for n in nodes], lost_at__isnull=True).update(
@@ -703,10 +810,14 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
                 if (
                     Cluster.objects.filter(pk=cluster_id)
                     .exclude(state_reason=reason)
-                    .update(state_reason=reason)
+                    .update(state_reason=reason, state_reason_text=waiting.as_json())
                 ):
                     ClusterEvent.objects.create(
-                        cluster=cluster, at=now, kind="waiting", message=reason
+                        cluster=cluster,
+                        at=now,
+                        kind="waiting",
+                        message=reason,
+                        text=waiting.as_json(),
                     )
             continue
         try:
@@ -731,19 +842,20 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
                     continue
                 fresh, placed = [p[0] for p in pairs], [p[1] for p in pairs]
                 names = {h: cap.name for h, cap in fleet.hosts.items()}
-                message = "; ".join(
-                    f"node {old.index} moved from {old.host.name} ({old.host.state}"
-                    + (
-                        f" since {old.host.unhealthy_since:%H:%M:%S} UTC"
-                        if old.host.unhealthy_since
-                        else ""
-                    )
-                    + f") to {names.get(new.host_id, new.host_id)}"
-                    + (f" GPU {format_indices(new.gpu_indices)}" if new.gpu_indices else "")
-                    for old, new in zip(fresh, placed, strict=True)
-                )[:300]
-                Cluster.objects.filter(pk=cluster_id).update(state_reason="", last_active_at=now)
-                ClusterEvent.objects.create(cluster=cluster, at=now, kind="moved", message=message)
+                moves = [_moved(old, new, names) for old, new in zip(fresh, placed, strict=True)]
+                message = moves[-1]
+                for move in reversed(moves[:-1]):
+                    message = Text(gettext_noop("%(first)s; %(rest)s"), first=move, rest=message)
+                Cluster.objects.filter(pk=cluster_id).update(
+                    state_reason="", state_reason_text=None, last_active_at=now
+                )
+                ClusterEvent.objects.create(
+                    cluster=cluster,
+                    at=now,
+                    kind="moved",
+                    message=str(message)[:300],
+                    text=message.as_json(),
+                )
                 lifecycle.request_dispatch(cluster_id)
         except Conflict:
             report.conflicts += 1
@@ -757,6 +869,73 @@ def move_stranded(fleet: Fleet, report: PassReport, *, now=None) -> int:
         moved += len(hosts)
         enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster_id, job_id=f"net-{cluster_id}")
     return moved
+
+
+# A host's state inside a sentence of the timeline.
+HOST_STATES = {
+    "active": gettext_noop("active"),
+    "draining": gettext_noop("draining"),
+    "degraded": gettext_noop("degraded"),
+    "down": gettext_noop("down"),
+}
+
+
+def host_state(state: str) -> Text:
+    return Text(HOST_STATES.get(state, state))
+
+
+def _moved(old: Node, new: Node, names: dict[int, str]) -> Text:
+    """ "node 0 moved from host-a (down since 12:00:00 UTC) to host-b GPU 0-7"."""
+    args = {
+        "index": old.index,
+        "old": old.host.name,
+        "state": host_state(old.host.state),
+        "new": names.get(new.host_id, new.host_id),
+    }
+    if old.host.unhealthy_since:
+        args["since"] = f"{old.host.unhealthy_since:%H:%M:%S}"
+    if new.gpu_indices:
+        args["gpus"] = format_indices(new.gpu_indices)
+    if "since" in args and "gpus" in args:
+        msgid = gettext_noop(
+            "node %(index)s moved from %(old)s (%(state)s since %(since)s UTC) to %(new)s "
+            "GPU %(gpus)s"
+        )
+    elif "since" in args:
+        msgid = gettext_noop(
+            "node %(index)s moved from %(old)s (%(state)s since %(since)s UTC) to %(new)s"
+        )
+    elif "gpus" in args:
+        msgid = gettext_noop(
+            "node %(index)s moved from %(old)s (%(state)s) to %(new)s GPU %(gpus)s"
+        )
+    else:
+        msgid = gettext_noop("node %(index)s moved from %(old)s (%(state)s) to %(new)s")
+    return Text(msgid, **args)
+
+
+# A preempted cluster waiting again keeps saying why it was preempted, before where it is.
+REQUEUED = gettext_noop("preempted (%(reason)s); %(why)s")
+
+
+def _preempted_for(cluster: Cluster) -> Text | str:
+    """The reason inside a preempted cluster's "preempted (...); ..." (its state reason)."""
+    said = stored_reason(cluster)
+    for msgid in (lifecycle.PREEMPTED, REQUEUED):
+        inner = argument(said, msgid)
+        if inner is not None:
+            return inner
+    return str(said).split("); ", 1)[0].removeprefix("preempted (")  # plain words
+
+
+def _say(cluster: Cluster, reason: Text, *, always: bool = False) -> bool:
+    """Set the (unsaved) cluster's state reason and its twin; False when it said that
+    already (unless `always`)."""
+    said = str(reason)[:300]
+    if cluster.state_reason == said and not always:
+        return False
+    cluster.state_reason, cluster.state_reason_text = said, reason.as_json()
+    return True
 
 
 def place_pending(*, fleet: Fleet | None = None) -> PassReport:
@@ -783,8 +962,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
             hosts, why = plan_kept(cluster, fleet)
             if hosts is None:
                 report.waiting += 1
-                if why and cluster.state_reason != why:
-                    cluster.state_reason = why
+                if why and _say(cluster, why):
                     reasons.append(cluster)
                 continue
         else:
@@ -805,19 +983,25 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         report.waiting += 1
         if not cluster.spot and key not in on_demand_heads:
             on_demand_heads[key] = cluster
-        reason = shortage_text(cluster, fleet)
         head = heads.get(key)
         if head is None:
             heads[key] = cluster
             fleet.reserve_for(cluster)
-            reason += f"; first in line for {cluster.resource_label}"
+            reason = Text(
+                gettext_noop("%(why)s; first in line for %(resource)s"),
+                why=shortage(cluster, fleet),
+                resource=cluster.resource_label,
+            )
         else:
-            reason += f"; behind {head.name} (first in line for {cluster.resource_label})"
+            reason = Text(
+                gettext_noop("%(why)s; behind %(head)s (first in line for %(resource)s)"),
+                why=shortage(cluster, fleet),
+                head=head.name,
+                resource=cluster.resource_label,
+            )
         if cluster.state_reason.startswith("preempted ("):  # keep saying why it waits again
-            reason = cluster.state_reason.split("); ", 1)[0] + "); " + reason
-        reason = reason[:300]
-        if cluster.state_reason != reason:
-            cluster.state_reason = reason
+            reason = Text(REQUEUED, reason=_preempted_for(cluster), why=reason)
+        if _say(cluster, reason):
             reasons.append(cluster)
     if batch:
         _commit_batch(batch, fleet, report)
@@ -826,14 +1010,14 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         listed = {c.pk for c in reasons}
         for cluster in on_demand_heads.values():
             if cluster.pk in notes:
-                cluster.state_reason = notes[cluster.pk]
+                _say(cluster, notes[cluster.pk], always=True)
                 if cluster.pk not in listed:
                     reasons.append(cluster)
     if reasons:
         # Only rows still pending: a cluster placed or released meanwhile keeps its state.
         for cluster in reasons:
             Cluster.objects.filter(pk=cluster.pk, state=Cluster.State.PENDING).update(
-                state_reason=cluster.state_reason
+                state_reason=cluster.state_reason, state_reason_text=cluster.state_reason_text
             )
     if report.placed:
         log.info("placed %d cluster(s), %d waiting", len(report.placed), report.waiting)
@@ -939,7 +1123,7 @@ def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
     return list(holders.values()), soon
 
 
-def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> dict[int, str]:
+def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> dict[int, Text]:
     """For each on-demand request that did not fit (the first in line per resource),
     preempt spot clusters, youngest first, until it fits, then drop again any whose
     capacity is not needed. Returns a reason per
@@ -947,16 +1131,18 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
     holders, soon = _spot_capacity()
     if not holders and not soon:
         return {}
-    notes: dict[int, str] = {}
+    notes: dict[int, Text] = {}
     # A request reclaims only once it has waited SUANLI_RECLAIM_AFTER_S: one that its
     # owner releases before that (a throw-away request, made to harass another tenant's
     # spot jobs) never preempts anybody.
     waited_since = timezone.now() - timedelta(seconds=settings.SUANLI_RECLAIM_AFTER_S)
     for cluster in clusters:
         if cluster.queued_at > waited_since:
-            notes[cluster.pk] = (
-                f"waiting; spot capacity is reclaimed for it after "
-                f"{settings.SUANLI_RECLAIM_AFTER_S} s in line"
+            notes[cluster.pk] = Text(
+                gettext_noop(
+                    "waiting; spot capacity is reclaimed for it after %(seconds)s s in line"
+                ),
+                seconds=settings.SUANLI_RECLAIM_AFTER_S,
             )
             continue
         hosts = fleet.usable_hosts(cluster)
@@ -967,7 +1153,7 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
             if lifecycle.cluster_preempt(
                 cluster=Cluster(pk=victim.cluster_id),
                 # No names: the requester and the preempted may be different tenants.
-                reason="spot capacity reclaimed for an on-demand request",
+                reason=Text(gettext_noop("spot capacity reclaimed for an on-demand request")),
             ):
                 report.preempted.append(victim.cluster_id)
         taken = {v.cluster_id for v in victims}
@@ -976,12 +1162,22 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
             for host_id, (g, c) in victim.gives.items():
                 had = soon.get(host_id, (0, 0))
                 soon[host_id] = (had[0] + g, had[1] + c)
-        notes[cluster.pk] = (
-            f"waiting for spot capacity being reclaimed ({len(victims)} spot "
-            f"cluster{'s' if len(victims) != 1 else ''} preempted for it)"
-            if victims
-            else "waiting for spot capacity being reclaimed"
-        )
+        if not victims:
+            notes[cluster.pk] = Text(gettext_noop("waiting for spot capacity being reclaimed"))
+        elif len(victims) == 1:
+            notes[cluster.pk] = Text(
+                gettext_noop(
+                    "waiting for spot capacity being reclaimed (1 spot cluster preempted for it)"
+                )
+            )
+        else:
+            notes[cluster.pk] = Text(
+                gettext_noop(
+                    "waiting for spot capacity being reclaimed (%(n)s spot clusters preempted "
+                    "for it)"
+                ),
+                n=len(victims),
+            )
     if report.preempted:
         log.info("preempted spot clusters %s", report.preempted)
     return notes

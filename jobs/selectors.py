@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import Http404
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from jobs.models import Cluster, Host, ImageBuild, Job, Node, OwnImage
 
@@ -215,6 +217,7 @@ class Fit:
     largest: int  # the most GPUs (vCPUs) of the largest usable host; 0: no usable host
     groups: tuple[tuple[int, ...], ...]  # per shared network: its hosts' GPUs (vCPUs)
     cpu_per_node: int = 0  # CPU types: the type's vCPUs (a node's size is fixed)
+    name: str = ""  # the GPU model's name / the CPU type's
 
     def nodes_max(self, per_node: int) -> int:
         """The most nodes of `per_node` GPUs (vCPUs) that can share one network."""
@@ -226,29 +229,62 @@ class Fit:
         """Why `nodes` x `per_node` can never be placed, naming the largest that fits; None
         when the fleet could hold it."""
         size = self.cpu_per_node or per_node
+        name = self.name or self.what
         if self.largest == 0:
-            return f"No registered host can hold a node of {self.what}."
+            if self.cpu_per_node:
+                return _("No registered host can hold a node of %(type)s.") % {"type": name}
+            return _("No registered host can hold a node of GPUs of %(model)s.") % {"model": name}
         if size <= self.largest and nodes <= self.nodes_max(size):
             return None
         if self.cpu_per_node:
             if size > self.largest:
-                return (
-                    f"{self.what} needs {size} vCPUs; the largest host has {self.largest}: "
-                    f"pick a type of at most {self.largest} vCPUs."
-                )
-            best, shape, too_big = self.nodes_max(size), self.what, False
+                return _(
+                    "%(type)s needs %(size)s vCPUs; the largest host has %(largest)s: pick a "
+                    "type of at most %(largest)s vCPUs."
+                ) % {"type": name, "size": size, "largest": self.largest}
+            best, too_big = self.nodes_max(size), False
         else:
             too_big = per_node > self.largest
             per_node = min(per_node, self.largest)
             best = self.nodes_max(per_node)
-            shape = f"{per_node} {self.what}"
         single = max((max(g) // (self.cpu_per_node or per_node) for g in self.groups), default=0)
-        why = (
-            f"the largest host has {self.largest} {self.unit}"
-            if too_big or best == single
-            else f"the hosts that can share one network (a Docker swarm) hold {best} such nodes"
-        )
-        return f"At most {best} node{'s' if best != 1 else ''} x {shape}: {why}."
+        args = {"best": best, "per_node": per_node, "model": name, "type": name}
+        args["largest"] = self.largest
+        if too_big or best == single:  # one host is the limit
+            said = (
+                ngettext(
+                    "At most %(best)s node x %(type)s: the largest host has %(largest)s vCPUs.",
+                    "At most %(best)s nodes x %(type)s: the largest host has %(largest)s vCPUs.",
+                    best,
+                )
+                if self.cpu_per_node
+                else ngettext(
+                    "At most %(best)s node x %(per_node)s GPUs of %(model)s: the largest host "
+                    "has %(largest)s GPUs.",
+                    "At most %(best)s nodes x %(per_node)s GPUs of %(model)s: the largest host "
+                    "has %(largest)s GPUs.",
+                    best,
+                )
+            )
+        else:  # the network is the limit
+            said = (
+                ngettext(
+                    "At most %(best)s node x %(type)s: the hosts that can share one network (a "
+                    "Docker swarm) hold %(best)s such nodes.",
+                    "At most %(best)s nodes x %(type)s: the hosts that can share one network (a "
+                    "Docker swarm) hold %(best)s such nodes.",
+                    best,
+                )
+                if self.cpu_per_node
+                else ngettext(
+                    "At most %(best)s node x %(per_node)s GPUs of %(model)s: the hosts that can "
+                    "share one network (a Docker swarm) hold %(best)s such nodes.",
+                    "At most %(best)s nodes x %(per_node)s GPUs of %(model)s: the hosts that can "
+                    "share one network (a Docker swarm) hold %(best)s such nodes.",
+                    best,
+                )
+            )
+        return said % args
 
 
 def largest_fit(
@@ -280,12 +316,13 @@ def largest_fit(
         return Fit(
             what=f"GPUs of {gpu_model.name}", unit="GPUs",
             largest=max((r.gpus for r in usable), default=0),
-            groups=tuple(tuple(g) for g in groups.values()),
+            groups=tuple(tuple(g) for g in groups.values()), name=gpu_model.name,
         )  # fmt: skip
     return Fit(
         what=instance_type.name, unit="vCPUs",
         largest=max((r.cpus for r in rooms if not zone or r.zone == zone), default=0),
         groups=tuple(tuple(g) for g in groups.values()), cpu_per_node=instance_type.vcpus,
+        name=instance_type.name,
     )  # fmt: skip
 
 

@@ -17,6 +17,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, ngettext
 
 from jobs import engine, runtime, scheduler, storage, validators
 from jobs.lifecycle import (
@@ -53,6 +55,7 @@ from jobs.models import (
 )
 from jobs.queue import enqueue_by_name
 from jobs.storage import VolumeSpec
+from jobs.text import Text, join, json_of, reason_fields, show
 
 
 @transaction.atomic
@@ -66,7 +69,11 @@ def host_sync_slots(*, host: Host) -> None:
         if held:
             raise ValidationError(
                 {
-                    "gpu_count": f"{held} of the GPUs to remove are held by clusters; release them or drain first."
+                    "gpu_count": _(
+                        "%(held)s of the GPUs to remove are held by clusters; release them or "
+                        "drain first."
+                    )
+                    % {"held": held}
                 }
             )
         host.slots.filter(index__in=have - want).delete()
@@ -143,7 +150,10 @@ def _host_back(host: Host) -> None:
                 cluster_event(
                     cluster,
                     "host-back",
-                    f"host {host.name} is back; charged again from now",
+                    Text(
+                        gettext_noop("host %(host)s is back; charged again from now"),
+                        host=host.name,
+                    ),
                     at=now,
                 )
                 request_dispatch(cluster.pk)
@@ -207,7 +217,7 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
         if spec.release_policy == Cluster.ReleasePolicy.IDLE
         else None,
         state=Cluster.State.PENDING,
-        state_reason="waiting for the scheduler",
+        **reason_fields(Text(gettext_noop("waiting for the scheduler")), 300),
         created_at=now,
         queued_at=now,
         last_active_at=now,
@@ -223,7 +233,9 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
     storage.ensure_folders(
         storage.tenant_root(owner.pk), list(spec.volumes), uid=runtime.tenant_uid(owner.pk)
     )
-    cluster_event(cluster, "pending", f"requested {cluster.shape}", at=now)
+    cluster_event(
+        cluster, "pending", Text(gettext_noop("requested %(shape)s"), shape=cluster.shape), at=now
+    )
     request_placement()
     return cluster
 
@@ -238,30 +250,46 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     )
     if cluster.state != Cluster.State.RUNNING:
         raise ValidationError(
-            f"Only a running cluster can be resized; this one is {cluster.state}."
+            _("Only a running cluster can be resized; this one is %(state)s.")
+            % {"state": cluster.get_state_display()}
         )
     if cluster.no_gpu:
         raise ValidationError(
-            "A cluster running without GPUs cannot be resized: stop it and start it with "
-            "GPUs first."
+            _(
+                "A cluster running without GPUs cannot be resized: stop it and start it with "
+                "GPUs first."
+            )
         )
     active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
     if active is not None:
         raise ValidationError(
-            f"Job {active.name} is {active.state}: resize when no job runs (cancel it or wait)."
+            _("Job %(job)s is %(state)s: resize when no job runs (cancel it or wait).")
+            % {"job": active.name, "state": active.get_state_display()}
         )
     if not 1 <= nodes <= settings.SUANLI_MAX_NODES:
-        raise ValidationError(f"A cluster has 1 to {settings.SUANLI_MAX_NODES} nodes.")
+        raise ValidationError(
+            _("A cluster has 1 to %(max)s nodes.") % {"max": settings.SUANLI_MAX_NODES}
+        )
     live = list(cluster.node_set.filter(released_at__isnull=True).order_by("index"))
     if nodes == len(live):
-        raise ValidationError(f"The cluster already has {nodes} node{'s' if nodes != 1 else ''}.")
+        raise ValidationError(
+            ngettext(
+                "The cluster already has %(n)s node.", "The cluster already has %(n)s nodes.", nodes
+            )
+            % {"n": nodes}
+        )
     now = timezone.now()
     before = len(live)
     if nodes < before:
         free_nodes(live[nodes:], now)
         request_placement()
-        message = f"{before} -> {nodes} nodes: released " + ", ".join(
-            f"node {n.index}" for n in live[nodes:]
+        message = Text(
+            gettext_noop("%(before)s -> %(nodes)s nodes: released %(released)s"),
+            before=before,
+            nodes=nodes,
+            released=join(
+                [Text(gettext_noop("node %(index)s"), index=n.index) for n in live[nodes:]]
+            ),
         )
     else:
         fleet = scheduler.Fleet.load()
@@ -278,22 +306,31 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
         )
         hosts = fleet.plan(extra)
         if hosts is None:
+            why = show(scheduler.shortage(extra, fleet).as_json())
             raise ValidationError(
-                f"No room for {scheduler.shortage_text(extra, fleet).removeprefix('waiting for ')}."
+                _("No room for %(what)s.") % {"what": why.removeprefix("waiting for ")}
             )
         if not fleet.one_network([n.host_id for n in live] + hosts):
             raise ValidationError(
-                "The room for the new nodes is on hosts that cannot share a network with this "
-                "cluster's (they are not in one Docker swarm); release it and create one of "
-                f"{nodes} nodes instead."
+                _(
+                    "The room for the new nodes is on hosts that cannot share a network with "
+                    "this cluster's (they are not in one Docker swarm); release it and create "
+                    "one of %(nodes)s nodes instead."
+                )
+                % {"nodes": nodes}
             )
         try:
             added = scheduler.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
         except scheduler.Conflict:
             raise ValidationError(
-                "The capacity was just taken by another request; try again."
+                _("The capacity was just taken by another request; try again.")
             ) from None
-        message = f"{before} -> {nodes} nodes: " + scheduler.describe_nodes(added)
+        message = Text(
+            gettext_noop("%(before)s -> %(nodes)s nodes: %(placed)s"),
+            before=before,
+            nodes=nodes,
+            placed=scheduler.placed_text(added),
+        )
     cluster.nodes = nodes
     cluster.last_active_at = now
     cluster.save(update_fields=["nodes", "last_active_at"])
@@ -311,7 +348,10 @@ class StartBlocked(ValidationError):
     researcher may wait in line for them or start without GPUs."""
 
 
-def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
+ITS_OWNER = Text(gettext_noop("its owner"))
+
+
+def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
     """Stop a running cluster: its jobs are cancelled (as on release), its GPUs go back to
     the pool and are not charged from this second, and its workspaces are stopped but kept
     on their hosts (every file of theirs stays) until it is started or released."""
@@ -319,12 +359,16 @@ def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
         cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
         if cluster.state != Cluster.State.RUNNING:
             raise ValidationError(
-                f"Only a running cluster can be stopped; {cluster.name} is {cluster.state}."
+                _("Only a running cluster can be stopped; %(name)s is %(state)s.")
+                % {"name": cluster.name, "state": cluster.get_state_display()}
             )
         if not cluster.workspace:
             raise ValidationError(
-                f"{cluster.name} has no workspaces (it was created for jobs only), so a stop "
-                "would keep nothing: release it instead."
+                _(
+                    "%(name)s has no workspaces (it was created for jobs only), so a stop "
+                    "would keep nothing: release it instead."
+                )
+                % {"name": cluster.name}
             )
         kept = (
             Cluster.objects.filter(owner_id=cluster.owner_id, stopped_at__isnull=False)
@@ -333,17 +377,21 @@ def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
         )
         if kept >= settings.SUANLI_MAX_STOPPED_CLUSTERS:
             raise ValidationError(
-                f"You keep {kept} stopped clusters already, the most one researcher may "
-                "(their workspaces take disk on the hosts): release one, then stop this one."
+                _(
+                    "You keep %(kept)s stopped clusters already, the most one researcher may "
+                    "(their workspaces take disk on the hosts): release one, then stop this one."
+                )
+                % {"kept": kept}
             )
         now = timezone.now()
-        reason = f"stopped by {by}"
+        reason = Text(gettext_noop("stopped by %(by)s"), by=by)
         cancel_jobs_of(cluster, reason)
         live = list(cluster.node_set.filter(released_at__isnull=True))
         free_nodes(live, now)
         Node.objects.filter(pk__in=[n.pk for n in live]).update(stopped_at=now)
         cluster.state = Cluster.State.STOPPED
-        cluster.state_reason = reason[:300]
+        cluster.state_reason = str(reason)[:300]
+        cluster.state_reason_text = json_of(reason)
         cluster.stopped_at = now
         cluster.release_warned_at = None
         cluster.running_since = None
@@ -351,6 +399,7 @@ def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
             update_fields=[
                 "state",
                 "state_reason",
+                "state_reason_text",
                 "stopped_at",
                 "release_warned_at",
                 "running_since",
@@ -358,16 +407,24 @@ def cluster_stop(*, cluster: Cluster, by: str = "its owner") -> Cluster:
         )
         WorkspaceApp.objects.filter(cluster=cluster).delete()  # they stop with the workspaces
         gpus = (
-            f"{cluster.total_gpus} GPUs returned"
+            Text(gettext_noop("%(n)s GPUs returned"), n=cluster.total_gpus)
             if cluster.total_gpus and not cluster.no_gpu
-            else "capacity returned"
+            else Text(gettext_noop("capacity returned"))
         )
         cluster_event(
-            cluster, "stopped",
-            f"{reason}: {gpus}, not charged for them from now; workspaces kept on "
-            + ", ".join(sorted({n.host.name for n in live})),
+            cluster,
+            "stopped",
+            Text(
+                gettext_noop(
+                    "%(reason)s: %(gpus)s, not charged for them from now; workspaces kept on "
+                    "%(hosts)s"
+                ),
+                reason=reason,
+                gpus=gpus,
+                hosts=", ".join(sorted({n.host.name for n in live})),
+            ),
             at=now,
-        )  # fmt: skip
+        )
         request_placement()
         transaction.on_commit(
             lambda: enqueue_by_name(
@@ -385,7 +442,7 @@ def _kept(cluster: Cluster) -> list[Node]:
     )
 
 
-def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner") -> Cluster:
+def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_OWNER) -> Cluster:
     """Start a stopped cluster on the hosts that keep its workspaces. `mode`:
 
     * "gpu": with its GPUs now, or StartBlocked (words for the page) when they are taken;
@@ -394,7 +451,9 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
       CPU and memory share, billed per node-hour at the no-GPU price; no jobs.
     """
     if mode not in ("gpu", "wait", "no_gpu"):
-        raise ValidationError(f"Unknown start mode {mode!r}: gpu, wait or no_gpu.")
+        raise ValidationError(
+            _("Unknown start mode %(mode)s: gpu, wait or no_gpu.") % {"mode": repr(mode)}
+        )
     with transaction.atomic():
         cluster = (
             Cluster.objects.select_for_update(of=("self",))
@@ -404,23 +463,34 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
         waiting = cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None
         if not (cluster.state == Cluster.State.STOPPED or (waiting and mode == "no_gpu")):
             raise ValidationError(
-                f"Only a stopped cluster can be started; {cluster.name} is "
-                + ("waiting in line for its GPUs already." if waiting else f"{cluster.state}.")
+                _(
+                    "Only a stopped cluster can be started; %(name)s is waiting in line for "
+                    "its GPUs already."
+                )
+                % {"name": cluster.name}
+                if waiting
+                else _("Only a stopped cluster can be started; %(name)s is %(state)s.")
+                % {"name": cluster.name, "state": cluster.get_state_display()}
             )
         stopping = cluster.jobs.filter(state__in=Job.ACTIVE).first()
         if stopping is not None:
             raise ValidationError(
-                f"Job {stopping.name} is still stopping (SIGTERM, then SIGKILL after "
-                f"{settings.SUANLI_STOP_GRACE_S} s): start the cluster once it has ended."
+                _(
+                    "Job %(job)s is still stopping (SIGTERM, then SIGKILL after %(grace)s s): "
+                    "start the cluster once it has ended."
+                )
+                % {"job": stopping.name, "grace": settings.SUANLI_STOP_GRACE_S}
             )
         kept = _kept(cluster)
         if not kept:
-            raise ValidationError(f"{cluster.name} keeps no workspaces; release it.")
+            raise ValidationError(
+                _("%(name)s keeps no workspaces; release it.") % {"name": cluster.name}
+            )
         now = timezone.now()
         if mode == "no_gpu":
             if cluster.is_cpu_only:
                 raise ValidationError(
-                    "A CPU-only cluster has no GPUs to leave out: start it as it is."
+                    _("A CPU-only cluster has no GPUs to leave out: start it as it is.")
                 )
             full = _no_gpu_room(cluster, kept)
             if full:
@@ -428,8 +498,14 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
             unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
             if unhealthy:
                 raise ValidationError(
-                    f"Host {unhealthy[0]}, which keeps its workspace, is "
-                    f"{Host.objects.get(name=unhealthy[0]).state}: start it when the host is back."
+                    _(
+                        "Host %(host)s, which keeps its workspace, is %(state)s: start it when "
+                        "the host is back."
+                    )
+                    % {
+                        "host": unhealthy[0],
+                        "state": Host.objects.get(name=unhealthy[0]).get_state_display(),
+                    }
                 )
             nodes = Node.objects.bulk_create(
                 [
@@ -438,18 +514,29 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
                     for n in kept
                 ]
             )  # fmt: skip
-            _started(cluster, kept, now, no_gpu=True, message=f"started without GPUs by {by}: "
-                     + ", ".join(f"node {n.index} on {n.host.name}" for n in kept))  # fmt: skip
+            started = Text(
+                gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
+                by=by,
+                nodes=scheduler.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
+            )
+            _started(cluster, kept, now, no_gpu=True, message=started)
             return cluster
         if mode == "wait":
+            why = Text(gettext_noop("waiting for its GPUs on the hosts that keep its workspaces"))
             Cluster.objects.filter(pk=cluster.pk).update(
                 state=Cluster.State.PENDING, queued_at=now, no_gpu=False,
-                state_reason="waiting for its GPUs on the hosts that keep its workspaces",
+                **reason_fields(why, 300),
             )  # fmt: skip
             cluster_event(
-                cluster, "waiting", f"{by} chose to wait in line for its GPUs on "
-                + ", ".join(sorted({n.host.name for n in kept})), at=now,
-            )  # fmt: skip
+                cluster,
+                "waiting",
+                Text(
+                    gettext_noop("%(by)s chose to wait in line for its GPUs on %(hosts)s"),
+                    by=by,
+                    hosts=", ".join(sorted({n.host.name for n in kept})),
+                ),
+                at=now,
+            )
             request_placement()
             cluster.refresh_from_db()
             return cluster
@@ -463,27 +550,40 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str = "its owner")
             )  # fmt: skip
         except scheduler.Conflict:
             raise StartBlocked(
-                "Its capacity there was just taken by another request: wait in line for it"
-                + ("." if cluster.is_cpu_only else " or start without GPUs."),
+                _("Its capacity there was just taken by another request: wait in line for it.")
+                if cluster.is_cpu_only
+                else _(
+                    "Its capacity there was just taken by another request: wait in line for it "
+                    "or start without GPUs."
+                ),
                 code="gpus_taken",
             ) from None
-        _started(cluster, kept, now, no_gpu=False,
-                 message=f"started by {by}: " + scheduler.describe_nodes(nodes).removeprefix("placed: "))  # fmt: skip
+        started = Text(
+            gettext_noop("started by %(by)s: %(nodes)s"), by=by, nodes=scheduler.nodes_text(nodes)
+        )
+        _started(cluster, kept, now, no_gpu=False, message=started)
     return cluster
 
 
 @transaction.atomic
-def cluster_stop_waiting(*, cluster: Cluster, reason: str) -> bool:
+def cluster_stop_waiting(*, cluster: Cluster, reason: str | Text) -> bool:
     """A stopped cluster waiting in line to start again goes back to stopped (its files
     kept): e.g. its owner's balance ran out. False when it was not waiting (any more)."""
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.state != Cluster.State.PENDING or cluster.stopped_at is None:
         return False
-    cancel_jobs_of(cluster, f"cancelled: the cluster stopped waiting ({reason})")
-    Cluster.objects.filter(pk=cluster.pk).update(
-        state=Cluster.State.STOPPED, state_reason=reason[:300]
+    cancel_jobs_of(
+        cluster,
+        Text(gettext_noop("cancelled: the cluster stopped waiting (%(reason)s)"), reason=reason),
     )
-    cluster_event(cluster, "stopped", f"no longer waiting to start: {reason}")
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.STOPPED, **reason_fields(reason, 300)
+    )
+    cluster_event(
+        cluster,
+        "stopped",
+        Text(gettext_noop("no longer waiting to start: %(reason)s"), reason=reason),
+    )
     return True
 
 
@@ -502,11 +602,15 @@ def _no_gpu_room(cluster: Cluster, kept: list[Node]) -> str:
     for node in kept:
         wanted = sum(1 for n in kept if n.host_id == node.host_id)
         if running.get(node.host_id, 0) + wanted > settings.SUANLI_NO_GPU_PER_HOST:
-            return (
-                f"Host {node.host.name}, which keeps the workspace of node {node.index}, runs "
-                f"{running.get(node.host_id, 0)} workspaces without GPUs already, the most it "
-                "takes: wait in line for its GPUs, or start without GPUs a little later."
-            )
+            return _(
+                "Host %(host)s, which keeps the workspace of node %(index)s, runs %(running)s "
+                "workspaces without GPUs already, the most it takes: wait in line for its GPUs, "
+                "or start without GPUs a little later."
+            ) % {
+                "host": node.host.name,
+                "index": node.index,
+                "running": running.get(node.host_id, 0),
+            }
     return ""
 
 
@@ -529,44 +633,65 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
     for node in kept:
         cap = fleet.hosts.get(node.host_id)
         if cap is None:
-            return (
-                f"Host {node.host.name}, which keeps the workspace of node {node.index}, is "
-                f"{node.host.state}: it takes no work now. Wait in line for it, or release "
-                "the cluster."
-            )
-        unit = "vCPUs" if cluster.is_cpu_only else "GPUs"
+            return _(
+                "Host %(host)s, which keeps the workspace of node %(index)s, is %(state)s: it "
+                "takes no work now. Wait in line for it, or release the cluster."
+            ) % {
+                "host": node.host.name,
+                "index": node.index,
+                "state": node.host.get_state_display(),
+            }
         total = cap.cpu_total if cluster.is_cpu_only else cap.gpu_total
         changed = not cluster.is_cpu_only and cap.gpu_model_id != cluster.gpu_model_id
+        args = {"host": node.host.name, "index": node.index, "need": need[node.host_id]}
         if changed or total < need[node.host_id]:
-            return (
-                f"Host {node.host.name}, which keeps the workspace of node {node.index}, no "
-                f"longer has {need[node.host_id]} {unit}"
-                + (f" of {cluster.gpu_model}" if not cluster.is_cpu_only else "")
-                + " (its operator changed it), so waiting would not help: "
-                + ("start without GPUs to copy your files out, or release the cluster."
-                   if not cluster.is_cpu_only else "release the cluster.")
-            )  # fmt: skip
+            if cluster.is_cpu_only:
+                return (
+                    _(
+                        "Host %(host)s, which keeps the workspace of node %(index)s, no longer has "
+                        "%(need)s vCPUs (its operator changed it), so waiting would not help: "
+                        "release the cluster."
+                    )
+                    % args
+                )
+            return _(
+                "Host %(host)s, which keeps the workspace of node %(index)s, no longer has "
+                "%(need)s GPUs of %(model)s (its operator changed it), so waiting would not "
+                "help: start without GPUs to copy your files out, or release the cluster."
+            ) % {**args, "model": cluster.gpu_model}
         free = cap.cpu_free if cluster.is_cpu_only else cap.free
         if free < need[node.host_id]:
+            args["free"] = max(free, 0)
+            if cluster.is_cpu_only:
+                return (
+                    _(
+                        "The vCPUs of host %(host)s, which keeps the workspace of node %(index)s, "
+                        "are in use by other clusters: %(need)s needed, %(free)s free. Wait in "
+                        "line for them."
+                    )
+                    % args
+                )
             return (
-                f"The {unit} of host {node.host.name}, which keeps the workspace of node "
-                f"{node.index}, are in use by other clusters: {need[node.host_id]} needed, "
-                f"{max(free, 0)} free. Wait in line for them"
-                + (", or start without GPUs to reach your files now." if not cluster.is_cpu_only else ".")
-            )  # fmt: skip
+                _(
+                    "The GPUs of host %(host)s, which keeps the workspace of node %(index)s, are "
+                    "in use by other clusters: %(need)s needed, %(free)s free. Wait in line for "
+                    "them, or start without GPUs to reach your files now."
+                )
+                % args
+            )
     return ""
 
 
-def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: str) -> None:
+def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: Text) -> None:
     """A stopped (or waiting) cluster runs again on its kept hosts: the kept time ends, its
     workspaces are started (or made again with their files), its timeline says so."""
     Node.objects.filter(pk__in=[n.pk for n in kept]).update(kept_until=now, workspace_container="")
     Cluster.objects.filter(pk=cluster.pk).update(
-        state=Cluster.State.RUNNING, state_reason="", stopped_at=None, release_warned_at=None,
-        running_since=now, last_active_at=now, no_gpu=no_gpu,
+        state=Cluster.State.RUNNING, state_reason="", state_reason_text=None, stopped_at=None,
+        release_warned_at=None, running_since=now, last_active_at=now, no_gpu=no_gpu,
     )  # fmt: skip
     cluster.refresh_from_db()
-    cluster_event(cluster, "running", message[:300], at=now)
+    cluster_event(cluster, "running", message, at=now)
     enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
 
 
@@ -589,7 +714,10 @@ def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:
             days = settings.SUANLI_STOPPED_RELEASE_S / 86400
             cluster_release(
                 cluster=cluster,
-                reason=f"released automatically after {days:g} days stopped",
+                reason=Text(
+                    gettext_noop("released automatically after %(days)s days stopped"),
+                    days=f"{days:g}",
+                ),
             )
             out["released"].append(cluster_id)
     due = stopped.filter(stopped_at__lte=warn - keep, release_warned_at__isnull=True)
@@ -601,11 +729,18 @@ def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:
                 continue
             at = cluster.stopped_at + keep
             cluster_event(
-                cluster, "release-soon",
-                f"stopped since {cluster.stopped_at:%Y-%m-%d %H:%M} UTC: released with its "
-                f"workspaces at {at:%Y-%m-%d %H:%M} UTC unless started before",
+                cluster,
+                "release-soon",
+                Text(
+                    gettext_noop(
+                        "stopped since %(since)s UTC: released with its workspaces at %(at)s "
+                        "UTC unless started before"
+                    ),
+                    since=f"{cluster.stopped_at:%Y-%m-%d %H:%M}",
+                    at=f"{at:%Y-%m-%d %H:%M}",
+                ),
                 at=now,
-            )  # fmt: skip
+            )
             out["warned"].append(cluster.pk)
     return out
 
@@ -638,7 +773,10 @@ def clusters_release_idle(*, now=None) -> list[int]:
                 continue
             cluster_release(
                 cluster=cluster,
-                reason=f"released automatically after {cluster.idle_minutes} idle minutes",
+                reason=Text(
+                    gettext_noop("released automatically after %(minutes)s idle minutes"),
+                    minutes=cluster.idle_minutes,
+                ),
             )
             released.append(cluster.pk)
     return released
@@ -658,7 +796,10 @@ def _release_after_last_job(cluster_id: int, job_name: str) -> None:
         ):
             return
         cluster_release(
-            cluster=cluster, reason=f"released automatically after job {job_name} was cancelled"
+            cluster=cluster,
+            reason=Text(
+                gettext_noop("released automatically after job %(job)s was cancelled"), job=job_name
+            ),
         )
 
 
@@ -676,7 +817,10 @@ def host_reclaim_spot(*, host: Host, by: str) -> list[Cluster]:
         node_set__released_at__isnull=True,
     ).distinct():
         if cluster_preempt(
-            cluster=cluster, reason=f"spot capacity on {host.name} reclaimed by {by}"
+            cluster=cluster,
+            reason=Text(
+                gettext_noop("spot capacity on %(host)s reclaimed by %(by)s"), host=host.name, by=by
+            ),
         ):
             preempted.append(cluster)
     return preempted
@@ -689,7 +833,7 @@ def host_reclaim_spot(*, host: Host, by: str) -> list[Cluster]:
 def ssh_key_add(*, owner, name: str, public_key: str) -> SshKey:
     parsed = validators.parse_ssh_public_key(public_key)
     if SshKey.objects.filter(owner=owner, fingerprint=parsed["fingerprint"]).exists():
-        raise ValidationError({"public_key": "You have added this key already."})
+        raise ValidationError({"public_key": _("You have added this key already.")})
     return SshKey.objects.create(
         owner=owner,
         name=name or parsed["comment"] or parsed["key_type"],
@@ -727,13 +871,17 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         Cluster.State.PREEMPTING,
     ):
         raise ValidationError(
-            f"Cluster {cluster.name} is {cluster.state}: jobs run only on a pending or running cluster."
-        )  # fmt: skip
+            _("Cluster %(name)s is %(state)s: jobs run only on a pending or running cluster.")
+            % {"name": cluster.name, "state": cluster.get_state_display()}
+        )
     if cluster.no_gpu:
         raise ValidationError(
-            f"Cluster {cluster.name} runs without GPUs (no-GPU mode), for editing code and "
-            "moving data: jobs need its GPUs. Stop it and start it with GPUs to run jobs; "
-            "ssh, files and the terminal work meanwhile."
+            _(
+                "Cluster %(name)s runs without GPUs (no-GPU mode), for editing code and moving "
+                "data: jobs need its GPUs. Stop it and start it with GPUs to run jobs; ssh, "
+                "files and the terminal work meanwhile."
+            )
+            % {"name": cluster.name}
         )
     now = timezone.now()
     job = Job.objects.create(
@@ -752,35 +900,44 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         created_at=now,
         queued_at=now,
     )
-    job_event(job, "queued", f"on {cluster.name} ({cluster.shape})", at=now)
+    job_event(
+        job,
+        "queued",
+        Text(gettext_noop("on %(cluster)s (%(shape)s)"), cluster=cluster.name, shape=cluster.shape),
+        at=now,
+    )
     request_dispatch(cluster.pk)
     return job
 
 
-def job_cancel(*, job: Job, by: str) -> Job:
+def job_cancel(*, job: Job, by: str | Text) -> Job:
     """Cancel a queued job at once; a starting or running one gets SIGTERM, then SIGKILL."""
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
         if job.is_ended:
             raise ValidationError(
-                f"Job {job.name} has ended ({job.state}); there is nothing to cancel."
+                _("Job %(job)s has ended (%(state)s); there is nothing to cancel.")
+                % {"job": job.name, "state": job.get_state_display()}
             )
-        reason = f"cancelled by {by}"
+        reason = Text(gettext_noop("cancelled by %(by)s"), by=by)
         if job.state in Job.WAITING:
             Job.objects.filter(pk=job.pk).update(
                 state=Job.State.CANCELLED,
-                state_reason=reason,
                 finished_at=timezone.now(),
                 cancel_requested=True,
+                **reason_fields(reason, 500),
             )
             job_event(job, "cancelled", reason)
             request_dispatch(job.cluster_id)
             if job.state == Job.State.PREEMPTED:
                 transaction.on_commit(lambda: _release_after_last_job(job.cluster_id, job.name))
         else:
-            Job.objects.filter(pk=job.pk).update(cancel_requested=True, state_reason=reason)
+            Job.objects.filter(pk=job.pk).update(
+                cancel_requested=True, **reason_fields(reason, 500)
+            )
+            cancelling = Text(gettext_noop("%(reason)s: SIGTERM, then SIGKILL"), reason=reason)
             JobEvent.objects.create(
-                job=job, kind="cancelling", message=f"{reason}: SIGTERM, then SIGKILL"
+                job=job, kind="cancelling", message=str(cancelling), text=cancelling.as_json()
             )
             request_stop(job.pk)
     job.refresh_from_db()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
 
 EXAMPLE = "/workspace/data"
 # Container paths a volume may never cover: the image's own system, the kernel's
@@ -59,15 +60,23 @@ def tenant_root(user_id: int) -> Path:
 
 def validate_target(target: str, *, allow_system: bool = False) -> str:
     if not target:
-        raise ValidationError(f"Give the path inside the container, e.g. {EXAMPLE}.")
+        raise ValidationError(
+            _("Give the path inside the container, e.g. %(example)s.") % {"example": EXAMPLE}
+        )
     if "\x00" in target or any(ch.isspace() for ch in target):
-        raise ValidationError("Container paths may not contain spaces or control characters.")
+        raise ValidationError(_("Container paths may not contain spaces or control characters."))
     if not target.startswith("/"):
         raise ValidationError(
-            f"'{target}' is relative: container paths must be absolute. Write {EXAMPLE} instead."
+            _(
+                "'%(path)s' is relative: container paths must be absolute. Write %(example)s instead."
+            )
+            % {"path": target, "example": EXAMPLE}
         )
     if ".." in target.split("/"):
-        raise ValidationError(f"'{target}' contains '..': write the absolute path, e.g. {EXAMPLE}.")
+        raise ValidationError(
+            _("'%(path)s' contains '..': write the absolute path, e.g. %(example)s.")
+            % {"path": target, "example": EXAMPLE}
+        )
     # normpath keeps two leading slashes (POSIX leaves `//` to the implementation), so
     # `//etc` would pass for a path beside /etc: collapse them first, as the engine does.
     normal = posixpath.normpath("/" + target.lstrip("/"))
@@ -75,13 +84,17 @@ def validate_target(target: str, *, allow_system: bool = False) -> str:
         return normal  # e.g. a working directory: the path is only read, not mounted
     if normal == "/":
         raise ValidationError(
-            f"A volume cannot cover the whole container (/): mount it at {EXAMPLE}."
+            _("A volume cannot cover the whole container (/): mount it at %(example)s.")
+            % {"example": EXAMPLE}
         )
     for system in SYSTEM_PATHS:
         if normal == system or normal.startswith(system + "/"):
             raise ValidationError(
-                f"'{normal}' is a system path of the container; mount your data under /workspace, "
-                f"e.g. {EXAMPLE}."
+                _(
+                    "'%(path)s' is a system path of the container; mount your data under "
+                    "/workspace, e.g. %(example)s."
+                )
+                % {"path": normal, "example": EXAMPLE}
             )
     return normal
 
@@ -90,34 +103,47 @@ def folder_name(source: str, *, target: str = "", read_only: bool = False) -> st
     """The storage folder a volume line names, checked as text: one simple name. A
     sub-folder is refused with the line to write instead (`target` makes it exact)."""
     if not source:
-        raise ValidationError("Give one of your storage folders, e.g. datasets.")
+        raise ValidationError(_("Give one of your storage folders, e.g. datasets."))
     if "\x00" in source or any(ch.isspace() for ch in source):
-        raise ValidationError("Storage paths may not contain spaces or control characters.")
+        raise ValidationError(_("Storage paths may not contain spaces or control characters."))
     if source.startswith("/"):
         raise ValidationError(
-            f"'{source}' is absolute: name one of your storage folders instead, e.g. datasets."
+            _("'%(path)s' is absolute: name one of your storage folders instead, e.g. datasets.")
+            % {"path": source}
         )
     if ".." in source.split("/"):
-        raise ValidationError(f"'{source}' contains '..': storage paths stay inside your storage.")
+        raise ValidationError(
+            _("'%(path)s' contains '..': storage paths stay inside your storage.")
+            % {"path": source}
+        )
     normal = posixpath.normpath(source)
     if normal == ".":
         raise ValidationError(
-            "A volume mounts one of your storage folders (e.g. workspace), not your whole storage."
+            _(
+                "A volume mounts one of your storage folders (e.g. workspace), not your whole "
+                "storage."
+            )
         )
     if "/" in normal:
-        top, _, rest = normal.partition("/")
+        top, _sep, rest = normal.partition("/")
         where = target or EXAMPLE
         line = f"{top}:{where}{':ro' if read_only else ''}"
         raise ValidationError(
-            f"'{normal}' is a sub-folder: a volume mounts one whole storage folder, so that "
-            f"nothing on the way can be swapped for a link. Mount {line} instead and use "
-            f"{posixpath.join(where, rest)} inside the container.",
+            _(
+                "'%(path)s' is a sub-folder: a volume mounts one whole storage folder, so that "
+                "nothing on the way can be swapped for a link. Mount %(line)s instead and use "
+                "%(inside)s inside the container."
+            )
+            % {"path": normal, "line": line, "inside": posixpath.join(where, rest)},
             code="sub_folder",
         )
     if not FOLDER_NAME.fullmatch(normal):
         raise ValidationError(
-            f"'{normal}' is not a storage folder name: use letters, digits, '.', '_' and '-' "
-            "(at most 64), not starting with '.' or '-'."
+            _(
+                "'%(name)s' is not a storage folder name: use letters, digits, '.', '_' and '-' "
+                "(at most 64), not starting with '.' or '-'."
+            )
+            % {"name": normal}
         )
     return normal
 
@@ -134,17 +160,19 @@ def validate_source(root: Path, source: str, *, target: str = "", read_only: boo
     if stat.S_ISLNK(found.st_mode):
         raise ValidationError(_link_message(name))
     if not stat.S_ISDIR(found.st_mode):
-        raise ValidationError(f"'{name}' is a file in your storage, not a folder.")
+        raise ValidationError(
+            _("'%(name)s' is a file in your storage, not a folder.") % {"name": name}
+        )
     return name
 
 
 def _link_message(name: str) -> str:
     # Only the layout before this one let a tenant plant a link here; the tenant can no
     # longer remove it.
-    return (
-        f"'{name}' in your storage is a symbolic link, not a folder: mount a real folder, "
+    return _(
+        "'%(name)s' in your storage is a symbolic link, not a folder: mount a real folder, "
         "or ask an operator to remove the link."
-    )
+    ) % {"name": name}
 
 
 def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
@@ -163,37 +191,57 @@ def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
             parts = parts[:2]
         if len(parts) != 2:
             errors.append(
-                f"Line {number}: write storage-path:container-path[:ro], e.g. datasets:{EXAMPLE}:ro."
+                _(
+                    "Line %(number)s: write storage-path:container-path[:ro], e.g. "
+                    "datasets:%(example)s:ro."
+                )
+                % {"number": number, "example": EXAMPLE}
             )
             continue
         try:
             target = validate_target(parts[1].strip())
             source = validate_source(root, parts[0].strip(), target=target, read_only=read_only)
         except ValidationError as exc:
-            errors.append(f"Line {number}: {exc.messages[0]}")
+            errors.append(
+                _("Line %(number)s: %(error)s") % {"number": number, "error": exc.messages[0]}
+            )
             continue
         if target in seen:
-            errors.append(f"Line {number}: {target} is mounted twice.")
+            errors.append(
+                _("Line %(number)s: %(path)s is mounted twice.")
+                % {"number": number, "path": target}
+            )
             continue
         seen.add(target)
         specs.append(VolumeSpec(source=source, target=target, read_only=read_only))
     if len(specs) > 16:
-        errors.append("At most 16 volumes per cluster.")
+        errors.append(_("At most %(most)s volumes per cluster.") % {"most": 16})
     if errors:
         raise ValidationError(errors)
     return specs
 
 
-def _require_console_owned(found: os.stat_result, uid: int | None, what: str) -> None:
-    """Only the console (root, or the user it runs as) may change this directory."""
+def _require_console_owned(found: os.stat_result, uid: int | None, base: str = "") -> None:
+    """Only the console (root, or the user it runs as) may change this directory: the
+    storage root `base`, else the tenant's root."""
     if (
         found.st_uid not in (0, os.geteuid())
         or found.st_uid == uid
         or found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     ):
+        args = {"path": base, "uid": found.st_uid, "mode": f"{stat.S_IMODE(found.st_mode):o}"}
         raise ValidationError(
-            f"{what} can be changed by others than the console (owner uid {found.st_uid}, "
-            f"mode {stat.S_IMODE(found.st_mode):o}); ask an operator."
+            _(
+                "The storage root %(path)s can be changed by others than the console (owner "
+                "uid %(uid)s, mode %(mode)s); ask an operator."
+            )
+            % args
+            if base
+            else _(
+                "Your storage root can be changed by others than the console (owner uid "
+                "%(uid)s, mode %(mode)s); ask an operator."
+            )
+            % args
         )
 
 
@@ -216,13 +264,15 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
             source = spec.source or "."
             names.append(folder_name(source, target=spec.target, read_only=spec.read_only))
         except ValidationError as exc:
-            raise ValidationError(f"volume {spec}: {exc.messages[0]}") from None
+            raise ValidationError(
+                _("volume %(volume)s: %(error)s") % {"volume": spec, "error": exc.messages[0]}
+            ) from None
     as_root = os.geteuid() == 0
     base = os.path.realpath(root.parent)  # the operator's path: links in it are the operator's
     os.makedirs(base, exist_ok=True)
     base_fd = os.open(base, _DIR)
     try:
-        _require_console_owned(os.fstat(base_fd), uid, f"The storage root {base}")
+        _require_console_owned(os.fstat(base_fd), uid, base)
         try:
             os.mkdir(root.name, ROOT_MODE, dir_fd=base_fd)
         except FileExistsError:
@@ -231,7 +281,7 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
             fd = os.open(root.name, _DIR | os.O_NOFOLLOW, dir_fd=base_fd)
         except OSError:  # ELOOP (a link), ENOTDIR (a file)
             raise ValidationError(
-                "Your storage root is not a folder (a symbolic link?); ask an operator."
+                _("Your storage root is not a folder (a symbolic link?); ask an operator.")
             ) from None
     finally:
         os.close(base_fd)
@@ -241,7 +291,7 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
             os.fchown(fd, 0, 0)  # the layout before: the tenant owned its root
         if stat.S_IMODE(found.st_mode) != ROOT_MODE and (as_root or found.st_uid == os.geteuid()):
             os.fchmod(fd, ROOT_MODE)
-        _require_console_owned(os.fstat(fd), uid, "Your storage root")
+        _require_console_owned(os.fstat(fd), uid)
         paths = []
         for spec, name in zip(specs, names, strict=True):
             try:
@@ -252,10 +302,14 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
                 pass
             found = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(found.st_mode):
-                raise ValidationError(f"volume {spec}: {_link_message(name)}")
+                raise ValidationError(
+                    _("volume %(volume)s: %(error)s")
+                    % {"volume": spec, "error": _link_message(name)}
+                )
             if not stat.S_ISDIR(found.st_mode):
                 raise ValidationError(
-                    f"volume {spec}: '{name}' is a file in your storage, not a folder."
+                    _("volume %(volume)s: '%(name)s' is a file in your storage, not a folder.")
+                    % {"volume": spec, "name": name}
                 )
             paths.append(os.path.join(base, root.name, name))
         return paths

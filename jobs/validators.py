@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -33,7 +35,9 @@ TCP_HINT = "tcp://gpu-host-1.example.com:2376"
 def validate_host_name(value: str) -> None:
     if not _HOST_NAME.match(value or ""):
         raise ValidationError(
-            "Use lower-case letters, digits and dashes (e.g. gpu-a100-01), at most 63 characters."
+            _(
+                "Use lower-case letters, digits and dashes (e.g. gpu-a100-01), at most 63 characters."
+            )
         )
 
 
@@ -54,7 +58,10 @@ def _is_ip(value: str) -> bool:
 def validate_address(value: str) -> None:
     if not (_is_ip(value) or _is_hostname(value)):
         raise ValidationError(
-            "Give a host name or an IP address other hosts can reach, e.g. 10.0.0.12 or gpu-01.lan."
+            _(
+                "Give a host name or an IP address other hosts can reach, e.g. 10.0.0.12 or "
+                "gpu-01.lan."
+            )
         )
 
 
@@ -62,14 +69,17 @@ def validate_engine_url(value: str) -> str:
     """Return "unix" or "tcp" for a well-formed engine URL, else raise with what to write."""
     value = (value or "").strip()
     if "\x00" in value or any(ch.isspace() for ch in value):
-        raise ValidationError("The engine URL may not contain spaces or control characters.")
+        raise ValidationError(_("The engine URL may not contain spaces or control characters."))
     if value.startswith("unix://"):
         path = value[len("unix://") :]
         if not path.startswith("/"):
-            raise ValidationError(f"A unix socket needs an absolute path, e.g. {UNIX_HINT}.")
+            raise ValidationError(
+                _("A unix socket needs an absolute path, e.g. %(hint)s.") % {"hint": UNIX_HINT}
+            )
         if "/../" in path + "/" or "/./" in path + "/" or "//" in path:
             raise ValidationError(
-                f"Write the socket path plainly, without '..' or '//', e.g. {UNIX_HINT}."
+                _("Write the socket path plainly, without '..' or '//', e.g. %(hint)s.")
+                % {"hint": UNIX_HINT}
             )
         return "unix"
     if value.startswith("tcp://"):
@@ -78,7 +88,7 @@ def validate_engine_url(value: str) -> str:
             port = parts.port
         except ValueError:
             raise ValidationError(
-                f"The port must be a number from 1 to 65535, e.g. {TCP_HINT}."
+                _("The port must be a number from 1 to 65535, e.g. %(hint)s.") % {"hint": TCP_HINT}
             ) from None
         if (
             parts.path not in ("", "/")
@@ -87,17 +97,21 @@ def validate_engine_url(value: str) -> str:
             or parts.username
             or parts.password
         ):
-            raise ValidationError(f"Give only host and port, e.g. {TCP_HINT}.")
+            raise ValidationError(_("Give only host and port, e.g. %(hint)s.") % {"hint": TCP_HINT})
         host = parts.hostname or ""
         if not (_is_ip(host) or _is_hostname(host)):
             raise ValidationError(
-                f"'{host or value}' is not a host name or IP address; e.g. {TCP_HINT}."
+                _("'%(host)s' is not a host name or IP address; e.g. %(hint)s.")
+                % {"host": host or value, "hint": TCP_HINT}
             )
         if port is None or not 1 <= port <= 65535:
-            raise ValidationError(f"Give the engine's TLS port, usually 2376: {TCP_HINT}.")
+            raise ValidationError(
+                _("Give the engine's TLS port, usually 2376: %(hint)s.") % {"hint": TCP_HINT}
+            )
         return "tcp"
     raise ValidationError(
-        f"Use {UNIX_HINT} for the local engine or {TCP_HINT} (with TLS) for a remote one."
+        _("Use %(unix)s for the local engine or %(tcp)s (with TLS) for a remote one.")
+        % {"unix": UNIX_HINT, "tcp": TCP_HINT}
     )
 
 
@@ -106,8 +120,10 @@ def validate_pem_certificate(value: str) -> None:
         x509.load_pem_x509_certificates(value.strip().encode())
     except ValueError:
         raise ValidationError(
-            "This is not a PEM certificate: paste the whole file, from -----BEGIN CERTIFICATE----- "
-            "to -----END CERTIFICATE-----."
+            _(
+                "This is not a PEM certificate: paste the whole file, from "
+                "-----BEGIN CERTIFICATE----- to -----END CERTIFICATE-----."
+            )
         ) from None
 
 
@@ -119,10 +135,13 @@ def validate_pem_private_key(value: str) -> None:
     try:
         _private_key(value)
     except TypeError:
-        raise ValidationError("This key is encrypted: give the unencrypted PEM key.") from None
+        raise ValidationError(_("This key is encrypted: give the unencrypted PEM key.")) from None
     except ValueError:
         raise ValidationError(
-            "This is not a PEM private key: paste the whole key file, from -----BEGIN ... PRIVATE KEY-----."
+            _(
+                "This is not a PEM private key: paste the whole key file, from "
+                "-----BEGIN ... PRIVATE KEY-----."
+            )
         ) from None
 
 
@@ -137,7 +156,7 @@ def validate_key_matches_cert(key_pem: str, cert_pem: str) -> None:
     fmt = serialization.PublicFormat.SubjectPublicKeyInfo
     enc = serialization.Encoding.DER
     if cert.public_key().public_bytes(enc, fmt) != key.public_key().public_bytes(enc, fmt):
-        raise ValidationError("This key does not belong to the client certificate above.")
+        raise ValidationError(_("This key does not belong to the client certificate above."))
 
 
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{1,64}")
@@ -150,16 +169,20 @@ _OWN_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 def validate_own_image_name(value: str) -> None:
     if len(value or "") > 64 or not _OWN_IMAGE_NAME.match(value or ""):
         raise ValidationError(
-            "Use lower-case letters and digits, with single dots, dashes or underscores between "
-            "them (e.g. my-pytorch), at most 64 characters."
+            _(
+                "Use lower-case letters and digits, with single dots, dashes or underscores "
+                "between them (e.g. my-pytorch), at most 64 characters."
+            )
         )
 
 
 def validate_own_image_tag(value: str) -> None:
     if not _OWN_IMAGE_TAG.match(value or ""):
         raise ValidationError(
-            "A tag is letters, digits, dots, dashes and underscores, not starting with a dot "
-            "or dash (e.g. v1 or 2024-06-01), at most 64 characters."
+            _(
+                "A tag is letters, digits, dots, dashes and underscores, not starting with a dot "
+                "or dash (e.g. v1 or 2024-06-01), at most 64 characters."
+            )
         )
 
 
@@ -167,35 +190,48 @@ def validate_image_reference(value: str) -> None:
     value = (value or "").strip()
     if len(value) > 255 or not _IMAGE_REF.match(value):
         raise ValidationError(
-            "Not a Docker image reference: write it as name:tag, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
+            _(
+                "Not a Docker image reference: write it as name:tag, e.g. "
+                "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
+            )
         )
     reserved = getattr(settings, "SUANLI_SFTP_IMAGE", "")
     if reserved and image_repository(value) == image_repository(reserved):
         raise ValidationError(
-            f"{image_repository(reserved)} is the image of Suanli's own file transfer (sftp), "
-            "which clusters may not run, whatever the tag; pick another image."
+            _(
+                "%(repository)s is the image of Suanli's own file transfer (sftp), which "
+                "clusters may not run, whatever the tag; pick another image."
+            )
+            % {"repository": image_repository(reserved)}
         )
     if _IMAGE_ID.fullmatch(value.lower()):
         # The engine takes a bare hex string (or sha256:...) as an image ID prefix: it
         # could name any image on the host, another researcher's saved workspace included.
         raise ValidationError(
-            "Name an image by its repository and tag (e.g. pytorch/pytorch:2.4.0), not by "
-            "an image ID."
+            _(
+                "Name an image by its repository and tag (e.g. pytorch/pytorch:2.4.0), not by "
+                "an image ID."
+            )
         )
     if image_repository(value).startswith("docker.io/suanli-keep/"):
         # A stopped workspace's saved filesystem (jobs/workspaces.py, KEEP_REPOSITORY):
         # another researcher's files, never an image a cluster may name.
         raise ValidationError(
-            "suanli-keep/ images are workspaces saved by Suanli, not images clusters may run; "
-            "pick another image."
+            _(
+                "suanli-keep/ images are workspaces saved by Suanli, not images clusters may run; "
+                "pick another image."
+            )
         )
     if names_own_image(value):
         # A researcher's own image (`<registry>/u<id>/...`): only the console's choice of
         # the owner's own images names one (console/forms.py resolves those first), never a
         # typed reference nor the catalog.
         raise ValidationError(
-            f"{image_repository(value)} is a researcher's own image in Suanli's registry, "
-            "usable by its owner only (who picks it under Your images)."
+            _(
+                "%(repository)s is a researcher's own image in Suanli's registry, usable by its "
+                "owner only (who picks it under Your images)."
+            )
+            % {"repository": image_repository(value)}
         )
 
 
@@ -259,32 +295,38 @@ def parse_ssh_public_key(text: str) -> dict:
     parts = line.split(" ")
     if len(parts) < 2 or not parts[0]:
         raise ValidationError(
-            "Paste one public key line, e.g. 'ssh-ed25519 AAAAC3Nza... you@laptop' (from ~/.ssh/id_ed25519.pub)."
+            _(
+                "Paste one public key line, e.g. 'ssh-ed25519 AAAAC3Nza... you@laptop' (from "
+                "~/.ssh/id_ed25519.pub)."
+            )
         )
     try:
         key = serialization.load_ssh_public_key(f"{parts[0]} {parts[1]}".encode())
         blob = base64.b64decode(parts[1], validate=True)
     except (ValueError, TypeError, UnsupportedAlgorithm):
         raise ValidationError(
-            "This is not an OpenSSH public key. Paste the contents of your .pub file "
-            "(ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa)."
+            _(
+                "This is not an OpenSSH public key. Paste the contents of your .pub file "
+                "(ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa)."
+            )
         ) from None
     if isinstance(key, dsa.DSAPublicKey):
         raise ValidationError(
-            "DSA keys are no longer safe; use an ed25519 key (ssh-keygen -t ed25519)."
+            _("DSA keys are no longer safe; use an ed25519 key (ssh-keygen -t ed25519).")
         )
     if isinstance(key, rsa.RSAPublicKey):
         bits = key.key_size
         if bits < 2048:
             raise ValidationError(
-                f"This RSA key has {bits} bits; use at least 2048 (or ssh-keygen -t ed25519)."
+                _("This RSA key has %(bits)s bits; use at least 2048 (or ssh-keygen -t ed25519).")
+                % {"bits": bits}
             )
     elif isinstance(key, ec.EllipticCurvePublicKey):
         bits = key.curve.key_size
     elif isinstance(key, ed25519.Ed25519PublicKey):
         bits = 256
     else:
-        raise ValidationError("Use an ed25519, ecdsa or rsa (2048+ bits) key.")
+        raise ValidationError(_("Use an ed25519, ecdsa or rsa (2048+ bits) key."))
     digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
     return {
         "key_type": parts[0],
@@ -308,6 +350,25 @@ RESERVED_ENV = frozenset(
 )  # fmt: skip
 
 
+def _assignment_words(what: str, number: int, name: str, most: int) -> tuple[str, str]:
+    """The two sentences of parse_assignments that name what its names are: a bad name on
+    line `number`, and more than `most` of them."""
+    values = {"number": number, "name": name, "most": most}
+    if what == "argument":
+        bad = _(
+            "Line %(number)s: '%(name)s' is not an argument name (letters, digits, _; not "
+            "starting with a digit)."
+        )
+        many = ngettext("At most %(most)s argument.", "At most %(most)s arguments.", most)
+    else:
+        bad = _(
+            "Line %(number)s: '%(name)s' is not a variable name (letters, digits, _; not "
+            "starting with a digit)."
+        )
+        many = ngettext("At most %(most)s variable.", "At most %(most)s variables.", most)
+    return bad % values, many % values
+
+
 def parse_assignments(
     text: str, *, what: str, example: str, refuse=None, most: int = 200
 ) -> dict[str, str]:
@@ -324,22 +385,27 @@ def parse_assignments(
         name = name.strip()
         reason = refuse(name) if refuse and sep and _ENV_NAME.match(name) else ""
         if not sep:
-            errors.append(f"Line {number}: write KEY=VALUE, e.g. {example}.")
-        elif not _ENV_NAME.match(name):
             errors.append(
-                f"Line {number}: '{name}' is not {'an' if what[0] in 'aeiou' else 'a'} {what} "
-                "name (letters, digits, _; not starting with a digit)."
+                _("Line %(number)s: write KEY=VALUE, e.g. %(example)s.")
+                % {"number": number, "example": example}
             )
+        elif not _ENV_NAME.match(name):
+            errors.append(_assignment_words(what, number, name, most)[0])
         elif reason:
-            errors.append(f"Line {number}: {reason}")
+            errors.append(_("Line %(number)s: %(reason)s") % {"number": number, "reason": reason})
         elif "\x00" in value or len(value) > 4096:
-            errors.append(f"Line {number}: the value of {name} is too long or contains NUL.")
+            errors.append(
+                _("Line %(number)s: the value of %(name)s is too long or contains NUL.")
+                % {"number": number, "name": name}
+            )
         elif name in found:
-            errors.append(f"Line {number}: {name} is set twice.")
+            errors.append(
+                _("Line %(number)s: %(name)s is set twice.") % {"number": number, "name": name}
+            )
         else:
             found[name] = value
     if len(found) > most:
-        errors.append(f"At most {most} {what}s.")
+        errors.append(_assignment_words(what, 0, "", most)[1])
     if errors:
         raise ValidationError(errors)
     return found
@@ -350,7 +416,9 @@ def parse_env(text: str) -> dict[str, str]:
 
     def reserved(name: str) -> str:
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
-            return f"{name} is set by Suanli itself (distributed setup, GPUs); pick another name."
+            return _(
+                "%(name)s is set by Suanli itself (distributed setup, GPUs); pick another name."
+            ) % {"name": name}
         return ""
 
     return parse_assignments(text, what="variable", example="LR=3e-4", refuse=reserved)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import docker
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from jobs import engine, workspaces
 from jobs.models import Cluster, WorkspaceApp
@@ -51,11 +53,11 @@ LOGDIR_MAX = 255  # WorkspaceApp.logdir's length
 MARKER = "SUANLI_APP"
 PROGRAMS = {Kind.JUPYTER: "jupyter", Kind.TENSORBOARD: "tensorboard"}
 MISSING = {
-    Kind.JUPYTER: (
+    Kind.JUPYTER: gettext_lazy(
         "This image has no JupyterLab (jupyter is not on its PATH): pick the PyTorch + "
         "JupyterLab image from the catalog, or pip install jupyterlab in the workspace."
     ),
-    Kind.TENSORBOARD: (
+    Kind.TENSORBOARD: gettext_lazy(
         "This image has no TensorBoard (tensorboard is not on its PATH): pick the PyTorch + "
         "JupyterLab image from the catalog, or pip install tensorboard in the workspace."
     ),
@@ -123,15 +125,24 @@ def log_path(kind: str) -> str:
 def clean_port(value) -> int:
     """A service port as typed: a whole number in PORTS; AppError in words otherwise."""
     text = str(value if value is not None else "").strip()
-    words = (
-        f"The port must be a whole number from {PORTS.start} to {PORTS.stop - 1}: the one your "
-        f"server listens on in the workspace (e.g. {SERVICE_PORT})."
-    )
+    args = {"low": PORTS.start, "high": PORTS.stop - 1, "example": SERVICE_PORT}
     if not text.isascii() or not text.isdigit() or len(text) > 5:
-        raise AppError(f"{words} '{_shown(text)}' is not.")
+        raise AppError(
+            _(
+                "The port must be a whole number from %(low)s to %(high)s: the one your server "
+                "listens on in the workspace (e.g. %(example)s). '%(value)s' is not."
+            )
+            % {**args, "value": _shown(text)}
+        )
     port = int(text)
     if port not in PORTS:
-        raise AppError(f"{words} {port} is not.")
+        raise AppError(
+            _(
+                "The port must be a whole number from %(low)s to %(high)s: the one your server "
+                "listens on in the workspace (e.g. %(example)s). %(port)s is not."
+            )
+            % {**args, "port": port}
+        )
     return port
 
 
@@ -139,20 +150,51 @@ def clean_logdir(value) -> str:
     """TensorBoard's log folder as typed: an absolute path in the workspace, normalised,
     without `..`, control characters or a trailing slash, at most LOGDIR_MAX characters."""
     text = str(value if value is not None else "").strip()
-    words = (
-        "The log folder must be an absolute path in the workspace, like /workspace/runs "
-        f"(no '..', no control characters, at most {LOGDIR_MAX} characters)"
-    )
+    args = {"most": LOGDIR_MAX, "value": _shown(text), "length": len(text)}
     if not text:
-        raise AppError(f"{words}; it is empty.")
+        raise AppError(
+            _(
+                "The log folder must be an absolute path in the workspace, like /workspace/runs "
+                "(no '..', no control characters, at most %(most)s characters); it is empty."
+            )
+            % args
+        )
     if len(text) > LOGDIR_MAX:
-        raise AppError(f"{words}; it has {len(text)}.")
+        raise AppError(
+            _(
+                "The log folder must be an absolute path in the workspace, like /workspace/runs "
+                "(no '..', no control characters, at most %(most)s characters); it has "
+                "%(length)s."
+            )
+            % args
+        )
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
-        raise AppError(f"{words}; it has a control character.")
+        raise AppError(
+            _(
+                "The log folder must be an absolute path in the workspace, like /workspace/runs "
+                "(no '..', no control characters, at most %(most)s characters); it has a "
+                "control character."
+            )
+            % args
+        )
     if not text.startswith("/"):
-        raise AppError(f"{words}; '{_shown(text)}' is relative.")
+        raise AppError(
+            _(
+                "The log folder must be an absolute path in the workspace, like /workspace/runs "
+                "(no '..', no control characters, at most %(most)s characters); '%(value)s' is "
+                "relative."
+            )
+            % args
+        )
     if ".." in text.split("/"):
-        raise AppError(f"{words}; '{_shown(text)}' has '..'.")
+        raise AppError(
+            _(
+                "The log folder must be an absolute path in the workspace, like /workspace/runs "
+                "(no '..', no control characters, at most %(most)s characters); '%(value)s' has "
+                "'..'."
+            )
+            % args
+        )
     normal = posixpath.normpath(text)
     return "/" + normal.lstrip("/")  # normpath keeps a leading '//'
 
@@ -192,7 +234,10 @@ def _container(cluster: Cluster, index: int):
     try:
         return workspaces.running(cluster, index)
     except workspaces.WorkspaceError as exc:
-        raise AppError(f"Node {index}'s workspace cannot be reached: {exc}.") from None
+        raise AppError(
+            _("Node %(index)s's workspace cannot be reached: %(error)s.")
+            % {"index": index, "error": exc}
+        ) from None
 
 
 def _argv(cluster: Cluster, index: int, kind: str, port: int, token: str, logdir: str):
@@ -219,7 +264,7 @@ def start(*, cluster: Cluster, index: int, kind: str, port=None, logdir=None) ->
     AppError in words when the input, the workspace or the image will not do. A service
     port is only recorded: its server is the researcher's."""
     if kind not in KINDS:
-        raise AppError(f"There is no app called '{_shown(str(kind))}'.")
+        raise AppError(_("There is no app called '%(app)s'.") % {"app": _shown(str(kind))})
     token, folder = "", ""
     if kind == Kind.SERVICE:
         port = clean_port(port) if str(port or "").strip() else SERVICE_PORT
@@ -235,10 +280,12 @@ def start(*, cluster: Cluster, index: int, kind: str, port=None, logdir=None) ->
             found = _exec(container, cluster, ["/bin/sh", "-c", PREPARE, "prepare", mark,
                                                PROGRAMS[kind]])  # fmt: skip
             if found.exit_code == 127:
-                raise AppError(MISSING[kind])
+                raise AppError(str(MISSING[kind]))
             if found.exit_code != 0:
-                raise AppError(f"{label} could not be started: the workspace said "
-                               f"{_shown(found.output.decode(errors='replace'))!r}.")  # fmt: skip
+                raise AppError(
+                    _("%(app)s could not be started: the workspace said %(output)s.")
+                    % {"app": label, "output": repr(_shown(found.output.decode(errors="replace")))}
+                )
             env = {MARKER: mark.partition("=")[2], "SUANLI_APP_LOG": log_path(kind)}
             argv = _argv(cluster, index, kind, port, token, folder)
             _exec(container, cluster, ["/bin/sh", "-c", START, "app", *argv], env=env,
@@ -246,10 +293,15 @@ def start(*, cluster: Cluster, index: int, kind: str, port=None, logdir=None) ->
         except _ERRORS as exc:
             log.warning("%s of cluster %s node %s not started: %s", kind, cluster.pk, index,
                         engine.describe(exc))  # fmt: skip
-            raise AppError(f"{label} could not be started: node {index}'s workspace did not "
-                           "answer; try again in a minute.") from None  # fmt: skip
+            raise AppError(
+                _(
+                    "%(app)s could not be started: node %(index)s's workspace did not answer; "
+                    "try again in a minute."
+                )
+                % {"app": label, "index": index}
+            ) from None
     with transaction.atomic():
-        app, _ = WorkspaceApp.objects.update_or_create(
+        app, _created = WorkspaceApp.objects.update_or_create(
             cluster=cluster, node_index=index, kind=kind,
             defaults={"port": port, "token": token, "logdir": folder,
                       "started_at": timezone.now()},
@@ -278,7 +330,7 @@ def stop(*, cluster: Cluster, index: int, kind: str) -> bool:
 def forget(cluster_id: int) -> int:
     """The hook for a stop or a release of the cluster: its apps' rows go (their processes
     die with the workspaces). Returns how many went."""
-    deleted, _ = WorkspaceApp.objects.filter(cluster_id=cluster_id).delete()
+    deleted, _by_model = WorkspaceApp.objects.filter(cluster_id=cluster_id).delete()
     return deleted
 
 
@@ -301,7 +353,7 @@ def answering(cluster: Cluster, index: int, apps: list[WorkspaceApp]) -> dict[st
         found = _exec(container, cluster,
                       ["/bin/sh", "-c", LISTENING, "listening", *map(str, ports)])  # fmt: skip
         for line in found.output.decode(errors="replace").splitlines():
-            port, _, state = line.partition(" ")
+            port, _sep, state = line.partition(" ")
             if state == "up" and port.isdigit():
                 up.add(int(port))
     except (workspaces.WorkspaceError, *_ERRORS) as exc:

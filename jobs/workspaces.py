@@ -23,6 +23,7 @@ import re
 import docker
 from django.conf import settings
 from django.db.models import Q
+from django.utils.translation import gettext as _
 
 from jobs import engine, network, registry, runtime
 from jobs.models import Cluster, Host, Node
@@ -423,12 +424,19 @@ def live_node(cluster: Cluster, index: int) -> Node:
     the database."""
     if cluster.state == Cluster.State.STOPPED:
         raise WorkspaceError(
-            f"cluster {cluster.name} is stopped: start it (with or without GPUs) to log in"
+            _("cluster %(cluster)s is stopped: start it (with or without GPUs) to log in")
+            % {"cluster": cluster.name}
         )
     if cluster.state != Cluster.State.RUNNING:
-        raise WorkspaceError(f"cluster {cluster.name} is {cluster.state}, not running")
+        raise WorkspaceError(
+            _("cluster %(cluster)s is %(state)s, not running")
+            % {"cluster": cluster.name, "state": cluster.get_state_display()}
+        )
     if not cluster.workspace:
-        raise WorkspaceError(f"cluster {cluster.name} was created without workspaces (jobs only)")
+        raise WorkspaceError(
+            _("cluster %(cluster)s was created without workspaces (jobs only)")
+            % {"cluster": cluster.name}
+        )
     node = (
         Node.objects.filter(
             cluster=cluster, index=index, released_at__isnull=True, lost_at__isnull=True
@@ -437,9 +445,14 @@ def live_node(cluster: Cluster, index: int) -> Node:
         .first()
     )
     if node is None:
-        raise WorkspaceError(f"cluster {cluster.name} has no node {index}")
+        raise WorkspaceError(
+            _("cluster %(cluster)s has no node %(index)s")
+            % {"cluster": cluster.name, "index": index}
+        )
     if not node.workspace_container:
-        raise WorkspaceError(f"the workspace of node {index} is starting; try again shortly")
+        raise WorkspaceError(
+            _("the workspace of node %(index)s is starting; try again shortly") % {"index": index}
+        )
     return node
 
 
@@ -450,11 +463,19 @@ def running(cluster: Cluster, index: int):
     try:
         container = engine.cached_client(node.host).containers.get(node.workspace_container)
     except docker.errors.NotFound:
-        raise WorkspaceError(f"the workspace of node {index} is being made again") from None
+        raise WorkspaceError(
+            _("the workspace of node %(index)s is being made again") % {"index": index}
+        ) from None
     except _ERRORS as exc:
-        raise WorkspaceError(f"the host of node {index} does not answer: {exc}") from None
+        raise WorkspaceError(
+            _("the host of node %(index)s does not answer: %(error)s")
+            % {"index": index, "error": exc}
+        ) from None
     if container.status != "running":
-        raise WorkspaceError(f"the workspace of node {index} is {container.status}")
+        raise WorkspaceError(
+            _("the workspace of node %(index)s is %(status)s")
+            % {"index": index, "status": container.status}
+        )
     return container
 
 

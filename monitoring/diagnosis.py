@@ -1,6 +1,7 @@
 """Plain-words diagnosis of a job's per-second monitoring samples.
 
-Pure Python on purpose: the job page, an API or a test can call it on any list of samples
+Pure Python on purpose (Django's gettext aside: a finding reads in the language active
+when it is made): the job page, an API or a test can call it on any list of samples
 without a database, and every rule and threshold can be read in this one file. A caller
 that has already summed the nodes up per second (the job page, in SQL) hands those seconds
 to `diagnose_seconds` instead.
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from statistics import median
 from typing import NamedTuple
+
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 MIN_GPU_SECONDS = 20  # under this a pattern cannot be told from noise
 MAX_GAP_S = 10  # samples further apart start a new stretch (agent restart, lost node)
@@ -143,13 +148,14 @@ def _idle_finding(seconds: list[_Second], threshold: float, severity: str) -> Fi
     start, end = seconds[0].at, seconds[-1].at
     return Finding(
         kind="idle",
-        title="GPUs idle",
-        text=(
-            f"The GPUs were idle {round(share * 100)} % of the time (below {threshold:g} % "
-            f"utilisation) {_between(start, end)}: the job pays for GPUs it leaves waiting. "
-            "Look for a slow input pipeline, small batches or a CPU-bound step, "
+        title=_("GPUs idle"),
+        text=_(
+            "The GPUs were idle %(share)s %% of the time (below %(threshold)s %% "
+            "utilisation) between %(start)s and %(end)s %(zone)s: the job pays for GPUs it leaves "
+            "waiting. Look for a slow input pipeline, small batches or a CPU-bound step, "
             "or ask for fewer GPUs."
-        ),
+        )
+        % {"share": round(share * 100), "threshold": f"{threshold:g}", **_between(start, end)},
         start=start,
         end=end,
         severity=severity,
@@ -173,14 +179,25 @@ def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> F
     if dip_net >= NET_FLOOR_BPS and dip_net >= NET_RATIO * busy_net:
         return Finding(
             kind="communication",
-            title="Communication-bound",
-            text=(
-                f"The GPUs had {len(dips)} long idle gaps (~{_seconds(dip_s)} s each) after "
-                f"bursts of compute {_between(start, end)}, with network traffic during the "
-                f"gaps (~{_mb_s(dip_net)} MB/s, against ~{_mb_s(busy_net)} MB/s while "
-                "computing): communication-bound: increase the batch size or compress "
-                "gradients (fp16)."
-            ),
+            title=_("Communication-bound"),
+            text=ngettext(
+                "The GPUs had %(count)d long idle gap (~%(gap)s s) after bursts of compute "
+                "between %(start)s and %(end)s %(zone)s, with network traffic during the gap "
+                "(~%(gap_mb_s)s MB/s, against ~%(busy_mb_s)s MB/s while computing): "
+                "communication-bound: increase the batch size or compress gradients (fp16).",
+                "The GPUs had %(count)d long idle gaps (~%(gap)s s each) after bursts of "
+                "compute between %(start)s and %(end)s %(zone)s, with network traffic during the "
+                "gaps (~%(gap_mb_s)s MB/s, against ~%(busy_mb_s)s MB/s while computing): "
+                "communication-bound: increase the batch size or compress gradients (fp16).",
+                len(dips),
+            )
+            % {
+                "count": len(dips),
+                "gap": _seconds(dip_s),
+                "gap_mb_s": _mb_s(dip_net),
+                "busy_mb_s": _mb_s(busy_net),
+                **_between(start, end),
+            },
             start=start,
             end=end,
             severity="warning",
@@ -197,13 +214,19 @@ def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> F
         return None
     return Finding(
         kind="dataloader",
-        title="Data-loading bottleneck",
-        text=(
-            f"Periodic dips in GPU utilisation every ~{_seconds(period)} s "
-            f"(dips of ~{_seconds(dip_s)} s) {_between(start, end)}: a data-loading "
-            "bottleneck: raise DataLoader num_workers toward 2 x CPU cores = "
-            f"{2 * cpu_cores}, or move the data to faster storage."
-        ),
+        title=_("Data-loading bottleneck"),
+        text=_(
+            "Periodic dips in GPU utilisation every ~%(period)s s (dips of ~%(dip)s s) "
+            "between %(start)s and %(end)s %(zone)s: a data-loading bottleneck: raise DataLoader "
+            "num_workers toward 2 x CPU cores = %(workers)s, or move the data to faster "
+            "storage."
+        )
+        % {
+            "period": _seconds(period),
+            "dip": _seconds(dip_s),
+            "workers": 2 * cpu_cores,
+            **_between(start, end),
+        },
         start=start,
         end=end,
         severity="warning",
@@ -278,13 +301,14 @@ def _iops_finding(seconds: list[_Second], threshold: float, reference: float) ->
     start, end = stretch[0].at, stretch[-1].at
     return Finding(
         kind="iops_ceiling",
-        title="Storage IOPS at a ceiling",
-        text=(
-            f"Storage IOPS held at ~{_about(ceiling)} (a ceiling) {_between(start, end)} "
-            "while the GPUs waited: the volume is the bottleneck (practice: "
-            f"{reference:,.0f} IOPS for a training data volume) — use faster storage or "
-            "larger files / sequential reads."
-        ),
+        title=_("Storage IOPS at a ceiling"),
+        text=_(
+            "Storage IOPS held at ~%(ceiling)s (a ceiling) between %(start)s and %(end)s %(zone)s "
+            "while the GPUs waited: the volume is the bottleneck (practice: %(reference)s "
+            "IOPS for a training data volume) — use faster storage or larger files / "
+            "sequential reads."
+        )
+        % {"ceiling": _about(ceiling), "reference": f"{reference:,.0f}", **_between(start, end)},
         start=start,
         end=end,
         severity="warning",
@@ -306,9 +330,15 @@ def _span_s(run: list[_Second]) -> float:
     return (run[-1].at - run[0].at).total_seconds() + 1
 
 
-def _between(start: datetime, end: datetime) -> str:
+def _between(start: datetime, end: datetime) -> dict[str, str]:
+    """The `start`, `end` and `zone` of a finding's sentence ("between %(start)s and %(end)s
+    %(zone)s"), in the reader's time zone: times of day, or dates and times when the range
+    spans days."""
+    start, end = (
+        timezone.localtime(t if t.tzinfo else t.replace(tzinfo=UTC)) for t in (start, end)
+    )
     fmt = "%H:%M:%S" if start.date() == end.date() else "%Y-%m-%d %H:%M:%S"
-    return f"between {start.strftime(fmt)} and {end.strftime(fmt)} UTC"
+    return {"start": start.strftime(fmt), "end": end.strftime(fmt), "zone": start.tzname()}
 
 
 def _seconds(value: float) -> str:

@@ -15,6 +15,7 @@ from django.core.cache import caches
 from django.db import connection
 from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
+from django.utils.translation import get_language
 
 from jobs.models import Cluster, GpuSlot, Host, Job, Node, Replica
 from monitoring import buckets
@@ -255,7 +256,13 @@ def diagnosis(job: Job, rows: list[dict] | None = None) -> list[Finding]:
     every second of them: the chart's decimated rows would hide a dip's length. Kept for
     a finished job (`_kept`)."""
     if rows is None:
-        return _kept("diagnosis", job, lambda: _diagnosis(job))
+        # Findings are sentences in the language active when they were made: one kept
+        # diagnosis per language.
+        return _kept(
+            f"diagnosis:{get_language()}:{timezone.get_current_timezone_name()}",
+            job,
+            lambda: _diagnosis(job),
+        )
     return _diagnosis(job, rows)
 
 

@@ -278,9 +278,9 @@ def test_every_figure_reads_with_its_places():
     # What SQLite hands back for a SUM, and PostgreSQL for arithmetic on numerics.
     assert formatting.text(formatting.amount(Decimal("0.461500000000000"))) == "0.4615"
     assert formatting.text(formatting.total(Decimal("1.03350000000000"))) == "1.03"
-    assert formatting.text(formatting.amount(Decimal("3.6864000000000000")), "CNY") == (
-        "3.6864 CNY"
-    )
+    assert formatting.text(formatting.amount(Decimal("3.6864000000000000")), "CNY") == "¥3.6864"
+    assert formatting.text(formatting.amount(Decimal("-0.46150")), "CNY") == "-¥0.4615"
+    assert formatting.text(formatting.total(Decimal("12.5")), "CHF") == "12.50 CHF"
     assert formatting.text(formatting.total(Decimal("-0.004"))) == "0.00"  # no "-0.00"
     assert formatting.text(formatting.rate(Decimal("7.80000000"))) == "7.8000"
     assert formatting.text(formatting.rate(Decimal("1.08018750"))) == "1.0801875"  # exact
@@ -288,4 +288,4 @@ def test_every_figure_reads_with_its_places():
     html = Template(
         "{% load money %}{{ a|amount }} {{ b|total:'CNY' }} {{ c|rate }} {{ d|amount }}"
     ).render(Context({"a": Decimal("-0.46150"), "b": Decimal("99.995"), "c": "3.12", "d": None}))
-    assert html == "-0.4615 100.00 CNY 3.1200 —"
+    assert html == "-0.4615 ¥100.00 3.1200 —"

@@ -50,7 +50,7 @@ def test_a_cluster_needs_ten_minutes_of_balance(client, alice, card, fleet, fund
     response = client.post(reverse("cluster_new"), _form())
     assert response.status_code == 200
     errors = " ".join(response.context["form"].non_field_errors())
-    assert "15.6000 CNY/h" in errors and "2.6000 CNY" in errors and "2.5000 CNY" in errors
+    assert "¥15.6000/h" in errors and "¥2.6000" in errors and "¥2.5000" in errors
     assert reverse("billing") in response.content.decode()
     assert not Cluster.objects.exists()
     # Spot costs half: 7.80 /h needs 1.30, which 2.50 covers.

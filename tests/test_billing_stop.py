@@ -427,7 +427,7 @@ def test_prices_of_a_stop_for_the_cluster_page(client, alice, rate_card, gpu_clu
         client.force_login(alice)
         body = client.get(reverse("cluster_cost", args=[cluster.pk])).content.decode()
         assert "A stop keeps its workspaces free." in body
-        assert "Start without GPUs: 0.1000 CNY per node-hour." in body
+        assert "Start without GPUs: ¥0.1000 per node-hour." in body
         stop(cluster, 20)
         body = client.get(reverse("cluster_cost", args=[cluster.pk])).content.decode()
         assert 'data-testid="cluster-rate">0.0000<' in body

@@ -22,7 +22,7 @@ from jobs.models import Cluster, Image
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHORT_FOR_TWO = "growing it needs a balance for 10 minutes (2.6000 CNY). Your balance is 2.0000 CNY"
+SHORT_FOR_TWO = "growing it needs a balance for 10 minutes (¥2.6000). Your balance is ¥2.0000"
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def one_node(client, alice, paper_fleet, fund):
     client.force_login(alice)
     refused = client.post(reverse("cluster_new"), _form(nodes="2"))
     assert refused.status_code == 200
-    assert "creating it needs a balance for 10 minutes (2.6000 CNY)" in refused.content.decode()
+    assert "creating it needs a balance for 10 minutes (¥2.6000)" in refused.content.decode()
     assert client.post(reverse("cluster_new"), _form()).status_code == 302
     scheduler.place_pending()
     cluster = Cluster.objects.get(owner=alice, name="grow")
@@ -77,7 +77,7 @@ def test_the_page_refuses_to_grow_what_it_refused_to_create(client, one_node):
     page = client.post(
         reverse("cluster_resize", args=[one_node.pk]), {"nodes": "2"}, follow=True
     ).content.decode()
-    assert "With 2 nodes this cluster costs 15.6000 CNY/h" in page and SHORT_FOR_TWO in page
+    assert "With 2 nodes this cluster costs ¥15.6000/h" in page and SHORT_FOR_TWO in page
     one_node.refresh_from_db()
     assert one_node.nodes == 1 and one_node.node_set.filter(released_at__isnull=True).count() == 1
 

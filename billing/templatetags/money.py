@@ -1,5 +1,5 @@
-"""`{% load money %}`: `{{ x|amount }}` "0.4615", `{{ x|total:"CNY" }}` "12.50 CNY",
-`{{ x|rate }}` "7.8000". See billing.formatting for the rule."""
+"""`{% load money %}`: `{{ x|amount }}` "0.4615", `{{ x|total:"CNY" }}` "¥12.50" (a sign where the currency has one),
+`{{ x|rate }}` "7.8000", `{{ "CNY"|sign }}` "¥". See billing.formatting for the rule."""
 
 from django import template
 
@@ -21,3 +21,9 @@ def total(value, currency=""):
 @register.filter
 def rate(value, currency=""):
     return formatting.text(formatting.rate(value), currency)
+
+
+@register.filter
+def sign(currency):
+    """`{{ "CNY"|sign }}` "¥": what a label beside a figure says of its currency."""
+    return formatting.SIGNS.get(currency, currency)

@@ -46,7 +46,7 @@
 
   function state(msg) {
     const badge = document.getElementById("build-state");
-    badge.textContent = msg.state;
+    badge.textContent = JSON.parse(badge.dataset.labels || "{}")[msg.state] || msg.state;
     badge.className = `badge badge-${msg.state} big`;
     show("build-step", msg.step).textContent = msg.step || "";
     const progress = show("build-progress", msg.total_bytes);
@@ -54,9 +54,11 @@
       const bar = progress.querySelector("progress");
       bar.max = msg.total_bytes;
       bar.value = msg.done_bytes;
-      const verb = kind === "save" && msg.state === "running" ? "committed" : "pushed";
-      document.getElementById("build-progress-text").textContent =
-        `${verb} ${human(msg.done_bytes)} of ${human(msg.total_bytes)}`;
+      // The sentence comes translated from the page, with {done} and {total} to fill in.
+      const text = document.getElementById("build-progress-text");
+      const template = kind === "save" && msg.state === "running" ? text.dataset.committed : text.dataset.pushed;
+      const values = { done: human(msg.done_bytes), total: human(msg.total_bytes) };
+      text.textContent = template.replace(/\{(done|total)\}/g, (all, key) => values[key]);
     }
     show("build-error", msg.error).textContent = msg.error || "";
     const image = show("build-image", msg.image);

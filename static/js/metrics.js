@@ -25,18 +25,26 @@
     shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: { dash: "dot", width: 1.5, color: "#c2410c" } }],
     annotations: [{ xref: "paper", x: 1, y, xanchor: "right", yanchor: "bottom", text, showarrow: false, font: { size: 10, color: "#c2410c" } }],
   });
+  // Every word shown comes translated from the page (console/_metrics.html): the charts'
+  // titles as data-title, reference lines, trace names and notes as the box's data-*, the
+  // names with {node} and {gpu} to fill in.
+  const words = box.dataset;
+  const fill = (template, values) => template.replace(/\{(\w+)\}/g, (all, key) => (key in values ? values[key] : all));
+  const titled = (id) => (document.getElementById(id) || {}).dataset?.title || "";
+  const gpuName = (s, i) => fill(words.traceGpu, { node: s.node, gpu: i });
+  const nodeName = (s, which) => fill(words[which], { node: s.node });
   const charts = [
-    { id: "chart-gpu", title: "GPU utilisation (%)", layout: { yaxis: { range: [0, 105] }, ...refLine(70, "70 % target") },
-      traces: (s) => (s.gpu || []).map((v, i) => [`node ${s.node} · GPU ${i}`, v]) },
-    { id: "chart-gmem", title: "GPU memory (GiB)", traces: (s) => (s.gmem || []).map((v, i) => [`node ${s.node} · GPU ${i}`, v / 1024]) },
-    { id: "chart-cpu", title: "CPU (% of one core)", traces: (s) => [[`node ${s.node}`, s.cpu_pct]] },
-    { id: "chart-mem", title: "Memory (GiB)", traces: (s) => [[`node ${s.node}`, gib(s.mem_bytes)]] },
-    { id: "chart-net", title: "Network (Mbit/s)",
-      layout: rdma ? { yaxis: { type: "log" }, ...refLine(100000, "100 Gbit/s RDMA link") } : {},
-      traces: (s) => [[`node ${s.node} receive`, (s.net_rx_bps * 8) / 1e6], [`node ${s.node} transmit`, (s.net_tx_bps * 8) / 1e6]] },
-    { id: "chart-disk", title: "Disk (MB/s)", traces: (s) => [[`node ${s.node} read`, s.disk_read_bps / 1e6], [`node ${s.node} write`, s.disk_write_bps / 1e6]] },
-    { id: "chart-iops", title: "Storage IOPS", layout: refLine(5000, "5,000 IOPS"),
-      traces: (s) => [[`node ${s.node} read`, s.read_iops], [`node ${s.node} write`, s.write_iops]] },
+    { id: "chart-gpu", title: titled("chart-gpu"), layout: { yaxis: { range: [0, 105] }, ...refLine(70, words.refGpu) },
+      traces: (s) => (s.gpu || []).map((v, i) => [gpuName(s, i), v]) },
+    { id: "chart-gmem", title: titled("chart-gmem"), traces: (s) => (s.gmem || []).map((v, i) => [gpuName(s, i), v / 1024]) },
+    { id: "chart-cpu", title: titled("chart-cpu"), traces: (s) => [[nodeName(s, "traceNode"), s.cpu_pct]] },
+    { id: "chart-mem", title: titled("chart-mem"), traces: (s) => [[nodeName(s, "traceNode"), gib(s.mem_bytes)]] },
+    { id: "chart-net", title: titled("chart-net"),
+      layout: rdma ? { yaxis: { type: "log" }, ...refLine(100000, words.refRdma) } : {},
+      traces: (s) => [[nodeName(s, "traceReceive"), (s.net_rx_bps * 8) / 1e6], [nodeName(s, "traceTransmit"), (s.net_tx_bps * 8) / 1e6]] },
+    { id: "chart-disk", title: titled("chart-disk"), traces: (s) => [[nodeName(s, "traceRead"), s.disk_read_bps / 1e6], [nodeName(s, "traceWrite"), s.disk_write_bps / 1e6]] },
+    { id: "chart-iops", title: titled("chart-iops"), layout: refLine(5000, words.refIops),
+      traces: (s) => [[nodeName(s, "traceRead"), s.read_iops], [nodeName(s, "traceWrite"), s.write_iops]] },
   ];
   const base = {
     margin: { l: 48, r: 12, t: 30, b: 30 }, height: 230, showlegend: true,
@@ -153,8 +161,8 @@
       .then((data) => {
         if (zoomed !== wanted) return; // a newer zoom (or the overview) came first
         note.textContent = data.step
-          ? `zoomed: the lowest and highest of every ${data.step} s; double-click for the whole run`
-          : `zoomed: one point ${data.resolution === "minute" ? "a minute" : "a second"}; double-click for the whole run`;
+          ? fill(words.noteZoomStep, { step: data.step })
+          : data.resolution === "minute" ? words.noteZoomMinute : words.noteZoomSecond;
         redraw(data.samples, wanted, data.resolution, data.step);
       })
       .catch(() => { /* the chart stays zoomed on the overview's points */ });
@@ -168,9 +176,9 @@
       grid.style.display = "";
       for (const c of charts) Plotly.Plots.resize(c.div);
     }
-    document.getElementById("metrics-note").textContent = "live, one point a second, last 10 minutes";
+    document.getElementById("metrics-note").textContent = words.noteLive;
     const empty = document.getElementById("metrics-empty");
-    empty.textContent = "Waiting for the first samples…";
+    empty.textContent = words.noteWaiting;
     connect();
   }
   window.suanliMetrics = { follow };

@@ -2,6 +2,8 @@
 // (console/terminal.py). Binary frames both ways carry the TTY's bytes; a text frame to
 // the server is a control message, {"resize": [cols, rows]}. The server takes at most
 // 64 KiB in one message (more closes the terminal): input goes in pieces of PIECE bytes.
+// Its words come translated from the page: data-connected and data-close-CODE (or
+// data-close-other, with "{code}") on #terminal-state.
 (function () {
   const box = document.getElementById("terminal");
   const state = document.getElementById("terminal-state");
@@ -34,7 +36,7 @@
   };
 
   socket.addEventListener("open", function () {
-    state.textContent = "connected";
+    state.textContent = state.dataset.connected;
     sendSize();
     term.focus();
   });
@@ -42,16 +44,8 @@
     if (typeof event.data !== "string") term.write(new Uint8Array(event.data));
   });
   socket.addEventListener("close", function (event) {
-    const why = {
-      1000: "closed",
-      1006: "connection lost",
-      4000: "no shell",
-      4401: "logged out: log in again",
-      4404: "not found",
-      4408: "closed: idle",
-      4413: "closed: too much input at once",
-      4429: "refused: too many sessions open",
-    }[event.code] || "closed (" + event.code + ")";
+    const why = state.getAttribute("data-close-" + event.code)
+      || state.dataset.closeOther.replace("{code}", event.code);
     state.textContent = why;
     term.write("\r\n\x1b[2m[" + why + "]\x1b[0m\r\n");
   });

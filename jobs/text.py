@@ -1,0 +1,125 @@
+"""Text composed now and shown later in the reader's language (issue 23).
+
+A timeline event is written in English when it happens, often in a worker with no reader.
+`Text(gettext_noop("pulling %(image)s on %(host)s"), image=ref, host=name)` keeps the msgid
+and its arguments: `str(t)` is the English (the event's `message`, which the API and webhooks
+keep), `t.as_json()` is stored beside it, and `show(data)` renders that JSON later with
+`gettext` in the language active then. An argument may itself be a Text (a reason inside a
+sentence); anything else is rendered with str() and never translated (Docker's errors, a
+container's exit message, names)."""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext, gettext_noop
+
+
+class Text:
+    """A msgid (English, `%(name)s` placeholders) and its named arguments."""
+
+    __slots__ = ("msgid", "args")
+
+    def __init__(self, msgid: str, /, **args) -> None:
+        self.msgid = msgid
+        self.args = args
+
+    def __str__(self) -> str:
+        return _render(self.as_json(), translate=False)
+
+    def __repr__(self) -> str:
+        return f"Text({self.msgid!r}, {self.args!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Text) and self.as_json() == other.as_json()
+
+    __hash__ = None
+
+    def as_json(self) -> dict:
+        return {"m": self.msgid, "a": {name: _json(value) for name, value in self.args.items()}}
+
+
+def _json(value):
+    if isinstance(value, Text):
+        return value.as_json()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return str(value)
+
+
+def _render(data, translate: bool) -> str:
+    if isinstance(data, dict) and "m" in data:
+        msgid = str(data["m"])
+        args = {
+            name: _render(value, translate) if isinstance(value, dict) else value
+            for name, value in (data.get("a") or {}).items()
+        }
+        if translate:
+            try:
+                return gettext(msgid) % args if args else gettext(msgid)
+            except (KeyError, ValueError, TypeError):
+                pass
+        try:
+            return msgid % args if args else msgid
+        except (KeyError, ValueError, TypeError):
+            return msgid
+    return str(data)
+
+
+def show(data) -> str:
+    """The stored JSON of a Text, in the active language (English if its translation does
+    not format)."""
+    return _render(data, translate=True)
+
+
+def english(data) -> str:
+    """The stored JSON of a Text, in English."""
+    return _render(data, translate=False)
+
+
+def json_of(message) -> dict | None:
+    """What an event stores in its `text` field: the JSON of a Text, None for plain words."""
+    return message.as_json() if isinstance(message, Text) else None
+
+
+def join(items: list) -> Text | str:
+    """Several Texts as one list ("a, b, c" in English): nested pairs, each translated."""
+    if not items:
+        return ""
+    out = items[-1]
+    for item in reversed(items[:-1]):
+        out = Text(gettext_noop("%(first)s, %(rest)s"), first=item, rest=out)
+    return out
+
+
+def load(data) -> Text | str:
+    """The stored JSON of a Text back as a Text (to say again, or inside another sentence);
+    anything else as its plain words."""
+    if isinstance(data, dict) and "m" in data:
+        args = {
+            name: load(value) if isinstance(value, dict) else value
+            for name, value in (data.get("a") or {}).items()
+        }
+        return Text(str(data["m"]), **args)
+    return "" if data is None else str(data)
+
+
+def reason_fields(message, limit: int) -> dict:
+    """The fields of a state reason (Cluster and Job): `state_reason`, its English (at most
+    `limit` characters), and `state_reason_text`, its twin (the Text's JSON, None for plain
+    words), e.g. `.update(state=..., **reason_fields(why, 500))`. An empty message clears
+    both."""
+    return {"state_reason": str(message)[:limit], "state_reason_text": json_of(message)}
+
+
+def stored_reason(obj) -> Text | str:
+    """A Cluster's or Job's state reason as it was written: the Text its twin keeps, else
+    its English (older rows, plain words)."""
+    data = getattr(obj, "state_reason_text", None)
+    return load(data) if data else obj.state_reason
+
+
+def argument(message, msgid: str, name: str = "reason"):
+    """The argument `name` of `message` when it is a Text of `msgid`, else None: the reason
+    inside "preempting: %(reason)s", to say again in another sentence."""
+    if isinstance(message, Text) and message.msgid == msgid:
+        return message.args.get(name)
+    return None
