@@ -56,6 +56,8 @@ class RateCard(models.Model):
     )
 
     class Meta:
+        verbose_name = gettext_lazy("rate card")
+        verbose_name_plural = gettext_lazy("rate cards")
         ordering = ["-effective_from"]
 
     def __str__(self) -> str:
@@ -82,6 +84,8 @@ class Price(models.Model):
     )
 
     class Meta:
+        verbose_name = gettext_lazy("price")
+        verbose_name_plural = gettext_lazy("prices")
         ordering = ["card", "gpu_model", "instance_type"]
         constraints = [
             models.CheckConstraint(
@@ -112,6 +116,10 @@ class Account(models.Model):
     exhausted_at = models.DateTimeField(
         null=True, blank=True, help_text="When its clusters were stopped for balance."
     )
+
+    class Meta:
+        verbose_name = gettext_lazy("account")
+        verbose_name_plural = gettext_lazy("accounts")
 
     def __str__(self) -> str:
         return f"{self.user} ({self.balance})"
@@ -154,8 +162,9 @@ class LedgerEntry(models.Model):
     )
 
     class Meta:
+        verbose_name = gettext_lazy("ledger entry")
+        verbose_name_plural = gettext_lazy("ledger entries")
         ordering = ["-created_at", "-id"]
-        verbose_name_plural = "ledger entries"
         # Operators post top-ups, refunds, adjustments and credits (billing admin, an
         # account's entry form) only with this; viewing accounts does not grant it.
         permissions = [("post_ledgerentry", "Can post top-ups, refunds and adjustments")]
@@ -200,6 +209,8 @@ class Meter(models.Model):
     settled = models.BooleanField(default=False)
 
     class Meta:
+        verbose_name = gettext_lazy("meter")
+        verbose_name_plural = gettext_lazy("meters")
         indexes = [
             models.Index(
                 fields=["settled"], condition=models.Q(settled=False), name="meter_open_idx"

@@ -45,7 +45,11 @@ CHART_LAYOUT = {
 
 def _chart(traces: list, *, currency: str, stacked: bool = False) -> str:
     fig = go.Figure(data=traces)
-    fig.update_layout(**CHART_LAYOUT, yaxis_title=currency, barmode="stack" if stacked else None)
+    fig.update_layout(
+        **CHART_LAYOUT,
+        yaxis_title=formatting.SIGNS.get(currency, currency),
+        barmode="stack" if stacked else None,
+    )
     return fig.to_json()
 
 

@@ -18,6 +18,8 @@ from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_POST
 
 from jobs import services
@@ -41,15 +43,33 @@ from jobs.models import (
 
 def report_check(request, host: Host) -> None:
     if host.state == Host.State.DOWN:
-        messages.error(request, f"Host {host.name} did not answer: {host.last_error}")
+        messages.error(
+            request,
+            _("Host %(name)s did not answer: %(error)s")
+            % {"name": host.name, "error": host.last_error},
+        )
     elif host.state == Host.State.DEGRADED:
-        messages.error(request, f"Host {host.name} answers but is degraded: {host.last_error}")
+        messages.error(
+            request,
+            _("Host %(name)s answers but is degraded: %(error)s")
+            % {"name": host.name, "error": host.last_error},
+        )
     else:
-        kind = "emulated GPUs" if host.emulated_gpu else "NVIDIA runtime"
+        kind = _("emulated GPUs") if host.emulated_gpu else _("NVIDIA runtime")
         messages.success(
             request,
-            f"Host {host.name} is {host.state}: Docker {host.docker_version}, {host.cpu_count} CPUs, "
-            f"{host.memory_gb} GB, {kind}.",
+            _(
+                "Host %(name)s is %(state)s: Docker %(docker)s, %(cpus)s CPUs, %(memory)s GB, "
+                "%(kind)s."
+            )
+            % {
+                "name": host.name,
+                "state": host.get_state_display(),
+                "docker": host.docker_version,
+                "cpus": host.cpu_count,
+                "memory": host.memory_gb,
+                "kind": kind,
+            },
         )
 
 
@@ -61,7 +81,10 @@ class ActionsNeedPermissions:
         name = request.POST.get("action", "") if request.method == "POST" else ""
         known = {a if isinstance(a, str) else a.__name__ for a in self.actions or ()}
         if name in known and name not in self.get_actions(request):
-            raise PermissionDenied(f"You may not run '{name}' on {self.opts.verbose_name_plural}.")
+            raise PermissionDenied(
+                _("You may not run '%(action)s' on %(models)s.")
+                % {"action": name, "models": self.opts.verbose_name_plural}
+            )
         return super().changelist_view(request, extra_context)
 
 
@@ -96,16 +119,16 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     ]
     fieldsets = [
         (None, {"fields": ["name", "engine_url", "address", "zone"]}),
-        ("GPUs", {"fields": ["gpu_model", "gpu_count", "rdma"]}),
-        ("Images", {"fields": ["build_host"]}),
+        (gettext_lazy("GPUs"), {"fields": ["gpu_model", "gpu_count", "rdma"]}),
+        (gettext_lazy("Images"), {"fields": ["build_host"]}),
         (
-            "TLS (tcp:// engines)",
+            gettext_lazy("TLS (tcp:// engines)"),
             {
                 "fields": ["tls_ca", "tls_cert", "tls_key"],
-                "description": "PEM text of the engine's client TLS files.",
+                "description": gettext_lazy("PEM text of the engine's client TLS files."),
             },
         ),
-        ("Health (from the last check)", {"fields": readonly_fields}),
+        (gettext_lazy("Health (from the last check)"), {"fields": readonly_fields}),
     ]
 
     def get_queryset(self, request):
@@ -116,19 +139,19 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
             .annotate(slot_total=Count("slots"))
         )
 
-    @admin.display(description="GPUs")
+    @admin.display(description=gettext_lazy("GPUs"))
     def gpus(self, host: Host) -> str:
-        return f"{host.gpu_count} x {host.gpu_model}" if host.gpu_model_id else "CPU only"
+        return f"{host.gpu_count} x {host.gpu_model}" if host.gpu_model_id else _("CPU only")
 
-    @admin.display(description="state", ordering="state")
+    @admin.display(description=gettext_lazy("state"), ordering="state")
     def state_badge(self, host: Host) -> str:
         return format_html(
             '<span class="badge badge-{}">{}</span>', host.state, host.get_state_display()
         )
 
-    @admin.display(description="GPU kind", boolean=False)
+    @admin.display(description=gettext_lazy("GPU kind"), boolean=False)
     def gpu_kind(self, host: Host) -> str:
-        return "emulated" if host.emulated_gpu else "NVIDIA"
+        return _("emulated") if host.emulated_gpu else "NVIDIA"
 
     def save_model(self, request, obj, form, change):
         services.host_save(host=obj)
@@ -153,7 +176,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         report_check(request, services.host_check(host_id=host.pk))
         return redirect(reverse("admin:jobs_host_change", args=[host.pk]))
 
-    @admin.display(description="network")
+    @admin.display(description=gettext_lazy("network"))
     def network(self, host: Host) -> str:
         return host.network_note if host.last_seen else "—"
 
@@ -163,25 +186,44 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     def has_reclaim_permission(self, request) -> bool:
         return request.user.has_perm("jobs.reclaim_spot")
 
-    @admin.action(description="Check now", permissions=["change"])
+    @admin.action(description=gettext_lazy("Check now"), permissions=["change"])
     def check_now(self, request, queryset):
         for host in queryset:
             report_check(request, services.host_check(host_id=host.pk))
 
-    @admin.action(description="Drain (no new placements)", permissions=["drain"])
+    @admin.action(description=gettext_lazy("Drain (no new placements)"), permissions=["drain"])
     def drain(self, request, queryset):
         for host in queryset:
             services.host_set_draining(host=host, draining=True)
-        messages.success(request, f"Draining {queryset.count()} host(s); what runs on them stays.")
+        count = queryset.count()
+        messages.success(
+            request,
+            ngettext(
+                "Draining %(count)s host(s); what runs on them stays.",
+                "Draining %(count)s host(s); what runs on them stays.",
+                count,
+            )
+            % {"count": count},
+        )
 
-    @admin.action(description="Bring back from draining", permissions=["drain"])
+    @admin.action(description=gettext_lazy("Bring back from draining"), permissions=["drain"])
     def undrain(self, request, queryset):
         for host in queryset:
             services.host_set_draining(host=host, draining=False)
-        messages.success(request, f"{queryset.count()} host(s) take new work again.")
+        count = queryset.count()
+        messages.success(
+            request,
+            ngettext(
+                "%(count)s host(s) take new work again.",
+                "%(count)s host(s) take new work again.",
+                count,
+            )
+            % {"count": count},
+        )
 
     @admin.action(
-        description="Reclaim spot capacity (preempt its spot clusters)", permissions=["reclaim"]
+        description=gettext_lazy("Reclaim spot capacity (preempt its spot clusters)"),
+        permissions=["reclaim"],
     )
     def reclaim_spot(self, request, queryset):
         preempted: list[str] = []
@@ -192,11 +234,17 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         if preempted:
             messages.success(
                 request,
-                f"Preempting {len(preempted)} spot cluster(s): {', '.join(preempted)}. They "
-                "wait in the queue again once their jobs have stopped.",
+                ngettext(
+                    "Preempting %(count)s spot cluster(s): %(names)s. They wait in the queue "
+                    "again once their jobs have stopped.",
+                    "Preempting %(count)s spot cluster(s): %(names)s. They wait in the queue "
+                    "again once their jobs have stopped.",
+                    len(preempted),
+                )
+                % {"count": len(preempted), "names": ", ".join(preempted)},
             )
         else:
-            messages.info(request, "No running spot cluster on the selected host(s).")
+            messages.info(request, _("No running spot cluster on the selected host(s)."))
 
 
 @admin.register(GpuSlot)
@@ -280,7 +328,7 @@ class ImageBuildAdmin(ReadOnlyAdmin):
     exclude = ["log"]
     readonly_fields = ["log_end"]
 
-    @admin.display(description="log (its end)")
+    @admin.display(description=gettext_lazy("log (its end)"))
     def log_end(self, obj):
         return obj.log[-20000:]
 
@@ -330,15 +378,22 @@ class ClusterAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     def has_preempt_permission(self, request) -> bool:
         return request.user.has_perm("jobs.preempt_cluster")
 
-    @admin.action(description="Release (give the capacity back now)", permissions=["release"])
+    @admin.action(
+        description=gettext_lazy("Release (give the capacity back now)"), permissions=["release"]
+    )
     def release(self, request, queryset):
         for cluster in queryset:
             services.cluster_release(
                 cluster=cluster, reason=f"released by operator {request.user.username}"
             )
-        messages.success(request, f"Released {queryset.count()} cluster(s).")
+        count = queryset.count()
+        messages.success(
+            request,
+            ngettext("Released %(count)s cluster(s).", "Released %(count)s cluster(s).", count)
+            % {"count": count},
+        )
 
-    @admin.action(description="Preempt (spot clusters only)", permissions=["preempt"])
+    @admin.action(description=gettext_lazy("Preempt (spot clusters only)"), permissions=["preempt"])
     def preempt(self, request, queryset):
         preempted, skipped = [], []
         for cluster in queryset:
@@ -349,17 +404,27 @@ class ClusterAdmin(ActionsNeedPermissions, admin.ModelAdmin):
                 preempted.append(cluster.name)
             else:
                 cluster.refresh_from_db(fields=["state"])
-                why = "not spot" if not cluster.spot else cluster.state
-                skipped.append(f"{cluster.name} ({why})")
+                why = _("not spot") if not cluster.spot else cluster.get_state_display()
+                skipped.append(_("%(cluster)s (%(why)s)") % {"cluster": cluster.name, "why": why})
         if preempted:
             messages.success(
-                request, f"Preempting {len(preempted)} cluster(s): {', '.join(preempted)}."
+                request,
+                ngettext(
+                    "Preempting %(count)s cluster(s): %(names)s.",
+                    "Preempting %(count)s cluster(s): %(names)s.",
+                    len(preempted),
+                )
+                % {"count": len(preempted), "names": ", ".join(preempted)},
             )
         if skipped:
             messages.warning(
                 request,
-                f"Skipped {len(skipped)}: {', '.join(skipped)}; only running spot clusters "
-                "can be preempted.",
+                ngettext(
+                    "Skipped %(count)s: %(names)s; only running spot clusters can be preempted.",
+                    "Skipped %(count)s: %(names)s; only running spot clusters can be preempted.",
+                    len(skipped),
+                )
+                % {"count": len(skipped), "names": ", ".join(skipped)},
             )
 
 
@@ -391,9 +456,9 @@ class TypedFilter(admin.SimpleListFilter):
 
 
 class JobClusterFilter(TypedFilter):
-    title = "cluster"
+    title = gettext_lazy("cluster")
     parameter_name = "cluster"
-    placeholder = "cluster id, e.g. 812"
+    placeholder = gettext_lazy("cluster id, e.g. 812")
 
     def queryset(self, request, queryset):
         value = (self.value() or "").strip().lstrip("#")
@@ -403,9 +468,9 @@ class JobClusterFilter(TypedFilter):
 
 
 class JobOwnerFilter(TypedFilter):
-    title = "owner"
+    title = gettext_lazy("owner")
     parameter_name = "owner"
-    placeholder = "username"
+    placeholder = gettext_lazy("username")
 
     def queryset(self, request, queryset):
         value = (self.value() or "").strip()
@@ -444,7 +509,7 @@ class JobAdmin(ReadOnlyAdmin):
     list_filter = ["state", JobClusterFilter, JobOwnerFilter]
     list_select_related = ["cluster", "owner"]
     search_fields = ["name"]
-    search_help_text = "A job's id (4711 or #4711), or part of its name."
+    search_help_text = gettext_lazy("A job's id (4711 or #4711), or part of its name.")
     ordering = ["-created_at"]
     sortable_by = ["created_at"]
     show_full_result_count = False
@@ -460,19 +525,21 @@ class JobAdmin(ReadOnlyAdmin):
             return queryset.filter(pk=int(term)), False
         return super().get_search_results(request, queryset, search_term)
 
-    @admin.display(description="cluster")
+    @admin.display(description=gettext_lazy("cluster"))
     def cluster_link(self, job: Job) -> str:
         return format_html(
-            '<a href="?{}" title="Jobs of this cluster only">{} (#{})</a>',
+            '<a href="?{}" title="{}">{} (#{})</a>',
             urlencode({"cluster": job.cluster_id}),
+            _("Jobs of this cluster only"),
             job.cluster.name,
             job.cluster_id,
         )
 
-    @admin.display(description="owner")
+    @admin.display(description=gettext_lazy("owner"))
     def owner_link(self, job: Job) -> str:
         return format_html(
-            '<a href="?{}" title="Jobs of this owner only">{}</a>',
+            '<a href="?{}" title="{}">{}</a>',
             urlencode({"owner": job.owner.username}),
+            _("Jobs of this owner only"),
             job.owner.username,
         )

@@ -34,6 +34,8 @@ class GpuModel(models.Model):
     )
 
     class Meta:
+        verbose_name = gettext_lazy("gpu model")
+        verbose_name_plural = gettext_lazy("gpu models")
         ordering = ["memory_gb", "name"]
 
     def __str__(self) -> str:
@@ -53,6 +55,8 @@ class InstanceType(models.Model):
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
+        verbose_name = gettext_lazy("instance type")
+        verbose_name_plural = gettext_lazy("instance types")
         ordering = ["vcpus", "memory_gb"]
 
     def __str__(self) -> str:
@@ -74,6 +78,8 @@ class Image(models.Model):
     active = models.BooleanField(default=True, help_text="Offered on the cluster form.")
 
     class Meta:
+        verbose_name = gettext_lazy("image")
+        verbose_name_plural = gettext_lazy("images")
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -182,6 +188,8 @@ class Host(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
+        verbose_name = gettext_lazy("host")
+        verbose_name_plural = gettext_lazy("hosts")
         ordering = ["zone", "name"]
         # Operators' powers over running work, each granted on its own (admin and /ops/).
         permissions = [
@@ -311,6 +319,8 @@ class GpuSlot(models.Model):
     )
 
     class Meta:
+        verbose_name = gettext_lazy("gpu slot")
+        verbose_name_plural = gettext_lazy("gpu slots")
         ordering = ["host", "index"]
         constraints = [
             models.UniqueConstraint(fields=["host", "index"], name="gpu_slot_unique_index")
@@ -335,6 +345,8 @@ class SshKey(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
+        verbose_name = gettext_lazy("ssh key")
+        verbose_name_plural = gettext_lazy("ssh keys")
         ordering = ["name"]
         constraints = [
             models.UniqueConstraint(
@@ -440,6 +452,8 @@ class Cluster(models.Model):
     image_pulls = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        verbose_name = gettext_lazy("cluster")
+        verbose_name_plural = gettext_lazy("clusters")
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["state", "queued_at"], name="cluster_queue_idx"),
@@ -513,7 +527,8 @@ class ClusterEvent(TimelineEvent):
     message = models.CharField(max_length=300, blank=True)
 
     class Meta(TimelineEvent.Meta):
-        pass
+        verbose_name = gettext_lazy("cluster event")
+        verbose_name_plural = gettext_lazy("cluster events")
 
 
 class Node(models.Model):
@@ -560,6 +575,8 @@ class Node(models.Model):
     )
 
     class Meta:
+        verbose_name = gettext_lazy("node")
+        verbose_name_plural = gettext_lazy("nodes")
         ordering = ["cluster", "index"]
         constraints = [
             models.UniqueConstraint(
@@ -699,6 +716,8 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = gettext_lazy("job")
+        verbose_name_plural = gettext_lazy("jobs")
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["cluster", "state", "queued_at"], name="job_cluster_queue_idx"),
@@ -722,7 +741,8 @@ class JobEvent(TimelineEvent):
     message = models.CharField(max_length=500, blank=True)
 
     class Meta(TimelineEvent.Meta):
-        pass
+        verbose_name = gettext_lazy("job event")
+        verbose_name_plural = gettext_lazy("job events")
 
 
 class Replica(models.Model):
@@ -895,6 +915,8 @@ class OwnImage(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        verbose_name = gettext_lazy("own image")
+        verbose_name_plural = gettext_lazy("own images")
         ordering = ["name", "tag"]
         constraints = [
             models.UniqueConstraint(fields=["owner", "name", "tag"], name="own_image_unique")
@@ -953,6 +975,8 @@ class ImageBuild(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = gettext_lazy("image build")
+        verbose_name_plural = gettext_lazy("image builds")
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["owner", "-created_at"], name="build_owner_idx")]
 

@@ -40,7 +40,7 @@ from jobs import (
 )
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
 from jobs.queue import enqueue_later, enqueue_unique
-from jobs.text import Text, argument, join, json_of, reason_fields, stored_reason
+from jobs.text import Moment, Text, argument, join, json_of, reason_fields, stored_reason
 
 log = logging.getLogger(__name__)
 
@@ -668,7 +668,7 @@ def _preempted(job: Job) -> None:
                 exit_code=None,
             )
         else:
-            at = job.preempt_requested_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+            at = Moment(job.preempt_requested_at, "%Y-%m-%d %H:%M:%S")
             Job.objects.filter(pk=job.pk).update(
                 state=Job.State.PREEMPTED,
                 preemptions=count,

@@ -50,7 +50,7 @@ from jobs import lifecycle, webhooks
 from jobs.models import MAX_GPUS_PER_HOST, Cluster, ClusterEvent, GpuSlot, Host, Job, Node
 from jobs.queue import enqueue_by_name
 from jobs.sql import update_rows
-from jobs.text import Text, argument, join, stored_reason
+from jobs.text import Moment, Text, argument, join, stored_reason
 
 log = logging.getLogger(__name__)
 
@@ -893,17 +893,16 @@ def _moved(old: Node, new: Node, names: dict[int, str]) -> Text:
         "new": names.get(new.host_id, new.host_id),
     }
     if old.host.unhealthy_since:
-        args["since"] = f"{old.host.unhealthy_since:%H:%M:%S}"
+        args["since"] = Moment(old.host.unhealthy_since, "%H:%M:%S")
     if new.gpu_indices:
         args["gpus"] = format_indices(new.gpu_indices)
     if "since" in args and "gpus" in args:
         msgid = gettext_noop(
-            "node %(index)s moved from %(old)s (%(state)s since %(since)s UTC) to %(new)s "
-            "GPU %(gpus)s"
+            "node %(index)s moved from %(old)s (%(state)s since %(since)s) to %(new)s GPU %(gpus)s"
         )
     elif "since" in args:
         msgid = gettext_noop(
-            "node %(index)s moved from %(old)s (%(state)s since %(since)s UTC) to %(new)s"
+            "node %(index)s moved from %(old)s (%(state)s since %(since)s) to %(new)s"
         )
     elif "gpus" in args:
         msgid = gettext_noop(
@@ -983,19 +982,20 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         report.waiting += 1
         if not cluster.spot and key not in on_demand_heads:
             on_demand_heads[key] = cluster
+        why = shortage(cluster, fleet)  # before the head reserves what it could use
         head = heads.get(key)
         if head is None:
             heads[key] = cluster
             fleet.reserve_for(cluster)
             reason = Text(
                 gettext_noop("%(why)s; first in line for %(resource)s"),
-                why=shortage(cluster, fleet),
+                why=why,
                 resource=cluster.resource_label,
             )
         else:
             reason = Text(
                 gettext_noop("%(why)s; behind %(head)s (first in line for %(resource)s)"),
-                why=shortage(cluster, fleet),
+                why=why,
                 head=head.name,
                 resource=cluster.resource_label,
             )

@@ -55,7 +55,7 @@ from jobs.models import (
 )
 from jobs.queue import enqueue_by_name
 from jobs.storage import VolumeSpec
-from jobs.text import Text, join, json_of, reason_fields, show
+from jobs.text import Moment, Text, join, json_of, reason_fields, show
 
 
 @transaction.atomic
@@ -733,11 +733,11 @@ def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:
                 "release-soon",
                 Text(
                     gettext_noop(
-                        "stopped since %(since)s UTC: released with its workspaces at %(at)s "
-                        "UTC unless started before"
+                        "stopped since %(since)s: released with its workspaces at %(at)s "
+                        "unless started before"
                     ),
-                    since=f"{cluster.stopped_at:%Y-%m-%d %H:%M}",
-                    at=f"{at:%Y-%m-%d %H:%M}",
+                    since=Moment(cluster.stopped_at),
+                    at=Moment(at),
                 ),
                 at=now,
             )

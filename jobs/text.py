@@ -10,6 +10,9 @@ container's exit message, names)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from django.utils import timezone
 from django.utils.translation import gettext, gettext_noop
 
 
@@ -37,8 +40,32 @@ class Text:
         return {"m": self.msgid, "a": {name: _json(value) for name, value in self.args.items()}}
 
 
+class Moment:
+    """A time inside a Text, shown in the reader's time zone with its abbreviation
+    ("2026-12-05 15:30 CST"); the English `message` keeps UTC ("2026-12-05 07:30 UTC")."""
+
+    __slots__ = ("at", "fmt")
+
+    def __init__(self, at: datetime, fmt: str = "%Y-%m-%d %H:%M") -> None:
+        self.at = at
+        self.fmt = fmt
+
+    def as_json(self) -> dict:
+        return {"at": self.at.isoformat(), "fmt": self.fmt}
+
+
+def _moment(data: dict, translate: bool) -> str:
+    try:
+        at = datetime.fromisoformat(data["at"])
+    except (KeyError, TypeError, ValueError):
+        return str(data.get("at", ""))
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    at = timezone.localtime(at) if translate else at.astimezone(UTC)
+    return f"{at.strftime(str(data.get('fmt') or '%Y-%m-%d %H:%M'))} {at.tzname()}"
+
+
 def _json(value):
-    if isinstance(value, Text):
+    if isinstance(value, Text | Moment):
         return value.as_json()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
@@ -46,6 +73,8 @@ def _json(value):
 
 
 def _render(data, translate: bool) -> str:
+    if isinstance(data, dict) and "at" in data and "m" not in data:
+        return _moment(data, translate)
     if isinstance(data, dict) and "m" in data:
         msgid = str(data["m"])
         args = {

@@ -29,7 +29,9 @@ ENGLISH = re.compile(
 
 @pytest.fixture
 def zh_page(browser):
-    context = browser.new_context(viewport={"width": 1366, "height": 800}, locale="zh-CN")
+    context = browser.new_context(
+        viewport={"width": 1366, "height": 800}, locale="zh-CN", timezone_id="Asia/Shanghai"
+    )
     page = context.new_page()
     yield page
     context.close()

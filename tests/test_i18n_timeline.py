@@ -1,10 +1,15 @@
 """Timeline events keep their English `message` (the API, webhooks) and are shown in the
 reader's language from their stored msgid and arguments (jobs.text)."""
 
-from django.utils import translation
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from django.utils import timezone, translation
+from django.utils.translation import gettext_noop
 
 from console.templatetags.timeline import event_kind, event_text
 from jobs import services
+from jobs.text import Moment, Text, show
 
 
 def test_cluster_timeline_event_renders_in_the_readers_language(alice, make_cluster):
@@ -27,3 +32,24 @@ def test_cluster_timeline_event_renders_in_the_readers_language(alice, make_clus
     with translation.override("zh-hans"):
         released.refresh_from_db()
         assert released.message == "released by its owner"
+
+
+def test_a_time_inside_an_event_reads_in_the_readers_zone():
+    """Stored as a moment, not as words: UTC in the English `message`, the reader's own
+    zone (with its name) on their page."""
+    stopped = datetime(2026, 12, 5, 7, 30, tzinfo=UTC)
+    said = Text(
+        gettext_noop(
+            "stopped since %(since)s: released with its workspaces at %(at)s unless started before"
+        ),
+        since=Moment(stopped),
+        at=Moment(stopped + timedelta(days=7)),
+    )
+    assert str(said) == (
+        "stopped since 2026-12-05 07:30 UTC: released with its workspaces at 2026-12-12 07:30 "
+        "UTC unless started before"
+    )
+    with translation.override("zh-hans"), timezone.override(ZoneInfo("Asia/Shanghai")):
+        shown = show(said.as_json())
+    assert "2026-12-05 15:30 CST" in shown and "2026-12-12 15:30 CST" in shown
+    assert "已关机" in shown
