@@ -20,7 +20,7 @@ from django.utils.translation import trans_real
 
 from console.models import Preferences
 
-API_PREFIXES = ("/api/",)
+API_PREFIXES = ("/api/v1/",)  # the JSON API and its docs; /api/tokens/ is a page
 SESSION_KEY = "_suanli_prefs"  # [language, zone]: read once per sign-in, not per request
 CHINESE_ZONES = ("Asia/Shanghai", "Asia/Hong_Kong", "Asia/Taipei", "Asia/Singapore")
 

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
 from django.db import models
 from django.utils import timezone
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext, gettext_lazy
 
 from jobs import validators
 from jobs.crypto import EncryptedTextField
@@ -223,24 +223,24 @@ class Host(models.Model):
     def network_note(self) -> str:
         """What the host's swarm state means for placement, in an operator's words."""
         if self.swarm_member:
-            role = "manager" if self.swarm_manager else "worker"
-            return f"swarm {role}: takes multi-node clusters that span hosts"
-        state = self.swarm_state or "unknown"
-        return (
-            f"not a swarm member ({state}): takes clusters whose nodes all fit on this host; "
+            if self.swarm_manager:
+                return gettext("swarm manager: takes multi-node clusters that span hosts")
+            return gettext("swarm worker: takes multi-node clusters that span hosts")
+        return gettext(
+            "not a swarm member (%(state)s): takes clusters whose nodes all fit on this host; "
             "join it to the fleet's swarm for multi-node clusters across hosts"
-        )
+        ) % {"state": self.swarm_state or "unknown"}
 
     @property
     def health_note(self) -> str:
         """What an unhealthy host means for the work on it, in an operator's words."""
         if self.state == self.State.DEGRADED:
-            return "out of placement; its clusters move to other hosts as their jobs end"
+            return gettext("out of placement; its clusters move to other hosts as their jobs end")
         if self.state == self.State.DOWN:
-            return (
+            return gettext(
                 "out of placement; its nodes are not charged and move to other hosts after "
-                f"{settings.SUANLI_HOST_DOWN_MOVE_S} s down"
-            )
+                "%(seconds)s s down"
+            ) % {"seconds": settings.SUANLI_HOST_DOWN_MOVE_S}
         return ""
 
     @property
