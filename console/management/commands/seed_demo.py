@@ -4,6 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils.translation import gettext_noop
 
 from billing import services as billing
 from billing.catalog import seed_rate_card
@@ -38,7 +39,7 @@ class Command(BaseCommand):
                 kind="credit",
                 amount=Decimal("100"),
                 key="demo:welcome-credit:researcher",  # once, however often make run seeds
-                memo="welcome credit for the demo",
+                memo=gettext_noop("welcome credit for the demo"),  # shown translated
             )
         if opts["local_engine"]:
             call_command(
