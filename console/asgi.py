@@ -9,7 +9,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from console.preferences import SocketLocale  # noqa: E402
+from console.preferences import ScopeLocale  # noqa: E402
 from console.proxy import http_router  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
@@ -18,7 +18,7 @@ application = ProtocolTypeRouter(
         # The workspace apps' paths (console/proxy.py) before Django, streamed both ways.
         "http": http_router(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(SocketLocale(URLRouter(websocket_urlpatterns)))
+            AuthMiddlewareStack(ScopeLocale(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

@@ -21,7 +21,6 @@ from django.utils.translation import trans_real
 from console.models import Preferences
 
 API_PREFIXES = ("/api/v1/",)  # the JSON API and its docs; /api/tokens/ is a page
-SESSION_KEY = "_suanli_prefs"  # [language, zone]: read once per sign-in, not per request
 CHINESE_ZONES = ("Asia/Shanghai", "Asia/Hong_Kong", "Asia/Taipei", "Asia/Singapore")
 
 
@@ -53,30 +52,16 @@ def of(user) -> Preferences | None:
     return Preferences.objects.filter(user=user).first()
 
 
-def save(request, **fields) -> Preferences:
-    prefs, _ = Preferences.objects.update_or_create(user=request.user, defaults=fields)
-    remember(request.session, prefs)
+def save(user, **fields) -> Preferences:
+    prefs, _ = Preferences.objects.update_or_create(user=user, defaults=fields)
     return prefs
 
 
-def remember(session, prefs: Preferences | None) -> None:
-    session[SESSION_KEY] = [prefs.language, prefs.time_zone] if prefs else ["", ""]
-
-
-def on_login(sender, request, user, **kwargs) -> None:
-    """`user_logged_in`: the person's choices into their new session (console/apps.py)."""
-    if request is not None and hasattr(request, "session"):
-        remember(request.session, of(user))
-
-
-def _chosen(request) -> tuple[str, str]:
-    session = getattr(request, "session", None)
-    if session is None or not request.user.is_authenticated:
-        return "", ""
-    if SESSION_KEY not in session:  # a session from before preferences existed
-        remember(session, of(request.user))
-    language, zone = session[SESSION_KEY]
-    return language, zone
+def chosen(user) -> tuple[str, str]:
+    """(language, zone) the person chose, "" for "not chosen". Read on every request (one
+    lookup by key): a choice made in another browser, or by an operator, holds at once."""
+    prefs = of(user)
+    return (prefs.language, prefs.time_zone) if prefs else ("", "")
 
 
 class UserLocale:
@@ -89,7 +74,7 @@ class UserLocale:
         if request.path.startswith(API_PREFIXES):
             language, zone = "en", "UTC"
         else:
-            chosen_language, chosen_zone = _chosen(request)
+            chosen_language, chosen_zone = chosen(request.user)
             language = chosen_language or translation.get_language() or "en"
             if language not in languages():
                 language = settings.LANGUAGE_CODE
@@ -101,18 +86,22 @@ class UserLocale:
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             timezone.activate(zoneinfo.ZoneInfo("UTC"))
         try:
-            return self.get_response(request)
-        finally:
+            response = self.get_response(request)
+            response.headers["Content-Language"] = request.LANGUAGE_CODE
+            return response
+        finally:  # nothing of this person's stays on the thread for the next request
             timezone.deactivate()
+            translation.deactivate()
 
 
-def _socket_language(scope) -> str:
-    """A websocket's language (the terminal's notices): the person's choice kept in their
-    session, else the cookie, else Accept-Language, as for a page."""
-    session = scope.get("session")
-    chosen = (session.get(SESSION_KEY) or ["", ""])[0] if session is not None else ""
-    if chosen in languages():
-        return chosen
+def _scope_language(scope) -> str:
+    """The language of what Django's middleware never sees (websockets: the terminal's
+    notices; the workspace apps' proxy pages): the person's choice, else the cookie, else
+    Accept-Language, as for a page."""
+    user = scope.get("user")
+    choice = chosen(user)[0] if user is not None else ""
+    if choice in languages():
+        return choice
     cookie = scope.get("cookies", {}).get(settings.LANGUAGE_COOKIE_NAME)
     if cookie in languages():
         return cookie
@@ -127,14 +116,14 @@ def _socket_language(scope) -> str:
     return settings.LANGUAGE_CODE
 
 
-class SocketLocale:
-    """ASGI middleware, inside AuthMiddlewareStack (it needs the session): the websocket's
-    consumer runs in its reader's language."""
+class ScopeLocale:
+    """ASGI middleware, inside AuthMiddlewareStack (it needs the user and the cookies): the
+    consumer (a websocket, the apps' proxy) runs in its reader's language."""
 
     def __init__(self, inner):
         self.inner = inner
 
     async def __call__(self, scope, receive, send):
-        language = await database_sync_to_async(_socket_language)(scope)
+        language = await database_sync_to_async(_scope_language)(scope)
         with translation.override(language):
             return await self.inner(scope, receive, send)

@@ -85,6 +85,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from console.preferences import ScopeLocale
 from jobs import engine, gateway, outage, webapps, workspaces
 from jobs import selectors as fleet
 from jobs.models import WorkspaceApp
@@ -888,7 +889,7 @@ class HttpProxy:
 def http_router(django_app):
     """The console's HTTP: the app paths to the proxy (with the session read), the rest
     to Django."""
-    proxy = AuthMiddlewareStack(HttpProxy())
+    proxy = AuthMiddlewareStack(ScopeLocale(HttpProxy()))  # pages in the reader's language
 
     async def route(scope, receive, send):
         if scope["type"] == "http" and match(scope) is not None:

@@ -49,7 +49,7 @@ def set_language(request):
     if language not in preferences.languages():
         return response
     if request.user.is_authenticated:
-        preferences.save(request, language=language)
+        preferences.save(request.user, language=language)
     _remember(response, language)
     return response
 
@@ -87,7 +87,7 @@ def account_settings(request):
     form = PreferencesForm(request.POST or None, initial=initial, language=language)
     if request.method == "POST" and form.is_valid():
         chosen = form.cleaned_data["language"]
-        preferences.save(request, language=chosen, time_zone=form.cleaned_data["time_zone"])
+        preferences.save(request.user, language=chosen, time_zone=form.cleaned_data["time_zone"])
         if chosen:
             translation.activate(chosen)
         messages.success(request, _("Settings saved."))

@@ -72,13 +72,18 @@ def _json(value):
     return str(value)
 
 
-def _render(data, translate: bool) -> str:
+DEPTH = 200  # Texts inside Texts (a list of N nodes is N deep); far below Python's recursion limit
+
+
+def _render(data, translate: bool, depth: int = 0) -> str:
+    if depth > DEPTH:
+        return "…"
     if isinstance(data, dict) and "at" in data and "m" not in data:
         return _moment(data, translate)
     if isinstance(data, dict) and "m" in data:
         msgid = str(data["m"])
         args = {
-            name: _render(value, translate) if isinstance(value, dict) else value
+            name: _render(value, translate, depth + 1) if isinstance(value, dict) else value
             for name, value in (data.get("a") or {}).items()
         }
         if translate:

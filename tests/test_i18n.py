@@ -182,3 +182,14 @@ def test_the_api_answers_in_english_whatever_the_browser_asks(client, django_use
     # The same person's pages are in Chinese.
     client.force_login(user)
     assert "余额" in client.get(reverse("billing")).content.decode()
+
+
+def test_a_choice_made_in_one_browser_holds_in_the_others_at_once(django_user_model):
+    user = django_user_model.objects.create_user("zhao", password="pw-zhao-12345")
+    laptop, desktop = Client(), Client()
+    laptop.force_login(user)
+    desktop.force_login(user)
+    assert desktop.get(reverse("dashboard"), HTTP_ACCEPT_LANGUAGE="en")["Content-Language"] == "en"
+    laptop.post(reverse("account_settings"), {"language": "zh-hans", "time_zone": "Asia/Tokyo"})
+    page = desktop.get(reverse("account_settings"), HTTP_ACCEPT_LANGUAGE="en")
+    assert page["Content-Language"] == "zh-hans" and "JST" in page.content.decode()
