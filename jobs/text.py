@@ -48,7 +48,10 @@ class Moment:
 
     def __init__(self, at: datetime, fmt: str = "%Y-%m-%d %H:%M") -> None:
         self.at = at
-        self.fmt = fmt
+        self.fmt = fmt or "%Y-%m-%d %H:%M"
+
+    def __str__(self) -> str:
+        return _moment(self.as_json(), translate=False)
 
     def as_json(self) -> dict:
         return {"at": self.at.isoformat(), "fmt": self.fmt}
@@ -67,6 +70,8 @@ def _moment(data: dict, translate: bool) -> str:
 def _json(value):
     if isinstance(value, Text | Moment):
         return value.as_json()
+    if isinstance(value, datetime):
+        return Moment(value).as_json()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     return str(value)
@@ -133,6 +138,11 @@ def load(data) -> Text | str:
             for name, value in (data.get("a") or {}).items()
         }
         return Text(str(data["m"]), **args)
+    if isinstance(data, dict) and "at" in data:  # a Moment
+        try:
+            return Moment(datetime.fromisoformat(data["at"]), str(data.get("fmt") or ""))
+        except (TypeError, ValueError):
+            return str(data["at"])
     return "" if data is None else str(data)
 
 

@@ -9,7 +9,7 @@ from django.utils.translation import gettext_noop
 
 from console.templatetags.timeline import event_kind, event_text
 from jobs import services
-from jobs.text import Moment, Text, show
+from jobs.text import Moment, Text, load, show
 
 
 def test_cluster_timeline_event_renders_in_the_readers_language(alice, make_cluster):
@@ -53,3 +53,22 @@ def test_a_time_inside_an_event_reads_in_the_readers_zone():
         shown = show(said.as_json())
     assert "2026-12-05 15:30 CST" in shown and "2026-12-12 15:30 CST" in shown
     assert "已关机" in shown
+
+
+def test_a_reason_said_again_keeps_its_moment():
+    """A stored reason loaded back (to say it again inside another sentence) keeps its
+    time a time, not the words of its JSON."""
+    said = Text(
+        gettext_noop("preempted at %(at)s: %(reason)s; resumes when its cluster is placed again"),
+        at=Moment(datetime(2026, 12, 5, 7, 30, 5, tzinfo=UTC), "%Y-%m-%d %H:%M:%S"),
+        reason="spot capacity reclaimed",
+    )
+    again = load(said.as_json())
+    assert (
+        str(again)
+        == str(said)
+        == (
+            "preempted at 2026-12-05 07:30:05 UTC: spot capacity reclaimed; resumes when its "
+            "cluster is placed again"
+        )
+    )
