@@ -1,18 +1,22 @@
 """bench/monitor: the `monitor` process at 1 Hz over BENCH_CONTAINERS (200) real running
-containers on the two test engines, and the live-metrics websocket fan-out to
-BENCH_CLIENTS (100) real clients watching one cluster.
+containers on one local test engine (BENCH_ENGINES, 1: spread over the first that many
+engines), by both of its paths, and the live-metrics websocket fan-out to BENCH_CLIENTS
+(100) real clients watching one cluster.
 
-Set-up (not timed): N containers of the test image, started in parallel threads, half on
-each engine (`sh -c 'while :; do sleep 1; done'`; every 10th runs a light busy loop so
-some samples have CPU), labelled `suanli.bench=monitor`. If the engines cannot hold N,
+Set-up (not timed): N containers of the test image, started in parallel threads, spread
+over the engines used (`sh -c 'while :; do sleep 1; done'`; every 10th runs a light busy
+loop so some samples have CPU), labelled `suanli.bench=monitor`. If the engines cannot hold N,
 as many as started are used and `containers` < `containers_wanted` says so. Their rows
 are bulk-created the way the monitor reads them: one host row per engine
 (`bench.common.register_host`), clusters of BENCH_NODES_PER_CLUSTER (8) one-GPU nodes
 spread over both hosts, one running job a cluster, one running replica a node holding the
 container's real id.
 
-Case `monitor`: one `monitoring.monitor.Monitor(publish=True)` in this process, driven by
-its own `run()` loop: 3 warm-up ticks (connections, the first reading of each container,
+Case `monitor`, once a path, one JSON line each (`path`): `kernel`, then `engine`. One
+`monitoring.monitor.Monitor(publish=True, kernel=...)` in this process: `kernel` reads the
+containers' cgroup and network-namespace counters itself in one pass a tick (the engine
+asked once per container for its pid; kernel_containers says how many were read so),
+`engine` asks the engine for each one-shot stats. Each is driven by its own `run()` loop: 3 warm-up ticks (connections, the first reading of each container,
 which gives no rate), then BENCH_TICKS (20) timed ticks. Timed from the start of the first
 timed tick to the end of `run()` (its last pause included, so wall ~ ticks x interval):
 - samples_per_s: samples the ticks stored / wall seconds; ticks_per_s likewise (below 1:
@@ -21,13 +25,13 @@ timed tick to the end of `run()` (its last pause included, so wall ~ ticks x int
 - cpu_core_share: `time.process_time()` of this whole process (the event loop, the
   monitor's database and I/O threads, psycopg, the Redis publish) / wall seconds, also
   from `resource.getrusage` (rusage_core_share); cpu_us_per_sample = CPU / samples;
-- rows_inserted: `monitoring.models.Sample` rows really in the table after all 23 ticks,
-  beside rows_reported, what the ticks said they stored.
+- rows_inserted: `monitoring.models.Sample` rows this path's run really added to the table
+  (all 23 ticks), beside rows_reported, what the ticks said they stored.
 A one-shot answer waits for the engine's next collection pass, and dockerd (20.10) starts
 a pass 1 s after the previous one ended, walking every subscribed container in turn: with
 ~100 containers an engine on this machine, a pass takes 0.4-0.8 s, so one tick takes
 1.4-1.8 s, whatever the monitor's own CPU.
-Baseline in the same run: the Docker SDK's `client.api.stats(id, stream=False,
+Baseline in the same run (on the `engine` line): the Docker SDK's `client.api.stats(id, stream=False,
 one_shot=True)`, the call the monitor replaces, for a subset of the containers
 (BENCH_BASELINE_CALLS, 40), from 20 threads at once (each one-shot answer waits for the
 engine's next ~1 s collection, so one thread serially makes one reading a second: serial
@@ -100,7 +104,8 @@ FANOUT_S = float(os.environ.get("BENCH_FANOUT_S", 15))
 NODES_PER_CLUSTER = int(os.environ.get("BENCH_NODES_PER_CLUSTER", 8))
 BASELINE_CALLS = int(os.environ.get("BENCH_BASELINE_CALLS", 40))
 BASELINE_THREADS = 20
-ENGINES = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u]
+ALL_ENGINES = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u]
+ENGINES = ALL_ENGINES[: max(1, int(os.environ.get("BENCH_ENGINES", 1)))]
 IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 PREFIX = "bench-mon"
 LABEL = {"suanli.bench": "monitor"}
@@ -167,8 +172,8 @@ def remove_containers() -> None:
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda c: c.remove(force=True), found))
 
-    with ThreadPoolExecutor(max_workers=len(ENGINES)) as pool:
-        list(pool.map(remove, ENGINES))
+    with ThreadPoolExecutor(max_workers=len(ALL_ENGINES)) as pool:
+        list(pool.map(remove, ALL_ENGINES))
 
 
 def delete_rows() -> None:
@@ -237,8 +242,8 @@ def make_rows(started: list[tuple[int, int, str]]):
 # ---------------------------------------------------------------------------- case 1
 
 
-async def ingest() -> dict:
-    monitor = Monitor(publish=True)
+async def ingest(*, kernel: bool) -> dict:
+    monitor = Monitor(publish=True, kernel=kernel)
     reports, marks = [], {}
     real_tick = monitor.tick
 
@@ -278,6 +283,7 @@ async def ingest() -> dict:
         "tick_p50_ms": ms(statistics.median(durations)),
         "tick_p95_ms": ms(pct(durations, 0.95)),
         "rows_reported": sum(r.samples for r, _ in reports),
+        "kernel_containers": len(monitor.pids),
         "engines_down": sorted({name for r, _ in reports for name in r.engines_down}),
     }
 
@@ -514,16 +520,21 @@ def main():
         base = {"containers": len(started), "containers_wanted": CONTAINERS}
         if failed:
             base.update(containers_failed=failed, start_error=error)
-        result = asyncio.run(ingest())
-        close_old_connections()
-        result["rows_inserted"] = Sample.objects.filter(cluster__owner=owner).count()
-        result.update(sdk_baseline(started))
-        if result["cpu_us_per_sample"]:
-            result["cpu_per_sample_ratio_to_sdk"] = round(
-                result["cpu_us_per_sample"] / result["sdk_cpu_us_per_call"], 2
-            )
-        result["setup_s"] = round(setup_s, 1)
-        print(json.dumps({"bench": "monitor", **base, **result}), flush=True)
+        base["engines"] = len(ENGINES)
+        for path in ("kernel", "engine"):
+            close_old_connections()
+            rows0 = Sample.objects.filter(cluster__owner=owner).count()
+            result = asyncio.run(ingest(kernel=path == "kernel"))
+            close_old_connections()
+            result["rows_inserted"] = Sample.objects.filter(cluster__owner=owner).count() - rows0
+            if path == "engine":
+                result.update(sdk_baseline(started))
+                if result["cpu_us_per_sample"]:
+                    result["cpu_per_sample_ratio_to_sdk"] = round(
+                        result["cpu_us_per_sample"] / result["sdk_cpu_us_per_call"], 2
+                    )
+            result["setup_s"] = round(setup_s, 1)
+            print(json.dumps({"bench": "monitor", "path": path, **base, **result}), flush=True)
         print(json.dumps({"bench": "monitor_fanout", **fanout(owner, clusters[0], len(started))}), flush=True)  # fmt: skip
     finally:
         remove_containers()

@@ -1,10 +1,13 @@
-"""Live job logs over a websocket: all replicas, rank-labelled, once a second; live
+"""Live job logs over a websocket, all replicas, rank-labelled: pushed by the `logs`
+process (jobs/livelogs.py, one stream per running replica) through the job's group, or,
+with `SUANLI_LOG_FOLLOWERS` off, polled from the engine once a second per socket; live
 metrics of a cluster, pushed by the monitor through the channel layer (Redis); and the
 live log of an image build, pushed by the build worker (jobs/images.py) the same way.
 
-A PostgreSQL or Redis restart closes no log socket (they read only the database and wait
-it out) and costs a metrics socket no traceback: it is closed with 1012 (restart) and
-the page reconnects with backoff (static/js/metrics.js)."""
+A PostgreSQL restart closes no socket (they wait it out); a Redis restart costs a socket
+fed through the channel layer no traceback: it is closed with 1012 (restart) and the page
+reconnects with backoff (static/js/metrics.js; the job page's log after the last line it
+shows). The polling log socket reads only the database and the engine."""
 
 import asyncio
 import contextlib
@@ -13,9 +16,10 @@ from datetime import datetime
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.http import Http404
 
-from jobs import images, runner
+from jobs import images, livelogs, runner
 from jobs import selectors as fleet
 from jobs.models import Cluster, ImageBuild, Job, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
@@ -33,7 +37,10 @@ def _ts_seconds(ts: str) -> float | None:
         return None
 
 
-class JobLogConsumer(AsyncJsonWebsocketConsumer):
+class JobLogPollingConsumer(AsyncJsonWebsocketConsumer):
+    """The path without the `logs` process (`SUANLI_LOG_FOLLOWERS` off): each socket asks
+    the engine for each running replica's new lines once a second."""
+
     # Reads the database only: no channel layer, so that a Redis outage leaves it open.
     channel_layer_alias = None
 
@@ -165,20 +172,139 @@ class ClusterMetricsConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
         await self.send_json({"samples": event["samples"]})
 
 
-class BuildLogConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
+class _NumberedLines:
+    """A log whose lines are numbered and kept (the last ones, in Redis) as they are sent
+    to the socket's group. After the join the kept lines are sent (after `?after=<seq>`,
+    the last line the page already shows), then the group's messages: a line numbered at
+    or below the last one sent is dropped, so the lines that both the store and the group
+    hold at the join are sent once, and a batch that skips numbers (a message the channel
+    layer lost, or a batch of another writer that came first) is completed from the store
+    first. `_kept()` reads the store (sync); `_send_fresh()` sends new lines."""
+
+    last = 0
+    closed = False
+
+    def _after(self) -> int:
+        query = dict(
+            part.partition("=")[::2]
+            for part in self.scope.get("query_string", b"").decode("latin-1").split("&")
+        )
+        after = query.get("after", "")
+        return int(after) if after.isdigit() and len(after) < 12 else 0
+
+    def _kept(self) -> list[tuple[int, str]]:
+        raise NotImplementedError
+
+    async def _send_fresh(self, fresh: list[tuple[int, str]]) -> None:
+        raise NotImplementedError
+
+    async def _send_lines(self, lines) -> None:
+        fresh = [(seq, text) for seq, text in lines if seq > self.last]
+        if fresh and not self.closed:
+            self.last = fresh[-1][0]
+            await self._send_fresh(fresh)
+
+    async def _numbered(self, event) -> None:
+        lines = [(int(seq), text) for seq, text in event.get("lines") or []]
+        if lines and lines[0][0] > self.last + 1:  # a gap: fill it from the store
+            stored = await database_sync_to_async(self._kept)()
+            await self._send_lines([line for line in stored if line[0] < lines[0][0]])
+        await self._send_lines(lines)
+
+
+class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
+    """A job's live log, for its owner (or an operator; others: 4404). The lines come from
+    the `logs` process through the job's group (jobs/livelogs.py), numbered; see
+    `_NumberedLines` for the join. The job's state is read once a second and sent when it
+    changes; once it has ended, the last lines come for a moment, then the close.
+
+    Sent: `{"state": ..., "lines": [{"seq", "rank", "ts", "text"}, ...]}`."""
+
+    group = None
+    watching = None
+    state = None
+    what = "job log socket"
+
+    async def connect(self):
+        job = await self._owned(fleet.job_for_user, "job_id")
+        if job is None:
+            return
+        self.job_id = job.pk
+        self.last = self._after()
+        self.group = livelogs.group_for(job.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        # What was sent before the join is kept; what comes after it queues on this
+        # channel and is handled once connect() returns.
+        self.state = job.state
+        await self.send_json({"state": self.state, "lines": []})
+        await self._send_lines(await database_sync_to_async(self._kept)())
+        self.watching = asyncio.create_task(self._watch())
+
+    def _kept(self) -> list[tuple[int, str]]:
+        return livelogs.lines(Job.objects.get(pk=self.job_id))
+
+    async def _send_fresh(self, fresh) -> None:
+        await self.send_json(
+            {
+                "state": self.state,
+                "lines": [{"seq": seq, **livelogs.split(text)} for seq, text in fresh],
+            }
+        )
+
+    def _state(self) -> str:
+        return Job.objects.filter(pk=self.job_id).values_list("state", flat=True).get()
+
+    async def _watch(self) -> None:
+        database = Outage(f"PostgreSQL (log of job {self.job_id})", log)
+        while self.state not in Job.ENDED:
+            await asyncio.sleep(1)
+            try:
+                state = await database_sync_to_async(self._state, thread_sensitive=False)()
+            except DB_DOWN as exc:
+                await asyncio.sleep(database.failed(exc))
+                continue
+            database.ok()
+            if state != self.state:
+                self.state = state
+                await self.send_json({"state": state, "lines": []})
+        await asyncio.sleep(BUILD_END_GRACE_S)  # the last lines the follower still sends
+        await self._send_lines(await database_sync_to_async(self._kept)())
+        self.closed = True
+        await self.close()
+
+    async def disconnect(self, code):
+        if self.watching:
+            self.watching.cancel()
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def job_lines(self, event):
+        await self._numbered(event)
+
+
+def job_log_app():
+    """The job log route: the group-fed socket, or the polling one (chosen per connection
+    by `SUANLI_LOG_FOLLOWERS`)."""
+    fed, polling = JobLogConsumer.as_asgi(), JobLogPollingConsumer.as_asgi()
+
+    async def app(scope, receive, send):
+        chosen = fed if settings.SUANLI_LOG_FOLLOWERS else polling
+        return await chosen(scope, receive, send)
+
+    return app
+
+
+class BuildLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
     """An image build's log and state, live, for its owner only (others: 4404, as if it did
-    not exist). Authorised, then joined to the build's group, then the stored lines sent
-    (after `?after=<seq>`, the last line the page already shows), then the group's
-    messages: a line numbered at or below the last one sent is dropped, so the lines that
-    both the store and the group hold at the join are sent once, and a batch that skips
-    numbers (a message the channel layer lost) is completed from the store first.
+    not exist). Authorised, then joined to the build's group, then the stored lines sent,
+    then the group's messages (`_NumberedLines`).
 
     Sent: `{"lines": [[seq, text], ...]}` and `{"state": ..., "step": ..., "done_bytes":
     ..., "total_bytes": ..., "error": ..., "image": ...}`; closed after a final state."""
 
     group = None
     closing = None
-    closed = False
 
     what = "build log socket"
 
@@ -199,23 +325,15 @@ class BuildLogConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
         if build.state not in ImageBuild.ACTIVE:
             self._close_soon()
 
-    def _after(self) -> int:
-        query = dict(
-            part.partition("=")[::2]
-            for part in self.scope.get("query_string", b"").decode("latin-1").split("&")
-        )
-        after = query.get("after", "")
-        return int(after) if after.isdigit() and len(after) < 12 else 0
-
     def _stored(self) -> tuple[ImageBuild, list[tuple[int, str]]]:
         build = ImageBuild.objects.select_related("image").get(pk=self.build_id)
         return build, images.log_lines(build)
 
-    async def _send_lines(self, lines) -> None:
-        fresh = [[seq, text] for seq, text in lines if seq > self.last]
-        if fresh and not self.closed:
-            self.last = fresh[-1][0]
-            await self.send_json({"lines": fresh})
+    def _kept(self) -> list[tuple[int, str]]:
+        return self._stored()[1]
+
+    async def _send_fresh(self, fresh) -> None:
+        await self.send_json({"lines": [[seq, text] for seq, text in fresh]})
 
     async def disconnect(self, code):
         if self.closing:
@@ -231,17 +349,12 @@ class BuildLogConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
 
     async def _close_after_end(self) -> None:
         await asyncio.sleep(BUILD_END_GRACE_S)
-        _, stored = await database_sync_to_async(self._stored)()
-        await self._send_lines(stored)
+        await self._send_lines(await database_sync_to_async(self._kept)())
         self.closed = True
         await self.close()
 
     async def build_lines(self, event):
-        lines = [(int(seq), text) for seq, text in event.get("lines") or []]
-        if lines and lines[0][0] > self.last + 1:  # a gap: fill it from the store
-            _, stored = await database_sync_to_async(self._stored)()
-            await self._send_lines([line for line in stored if line[0] < lines[0][0]])
-        await self._send_lines(lines)
+        await self._numbered(event)
 
     async def build_state(self, event):
         if self.closed:

@@ -5,7 +5,7 @@ from django.urls import path, re_path
 from console import consumers, proxy, terminal
 
 websocket_urlpatterns = [
-    path("ws/jobs/<int:job_id>/log/", consumers.JobLogConsumer.as_asgi()),
+    path("ws/jobs/<int:job_id>/log/", consumers.job_log_app()),
     path("ws/clusters/<int:cluster_id>/metrics/", consumers.ClusterMetricsConsumer.as_asgi()),
     path("ws/images/builds/<int:build_id>/log/", consumers.BuildLogConsumer.as_asgi()),
     path(

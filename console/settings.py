@@ -300,12 +300,20 @@ SUANLI_SPOT_MIN_RUN_S = envint("SUANLI_SPOT_MIN_RUN_S", 120)
 # released before they are placed cannot keep preempting other tenants' spot jobs.
 SUANLI_RECLAIM_AFTER_S = envint("SUANLI_RECLAIM_AFTER_S", 30)
 SUANLI_LOG_STORE_BYTES = envint("SUANLI_LOG_STORE_BYTES", 2_000_000)
+# Live job logs: one streaming follower per running replica (the `logs` process) fans the
+# lines out to every viewer through the job's Channels group; False: each log socket polls
+# the engine for each replica once a second (the old path, without the `logs` process).
+SUANLI_LOG_FOLLOWERS = envbool("SUANLI_LOG_FOLLOWERS", True)
 SUANLI_JOB_COMMAND_MAX = envint("SUANLI_JOB_COMMAND_MAX", 16384)
 SUANLI_RECONCILE_INTERVAL = envint("SUANLI_RECONCILE_INTERVAL", 15)
 # Monitoring: 1-second samples for a day, 1-minute rollups for 30 days (monitoring.tasks).
 SUANLI_METRICS_RAW_HOURS = envint("SUANLI_METRICS_RAW_HOURS", 24)
 SUANLI_METRICS_ROLLUP_DAYS = envint("SUANLI_METRICS_ROLLUP_DAYS", 30)
 SUANLI_MONITOR_INTERVAL = envint("SUANLI_MONITOR_INTERVAL", 1)
+# For a host whose engine is on the monitor's own machine (unix://), read the containers'
+# counters from the kernel (cgroup files, /proc/<pid>/net/dev) in one pass a second; the
+# engine is asked only when a container appears. Remote engines keep the engine-stats path.
+SUANLI_MONITOR_KERNEL = envbool("SUANLI_MONITOR_KERNEL", True)
 # Webhooks (jobs/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
 SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)

@@ -47,7 +47,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from jobs import engine, registry, storage, validators
+from jobs import engine, logstore, registry, storage, validators
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
 from jobs.queue import enqueue_by_name
 
@@ -490,7 +490,7 @@ def delete(*, owner, image: OwnImage) -> None:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+    return logstore.connect()
 
 
 def _log_key(build_id: int) -> str:
@@ -501,15 +501,11 @@ def log_lines(build: ImageBuild) -> list[tuple[int, str]]:
     """The build's lines so far, numbered from 1: from Redis while it runs (and an hour
     after), else from the row."""
     try:
-        raw = _redis().lrange(_log_key(build.pk), 0, -1)
+        stored = logstore.read(_redis(), _log_key(build.pk))
     except redis.RedisError:
-        raw = []
-    if raw:
-        out = []
-        for item in raw:
-            seq, _, text = item.decode("utf-8", "replace").partition("\t")
-            out.append((int(seq), text))
-        return out
+        stored = []
+    if stored:
+        return stored
     return [(i, line) for i, line in enumerate(build.log.splitlines(), 1)]
 
 
@@ -617,11 +613,10 @@ class _Log:
         for message in batch:
             if message["type"] == "build.lines":
                 try:
-                    pipe = self.redis.pipeline()
-                    pipe.rpush(self.key, *[f"{seq}\t{text}" for seq, text in message["lines"]])
-                    pipe.ltrim(self.key, -_REDIS_LINES, -1)
-                    pipe.expire(self.key, settings.SUANLI_BUILD_TIMEOUT_S + _LOG_KEEP_S)
-                    pipe.execute()
+                    logstore.push(
+                        self.redis, self.key, message["lines"], keep=_REDIS_LINES,
+                        ttl=settings.SUANLI_BUILD_TIMEOUT_S + _LOG_KEEP_S,
+                    )  # fmt: skip
                 except redis.RedisError as exc:
                     log.warning("build %s: log not kept in Redis: %s", self.build.pk, exc)
             self._send(message)

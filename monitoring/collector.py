@@ -11,8 +11,10 @@ last two need the engine on this machine (a unix:// engine).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
 log = logging.getLogger("suanli.monitor")
@@ -24,7 +26,7 @@ PROC = Path("/proc")
 
 @dataclass
 class Counters:
-    read_at: float  # engine's clock, seconds since the epoch
+    read_at: float  # engine's clock (or this machine's, from the kernel), epoch seconds
     cpu_ns: int
     mem_bytes: int
     rx: int | None  # None: no network namespace of its own (host networking)
@@ -64,21 +66,42 @@ def _cgroup_dirs(container_id: str, controller: str) -> list[Path]:
     ]
 
 
+def _io_stat_totals(text: str) -> tuple[int, int, int, int]:
+    totals = {"rbytes": 0, "wbytes": 0, "rios": 0, "wios": 0}
+    for line in text.splitlines():
+        for field in line.split()[1:]:
+            key, _, value = field.partition("=")
+            if key in totals:
+                totals[key] += int(value)
+    return totals["rbytes"], totals["wbytes"], totals["rios"], totals["wios"]
+
+
 def _io_stat(container_id: str) -> tuple[int, int, int, int] | None:
     for folder in _cgroup_dirs(container_id, "unified")[:2]:
         try:
             text = (folder / "io.stat").read_text()
         except OSError:
             continue
-        totals = {"rbytes": 0, "wbytes": 0, "rios": 0, "wios": 0}
-        for line in text.splitlines():
-            for field in line.split()[1:]:
-                key, _, value = field.partition("=")
-                if key in totals:
-                    totals[key] += int(value)
-        if any(totals.values()):
-            return totals["rbytes"], totals["wbytes"], totals["rios"], totals["wios"]
+        totals = _io_stat_totals(text)
+        if any(totals):
+            return totals
     return None
+
+
+def _pids_io(pids: list[str]) -> tuple[int, int, int, int]:
+    rb = wb = rc = wc = 0
+    for pid in pids:
+        try:
+            fields = dict(
+                line.split(": ", 1) for line in (PROC / pid / "io").read_text().splitlines()
+            )
+        except (OSError, ValueError):
+            continue  # exited between the two reads
+        rb += int(fields.get("read_bytes", 0))
+        wb += int(fields.get("write_bytes", 0))
+        rc += int(fields.get("syscr", 0))
+        wc += int(fields.get("syscw", 0))
+    return rb, wb, rc, wc
 
 
 def _proc_io(container_id: str) -> tuple[int, int, int, int] | None:
@@ -87,19 +110,7 @@ def _proc_io(container_id: str) -> tuple[int, int, int, int] | None:
             pids = (folder / "cgroup.procs").read_text().split()
         except OSError:
             continue
-        rb = wb = rc = wc = 0
-        for pid in pids:
-            try:
-                fields = dict(
-                    line.split(": ", 1) for line in (PROC / pid / "io").read_text().splitlines()
-                )
-            except (OSError, ValueError):
-                continue  # exited between the two reads
-            rb += int(fields.get("read_bytes", 0))
-            wb += int(fields.get("write_bytes", 0))
-            rc += int(fields.get("syscr", 0))
-            wc += int(fields.get("syscw", 0))
-        return rb, wb, rc, wc
+        return _pids_io(pids)
     return None
 
 
@@ -127,6 +138,171 @@ def counters(stats: dict, *, container_id: str, local: bool) -> Counters | None:
     return Counters(
         read_at=read_at, cpu_ns=int(cpu), mem_bytes=max(0, int(memory.get("usage", 0)) - cache),
         rx=rx, tx=tx, rd_bytes=volume[0], wr_bytes=volume[1], rd_ops=ops[0], wr_ops=ops[1],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- from the kernel itself
+# For an engine on this machine: the files the engine itself reads for its stats (cgroup v1
+# and v2), read directly, one pass over all containers a second (cAdvisor's way).
+
+
+@cache
+def _unified_root() -> Path:
+    """Where the cgroup v2 hierarchy is: /sys/fs/cgroup itself, or .../unified (hybrid)."""
+    return CGROUP if (CGROUP / "cgroup.controllers").exists() else CGROUP / "unified"
+
+
+@cache
+def _v1_root(controller: str) -> Path:
+    """A v1 controller's mount: /sys/fs/cgroup/<controller>, or a joint one (cpu,cpuacct)."""
+    folder = CGROUP / controller
+    if folder.is_dir():
+        return folder
+    for entry in CGROUP.iterdir():
+        if controller in entry.name.split(","):
+            return entry
+    return folder
+
+
+def _v2() -> bool:
+    return _unified_root() == CGROUP
+
+
+def _cgroup_paths(pid: int) -> dict[str, str]:
+    """controller -> the process's cgroup path ("" names the v2 hierarchy)."""
+    out = {}
+    for line in (PROC / str(pid) / "cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            out[name] = path
+    return out
+
+
+def _folder(container_id: str, pid: int, paths: dict[str, str], controller: str) -> Path | None:
+    """The container's folder for `controller` ("" for v2): the path the process is in
+    when it names the container, else the engine's usual places (another cgroup namespace)
+    holding the process."""
+    path = paths.get(controller)
+    if path is not None and container_id in path:
+        root = _unified_root() if controller == "" else _v1_root(controller)
+        return root / path.lstrip("/")
+    if controller == "":
+        guesses = _cgroup_dirs(container_id, "")[:2] if _v2() else []
+        guesses.append(_unified_root() / "docker" / container_id)
+    else:
+        guesses = [_v1_root(controller) / "docker" / container_id]
+        guesses.append(_v1_root(controller) / "system.slice" / f"docker-{container_id}.scope")
+    for folder in guesses:
+        try:
+            if str(pid) in (folder / "cgroup.procs").read_text().split():
+                return folder
+        except OSError:
+            continue
+    return None
+
+
+def _keyed(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[key] = int(value)
+    return out
+
+
+def _v1_blkio(folder: Path) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(bytes, operations) read and written, as the engine reads v1's blkio: the CFQ/BFQ
+    files where they have devices, else the throttle ones; None when none has a device."""
+    for kind in ("", "throttle."):
+        totals = []
+        for name in ("io_service_bytes_recursive", "io_serviced_recursive"):
+            try:
+                text = (folder / f"blkio.{kind}{name}").read_text()
+            except OSError:
+                text = ""
+            read = write = 0
+            lines = 0
+            for line in text.splitlines():
+                fields = line.split()
+                if len(fields) != 3:
+                    continue  # "Total N"
+                lines += 1
+                if fields[1].lower() == "read":
+                    read += int(fields[2])
+                elif fields[1].lower() == "write":
+                    write += int(fields[2])
+            totals.append((read, write) if lines else None)
+        if totals[1] is not None:
+            return totals[0] or (0, 0), totals[1]
+    return None
+
+
+def _net_dev(pid: int) -> tuple[int, int]:
+    """rx, tx bytes over the interfaces of the process's network namespace but `lo`."""
+    rx = tx = 0
+    for line in (PROC / str(pid) / "net" / "dev").read_text().splitlines()[2:]:
+        name, _, values = line.partition(":")
+        if name.strip() == "lo":
+            continue
+        fields = values.split()
+        rx += int(fields[0])
+        tx += int(fields[8])
+    return rx, tx
+
+
+def kernel_counters(container_id: str, pid: int, *, own_net: bool = True) -> Counters | None:
+    """Cumulative counters of a container whose engine runs on this machine, from its
+    main process `pid` (the engine's State.Pid), with the engine-stats path's meaning:
+    CPU ns, memory in use less the inactive page cache, disk bytes and operations,
+    network bytes of its own namespace (None with `own_net` False: the host's or another
+    container's). None when the process or its cgroup is gone."""
+    read_at = time.time()
+    try:
+        paths = _cgroup_paths(pid)
+    except (OSError, ValueError):
+        return None  # the process is gone
+    try:
+        if _v2():
+            folder = _folder(container_id, pid, paths, "")
+            if folder is None:
+                return None
+            cpu = _keyed((folder / "cpu.stat").read_text())["usage_usec"] * 1000
+            usage = int((folder / "memory.current").read_text())
+            cache_bytes = _keyed((folder / "memory.stat").read_text()).get("inactive_file", 0)
+            try:
+                io_text = (folder / "io.stat").read_text()
+            except OSError:
+                io_text = ""
+            if io_text.strip():
+                local_io = _io_stat_totals(io_text)
+            else:
+                local_io = _pids_io((folder / "cgroup.procs").read_text().split())
+            volume, ops = local_io[:2], local_io[2:]
+        else:
+            cpu_folder = _folder(container_id, pid, paths, "cpuacct")
+            mem_folder = _folder(container_id, pid, paths, "memory")
+            if cpu_folder is None or mem_folder is None:
+                return None
+            cpu = int((cpu_folder / "cpuacct.usage").read_text())
+            usage = int((mem_folder / "memory.usage_in_bytes").read_text())
+            cache_bytes = _keyed((mem_folder / "memory.stat").read_text()).get(
+                "total_inactive_file", 0
+            )
+            blkio_folder = _folder(container_id, pid, paths, "blkio")
+            blkio = _v1_blkio(blkio_folder) if blkio_folder is not None else None
+            if blkio is not None:
+                volume, ops = blkio
+            else:
+                local_io = _io_stat(container_id) or _pids_io(
+                    (cpu_folder / "cgroup.procs").read_text().split()
+                )
+                volume, ops = local_io[:2], local_io[2:]
+        rx, tx = _net_dev(pid) if own_net else (None, None)
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # it ended between the reads: its cgroup went with it
+    return Counters(
+        read_at=read_at, cpu_ns=int(cpu), mem_bytes=max(0, usage - cache_bytes), rx=rx, tx=tx,
+        rd_bytes=volume[0], wr_bytes=volume[1], rd_ops=ops[0], wr_ops=ops[1],
     )  # fmt: skip
 
 

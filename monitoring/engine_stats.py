@@ -27,7 +27,8 @@ class Gone(Exception):
 
 
 class EngineStats:
-    """Keep-alive connections to one engine; `stats(id)` is one one-shot reading."""
+    """Keep-alive connections to one engine; `stats(id)` is one one-shot reading,
+    `inspect(id)` the container's description."""
 
     def __init__(self, engine_url: str, *, tls: tuple[str, str, str] | None = None):
         parts = urlsplit(engine_url)
@@ -46,9 +47,17 @@ class EngineStats:
         return await asyncio.open_connection(*self.netloc, ssl=self.ssl)
 
     async def stats(self, container_id: str, *, timeout: float = 3.0) -> dict:
+        return await self._json(
+            container_id, f"/containers/{container_id}/stats?stream=false&one-shot=true", timeout
+        )
+
+    async def inspect(self, container_id: str, *, timeout: float = 3.0) -> dict:
+        """The container's description (State.Pid, HostConfig.NetworkMode, ...)."""
+        return await self._json(container_id, f"/containers/{container_id}/json", timeout)
+
+    async def _json(self, container_id: str, path: str, timeout: float) -> dict:
         if not CONTAINER_ID.match(container_id):
             raise Gone(container_id)
-        path = f"/containers/{container_id}/stats?stream=false&one-shot=true"
         try:
             status, body = await asyncio.wait_for(self._get(path), timeout)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:

@@ -1,6 +1,13 @@
-"""The `monitor` process: every second, one one-shot stats reading of each running
-replica on this shard's hosts -> one sample per replica, inserted in bulk and sent to
-its cluster's Channels group as one message per cluster per tick.
+"""The `monitor` process: every second, one reading of each running replica on this
+shard's hosts -> one sample per replica, inserted in bulk and sent to its cluster's
+Channels group as one message per cluster per tick.
+
+A reading is the engine's one-shot stats, or, for a host whose engine runs on this
+machine (unix://) with SUANLI_MONITOR_KERNEL, the kernel's own counters of the container
+(cgroup files, its network namespace's interfaces), all of them in one pass: the engine
+is asked for a container's main process once, when it appears, and again only when that
+process is gone (the engine-stats path then tells a restart from an exit). A container
+whose kernel reading fails in any other way stays on the engine-stats path.
 
 It survives an engine going away (its replicas are skipped, the engine retried each
 tick, one log line per outage) and a container vanishing mid-sample (dropped). It also
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import close_old_connections, connection, models
 
 from jobs import engine
@@ -119,6 +127,18 @@ def write_samples(rows: list[tuple]) -> None:
     insert_rows(Sample, SAMPLE_FIELDS, rows)
 
 
+def read_kernel(items: list[tuple[str, int, bool]]) -> list:
+    """One pass over (container id, pid, own network) -> Counters, None (gone) or the
+    exception its reading raised, in order."""
+    out = []
+    for container_id, pid, own_net in items:
+        try:
+            out.append(collector.kernel_counters(container_id, pid, own_net=own_net))
+        except Exception as exc:  # noqa: BLE001 (that container falls back to the engine)
+            out.append(exc)
+    return out
+
+
 def fetch_dcgm(url: str) -> dict[int, dcgm.GpuReading]:
     # The operator's own exporter (a URL set in the admin, http(s) only); no redirects.
     class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -131,8 +151,14 @@ def fetch_dcgm(url: str) -> dict[int, dcgm.GpuReading]:
 
 
 class Monitor:
-    def __init__(self, *, shard: tuple[int, int] = (0, 1), interval: float = 1.0, publish=True):
+    def __init__(
+        self, *, shard: tuple[int, int] = (0, 1), interval: float = 1.0, publish=True,
+        kernel: bool | None = None,
+    ):  # fmt: skip
         self.shard = shard
+        self.kernel = settings.SUANLI_MONITOR_KERNEL if kernel is None else kernel
+        self.pids: dict[str, tuple[int, bool]] = {}  # container -> (main pid, own network)
+        self.kernel_failed: set[str] = set()  # containers left on the engine-stats path
         self.interval = interval
         self.publish = publish
         self.engines: dict[tuple[int, str], EngineStats] = {}
@@ -175,6 +201,67 @@ class Monitor:
             )
         return collector.counters(stats, container_id=target.container_id, local=False)
 
+    async def _readings(self, targets: list[Target]) -> list:
+        """One result per target, in order: Counters, None, or the exception."""
+        local = [
+            t
+            for t in targets
+            if self.kernel
+            and self.hosts[t.host_id].local
+            and t.container_id not in self.kernel_failed
+        ]
+        local_ids = {t.container_id for t in local}
+        # The engine-stats path first: its answers take the longest.
+        elsewhere = [t for t in targets if t.container_id not in local_ids]
+        engine_results = asyncio.gather(
+            *(self._reading(t) for t in elsewhere), return_exceptions=True
+        )
+        results: dict[str, object] = {}
+        try:
+            new = [t for t in local if t.container_id not in self.pids]
+            new_ids = {t.container_id for t in new}
+            if new:
+                await asyncio.gather(*(self._learn_pid(t) for t in new), return_exceptions=True)
+            kernel = [t for t in local if t.container_id in self.pids]
+            if kernel:
+                items = [(t.container_id, *self.pids[t.container_id]) for t in kernel]
+                read = await asyncio.get_running_loop().run_in_executor(self.io, read_kernel, items)
+                for target, result in zip(kernel, read, strict=True):
+                    if isinstance(result, collector.Counters):
+                        results[target.container_id] = result
+                        continue
+                    self.pids.pop(target.container_id, None)  # gone, or another process now
+                    if result is None and target.container_id in new_ids:
+                        # Just learned and already unreadable: the engine's pids are not
+                        # this machine's (another pid namespace), or it ended at once.
+                        self.kernel_failed.add(target.container_id)
+                    elif isinstance(result, BaseException):
+                        log.warning(
+                            "kernel reading of %s: %r; it stays on the engine's stats",
+                            target.container_id[:12], result,
+                        )  # fmt: skip
+                        self.kernel_failed.add(target.container_id)
+            # No pid (not running, or the engine did not say), or its process is gone: the
+            # engine's stats decide (a restart, an exit, the engine away).
+            rest = [t for t in local if t.container_id not in results]
+            fallback = await asyncio.gather(
+                *(self._reading(t) for t in rest), return_exceptions=True
+            )
+            results.update((t.container_id, r) for t, r in zip(rest, fallback, strict=True))
+        finally:
+            for target, result in zip(elsewhere, await engine_results, strict=True):
+                results[target.container_id] = result
+        return [results[t.container_id] for t in targets]
+
+    async def _learn_pid(self, target: Target) -> None:
+        info = await self._engine(self.hosts[target.host_id]).inspect(target.container_id)
+        state = info.get("State") or {}
+        pid = state.get("Pid") or 0
+        if state.get("Running") and isinstance(pid, int) and pid > 0:
+            mode = (info.get("HostConfig") or {}).get("NetworkMode") or ""
+            own_net = mode not in ("host", "none") and not mode.startswith("container:")
+            self.pids[target.container_id] = (pid, own_net)
+
     async def tick(self) -> TickReport:
         report = TickReport()
         cpu0 = time.process_time()
@@ -189,10 +276,12 @@ class Monitor:
                 self.refreshed = now
                 live = {t.container_id for t in self.targets}
                 self.previous = {k: v for k, v in self.previous.items() if k in live}
+                self.pids = {k: v for k, v in self.pids.items() if k in live}
+                self.kernel_failed &= live
         targets = self.targets
         report.targets = len(targets)
         gpu_by_host = await self._gpu_sources()
-        results = await asyncio.gather(*(self._reading(t) for t in targets), return_exceptions=True)
+        results = await self._readings(targets)
         failed_hosts: set[int] = set()
         nodes: dict[tuple[int, int], tuple[Target, float, dict]] = {}
         for target, result in zip(targets, results, strict=True):

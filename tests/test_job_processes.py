@@ -69,10 +69,11 @@ async def _communicate(user, job_id):
 
 
 def test_log_websocket_streams_to_the_owner_and_refuses_others(
-    running_cluster, alice, bob, settle_until
+    running_cluster, processes, alice, bob, settle_until
 ):
     from asgiref.sync import async_to_sync
 
+    processes.start("logs")  # the replicas' followers, as the Procfile runs them
     cluster = running_cluster(1)
     job = services.job_submit(
         cluster=cluster,
@@ -114,6 +115,7 @@ def test_researcher_submits_a_job_and_watches_its_live_log(
     processes.start("web", env={"PORT": str(port)})
     processes.start("worker")
     processes.start("watch")
+    processes.start("logs")
     cluster = running_cluster(2, gpus=2)
     url = f"http://127.0.0.1:{port}"
     with sync_playwright() as p:

@@ -1,0 +1,24 @@
+"""`logs` (Procfile): one streaming log follower per running replica of every host, its
+lines numbered per job in Redis and sent to the job's Channels group (jobs/livelogs.py).
+Replicas that start later are picked up; streams an engine drops are opened again from
+where they were.
+
+Layer: management, the top of jobs/; uses livelogs."""
+
+import logging
+
+from django.core.management.base import BaseCommand
+
+from jobs.livelogs import Follower
+
+
+class Command(BaseCommand):
+    help = "Follow the running replicas' logs and send them to their jobs' log sockets."
+
+    def handle(self, *args, **options):
+        logging.basicConfig(level=logging.WARNING)
+        follower = Follower()
+        try:
+            follower.run()
+        except KeyboardInterrupt:
+            follower.stop()
