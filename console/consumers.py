@@ -12,6 +12,7 @@ shows). The polling log socket reads only the database and the engine."""
 import asyncio
 import contextlib
 import logging
+import re
 from datetime import datetime
 
 from channels.db import database_sync_to_async
@@ -190,7 +191,7 @@ class _NumberedLines:
             for part in self.scope.get("query_string", b"").decode("latin-1").split("&")
         )
         after = query.get("after", "")
-        return int(after) if after.isdigit() and len(after) < 12 else 0
+        return int(after) if re.fullmatch(r"[0-9]{1,11}", after) else 0
 
     def _kept(self) -> list[tuple[int, str]]:
         raise NotImplementedError
@@ -207,7 +208,7 @@ class _NumberedLines:
     async def _numbered(self, event) -> None:
         lines = [(int(seq), text) for seq, text in event.get("lines") or []]
         if lines and lines[0][0] > self.last + 1:  # a gap: fill it from the store
-            stored = await database_sync_to_async(self._kept)()
+            stored = await database_sync_to_async(self._kept, thread_sensitive=False)()
             await self._send_lines([line for line in stored if line[0] < lines[0][0]])
         await self._send_lines(lines)
 
@@ -238,7 +239,7 @@ class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
         # channel and is handled once connect() returns.
         self.state = job.state
         await self.send_json({"state": self.state, "lines": []})
-        await self._send_lines(await database_sync_to_async(self._kept)())
+        await self._send_lines(await database_sync_to_async(self._kept, thread_sensitive=False)())
         self.watching = asyncio.create_task(self._watch())
 
     def _kept(self) -> list[tuple[int, str]]:
@@ -264,12 +265,16 @@ class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
             except DB_DOWN as exc:
                 await asyncio.sleep(database.failed(exc))
                 continue
+            except Job.DoesNotExist:  # deleted (by an operator): nothing more will come
+                self.closed = True
+                await self.close()
+                return
             database.ok()
             if state != self.state:
                 self.state = state
                 await self.send_json({"state": state, "lines": []})
         await asyncio.sleep(BUILD_END_GRACE_S)  # the last lines the follower still sends
-        await self._send_lines(await database_sync_to_async(self._kept)())
+        await self._send_lines(await database_sync_to_async(self._kept, thread_sensitive=False)())
         self.closed = True
         await self.close()
 
@@ -349,7 +354,7 @@ class BuildLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer)
 
     async def _close_after_end(self) -> None:
         await asyncio.sleep(BUILD_END_GRACE_S)
-        await self._send_lines(await database_sync_to_async(self._kept)())
+        await self._send_lines(await database_sync_to_async(self._kept, thread_sensitive=False)())
         self.closed = True
         await self.close()
 

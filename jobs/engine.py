@@ -133,7 +133,9 @@ def run_canary(host: Host, image: str) -> str:
     mine = uuid.uuid4().hex[:12]
     try:
         # Canaries of checks cut short (a killed worker) go; a concurrent check's stays.
-        for old in client.containers.list(all=True, filters={"label": CANARY_LABEL}):
+        for old in client.containers.list(
+            ignore_removed=True, all=True, filters={"label": CANARY_LABEL}
+        ):
             created = old.attrs.get("Created", "")
             if old.labels.get(CANARY_LABEL) != mine and _age_s(created, time.time()) > 120:
                 old.remove(force=True)

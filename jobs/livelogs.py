@@ -16,6 +16,7 @@ the timestamp kept in Redis. An ended job's page reads the replicas' stored logs
 Layer: beside network, storage and registry; uses engine, selectors, logstore, outage and
 models."""
 
+import asyncio
 import calendar
 import contextlib
 import logging
@@ -24,7 +25,6 @@ import time
 
 import docker
 import redis
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection
 
@@ -39,7 +39,9 @@ FLUSH_S = 0.1  # a line waits at most this long in the process before it is kept
 SCAN_S = 0.5  # how often the running replicas are looked up
 GONE_GRACE_S = 3.0  # a stream outlives its replica's end this long: its last lines come
 LINES_KEPT = 2000  # per job, in Redis, for a late viewer (the row keeps the whole log)
-LINE_MAX = 4000  # characters of one line
+LINE_BYTES = 4096  # of one line as kept; a longer one is cut, the rest of it dropped
+LINES_PER_S = 1000  # per replica, live; beyond it a note says how many were not shown live
+BATCH_MAX = 2000  # lines of one job per flush
 KEEP_S = 24 * 3600  # a quiet job's kept lines last this long after its last line
 COUNTER_S = 30 * 24 * 3600  # its numbering goes on after a quiet day
 STREAM_TIMEOUT_S = 600  # a stream silent this long is opened again (from where it was)
@@ -62,6 +64,11 @@ def ts_ns(ts: str) -> int | None:
         return seconds * 10**9 + int(digits)
     except ValueError:
         return None
+
+
+def _text(raw: bytes) -> str:
+    """A line as kept: UTF-8 (bad bytes replaced), no line end, at most LINE_BYTES."""
+    return raw[:LINE_BYTES].decode("utf-8", "replace").rstrip("\r")
 
 
 def split(payload: str) -> dict:
@@ -103,6 +110,8 @@ class _Reader:
         self.retry_at = 0.0
         self.gone_at: float | None = None
         self.closed = False
+        self.reopened = mark is not None  # skip what was kept before, once
+        self.window_at, self.window_lines, self.dropped = 0.0, 0, 0
 
     def start(self) -> None:
         self.thread = threading.Thread(
@@ -125,20 +134,31 @@ class _Reader:
         try:
             client = self.follower.client(self.host)
             since = self.mark / 1e9 if self.mark else None
+            self.reopened = self.mark is not None
             self.stream = client.api.logs(
                 self.container, stdout=True, stderr=True, stream=True, follow=True,
-                timestamps=True, since=since,
+                timestamps=True, since=since, tail="all" if since else LINES_KEPT,
             )  # fmt: skip
             self.follower.opened(self)
-            partial = b""
+            partial, cut = b"", False
             for chunk in self.stream:
                 if self.closed:
                     break
-                *whole, partial = (partial + chunk).split(b"\n")
+                *whole, rest = chunk.split(b"\n")
                 for raw in whole:
-                    self._take(raw.decode("utf-8", "replace").rstrip("\r"))
-            if partial and not self.closed:
-                self._take(partial.decode("utf-8", "replace"))
+                    if not cut:
+                        self._take(_text(partial + raw))
+                    partial, cut = b"", False
+                if cut:
+                    continue  # the rest of a line already cut: dropped up to its end
+                partial += rest
+                if len(partial) > LINE_BYTES:
+                    # A line without end (a progress bar, `yes | tr -d '\n'`): kept cut,
+                    # never grown without bound nor scanned again and again.
+                    self._take(_text(partial) + " …")
+                    partial, cut = b"", True
+            if partial and not cut and not self.closed:
+                self._take(_text(partial))
             self.failures = 0
         except Exception as exc:  # the engine or the connection: opened again, with backoff
             self.failures += 1
@@ -152,10 +172,23 @@ class _Reader:
         ts, _ = fleet.split_log_line(line)
         at = ts_ns(ts)
         if at is not None:
-            if self.mark is not None and at <= self.mark:
+            if self.reopened and self.mark is not None and at <= self.mark:
                 return  # kept before this stream was opened again
-            self.mark = at
-        self.follower.add(self, f"{self.rank}\t{line[:LINE_MAX]}")
+            self.reopened = False  # past the mark: later lines with equal times all count
+            self.mark = at if self.mark is None else max(self.mark, at)
+        now = time.monotonic()
+        if now - self.window_at >= 1.0:
+            if self.dropped:
+                self.follower.add(
+                    self,
+                    f"{self.rank}\t{ts} [{self.dropped} lines not shown live; the log keeps them]",
+                )
+            self.window_at, self.window_lines, self.dropped = now, 0, 0
+        self.window_lines += 1
+        if self.window_lines > LINES_PER_S:
+            self.dropped += 1  # one replica's flood does not hold up every other log
+            return
+        self.follower.add(self, f"{self.rank}\t{line}")
 
 
 class Follower:
@@ -163,8 +196,10 @@ class Follower:
 
     def __init__(self, *, publish: bool = True):
         self.layer = get_channel_layer() if publish else None
+        self.loop = asyncio.new_event_loop()  # the sender thread's (flush)
         self.redis = logstore.connect()
         self.lock = threading.Lock()
+        self.flushing = threading.Lock()
         self.pending: dict[int, list[tuple[str, int | None, str]]] = {}
         self.readers: dict[int, _Reader] = {}
         self.clients: dict[int, docker.DockerClient] = {}
@@ -178,9 +213,13 @@ class Follower:
     def client(self, host: Host) -> docker.DockerClient:
         with self.lock:
             client = self.clients.get(host.pk)
-            if client is None:
-                client = self.clients[host.pk] = engine.client_for(host, timeout=STREAM_TIMEOUT_S)
-            return client
+        if client is None:
+            # Made outside the lock: an engine that does not answer holds up only its own
+            # replicas' readers, never the lines of every other host.
+            made = engine.client_for(host, timeout=STREAM_TIMEOUT_S)
+            with self.lock:
+                client = self.clients.setdefault(host.pk, made)
+        return client
 
     def opened(self, reader: _Reader) -> None:
         with self.lock:
@@ -195,9 +234,20 @@ class Follower:
     # -- keeping and sending
 
     def flush(self) -> None:
+        with self.flushing:  # the sender thread's, and stop()'s last: one at a time
+            self._flush()
+
+    def _flush(self) -> None:
         with self.lock:
             batch, self.pending = self.pending, {}
         for job_id, items in batch.items():
+            if len(items) > BATCH_MAX:
+                skipped = len(items) - BATCH_MAX
+                items = items[-BATCH_MAX:]
+                pk, mark, payload = items[0]
+                rank, _, line = payload.partition("\t")
+                note = f"{rank}\t{line.partition(' ')[0]} [{skipped} lines not shown live; the log keeps them]"
+                items.insert(0, (pk, mark, note))
             marks = {pk: str(mark) for pk, mark, _ in items if mark is not None}
             texts = [payload for _, _, payload in items]
             try:
@@ -216,8 +266,10 @@ class Follower:
         if self.layer is None:
             return
         try:
-            async_to_sync(self.layer.group_send)(
-                group_for(job_id), {"type": "job.lines", "lines": numbered}
+            # One event loop for the sender thread, kept: the channel layer keeps its
+            # Redis connections per loop, so a loop per send would be a connection each.
+            self.loop.run_until_complete(
+                self.layer.group_send(group_for(job_id), {"type": "job.lines", "lines": numbered})
             )
         except Exception as exc:  # Redis away: the kept lines fill the gap on the socket
             log.warning("job %s: log lines not sent: %s", job_id, exc)

@@ -1073,7 +1073,7 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     for host in Host.objects.exclude(state=Host.State.DOWN):
         try:
             containers = engine.cached_client(host).containers.list(
-                all=True, filters=runtime.replica_labels_filter()
+                ignore_removed=True, all=True, filters=runtime.replica_labels_filter()
             )
         except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
             log.warning("reconcile: %s unreachable: %s", host.name, exc)
@@ -1257,7 +1257,7 @@ def finalise_exited(host: Host) -> int:
     client = engine.cached_client(host)
     count = 0
     filters = {**runtime.replica_labels_filter(), "status": "exited"}
-    for container in client.containers.list(all=True, filters=filters):
+    for container in client.containers.list(ignore_removed=True, all=True, filters=filters):
         replica = Replica.objects.filter(
             container_name=container.name, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
         ).first()

@@ -301,7 +301,9 @@ def stop(cluster_id: int) -> bool:
                 timeout=settings.SUANLI_WORKSPACE_STOP_S
             )
             for container in client.containers.list(
-                all=True, filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]}
+                ignore_removed=True,
+                all=True,
+                filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
             ):
                 _remove_one(node.host, container.id)
         except docker.errors.NotFound:
@@ -327,7 +329,9 @@ def remove(cluster_id: int) -> bool:
                 container
                 for label in (LABEL, LABEL_SFTP)  # and its sftp sessions' containers
                 for container in engine.cached_client(host).containers.list(
-                    all=True, filters={"label": [label, f"{runtime.LABEL_CLUSTER}={cluster_id}"]}
+                    ignore_removed=True,
+                    all=True,
+                    filters={"label": [label, f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
                 )
             ]
         except _ERRORS:
@@ -359,7 +363,7 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
     whose node is gone; start again those of live nodes that stopped; stop those a stop
     keeps that still run. Returns how many went."""
     removed = 0
-    found = client.containers.list(all=True, filters={"label": LABEL})
+    found = client.containers.list(ignore_removed=True, all=True, filters={"label": LABEL})
     saves = client.images.list(name=f"{KEEP_REPOSITORY}/*")
     if not found and not saves:
         return 0

@@ -132,3 +132,46 @@ def test_two_viewers_cost_one_stream_per_replica(running_cluster, alice, settle_
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_line_without_end_is_cut_and_another_researcher_sees_nothing(
+    running_cluster, alice, bob, settle_until
+):
+    """`yes | tr -d '\\n'` in a job must not grow the follower without bound: the line is
+    kept cut (4 KB), the rest of it dropped, and the next line comes as usual. Bob, who
+    guesses the job's number, is refused before he joins its group."""
+    follower = Follower()
+    stop = threading.Event()
+    thread = threading.Thread(target=follower.run, kwargs={"until": stop}, daemon=True)
+    thread.start()
+    try:
+        cluster = running_cluster(1)
+        job = services.job_submit(
+            cluster=cluster,
+            spec=JobSpec(
+                name="endless",
+                command="sleep 1; head -c 300000 /dev/zero | tr '\\0' x; echo; echo after",
+            ),
+        )
+        runner.dispatch(cluster.pk)
+
+        async def watch():
+            communicator = await _viewer(alice, job.pk)
+            got = await _read_until(communicator, "after")
+            await communicator.disconnect()
+            intruder = WebsocketCommunicator(JobLogConsumer.as_asgi(), f"/ws/jobs/{job.pk}/log/")
+            intruder.scope["user"] = bob
+            intruder.scope["url_route"] = {"kwargs": {"job_id": job.pk}}
+            connected, code = await intruder.connect()
+            return got, connected, code
+
+        got, connected, code = async_to_sync(watch)()
+        texts = [text for _, _, text in got]
+        assert texts[-1] == "after"
+        cut = [t for t in texts if t.startswith("xxxx")]
+        assert len(cut) == 1 and cut[0].endswith(" …") and len(cut[0].encode()) < 4200
+        assert not connected and code == 4404
+        settle_until(job)
+    finally:
+        stop.set()
+        thread.join(10)
