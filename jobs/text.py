@@ -109,11 +109,6 @@ def show(data) -> str:
     return _render(data, translate=True)
 
 
-def english(data) -> str:
-    """The stored JSON of a Text, in English."""
-    return _render(data, translate=False)
-
-
 def json_of(message) -> dict | None:
     """What an event stores in its `text` field: the JSON of a Text, None for plain words."""
     return message.as_json() if isinstance(message, Text) else None
