@@ -314,6 +314,12 @@ SUANLI_MONITOR_INTERVAL = envint("SUANLI_MONITOR_INTERVAL", 1)
 # counters from the kernel (cgroup files, /proc/<pid>/net/dev) in one pass a second; the
 # engine is asked only when a container appears. Remote engines keep the engine-stats path.
 SUANLI_MONITOR_KERNEL = envbool("SUANLI_MONITOR_KERNEL", True)
+# Profiler traces (SUANLI_PROFILE_DIR, monitoring.profiles): a file over STREAM_BYTES is
+# summarised by streaming its events, one over MAX_BYTES not at all; one with GPU kernels
+# up to HTA_MAX_BYTES is also read by Holistic Trace Analysis (which loads it whole).
+SUANLI_PROFILE_STREAM_BYTES = envint("SUANLI_PROFILE_STREAM_BYTES", 64 * 2**20)
+SUANLI_PROFILE_MAX_BYTES = envint("SUANLI_PROFILE_MAX_BYTES", 4 * 2**30)
+SUANLI_PROFILE_HTA_MAX_BYTES = envint("SUANLI_PROFILE_HTA_MAX_BYTES", 512 * 2**20)
 # Webhooks (jobs/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
 SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)

@@ -68,6 +68,12 @@ urlpatterns = [
     path("jobs/<int:job_id>/log/", views.job_log, name="job_log"),
     path("jobs/<int:job_id>/metrics.json", views_monitoring.job_metrics, name="job_metrics"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<int:job_id>/profile/", views_monitoring.job_profile, name="job_profile"),
+    path(
+        "jobs/<int:job_id>/profile/<int:attempt>/<str:name>",
+        views_monitoring.job_profile_file,
+        name="job_profile_file",
+    ),
     path("keys/", views.ssh_keys, name="ssh_keys"),
     path("keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh_key_delete"),
     path("billing/", views_billing.billing, name="billing"),

@@ -36,6 +36,7 @@ from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
 from jobs.text import Text
+from monitoring import keyavg
 from monitoring import selectors as metrics
 
 
@@ -502,6 +503,7 @@ def job_new(request, cluster_id: int):
             return redirect("job_detail", job_id=job.pk)
     volumes = list(cluster.volumes.all())
     checkpoint_dir = str(form["checkpoint_dir"].value() or "")
+    profile_base, profile_kept = storage.profile_base(volumes, checkpoint_dir)
     return render(
         request,
         "console/job_new.html",
@@ -512,6 +514,8 @@ def job_new(request, cluster_id: int):
             "checkpoint_dir": checkpoint_dir,
             "checkpoint_volume": storage.covering_volume(volumes, checkpoint_dir),
             "preempt_script_s": settings.SUANLI_PREEMPT_SCRIPT_S,
+            "profile_base": profile_base,
+            "profile_kept": profile_kept,
         },
     )
 
@@ -530,12 +534,14 @@ def _job_status_context(job: Job) -> dict:
 def job_detail(request, job_id: int):
     job = fleet.job_for_user(request.user, job_id)
     charts = _metrics_context(job.cluster, job)
+    log_lines = fleet.job_log_lines(job) if job.is_ended else []
     return render(
         request,
         "console/job_detail.html",
         {
             **_job_status_context(job),
-            "log_lines": fleet.job_log_lines(job) if job.is_ended else [],
+            "log_lines": log_lines,
+            "key_averages": keyavg.parse_tables((rank, text) for _ts, rank, text in log_lines),
             "findings": metrics.diagnosis(job) if job.started_at else [],
             **charts,
         },

@@ -1,17 +1,20 @@
 """Monitoring pages and data: the operators' fleet page (every host's GPUs as a live
-heatmap, the hosts' network and disk rates, and the rented GPUs that sit idle), and a
-job's chart series for a zoomed time range (the job page's charts fetch it)."""
+heatmap, the hosts' network and disk rates, and the rented GPUs that sit idle), a job's
+chart series for a zoomed time range (the job page's charts fetch it), and the job page's
+Profile section with its trace downloads."""
 
+import re
 from datetime import UTC
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.http import JsonResponse
+from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobs import selectors as fleet
+from monitoring import profiles
 from monitoring import selectors as metrics
 
 
@@ -51,4 +54,27 @@ def job_metrics(request, job_id: int):
     resolution, rows, step = metrics.job_chart(job, since=since, until=until)
     return JsonResponse(
         {"resolution": resolution, "step": step, "samples": metrics.as_series(rows)}
+    )
+
+
+@login_required
+def job_profile(request, job_id: int):
+    """The job page's Profile section (htmx): its trace files per attempt and rank, their
+    summaries (made by the worker; queued here for a file without one), the slowest rank,
+    advice and charts. Polled while the job runs or a summary is on its way."""
+    job = fleet.job_for_user(request.user, job_id)
+    return render(request, "console/_job_profile.html", {"job": job, **profiles.section(job)})
+
+
+@login_required
+def job_profile_file(request, job_id: int, attempt: int, name: str):
+    """One trace file, as it is on the researcher's storage (for Perfetto or TensorBoard)."""
+    job = fleet.job_for_user(request.user, job_id)
+    handle = profiles.open_file(job, attempt, name)
+    if handle is None:
+        raise Http404("no such trace")
+    kind = "application/gzip" if name.endswith(".gz") else "application/json"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+    return FileResponse(
+        handle, as_attachment=True, filename=f"job-{job.pk}-a{attempt}-{safe}", content_type=kind
     )

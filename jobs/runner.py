@@ -39,7 +39,7 @@ from jobs import (
     workspaces,
 )
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
-from jobs.queue import enqueue_later, enqueue_unique
+from jobs.queue import enqueue_by_name, enqueue_later, enqueue_unique
 from jobs.text import Moment, Text, argument, join, json_of, reason_fields, stored_reason
 
 log = logging.getLogger(__name__)
@@ -795,6 +795,7 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
 # Attempts ended by hosts before a job is failed after all: a job that breaks every host it
 # lands on (or a host classed wrongly) must not run for ever.
 MAX_HOST_RESTARTS = 10
+PROFILES_TASK = "monitoring.tasks.profiles_summarise"  # a higher app's task, queued by name
 
 # A container's end counts as its engine's doing when it falls in an outage of the
 # engine, give or take this much (a stopping engine SIGTERMs its containers around the
@@ -1018,6 +1019,8 @@ def _finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | Non
         ):
             return
         _event(job_id, state, reason)
+        # Its profiler traces, if it wrote any, are summarised once it has ended.
+        enqueue_by_name(PROFILES_TASK, job_id, job_id=f"profiles-{job_id}", queue="default")
         cluster = job.cluster
         Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)
         more = (

@@ -141,6 +141,9 @@ def container_spec(
             "SUANLI_RESTART_COUNT": str(max(attempt - 1, 0)),
             "SUANLI_PREEMPTIONS": str(job.preemptions),
             "SUANLI_CHECKPOINT_DIR": job.checkpoint_dir,
+            "SUANLI_PROFILE_DIR": storage.profile_dir(
+                cluster.volumes.all(), job.checkpoint_dir, job.pk, attempt
+            )[0],
             "HOME": "/tmp",  # noqa: S108 (the container's own /tmp)
         }
     )

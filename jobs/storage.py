@@ -319,6 +319,14 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
 
 # Names a training script writes while a checkpoint is not complete yet: never resume from one.
 PARTIAL_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
+# The folder of the jobs' profiler traces, at the top of the checkpoint volume:
+# `suanli-profiles/job-<id>/attempt-<n>` (SUANLI_PROFILE_DIR). Never a checkpoint.
+PROFILE_FOLDER = "suanli-profiles"
+# Without a writable volume the traces stay in the container (and end with it).
+PROFILE_FALLBACK = "/tmp/suanli-profiles"  # noqa: S108 (the container's own /tmp)
+TRACE_SUFFIXES = (".json", ".json.gz")
+TRACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+MAX_TRACE_FILES = 500
 
 
 def covering_volume(volumes, container_path: str):
@@ -350,20 +358,16 @@ def host_path(root: Path, volumes, container_path: str) -> Path | None:
     return Path(real)
 
 
-def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=None) -> str | None:
-    """The container path of the newest checkpoint (file or folder, by modification time)
-    directly in the checkpoint directory, or None. Hidden names, partial writes, symbolic
-    links, names the database cannot hold and entries older than `not_before` (another
-    job's, in a shared folder) are skipped. The folder is opened one component at a time
-    without following links, so a link planted after the check leads nowhere."""
-    folder = host_path(root, volumes, checkpoint_dir)
+def _open_folder(root: Path, volumes, container_path: str) -> int | None:
+    """A descriptor of the tenant's folder behind `container_path`, opened one component at
+    a time from the tenant's root without following links, so a link planted after
+    `host_path`'s check leads nowhere; None when there is no such real folder."""
+    folder = host_path(root, volumes, container_path)
     if folder is None:
         return None
     real_root = os.path.realpath(root)
     parts = [p for p in os.path.relpath(folder, real_root).split(os.sep) if p not in ("", ".")]
-    oldest = not_before.timestamp() if not_before is not None else None
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    best: tuple[float, str] | None = None
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(real_root, flags)
     except OSError:
@@ -373,9 +377,29 @@ def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=No
             child = os.open(part, flags, dir_fd=fd)
             os.close(fd)
             fd = child
+    except OSError:
+        os.close(fd)
+        return None  # not made yet, or not a real folder
+    return fd
+
+
+def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=None) -> str | None:
+    """The container path of the newest checkpoint (file or folder, by modification time)
+    directly in the checkpoint directory, or None. Hidden names, partial writes, symbolic
+    links, names the database cannot hold, the console's profile folder and entries older
+    than `not_before` (another job's, in a shared folder) are skipped. The folder is opened
+    one component at a time without following links (`_open_folder`)."""
+    oldest = not_before.timestamp() if not_before is not None else None
+    best: tuple[float, str] | None = None
+    fd = _open_folder(root, volumes, checkpoint_dir)
+    if fd is None:
+        return None
+    try:
         for entry in os.scandir(fd):
             name = entry.name
             if name.startswith(".") or name.endswith(PARTIAL_SUFFIXES) or entry.is_symlink():
+                continue
+            if name == PROFILE_FOLDER:
                 continue
             try:
                 name.encode("utf-8")
@@ -394,3 +418,75 @@ def newest_checkpoint(root: Path, volumes, checkpoint_dir: str, *, not_before=No
         return None
     path = posixpath.join(checkpoint_dir.rstrip("/") or "/", best[1])
     return path if len(path) <= 1024 else None
+
+
+def profile_base(volumes, checkpoint_dir: str) -> tuple[str, bool]:
+    """The folder holding the jobs' SUANLI_PROFILE_DIRs, and whether it is on the tenant's
+    storage: on the volume holding the checkpoint directory, else the first writable volume,
+    else in the container (lost with it)."""
+    volumes = [v for v in volumes if not v.read_only]
+    volume = covering_volume(volumes, checkpoint_dir) or (volumes[0] if volumes else None)
+    if volume is None:
+        return PROFILE_FALLBACK, False
+    return posixpath.join(volume.target.rstrip("/") or "/", PROFILE_FOLDER), True
+
+
+def profile_dir(volumes, checkpoint_dir: str, job_id: int, attempt: int) -> tuple[str, bool]:
+    """SUANLI_PROFILE_DIR of a job's attempt (`profile_base`/job-<id>/attempt-<n>)."""
+    base, on_storage = profile_base(volumes, checkpoint_dir)
+    return posixpath.join(base, f"job-{job_id}", f"attempt-{attempt}"), on_storage
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    name: str
+    size: int
+    mtime: float
+
+
+def trace_files(root: Path, volumes, container_dir: str) -> list[TraceFile]:
+    """The trace files (`*.json`, `*.json.gz`: regular files, not links) directly in a
+    profile folder, oldest first, at most MAX_TRACE_FILES; none when it is not there."""
+    fd = _open_folder(root, volumes, container_dir)
+    if fd is None:
+        return []
+    found: list[TraceFile] = []
+    try:
+        for entry in os.scandir(fd):
+            if not TRACE_NAME.fullmatch(entry.name) or not entry.name.endswith(TRACE_SUFFIXES):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found.append(TraceFile(entry.name, info.st_size, info.st_mtime))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    found.sort(key=lambda f: (f.mtime, f.name))
+    return found[:MAX_TRACE_FILES]
+
+
+def open_trace(root: Path, volumes, container_dir: str, name: str):
+    """A trace file of a profile folder opened for reading (binary), or None: the name is
+    one simple component, no component is followed through a link, and what is opened must
+    be a regular file (never a fifo that would hang the reader, never a device)."""
+    if not TRACE_NAME.fullmatch(name) or not name.endswith(TRACE_SUFFIXES):
+        return None
+    fd = _open_folder(root, volumes, container_dir)
+    if fd is None:
+        return None
+    try:
+        file_fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+        )
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+        os.close(file_fd)
+        return None
+    return os.fdopen(file_fd, "rb")

@@ -65,3 +65,32 @@ class Rollup(Metrics):
 
     def __str__(self) -> str:
         return f"cluster {self.cluster_id} node {self.node_index} minute {self.at:%H:%M}"
+
+
+class TraceSummary(models.Model):
+    """One profiler trace of a job's attempt (a file in its SUANLI_PROFILE_DIR), summarised
+    once by the worker (`monitoring.tasks.profiles_summarise`) and kept: made again only
+    when the file's size or time changes. `summary` is `monitoring.traces.summarise`'s
+    dict (or HTA's, for a trace with GPU kernels); `error` says why there is none."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="trace_summaries")
+    attempt = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    mtime = models.FloatField(help_text="The file's modification time (Unix seconds).")
+    rank = models.IntegerField(null=True, blank=True)
+    summary = models.JSONField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True, help_text="English.")
+    # The error as a jobs.text.Text, shown in the reader's language.
+    error_text = models.JSONField(null=True, blank=True, editable=False)
+    seconds = models.FloatField(default=0.0, help_text="How long the summary took.")
+    made_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "name"], name="trace_summary_file"),
+        ]
+        ordering = ["attempt", "rank", "name"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} {self.name}"

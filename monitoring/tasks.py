@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db.models import Max, Min
 from django.utils import timezone
 
+from monitoring import profiles
 from monitoring.models import Rollup, Sample
 
 log = logging.getLogger(__name__)
@@ -92,3 +93,9 @@ def rollup_and_prune() -> dict:
     if made or raw or minutes:
         log.info("metrics: %d rollups made, %d samples and %d rollups pruned", made, raw, minutes)
     return {"rollups": made, "samples_pruned": raw, "rollups_pruned": minutes}
+
+
+def profiles_summarise(job_id: int) -> dict:
+    """Summarise a job's new or rewritten profiler traces (queued at the job's end and by
+    its page when it lists a file without a summary)."""
+    return profiles.summarise_job(job_id)

@@ -1,0 +1,564 @@
+"""A job's profiler traces: where they are (SUANLI_PROFILE_DIR of each attempt, on the
+tenant's storage), their summaries (made once per file by the worker and kept in
+`TraceSummary`), what they say across ranks (the slowest rank and why) and the words and
+charts of the job page's Profile section.
+
+The files are the tenant's: they are listed and opened only through `jobs.storage`, one
+path component at a time without following links (a researcher who swaps a trace for a
+link to another tenant's folder or to /etc gets nothing). Summaries are made by
+`summarise_job`, run by the worker (`monitoring.tasks.profiles_summarise`), never in a
+web request; the page lists the folder (a directory read) and shows what is kept.
+
+Layer: monitoring (beside billing), over jobs; the job page (console) reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import plotly.graph_objects as go
+from django.conf import settings
+from django.db import transaction
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
+from jobs import storage
+from jobs.models import Job
+from jobs.queue import enqueue_unique
+from jobs.text import Text, json_of, show
+from monitoring import traces
+from monitoring.models import TraceSummary
+from monitoring.selectors import cores_per_node
+
+log = logging.getLogger(__name__)
+
+TASK = "monitoring.tasks.profiles_summarise"
+BUDGET_S = 120  # one run's work; what is left is queued again
+SHARE = 0.20  # a part of the step worth a word
+STRAGGLER = 1.25  # the slowest rank's own work against the others' median
+# `tensorboard_trace_handler` names a file `<host name>_<pid>.<time>.pt.trace.json`; our
+# containers' host names are `suanli-j<job>-a<attempt>-r<replica>`.
+REPLICA_IN_NAME = re.compile(r"^suanli-j\d+-a\d+-r(\d+)_")
+COLORS = {
+    "compute": "#2563eb",
+    "communication": "#dc2626",
+    "memcpy": "#9333ea",
+    "dataloader": "#f59e0b",
+    "idle": "#9ca3af",
+}
+
+
+def labels() -> dict[str, str]:
+    """The parts of a step, in `traces.CATEGORIES` order, in the reader's language."""
+    return {
+        "dataloader": _("data loading"),
+        "compute": _("computation"),
+        "memcpy": _("memory copies"),
+        "communication": _("communication (waiting)"),
+        "idle": _("idle"),
+    }
+
+
+# -- where the traces are ------------------------------------------------------------------
+
+
+def folders(job: Job) -> list[tuple[int, str, bool]]:
+    """(attempt, SUANLI_PROFILE_DIR, whether it is on the tenant's storage) of each attempt
+    so far, the newest first."""
+    volumes = list(job.cluster.volumes.all())
+    return [
+        (attempt, *storage.profile_dir(volumes, job.checkpoint_dir, job.pk, attempt))
+        for attempt in range(job.attempt, 0, -1)
+    ]
+
+
+def listing(job: Job) -> list[tuple[int, storage.TraceFile]]:
+    """Every trace file of every attempt, as (attempt, file): a directory read each."""
+    root = storage.tenant_root(job.owner_id)
+    volumes = list(job.cluster.volumes.all())
+    found = []
+    for attempt, folder, on_storage in folders(job):
+        if on_storage:
+            found += [(attempt, f) for f in storage.trace_files(root, volumes, folder)]
+    return found
+
+
+def open_file(job: Job, attempt: int, name: str):
+    """A trace file of the job opened for reading, or None (see `storage.open_trace`)."""
+    if not 1 <= attempt <= job.attempt:
+        return None
+    folder, on_storage = storage.profile_dir(
+        list(job.cluster.volumes.all()), job.checkpoint_dir, job.pk, attempt
+    )
+    if not on_storage:
+        return None
+    return storage.open_trace(
+        storage.tenant_root(job.owner_id), list(job.cluster.volumes.all()), folder, name
+    )
+
+
+def rank_from_name(name: str) -> int | None:
+    match = REPLICA_IN_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+# -- summarising (the worker) --------------------------------------------------------------
+
+
+def summarise_job(job_id: int, *, budget_s: float = BUDGET_S) -> dict:
+    """Summarise the job's trace files that have no summary of their current size and time
+    (new, or rewritten), and forget those whose file is gone. Queues itself again when its
+    time is up with files left."""
+    job = Job.objects.select_related("cluster").filter(pk=job_id).first()
+    if job is None:
+        return {"summarised": 0}
+    files = listing(job)
+    kept = {(s.attempt, s.name): s for s in TraceSummary.objects.filter(job=job)}
+    present = {(attempt, f.name) for attempt, f in files}
+    gone = [s.pk for key, s in kept.items() if key not in present]
+    TraceSummary.objects.filter(pk__in=gone).delete()
+    started = time.monotonic()
+    done = 0
+    for attempt, file in files:
+        summary = kept.get((attempt, file.name))
+        if summary is not None and (summary.size, summary.mtime) == (file.size, file.mtime):
+            continue
+        if time.monotonic() - started > budget_s:
+            queue(job.pk)
+            break
+        _summarise_file(job, attempt, file)
+        done += 1
+    return {"summarised": done, "removed": len(gone)}
+
+
+def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSummary:
+    started = time.monotonic()
+    summary, error = None, None
+    handle = open_file(job, attempt, file.name)
+    if handle is None:
+        error = traces.TraceError(gettext_noop("The trace could not be opened."))
+    else:
+        with handle:
+            try:
+                summary = traces.summarise(
+                    handle,
+                    size=file.size,
+                    gzipped=file.name.endswith(".gz"),
+                    stream_over=settings.SUANLI_PROFILE_STREAM_BYTES,
+                    max_bytes=settings.SUANLI_PROFILE_MAX_BYTES,
+                )
+            except traces.TraceError as exc:
+                error = exc
+        if summary is not None and summary["gpu"]:
+            summary = _with_hta(job, attempt, file, summary)
+    rank = summary.get("rank") if summary else None
+    if rank is None:
+        rank = rank_from_name(file.name)
+    message = Text(error.message, **error.args_) if error else None
+    row, _created = TraceSummary.objects.update_or_create(
+        job=job,
+        attempt=attempt,
+        name=file.name,
+        defaults={
+            "size": file.size,
+            "mtime": file.mtime,
+            "rank": rank,
+            "summary": summary,
+            "error": str(message)[:500] if message else "",
+            "error_text": json_of(message) if message else None,
+            "seconds": round(time.monotonic() - started, 3),
+        },
+    )
+    return row
+
+
+def _with_hta(job: Job, attempt: int, file: storage.TraceFile, summary: dict) -> dict:
+    """A GPU trace's breakdown from Holistic Trace Analysis, read from a private copy (HTA
+    opens paths itself: never hand it the tenant's folder). Ours stays where HTA fails."""
+    from monitoring import hta  # noqa: PLC0415 (pandas and HTA: loaded by the worker only)
+
+    if file.size > settings.SUANLI_PROFILE_HTA_MAX_BYTES:
+        return {**summary, "hta_error": "larger than SUANLI_PROFILE_HTA_MAX_BYTES"}
+    handle = open_file(job, attempt, file.name)
+    if handle is None:
+        return summary
+    with tempfile.TemporaryDirectory(prefix="suanli-hta-") as private, handle:
+        with open(Path(private) / file.name, "wb") as copy:
+            shutil.copyfileobj(handle, copy, length=2**20)
+        try:
+            found = hta.summarise_gpu(Path(private))
+        except hta.HtaError as exc:
+            return {**summary, "hta_error": str(exc)[:300]}
+    return {**summary, **{k: v for k, v in found.items() if v is not None}, "source": "hta"}
+
+
+def queue(job_id: int) -> None:
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "default", TASK, job_id, job_id=f"profiles-{job_id}", again_if_running=True
+        )
+    )
+
+
+# -- the page -----------------------------------------------------------------------------
+
+
+@dataclass
+class FileRow:
+    attempt: int
+    name: str
+    size: int
+    mtime: float
+    rank: int | None
+    summary: dict | None
+    error: str
+    pending: bool
+
+    @property
+    def steps(self) -> str:
+        steps = (self.summary or {}).get("steps") or []
+        if not steps:
+            return ""
+        return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+
+
+@dataclass
+class Rank:
+    rank: int | None
+    steps: int
+    split: dict[str, float]  # microseconds per step
+    step_us: float
+    overlap_pct: float | None
+    top: list[dict]
+    source: str
+
+    def share(self, part: str) -> float:
+        return self.split[part] / self.step_us if self.step_us else 0.0
+
+    @property
+    def step_ms(self) -> float:
+        return self.step_us / 1000
+
+    @property
+    def busy_us(self) -> float:
+        """The rank's own work per step: what the others wait for when it is slowest."""
+        return self.step_us - self.split["idle"] - self.split["communication"]
+
+    @property
+    def cause(self) -> str:
+        return max(("dataloader", "compute", "memcpy"), key=lambda k: self.split[k])
+
+    @property
+    def parts(self) -> list[tuple[str, float, float]]:
+        """(part, ms per step, percent of the step) in `traces.CATEGORIES` order."""
+        return [(k, self.split[k] / 1000, 100 * self.share(k)) for k in traces.CATEGORIES]
+
+
+@dataclass(frozen=True)
+class Advice:
+    title: str
+    text: str
+    severity: str = "warning"
+
+
+def section(job: Job) -> dict:
+    """What the Profile section shows: the files (with their summary's state), the ranks
+    of the newest attempt with summaries, the slowest rank, advice and charts. Queues the
+    worker for files without a current summary."""
+    files = listing(job)
+    kept = {(s.attempt, s.name): s for s in TraceSummary.objects.filter(job=job)}
+    rows = []
+    for attempt, file in files:
+        summary = kept.get((attempt, file.name))
+        fresh = summary is not None and (summary.size, summary.mtime) == (file.size, file.mtime)
+        rows.append(
+            FileRow(
+                attempt=attempt,
+                name=file.name,
+                size=file.size,
+                mtime=file.mtime,
+                rank=summary.rank if summary else rank_from_name(file.name),
+                summary=summary.summary if fresh else None,
+                error=_error(summary) if fresh else "",
+                pending=not fresh,
+            )
+        )
+    rows.sort(key=lambda r: (-r.attempt, r.rank if r.rank is not None else 1 << 30, r.name))
+    pending = any(r.pending for r in rows)
+    if pending:
+        queue(job.pk)
+    ranks = ranks_of(rows)
+    slowest = slowest_rank(ranks)
+    names = labels()
+    return {
+        "profile_folders": folders(job),
+        "profile_files": rows,
+        "profile_pending": pending,
+        "profile_ranks": ranks,
+        "profile_slowest": slowest,
+        "profile_slowest_cause": names[slowest.cause] if slowest else "",
+        "profile_advice": advice(ranks, slowest, cores=_cores(job)),
+        "profile_labels": names,
+        "profile_split_chart": split_chart(ranks) if ranks else None,
+        "profile_top_chart": top_chart(ranks) if ranks else None,
+    }
+
+
+def _error(summary: TraceSummary) -> str:
+    return show(summary.error_text) if summary.error_text else summary.error
+
+
+def _cores(job: Job) -> int:
+    return cores_per_node(job.cluster)
+
+
+def ranks_of(rows: list[FileRow]) -> list[Rank]:
+    """Each rank of the newest attempt that has summaries, its files summed up."""
+    done = [r for r in rows if r.summary]
+    if not done:
+        return []
+    attempt = max(r.attempt for r in done)
+    by_rank: dict[int | None, list[dict]] = {}
+    for row in done:
+        if row.attempt == attempt:
+            by_rank.setdefault(row.rank, []).append(row.summary)
+    ranks = [_rank(rank, summaries) for rank, summaries in by_rank.items()]
+    ranks = [r for r in ranks if r.steps]
+    return sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
+
+
+def _rank(rank: int | None, summaries: list[dict]) -> Rank:
+    steps = sum(max(1, len(s.get("steps") or [])) for s in summaries)
+    split = {k: sum(s["split"].get(k, 0.0) for s in summaries) / steps for k in traces.CATEGORIES}
+    comm = sum(s.get("communication_us") or 0.0 for s in summaries)
+    overlapped = sum(
+        (s.get("communication_us") or 0.0) * (s.get("overlap_pct") or 0.0) / 100 for s in summaries
+    )
+    top: dict[str, dict] = {}
+    for s in summaries:
+        for op in s.get("top") or []:
+            entry = top.setdefault(
+                op["name"], {"name": op["name"], "kind": op.get("kind", "op"), "self_us": 0.0,
+                             "total_us": 0.0, "calls": 0}
+            )  # fmt: skip
+            entry["self_us"] += op["self_us"] / steps
+            entry["total_us"] += op["total_us"] / steps
+            entry["calls"] += op["calls"]
+    return Rank(
+        rank=rank,
+        steps=steps,
+        split=split,
+        step_us=sum(split.values()),
+        overlap_pct=round(100 * overlapped / comm, 1) if comm else None,
+        top=sorted(top.values(), key=lambda o: -o["self_us"])[: traces.TOP],
+        source="hta" if any(s.get("source") == "hta" for s in summaries) else "suanli",
+    )
+
+
+def slowest_rank(ranks: list[Rank]) -> Rank | None:
+    """The rank that does the most work of its own per step (the others wait for it in
+    their collectives); None with fewer than two ranks."""
+    if len(ranks) < 2:
+        return None
+    return max(ranks, key=lambda r: r.busy_us)
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.1f}"
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f}"
+
+
+def advice(ranks: list[Rank], slowest: Rank | None, *, cores: int) -> list[Advice]:
+    """The diagnosis in words from the profile: a straggler and its cause, data loading,
+    exposed communication, memory copies, an idle GPU."""
+    found: list[Advice] = []
+    others = [r for r in ranks if r is not slowest]
+    straggler = (
+        slowest is not None
+        and slowest.busy_us > STRAGGLER * median(r.busy_us for r in others)
+        and median(r.share("communication") + r.share("idle") for r in others) >= SHARE
+    )
+    if straggler:
+        found.append(_straggler(slowest, others, cores))
+    for rank in ranks:
+        if straggler and rank is slowest:
+            continue
+        if rank.share("dataloader") >= SHARE:
+            found.append(_dataloader(rank, cores))
+            break
+    if not straggler:
+        worst = max(ranks, key=lambda r: r.share("communication"), default=None)
+        if worst is not None and worst.share("communication") >= SHARE:
+            found.append(_communication(worst))
+    for rank in ranks:
+        if rank.share("memcpy") >= SHARE:
+            found.append(_memcpy(rank))
+            break
+    return found
+
+
+def _dataloader_tip(cores: int) -> str:
+    return _(
+        "raise the DataLoader's num_workers towards 2 x the node's cores (%(workers)s), with "
+        "pin_memory=True and persistent_workers=True"
+    ) % {"workers": 2 * cores}
+
+
+def _straggler(rank: Rank, others: list[Rank], cores: int) -> Advice:
+    wait = median(r.share("communication") + r.share("idle") for r in others)
+    args = {
+        "rank": rank.rank,
+        "pct": _pct(rank.share(rank.cause)),
+        "ms": _ms(rank.split[rank.cause]),
+        "step": _ms(rank.step_us),
+        "wait": _pct(wait),
+    }
+    if rank.cause == "dataloader":
+        text = _(
+            "the DataLoader's __next__ takes %(pct)s %% of rank %(rank)s's step (%(ms)s ms of "
+            "%(step)s ms); the other ranks spend %(wait)s %% of theirs waiting for it in the "
+            "all-reduce: %(tip)s."
+        ) % {**args, "tip": _dataloader_tip(cores)}
+    elif rank.cause == "memcpy":
+        text = (
+            _(
+                "memory copies take %(pct)s %% of rank %(rank)s's step (%(ms)s ms of %(step)s ms); "
+                "the other ranks spend %(wait)s %% of theirs waiting for it: pin host memory "
+                "(pin_memory=True) and copy with non_blocking=True."
+            )
+            % args
+        )
+    else:
+        text = (
+            _(
+                "rank %(rank)s computes for %(pct)s %% of its step (%(ms)s ms of %(step)s ms) while "
+                "the other ranks spend %(wait)s %% of theirs waiting for it: give every rank the "
+                "same work (a DistributedSampler, equal batches) or look at its node."
+            )
+            % args
+        )
+    return Advice(title=_("Rank %(rank)s holds the others back") % {"rank": rank.rank}, text=text)
+
+
+def _dataloader(rank: Rank, cores: int) -> Advice:
+    return Advice(
+        title=_("Data loading"),
+        text=_("the DataLoader's __next__ takes %(pct)s %% of rank %(rank)s's step: %(tip)s.")
+        % {
+            "pct": _pct(rank.share("dataloader")),
+            "rank": _rank_name(rank),
+            "tip": _dataloader_tip(cores),
+        },
+    )
+
+
+def _communication(rank: Rank) -> Advice:
+    args = {"rank": _rank_name(rank), "pct": _pct(rank.share("communication"))}
+    if rank.overlap_pct is None:
+        text = _("rank %(rank)s spends %(pct)s %% of each step waiting for the all-reduce.") % args
+    else:
+        text = _(
+            "rank %(rank)s spends %(pct)s %% of each step waiting for the all-reduce; "
+            "communication overlaps computation %(overlap)s %%"
+        ) % {**args, "overlap": f"{rank.overlap_pct:.0f}"}
+    tip = _(
+        "try larger gradient buckets (DDP's bucket_cap_mb) or FP16 gradient compression (the "
+        "DDP fp16 compress hook)"
+    )
+    return Advice(title=_("Communication"), text=f"{text}: {tip}.")
+
+
+def _memcpy(rank: Rank) -> Advice:
+    return Advice(
+        title=_("Memory copies"),
+        text=_(
+            "memory copies take %(pct)s %% of rank %(rank)s's step: pin host memory "
+            "(pin_memory=True) and copy with non_blocking=True."
+        )
+        % {"pct": _pct(rank.share("memcpy")), "rank": _rank_name(rank)},
+    )
+
+
+def _rank_name(rank: Rank) -> str:
+    return "?" if rank.rank is None else str(rank.rank)
+
+
+# -- charts ---------------------------------------------------------------------------------
+
+LAYOUT = {
+    "margin": {"l": 60, "r": 10, "t": 30, "b": 40},
+    "height": 260,
+    "legend": {"orientation": "h", "y": -0.25},
+    "paper_bgcolor": "rgba(0,0,0,0)",
+    "plot_bgcolor": "rgba(0,0,0,0)",
+}
+
+
+def split_chart(ranks: list[Rank]) -> str:
+    """One bar per rank: its step split into the five parts (ms per step)."""
+    names = labels()
+    y = [_("rank %(rank)s") % {"rank": _rank_name(r)} for r in ranks]
+    fig = go.Figure(
+        data=[
+            go.Bar(
+                name=names[part],
+                y=y,
+                x=[round(r.split[part] / 1000, 3) for r in ranks],
+                orientation="h",
+                marker_color=COLORS[part],
+                hovertemplate="%{x:.1f} ms<extra>" + names[part] + "</extra>",
+            )
+            for part in traces.CATEGORIES
+        ]
+    )
+    fig.update_layout(
+        **LAYOUT,
+        barmode="stack",
+        legend={**LAYOUT["legend"], "traceorder": "normal"},
+        title={"text": _("Each step, per rank (ms)"), "font": {"size": 13}},
+        yaxis={"autorange": "reversed"},
+    )
+    return fig.to_json()
+
+
+def top_chart(ranks: list[Rank], count: int = 10) -> str:
+    """The operators with the most self time over all ranks, one bar per rank (ms/step)."""
+    totals: dict[str, float] = {}
+    for rank in ranks:
+        for op in rank.top:
+            totals[op["name"]] = totals.get(op["name"], 0.0) + op["self_us"]
+    names = sorted(totals, key=lambda n: -totals[n])[:count]
+    fig = go.Figure(
+        data=[
+            go.Bar(
+                name=_("rank %(rank)s") % {"rank": _rank_name(rank)},
+                y=[n if len(n) <= 48 else n[:47] + "…" for n in names],
+                x=[round(_self(rank, n) / 1000, 3) for n in names],
+                orientation="h",
+                hovertext=names,
+                hovertemplate="%{hovertext}: %{x:.2f} ms<extra>%{fullData.name}</extra>",
+            )
+            for rank in ranks
+        ]
+    )
+    fig.update_layout(
+        **{**LAYOUT, "height": 120 + 26 * len(names), "margin": {**LAYOUT["margin"], "l": 300}},
+        barmode="group",
+        title={"text": _("Self time per step, top operators (ms)"), "font": {"size": 13}},
+        yaxis={"autorange": "reversed"},
+    )
+    return fig.to_json()
+
+
+def _self(rank: Rank, name: str) -> float:
+    return next((op["self_us"] for op in rank.top if op["name"] == name), 0.0)

@@ -1,0 +1,186 @@
+"""The job page's Profile section, from a real job on the real engines: the job writes
+its traces to SUANLI_PROFILE_DIR (on the tenant's storage), the worker summarises them
+once, the page shows ranks, the slowest one and why, advice, charts and every file with
+its download; a malformed and a truncated trace get a sentence. Then the attacker's
+notebook: another researcher, links planted from inside the container, a fifo, odd names.
+"""
+
+import json
+import os
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from jobs import runner, services, storage
+from jobs.models import Job
+from jobs.services import JobSpec
+from jobs.storage import VolumeSpec
+from monitoring import profiles
+from monitoring.models import TraceSummary
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = 5_608_258_569_889.0
+DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+TABLE = """\
+---------------------------------  ------------  ------------  ------------
+                             Name    Self CPU %      Self CPU    # of Calls
+---------------------------------  ------------  ------------  ------------
+                          aten::mm        10.00%       1.000ms             3
+enumerate(DataLoader)#_SingleP...        80.00%       8.000ms             3
+                  gloo:all_reduce        10.00%     100.000us             3
+---------------------------------  ------------  ------------  ------------
+Self CPU time total: 9.100ms"""
+
+
+def op(name, at, dur, *, cat="cpu_op", tid=11):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 11, "tid": tid, "ts": T0 + at,
+            "dur": dur}  # fmt: skip
+
+
+def trace(rank: int, loading_us: float) -> bytes:
+    """Three steps of 10 ms: `loading_us` in the DataLoader, 1 ms of mm, the rest waiting
+    in gloo's all-reduce (on its thread)."""
+    events = []
+    for step in range(3):
+        at = step * 10_000
+        events += [
+            op(f"ProfilerStep#{step + 2}", at, 10_000, cat="user_annotation"),
+            op(DATALOADER, at, loading_us, cat="user_annotation"),
+            op("aten::mm", at + loading_us, 1000),
+            op("gloo:all_reduce", at + loading_us + 1000, 9000 - loading_us,
+               cat="user_annotation", tid=16),
+        ]  # fmt: skip
+    doc = {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2},
+           "traceEvents": events}  # fmt: skip
+    return json.dumps(doc).encode()
+
+
+@pytest.fixture
+def profiled_job(running_cluster, storage_root, alice, settle_until, work_queue):
+    """A job whose two 'ranks' wrote their traces (rank 1 loads data for 8 ms a step),
+    plus a malformed and a truncated one, and printed a key_averages table."""
+    # The cluster makes its volume's folder (the tenant's); the test puts the files in it.
+    cluster = running_cluster(1, volumes=(VolumeSpec(source="work", target="/workspace"),))
+    src = storage_root / f"u{alice.pk}" / "work" / "src"
+    src.mkdir()
+    (src / "host_1.100.pt.trace.json").write_bytes(trace(0, 200))
+    (src / "host_2.100.pt.trace.json").write_bytes(trace(1, 8000))
+    (src / "host_3.100.pt.trace.json").write_bytes(b"<html>not a trace</html>")
+    (src / "host_4.100.pt.trace.json").write_bytes(trace(0, 200)[:300])
+    (src / "table.txt").write_text(TABLE + "\n")
+
+    def run(command: str) -> Job:
+        job = services.job_submit(cluster=cluster, spec=JobSpec(name="prof", command=command))
+        runner.dispatch(cluster.pk)
+        job = settle_until(job, timeout=60)
+        assert job.state == Job.State.SUCCEEDED, (job.state_reason, job.replicas.first().log)
+        work_queue("default")  # the summaries, queued when the job ended
+        return job
+
+    return run
+
+
+COPY = 'mkdir -p "$SUANLI_PROFILE_DIR" && cp /workspace/src/*.json "$SUANLI_PROFILE_DIR"/'
+
+
+def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, client):
+    job = profiled_job(f"{COPY} && cat /workspace/src/table.txt && echo $SUANLI_PROFILE_DIR")
+    folder = f"/workspace/suanli-profiles/job-{job.pk}/attempt-1"
+    assert folder in job.replicas.first().log  # the env var, as the job saw it
+    assert TraceSummary.objects.filter(job=job).count() == 4
+    client.force_login(alice)
+    page = client.get(reverse("job_detail", args=[job.pk])).content.decode()
+    assert reverse("job_profile", args=[job.pk]) in page  # the section loads from there
+    assert 'data-testid="key-averages"' in page and 'data-value="8000.0"' in page
+
+    section = client.get(reverse("job_profile", args=[job.pk]))
+    assert section.status_code == 200
+    html = section.content.decode()
+    assert "hx-trigger" not in html  # ended and summarised: the section stops polling
+    ranks = section.context["profile_ranks"]
+    assert [r.rank for r in ranks] == [0, 1]
+    rank1 = ranks[1]
+    assert rank1.steps == 3 and rank1.step_us == 10_000
+    assert rank1.split["dataloader"] == 8000 and rank1.split["compute"] == 1000
+    assert section.context["profile_slowest"].rank == 1
+    assert section.context["profile_slowest"].cause == "dataloader"
+    assert 'data-testid="profile-slowest"' in html and "Slowest rank: 1" in html
+    advice = [a.text for a in section.context["profile_advice"]]
+    assert any("takes 80 % of rank 1's step" in a and "num_workers" in a for a in advice), advice
+    assert 'data-plotly-json="profile-split-data"' in html
+    errors = {r.name: r.error for r in section.context["profile_files"] if r.error}
+    assert "not valid JSON" in errors["host_3.100.pt.trace.json"]
+    assert "ends early" in errors["host_4.100.pt.trace.json"]
+
+    download = client.get(reverse("job_profile_file", args=[job.pk, 1, "host_2.100.pt.trace.json"]))
+    assert download.status_code == 200
+    assert b"".join(download.streaming_content) == trace(1, 8000)
+    assert "attachment" in download["Content-Disposition"]
+
+    # Summaries are made once: a second run of the task reads nothing again.
+    assert profiles.summarise_job(job.pk)["summarised"] == 0
+
+
+def test_another_researcher_gets_404_for_the_section_and_the_downloads(profiled_job, bob):
+    job = profiled_job(COPY)
+    other = Client()
+    other.force_login(bob)
+    for url in (
+        reverse("job_profile", args=[job.pk]),
+        reverse("job_profile_file", args=[job.pk, 1, "host_2.100.pt.trace.json"]),
+        reverse("job_detail", args=[job.pk]),
+    ):
+        assert other.get(url).status_code == 404, url
+    assert Client().get(reverse("job_profile", args=[job.pk])).status_code == 302  # sign in
+
+
+def test_links_fifos_and_odd_names_planted_in_the_folder_lead_nowhere(
+    profiled_job, storage_root, alice, bob, client
+):
+    """From inside the container the researcher plants, in their own profile folder: a
+    trace that is a link to another tenant's trace (by its host path, which they can
+    guess), a link to /etc/shadow, a fifo (a reader would hang on it); then they swap the
+    attempt's folder itself for a link to the other tenant's folder."""
+    theirs = storage_root / f"u{bob.pk}" / "work"
+    theirs.mkdir(parents=True)
+    (theirs / "secret.pt.trace.json").write_bytes(trace(0, 100))
+    plant = (
+        f'{COPY} && cd "$SUANLI_PROFILE_DIR" '
+        f"&& ln -s {theirs}/secret.pt.trace.json stolen.pt.trace.json "
+        "&& ln -s /etc/shadow shadow.pt.trace.json && mkfifo fifo.pt.trace.json"
+    )
+    job = profiled_job(plant)
+    client.force_login(alice)
+    names = {r.name for r in client.get(reverse("job_profile", args=[job.pk])).context[
+        "profile_files"]}  # fmt: skip
+    assert "stolen.pt.trace.json" not in names and "fifo.pt.trace.json" not in names
+    assert "shadow.pt.trace.json" not in names and "host_2.100.pt.trace.json" in names
+    for name in ("stolen.pt.trace.json", "shadow.pt.trace.json", "fifo.pt.trace.json",
+                 "..", "%2e%2e", "host_2.100.pt.trace.json%00"):  # fmt: skip
+        response = client.get(f"/jobs/{job.pk}/profile/1/{name}")
+        assert response.status_code == 404, name
+    assert client.get(f"/jobs/{job.pk}/profile/2/host_2.100.pt.trace.json").status_code == 404
+    assert client.get(f"/jobs/{job.pk}/profile/0/host_2.100.pt.trace.json").status_code == 404
+
+    # The attempt's folder itself swapped for a link to the other tenant's folder.
+    mine = storage_root / f"u{alice.pk}" / "work" / "suanli-profiles" / f"job-{job.pk}"
+    os.rename(mine / "attempt-1", mine / "attempt-1.real")
+    os.symlink(theirs, mine / "attempt-1")
+    assert profiles.listing(job) == []
+    assert client.get(f"/jobs/{job.pk}/profile/1/secret.pt.trace.json").status_code == 404
+    profiles.summarise_job(job.pk)
+    assert not TraceSummary.objects.filter(job=job).exists()  # the files are gone: forgotten
+
+
+def test_without_a_volume_the_form_and_the_section_say_traces_are_not_kept(
+    running_cluster, alice, client
+):
+    cluster = running_cluster(1, name="novol")
+    client.force_login(alice)
+    form = client.get(reverse("job_new", args=[cluster.pk])).content.decode()
+    assert 'data-testid="profile-snippet"' in form and "SUANLI_PROFILE_DIR" in form
+    assert 'data-testid="profile-warning"' in form
+    base, kept = storage.profile_base([], "/workspace/checkpoints")
+    assert (base, kept) == ("/tmp/suanli-profiles", False)
