@@ -36,7 +36,7 @@ from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
 from jobs.text import Text
-from monitoring import keyavg
+from monitoring import keyavg, profiles
 from monitoring import selectors as metrics
 
 
@@ -543,6 +543,7 @@ def job_detail(request, job_id: int):
             "log_lines": log_lines,
             "key_averages": keyavg.parse_tables((rank, text) for _ts, rank, text in log_lines),
             "findings": metrics.diagnosis(job) if job.started_at else [],
+            "profile_findings": profiles.diagnosis(job) if job.started_at else [],
             **charts,
         },
     )

@@ -63,7 +63,12 @@ def job_profile(request, job_id: int):
     summaries (made by the worker; queued here for a file without one), the slowest rank,
     advice and charts. Polled while the job runs or a summary is on its way."""
     job = fleet.job_for_user(request.user, job_id)
-    return render(request, "console/_job_profile.html", {"job": job, **profiles.section(job)})
+    section = profiles.section(job)
+    response = render(request, "console/_job_profile.html", {"job": job, **section})
+    if job.is_ended and request.GET.get("after") == "pending" and not section["profile_pending"]:
+        # The summaries it waited for are in: redraw the page, whose diagnosis uses them.
+        response["HX-Refresh"] = "true"
+    return response
 
 
 @login_required

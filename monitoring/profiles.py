@@ -304,11 +304,22 @@ def section(job: Job) -> dict:
         "profile_ranks": ranks,
         "profile_slowest": slowest,
         "profile_slowest_cause": names[slowest.cause] if slowest else "",
-        "profile_advice": advice(ranks, slowest, cores=_cores(job)),
         "profile_labels": names,
         "profile_split_chart": split_chart(ranks) if ranks else None,
         "profile_top_chart": top_chart(ranks) if ranks else None,
     }
+
+
+def diagnosis(job: Job) -> list[Advice]:
+    """The profile's part of the job's diagnosis in words, from the kept summaries alone
+    (no folder read): what the job page's "What slowed this job down" says first."""
+    rows = [
+        FileRow(attempt=s.attempt, name=s.name, size=s.size, mtime=s.mtime, rank=s.rank,
+                summary=s.summary, error="", pending=False)
+        for s in TraceSummary.objects.filter(job=job, summary__isnull=False)
+    ]  # fmt: skip
+    ranks = ranks_of(rows)
+    return advice(ranks, slowest_rank(ranks), cores=_cores(job)) if ranks else []
 
 
 def _error(summary: TraceSummary) -> str:
@@ -522,9 +533,8 @@ def split_chart(ranks: list[Rank]) -> str:
         ]
     )
     fig.update_layout(
-        **LAYOUT,
+        **{**LAYOUT, "legend": {**LAYOUT["legend"], "traceorder": "normal"}},
         barmode="stack",
-        legend={**LAYOUT["legend"], "traceorder": "normal"},
         title={"text": _("Each step, per rank (ms)"), "font": {"size": 13}},
         yaxis={"autorange": "reversed"},
     )

@@ -11,6 +11,7 @@ import os
 import pytest
 from django.test import Client
 from django.urls import reverse
+from test_profile_hta import gpu_trace
 
 from jobs import runner, services, storage
 from jobs.models import Job
@@ -91,9 +92,14 @@ def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, c
     assert folder in job.replicas.first().log  # the env var, as the job saw it
     assert TraceSummary.objects.filter(job=job).count() == 4
     client.force_login(alice)
-    page = client.get(reverse("job_detail", args=[job.pk])).content.decode()
+    response = client.get(reverse("job_detail", args=[job.pk]))
+    page = response.content.decode()
     assert reverse("job_profile", args=[job.pk]) in page  # the section loads from there
     assert 'data-testid="key-averages"' in page and 'data-value="8000.0"' in page
+    # The diagnosis in words starts with what the profile says.
+    advice = [a.text for a in response.context["profile_findings"]]
+    assert any("takes 80 % of rank 1's step" in a and "num_workers" in a for a in advice), advice
+    assert 'data-testid="profile-advice"' in page and "from the profile" in page
 
     section = client.get(reverse("job_profile", args=[job.pk]))
     assert section.status_code == 200
@@ -107,8 +113,6 @@ def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, c
     assert section.context["profile_slowest"].rank == 1
     assert section.context["profile_slowest"].cause == "dataloader"
     assert 'data-testid="profile-slowest"' in html and "Slowest rank: 1" in html
-    advice = [a.text for a in section.context["profile_advice"]]
-    assert any("takes 80 % of rank 1's step" in a and "num_workers" in a for a in advice), advice
     assert 'data-plotly-json="profile-split-data"' in html
     errors = {r.name: r.error for r in section.context["profile_files"] if r.error}
     assert "not valid JSON" in errors["host_3.100.pt.trace.json"]
@@ -121,6 +125,20 @@ def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, c
 
     # Summaries are made once: a second run of the task reads nothing again.
     assert profiles.summarise_job(job.pk)["summarised"] == 0
+
+
+def test_a_section_that_waited_for_summaries_redraws_the_page_once_they_are_in(
+    profiled_job, alice, client
+):
+    job = profiled_job(COPY)
+    client.force_login(alice)
+    url = reverse("job_profile", args=[job.pk])
+    headers = {"HX-Request": "true"}
+    assert client.get(url + "?after=pending", headers=headers)["HX-Refresh"] == "true"
+    assert "HX-Refresh" not in client.get(url, headers=headers)
+    TraceSummary.objects.filter(job=job).delete()  # e.g. a trace rewritten: pending again
+    pending = client.get(url, headers=headers)
+    assert pending.context["profile_pending"] and "after=pending" in pending.content.decode()
 
 
 def test_another_researcher_gets_404_for_the_section_and_the_downloads(profiled_job, bob):
@@ -184,3 +202,28 @@ def test_without_a_volume_the_form_and_the_section_say_traces_are_not_kept(
     assert 'data-testid="profile-warning"' in form
     base, kept = storage.profile_base([], "/workspace/checkpoints")
     assert (base, kept) == ("/tmp/suanli-profiles", False)
+
+
+def test_a_trace_with_gpu_kernels_is_summarised_by_hta_in_the_worker(
+    profiled_job, storage_root, alice, client
+):
+    src = storage_root / f"u{alice.pk}" / "work" / "src"
+    for old in src.glob("*.json"):
+        old.unlink()
+    (src / "gpu_1.100.pt.trace.json").write_text(json.dumps(gpu_trace(rank=1)))
+    job = profiled_job(COPY)
+    row = TraceSummary.objects.get(job=job)
+    assert row.rank == 1 and not row.error
+    assert row.summary["source"] == "hta" and row.summary["gpu"] is True
+    split = row.summary["split"]
+    assert (split["compute"], split["communication"], split["memcpy"], split["idle"]) == (
+        pytest.approx(600),
+        pytest.approx(200),
+        pytest.approx(50),
+        pytest.approx(150),
+    )
+    assert row.summary["overlap_pct"] == pytest.approx(33.33, abs=0.01)
+    assert row.summary["top"][0]["kind"] == "kernel"
+    client.force_login(alice)
+    html = client.get(reverse("job_profile", args=[job.pk])).content.decode()
+    assert ">HTA<" in html
