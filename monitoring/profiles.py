@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 TASK = "monitoring.tasks.profiles_summarise"
 BUDGET_S = 120  # one run's work; what is left is queued again
 SHARE = 0.20  # a part of the step worth a word
+IDLE_SHARE = 0.30  # a GPU idle this much of a step is worth a word
 STRAGGLER = 1.25  # the slowest rank's own work against the others' median
 # `tensorboard_trace_handler` names a file `<host name>_<pid>.<time>.pt.trace.json`; our
 # containers' host names are `suanli-j<job>-a<attempt>-r<replica>`.
@@ -238,6 +239,7 @@ class Rank:
     overlap_pct: float | None
     top: list[dict]
     source: str
+    gpu: bool = False
 
     def share(self, part: str) -> float:
         return self.split[part] / self.step_us if self.step_us else 0.0
@@ -368,8 +370,12 @@ def _rank(rank: int | None, summaries: list[dict]) -> Rank:
         split=split,
         step_us=sum(split.values()),
         overlap_pct=round(100 * overlapped / comm, 1) if comm else None,
-        top=sorted(top.values(), key=lambda o: -o["self_us"])[: traces.TOP],
+        top=[
+            {**op, "self_ms": op["self_us"] / 1000, "total_ms": op["total_us"] / 1000}
+            for op in sorted(top.values(), key=lambda o: -o["self_us"])[: traces.TOP]
+        ],
         source="hta" if any(s.get("source") == "hta" for s in summaries) else "suanli",
+        gpu=any(s.get("gpu") for s in summaries),
     )
 
 
@@ -415,6 +421,20 @@ def advice(ranks: list[Rank], slowest: Rank | None, *, cores: int) -> list[Advic
         if rank.share("memcpy") >= SHARE:
             found.append(_memcpy(rank))
             break
+    idle = max((r for r in ranks if r.gpu), key=lambda r: r.share("idle"), default=None)
+    if idle is not None and idle.share("idle") >= IDLE_SHARE:
+        found.append(
+            Advice(
+                title=_("Idle GPU"),
+                text=_(
+                    "the GPU of rank %(rank)s is idle %(pct)s %% of each step: the host does not "
+                    "keep it busy. Look at the host's top operators in the trace (data loading, "
+                    "the optimizer step, synchronisations such as .item()); larger batches or "
+                    "CUDA graphs help when launches dominate."
+                )
+                % {"rank": _rank_name(idle), "pct": _pct(idle.share("idle"))},
+            )
+        )
     return found
 
 

@@ -123,6 +123,12 @@ def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, c
     assert b"".join(download.streaming_content) == trace(1, 8000)
     assert "attachment" in download["Content-Disposition"]
 
+    # In Chinese: the section and the advice are in the reader's language.
+    chinese = client.get(reverse("job_profile", args=[job.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
+    assert "最慢的 rank：1" in chinese.content.decode() and "数据加载" in chinese.content.decode()
+    page = client.get(reverse("job_detail", args=[job.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
+    assert "拖慢了其他 rank" in page.content.decode()
+
     # Summaries are made once: a second run of the task reads nothing again.
     assert profiles.summarise_job(job.pk)["summarised"] == 0
 
