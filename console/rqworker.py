@@ -15,6 +15,7 @@ not inherit that connection, so every job starts as a request does in Django, wi
 unusable or expired connections closed (and checked, with CONN_HEALTH_CHECKS).
 """
 
+import resource
 import time
 
 import rq
@@ -181,3 +182,15 @@ class Worker(_Resilient, rq.Worker):
 
 class SimpleWorker(_Resilient, rq.SimpleWorker):
     """Jobs in the worker's own process (the tests' quick worker)."""
+
+
+class ProfilesWorker(Worker):
+    """The `profiles` queue's worker (Procfile): a tenant's trace is summarised in a forked
+    horse whose data memory is capped (SUANLI_PROFILE_WORKER_MEMORY_MB), so a trace built
+    to exhaust memory fails its own summary (stored as its error), not the machine, and
+    never holds up the other queues' work."""
+
+    def main_work_horse(self, job, queue):
+        limit = settings.SUANLI_PROFILE_WORKER_MEMORY_MB * 2**20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        return super().main_work_horse(job, queue)

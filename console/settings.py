@@ -206,7 +206,9 @@ _rq_queue = {
 }
 # "builds" has workers of its own (Procfile `builder`): a long image build never holds up
 # a job's start on "docker".
-RQ_QUEUES = {name: dict(_rq_queue) for name in ("docker", "default", "webhooks", "builds")}
+RQ_QUEUES = {
+    name: dict(_rq_queue) for name in ("docker", "default", "webhooks", "builds", "profiles")
+}
 RQ = {"COMMIT_MODE": "on_db_commit"}
 RQ_SHOW_ADMIN_LINK = True
 
@@ -314,12 +316,18 @@ SUANLI_MONITOR_INTERVAL = envint("SUANLI_MONITOR_INTERVAL", 1)
 # counters from the kernel (cgroup files, /proc/<pid>/net/dev) in one pass a second; the
 # engine is asked only when a container appears. Remote engines keep the engine-stats path.
 SUANLI_MONITOR_KERNEL = envbool("SUANLI_MONITOR_KERNEL", True)
-# Profiler traces (SUANLI_PROFILE_DIR, monitoring.profiles): a file over STREAM_BYTES is
-# summarised by streaming its events, one over MAX_BYTES not at all; one with GPU kernels
-# up to HTA_MAX_BYTES is also read by Holistic Trace Analysis (which loads it whole).
+# Profiler traces (SUANLI_PROFILE_DIR, monitoring.profiles), summarised by the `profiles`
+# worker (its own queue and process, each summary in a forked horse whose data memory is
+# capped at WORKER_MEMORY_MB): a file over STREAM_BYTES is read by streaming its events;
+# one over MAX_BYTES (as JSON text, after gunzip), MAX_EVENTS events or FILE_SECONDS of
+# work is refused with a sentence; one with GPU kernels up to HTA_MAX_BYTES (as JSON) is
+# also read by Holistic Trace Analysis, which loads it whole.
 SUANLI_PROFILE_STREAM_BYTES = envint("SUANLI_PROFILE_STREAM_BYTES", 64 * 2**20)
 SUANLI_PROFILE_MAX_BYTES = envint("SUANLI_PROFILE_MAX_BYTES", 4 * 2**30)
+SUANLI_PROFILE_MAX_EVENTS = envint("SUANLI_PROFILE_MAX_EVENTS", 5_000_000)
+SUANLI_PROFILE_FILE_SECONDS = envint("SUANLI_PROFILE_FILE_SECONDS", 120)
 SUANLI_PROFILE_HTA_MAX_BYTES = envint("SUANLI_PROFILE_HTA_MAX_BYTES", 512 * 2**20)
+SUANLI_PROFILE_WORKER_MEMORY_MB = envint("SUANLI_PROFILE_WORKER_MEMORY_MB", 3072)
 # Webhooks (jobs/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
 SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)

@@ -541,12 +541,21 @@ def job_detail(request, job_id: int):
         {
             **_job_status_context(job),
             "log_lines": log_lines,
-            "key_averages": keyavg.parse_tables((rank, text) for _ts, rank, text in log_lines),
+            "key_averages": _last_per_rank(
+                keyavg.parse_tables((rank, text) for _ts, rank, text in log_lines)
+            ),
             "findings": metrics.diagnosis(job) if job.started_at else [],
             "profile_findings": profiles.diagnosis(job) if job.started_at else [],
             **charts,
         },
     )
+
+
+def _last_per_rank(tables: list, ranks: int = 64) -> list:
+    """The last key_averages table each rank printed (the one its profile ended with), for
+    at most `ranks` ranks: what the page shows, whatever the log repeats."""
+    last = {table.rank: table for table in tables}
+    return [last[rank] for rank in sorted(last)[:ranks]]
 
 
 @login_required

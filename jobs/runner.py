@@ -1020,7 +1020,7 @@ def _finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | Non
             return
         _event(job_id, state, reason)
         # Its profiler traces, if it wrote any, are summarised once it has ended.
-        enqueue_by_name(PROFILES_TASK, job_id, job_id=f"profiles-{job_id}", queue="default")
+        enqueue_by_name(PROFILES_TASK, job_id, job_id=f"profiles-{job_id}", queue="profiles")
         cluster = job.cluster
         Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)
         more = (

@@ -327,6 +327,7 @@ PROFILE_FALLBACK = "/tmp/suanli-profiles"  # noqa: S108 (the container's own /tm
 TRACE_SUFFIXES = (".json", ".json.gz")
 TRACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 MAX_TRACE_FILES = 500
+MAX_SCANNED = 5000  # entries of a profile folder looked at, whatever they are
 
 
 def covering_volume(volumes, container_path: str):
@@ -446,13 +447,16 @@ class TraceFile:
 
 def trace_files(root: Path, volumes, container_dir: str) -> list[TraceFile]:
     """The trace files (`*.json`, `*.json.gz`: regular files, not links) directly in a
-    profile folder, oldest first, at most MAX_TRACE_FILES; none when it is not there."""
+    profile folder, oldest first, at most MAX_TRACE_FILES among its first MAX_SCANNED
+    entries; none when it is not there."""
     fd = _open_folder(root, volumes, container_dir)
     if fd is None:
         return []
     found: list[TraceFile] = []
     try:
-        for entry in os.scandir(fd):
+        for scanned, entry in enumerate(os.scandir(fd)):
+            if scanned >= MAX_SCANNED:
+                break  # a folder of millions of entries costs one bounded read, not a scan
             if not TRACE_NAME.fullmatch(entry.name) or not entry.name.endswith(TRACE_SUFFIXES):
                 continue
             try:

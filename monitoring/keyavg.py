@@ -29,6 +29,7 @@ MAX_LINE = 4096
 MAX_ROWS = 500
 MAX_TABLES = 20
 MAX_TOTALS = 8
+MAX_COLUMNS = 32
 SPACING = "  "
 
 # Columns that hold words, never a number (a name may look like one: "1").
@@ -97,7 +98,8 @@ def _widths(line: str) -> tuple[int, ...] | None:
     line = line.rstrip(" ")
     if not _DASHES.fullmatch(line):
         return None
-    return tuple(len(run) for run in line.split(SPACING))
+    widths = tuple(len(run) for run in line.split(SPACING))
+    return widths if 2 <= len(widths) <= MAX_COLUMNS else None  # PyTorch prints ~7 to 16
 
 
 def _cut(line: str, widths: tuple[int, ...]) -> list[str] | None:

@@ -14,9 +14,9 @@ Layer: monitoring (beside billing), over jobs; the job page (console) reads it.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import re
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,13 +40,14 @@ from monitoring.selectors import cores_per_node
 log = logging.getLogger(__name__)
 
 TASK = "monitoring.tasks.profiles_summarise"
+QUEUE = "profiles"  # its own worker (Procfile `profiles`): memory capped, apart from the rest
 BUDGET_S = 120  # one run's work; what is left is queued again
 SHARE = 0.20  # a part of the step worth a word
 IDLE_SHARE = 0.30  # a GPU idle this much of a step is worth a word
 STRAGGLER = 1.25  # the slowest rank's own work against the others' median
 # `tensorboard_trace_handler` names a file `<host name>_<pid>.<time>.pt.trace.json`; our
 # containers' host names are `suanli-j<job>-a<attempt>-r<replica>`.
-REPLICA_IN_NAME = re.compile(r"^suanli-j\d+-a\d+-r(\d+)_")
+REPLICA_IN_NAME = re.compile(r"^suanli-j\d+-a\d+-r(\d{1,6})_")
 COLORS = {
     "compute": "#2563eb",
     "communication": "#dc2626",
@@ -140,25 +141,30 @@ def summarise_job(job_id: int, *, budget_s: float = BUDGET_S) -> dict:
 
 
 def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSummary:
+    """Summarise one file and keep the result, whatever the file holds: a summary, or the
+    sentence saying why there is none (so a bad file is not tried again until it changes,
+    and never keeps the job's other files from their summaries)."""
     started = time.monotonic()
     summary, error = None, None
-    handle = open_file(job, attempt, file.name)
-    if handle is None:
-        error = traces.TraceError(gettext_noop("The trace could not be opened."))
-    else:
-        with handle:
-            try:
-                summary = traces.summarise(
-                    handle,
-                    size=file.size,
-                    gzipped=file.name.endswith(".gz"),
-                    stream_over=settings.SUANLI_PROFILE_STREAM_BYTES,
-                    max_bytes=settings.SUANLI_PROFILE_MAX_BYTES,
-                )
-            except traces.TraceError as exc:
-                error = exc
-        if summary is not None and summary["gpu"]:
-            summary = _with_hta(job, attempt, file, summary)
+    try:
+        summary = _summary(
+            job, attempt, file, deadline=started + settings.SUANLI_PROFILE_FILE_SECONDS
+        )
+    except traces.TraceError as exc:
+        error = exc
+    except MemoryError:
+        error = traces.TraceError(
+            gettext_noop(
+                "The trace needs more memory to summarise than the worker allows: profile "
+                "fewer steps."
+            )
+        )
+    except Exception as exc:  # a tenant's file: nothing in it may stop the task
+        log.warning("job %s: trace %s not summarised: %r", job.pk, file.name, exc)
+        error = traces.TraceError(
+            gettext_noop("The trace could not be summarised (%(error)s)."),
+            error=type(exc).__name__,
+        )
     rank = summary.get("rank") if summary else None
     if rank is None:
         rank = rank_from_name(file.name)
@@ -180,19 +186,37 @@ def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSum
     return row
 
 
+def _summary(job: Job, attempt: int, file: storage.TraceFile, *, deadline: float) -> dict:
+    handle = open_file(job, attempt, file.name)
+    if handle is None:
+        raise traces.TraceError(gettext_noop("The trace could not be opened."))
+    with handle:
+        summary = traces.summarise(
+            handle,
+            size=file.size,
+            gzipped=file.name.endswith(".gz"),
+            stream_over=settings.SUANLI_PROFILE_STREAM_BYTES,
+            max_bytes=settings.SUANLI_PROFILE_MAX_BYTES,
+            max_events=settings.SUANLI_PROFILE_MAX_EVENTS,
+            deadline=deadline,
+        )
+    return _with_hta(job, attempt, file, summary) if summary["gpu"] else summary
+
+
 def _with_hta(job: Job, attempt: int, file: storage.TraceFile, summary: dict) -> dict:
     """A GPU trace's breakdown from Holistic Trace Analysis, read from a private copy (HTA
-    opens paths itself: never hand it the tenant's folder). Ours stays where HTA fails."""
+    opens paths itself: never hand it the tenant's folder), unzipped while copied so that
+    its size as JSON, what HTA loads, is what is capped. Ours stays where HTA fails."""
     from monitoring import hta  # noqa: PLC0415 (pandas and HTA: loaded by the worker only)
 
-    if file.size > settings.SUANLI_PROFILE_HTA_MAX_BYTES:
-        return {**summary, "hta_error": "larger than SUANLI_PROFILE_HTA_MAX_BYTES"}
     handle = open_file(job, attempt, file.name)
     if handle is None:
         return summary
+    name = file.name.removesuffix(".gz")
     with tempfile.TemporaryDirectory(prefix="suanli-hta-") as private, handle:
-        with open(Path(private) / file.name, "wb") as copy:
-            shutil.copyfileobj(handle, copy, length=2**20)
+        source = gzip.GzipFile(fileobj=handle) if file.name.endswith(".gz") else handle
+        if not _copy_capped(source, Path(private) / name, settings.SUANLI_PROFILE_HTA_MAX_BYTES):
+            return {**summary, "hta_error": "larger than SUANLI_PROFILE_HTA_MAX_BYTES as JSON"}
         try:
             found = hta.summarise_gpu(Path(private))
         except hta.HtaError as exc:
@@ -200,10 +224,22 @@ def _with_hta(job: Job, attempt: int, file: storage.TraceFile, summary: dict) ->
     return {**summary, **{k: v for k, v in found.items() if v is not None}, "source": "hta"}
 
 
+def _copy_capped(source, target: Path, limit: int) -> bool:
+    """Copy at most `limit` bytes; False (and nothing usable) when there is more."""
+    copied = 0
+    with open(target, "wb") as out:
+        while chunk := source.read(2**20):
+            copied += len(chunk)
+            if copied > limit:
+                return False
+            out.write(chunk)
+    return True
+
+
 def queue(job_id: int) -> None:
     transaction.on_commit(
         lambda: enqueue_unique(
-            "default", TASK, job_id, job_id=f"profiles-{job_id}", again_if_running=True
+            QUEUE, TASK, job_id, job_id=f"profiles-{job_id}", again_if_running=True
         )
     )
 
@@ -572,10 +608,10 @@ def top_chart(ranks: list[Rank], count: int = 10) -> str:
         data=[
             go.Bar(
                 name=_("rank %(rank)s") % {"rank": _rank_name(rank)},
-                y=[n if len(n) <= 48 else n[:47] + "…" for n in names],
+                y=[_plain(n if len(n) <= 48 else n[:47] + "…") for n in names],
                 x=[round(_self(rank, n) / 1000, 3) for n in names],
                 orientation="h",
-                hovertext=names,
+                hovertext=[_plain(n) for n in names],
                 hovertemplate="%{hovertext}: %{x:.2f} ms<extra>%{fullData.name}</extra>",
             )
             for rank in ranks
@@ -592,3 +628,9 @@ def top_chart(ranks: list[Rank], count: int = 10) -> str:
 
 def _self(rank: Rank, name: str) -> float:
     return next((op["self_us"] for op in rank.top if op["name"] == name), 0.0)
+
+
+def _plain(name: str) -> str:
+    """An operator's name as text in a Plotly label: Plotly reads a few HTML tags there
+    (links among them), and a name is whatever the tenant's program called it."""
+    return name.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

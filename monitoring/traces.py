@@ -30,7 +30,9 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import math
 import re
+import time
 from array import array
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -41,11 +43,14 @@ from django.utils.translation import gettext_noop
 
 CATEGORIES = ("dataloader", "compute", "memcpy", "communication", "idle")  # precedence order
 TOP = 15
-MAX_EVENTS = 20_000_000
-MAX_VALUE_CHARS = 16 * 2**20  # one event (or other top-level value) larger than this: malformed
+MAX_EVENTS = 5_000_000  # the default of `summarise(max_events=...)`
+MAX_NAMES = 50_000  # distinct operator names kept; the rest are counted as one
+OTHER_NAMES = "(other names)"
+MAX_VALUE_CHARS = 2**20  # one event (or other top-level value) larger than this: malformed
 CHUNK_CHARS = 2**20
 NEAR_END = 1024
-STEP = re.compile(r"ProfilerStep#(\d+)$")
+CHECK_EVERY = 65_536  # events between two looks at the clock
+STEP = re.compile(r"ProfilerStep#(\d{1,9})$")
 COMMUNICATION = re.compile(
     r"^(gloo|nccl|mpi|ucc|c10d)\b|all_?reduce|all_?gather|reduce_?scatter|broadcast|"
     r"all_?to_?all|barrier|record_param_comms|^nccl|ncclKernel|ncclDevKernel",
@@ -82,19 +87,40 @@ class _Thread:
 
 
 class _Collector:
-    """Takes the trace's events one at a time and keeps what the summary needs."""
+    """Takes the trace's events one at a time and keeps what the summary needs, within
+    `max_events` and before `deadline` (time.monotonic())."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_events: int = MAX_EVENTS, deadline: float | None = None) -> None:
         self.threads: dict[tuple, _Thread] = defaultdict(_Thread)
         self.names: dict[str, int] = {}
+        # The profiler's steps: (thread, step number, start, duration). Their events go in
+        # the threads under one name ("ProfilerStep*", as key_averages counts them).
+        self.steps: list[tuple[tuple, int, float, float]] = []
         self.events = 0
         self.kernels = 0
+        self.max_events = max_events
+        self.deadline = deadline
 
     def _name(self, name: str) -> int:
         index = self.names.get(name)
         if index is None:
+            if len(self.names) >= MAX_NAMES:
+                name = OTHER_NAMES
+                index = self.names.get(name)
+                if index is not None:
+                    return index
             index = self.names[name] = len(self.names)
         return index
+
+    def _count(self) -> None:
+        self.events += 1
+        if self.events > self.max_events:
+            raise TraceError(
+                gettext_noop("The trace has more than %(count)s events: profile fewer steps."),
+                count=f"{self.max_events:,}",
+            )
+        if self.deadline is not None and self.events % CHECK_EVERY == 0:
+            check_deadline(self.deadline)
 
     def add(self, event) -> None:
         if not isinstance(event, dict) or event.get("ph") != "X":
@@ -104,24 +130,36 @@ class _Collector:
         if cat not in HOST and not device:
             return
         ts, dur, name = event.get("ts"), event.get("dur"), event.get("name")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
+        if not _number(ts) or not _number(dur) or dur < 0 or not isinstance(name, str):
             return
-        if not isinstance(name, str):
-            return
-        self.events += 1
-        if self.events > MAX_EVENTS:
-            raise TraceError(
-                gettext_noop("The trace has more than %(count)s events: profile fewer steps."),
-                count=f"{MAX_EVENTS:,}",
-            )
+        self._count()
         kernels = device and cat == "kernel"
         self.kernels += kernels
-        thread = self.threads[(str(event.get("pid")), str(event.get("tid")))]
+        key = (str(event.get("pid")), str(event.get("tid")))
+        thread = self.threads[key]
         thread.device = thread.device or device
+        kind = _kind(name, cat)
+        if kind == K_STEP:
+            self.steps.append((key, int(STEP.match(name).group(1)), float(ts), float(dur)))
+            name = "ProfilerStep*"
         thread.ts.append(float(ts))
         thread.dur.append(float(dur))
-        thread.name.append(self._name(name))
-        thread.kind.append(_kind(name, cat))
+        thread.name.append(self._name(name[:500]))
+        thread.kind.append(kind)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_deadline(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise TraceError(
+            gettext_noop(
+                "The trace took too long to summarise (over the worker's limit per file): "
+                "profile fewer steps."
+            )
+        )
 
 
 def _kind(name: str, cat: str) -> int:
@@ -146,11 +184,18 @@ def _text(raw: IO[bytes], gzipped: bool) -> IO[bytes]:
 
 
 def read(
-    raw: IO[bytes], *, size: int, gzipped: bool, stream_over: int, max_bytes: int
+    raw: IO[bytes],
+    *,
+    size: int,
+    gzipped: bool,
+    stream_over: int,
+    max_bytes: int,
+    max_events: int = MAX_EVENTS,
+    deadline: float | None = None,
 ) -> tuple[dict, _Collector, bool]:
     """The trace's top-level fields but its events, its events collected, and whether it was
-    streamed. Raises TraceError (malformed, truncated, too large)."""
-    collector = _Collector()
+    streamed. Raises TraceError (malformed, truncated, too large, too deep, too slow)."""
+    collector = _Collector(max_events=max_events, deadline=deadline)
     streamed = gzipped or size > stream_over
     try:
         if streamed:
@@ -161,12 +206,29 @@ def read(
         raise TraceError(
             gettext_noop("The trace could not be read: %(error)s"), error=str(exc)[:200]
         ) from None
+    except RecursionError:
+        raise TraceError(gettext_noop("The trace nests its values too deeply.")) from None
+    except ValueError as exc:  # an integer too long to convert (Python's digit limit)
+        raise TraceError(
+            gettext_noop("The trace is not valid JSON (%(error)s at character %(at)s)."),
+            error=str(exc)[:120],
+            at="?",
+        ) from None
     return meta, collector, streamed
+
+
+def _constant(name: str):
+    """NaN and Infinity are not JSON; a trace that has them is refused."""
+    raise TraceError(
+        gettext_noop("The trace is not valid JSON (%(error)s at character %(at)s)."),
+        error=name,
+        at="?",
+    )
 
 
 def _whole(data: bytes, add: Callable) -> dict:
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = json.loads(data.decode("utf-8"), parse_constant=_constant)
     except UnicodeDecodeError:
         raise TraceError(gettext_noop("The trace is not UTF-8 text: is it a trace file?")) from None
     except json.JSONDecodeError as exc:
@@ -217,12 +279,12 @@ class _Stream:
         self.read_bytes = 0
         self.max_bytes = max_bytes
         self.eof = False
-        self.decoder = json.JSONDecoder()
+        self.decoder = json.JSONDecoder(parse_constant=_constant)
 
-    def more(self) -> bool:
+    def more(self, at_least: int = CHUNK_CHARS) -> bool:
         if self.eof:
             return False
-        data = self.raw.read(CHUNK_CHARS)
+        data = self.raw.read(max(CHUNK_CHARS, at_least))
         self.read_bytes += len(data)
         if self.read_bytes > self.max_bytes:
             raise TraceError(
@@ -279,13 +341,15 @@ class _Stream:
                         gettext_noop("The trace holds a value over %(size)s characters long."),
                         size=f"{MAX_VALUE_CHARS:,}",
                     ) from None
-                if cut and self.more():
+                # Read as much again as the value has so far, so that a long value is
+                # scanned a few times, not once per chunk.
+                if cut and self.more(len(self.buf) - self.pos):
                     continue
                 if cut:
                     raise _truncated(self.read_bytes) from None
                 raise _malformed(exc) from None
             # A number at the very end of the buffer may go on in the next chunk.
-            if end == len(self.buf) and not self.eof and self.more():
+            if end == len(self.buf) and not self.eof and self.more(len(self.buf) - self.pos):
                 continue
             self.pos = end
             return value
@@ -345,13 +409,16 @@ def summarise(
     gzipped: bool = False,
     stream_over: int = 64 * 2**20,
     max_bytes: int = 4 * 2**30,
+    max_events: int = MAX_EVENTS,
+    deadline: float | None = None,
 ) -> dict:
     """One trace's summary (JSON-ready): rank and world size, steps, the window's split
     (microseconds, summed over the profiled steps), communication and its overlap with
     computation, the top operators by self time, whether it has GPU kernels."""
     meta, collector, streamed = read(
-        raw, size=size, gzipped=gzipped, stream_over=stream_over, max_bytes=max_bytes
-    )
+        raw, size=size, gzipped=gzipped, stream_over=stream_over, max_bytes=max_bytes,
+        max_events=max_events, deadline=deadline,
+    )  # fmt: skip
     if not collector.events:
         raise TraceError(
             gettext_noop("The trace has no operator events: was the profiler's schedule active?")
@@ -359,9 +426,15 @@ def summarise(
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     names = list(collector.names)
     main = _main_thread(collector)
-    steps = _steps(collector.threads[main], names)
+    steps = sorted(
+        ((n, ts, d) for key, n, ts, d in collector.steps if key == main), key=lambda s: s[1]
+    )
     window = [(ts, ts + d) for _, ts, d in steps] or [_span(collector.threads[main])]
+    if deadline is not None:
+        check_deadline(deadline)
     split, overlap, comm = _split(collector, main, window)
+    if deadline is not None:
+        check_deadline(deadline)
     total = sum(split.values())
     return {
         "source": "suanli",
@@ -382,7 +455,9 @@ def summarise(
 
 
 def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A rank or world size: a small non-negative integer, else unknown."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if ok else None
 
 
 def _main_thread(collector: _Collector) -> tuple:
@@ -399,17 +474,6 @@ def _main_thread(collector: _Collector) -> tuple:
     if best is None:  # only device events
         return next(iter(collector.threads))
     return best
-
-
-def _steps(thread: _Thread, names: list[str]) -> list[tuple[int, float, float]]:
-    """(step number, start, duration) of each ProfilerStep span, in time order."""
-    found = []
-    for i, kind in enumerate(thread.kind):
-        if kind == K_STEP:
-            match = STEP.match(names[thread.name[i]])
-            found.append((int(match.group(1)), thread.ts[i], thread.dur[i]))
-    found.sort(key=lambda s: s[1])
-    return found
 
 
 def _span(thread: _Thread) -> tuple[float, float]:

@@ -5,6 +5,7 @@ its download; a malformed and a truncated trace get a sentence. Then the attacke
 notebook: another researcher, links planted from inside the container, a fifo, odd names.
 """
 
+import gzip
 import json
 import os
 
@@ -72,12 +73,13 @@ def profiled_job(running_cluster, storage_root, alice, settle_until, work_queue)
     (src / "host_4.100.pt.trace.json").write_bytes(trace(0, 200)[:300])
     (src / "table.txt").write_text(TABLE + "\n")
 
-    def run(command: str) -> Job:
+    def run(command: str, *, summarise: bool = True) -> Job:
         job = services.job_submit(cluster=cluster, spec=JobSpec(name="prof", command=command))
         runner.dispatch(cluster.pk)
         job = settle_until(job, timeout=60)
         assert job.state == Job.State.SUCCEEDED, (job.state_reason, job.replicas.first().log)
-        work_queue("default")  # the summaries, queued when the job ended
+        if summarise:
+            work_queue("profiles")  # the summaries, queued when the job ended
         return job
 
     return run
@@ -233,3 +235,51 @@ def test_a_trace_with_gpu_kernels_is_summarised_by_hta_in_the_worker(
     client.force_login(alice)
     html = client.get(reverse("job_profile", args=[job.pk])).content.decode()
     assert ">HTA<" in html
+
+
+def test_files_built_to_break_the_worker_get_their_sentence_and_the_others_their_summary(
+    profiled_job, storage_root, alice
+):
+    src = storage_root / f"u{alice.pk}" / "work" / "src"
+    (src / "bigint.pt.trace.json").write_bytes(b'{"traceEvents": [{"ts": 1' + b"9" * 5000 + b"}]}")
+    (src / "deep.pt.trace.json").write_bytes(b"[" * 100_000)
+    (src / "inf.pt.trace.json").write_bytes(b'{"traceEvents": [{"ph": "X", "dur": Infinity}]}')
+    (src / "suanli-j1-a1-r99999999999_1.pt.trace.json").write_bytes(trace(0, 200))
+    job = profiled_job(COPY)
+    rows = {r.name: r for r in TraceSummary.objects.filter(job=job)}
+    assert "not valid JSON" in rows["bigint.pt.trace.json"].error
+    assert "too deeply" in rows["deep.pt.trace.json"].error
+    assert "Infinity" in rows["inf.pt.trace.json"].error
+    odd = rows["suanli-j1-a1-r99999999999_1.pt.trace.json"]
+    assert odd.summary and odd.rank == 0  # the trace's own rank; the name's is ignored
+    assert rows["host_2.100.pt.trace.json"].summary["rank"] == 1
+    assert profiles.summarise_job(job.pk)["summarised"] == 0  # errors are kept, not retried
+
+
+def test_the_profiles_worker_caps_a_summarys_memory(profiled_job, storage_root, alice, processes):
+    """A 300 KB gzip that unpacks to 1.5 million events: in the Procfile's `profiles` worker
+    with 300 MB of data memory, its summary fails with a sentence and the worker goes on to
+    the next job's files."""
+    src = storage_root / f"u{alice.pk}" / "work" / "src"
+    for old in src.glob("*.json"):
+        old.unlink()
+    event = json.dumps(op("aten::mm", 0, 1)).encode()
+    with gzip.open(src / "bomb.pt.trace.json.gz", "wb", compresslevel=9) as bomb:
+        bomb.write(b'{"traceEvents": [' + event)
+        for _ in range(1_500):
+            bomb.write((b"," + event) * 1000)
+        bomb.write(b"]}")
+    (src / "host_2.100.pt.trace.json").write_bytes(trace(1, 8000))
+    job = profiled_job("mkdir -p \"$SUANLI_PROFILE_DIR\" && cp /workspace/src/*.json* \"$SUANLI_PROFILE_DIR\"/",
+                       summarise=False)  # fmt: skip
+    worker = processes.start(
+        "profiles",
+        "--burst",
+        env={"SUANLI_PROFILE_WORKER_MEMORY_MB": "300", "SUANLI_STORAGE_ROOT": str(storage_root)},
+    )
+    assert worker.wait(timeout=120) == 0
+    rows = {r.name: r for r in TraceSummary.objects.filter(job=job)}
+    assert "needs more memory" in rows["bomb.pt.trace.json.gz"].error, rows[
+        "bomb.pt.trace.json.gz"
+    ].error
+    assert rows["host_2.100.pt.trace.json"].summary["rank"] == 1

@@ -190,3 +190,61 @@ def test_odd_events_are_skipped_not_fatal():
         [1, 2],
     ]
     check_known(summarise(json.dumps({**known_trace(), "traceEvents": events}).encode()))
+
+
+# -- what an attacker's trace tries on the worker ---------------------------------------
+
+
+@pytest.mark.parametrize("stream_over", [1 << 30, 0], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b'{"traceEvents": [{"ph": "X", "dur": Infinity}]}', "Infinity"),
+        (b'{"traceEvents": [{"ph": "X", "dur": NaN}]}', "NaN"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1' + b"9" * 5000 + b"}]}", "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "too deeply"),
+    ],
+    ids=["infinity", "nan", "huge-int", "deep"],
+)
+def test_values_json_should_not_hold_get_a_sentence(data, words, stream_over):
+    with pytest.raises(traces.TraceError) as caught:
+        summarise(data, stream_over=stream_over)
+    assert words in str(caught.value)
+
+
+def test_a_rank_out_of_range_is_unknown_not_an_error():
+    huge = known_trace(distributedInfo={"rank": 2**40, "world_size": True})
+    summary = summarise(json.dumps(huge).encode())
+    assert summary["rank"] is None and summary["world_size"] is None
+
+
+def test_too_many_events_too_many_names_or_too_long_stop_with_a_sentence(monkeypatch):
+    data = json.dumps(known_trace()).encode()
+    with pytest.raises(traces.TraceError) as caught:
+        summarise(data, max_events=5)
+    assert "more than 5 events" in str(caught.value)
+    monkeypatch.setattr(traces, "CHECK_EVERY", 1)
+    with pytest.raises(traces.TraceError) as caught:
+        summarise(data, stream_over=0, deadline=0.0)  # a deadline long past
+    assert "took too long" in str(caught.value)
+    monkeypatch.setattr(traces, "MAX_NAMES", 3)
+    names = {t["name"] for t in summarise(data)["top"]}
+    assert traces.OTHER_NAMES in names and len(names) <= 4
+
+
+def test_a_value_longer_than_a_chunk_is_read_in_a_few_passes(monkeypatch):
+    """A long string inside an event is read by doubling reads, not once per chunk."""
+    monkeypatch.setattr(traces, "CHUNK_CHARS", 1024)
+    reads = []
+    real = traces._Stream.more
+
+    def counted(self, at_least=traces.CHUNK_CHARS):
+        reads.append(at_least)
+        return real(self, at_least)
+
+    monkeypatch.setattr(traces._Stream, "more", counted)
+    events = known_events()
+    events[3] = {**events[3], "args": {"note": "x" * 500_000}}
+    check_known(summarise(json.dumps({**known_trace(), "traceEvents": events}).encode(),
+                          stream_over=0))  # fmt: skip
+    assert len(reads) < 60, len(reads)  # 500 KB in 1 KB chunks would be ~500 reads
