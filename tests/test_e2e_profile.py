@@ -88,7 +88,7 @@ def test_a_profiled_ddp_job_names_its_slowest_rank_and_why(
         [r.log[-800:] for r in job.replicas.all()],
     )
     assert {r.host.name for r in job.replicas.all()} == {"gpu-a-01", "gpu-b-01"}
-    work_queue("default")  # the summaries, queued when the job ended
+    work_queue("profiles")  # the summaries, queued when the job ended
     summaries = list(TraceSummary.objects.filter(job=job).order_by("rank"))
     assert [s.rank for s in summaries] == [0, 1], [(s.name, s.error) for s in summaries]
     assert all(s.summary and not s.error for s in summaries)
