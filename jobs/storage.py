@@ -178,6 +178,7 @@ def _link_message(name: str) -> str:
 def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
     """One volume per line: `storage-folder:/container/path[:ro]`."""
     specs: list[VolumeSpec] = []
+    numbers: list[int] = []  # each spec's line
     errors: list[str] = []
     seen: set[str] = set()
     for number, raw in enumerate((text or "").splitlines(), start=1):
@@ -214,11 +215,37 @@ def parse_volumes(text: str, *, root: Path) -> list[VolumeSpec]:
             continue
         seen.add(target)
         specs.append(VolumeSpec(source=source, target=target, read_only=read_only))
+        numbers.append(number)
+    errors += _inside_read_only(specs, numbers)
     if len(specs) > 16:
         errors.append(_("At most %(most)s volumes per cluster.") % {"most": 16})
     if errors:
         raise ValidationError(errors)
     return specs
+
+
+def _inside_read_only(specs: list[VolumeSpec], numbers: list[int]) -> list[str]:
+    """A volume whose path lies inside a read-only one cannot be mounted: the engine must
+    make its mount point in a folder it may not write (the container would never start)."""
+    errors = []
+    for spec, number in zip(specs, numbers, strict=True):
+        for outer in specs:
+            if outer.read_only and spec.target.startswith(outer.target.rstrip("/") + "/"):
+                errors.append(
+                    _(
+                        "Line %(number)s: %(path)s is inside the read-only volume %(outer)s, "
+                        "where its mount point cannot be made: mount it beside it (e.g. "
+                        "%(beside)s) or make %(outer)s writable."
+                    )
+                    % {
+                        "number": number,
+                        "path": spec.target,
+                        "outer": outer.target,
+                        "beside": "/" + spec.target.rstrip("/").rsplit("/", 1)[-1],
+                    }
+                )
+                break
+    return errors
 
 
 def _require_console_owned(found: os.stat_result, uid: int | None, base: str = "") -> None:

@@ -484,19 +484,29 @@ def _split(
     collector: _Collector, main: tuple, window: list[tuple[float, float]]
 ) -> tuple[dict[str, float], float, float]:
     """The window's time per category (precedence: CATEGORIES), the communication time
-    overlapped by computation, and all communication time inside the window."""
+    overlapped by computation, and all communication time inside the window. Each
+    category's events are merged into disjoint intervals first (nested and back-to-back
+    operators become one), kept as arrays, so that a trace of millions of events costs a
+    few bytes per event here, not a tuple per boundary."""
     gpu = collector.kernels > 0
-    # Boundaries: (time, +1/-1, slot); slot 0..3 = categories, 4 = window.
-    points: list[tuple[float, int, int]] = []
-    for start, end in window:
-        points += ((start, 1, 4), (end, -1, 4))
+    starts = [array("d") for _ in range(4)]
+    ends = [array("d") for _ in range(4)]
     for key, thread in collector.threads.items():
         on_main = key == main
         for ts, dur, kind in zip(thread.ts, thread.dur, thread.kind, strict=True):
             slot = _slot(kind, on_main=on_main, device=thread.device, gpu=gpu)
             if slot is not None and dur > 0:
-                points += ((ts, 1, slot), (ts + dur, -1, slot))
-    points.sort(key=lambda p: (p[0], p[1]))
+                starts[slot].append(ts)
+                ends[slot].append(ts + dur)
+    merged = [_merge(starts[i], ends[i]) for i in range(4)]
+    merged.append(_merge(array("d", (w[0] for w in window)), array("d", (w[1] for w in window))))
+    del starts, ends
+    # Boundaries of the merged intervals: (time, +1/-1, slot); slot 4 = the window.
+    points = sorted(
+        ((at, delta, slot) for slot, spans in enumerate(merged) for start, end in spans
+         for at, delta in ((start, 1), (end, -1))),
+        key=lambda p: (p[0], p[1]),
+    )  # fmt: skip
     active = [0, 0, 0, 0, 0]
     split = dict.fromkeys(CATEGORIES, 0.0)
     overlap = comm = 0.0
@@ -513,6 +523,23 @@ def _split(
         active[slot] += delta
         last = at
     return split, overlap, comm
+
+
+def _merge(starts: array, ends: array) -> list[tuple[float, float]]:
+    """Intervals merged into disjoint ones, in time order."""
+    merged: list[tuple[float, float]] = []
+    cur_start = cur_end = None
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        start, end = starts[i], ends[i]
+        if cur_end is not None and start <= cur_end:
+            cur_end = max(cur_end, end)
+            continue
+        if cur_end is not None:
+            merged.append((cur_start, cur_end))
+        cur_start, cur_end = start, end
+    if cur_end is not None:
+        merged.append((cur_start, cur_end))
+    return merged
 
 
 def _slot(kind: int, *, on_main: bool, device: bool, gpu: bool) -> int | None:
@@ -561,8 +588,11 @@ def _top(collector: _Collector, names: list[str]) -> list[dict]:
 
 def _self_times(thread: _Thread) -> Iterator[tuple[int, float]]:
     """(event index, self time) of every event of a thread but the profiler's steps."""
-    order = sorted(range(len(thread.ts)), key=lambda i: (thread.ts[i], -thread.dur[i]))
-    own = [0.0] * len(thread.ts)
+    # By start, the longer first among equal starts (a parent before its child): two
+    # stable sorts with one float key each, not a tuple per event.
+    order = sorted(range(len(thread.ts)), key=thread.dur.__getitem__, reverse=True)
+    order.sort(key=thread.ts.__getitem__)
+    own = array("d", bytes(8 * len(thread.ts)))
     stack: list[int] = []  # open events, each inside the one before
     for i in order:
         start, end = thread.ts[i], thread.ts[i] + thread.dur[i]

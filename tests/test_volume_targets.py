@@ -75,3 +75,19 @@ def test_the_api_refuses_every_spelling_with_a_400(alice, priced, storage_root, 
     assert response.status_code == 400
     assert _message(normal) in " ".join(response.json()["fields"]["volumes"])
     assert not Cluster.objects.exists()
+
+
+def test_a_volume_inside_a_read_only_one_is_refused_with_where_to_put_it(
+    alice, catalog, storage_root
+):
+    """The engine would fail the container's start (it cannot make the inner mount point
+    in a read-only folder): the form says so, and a writable outer volume is fine."""
+    form = ClusterForm(_cluster_data("code:/workspace:ro\nout:/workspace/out"), owner=alice)
+    assert not form.is_valid()
+    assert (
+        "Line 2: /workspace/out is inside the read-only volume /workspace, where its mount "
+        "point cannot be made: mount it beside it (e.g. /out) or make /workspace writable."
+    ) in form.errors["volumes"]
+    fine = ClusterForm(_cluster_data("code:/workspace\nout:/workspace/out:ro"), owner=alice)
+    fine.is_valid()
+    assert "volumes" not in fine.errors
