@@ -24,8 +24,9 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.http import Http404, JsonResponse
+from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 from ninja import NinjaAPI, Query, Schema, Status
@@ -53,6 +54,7 @@ from console.api_schema import (
     NewCluster,
     NewJob,
     NodeIndex,
+    ProfileOut,
     Resize,
     SaveImage,
     Start,
@@ -62,8 +64,9 @@ from console.models import ApiToken, digest_of
 from jobs import images, runner
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Image, OwnImage, Replica
+from jobs.models import Image, Job, OwnImage, Replica
 from jobs.text import Text
+from monitoring import profiles
 
 BY_API = Text(gettext_noop("its owner (API)"))
 
@@ -587,6 +590,79 @@ def job_log(
     return {
         "job": j.pk, "state": j.state, "attempt": attempt, "exit_code": j.exit_code,
         "complete": j.is_ended and attempt == j.attempt, "lines": lines, "cursor": cursor,
+    }  # fmt: skip
+
+
+@api.get(
+    "/jobs/{job_id}/profile",
+    tags=["jobs"],
+    response=_responses(200, ProfileOut),
+    summary="A job's profiler traces, summarised",
+)
+def job_profile(request, job_id: Id):
+    """The traces the job wrote to SUANLI_PROFILE_DIR, per attempt and rank, with their
+    summaries (made by the worker: `pending` while some are on their way), the slowest rank
+    and the advice of the job page's diagnosis."""
+    j = fleet.job_for_user(request.auth.user, job_id)
+    profile = profiles.profile_of(j)
+    return {
+        "job": j.pk,
+        "pending": profile.pending,
+        "folders": [
+            {"attempt": attempt, "path": path, "kept": kept}
+            for attempt, path, kept in profile.folders
+        ],
+        "files": [_trace_file(j, f) for f in profile.files],
+        "ranks": [_rank_out(r) for r in profile.ranks],
+        "slowest": (
+            {"rank": profile.slowest.rank, "cause": profile.slowest.cause}
+            if profile.slowest
+            else None
+        ),
+        "advice": [
+            {"title": a.title, "text": a.text} for a in profiles.diagnosis(j, profile.ranks)
+        ],
+    }
+
+
+@api.get(
+    "/jobs/{job_id}/profile/{attempt}/{name}",
+    tags=["jobs"],
+    response=ERRORS,
+    summary="One trace file of a job",
+    url_name="job_profile_file",
+)
+def job_profile_file(request, job_id: Id, attempt: int, name: str):
+    """The file as the job wrote it (JSON, or gzip for `.json.gz`)."""
+    j = fleet.job_for_user(request.auth.user, job_id)
+    handle = profiles.open_file(j, attempt, name)
+    if handle is None:
+        raise Http404("no such trace")
+    kind = "application/gzip" if name.endswith(".gz") else "application/json"
+    return FileResponse(handle, as_attachment=True, filename=name, content_type=kind)
+
+
+def _trace_file(j: Job, f) -> dict:
+    summary = f.summary or {}
+    return {
+        "attempt": f.attempt, "name": f.name, "rank": f.rank, "size": f.size,
+        "steps": summary.get("steps") or [],
+        "state": "pending" if f.pending else ("error" if f.error else "summarised"),
+        "error": f.error or None, "source": summary.get("source"),
+        "download": reverse("api:job_profile_file", args=[j.pk, f.attempt, f.name]),
+    }  # fmt: skip
+
+
+def _rank_out(r) -> dict:
+    return {
+        "rank": r.rank, "steps": r.steps, "step_ms": round(r.step_ms, 3),
+        "split_ms": {k: round(v / 1000, 3) for k, v in r.split.items()},
+        "overlap_pct": r.overlap_pct,
+        "top": [
+            {"name": op["name"], "kind": op["kind"], "self_ms": round(op["self_ms"], 3),
+             "total_ms": round(op["total_ms"], 3), "calls": op["calls"]}
+            for op in r.top
+        ],
     }  # fmt: skip
 
 

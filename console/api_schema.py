@@ -247,6 +247,60 @@ class Log(Schema):
     cursor: str = Field(description="pass as ?since= for the lines after these")
 
 
+class TraceFileOut(Schema):
+    attempt: int
+    name: str
+    rank: int | None = Field(description="from the trace's distributedInfo (or its file name)")
+    size: int = Field(description="bytes")
+    steps: list[int] = Field(description="the ProfilerStep numbers it covers")
+    state: Literal["summarised", "pending", "error"]
+    error: str | None = Field(description="why it could not be summarised")
+    source: Literal["suanli", "hta"] | None = Field(
+        description="who summarised it: the console (CPU operators) or Holistic Trace Analysis"
+    )
+    download: str = Field(description="the file itself (same authentication)")
+
+
+class OperatorOut(Schema):
+    name: str
+    kind: Literal["op", "kernel"]
+    self_ms: float = Field(description="per step")
+    total_ms: float = Field(description="per step")
+    calls: int
+
+
+class RankOut(Schema):
+    rank: int | None
+    steps: int
+    step_ms: float
+    split_ms: dict[str, float] = Field(
+        description="per step: dataloader, compute, memcpy, communication (not hidden by "
+        "computation), idle; they add up to step_ms"
+    )
+    overlap_pct: float | None = Field(description="the share of communication hidden by compute")
+    top: list[OperatorOut]
+
+
+class SlowestOut(Schema):
+    rank: int | None
+    cause: Literal["dataloader", "compute", "memcpy"]
+
+
+class AdviceOut(Schema):
+    title: str
+    text: str
+
+
+class ProfileOut(Schema):
+    job: int
+    pending: bool = Field(description="files waiting for their summary: ask again shortly")
+    folders: list[dict] = Field(description="SUANLI_PROFILE_DIR of each attempt")
+    files: list[TraceFileOut]
+    ranks: list[RankOut] = Field(description="the newest attempt with summaries")
+    slowest: SlowestOut | None = Field(description="the rank the others wait for (2+ ranks)")
+    advice: list[AdviceOut]
+
+
 class Entry(Schema):
     kind: str
     amount: Money = Field(description="signed, in the balance's currency: usage is negative")

@@ -306,14 +306,27 @@ class Advice:
     severity: str = "warning"
 
 
-def section(job: Job) -> dict:
-    """What the Profile section shows: the files (with their summary's state), the ranks
-    of the newest attempt with summaries, the slowest rank, advice and charts. Queues the
-    worker for files without a current summary."""
-    files = listing(job)
+@dataclass
+class Profile:
+    """A job's profile as it stands: its files (each with its summary's state), the ranks
+    of the newest attempt with summaries, and the slowest of them."""
+
+    folders: list[tuple[int, str, bool]]
+    files: list[FileRow]
+    ranks: list[Rank]
+    slowest: Rank | None
+
+    @property
+    def pending(self) -> bool:
+        return any(f.pending for f in self.files)
+
+
+def profile_of(job: Job) -> Profile:
+    """The job's profile (a read of its folders and its kept summaries); queues the worker
+    for files without a current summary."""
     kept = {(s.attempt, s.name): s for s in TraceSummary.objects.filter(job=job)}
     rows = []
-    for attempt, file in files:
+    for attempt, file in listing(job):
         summary = kept.get((attempt, file.name))
         fresh = summary is not None and (summary.size, summary.mtime) == (file.size, file.mtime)
         rows.append(
@@ -329,16 +342,21 @@ def section(job: Job) -> dict:
             )
         )
     rows.sort(key=lambda r: (-r.attempt, r.rank if r.rank is not None else 1 << 30, r.name))
-    pending = any(r.pending for r in rows)
-    if pending:
+    if any(r.pending for r in rows):
         queue(job.pk)
     ranks = ranks_of(rows)
-    slowest = slowest_rank(ranks)
+    return Profile(folders=folders(job), files=rows, ranks=ranks, slowest=slowest_rank(ranks))
+
+
+def section(job: Job) -> dict:
+    """What the job page's Profile section shows: the profile, its labels and charts."""
+    profile = profile_of(job)
     names = labels()
+    slowest, ranks = profile.slowest, profile.ranks
     return {
-        "profile_folders": folders(job),
-        "profile_files": rows,
-        "profile_pending": pending,
+        "profile_folders": profile.folders,
+        "profile_files": profile.files,
+        "profile_pending": profile.pending,
         "profile_ranks": ranks,
         "profile_slowest": slowest,
         "profile_slowest_cause": names[slowest.cause] if slowest else "",
@@ -348,9 +366,12 @@ def section(job: Job) -> dict:
     }
 
 
-def diagnosis(job: Job) -> list[Advice]:
+def diagnosis(job: Job, ranks: list[Rank] | None = None) -> list[Advice]:
     """The profile's part of the job's diagnosis in words, from the kept summaries alone
-    (no folder read): what the job page's "What slowed this job down" says first."""
+    (no folder read) unless `ranks` are given: what the job page's "What slowed this job
+    down" says first."""
+    if ranks is not None:
+        return advice(ranks, slowest_rank(ranks), cores=_cores(job)) if ranks else []
     rows = [
         FileRow(attempt=s.attempt, name=s.name, size=s.size, mtime=s.mtime, rank=s.rank,
                 summary=s.summary, error="", pending=False)

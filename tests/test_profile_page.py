@@ -10,10 +10,15 @@ import json
 import os
 
 import pytest
+import requests
+from browsing import free_port
 from django.test import Client
 from django.urls import reverse
+from test_cli import Cli
 from test_profile_hta import gpu_trace
+from waiting import until
 
+from console.models import ApiToken
 from jobs import runner, services, storage
 from jobs.models import Job
 from jobs.services import JobSpec
@@ -283,3 +288,45 @@ def test_the_profiles_worker_caps_a_summarys_memory(profiled_job, storage_root, 
         "bomb.pt.trace.json.gz"
     ].error
     assert rows["host_2.100.pt.trace.json"].summary["rank"] == 1
+
+
+def test_the_profile_through_the_api_and_the_command_line(
+    profiled_job, storage_root, alice, bob, processes, tmp_path
+):
+    job = profiled_job(COPY)
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    answer = api.get(f"/api/v1/jobs/{job.pk}/profile")
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body["pending"] is False and body["slowest"] == {"rank": 1, "cause": "dataloader"}
+    assert [r["rank"] for r in body["ranks"]] == [0, 1]
+    assert body["ranks"][1]["split_ms"]["dataloader"] == 8.0 and body["ranks"][1]["step_ms"] == 10
+    assert any("takes 80 % of rank 1's step" in a["text"] for a in body["advice"])
+    files = {f["name"]: f for f in body["files"]}
+    assert files["host_3.100.pt.trace.json"]["state"] == "error"
+    download = api.get(files["host_2.100.pt.trace.json"]["download"])
+    assert download.status_code == 200
+    assert b"".join(download.streaming_content) == trace(1, 8000)
+    _, theirs = ApiToken.issue(user=bob, name="bob")
+    other = Client(HTTP_AUTHORIZATION=f"Bearer {theirs}")
+    assert other.get(f"/api/v1/jobs/{job.pk}/profile").status_code == 404
+    assert other.get(files["host_2.100.pt.trace.json"]["download"]).status_code == 404
+
+    port = free_port()
+    processes.start("web", env={"PORT": str(port), "SUANLI_STORAGE_ROOT": str(storage_root)})
+    url = f"http://127.0.0.1:{port}"
+    until(lambda: _answers(url), timeout=20, what="the web process listens")
+    cli = Cli(tmp_path / "alice")
+    cli("login", "--url", url + "/", "--token", token)
+    shown = cli("jobs", "profile", job.pk).stdout
+    assert "Slowest rank: 1 (dataloader)" in shown
+    assert "8.0 (80 %)" in shown and "host_2.100.pt.trace.json" in shown
+    assert cli.json("jobs", "profile", job.pk)["slowest"]["rank"] == 1
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/api/v1/schema", timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False

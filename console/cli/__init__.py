@@ -618,6 +618,52 @@ def jobs_show(job_id, as_json):
     _show_job(Api.from_config().get(f"jobs/{job_id}", f"job {job_id}"), as_json)
 
 
+PARTS = ("dataloader", "compute", "memcpy", "communication", "idle")
+
+
+@jobs.command("profile")
+@click.argument("job_id", type=int, metavar="JOB")
+@json_option
+def jobs_profile(job_id, as_json):
+    """The job's profiler traces (SUANLI_PROFILE_DIR) summarised: where each rank's step
+    goes, the slowest rank, advice, and the files."""
+    p = Api.from_config().get(f"jobs/{job_id}/profile", f"job {job_id}")
+    if _wants_json(as_json):
+        _emit_json(p)
+        return
+    if not p["files"]:
+        folder = p["folders"][0]["path"] if p["folders"] else "SUANLI_PROFILE_DIR"
+        click.echo(f"No profiler traces yet: the job writes them to {folder}.")
+        return
+    rows = [
+        {
+            "rank": "?" if r["rank"] is None else r["rank"], "steps": r["steps"],
+            "step_ms": f"{r['step_ms']:.1f}",
+            **{k: f"{r['split_ms'][k]:.1f} ({100 * r['split_ms'][k] / r['step_ms']:.0f} %)"
+               if r["step_ms"] else "0" for k in PARTS},
+            "overlap": "-" if r["overlap_pct"] is None else f"{r['overlap_pct']:.0f} %",
+        }
+        for r in p["ranks"]
+    ]  # fmt: skip
+    if rows:
+        click.echo("Per step, ms:")
+        _table(rows, [("rank", "RANK"), ("steps", "STEPS"), ("step_ms", "STEP"),
+                      *((k, k.upper()) for k in PARTS), ("overlap", "OVERLAP")])  # fmt: skip
+    if p["slowest"]:
+        click.echo(f"Slowest rank: {p['slowest']['rank']} ({p['slowest']['cause']})")
+    for advice in p["advice"]:
+        click.echo(f"- {advice['title']}: {advice['text']}")
+    click.echo("Files:")
+    _table(
+        [{**f, "rank": "?" if f["rank"] is None else f["rank"],
+          "state": f["error"] if f["state"] == "error" else f["state"]} for f in p["files"]],
+        [("attempt", "ATTEMPT"), ("rank", "RANK"), ("name", "NAME"), ("size", "BYTES"),
+         ("state", "SUMMARY")],
+    )  # fmt: skip
+    if p["pending"]:
+        click.echo("Some summaries are on their way: ask again in a moment.")
+
+
 @jobs.command("cancel")
 @click.argument("job_id", type=int, metavar="JOB")
 @json_option
