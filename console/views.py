@@ -541,6 +541,8 @@ def job_detail(request, job_id: int):
         {
             **_job_status_context(job),
             "log_lines": log_lines,
+            # A replica's log is a node's: under torchrun it holds several ranks' prints.
+            "key_averages_by_node": job.launcher == Job.Launcher.TORCHRUN,
             "key_averages": _last_per_rank(
                 keyavg.parse_tables((rank, text) for _ts, rank, text in log_lines)
             ),

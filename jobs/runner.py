@@ -39,7 +39,7 @@ from jobs import (
     workspaces,
 )
 from jobs.models import Cluster, Host, Job, JobEvent, Node, Replica
-from jobs.queue import enqueue_by_name, enqueue_later, enqueue_unique
+from jobs.queue import enqueue_later, enqueue_unique
 from jobs.text import Moment, Text, argument, join, json_of, reason_fields, stored_reason
 
 log = logging.getLogger(__name__)
@@ -1020,7 +1020,12 @@ def _finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | Non
             return
         _event(job_id, state, reason)
         # Its profiler traces, if it wrote any, are summarised once it has ended.
-        enqueue_by_name(PROFILES_TASK, job_id, job_id=f"profiles-{job_id}", queue="profiles")
+        transaction.on_commit(
+            lambda: enqueue_unique(
+                "profiles", PROFILES_TASK, job_id, job_id=f"profiles-{job_id}",
+                again_if_running=True,
+            )
+        )  # fmt: skip
         cluster = job.cluster
         Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)
         more = (

@@ -40,6 +40,12 @@ from monitoring.selectors import cores_per_node
 log = logging.getLogger(__name__)
 
 TASK = "monitoring.tasks.profiles_summarise"
+# Kept while a file is being summarised: what stays if the worker dies on it (out of
+# memory, out of time), so it is not tried again until the file changes.
+UNFINISHED = gettext_noop(
+    "The summary of this trace did not finish (the worker ran out of time or memory on it): "
+    "profile fewer steps."
+)
 QUEUE = "profiles"  # its own worker (Procfile `profiles`): memory capped, apart from the rest
 BUDGET_S = 120  # one run's work; what is left is queued again
 SHARE = 0.20  # a part of the step worth a word
@@ -146,6 +152,7 @@ def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSum
     and never keeps the job's other files from their summaries)."""
     started = time.monotonic()
     summary, error = None, None
+    _keep(job, attempt, file, None, traces.TraceError(UNFINISHED), 0.0)
     try:
         summary = _summary(
             job, attempt, file, deadline=started + settings.SUANLI_PROFILE_FILE_SECONDS
@@ -165,6 +172,10 @@ def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSum
             gettext_noop("The trace could not be summarised (%(error)s)."),
             error=type(exc).__name__,
         )
+    return _keep(job, attempt, file, summary, error, time.monotonic() - started)
+
+
+def _keep(job, attempt, file, summary, error, seconds: float) -> TraceSummary:
     rank = summary.get("rank") if summary else None
     if rank is None:
         rank = rank_from_name(file.name)
@@ -180,7 +191,7 @@ def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSum
             "summary": summary,
             "error": str(message)[:500] if message else "",
             "error_text": json_of(message) if message else None,
-            "seconds": round(time.monotonic() - started, 3),
+            "seconds": round(seconds, 3),
         },
     )
     return row
@@ -221,7 +232,15 @@ def _with_hta(job: Job, attempt: int, file: storage.TraceFile, summary: dict) ->
             found = hta.summarise_gpu(Path(private))
         except hta.HtaError as exc:
             return {**summary, "hta_error": str(exc)[:300]}
-    return {**summary, **{k: v for k, v in found.items() if v is not None}, "source": "hta"}
+    merged = {**summary, **{k: v for k, v in found.items() if v is not None}, "source": "hta"}
+    # HTA reads kernels only: a GPU left idle while the host is in the DataLoader's
+    # __next__ is data loading (ours, from the host's spans), not idle time.
+    split = dict(merged["split"])
+    loading = min(summary["split"].get("dataloader", 0.0), split.get("idle", 0.0))
+    split["idle"] = split.get("idle", 0.0) - loading
+    split["dataloader"] = loading
+    merged["split"] = split
+    return merged
 
 
 def _copy_capped(source, target: Path, limit: int) -> bool:
@@ -290,8 +309,10 @@ class Rank:
         return self.step_us - self.split["idle"] - self.split["communication"]
 
     @property
-    def cause(self) -> str:
-        return max(("dataloader", "compute", "memcpy"), key=lambda k: self.split[k])
+    def cause(self) -> str | None:
+        """The main part of the rank's own work; None without any."""
+        part = max(("dataloader", "compute", "memcpy"), key=lambda k: self.split[k])
+        return part if self.split[part] > 0 else None
 
     @property
     def parts(self) -> list[tuple[str, float, float]]:
@@ -360,6 +381,8 @@ def section(job: Job) -> dict:
         "profile_ranks": ranks,
         "profile_slowest": slowest,
         "profile_slowest_cause": names[slowest.cause] if slowest else "",
+        "profile_slowest_name": _rank_name(slowest) if slowest else "",
+        "profile_attempt": max((f.attempt for f in profile.files if f.summary), default=None),
         "profile_labels": names,
         "profile_split_chart": split_chart(ranks) if ranks else None,
         "profile_top_chart": top_chart(ranks) if ranks else None,
@@ -371,22 +394,26 @@ def diagnosis(job: Job, ranks: list[Rank] | None = None) -> list[Advice]:
     (no folder read) unless `ranks` are given: what the job page's "What slowed this job
     down" says first."""
     if ranks is not None:
-        return advice(ranks, slowest_rank(ranks), cores=_cores(job)) if ranks else []
+        return advice(ranks, slowest_rank(ranks), workers=_workers(job)) if ranks else []
     rows = [
         FileRow(attempt=s.attempt, name=s.name, size=s.size, mtime=s.mtime, rank=s.rank,
                 summary=s.summary, error="", pending=False)
         for s in TraceSummary.objects.filter(job=job, summary__isnull=False)
     ]  # fmt: skip
     ranks = ranks_of(rows)
-    return advice(ranks, slowest_rank(ranks), cores=_cores(job)) if ranks else []
+    return advice(ranks, slowest_rank(ranks), workers=_workers(job)) if ranks else []
 
 
 def _error(summary: TraceSummary) -> str:
     return show(summary.error_text) if summary.error_text else summary.error
 
 
-def _cores(job: Job) -> int:
-    return cores_per_node(job.cluster)
+def _workers(job: Job) -> int:
+    """DataLoader workers worth having per process: 2 x the node's cores over the node's
+    training processes (one per GPU under torchrun, else one)."""
+    cluster = job.cluster
+    processes = max(1, cluster.gpus_per_node) if job.launcher == Job.Launcher.TORCHRUN else 1
+    return max(1, 2 * cores_per_node(cluster) // processes)
 
 
 def ranks_of(rows: list[FileRow]) -> list[Rank]:
@@ -400,11 +427,14 @@ def ranks_of(rows: list[FileRow]) -> list[Rank]:
         if row.attempt == attempt:
             by_rank.setdefault(row.rank, []).append(row.summary)
     ranks = [_rank(rank, summaries) for rank, summaries in by_rank.items()]
-    ranks = [r for r in ranks if r.steps]
+    ranks = [r for r in ranks if r.step_us > 0]
     return sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))
 
 
 def _rank(rank: int | None, summaries: list[dict]) -> Rank:
+    # Files with profiler steps make the per-step figures; one without (no schedule) counts
+    # as one step only when the rank has nothing else.
+    summaries = [s for s in summaries if s.get("steps")] or summaries
     steps = sum(max(1, len(s.get("steps") or [])) for s in summaries)
     split = {k: sum(s["split"].get(k, 0.0) for s in summaries) / steps for k in traces.CATEGORIES}
     comm = sum(s.get("communication_us") or 0.0 for s in summaries)
@@ -437,11 +467,14 @@ def _rank(rank: int | None, summaries: list[dict]) -> Rank:
 
 
 def slowest_rank(ranks: list[Rank]) -> Rank | None:
-    """The rank that does the most work of its own per step (the others wait for it in
-    their collectives); None with fewer than two ranks."""
+    """The rank that does clearly the most work of its own per step (STRAGGLER times the
+    others' median: they wait for it in their collectives); None with fewer than two ranks
+    or when they are balanced."""
     if len(ranks) < 2:
         return None
-    return max(ranks, key=lambda r: r.busy_us)
+    slowest = max(ranks, key=lambda r: r.busy_us)
+    others = median(r.busy_us for r in ranks if r is not slowest)
+    return slowest if slowest.cause and slowest.busy_us > STRAGGLER * others else None
 
 
 def _ms(us: float) -> str:
@@ -452,23 +485,22 @@ def _pct(share: float) -> str:
     return f"{100 * share:.0f}"
 
 
-def advice(ranks: list[Rank], slowest: Rank | None, *, cores: int) -> list[Advice]:
+def advice(ranks: list[Rank], slowest: Rank | None, *, workers: int) -> list[Advice]:
     """The diagnosis in words from the profile: a straggler and its cause, data loading,
     exposed communication, memory copies, an idle GPU."""
     found: list[Advice] = []
     others = [r for r in ranks if r is not slowest]
     straggler = (
         slowest is not None
-        and slowest.busy_us > STRAGGLER * median(r.busy_us for r in others)
         and median(r.share("communication") + r.share("idle") for r in others) >= SHARE
     )
     if straggler:
-        found.append(_straggler(slowest, others, cores))
+        found.append(_straggler(slowest, others, workers))
     for rank in ranks:
         if straggler and rank is slowest:
             continue
         if rank.share("dataloader") >= SHARE:
-            found.append(_dataloader(rank, cores))
+            found.append(_dataloader(rank, workers))
             break
     if not straggler:
         worst = max(ranks, key=lambda r: r.share("communication"), default=None)
@@ -495,17 +527,17 @@ def advice(ranks: list[Rank], slowest: Rank | None, *, cores: int) -> list[Advic
     return found
 
 
-def _dataloader_tip(cores: int) -> str:
+def _dataloader_tip(workers: int) -> str:
     return _(
-        "raise the DataLoader's num_workers towards 2 x the node's cores (%(workers)s), with "
-        "pin_memory=True and persistent_workers=True"
-    ) % {"workers": 2 * cores}
+        "raise the DataLoader's num_workers towards %(workers)s (2 x the node's cores over its "
+        "processes), with pin_memory=True and persistent_workers=True"
+    ) % {"workers": workers}
 
 
-def _straggler(rank: Rank, others: list[Rank], cores: int) -> Advice:
+def _straggler(rank: Rank, others: list[Rank], workers: int) -> Advice:
     wait = median(r.share("communication") + r.share("idle") for r in others)
     args = {
-        "rank": rank.rank,
+        "rank": _rank_name(rank),
         "pct": _pct(rank.share(rank.cause)),
         "ms": _ms(rank.split[rank.cause]),
         "step": _ms(rank.step_us),
@@ -516,7 +548,7 @@ def _straggler(rank: Rank, others: list[Rank], cores: int) -> Advice:
             "the DataLoader's __next__ takes %(pct)s %% of rank %(rank)s's step (%(ms)s ms of "
             "%(step)s ms); the other ranks spend %(wait)s %% of theirs waiting for it in the "
             "all-reduce: %(tip)s."
-        ) % {**args, "tip": _dataloader_tip(cores)}
+        ) % {**args, "tip": _dataloader_tip(workers)}
     elif rank.cause == "memcpy":
         text = (
             _(
@@ -535,17 +567,19 @@ def _straggler(rank: Rank, others: list[Rank], cores: int) -> Advice:
             )
             % args
         )
-    return Advice(title=_("Rank %(rank)s holds the others back") % {"rank": rank.rank}, text=text)
+    return Advice(
+        title=_("Rank %(rank)s holds the others back") % {"rank": _rank_name(rank)}, text=text
+    )
 
 
-def _dataloader(rank: Rank, cores: int) -> Advice:
+def _dataloader(rank: Rank, workers: int) -> Advice:
     return Advice(
         title=_("Data loading"),
         text=_("the DataLoader's __next__ takes %(pct)s %% of rank %(rank)s's step: %(tip)s.")
         % {
             "pct": _pct(rank.share("dataloader")),
             "rank": _rank_name(rank),
-            "tip": _dataloader_tip(cores),
+            "tip": _dataloader_tip(workers),
         },
     )
 

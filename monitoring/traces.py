@@ -64,7 +64,7 @@ HOST = {"cpu_op", "user_annotation", "python_function"}
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 # Kinds an operator can have in the timeline (its class); kept per event as one byte.
-K_OTHER, K_STEP, K_DATA, K_COMPUTE, K_MEMCPY, K_COMM = range(6)
+K_OTHER, K_STEP, K_DATA, K_COMPUTE, K_MEMCPY, K_COMM, K_PYTHON = range(7)
 
 
 class TraceError(Exception):
@@ -163,9 +163,11 @@ def check_deadline(deadline: float) -> None:
 
 
 def _kind(name: str, cat: str) -> int:
+    if cat == "python_function":
+        return K_PYTHON  # a with_stack=True frame: computation, but not an operator
     if cat == "user_annotation" and STEP.match(name):
         return K_STEP
-    if COMMUNICATION.search(name):
+    if COMMUNICATION.search(name) and not name.startswith("aten::"):  # aten::broadcast_to
         return K_COMM
     if cat in ("gpu_memcpy", "gpu_memset") or name in MEMCPY_NAMES or MEMCPY.match(name):
         return K_MEMCPY
@@ -483,11 +485,11 @@ def _span(thread: _Thread) -> tuple[float, float]:
 def _split(
     collector: _Collector, main: tuple, window: list[tuple[float, float]]
 ) -> tuple[dict[str, float], float, float]:
-    """The window's time per category (precedence: CATEGORIES), the communication time
-    overlapped by computation, and all communication time inside the window. Each
+    """The window's time per category (precedence: CATEGORIES, computation first on a GPU
+    trace), the communication time hidden behind other work (so communication less it is
+    the split's "communication"), and all communication time inside the window. Each
     category's events are merged into disjoint intervals first (nested and back-to-back
-    operators become one), kept as arrays, so that a trace of millions of events costs a
-    few bytes per event here, not a tuple per boundary."""
+    operators become one): the boundaries sorted are the merged ones, not two per event."""
     gpu = collector.kernels > 0
     starts = [array("d") for _ in range(4)]
     ends = [array("d") for _ in range(4)]
@@ -507,6 +509,9 @@ def _split(
          for at, delta in ((start, 1), (end, -1))),
         key=lambda p: (p[0], p[1]),
     )  # fmt: skip
+    # On a GPU trace the kernels come first: the host loading data while the GPU computes
+    # costs the step nothing.
+    order = (1, 0, 2, 3) if gpu else (0, 1, 2, 3)
     active = [0, 0, 0, 0, 0]
     split = dict.fromkeys(CATEGORIES, 0.0)
     overlap = comm = 0.0
@@ -514,12 +519,12 @@ def _split(
     for at, delta, slot in points:
         if last is not None and at > last and active[4] > 0:
             length = at - last
-            first = next((i for i in range(4) if active[i] > 0), 4)
+            first = next((i for i in order if active[i] > 0), 4)
             split[CATEGORIES[first]] += length
             if active[3] > 0:
                 comm += length
-                if active[1] > 0:
-                    overlap += length
+                if active[0] or active[1] or active[2]:
+                    overlap += length  # hidden behind other work: not waited for
         active[slot] += delta
         last = at
     return split, overlap, comm
@@ -568,6 +573,8 @@ def _top(collector: _Collector, names: list[str]) -> list[dict]:
     kinds: dict[int, bool] = {}
     for thread in collector.threads.values():
         for index, own in _self_times(thread):
+            if thread.kind[index] == K_PYTHON:
+                continue  # key_averages leaves Python frames out too
             name = thread.name[index]
             self_us[name] += own
             total_us[name] += thread.dur[index]

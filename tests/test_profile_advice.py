@@ -13,8 +13,8 @@ def rank(number, *, dataloader=0.0, compute=0.0, memcpy=0.0, communication=0.0, 
                 overlap_pct=overlap, top=[], source="suanli", gpu=gpu)  # fmt: skip
 
 
-def say(ranks, cores=8):
-    return [(a.title, a.text) for a in advice(ranks, slowest_rank(ranks), cores=cores)]
+def say(ranks, workers=16):
+    return [(a.title, a.text) for a in advice(ranks, slowest_rank(ranks), workers=workers)]
 
 
 def test_a_rank_slow_in_its_data_loading_holds_the_others_back():
@@ -25,7 +25,7 @@ def test_a_rank_slow_in_its_data_loading_holds_the_others_back():
     assert title == "Rank 1 holds the others back"
     assert text.startswith("the DataLoader's __next__ takes 76 % of rank 1's step (38.0 ms of ")
     assert "the other ranks spend 80 % of theirs waiting for it in the all-reduce" in text
-    assert "num_workers towards 2 x the node's cores (16)" in text
+    assert "num_workers towards 16 (2 x the node's cores over its processes)" in text
 
 
 def test_a_rank_that_computes_longer_is_the_straggler_with_its_own_advice():
@@ -50,17 +50,27 @@ def test_communication_without_a_straggler_names_the_overlap_and_the_buckets():
 
 def test_one_rank_gets_data_loading_memory_copies_and_idle_gpu_advice():
     [one] = [rank(0, dataloader=41, compute=29, memcpy=20, idle=10)]
-    titles = [t for t, _ in say([one], cores=4)]
+    titles = [t for t, _ in say([one], workers=8)]
     assert titles == ["Data loading", "Memory copies"]
-    assert "takes 41 % of rank 0's step" in say([one], cores=4)[0][1]
-    assert "(8)" in say([one], cores=4)[0][1]  # 2 x 4 cores
+    assert "takes 41 % of rank 0's step" in say([one], workers=8)[0][1]
+    assert "num_workers towards 8 (" in say([one], workers=8)[0][1]
     gpu = rank(0, compute=50, idle=50, gpu=True)
     [(title, text)] = say([gpu])
     assert title == "Idle GPU" and "is idle 50 % of each step" in text
 
 
-def test_a_busy_balanced_job_gets_no_advice():
+def test_a_busy_balanced_job_gets_no_advice_and_no_slowest_rank():
     ranks = [rank(0, compute=95, communication=5, overlap=80.0),
              rank(1, compute=94, communication=6, overlap=80.0)]  # fmt: skip
-    assert say(ranks) == []
+    assert say(ranks) == [] and slowest_rank(ranks) is None
+    idle = [rank(0, idle=10), rank(1, idle=10)]  # nothing but waiting: no cause to name
+    assert slowest_rank(idle) is None
     assert say([rank(0, compute=80, idle=20)]) == []  # a CPU trace's idle is not a GPU's
+
+
+def test_a_rank_without_a_number_reads_as_a_question_mark():
+    ranks = [rank(0, compute=10_000, communication=40_000),
+             rank(None, dataloader=38_000, compute=10_000, communication=2_000)]  # fmt: skip
+    [(title, text)] = say(ranks)
+    assert title == "Rank ? holds the others back" and "of rank ?'s step" in text
+    assert "None" not in title + text

@@ -15,7 +15,7 @@ from browsing import free_port
 from django.test import Client
 from django.urls import reverse
 from test_cli import Cli
-from test_profile_hta import gpu_trace
+from test_profile_hta import GPU_T0, gpu_trace
 from waiting import until
 
 from console.models import ApiToken
@@ -224,9 +224,17 @@ def test_a_trace_with_gpu_kernels_is_summarised_by_hta_in_the_worker(
     for old in src.glob("*.json"):
         old.unlink()
     (src / "gpu_1.100.pt.trace.json").write_text(json.dumps(gpu_trace(rank=1)))
+    # Rank 2's host sits in the DataLoader's __next__ while its GPU has nothing to do
+    # (GPU time 300-350): HTA sees idle time, the split says data loading.
+    loading = gpu_trace(rank=2)
+    loading["traceEvents"].append(
+        {"ph": "X", "cat": "user_annotation", "name": DATALOADER, "pid": 4242, "tid": 4242,
+         "ts": GPU_T0 + 300, "dur": 50, "args": {"External id": 99}}
+    )  # fmt: skip
+    (src / "gpu_2.100.pt.trace.json").write_text(json.dumps(loading))
     job = profiled_job(COPY)
-    row = TraceSummary.objects.get(job=job)
-    assert row.rank == 1 and not row.error
+    row = TraceSummary.objects.get(job=job, rank=1)
+    assert not row.error
     assert row.summary["source"] == "hta" and row.summary["gpu"] is True
     split = row.summary["split"]
     assert (split["compute"], split["communication"], split["memcpy"], split["idle"]) == (
@@ -235,6 +243,9 @@ def test_a_trace_with_gpu_kernels_is_summarised_by_hta_in_the_worker(
         pytest.approx(50),
         pytest.approx(150),
     )
+    two = TraceSummary.objects.get(job=job, rank=2).summary["split"]
+    assert two["dataloader"] == pytest.approx(50) and two["idle"] == pytest.approx(100)
+    assert sum(two.values()) == pytest.approx(sum(split.values()))
     assert row.summary["overlap_pct"] == pytest.approx(33.33, abs=0.01)
     assert row.summary["top"][0]["kind"] == "kernel"
     client.force_login(alice)

@@ -650,7 +650,8 @@ def jobs_profile(job_id, as_json):
         _table(rows, [("rank", "RANK"), ("steps", "STEPS"), ("step_ms", "STEP"),
                       *((k, k.upper()) for k in PARTS), ("overlap", "OVERLAP")])  # fmt: skip
     if p["slowest"]:
-        click.echo(f"Slowest rank: {p['slowest']['rank']} ({p['slowest']['cause']})")
+        rank = "?" if p["slowest"]["rank"] is None else p["slowest"]["rank"]
+        click.echo(f"Slowest rank: {rank} ({p['slowest']['cause']})")
     for advice in p["advice"]:
         click.echo(f"- {advice['title']}: {advice['text']}")
     click.echo("Files:")
