@@ -49,6 +49,7 @@ UNFINISHED = gettext_noop(
 QUEUE = "profiles"  # its own worker (Procfile `profiles`): memory capped, apart from the rest
 BUDGET_S = 120  # one run's work; what is left is queued again
 SHARE = 0.20  # a part of the step worth a word
+SHOWN = 15  # operators shown per rank (each file keeps traces.TOP)
 IDLE_SHARE = 0.30  # a GPU idle this much of a step is worth a word
 STRAGGLER = 1.25  # the slowest rank's own work against the others' median
 # `tensorboard_trace_handler` names a file `<host name>_<pid>.<time>.pt.trace.json`; our
@@ -233,9 +234,13 @@ def _with_hta(job: Job, attempt: int, file: storage.TraceFile, summary: dict) ->
         except hta.HtaError as exc:
             return {**summary, "hta_error": str(exc)[:300]}
     merged = {**summary, **{k: v for k, v in found.items() if v is not None}, "source": "hta"}
+    # HTA's window runs from the first kernel to the last, ours over the profiler's steps:
+    # its parts, scaled to our window, keep the per-step figures in one unit.
+    total = sum(merged["split"].values())
+    scale = summary["window_us"] / total if total > 0 and summary["window_us"] > 0 else 1.0
+    split = {k: v * scale for k, v in merged["split"].items()}
     # HTA reads kernels only: a GPU left idle while the host is in the DataLoader's
     # __next__ is data loading (ours, from the host's spans), not idle time.
-    split = dict(merged["split"])
     loading = min(summary["split"].get("dataloader", 0.0), split.get("idle", 0.0))
     split["idle"] = split.get("idle", 0.0) - loading
     split["dataloader"] = loading
@@ -459,7 +464,7 @@ def _rank(rank: int | None, summaries: list[dict]) -> Rank:
         overlap_pct=round(100 * overlapped / comm, 1) if comm else None,
         top=[
             {**op, "self_ms": op["self_us"] / 1000, "total_ms": op["total_us"] / 1000}
-            for op in sorted(top.values(), key=lambda o: -o["self_us"])[: traces.TOP]
+            for op in sorted(top.values(), key=lambda o: -o["self_us"])[:SHOWN]
         ],
         source="hta" if any(s.get("source") == "hta" for s in summaries) else "suanli",
         gpu=any(s.get("gpu") for s in summaries),

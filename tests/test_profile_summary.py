@@ -269,3 +269,13 @@ def test_on_a_gpu_trace_kernels_come_before_the_hosts_data_loading():
     assert summary["gpu"] is True
     assert summary["split"]["compute"] == 1000.0 and summary["split"]["dataloader"] == 500.0
     assert summary["split"]["idle"] == 500.0
+
+
+def test_a_copy_inside_a_wrapping_operator_is_a_copy():
+    events = [
+        op("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        op("DistributedDataParallel.forward", 0, 1000, cat="user_annotation"),
+        op("aten::copy_", 100, 200),
+    ]
+    summary = summarise(json.dumps({"traceEvents": events}).encode())
+    assert summary["split"]["memcpy"] == 200.0 and summary["split"]["compute"] == 800.0
