@@ -24,7 +24,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.http import FileResponse, Http404, JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -61,6 +61,7 @@ from console.api_schema import (
 )
 from console.forms import CUSTOM_IMAGE, OWN_IMAGE, ClusterForm, JobForm, ResizeForm, start_refusal
 from console.models import ApiToken, digest_of
+from console.views_monitoring import trace_download
 from jobs import images, runner
 from jobs import selectors as fleet
 from jobs import services as fleet_services
@@ -634,12 +635,7 @@ def job_profile(request, job_id: Id):
 )
 def job_profile_file(request, job_id: Id, attempt: int, name: str):
     """The file as the job wrote it (JSON, or gzip for `.json.gz`)."""
-    j = fleet.job_for_user(request.auth.user, job_id)
-    handle = profiles.open_file(j, attempt, name)
-    if handle is None:
-        raise Http404("no such trace")
-    kind = "application/gzip" if name.endswith(".gz") else "application/json"
-    return FileResponse(handle, as_attachment=True, filename=name, content_type=kind)
+    return trace_download(fleet.job_for_user(request.auth.user, job_id), attempt, name)
 
 
 def _trace_file(j: Job, f) -> dict:

@@ -3,7 +3,6 @@ heatmap, the hosts' network and disk rates, and the rented GPUs that sit idle), 
 chart series for a zoomed time range (the job page's charts fetch it), and the job page's
 Profile section with its trace downloads."""
 
-import re
 from datetime import UTC
 
 from django.contrib.admin.views.decorators import staff_member_required
@@ -74,12 +73,16 @@ def job_profile(request, job_id: int):
 @login_required
 def job_profile_file(request, job_id: int, attempt: int, name: str):
     """One trace file, as it is on the researcher's storage (for Perfetto or TensorBoard)."""
-    job = fleet.job_for_user(request.user, job_id)
+    return trace_download(fleet.job_for_user(request.user, job_id), attempt, name)
+
+
+def trace_download(job, attempt: int, name: str) -> FileResponse:
+    """A trace file of the job as an attachment (the page's and the API's download); 404
+    unless `profiles.open_file` opens it, so the name is one plain component."""
     handle = profiles.open_file(job, attempt, name)
     if handle is None:
         raise Http404("no such trace")
     kind = "application/gzip" if name.endswith(".gz") else "application/json"
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
     return FileResponse(
-        handle, as_attachment=True, filename=f"job-{job.pk}-a{attempt}-{safe}", content_type=kind
+        handle, as_attachment=True, filename=f"job-{job.pk}-a{attempt}-{name}", content_type=kind
     )

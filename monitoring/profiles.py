@@ -78,39 +78,40 @@ def labels() -> dict[str, str]:
 # -- where the traces are ------------------------------------------------------------------
 
 
-def folders(job: Job) -> list[tuple[int, str, bool]]:
+def volumes_of(job: Job) -> list:
+    """The job's cluster's volumes (read once by a caller that lists and opens files)."""
+    return list(job.cluster.volumes.all())
+
+
+def folders(job: Job, volumes: list) -> list[tuple[int, str, bool]]:
     """(attempt, SUANLI_PROFILE_DIR, whether it is on the tenant's storage) of each attempt
     so far, the newest first."""
-    volumes = list(job.cluster.volumes.all())
     return [
         (attempt, *storage.profile_dir(volumes, job.checkpoint_dir, job.pk, attempt))
         for attempt in range(job.attempt, 0, -1)
     ]
 
 
-def listing(job: Job) -> list[tuple[int, storage.TraceFile]]:
+def listing(job: Job, volumes: list | None = None) -> list[tuple[int, storage.TraceFile]]:
     """Every trace file of every attempt, as (attempt, file): a directory read each."""
+    volumes = volumes_of(job) if volumes is None else volumes
     root = storage.tenant_root(job.owner_id)
-    volumes = list(job.cluster.volumes.all())
     found = []
-    for attempt, folder, on_storage in folders(job):
+    for attempt, folder, on_storage in folders(job, volumes):
         if on_storage:
             found += [(attempt, f) for f in storage.trace_files(root, volumes, folder)]
     return found
 
 
-def open_file(job: Job, attempt: int, name: str):
+def open_file(job: Job, attempt: int, name: str, volumes: list | None = None):
     """A trace file of the job opened for reading, or None (see `storage.open_trace`)."""
     if not 1 <= attempt <= job.attempt:
         return None
-    folder, on_storage = storage.profile_dir(
-        list(job.cluster.volumes.all()), job.checkpoint_dir, job.pk, attempt
-    )
+    volumes = volumes_of(job) if volumes is None else volumes
+    folder, on_storage = storage.profile_dir(volumes, job.checkpoint_dir, job.pk, attempt)
     if not on_storage:
         return None
-    return storage.open_trace(
-        storage.tenant_root(job.owner_id), list(job.cluster.volumes.all()), folder, name
-    )
+    return storage.open_trace(storage.tenant_root(job.owner_id), volumes, folder, name)
 
 
 def rank_from_name(name: str) -> int | None:
@@ -128,7 +129,8 @@ def summarise_job(job_id: int, *, budget_s: float = BUDGET_S) -> dict:
     job = Job.objects.select_related("cluster").filter(pk=job_id).first()
     if job is None:
         return {"summarised": 0}
-    files = listing(job)
+    volumes = volumes_of(job)
+    files = listing(job, volumes)
     kept = {(s.attempt, s.name): s for s in TraceSummary.objects.filter(job=job)}
     present = {(attempt, f.name) for attempt, f in files}
     gone = [s.pk for key, s in kept.items() if key not in present]
@@ -142,12 +144,12 @@ def summarise_job(job_id: int, *, budget_s: float = BUDGET_S) -> dict:
         if time.monotonic() - started > budget_s:
             queue(job.pk)
             break
-        _summarise_file(job, attempt, file)
+        _summarise_file(job, attempt, file, volumes)
         done += 1
     return {"summarised": done, "removed": len(gone)}
 
 
-def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSummary:
+def _summarise_file(job: Job, attempt: int, file: storage.TraceFile, volumes: list) -> TraceSummary:
     """Summarise one file and keep the result, whatever the file holds: a summary, or the
     sentence saying why there is none (so a bad file is not tried again until it changes,
     and never keeps the job's other files from their summaries)."""
@@ -156,7 +158,7 @@ def _summarise_file(job: Job, attempt: int, file: storage.TraceFile) -> TraceSum
     _keep(job, attempt, file, None, traces.TraceError(UNFINISHED), 0.0)
     try:
         summary = _summary(
-            job, attempt, file, deadline=started + settings.SUANLI_PROFILE_FILE_SECONDS
+            job, attempt, file, volumes, deadline=started + settings.SUANLI_PROFILE_FILE_SECONDS
         )
     except traces.TraceError as exc:
         error = exc
@@ -198,8 +200,10 @@ def _keep(job, attempt, file, summary, error, seconds: float) -> TraceSummary:
     return row
 
 
-def _summary(job: Job, attempt: int, file: storage.TraceFile, *, deadline: float) -> dict:
-    handle = open_file(job, attempt, file.name)
+def _summary(
+    job: Job, attempt: int, file: storage.TraceFile, volumes: list, *, deadline: float
+) -> dict:
+    handle = open_file(job, attempt, file.name, volumes)
     if handle is None:
         raise traces.TraceError(gettext_noop("The trace could not be opened."))
     with handle:
@@ -212,16 +216,18 @@ def _summary(job: Job, attempt: int, file: storage.TraceFile, *, deadline: float
             max_events=settings.SUANLI_PROFILE_MAX_EVENTS,
             deadline=deadline,
         )
-    return _with_hta(job, attempt, file, summary) if summary["gpu"] else summary
+    return _with_hta(job, attempt, file, volumes, summary) if summary["gpu"] else summary
 
 
-def _with_hta(job: Job, attempt: int, file: storage.TraceFile, summary: dict) -> dict:
+def _with_hta(
+    job: Job, attempt: int, file: storage.TraceFile, volumes: list, summary: dict
+) -> dict:
     """A GPU trace's breakdown from Holistic Trace Analysis, read from a private copy (HTA
     opens paths itself: never hand it the tenant's folder), unzipped while copied so that
     its size as JSON, what HTA loads, is what is capped. Ours stays where HTA fails."""
     from monitoring import hta  # noqa: PLC0415 (pandas and HTA: loaded by the worker only)
 
-    handle = open_file(job, attempt, file.name)
+    handle = open_file(job, attempt, file.name, volumes)
     if handle is None:
         return summary
     name = file.name.removesuffix(".gz")
@@ -352,7 +358,8 @@ def profile_of(job: Job) -> Profile:
     for files without a current summary."""
     kept = {(s.attempt, s.name): s for s in TraceSummary.objects.filter(job=job)}
     rows = []
-    for attempt, file in listing(job):
+    volumes = volumes_of(job)
+    for attempt, file in listing(job, volumes):
         summary = kept.get((attempt, file.name))
         fresh = summary is not None and (summary.size, summary.mtime) == (file.size, file.mtime)
         rows.append(
@@ -371,7 +378,9 @@ def profile_of(job: Job) -> Profile:
     if any(r.pending for r in rows):
         queue(job.pk)
     ranks = ranks_of(rows)
-    return Profile(folders=folders(job), files=rows, ranks=ranks, slowest=slowest_rank(ranks))
+    return Profile(
+        folders=folders(job, volumes), files=rows, ranks=ranks, slowest=slowest_rank(ranks)
+    )
 
 
 def section(job: Job) -> dict:
