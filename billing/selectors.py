@@ -468,3 +468,23 @@ def accounts_overview(*, days: int = 30, today: date | None = None) -> QuerySet[
         .annotate(spent=Subquery(spent, output_field=DecimalField(**MONEY)))
         .order_by("balance", "pk")
     )
+
+
+# -- pools (jobs/pools.py) --------------------------------------------------------------------
+
+
+def charged_for_pool(pool_id: int) -> Decimal:
+    """What the pool's clusters have been charged so far (their meters, exactly)."""
+    return (
+        Meter.objects.filter(cluster__pool_id=pool_id).order_by().aggregate(s=Sum("charged"))["s"]
+        or ZERO
+    )
+
+
+def pool_rate(pool) -> Decimal | None:
+    """One of the pool's clusters, per hour now (spot or on demand); None: no price."""
+    units = pool.nodes if pool.is_cpu_only else pool.nodes * max(pool.gpus_per_node, 1)
+    q = quote_for(
+        gpu_model_id=pool.gpu_model_id, instance_type_id=pool.instance_type_id, units=units
+    )
+    return q.spot if pool.spot else q.on_demand

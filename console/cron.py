@@ -4,6 +4,7 @@ from django.conf import settings
 from rq import cron
 
 from billing import tasks as billing_tasks
+from console import pools
 from jobs import tasks as job_tasks
 from monitoring import tasks as monitoring_tasks
 
@@ -22,3 +23,5 @@ cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
 # Webhooks: deliveries that are due and whose enqueue was lost (jobs/webhooks.py).
 cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
 cron.register(billing_tasks.notify_low_balances, "default", interval=60)
+# Pools: money figures from billing, then each pool's autoscaler round; sweeps' safety net.
+cron.register(pools.tick, "default", interval=settings.SUANLI_POOL_INTERVAL)

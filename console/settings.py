@@ -328,6 +328,10 @@ SUANLI_PROFILE_MAX_EVENTS = envint("SUANLI_PROFILE_MAX_EVENTS", 5_000_000)
 SUANLI_PROFILE_FILE_SECONDS = envint("SUANLI_PROFILE_FILE_SECONDS", 120)
 SUANLI_PROFILE_HTA_MAX_BYTES = envint("SUANLI_PROFILE_HTA_MAX_BYTES", 512 * 2**20)
 SUANLI_PROFILE_WORKER_MEMORY_MB = envint("SUANLI_PROFILE_WORKER_MEMORY_MB", 3072)
+# Pools and sweeps (issue 26): how often the autoscaler and the sweeps' safety net run, and
+# how long the pool's queue-against-clusters samples are kept.
+SUANLI_POOL_INTERVAL = envint("SUANLI_POOL_INTERVAL", 5)
+SUANLI_POOL_SAMPLE_DAYS = envint("SUANLI_POOL_SAMPLE_DAYS", 30)
 # Webhooks (jobs/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
 SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)

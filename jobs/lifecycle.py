@@ -137,6 +137,35 @@ def host_outage_ended(*, host_id: int, at=None) -> None:
 # -- clusters ---------------------------------------------------------------------------------
 
 
+def rehome_pool_jobs(cluster: Cluster) -> int:
+    """A pool cluster going away: the pool's jobs waiting on it wait on another of the
+    pool's clusters instead (cancelled with it only when the pool has no other)."""
+    other = (
+        Cluster.objects.filter(
+            pool_id=cluster.pool_id,
+            state__in=(Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING),
+            no_gpu=False,
+        )
+        .exclude(pk=cluster.pk)
+        .order_by("created_at", "id")
+        .first()
+    )
+    if other is None:
+        return 0
+    moved = 0
+    for job in cluster.jobs.filter(state__in=Job.WAITING, pool_id=cluster.pool_id):
+        if Job.objects.filter(pk=job.pk, cluster_id=cluster.pk, state=job.state).update(
+            cluster_id=other.pk
+        ):
+            job_event(
+                job, "moved", Text(gettext_noop("waits on %(cluster)s instead"), cluster=other.name)
+            )
+            moved += 1
+    if moved:
+        request_dispatch(other.pk)
+    return moved
+
+
 def cancel_jobs_of(cluster: Cluster, reason: str | Text) -> None:
     """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
     now = timezone.now()
@@ -173,6 +202,8 @@ def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Clust
     was_pending = cluster.state == Cluster.State.PENDING and cluster.stopped_at is None
     if not was_pending:
         cluster_event(cluster, "releasing", reason, at=now)
+    if cluster.pool_id:
+        rehome_pool_jobs(cluster)
     cancel_jobs_of(cluster, reason)
     live = list(cluster.node_set.filter(released_at__isnull=True))
     free_nodes(live, now)

@@ -32,12 +32,14 @@ from jobs import engine, logstore
 from jobs import selectors as fleet
 from jobs.models import Host, Job, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage, close_db_connections
+from jobs.queue import enqueue_unique
 
 log = logging.getLogger("suanli.logs")
 
 FLUSH_S = 0.1  # a line waits at most this long in the process before it is kept and sent
 SCAN_S = 0.5  # how often the running replicas are looked up
 GONE_GRACE_S = 3.0  # a stream outlives its replica's end this long: its last lines come
+METRIC_MARKER = "SUANLI_METRIC "  # jobs/sweeps.py's marker
 LINES_KEPT = 2000  # per job, in Redis, for a late viewer (the row keeps the whole log)
 LINE_BYTES = 4096  # of one line as kept; a longer one is cut, the rest of it dropped
 LINES_PER_S = 1000  # per replica, live; beyond it a note says how many were not shown live
@@ -261,6 +263,15 @@ class Follower:
                 self.store.failed(exc)
                 continue
             self._send(job_id, [[first + i, text] for i, text in enumerate(texts)])
+            if any(METRIC_MARKER in text for text in texts):
+                # A sweep's trial reporting its metric (jobs/sweeps.py reads the kept lines).
+                try:
+                    enqueue_unique(
+                        "default", "jobs.tasks.sweep_observe", job_id,
+                        job_id=f"sweep-observe-{job_id}", again_if_running=True,
+                    )  # fmt: skip
+                except redis.RedisError as exc:
+                    log.warning("job %s: metric lines not passed on: %s", job_id, exc)
 
     def _send(self, job_id: int, numbered: list) -> None:
         if self.layer is None:

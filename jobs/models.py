@@ -450,6 +450,10 @@ class Cluster(models.Model):
     # Pulls of its image onto its hosts (jobs/images.py): {host name: {"state": pulling |
     # pulled | failed, "done": bytes, "total": bytes, "message": words}}.
     image_pulls = models.JSONField(default=dict, blank=True)
+    # One of a pool's clusters (jobs/pools.py): added and released by the pool, not by hand.
+    pool = models.ForeignKey(
+        "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="clusters"
+    )
 
     class Meta:
         verbose_name = gettext_lazy("cluster")
@@ -714,6 +718,11 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     running_since = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Submitted to a pool: it runs on whichever of the pool's clusters is free first
+    # (runner.dispatch moves it there while it waits).
+    pool = models.ForeignKey(
+        "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
+    )
 
     class Meta:
         verbose_name = gettext_lazy("job")
@@ -986,3 +995,201 @@ class ImageBuild(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in self.ACTIVE
+
+
+MONEY = {"max_digits": 20, "decimal_places": 4}
+
+
+class Pool(models.Model):
+    """A queue and a set of identical clusters that the console adds while jobs wait (up to
+    `max_clusters`, within the budget) and releases when idle (down to `min_clusters`)."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active", gettext_lazy("active")
+        CLOSED = "closed", gettext_lazy("closed")
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="pools"
+    )
+    name = models.CharField(max_length=63)
+    # The shape of every cluster, as on the cluster form.
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    instance_type = models.ForeignKey(
+        InstanceType, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    nodes = models.PositiveSmallIntegerField(default=1)
+    gpus_per_node = models.PositiveSmallIntegerField(default=0)
+    image = models.ForeignKey(
+        Image, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    own_image = models.ForeignKey(
+        "OwnImage", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    image_reference = models.CharField(max_length=255)
+    network = models.CharField(
+        max_length=10, choices=Cluster.Network.choices, default=Cluster.Network.STANDARD
+    )
+    zone = models.CharField(max_length=40, blank=True)
+    spot = models.BooleanField(default=False)
+    volumes = models.JSONField(default=list, blank=True)  # [{source, target, read_only}]
+    min_clusters = models.PositiveSmallIntegerField(default=0)
+    max_clusters = models.PositiveSmallIntegerField(default=1)
+    idle_minutes = models.PositiveIntegerField(default=10)
+    budget_per_hour = models.DecimalField(null=True, blank=True, **MONEY)
+    budget_total = models.DecimalField(null=True, blank=True, **MONEY)
+    # Written by the console from billing on each round (level-triggered): one cluster's
+    # price per hour now (None: not on the rate card) and what the pool's clusters have
+    # been charged so far.
+    rate_per_hour = models.DecimalField(null=True, blank=True, **MONEY)
+    spent = models.DecimalField(default=0, **MONEY)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    created_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = gettext_lazy("pool")
+        verbose_name_plural = gettext_lazy("pools")
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "name"],
+                condition=models.Q(state="active"),
+                name="pool_active_name_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return self.instance_type_id is not None
+
+    @property
+    def shape(self) -> str:
+        if self.is_cpu_only:
+            return f"{self.nodes} x {self.instance_type}"
+        return f"{self.nodes} x {self.gpus_per_node} {self.gpu_model}"
+
+    @property
+    def total_gpus(self) -> int:
+        return 0 if self.is_cpu_only else self.nodes * self.gpus_per_node
+
+
+class PoolEvent(TimelineEvent):
+    """The pool's timeline: each decision to add or release a cluster, with its reason and
+    the figures it used."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="events")
+    message = models.CharField(max_length=500, blank=True)
+    figures = models.JSONField(default=dict, blank=True)
+
+    class Meta(TimelineEvent.Meta):
+        verbose_name = gettext_lazy("pool event")
+        verbose_name_plural = gettext_lazy("pool events")
+
+
+class PoolSample(models.Model):
+    """The pool's queue against its clusters at one moment (the pool page's chart)."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField(default=timezone.now)
+    waiting = models.PositiveIntegerField(default=0)
+    running = models.PositiveIntegerField(default=0)
+    clusters = models.PositiveIntegerField(default=0)
+    ready = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["pool", "at"], name="poolsample_pool_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} at {self.at}: {self.waiting} waiting, {self.clusters} clusters"
+
+
+class Sweep(models.Model):
+    """Trials of one command on a pool, searched by Optuna (ask and tell), the bad ones
+    stopped early by its pruner (jobs/sweeps.py)."""
+
+    class State(models.TextChoices):
+        RUNNING = "running", gettext_lazy("running")
+        FINISHED = "finished", gettext_lazy("finished")
+        CANCELLED = "cancelled", gettext_lazy("cancelled")
+
+    class Direction(models.TextChoices):
+        MINIMIZE = "minimize", gettext_lazy("minimise")
+        MAXIMIZE = "maximize", gettext_lazy("maximise")
+
+    class Pruner(models.TextChoices):
+        ASHA = "asha", gettext_lazy("asynchronous successive halving (ASHA)")
+        MEDIAN = "median", gettext_lazy("median rule")
+        NONE = "none", gettext_lazy("none: every trial runs to its end")
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sweeps"
+    )
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="sweeps")
+    name = models.CharField(max_length=100)
+    command = models.TextField()
+    env = models.JSONField(default=dict, blank=True)
+    workdir = models.CharField(max_length=255, default="/workspace")
+    # [{"name": "lr", "type": "log_uniform", "low": 1e-5, "high": 1e-1}, ...]
+    space = models.JSONField(default=list)
+    metric = models.CharField(max_length=64)
+    direction = models.CharField(max_length=8, choices=Direction.choices)
+    trials = models.PositiveSmallIntegerField()
+    parallel = models.PositiveSmallIntegerField(default=1)
+    pruner = models.CharField(max_length=8, choices=Pruner.choices, default=Pruner.ASHA)
+    min_steps = models.PositiveIntegerField(
+        default=1, help_text="Steps every trial runs before the pruner may stop it."
+    )
+    study_name = models.CharField(max_length=80, unique=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = gettext_lazy("sweep")
+        verbose_name_plural = gettext_lazy("sweeps")
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Trial(models.Model):
+    """One trial of a sweep: its parameters, its job, the metric it reported."""
+
+    class State(models.TextChoices):
+        RUNNING = "running", gettext_lazy("running")
+        COMPLETE = "complete", gettext_lazy("complete")
+        PRUNED = "pruned", gettext_lazy("pruned")
+        FAILED = "failed", gettext_lazy("failed")
+
+    sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="trial_set")
+    number = models.PositiveIntegerField()  # Optuna's trial number
+    optuna_id = models.PositiveIntegerField()
+    job = models.OneToOneField(
+        Job, on_delete=models.SET_NULL, null=True, blank=True, related_name="trial"
+    )
+    params = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    # [[step, value], ...] in the order reported (capped: jobs/sweeps.py).
+    curve = models.JSONField(default=list, blank=True)
+    last_step = models.BigIntegerField(null=True, blank=True)
+    last_value = models.FloatField(null=True, blank=True)
+    best_value = models.FloatField(null=True, blank=True)
+    log_seq = models.BigIntegerField(default=0)  # the last log line read
+    note = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [
+            models.UniqueConstraint(fields=["sweep", "number"], name="trial_sweep_number_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sweep} #{self.number}"

@@ -75,6 +75,8 @@ def dispatch(cluster_id: int) -> int | None:
             return None  # one job at a time: the next starts when this one ends
         # A preempted job keeps its place: it was queued before anything behind it.
         job = cluster.jobs.filter(state__in=Job.WAITING).order_by("queued_at", "id").first()
+        if cluster.pool_id:
+            job = _take_from_pool(cluster, job)
         if job is None:
             return None
         nodes = list(
@@ -179,6 +181,32 @@ def dispatch(cluster_id: int) -> int | None:
         )
     start_replicas(job.pk)
     return job.pk
+
+
+def _take_from_pool(cluster: Cluster, own: Job | None) -> Job | None:
+    """A free pool cluster runs the pool's oldest waiting job, wherever it waits (its own
+    queue's first otherwise); the job moves here. The cluster's row is locked; the job is
+    moved by compare-and-set, so a cancel or another cluster's claim wins cleanly."""
+    job = (
+        Job.objects.filter(pool_id=cluster.pool_id, state__in=Job.WAITING)
+        .order_by("queued_at", "id")
+        .first()
+    )
+    if job is None or (own is not None and (own.queued_at, own.pk) <= (job.queued_at, job.pk)):
+        return own
+    if not Job.objects.filter(pk=job.pk, state=job.state, cluster_id=job.cluster_id).update(
+        cluster_id=cluster.pk
+    ):
+        return own
+    _event(
+        job.pk,
+        "moved",
+        Text(
+            gettext_noop("runs on %(cluster)s, the pool's first free cluster"), cluster=cluster.name
+        ),
+    )
+    job.cluster_id = cluster.pk
+    return job
 
 
 def _resume_point(job: Job, volumes) -> str:
@@ -796,6 +824,8 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
 # lands on (or a host classed wrongly) must not run for ever.
 MAX_HOST_RESTARTS = 10
 PROFILES_TASK = "monitoring.tasks.profiles_summarise"  # a higher app's task, queued by name
+POOL_TASK = "jobs.tasks.pool_scale"  # jobs/pools.py, above the runner
+SWEEP_TASK = "jobs.tasks.sweep_job_ended"  # jobs/sweeps.py
 
 # A container's end counts as its engine's doing when it falls in an outage of the
 # engine, give or take this much (a stopping engine SIGTERMs its containers around the
@@ -1019,6 +1049,21 @@ def _finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | Non
         ):
             return
         _event(job_id, state, reason)
+        if job.pool_id:
+            # The pool may shrink now; a sweep's trial makes room for the next (by name:
+            # both are above the runner).
+            transaction.on_commit(
+                lambda: enqueue_unique(
+                    "default", POOL_TASK, job.pool_id, job_id=f"pool-scale-{job.pool_id}",
+                    again_if_running=True,
+                )
+            )  # fmt: skip
+            transaction.on_commit(
+                lambda: enqueue_unique(
+                    "default", SWEEP_TASK, job_id, job_id=f"sweep-job-{job_id}",
+                    again_if_running=True,
+                )
+            )  # fmt: skip
         # Its profiler traces, if it wrote any, are summarised once it has ended.
         transaction.on_commit(
             lambda: enqueue_unique(

@@ -117,7 +117,14 @@ def wrapped_command(job: Job, env: dict[str, str]) -> list[str]:
         )
         # The researcher's command is a script and its arguments, handed to torchrun.
         return ["/bin/sh", "-c", launcher + job.command]
+    if "SUANLI_PARAMS_FILE" in env and "SUANLI_PARAMS" in env:
+        # A sweep's trial (jobs/sweeps.py): its parameters as a JSON file too. The JSON is
+        # handed over in the environment, never as shell words.
+        return ["/bin/sh", "-c", PARAMS_WRITE + job.command]
     return ["/bin/sh", "-c", job.command]
+
+
+PARAMS_WRITE = 'printf "%s\\n" "$SUANLI_PARAMS" > "$SUANLI_PARAMS_FILE" || exit 1\n'
 
 
 def container_spec(

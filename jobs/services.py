@@ -49,6 +49,7 @@ from jobs.models import (
     JobEvent,
     Node,
     OwnImage,
+    Pool,
     SshKey,
     Volume,
     WorkspaceApp,
@@ -193,6 +194,7 @@ class ClusterSpec:
     workspace: bool = True
     release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
     idle_minutes: int | None = None
+    pool: Pool | None = None  # one of a pool's clusters (jobs/pools.py)
 
 
 @transaction.atomic
@@ -221,6 +223,7 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
         created_at=now,
         queued_at=now,
         last_active_at=now,
+        pool=spec.pool,
     )
     Volume.objects.bulk_create(
         [
@@ -862,8 +865,10 @@ class JobSpec:
 
 
 @transaction.atomic
-def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
-    """Queue a job on a cluster; it starts when the cluster runs and earlier jobs ended."""
+def job_submit(*, cluster: Cluster, spec: JobSpec, pool: Pool | None = None) -> Job:
+    """Queue a job on a cluster; it starts when the cluster runs and earlier jobs ended.
+    With `pool` (jobs.pools.pool_submit) it runs on whichever of the pool's clusters is
+    free first."""
     cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
     if cluster.state not in (
         Cluster.State.PENDING,
@@ -899,6 +904,7 @@ def job_submit(*, cluster: Cluster, spec: JobSpec) -> Job:
         max_preemptions=spec.max_preemptions,
         created_at=now,
         queued_at=now,
+        pool=pool,
     )
     job_event(
         job,

@@ -5,7 +5,7 @@ scheduler, webhooks, network, models and queue. The parts below queue these by t
 name ("jobs.tasks.cluster_dispatch") through `jobs.queue`, never by importing this module.
 """
 
-from jobs import images, network, runner, scheduler, services, webhooks, workspaces
+from jobs import images, network, pools, runner, scheduler, services, sweeps, webhooks, workspaces
 from jobs.models import Cluster, Host, Job
 from jobs.queue import enqueue_later, enqueue_unique
 
@@ -139,3 +139,24 @@ def image_build_run(build_id: int) -> str:
 
 def image_builds_sweep() -> int:
     return images.sweep_stuck()
+
+
+# -- pools and sweeps (jobs/pools.py, jobs/sweeps.py) ---------------------------------------
+
+
+def pool_scale(pool_id: int) -> str:
+    return pools.pool_scale(pool_id)
+
+
+def sweep_observe(job_id: int) -> str:
+    """Queued by the live log follower when a job printed a SUANLI_METRIC line."""
+    return sweeps.observe(job_id)
+
+
+def sweep_job_ended(job_id: int) -> str:
+    """Queued by the runner when a pool's job ended: a sweep's trial makes room."""
+    return sweeps.job_ended(job_id)
+
+
+def sweeps_tick() -> int:
+    return sweeps.tick()

@@ -1,0 +1,43 @@
+"""The console's part of pools (issue 26): the money figures the autoscaler uses, written
+on each pool's row from billing before each round (jobs does not read billing), and the
+cron entry that runs the rounds (jobs/pools.py) and the sweeps' safety net (jobs/sweeps.py).
+"""
+
+from django.db import transaction
+
+from billing import selectors as billing
+from jobs import pools, services, sweeps
+from jobs.models import Cluster, Job, Pool
+
+
+def refresh(pool: Pool) -> Pool:
+    """One cluster's price now and what the pool has spent, onto the row."""
+    rate = billing.pool_rate(pool)
+    spent = billing.charged_for_pool(pool.pk)
+    if rate != pool.rate_per_hour or spent != pool.spent:
+        Pool.objects.filter(pk=pool.pk).update(rate_per_hour=rate, spent=spent)
+        pool.rate_per_hour, pool.spent = rate, spent
+    return pool
+
+
+def tick() -> int:
+    """Cron: every pool that is active or still holds clusters, one round each."""
+    ids = set(Pool.objects.filter(state=Pool.State.ACTIVE).values_list("pk", flat=True))
+    ids |= set(
+        Cluster.objects.filter(pool__isnull=False, state__in=pools.LIVE).values_list(
+            "pool_id", flat=True
+        )
+    )
+    for pool in Pool.objects.filter(pk__in=ids):
+        refresh(pool)
+        pools.pool_scale(pool.pk)
+    pools.prune_samples()
+    sweeps.tick()
+    return len(ids)
+
+
+def submit(*, pool: Pool, spec: services.JobSpec) -> Job:
+    """A job onto the pool, with the money figures fresh (page, API, command line)."""
+    with transaction.atomic():
+        refresh(pool)
+        return pools.pool_submit(pool=pool, spec=spec)
