@@ -24,6 +24,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, Max, Min, Q
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -40,7 +41,8 @@ from ninja.throttling import BaseThrottle
 from pydantic import Field
 
 from billing import selectors as money
-from console import auth
+from console import auth, views_pools
+from console import pools as console_pools
 from console.api_schema import (
     Balance,
     BuildOut,
@@ -48,24 +50,40 @@ from console.api_schema import (
     Error,
     Id,
     ImagesOut,
+    JobBody,
     JobOut,
     Log,
     NewBuild,
     NewCluster,
     NewJob,
+    NewPool,
+    NewSweep,
     NodeIndex,
+    PoolDetailOut,
+    PoolOut,
     ProfileOut,
     Resize,
     SaveImage,
     Start,
+    SweepDetailOut,
+    SweepOut,
 )
-from console.forms import CUSTOM_IMAGE, OWN_IMAGE, ClusterForm, JobForm, ResizeForm, start_refusal
+from console.forms import (
+    CUSTOM_IMAGE,
+    OWN_IMAGE,
+    ClusterForm,
+    JobForm,
+    PoolForm,
+    ResizeForm,
+    start_refusal,
+)
+from console.forms_sweeps import SweepForm, space_field_text
 from console.models import ApiToken, digest_of
 from console.views_monitoring import trace_download
-from jobs import images, runner
+from jobs import images, pools, runner, sweeps
 from jobs import selectors as fleet
 from jobs import services as fleet_services
-from jobs.models import Image, Job, OwnImage, Replica
+from jobs.models import Image, Job, OwnImage, Pool, Replica, Sweep, Trial
 from jobs.text import Text
 from monitoring import profiles
 
@@ -662,6 +680,110 @@ def _rank_out(r) -> dict:
     }  # fmt: skip
 
 
+# -- pools ------------------------------------------------------------------------------
+
+_POOL_SHAPE = {
+    "name", "gpu_model", "instance_type", "nodes", "gpus_per_node", "image", "network", "zone",
+    "spot", "volumes",
+}  # fmt: skip
+POOL_EVENTS = 50
+
+
+def _pool_form_data(body: NewPool, owner) -> dict:
+    """The API's fields as the pool form's: the clusters' shape as the cluster API reads
+    it, then the pool's own (counts, idle minutes, budgets)."""
+    data = _cluster_form_data(NewCluster(**body.dict(include=_POOL_SHAPE)), owner)
+    defaults = {"min_clusters": 0, "max_clusters": 1, "idle_minutes": 10}
+    for name, default in defaults.items():
+        value = getattr(body, name)
+        data[name] = default if value is None else value
+    for name in ("budget_per_hour", "budget_total"):
+        value = getattr(body, name)
+        if value is not None:
+            data[name] = str(value)
+    return data
+
+
+def _pool_of(user, pool_id: int):
+    """The owner's pool with its counts (views_pools.pools_of); anyone else's is 404."""
+    return get_object_or_404(views_pools.pools_of(user), pk=pool_id)
+
+
+@api.get("/pools", tags=["pools"], response=_responses(200, list[PoolOut]), summary="Your pools")
+@paginate(Pages, items="pools")
+def pool_list(request):
+    """Newest first, 50 a page, closed ones too."""
+    return views_pools.pools_of(request.auth.user)
+
+
+@api.post("/pools", tags=["pools"], response=_responses(201, PoolOut), summary="Create a pool")
+def pool_create(request, payload: NewPool):
+    """The pool form's checks: the clusters' shape as a cluster's (the balance for one of
+    them included), 0 <= min_clusters <= max_clusters, and a budget per hour that pays for
+    at least one cluster (and for the minimum)."""
+    user = request.auth.user
+    form = PoolForm(_pool_form_data(payload, user), owner=user)
+    if not form.is_valid():
+        names = dict(_CLUSTER_NAMES)
+        if payload.instance_type and not payload.gpu_model:
+            names["resource"] = "instance_type"
+        return _fields_error(form, names)
+    created = pools.pool_create(owner=user, spec=form.spec(), rate_per_hour=form.rate_per_hour)
+    return Status(201, _pool_of(user, created.pk))
+
+
+@api.get(
+    "/pools/{pool_id}", tags=["pools"], response=_responses(200, PoolDetailOut), summary="A pool"
+)
+def pool(request, pool_id: Id):
+    """Its settings and money, the figures now, its live clusters, its waiting and running
+    jobs, and the newest lines of its timeline."""
+    p = console_pools.refresh(_pool_of(request.auth.user, pool_id))
+    clusters = list(
+        p.clusters.filter(state__in=pools.LIVE)
+        .select_related("gpu_model", "instance_type")
+        .order_by("created_at", "id")
+    )
+    f = pools.figures_of(p, clusters)
+    queue = views_pools.queue_of(p)
+    p.live_clusters = clusters
+    p.waiting_jobs, p.running_jobs = queue["waiting"], queue["running"]
+    p.last_events = list(reversed(p.events.order_by("-at", "-id")[:POOL_EVENTS]))
+    p.figures_now = {
+        "waiting": f.waiting, "running": f.running, "clusters": f.clusters,
+        "starting": f.starting, "ready": f.ready, "free": f.free, "finishing": f.finishing,
+    }  # fmt: skip
+    return p
+
+
+@api.post(
+    "/pools/{pool_id}/jobs",
+    tags=["pools"],
+    response=_responses(201, JobOut),
+    summary="Submit a job",
+)
+def pool_job_submit(request, pool_id: Id, payload: JobBody):
+    """The body of POST /jobs without `cluster`: the job waits in the pool's queue and runs
+    on the first of its clusters to be free. 400 with the reason when the pool is closed
+    or may not add the cluster it needs (its maximum, its budget)."""
+    p = _pool_of(request.auth.user, pool_id)
+    form = JobForm(_job_form_data(payload))
+    if not form.is_valid():
+        return _fields_error(form)
+    return Status(201, console_pools.submit(pool=p, spec=form.spec()))
+
+
+@api.post(
+    "/pools/{pool_id}/close", tags=["pools"], response=_responses(200, PoolOut), summary="Close"
+)
+def pool_close(request, pool_id: Id):
+    """No more jobs: its waiting jobs are cancelled, running ones finish, and its clusters
+    are released as they turn idle."""
+    p = _pool_of(request.auth.user, pool_id)
+    pools.pool_close(pool=p)
+    return _pool_of(request.auth.user, p.pk)
+
+
 # -- own images -------------------------------------------------------------------------
 
 
@@ -772,6 +894,112 @@ def balance(request):
         "hours_left": round(hours_left, 2) if hours_left is not None else None,
         "entries": list(money.entries_of(request.auth.user)[:PAGE]),
     }
+
+
+# -- sweeps (issue 26) ------------------------------------------------------------------
+
+_SWEEP_DEFAULTS = {
+    "name": "sweep", "workdir": "/workspace", "direction": Sweep.Direction.MINIMIZE, "trials": 20,
+    "parallel": 1, "pruner": Sweep.Pruner.ASHA, "min_steps": 1,
+}  # fmt: skip
+
+
+def _sweeps_of(user):
+    ended = ~Q(trial_set__state=Trial.State.RUNNING)
+    complete = Q(trial_set__state=Trial.State.COMPLETE)
+    return Sweep.objects.filter(owner=user).annotate(
+        trials_done=Count("trial_set", filter=ended),
+        best_min=Min("trial_set__last_value", filter=complete),
+        best_max=Max("trial_set__last_value", filter=complete),
+    )
+
+
+def _sweep_detail(user, sweep_id: int) -> Sweep:
+    """The sweep with its trials and what pruning saved (jobs/sweeps.py `figures`)."""
+    sweep = get_object_or_404(_sweeps_of(user).select_related("pool"), pk=sweep_id)
+    fig = sweeps.figures(sweep)
+    sweep.trial_list = [
+        {
+            "number": f.trial.number, "state": f.trial.state, "params": f.trial.params,
+            "job": f.trial.job_id, "last_step": f.trial.last_step,
+            "last_value": f.trial.last_value, "best_value": f.trial.best_value,
+            "points": len(f.trial.curve), "seconds": round(f.seconds, 3), "cost": f.cost,
+            "note": f.trial.note,
+        }
+        for f in fig.trials
+    ]  # fmt: skip
+    sweep.best_trial = fig.best.number if fig.best else None
+    sweep.savings = {
+        "unit": fig.unit_word, "units": fig.units, "full_steps": fig.full_steps,
+        "pruned": sum(1 for f in fig.trials if f.trial.state == Trial.State.PRUNED),
+        "used_unit_seconds": round(fig.used_unit_seconds, 3),
+        "full_unit_seconds": round(fig.full_unit_seconds, 3),
+        "saved_unit_seconds": round(fig.saved_unit_seconds, 3),
+        "saved_share": round(fig.saved_share, 4), "used_cost": fig.used_cost,
+        "saved_cost": fig.saved_cost, "currency": money.standing(user).currency,
+    }  # fmt: skip
+    return sweep
+
+
+@api.get(
+    "/sweeps", tags=["sweeps"], response=_responses(200, list[SweepOut]), summary="Your sweeps"
+)
+@paginate(Pages, items="sweeps")
+def sweep_list(request):
+    """Newest first, 50 a page."""
+    return _sweeps_of(request.auth.user)
+
+
+@api.post(
+    "/sweeps", tags=["sweeps"], response=_responses(201, SweepDetailOut), summary="Start a sweep"
+)
+def sweep_create(request, payload: NewSweep):
+    """On one of your active pools; the same checks as the form. Each trial prints
+    `SUANLI_METRIC {"step": 100, "val_loss": 0.41}` lines and reads its parameters from
+    `SUANLI_PARAM_<NAME>` or the JSON file at `$SUANLI_PARAMS_FILE`."""
+    user = request.auth.user
+    pool = Pool.objects.filter(pk=payload.pool, owner=user).first()
+    if pool is None:
+        return _error(404, "No such pool.", {"pool": ["No such pool."]})
+    if pool.state != Pool.State.ACTIVE:
+        message = f"Pool {pool.name} is closed: it takes no more jobs."
+        return _error(400, message, {"pool": [message]})
+    given = payload.dict(exclude_none=True)
+    data = {**_SWEEP_DEFAULTS, **{k: v for k, v in given.items() if k in SweepForm.base_fields}}
+    data.update(pool=str(pool.pk), env=_as_text(payload.env), space=space_field_text(payload.space))
+    form = SweepForm(data, owner=user)
+    if not form.is_valid():
+        fields = {name: [str(e) for e in errors] for name, errors in form.errors.items()}
+        words = [e for errors in fields.values() for e in errors]
+        return _error(400, " ".join(words) or "Invalid input.", fields)
+    sweep = sweeps.sweep_create(owner=user, pool=console_pools.refresh(pool), spec=form.spec())
+    return Status(201, _sweep_detail(user, sweep.pk))
+
+
+@api.get(
+    "/sweeps/{sweep_id}",
+    tags=["sweeps"],
+    response=_responses(200, SweepDetailOut),
+    summary="A sweep",
+)
+def sweep(request, sweep_id: Id):
+    """Its settings, its trials (parameters, state, last and best value, seconds, cost), its
+    best trial, and what pruning saved against running every trial to the end."""
+    return _sweep_detail(request.auth.user, sweep_id)
+
+
+@api.post(
+    "/sweeps/{sweep_id}/cancel",
+    tags=["sweeps"],
+    response=_responses(200, SweepDetailOut),
+    summary="Cancel a sweep",
+)
+def sweep_cancel(request, sweep_id: Id):
+    """Its running trials are cancelled (SIGTERM, then SIGKILL) and no new ones start; a
+    sweep that has ended stays as it is."""
+    s = _sweep_detail(request.auth.user, sweep_id)
+    sweeps.sweep_cancel(sweep=s)
+    return _sweep_detail(request.auth.user, sweep_id)
 
 
 def not_found(request):

@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from console.logins import ssh_logins
-from jobs.models import Cluster, ImageBuild, Job, OwnImage
+from jobs.models import Cluster, ImageBuild, Job, OwnImage, Pool, Sweep, Trial
 
 MAX_ID = 2_147_483_647  # the database's integer keys
 
@@ -209,8 +209,9 @@ class JobOut(Schema):
         return context["request"].build_absolute_uri(reverse("job_detail", args=[obj.pk]))
 
 
-class NewJob(Schema):
-    cluster: Id = Field(description="the id of one of your running clusters")
+class JobBody(Schema):
+    """A job as submitted: to a cluster (NewJob) or to a pool."""
+
     name: str | None = None
     command: str | None = Field(None, description="run with /bin/sh -c in every replica")
     launcher: str | None = Field(None, description="plain (default) or torchrun")
@@ -229,6 +230,10 @@ class NewJob(Schema):
     max_preemptions: Whole | None = Field(
         None, description="preemptions the job survives (default 5); one more fails it"
     )
+
+
+class NewJob(JobBody):
+    cluster: Id = Field(description="the id of one of your running clusters")
 
 
 class LogLine(Schema):
@@ -418,3 +423,231 @@ class BuildOut(Schema):
     @staticmethod
     def resolve_lines(obj) -> list[dict]:
         return [{"seq": seq, "text": text} for seq, text in getattr(obj, "lines", [])]
+
+
+# -- pools (issue 26) -------------------------------------------------------------------
+
+
+class NewPool(Schema):
+    name: str | None = Field(None, description="lower-case letters, digits and dashes")
+    gpu_model: str | None = Field(None, description="a GPU model's slug, e.g. a100-80gb")
+    instance_type: str | None = Field(None, description="a CPU-only type (instead of gpu_model)")
+    nodes: Whole | None = Field(None, description="nodes of each cluster")
+    gpus_per_node: Whole | None = None
+    image: str | None = Field(None, description="a catalog image's reference, or any other")
+    network: str | None = Field(None, description="standard (default) or rdma")
+    zone: str | None = Field(None, description="empty: any zone")
+    spot: bool | None = Field(None, strict=True, description="cheaper, preemptible clusters")
+    volumes: Annotated[list[str] | str | None, BeforeValidator(_lines_shape)] = Field(
+        None, description="storage-folder:/container/path[:ro], one per item"
+    )
+    min_clusters: Whole | None = Field(None, description="kept even when idle (default 0)")
+    max_clusters: Whole | None = Field(
+        None, description="added while jobs wait, up to this many (default 1)"
+    )
+    idle_minutes: Whole | None = Field(
+        None, description="a cluster idle this many minutes is released (default 10)"
+    )
+    budget_per_hour: Decimal | None = Field(
+        None, description="no more clusters at once than this pays for an hour"
+    )
+    budget_total: Decimal | None = Field(
+        None, description="once spent, no cluster is added and idle ones are released"
+    )
+
+
+class PoolEventOut(Schema):
+    at: Stamp
+    kind: str = Field(description="created, grow, held (more wanted, held back), shrink, closed")
+    message: str = Field(description="the decision and why, in English")
+    figures: dict = Field(description="the figures it was decided on")
+
+
+class PoolOut(Schema):
+    id: int
+    name: str
+    state: _choices(Pool.State.choices)
+    gpu_model: str | None = Field(description="the GPU model's slug; null on CPU-only types")
+    instance_type: str | None = Field(description="the CPU-only type's name")
+    nodes: int
+    gpus_per_node: int
+    image: str = Field(description="the image reference the clusters run")
+    network: _choices(Cluster.Network.choices)
+    zone: str
+    spot: bool
+    volumes: list[str] = Field(description="storage-folder:/container/path[:ro]")
+    min_clusters: int
+    max_clusters: int
+    idle_minutes: int
+    budget_per_hour: Money | None
+    budget_total: Money | None
+    rate_per_hour: Money | None = Field(description="one cluster's price an hour now")
+    spent: Money = Field(description="what the pool's clusters have been charged so far")
+    clusters_live: int = Field(description="clusters pending or running now")
+    jobs_waiting: int
+    jobs_running: int
+    created_at: Stamp
+    closed_at: Stamp | None
+    url: str = Field(description="the pool's page in the console")
+
+    @staticmethod
+    def resolve_gpu_model(obj) -> str | None:
+        return obj.gpu_model.slug if obj.gpu_model_id else None
+
+    @staticmethod
+    def resolve_instance_type(obj) -> str | None:
+        return obj.instance_type.name if obj.instance_type_id else None
+
+    @staticmethod
+    def resolve_image(obj) -> str:
+        return obj.image_reference
+
+    @staticmethod
+    def resolve_volumes(obj) -> list[str]:
+        return [
+            f"{v['source']}:{v['target']}{':ro' if v.get('read_only') else ''}" for v in obj.volumes
+        ]
+
+    @staticmethod
+    def resolve_clusters_live(obj) -> int:
+        return obj.live
+
+    @staticmethod
+    def resolve_jobs_waiting(obj) -> int:
+        return obj.waiting
+
+    @staticmethod
+    def resolve_jobs_running(obj) -> int:
+        return obj.running
+
+    @staticmethod
+    def resolve_url(obj, context) -> str:
+        return context["request"].build_absolute_uri(reverse("pool_detail", args=[obj.pk]))
+
+
+class PoolDetailOut(PoolOut):
+    figures: dict[str, int] = Field(
+        description="now: waiting, running, clusters, starting, ready, free, finishing"
+    )
+    clusters: list[ClusterOut] = Field(description="its live clusters")
+    waiting: list[JobOut] = Field(description="its waiting jobs, first to run first")
+    running: list[JobOut]
+    events: list[PoolEventOut] = Field(description="the newest 50 lines of its timeline")
+
+    @staticmethod
+    def resolve_clusters(obj) -> list:
+        return obj.live_clusters
+
+    @staticmethod
+    def resolve_waiting(obj) -> list:
+        return obj.waiting_jobs
+
+    @staticmethod
+    def resolve_running(obj) -> list:
+        return obj.running_jobs
+
+    @staticmethod
+    def resolve_events(obj) -> list:
+        return obj.last_events
+
+    @staticmethod
+    def resolve_figures(obj) -> dict:
+        return obj.figures_now
+
+
+# -- sweeps (issue 26) ------------------------------------------------------------------
+
+
+class NewSweep(Schema):
+    name: str | None = None
+    pool: Id = Field(description="the id of one of your active pools")
+    command: str | None = Field(None, description="run with /bin/sh -c, once per trial")
+    env: Annotated[
+        dict[str, str | int | float] | list[str] | str | None, BeforeValidator(_env_shape)
+    ] = Field(None, description='{"NAME": "value"} or ["NAME=value", ...], for every trial')
+    workdir: str | None = Field(None, description="default /workspace")
+    space: list[dict] | str | None = Field(
+        None,
+        description='[{"name": "lr", "type": "log_uniform", "low": 1e-5, "high": 0.1}, '
+        '{"name": "opt", "type": "categorical", "choices": ["adam", "sgd"]}] (types: uniform, '
+        "log_uniform, int, categorical), or the form's lines ('lr: log_uniform 1e-5 1e-1')",
+    )
+    metric: str | None = Field(
+        None, description='the name the trials print: SUANLI_METRIC {"step": 100, "val_loss": 0.41}'
+    )
+    direction: str | None = Field(None, description="minimize (default) or maximize")
+    trials: Whole | None = Field(None, description="how many trials in all (default 20)")
+    parallel: Whole | None = Field(None, description="trials at a time (default 1)")
+    pruner: str | None = Field(None, description="asha (default), median or none")
+    min_steps: Whole | None = Field(None, description="steps before a trial may be pruned")
+
+
+class SweepOut(Schema):
+    id: int
+    name: str
+    pool: int
+    state: _choices(Sweep.State.choices)
+    metric: str
+    direction: _choices(Sweep.Direction.choices)
+    trials: int
+    trials_done: int = Field(description="trials that have ended (complete, pruned or failed)")
+    best_value: float | None = Field(description="the best complete trial's last value")
+    created_at: Stamp
+    finished_at: Stamp | None
+    url: str = Field(description="the sweep's page in the console")
+
+    @staticmethod
+    def resolve_pool(obj) -> int:
+        return obj.pool_id
+
+    @staticmethod
+    def resolve_best_value(obj) -> float | None:
+        # Annotated by the API's query (console/api.py `_sweeps_of`).
+        return obj.best_min if obj.direction == Sweep.Direction.MINIMIZE else obj.best_max
+
+    @staticmethod
+    def resolve_url(obj, context) -> str:
+        return context["request"].build_absolute_uri(reverse("sweep_detail", args=[obj.pk]))
+
+
+class TrialOut(Schema):
+    number: int
+    state: _choices(Trial.State.choices)
+    params: dict
+    job: int | None
+    last_step: int | None
+    last_value: float | None
+    best_value: float | None
+    points: int = Field(description="how many (step, value) points its curve holds")
+    seconds: float
+    cost: Money | None
+    note: str
+
+
+class SavingsOut(Schema):
+    unit: Literal["GPU", "node"]
+    units: int = Field(description="GPUs (or nodes) per trial")
+    full_steps: int | None = Field(
+        description="the last step of the longest complete trial (None: none complete yet)"
+    )
+    pruned: int
+    used_unit_seconds: float
+    full_unit_seconds: float = Field(description="had every pruned trial run to full_steps")
+    saved_unit_seconds: float
+    saved_share: float = Field(description="0 to 1")
+    used_cost: Money | None
+    saved_cost: Money | None
+    currency: str
+
+
+class SweepDetailOut(SweepOut):
+    command: str
+    env: dict
+    workdir: str
+    space: list[dict]
+    parallel: int
+    pruner: _choices(Sweep.Pruner.choices)
+    min_steps: int
+    best_trial: int | None = Field(description="the best complete trial's number")
+    trial_list: list[TrialOut] = Field(description="every trial so far, by number")
+    savings: SavingsOut

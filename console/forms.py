@@ -1,6 +1,6 @@
 """Researchers' forms. Validation says what to write instead; nothing is half-created."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from django import forms
@@ -13,7 +13,8 @@ from billing import formatting
 from billing import selectors as money
 from jobs import selectors as fleet
 from jobs import storage, validators
-from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, OwnImage, SshKey
+from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, OwnImage, Pool, SshKey
+from jobs.pools import PoolSpec
 from jobs.services import ClusterSpec, JobSpec
 
 CUSTOM_IMAGE = "custom"
@@ -473,6 +474,131 @@ class ClusterForm(forms.Form):
             workspace=d.get("workspace", False),
             release_policy=d["release_policy"],
             idle_minutes=d.get("idle_minutes"),
+        )
+
+
+class PoolForm(ClusterForm):
+    """A pool (issue 26): the cluster form's shape, image, network, zone and volumes for
+    every cluster of the pool, and how many clusters, how long idle, and what it may
+    spend. Its clusters have no workspace, no SSH keys and no release policy of their own:
+    the pool adds and releases them."""
+
+    MOST_CLUSTERS = 100
+
+    min_clusters = forms.IntegerField(
+        label=gettext_lazy("Minimum clusters"), min_value=0, max_value=MOST_CLUSTERS, initial=0,
+        help_text=gettext_lazy("Kept even when idle; 0 releases every idle cluster."),
+    )  # fmt: skip
+    max_clusters = forms.IntegerField(
+        label=gettext_lazy("Maximum clusters"), min_value=1, max_value=MOST_CLUSTERS, initial=2,
+        help_text=gettext_lazy("Added one by one while jobs wait, up to this many."),
+        error_messages={"min_value": gettext_lazy("Give 1 or more: a pool of 0 clusters runs nothing.")},
+    )  # fmt: skip
+    idle_minutes = forms.IntegerField(
+        label=gettext_lazy("Idle minutes"), min_value=1, max_value=7 * 24 * 60, initial=10,
+        help_text=gettext_lazy("A cluster idle this long is released (down to the minimum)."),
+    )  # fmt: skip
+    budget_per_hour = forms.DecimalField(
+        label=gettext_lazy("Budget per hour (optional)"), required=False, max_digits=16,
+        decimal_places=4,
+        help_text=gettext_lazy("No more clusters at once than this pays for an hour."),
+    )  # fmt: skip
+    budget_total = forms.DecimalField(
+        label=gettext_lazy("Total budget (optional)"), required=False, max_digits=16,
+        decimal_places=4,
+        help_text=gettext_lazy("Once the pool has spent this, it adds no cluster and releases idle ones."),
+    )  # fmt: skip
+
+    def __init__(self, *args, owner, **kwargs):
+        super().__init__(*args, owner=owner, **kwargs)
+        for name in ("ssh_keys", "workspace", "release_policy"):
+            del self.fields[name]
+        self.rate_per_hour = None  # one cluster's price per hour, once clean
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        try:
+            validators.validate_host_name(name)
+        except ValidationError:
+            raise ValidationError(
+                _("Use lower-case letters, digits and dashes, e.g. llama-ft-1.")
+            ) from None
+        if Pool.objects.filter(owner=self.owner, name=name, state=Pool.State.ACTIVE).exists():
+            raise ValidationError(_("You have an active pool with this name already."))
+        return name
+
+    @staticmethod
+    def _positive(value):
+        if value is not None and value <= 0:
+            raise ValidationError(_("A budget is more than 0; leave it empty for none."))
+        return value
+
+    def clean_budget_per_hour(self):
+        return self._positive(self.cleaned_data.get("budget_per_hour"))
+
+    def clean_budget_total(self):
+        return self._positive(self.cleaned_data.get("budget_total"))
+
+    def clean(self):
+        data = super().clean()
+        # What every cluster of a pool is, whatever the cluster form would ask.
+        data.update(ssh_keys=[], workspace=False, release_policy=Cluster.ReleasePolicy.NEVER)
+        low, high = data.get("min_clusters"), data.get("max_clusters")
+        if low is not None and high is not None and low > high:
+            self.add_error(
+                "min_clusters",
+                _("The minimum (%(min)s) is more than the maximum (%(max)s).")
+                % {"min": low, "max": high},
+            )
+        gpu_model, instance_type = data.get("gpu_model"), data.get("instance_type")
+        units = (data.get("nodes") or 0) * ((data.get("gpus_per_node") or 0) if gpu_model else 1)
+        if (gpu_model or instance_type) and units:
+            quote = money.quote_for(
+                gpu_model_id=gpu_model.pk if gpu_model else None,
+                instance_type_id=instance_type.pk if instance_type else None,
+                units=units,
+            )
+            if quote.priced:
+                self.rate_per_hour = quote.spot if data.get("spot") else quote.on_demand
+                self._check_budget(data, quote.currency)
+        return data
+
+    def _check_budget(self, data, currency: str) -> None:
+        budget, rate = data.get("budget_per_hour"), self.rate_per_hour
+        if budget is None or not rate:
+            return
+        values = {
+            "budget": formatting.text(formatting.total(budget), currency),
+            "rate": formatting.text(formatting.amount(rate), currency),
+        }
+        if budget < rate:
+            self.add_error(
+                "budget_per_hour",
+                _(
+                    "A budget of %(budget)s per hour does not pay for one cluster (%(rate)s per hour)."
+                )
+                % values,
+            )
+        elif data.get("min_clusters") and budget < rate * data["min_clusters"]:
+            self.add_error(
+                "budget_per_hour",
+                _(
+                    "A budget of %(budget)s per hour does not pay for the minimum of %(min)s "
+                    "clusters (%(rate)s per hour each)."
+                )
+                % {**values, "min": data["min_clusters"]},
+            )
+
+    def spec(self) -> PoolSpec:
+        d = self.cleaned_data
+        return PoolSpec(
+            name=d["name"],
+            cluster=replace(super().spec(), idle_minutes=None),
+            min_clusters=d["min_clusters"],
+            max_clusters=d["max_clusters"],
+            idle_minutes=d["idle_minutes"],
+            budget_per_hour=d.get("budget_per_hour"),
+            budget_total=d.get("budget_total"),
         )
 
 

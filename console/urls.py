@@ -10,6 +10,8 @@ from console import (
     views_billing,
     views_images,
     views_monitoring,
+    views_pools,
+    views_sweeps,
     views_webhooks,
 )
 
@@ -33,6 +35,19 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/stop/", views.cluster_stop, name="cluster_stop"),
     path("clusters/<int:cluster_id>/start/", views.cluster_start, name="cluster_start"),
     path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
+    path("pools/", views_pools.pool_list, name="pool_list"),
+    path("pools/new/", views_pools.pool_new, name="pool_new"),
+    path("pools/<int:pool_id>/", views_pools.pool_detail, name="pool_detail"),
+    path("pools/<int:pool_id>/status/", views_pools.pool_status, name="pool_status"),
+    path("pools/<int:pool_id>/samples.json", views_pools.pool_samples, name="pool_samples"),
+    path("pools/<int:pool_id>/jobs/new/", views_pools.pool_job_new, name="pool_job_new"),
+    path("pools/<int:pool_id>/close/", views_pools.pool_close, name="pool_close"),
+    path("sweeps/", views_sweeps.sweep_list, name="sweep_list"),
+    path("sweeps/new/", views_sweeps.sweep_new, name="sweep_new"),
+    path("sweeps/<int:sweep_id>/", views_sweeps.sweep_detail, name="sweep_detail"),
+    path("sweeps/<int:sweep_id>/live/", views_sweeps.sweep_live, name="sweep_live"),
+    path("sweeps/<int:sweep_id>/data.json", views_sweeps.sweep_data, name="sweep_data"),
+    path("sweeps/<int:sweep_id>/cancel/", views_sweeps.sweep_cancel, name="sweep_cancel"),
     path(
         "clusters/<int:cluster_id>/nodes/<int:index>/terminal/",
         views.node_terminal,

@@ -1147,6 +1147,9 @@ class Sweep(models.Model):
     )
     study_name = models.CharField(max_length=80, unique=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    # Why no trial starts now (the pool may not add a cluster...), as for Trial.note.
+    note = models.CharField(max_length=500, blank=True)
+    note_text = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -1167,6 +1170,7 @@ class Trial(models.Model):
         COMPLETE = "complete", gettext_lazy("complete")
         PRUNED = "pruned", gettext_lazy("pruned")
         FAILED = "failed", gettext_lazy("failed")
+        CANCELLED = "cancelled", gettext_lazy("cancelled")  # with its sweep
 
     sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="trial_set")
     number = models.PositiveIntegerField()  # Optuna's trial number
@@ -1182,7 +1186,9 @@ class Trial(models.Model):
     last_value = models.FloatField(null=True, blank=True)
     best_value = models.FloatField(null=True, blank=True)
     log_seq = models.BigIntegerField(default=0)  # the last log line read
+    # What went wrong, in English, and as a jobs.text.Text shown in the reader's language.
     note = models.CharField(max_length=500, blank=True)
+    note_text = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -35,7 +35,7 @@ from jobs import lifecycle, services
 from jobs.models import Cluster, Job, Pool, PoolEvent, PoolSample
 from jobs.queue import enqueue_unique
 from jobs.storage import VolumeSpec
-from jobs.text import Text, json_of
+from jobs.text import Text, json_of, show
 
 LIVE = (Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING)
 SAMPLE_EVERY_S = 30  # a sample at least this often, and on every change
@@ -175,7 +175,7 @@ def pool_submit(*, pool: Pool, spec: services.JobSpec) -> Job:
         target = _queue_for(pool)
     if target is None:
         last = pool.events.filter(kind="held").order_by("-at", "-id").first()
-        why = last.message if last else _("the pool may not add a cluster now")
+        why = show(last.text) if last and last.text else _("the pool may not add a cluster now")
         raise ValidationError(
             _("Pool %(pool)s has no cluster and cannot add one: %(why)s.")
             % {"pool": pool.name, "why": why}
@@ -194,6 +194,30 @@ def _queue_for(pool: Pool) -> Cluster | None:
         if best_key is None or key < best_key:
             best, best_key = cluster, key
     return best
+
+
+def blocked(pool: Pool) -> Text | None:
+    """Why a job submitted now would be refused (no cluster, and none may be added); None
+    when it would be taken. For a sweep, which waits instead of asking for a trial."""
+    if pool.state != Pool.State.ACTIVE:
+        return Text(gettext_noop("pool %(pool)s is closed"), pool=pool.name)
+    if pool.clusters.filter(state__in=LIVE, no_gpu=False).exists():
+        return None
+    if pool.max_clusters < 1:
+        return Text(gettext_noop("the pool's maximum of %(max)s clusters is reached"), max=0)
+    if pool.budget_total is not None and pool.spent >= pool.budget_total:
+        return Text(
+            gettext_noop("its total budget of %(budget)s is spent (%(spent)s)"),
+            budget=_money(pool.budget_total), spent=_money(pool.spent),
+        )  # fmt: skip
+    if pool.budget_per_hour is not None and (
+        pool.rate_per_hour is None or pool.budget_per_hour < pool.rate_per_hour
+    ):
+        return Text(
+            gettext_noop("a budget of %(budget)s per hour pays for %(n)s at %(rate)s per hour each"),
+            budget=_money(pool.budget_per_hour), n=0, rate=_money(pool.rate_per_hour),
+        )  # fmt: skip
+    return None
 
 
 # -- the autoscaler ---------------------------------------------------------------------------
@@ -367,7 +391,15 @@ def _join(parts: list[Text]) -> Text:
 
 
 def _name(pool: Pool) -> str:
+    """`<pool>-<n>`, the next number not taken by one of the owner's live clusters."""
     n = Cluster.objects.filter(pool=pool).count() + 1
+    taken = set(
+        Cluster.objects.filter(owner_id=pool.owner_id, state__in=LIVE).values_list(
+            "name", flat=True
+        )
+    )
+    while f"{pool.name[:52]}-{n}" in taken:
+        n += 1
     return f"{pool.name[:52]}-{n}"
 
 

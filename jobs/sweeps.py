@@ -25,6 +25,7 @@ import math
 import re
 import threading
 import uuid
+import warnings
 from dataclasses import dataclass
 from decimal import Decimal
 from urllib.parse import quote
@@ -35,13 +36,16 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
+from sqlalchemy.pool import NullPool
 
 from jobs import livelogs, pools, services
 from jobs.models import Job, Pool, Sweep, Trial
-from jobs.text import Text
+from jobs.text import Text, json_of
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+# constant_liar (so that trials asked for side by side spread out) is marked experimental.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 MARKER = "SUANLI_METRIC"
 PARAMS_FILE = "/tmp/suanli-params.json"  # noqa: S108 (the container's own /tmp)
@@ -79,7 +83,7 @@ def parse_space(text_or_list) -> list[dict]:
     ValidationError with one sentence per problem."""
     if isinstance(text_or_list, str):
         text = text_or_list.strip()
-        if text.startswith("["):
+        if text.startswith(("[", "{")):
             try:
                 items = json.loads(text)
             except ValueError as exc:
@@ -94,7 +98,13 @@ def parse_space(text_or_list) -> list[dict]:
             ]
     else:
         items = text_or_list
-    if not isinstance(items, list) or not items:
+    if not isinstance(items, list):
+        raise ValidationError(
+            _(
+                'The search space in JSON is a list: [{"name": "x", "type": "uniform", "low": 0, "high": 1}, ...].'
+            )
+        )
+    if not items:
         raise ValidationError(_("The search space needs at least one parameter."))
     if len(items) > MAX_PARAMS:
         raise ValidationError(_("A search space has at most %(n)s parameters.") % {"n": MAX_PARAMS})
@@ -300,10 +310,9 @@ def storage() -> optuna.storages.RDBStorage:
     url = storage_url()
     with _storages_lock:
         if url not in _storages:
-            _storages[url] = optuna.storages.RDBStorage(
-                url, engine_kwargs={"pool_pre_ping": True, "pool_size": 2, "max_overflow": 2}
-                if url.startswith("postgresql") else {},
-            )  # fmt: skip
+            # No pool of its own: a connection per use, closed after (no idle sessions
+            # left on the database; the calls are few, on a sweep's events).
+            _storages[url] = optuna.storages.RDBStorage(url, engine_kwargs={"poolclass": NullPool})
         return _storages[url]
 
 
@@ -360,17 +369,20 @@ def sweep_create(*, owner, pool: Pool, spec: SweepSpec) -> Sweep:
     if spec.direction not in Sweep.Direction.values or spec.pruner not in Sweep.Pruner.values:
         raise ValidationError(_("Unknown direction or early stopping rule."))
     name = f"suanli-{uuid.uuid4().hex}"
-    optuna.create_study(
-        study_name=name,
-        storage=storage(),
-        direction="minimize" if spec.direction == Sweep.Direction.MINIMIZE else "maximize",
-    )
-    sweep = Sweep.objects.create(
-        owner=owner, pool=pool, name=spec.name, command=spec.command, env=spec.env or {},
-        workdir=spec.workdir, space=space, metric=metric, direction=spec.direction,
-        trials=spec.trials, parallel=spec.parallel, pruner=spec.pruner,
-        min_steps=max(spec.min_steps, 1), study_name=name,
-    )  # fmt: skip
+    with transaction.atomic():
+        sweep = Sweep.objects.create(
+            owner=owner, pool=pool, name=spec.name, command=spec.command, env=spec.env or {},
+            workdir=spec.workdir, space=space, metric=metric, direction=spec.direction,
+            trials=spec.trials, parallel=spec.parallel, pruner=spec.pruner,
+            min_steps=max(spec.min_steps, 1), study_name=name,
+        )  # fmt: skip
+        # Optuna's own connection, committed at once: made last, so that a failure
+        # before it leaves no study behind (and a failure here no sweep).
+        optuna.create_study(
+            study_name=name,
+            storage=storage(),
+            direction="minimize" if spec.direction == Sweep.Direction.MINIMIZE else "maximize",
+        )
     advance(sweep.pk)
     return sweep
 
@@ -399,13 +411,14 @@ def advance(sweep_id: int) -> int:
         in_flight = sum(1 for t in trials if t.state == Trial.State.RUNNING)
         started = 0
         study = None
+        waiting = None
         while in_flight < sweep.parallel and len(trials) < sweep.trials:
+            waiting = pools.blocked(sweep.pool)
+            if waiting is not None:
+                break  # asked again on the next round; no trial is used up meanwhile
             study = study or study_of(sweep)
             ask = study.ask(distributions(sweep.space))
             params = dict(ask.params)
-            trial = Trial.objects.create(
-                sweep=sweep, number=ask.number, optuna_id=ask._trial_id, params=params
-            )
             spec = services.JobSpec(
                 name=f"{sweep.name[:80]}-trial-{ask.number}",
                 command=sweep.command,
@@ -418,15 +431,23 @@ def advance(sweep_id: int) -> int:
                     job = pools.pool_submit(pool=sweep.pool, spec=spec)
             except ValidationError as exc:
                 study.tell(ask.number, state=optuna.trial.TrialState.FAIL)
-                Trial.objects.filter(pk=trial.pk).update(
-                    state=Trial.State.FAILED, note=" ".join(exc.messages)[:500]
-                )
-                trials.append(trial)
+                waiting = " ".join(exc.messages)
                 break
-            Trial.objects.filter(pk=trial.pk).update(job=job)
-            trials.append(trial)
+            trials.append(
+                Trial.objects.create(
+                    sweep=sweep, number=ask.number, optuna_id=ask._trial_id, params=params,
+                    job=job,
+                )
+            )  # fmt: skip
             in_flight += 1
             started += 1
+        note = (
+            Text(gettext_noop("no trial can start now: %(why)s"), why=waiting) if waiting else None
+        )
+        if (str(note) if note else "") != sweep.note:
+            Sweep.objects.filter(pk=sweep.pk).update(
+                note=str(note)[:500] if note else "", note_text=json_of(note) if note else None
+            )
         if in_flight == 0 and len(trials) >= sweep.trials:
             Sweep.objects.filter(pk=sweep.pk).update(
                 state=Sweep.State.FINISHED, finished_at=timezone.now()
@@ -487,7 +508,11 @@ def observe(job_id: int) -> str:
 
 def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
     with transaction.atomic():
-        trial = Trial.objects.select_for_update().select_related("sweep", "job").get(pk=trial_id)
+        trial = (
+            Trial.objects.select_for_update(of=("self",))
+            .select_related("sweep", "job")
+            .get(pk=trial_id)
+        )
         if trial.state != Trial.State.RUNNING:
             return "ended meanwhile"
         sweep = trial.sweep
@@ -499,9 +524,13 @@ def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
         trial.log_seq = max(seq, trial.log_seq)
         if problems:
             number, why = problems[-1]
-            trial.note = _("log line %(n)s: %(why)s (the line is shown in the trial's log)") % {
-                "n": number, "why": _(why),
-            }  # fmt: skip
+            _note(
+                trial,
+                Text(
+                    gettext_noop("log line %(n)s: %(why)s (the line is shown in the trial's log)"),
+                    n=number, why=Text(why),
+                ),
+            )  # fmt: skip
         pruned_at = None
         if fresh:
             study = study_of(sweep)
@@ -546,34 +575,50 @@ def job_ended(job_id: int) -> str:
     if trial.state == Trial.State.RUNNING:
         observe(job_id)
     with transaction.atomic():
-        trial = Trial.objects.select_for_update().select_related("sweep", "job").get(pk=trial.pk)
+        trial = (
+            Trial.objects.select_for_update(of=("self",))
+            .select_related("sweep", "job")
+            .get(pk=trial.pk)
+        )
         if trial.state == Trial.State.RUNNING:
             study = study_of(trial.sweep)
             if trial.job.state == Job.State.SUCCEEDED and trial.last_value is not None:
                 study.tell(trial.number, trial.last_value)
                 trial.state = Trial.State.COMPLETE
+            elif trial.sweep.state == Sweep.State.CANCELLED:
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                trial.state = Trial.State.CANCELLED
+                _note(trial, Text(gettext_noop("stopped with its sweep")))
             else:
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
                 trial.state = Trial.State.FAILED
                 if not trial.note:
-                    trial.note = (
-                        _("the trial's job ended (%(state)s) without printing its metric")
-                        % {"state": trial.job.get_state_display()}
-                        if trial.last_value is None
-                        else _("the trial's job ended %(state)s")
-                        % {"state": trial.job.get_state_display()}
+                    _note(
+                        trial,
+                        Text(
+                            gettext_noop(
+                                "the trial's job ended (%(state)s) without printing its metric"
+                            )
+                            if trial.last_value is None
+                            else gettext_noop("the trial's job ended (%(state)s)"),
+                            state=Text(trial.job.state),
+                        ),
                     )
             trial.save()
     advance(trial.sweep_id)
     return trial.state
 
 
+def _note(trial: Trial, note: Text) -> None:
+    trial.note = str(note)[:500]
+    trial.note_text = json_of(note)
+
+
 def tick() -> int:
-    """Cron, the safety net: every running trial's new lines, then each sweep's next."""
+    """Cron, the safety net: every running trial's new lines (or its end, missed), then
+    each sweep's next."""
     n = 0
-    for trial in Trial.objects.filter(
-        state=Trial.State.RUNNING, sweep__state=Sweep.State.RUNNING
-    ).select_related("job"):
+    for trial in Trial.objects.filter(state=Trial.State.RUNNING).select_related("job"):
         if trial.job is None:
             continue
         if trial.job.is_ended:

@@ -332,7 +332,7 @@ def test_the_docs_page_runs_a_call_with_a_token_from_our_own_files(
         lambda r: None if r.url.startswith((live_server.url, "data:")) else elsewhere.append(r.url),
     )
     page.goto(f"{live_server.url}/api/v1/docs")
-    expect(page.locator(".opblock")).to_have_count(20)
+    expect(page.locator(".opblock")).to_have_count(29)
     page.get_by_role("button", name="Authorize").first.click()
     page.locator(".modal-ux input").fill(token)
     page.locator(".modal-ux button.authorize").click()

@@ -536,8 +536,28 @@ def _env_pair(ctx, param, values):
     return env
 
 
+def _pool_by_ref(api: Api, ref: str) -> dict:
+    """One of your pools by its name (an active one first) or its id."""
+    rows = _all_pages(api, "pools", "pools")
+    named = [p for p in rows if p["name"] == ref]
+    named.sort(key=lambda p: p["state"] != "active")
+    if named:
+        return named[0]
+    by_id = [p for p in rows if str(p["id"]) == ref]
+    if by_id:
+        return by_id[0]
+    raise Failure(f"you have no pool named {ref!r} (nor one with that id).")
+
+
 @jobs.command("submit", context_settings={"allow_interspersed_args": False})
-@click.option("--cluster", "cluster_id", type=int, required=True, help="Your cluster's id.")
+@click.option("--cluster", "cluster_id", type=int, help="Your cluster's id (or --pool).")
+@click.option(
+    "--pool",
+    "pool_ref",
+    metavar="NAME_OR_ID",
+    help="One of your pools, by name or id, instead of a cluster: the job runs on the first "
+    "of its clusters to be free.",
+)
 @click.option("--name", default="job", show_default=True)
 @click.option("--env", multiple=True, callback=_env_pair, metavar="KEY=VALUE", help="Repeatable.")
 @click.option("--workdir", help="The working directory in the container (default /workspace).")
@@ -558,16 +578,18 @@ def _env_pair(ctx, param, values):
 @click.argument("command", nargs=-1, required=True)
 @json_option
 def jobs_submit(
-    cluster_id, command, env, preemption_script, max_runtime, torchrun, as_json, **rest
+    cluster_id, pool_ref, command, env, preemption_script, max_runtime, torchrun, as_json, **rest
 ):
-    """Queue COMMAND (the words after --) on a cluster.
+    """Queue COMMAND (the words after --) on a cluster, or on a pool (--pool).
 
     The words are joined with spaces and run by the container's shell on every node, as
     ssh does: quote what your local shell must not expand, e.g.
     suanli jobs submit --cluster 7 -- 'python train.py --lr $LR'. With --torchrun,
     COMMAND is the script and its arguments.
     """
-    body = {"cluster": cluster_id, "command": " ".join(command), "env": env}
+    if (cluster_id is None) == (pool_ref is None):
+        raise click.UsageError("give either --cluster ID or --pool NAME_OR_ID (one of them).")
+    body = {"command": " ".join(command), "env": env}
     body["launcher"] = "torchrun" if torchrun else "plain"
     if preemption_script:
         try:
@@ -577,11 +599,18 @@ def jobs_submit(
     if max_runtime is not None:
         body["max_runtime_min"] = max_runtime
     body.update({k: v for k, v in rest.items() if v is not None})
-    job = Api.from_config().post("jobs", f"cluster {cluster_id}", body)
+    api = Api.from_config()
+    if pool_ref is not None:
+        pool = _pool_by_ref(api, pool_ref)
+        job = api.post(f"pools/{pool['id']}/jobs", f"pool {pool['name']}", body)
+        where = f"in pool {pool['name']} (on cluster {job['cluster']} for now)"
+    else:
+        job = api.post("jobs", f"cluster {cluster_id}", {**body, "cluster": cluster_id})
+        where = f"on cluster {job['cluster']}"
     if _wants_json(as_json):
         _emit_json(job)
         return
-    click.echo(f"Job {job['id']} ({job['name']}) is {job['state']} on cluster {job['cluster']}.")
+    click.echo(f"Job {job['id']} ({job['name']}) is {job['state']} {where}.")
     click.echo(f"Follow it: suanli logs -f {job['id']}")
 
 

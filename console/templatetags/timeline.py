@@ -56,6 +56,12 @@ KINDS = {
     "lost": gettext_lazy("lost"),
     "notice": gettext_lazy("notice"),
     "error": gettext_lazy("error"),
+    # pools
+    "created": gettext_lazy("created"),
+    "grow": gettext_lazy("added"),
+    "held": gettext_lazy("held back"),
+    "shrink": gettext_lazy("removed"),
+    "closed": gettext_lazy("closed"),
 }
 
 
@@ -66,6 +72,15 @@ def event_text(event) -> str:
     if data:
         return text.show(data)
     return getattr(event, "message", "")
+
+
+@register.filter
+def note_text(obj) -> str:
+    """A Sweep's or Trial's note in the active language."""
+    data = getattr(obj, "note_text", None)
+    if data:
+        return text.show(data)
+    return getattr(obj, "note", "")
 
 
 @register.filter
