@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from console import pools as console_pools
-from jobs import pools, runner, scheduler
+from jobs import lifecycle, pools, runner, scheduler, services
 from jobs.models import Cluster, Image, Job, Pool
 from jobs.services import ClusterSpec, JobSpec
 
@@ -33,6 +33,7 @@ def make_pool(catalog, priced, alice, hosts, storage_root):
             gpu_model=catalog["a100-80gb"],
             gpus_per_node=1,
             image=Image.objects.get(reference=TEST_IMAGE),
+            spot=fields.pop("spot", False),
         )
         spec = pools.PoolSpec(name=fields.pop("name", "train"), cluster=shape, **fields)
         pool = pools.pool_create(owner=owner or alice, spec=spec)
@@ -63,7 +64,14 @@ def drive(pool, until, timeout=60):
         if until():
             return
         time.sleep(0.3)
-    raise AssertionError("not reached in time")
+    raise AssertionError(
+        (
+            "not reached in time",
+            [(c.pk, c.state, c.state_reason) for c in Cluster.objects.filter(pool=pool)],
+            [(j.pk, j.state, j.attempt, j.cluster_id, j.state_reason) for j in pool.jobs.all()],
+            list(pool.events.values_list("kind", "message")),
+        )
+    )
 
 
 def test_three_jobs_grow_a_pool_to_its_maximum_and_idle_clusters_go(make_pool):
@@ -140,3 +148,42 @@ def test_a_closed_pool_takes_no_job(make_pool):
     pools.pool_close(pool=pool)
     with pytest.raises(ValidationError, match="closed"):
         submit(pool, "late")
+
+
+def test_a_spot_pool_requeues_a_preempted_job_onto_its_free_cluster(
+    make_pool, processes, storage_root, settings
+):
+    """Spot pools re-queue preempted jobs as spot clusters do: the job's cluster goes back to
+    the placement queue, and the pool's other cluster, free, takes the job at once."""
+    settings.SUANLI_SPOT_MIN_RUN_S = 0
+    settings.SUANLI_PREEMPT_SCRIPT_S = 2
+    settings.SUANLI_PREEMPT_GRACE_S = 2
+    env = {
+        "SUANLI_SPOT_MIN_RUN_S": "0",
+        "SUANLI_RECLAIM_AFTER_S": "0",
+        "SUANLI_PREEMPT_SCRIPT_S": "2",
+        "SUANLI_PREEMPT_GRACE_S": "2",
+        "SUANLI_STORAGE_ROOT": str(storage_root),
+    }
+    processes.start("worker", "--worker-class", "console.rqworker.SimpleWorker", env=env)
+    pool = make_pool(min_clusters=2, max_clusters=2, spot=True)
+    drive(pool, lambda: len([c for c in live(pool) if c.state == "running"]) == 2)
+    job = submit(pool, "long", "echo attempt $SUANLI_ATTEMPT; sleep 60")
+    drive(pool, lambda: Job.objects.get(pk=job.pk).state == "running")
+    job.refresh_from_db()
+    first = job.cluster
+    other = next(c for c in live(pool) if c.pk != first.pk)
+    assert lifecycle.cluster_preempt(cluster=first, reason="capacity reclaimed")
+    drive(
+        pool,
+        lambda: Job.objects.filter(pk=job.pk, attempt=2, state="running").exists(),
+        timeout=60,
+    )
+    job.refresh_from_db()
+    assert job.cluster_id == other.pk and job.preemptions == 1
+    kinds = list(job.events.values_list("kind", flat=True))
+    assert "preempted" in kinds and "moved" in kinds and "resuming" in kinds
+    first.refresh_from_db()
+    assert first.state in ("pending", "running")  # back in the placement queue, not lost
+    services.job_cancel(job=job, by="test")
+    pools.pool_close(pool=pool)

@@ -7,6 +7,8 @@ import time
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.test import Client
+from django.urls import reverse
 from test_pools import hosts, make_pool  # noqa: F401 (fixtures)
 
 from billing.models import LedgerEntry
@@ -167,6 +169,13 @@ def test_successive_halving_stops_bad_trials_and_finds_x_near_3(
     print("used", figures.used_unit_seconds, "full", figures.full_unit_seconds)
     assert figures.used_unit_seconds < figures.full_unit_seconds
     assert figures.full_steps == STEPS
+    # ...and the sweep's page says by how much.
+    client = Client()
+    client.force_login(alice)
+    page = client.get(reverse("sweep_detail", args=[sweep.pk])).content.decode()
+    saved = f"{figures.saved_unit_seconds:,.0f} GPU-seconds</strong> ({figures.saved_share * 100:.0f} %)"
+    assert f"Pruning saved <strong>{saved}" in page, page
+    assert f"against running all 8 trials to step {STEPS}" in page
     # Only the pool's two clusters ran all eight trials: no placement per trial.
     clusters = list(Cluster.objects.filter(pool=pool))
     assert len(clusters) == 2
