@@ -3,11 +3,15 @@ on each pool's row from billing before each round (jobs does not read billing), 
 cron entry that runs the rounds (jobs/pools.py) and the sweeps' safety net (jobs/sweeps.py).
 """
 
+import logging
+
 from django.db import transaction
 
 from billing import selectors as billing
 from jobs import pools, services, sweeps
 from jobs.models import Cluster, Job, Pool
+
+log = logging.getLogger("suanli.pools")
 
 
 def refresh(pool: Pool) -> Pool:
@@ -29,8 +33,11 @@ def tick() -> int:
         )
     )
     for pool in Pool.objects.filter(pk__in=ids):
-        refresh(pool)
-        pools.pool_scale(pool.pk)
+        try:
+            refresh(pool)
+            pools.pool_scale(pool.pk)
+        except Exception:  # one pool's trouble must not stop the other pools' rounds
+            log.exception("pool %s: no round", pool.pk)
     pools.prune_samples()
     sweeps.tick()
     return len(ids)

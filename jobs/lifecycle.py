@@ -140,7 +140,7 @@ def host_outage_ended(*, host_id: int, at=None) -> None:
 def rehome_pool_jobs(cluster: Cluster) -> int:
     """A pool cluster going away: the pool's jobs waiting on it wait on another of the
     pool's clusters instead (cancelled with it only when the pool has no other)."""
-    other = (
+    others = list(
         Cluster.objects.filter(
             pool_id=cluster.pool_id,
             state__in=(Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING),
@@ -148,8 +148,10 @@ def rehome_pool_jobs(cluster: Cluster) -> int:
         )
         .exclude(pk=cluster.pk)
         .order_by("created_at", "id")
-        .first()
     )
+    # A running one first (it, or the first of them to be free, takes them).
+    others.sort(key=lambda c: c.state != Cluster.State.RUNNING)
+    other = others[0] if others else None
     if other is None:
         return 0
     moved = 0

@@ -292,7 +292,7 @@ def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
             done.append(f"+{added}")
             f.clusters += added
             f.starting += added
-    released = _shrink(pool, clusters, now, numbers, spent_out)
+    released = _shrink(pool, clusters, f, now, numbers, spent_out)
     if released:
         done.append(f"-{released}")
         f.clusters -= released
@@ -335,7 +335,7 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
         )  # fmt: skip
     elif pool.budget_per_hour is not None:
         if pool.rate_per_hour is None:
-            affordable = 0
+            allowed = 0
             limits.append(Text(gettext_noop("its shape has no price to check the budget against")))
         else:
             affordable = (
@@ -403,24 +403,39 @@ def _name(pool: Pool) -> str:
     return f"{pool.name[:52]}-{n}"
 
 
-def _shrink(pool: Pool, clusters: list[Cluster], now, numbers: dict, spent_out: bool) -> int:
+def _jobless(cluster: Cluster) -> bool:
+    return not cluster.jobs.filter(state__in=[*Job.WAITING, *Job.ACTIVE]).exists()
+
+
+def _shrink(
+    pool: Pool, clusters: list[Cluster], f: Figures, now, numbers: dict, spent_out: bool
+) -> int:
     closed = pool.state != Pool.State.ACTIVE
     keep = 0 if (closed or spent_out) else pool.min_clusters
     idle_since = now - timedelta(minutes=pool.idle_minutes)
     if closed or spent_out:
         idle_since = now
     live = [c for c in clusters if c.state in LIVE]
-    idle = [
-        c
-        for c in live
-        if c.state != Cluster.State.PREEMPTING
-        and c.last_active_at <= idle_since
-        and not c.jobs.filter(state__in=[*Job.WAITING, *Job.ACTIVE]).exists()
-    ]
-    # Starting ones first (they cost nothing yet), then the longest idle.
-    idle.sort(key=lambda c: (c.state == Cluster.State.RUNNING, c.last_active_at))
+    # More clusters coming than jobs waiting for them: a starting cluster without a job
+    # (its job ran on a cluster that was free first) goes at once, before it is placed
+    # and charged for idling.
+    surplus = f.free + f.starting + f.finishing - f.waiting
+    candidates = []
+    for c in live:
+        if c.state == Cluster.State.PREEMPTING:
+            continue
+        starting = c.state == Cluster.State.PENDING and c.running_since is None
+        if starting and surplus > 0 and _jobless(c):
+            candidates.append((c, True))
+            surplus -= 1
+        elif c.last_active_at <= idle_since and _jobless(c):
+            if c.state == Cluster.State.RUNNING and f.waiting and not (closed or spent_out):
+                continue  # it takes a waiting job on this round's dispatch
+            candidates.append((c, False))
+    # Starting ones first, then the longest idle.
+    candidates.sort(key=lambda item: (not item[1], item[0].last_active_at))
     n = 0
-    for cluster in idle:
+    for cluster, unneeded in candidates:
         if len(live) - n <= keep:
             break
         if closed:
@@ -430,17 +445,31 @@ def _shrink(pool: Pool, clusters: list[Cluster], now, numbers: dict, spent_out: 
                 gettext_noop("the pool's total budget of %(budget)s is spent"),
                 budget=_money(pool.budget_total),
             )
+        elif unneeded:
+            why = Text(gettext_noop("not needed: its job ran on a cluster that was free first"))
         else:
             why = Text(
                 gettext_noop("idle for %(minutes)s minutes, %(clusters)s clusters, minimum %(min)s"),
                 minutes=pool.idle_minutes, clusters=len(live) - n, min=pool.min_clusters,
             )  # fmt: skip
-        lifecycle.cluster_release(
-            cluster=cluster,
-            reason=Text(
-                gettext_noop("released by pool %(pool)s: %(why)s"), pool=pool.name, why=why
-            ),
-        )
+        with transaction.atomic():
+            # Again under the cluster's lock: a dispatch may have moved a job onto it since
+            # it was read (lock order: pool, cluster, job).
+            locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+            if (
+                locked.state not in LIVE
+                or locked.state == Cluster.State.PREEMPTING
+                or not _jobless(locked)
+                or (not unneeded and locked.last_active_at > idle_since)
+                or (unneeded and locked.running_since is not None)
+            ):
+                continue
+            lifecycle.cluster_release(
+                cluster=locked,
+                reason=Text(
+                    gettext_noop("released by pool %(pool)s: %(why)s"), pool=pool.name, why=why
+                ),
+            )
         event(
             pool, "shrink",
             Text(gettext_noop("%(cluster)s %(why)s: -1"), cluster=cluster.name, why=why),

@@ -75,16 +75,16 @@ def dispatch(cluster_id: int) -> int | None:
             return None  # one job at a time: the next starts when this one ends
         # A preempted job keeps its place: it was queued before anything behind it.
         job = cluster.jobs.filter(state__in=Job.WAITING).order_by("queued_at", "id").first()
-        if cluster.pool_id:
-            job = _take_from_pool(cluster, job)
-        if job is None:
-            return None
         nodes = list(
             Node.objects.filter(cluster=cluster, released_at__isnull=True)
             .select_related("host")
             .order_by("index")
         )
         stranded = [n for n in nodes if n.lost_at or n.host.state in Host.UNHEALTHY]
+        if cluster.pool_id and not stranded:
+            job = _take_from_pool(cluster, job)
+        if job is None:
+            return None
         if stranded:
             # Not on a host that is down or cannot start containers: it waits for the host
             # to come back or for placement to move the node (`scheduler.move_stranded`).
@@ -118,8 +118,9 @@ def dispatch(cluster_id: int) -> int | None:
         port = settings.SUANLI_MASTER_PORT_BASE if nodes else None
         volumes = list(cluster.volumes.all())
         resume = _resume_point(job, volumes) if job.attempt else ""
-        # Compare-and-set: a duplicate delivery finds the job no longer waiting.
-        if not Job.objects.filter(pk=job.pk, state=job.state).update(
+        # Compare-and-set: a duplicate delivery finds the job no longer waiting (or, in a
+        # pool, moved to another cluster meanwhile).
+        if not Job.objects.filter(pk=job.pk, state=job.state, cluster_id=cluster.pk).update(
             state=Job.State.STARTING,
             attempt=attempt,
             started_at=now,

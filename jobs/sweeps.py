@@ -289,7 +289,10 @@ _storages_lock = threading.Lock()
 def storage_url() -> str:
     s = connection.settings_dict
     if "sqlite" in s["ENGINE"]:
-        return f"sqlite:///{s['NAME']}"
+        # SQLite has one writer at a time: Optuna's own connection writing while a Django
+        # transaction holds the lock would wait on it for good. The zero-setup default
+        # keeps the studies in a file beside the database instead.
+        return f"sqlite:///{s['NAME']}.optuna"
     user = _quote(s.get("USER") or "")
     password = _quote(s.get("PASSWORD") or "")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
@@ -306,7 +309,8 @@ def _quote(value: str) -> str:
 
 
 def storage() -> optuna.storages.RDBStorage:
-    """Optuna's storage in the project's database (its own tables, made on first use)."""
+    """Optuna's storage in the project's database (its own tables, made on first use;
+    beside it with SQLite)."""
     url = storage_url()
     with _storages_lock:
         if url not in _storages:
@@ -429,16 +433,19 @@ def advance(sweep_id: int) -> int:
             try:
                 with transaction.atomic():
                     job = pools.pool_submit(pool=sweep.pool, spec=spec)
+                    trial = Trial.objects.create(
+                        sweep=sweep, number=ask.number, optuna_id=ask._trial_id,
+                        params=params, job=job,
+                    )  # fmt: skip
             except ValidationError as exc:
                 study.tell(ask.number, state=optuna.trial.TrialState.FAIL)
                 waiting = " ".join(exc.messages)
                 break
-            trials.append(
-                Trial.objects.create(
-                    sweep=sweep, number=ask.number, optuna_id=ask._trial_id, params=params,
-                    job=job,
-                )
-            )  # fmt: skip
+            except Exception:
+                # Optuna's ask is committed on its own connection: not left running.
+                study.tell(ask.number, state=optuna.trial.TrialState.FAIL)
+                raise
+            trials.append(trial)
             in_flight += 1
             started += 1
         note = (
@@ -448,7 +455,13 @@ def advance(sweep_id: int) -> int:
             Sweep.objects.filter(pk=sweep.pk).update(
                 note=str(note)[:500] if note else "", note_text=json_of(note) if note else None
             )
-        if in_flight == 0 and len(trials) >= sweep.trials:
+        pool = sweep.pool
+        gone = pool.state != Pool.State.ACTIVE or (
+            pool.budget_total is not None and pool.spent >= pool.budget_total
+        )
+        if in_flight == 0 and (len(trials) >= sweep.trials or (waiting and gone)):
+            # All trials ended, or none can start again: its pool is closed or its total
+            # budget spent (neither comes back).
             Sweep.objects.filter(pk=sweep.pk).update(
                 state=Sweep.State.FINISHED, finished_at=timezone.now()
             )
@@ -473,16 +486,21 @@ def sweep_cancel(*, sweep: Sweep) -> Sweep:
 # -- reading the metric, pruning --------------------------------------------------------------
 
 
-def observe(job_id: int) -> str:
-    """Read the trial's new metric lines, report them, prune when the pruner says so."""
+def observe(job_id: int, *, full: bool = False) -> str:
+    """Read the trial's new metric lines, report them, prune when the pruner says so.
+    `full`: every kept line, not only those after the last one read (at the job's end:
+    the numbers start again when Redis lost the log and the stored log is read instead;
+    a step already reported is skipped either way)."""
     trial = Trial.objects.filter(job_id=job_id).select_related("sweep", "job").first()
     if trial is None or trial.state != Trial.State.RUNNING:
         return "not a running trial"
     lines = livelogs.lines(trial.job)
-    points, problems, seq = [], [], trial.log_seq
+    top = max((number for number, _payload in lines), default=0)
+    floor = 0 if full or top < trial.log_seq else trial.log_seq
+    points, problems, seq = [], [], floor
     last_step = trial.last_step if trial.last_step is not None else -1
     for number, payload in lines:
-        if number <= trial.log_seq:
+        if number <= floor:
             continue
         seq = max(seq, number)
         rank, _tab, rest = payload.partition("\t")
@@ -501,7 +519,7 @@ def observe(job_id: int) -> str:
             continue  # a step already read (or out of order): the first one counts
         points.append((step, value))
         last_step = step
-    if not points and not problems and seq == trial.log_seq:
+    if not points and not problems and seq <= trial.log_seq:
         return "nothing new"
     return _report(trial.pk, points, problems, seq)
 
@@ -521,7 +539,7 @@ def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
         while len(curve) > CURVE_POINTS:
             curve = curve[:1] + curve[1:-1:2] + curve[-1:]
         trial.curve = curve
-        trial.log_seq = max(seq, trial.log_seq)
+        trial.log_seq = seq
         if problems:
             number, why = problems[-1]
             _note(
@@ -532,6 +550,8 @@ def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
                 ),
             )  # fmt: skip
         pruned_at = None
+        if fresh and _settled_by_optuna(trial):
+            fresh = []  # told already (a worker that died before this row was saved)
         if fresh:
             study = study_of(sweep)
             handle = optuna.trial.Trial(study, trial.optuna_id)
@@ -548,18 +568,24 @@ def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
                 and handle.should_prune()
             ):
                 pruned_at = trial.last_step
-                study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+                study.tell(
+                    trial.number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True
+                )
                 trial.state = Trial.State.PRUNED
         trial.save()
         if pruned_at is not None and trial.job and not trial.job.is_ended:
-            services.job_cancel(
-                job=trial.job,
-                by=Text(
-                    gettext_noop("sweep %(sweep)s's pruner at step %(step)s (%(metric)s %(value)s)"),
-                    sweep=sweep.name, step=pruned_at, metric=sweep.metric,
-                    value=f"{trial.last_value:.6g}",
-                ),
-            )  # fmt: skip
+            try:
+                with transaction.atomic():
+                    services.job_cancel(
+                        job=trial.job,
+                        by=Text(
+                            gettext_noop("sweep %(sweep)s's pruner at step %(step)s (%(metric)s %(value)s)"),
+                            sweep=sweep.name, step=pruned_at, metric=sweep.metric,
+                            value=f"{trial.last_value:.6g}",
+                        ),
+                    )  # fmt: skip
+            except ValidationError:
+                pass  # it ended meanwhile: pruned all the same (Optuna has been told)
     if pruned_at is not None:
         advance(sweep.pk)  # the next trial waits for the cluster the pruned one frees
         return f"pruned at step {pruned_at}"
@@ -573,24 +599,28 @@ def job_ended(job_id: int) -> str:
     if trial is None:
         return "not a trial"
     if trial.state == Trial.State.RUNNING:
-        observe(job_id)
+        observe(job_id, full=True)
     with transaction.atomic():
         trial = (
             Trial.objects.select_for_update(of=("self",))
             .select_related("sweep", "job")
             .get(pk=trial.pk)
         )
-        if trial.state == Trial.State.RUNNING:
+        told = _settled_by_optuna(trial) if trial.state == Trial.State.RUNNING else None
+        if told is not None:
+            trial.state = told
+            trial.save()
+        elif trial.state == Trial.State.RUNNING:
             study = study_of(trial.sweep)
             if trial.job.state == Job.State.SUCCEEDED and trial.last_value is not None:
-                study.tell(trial.number, trial.last_value)
+                study.tell(trial.number, trial.last_value, skip_if_finished=True)
                 trial.state = Trial.State.COMPLETE
             elif trial.sweep.state == Sweep.State.CANCELLED:
-                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 trial.state = Trial.State.CANCELLED
                 _note(trial, Text(gettext_noop("stopped with its sweep")))
             else:
-                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 trial.state = Trial.State.FAILED
                 if not trial.note:
                     _note(
@@ -609,6 +639,20 @@ def job_ended(job_id: int) -> str:
     return trial.state
 
 
+_FROM_OPTUNA = {
+    optuna.trial.TrialState.COMPLETE: Trial.State.COMPLETE,
+    optuna.trial.TrialState.PRUNED: Trial.State.PRUNED,
+    optuna.trial.TrialState.FAIL: Trial.State.FAILED,
+}
+
+
+def _settled_by_optuna(trial: Trial) -> str | None:
+    """The trial's state when Optuna has it finished (its storage commits on its own
+    connection, so a rollback or a crash here can leave our row behind it); else None."""
+    state = storage().get_trial(trial.optuna_id).state
+    return _FROM_OPTUNA.get(state)
+
+
 def _note(trial: Trial, note: Text) -> None:
     trial.note = str(note)[:500]
     trial.note_text = json_of(note)
@@ -621,13 +665,19 @@ def tick() -> int:
     for trial in Trial.objects.filter(state=Trial.State.RUNNING).select_related("job"):
         if trial.job is None:
             continue
-        if trial.job.is_ended:
-            job_ended(trial.job_id)
-        else:
-            observe(trial.job_id)
+        try:
+            if trial.job.is_ended:
+                job_ended(trial.job_id)
+            else:
+                observe(trial.job_id)
+        except Exception:  # one trial's trouble must not stop the others' rounds
+            log.exception("sweep trial %s: not read", trial.pk)
         n += 1
     for sweep_id in Sweep.objects.filter(state=Sweep.State.RUNNING).values_list("pk", flat=True):
-        advance(sweep_id)
+        try:
+            advance(sweep_id)
+        except Exception:
+            log.exception("sweep %s: not advanced", sweep_id)
     return n
 
 
