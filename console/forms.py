@@ -561,7 +561,27 @@ class PoolForm(ClusterForm):
             if quote.priced:
                 self.rate_per_hour = quote.spot if data.get("spot") else quote.on_demand
                 self._check_budget(data, quote.currency)
+            self._check_minimum_funds(data, gpu_model, instance_type, units)
         return data
+
+    def _check_minimum_funds(self, data, gpu_model, instance_type, units: int) -> None:
+        """The pool starts its minimum at once: the balance covers them all, as it would
+        that many clusters made one by one (the cluster form checked one)."""
+        low = data.get("min_clusters") or 0
+        if low < 2 or self.errors:
+            return
+        funds = check_funds(
+            self.owner, gpu_model=gpu_model, instance_type=instance_type, units=units * low,
+            spot=bool(data.get("spot")),
+        )  # fmt: skip
+        if funds is not None and funds.short:
+            self.funds_short = funds.as_context()
+            message = _(
+                "The pool's minimum of %(min)s clusters costs %(per_hour)s/h; creating it "
+                "needs a balance for %(minutes)s minutes (%(needed)s). Your balance is "
+                "%(balance)s: top up on the billing page."
+            )
+            self.add_error("min_clusters", funds.refusal(message, min=low))
 
     def _check_budget(self, data, currency: str) -> None:
         budget, rate = data.get("budget_per_hour"), self.rate_per_hour

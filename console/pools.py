@@ -18,9 +18,11 @@ def refresh(pool: Pool) -> Pool:
     """One cluster's price now and what the pool has spent, onto the row."""
     rate = billing.pool_rate(pool)
     spent = billing.charged_for_pool(pool.pk)
-    if rate != pool.rate_per_hour or spent != pool.spent:
-        Pool.objects.filter(pk=pool.pk).update(rate_per_hour=rate, spent=spent)
-        pool.rate_per_hour, pool.spent = rate, spent
+    balance = billing.balance_of(pool.owner)
+    # Written every time, not only when this object's figures differ: the object may hold
+    # figures whose write a refused submit rolled back.
+    Pool.objects.filter(pk=pool.pk).update(rate_per_hour=rate, spent=spent, balance=balance)
+    pool.rate_per_hour, pool.spent, pool.balance = rate, spent, balance
     return pool
 
 

@@ -73,6 +73,18 @@ def _log_ticks(low: float, high: float) -> tuple[list, list]:
     return vals, [f"1e{v}" for v in vals]
 
 
+CURVES_SHOWN = 100  # the newest trials' curves (and the best's), polled every 5 s
+CURVE_POINTS_SHOWN = 300
+
+
+def _thin(curve: list) -> list:
+    """At most CURVE_POINTS_SHOWN points of a curve, evenly spread, the last kept."""
+    if len(curve) <= CURVE_POINTS_SHOWN:
+        return curve
+    every = -(-len(curve) // CURVE_POINTS_SHOWN)
+    return curve[-1::-every][::-1]
+
+
 def chart_data(sweep: Sweep, fig: sweeps.SweepFigures) -> dict:
     """The charts' data (static/js/sweep.js draws it): a curve per trial (metric against
     step), and the parallel coordinates of the trials that reported a value: an axis per
@@ -84,11 +96,16 @@ def chart_data(sweep: Sweep, fig: sweeps.SweepFigures) -> dict:
             "number": f.trial.number,
             "state": f.trial.state,
             "best": f.trial.pk == best_id,
-            "steps": [point[0] for point in f.trial.curve],
-            "values": [point[1] for point in f.trial.curve],
+            "steps": [point[0] for point in _thin(f.trial.curve)],
+            "values": [point[1] for point in _thin(f.trial.curve)],
         }
-        for f in fig.trials
+        for f in fig.trials[-CURVES_SHOWN:]
     ]
+    if best_id and all(not c["best"] for c in curves):
+        best = next(f for f in fig.trials if f.trial.pk == best_id).trial
+        curves.insert(0, {"number": best.number, "state": best.state, "best": True,
+                          "steps": [p[0] for p in _thin(best.curve)],
+                          "values": [p[1] for p in _thin(best.curve)]})  # fmt: skip
     scored = [f.trial for f in fig.trials if f.trial.last_value is not None]
     dimensions = []
     for p in sweep.space:
@@ -163,7 +180,7 @@ def sweep_list(request):
     page = Paginator(mine, 25).get_page(request.GET.get("page"))
     rows = []
     for sweep in page:
-        fig = sweeps.figures(sweep)
+        fig = sweeps.figures(sweep, curves=False)
         done = sum(1 for f in fig.trials if f.trial.state != Trial.State.RUNNING)
         best = _value_text(fig.best.last_value) if fig.best else ""
         rows.append({"sweep": sweep, "fig": fig, "done": done, "best": best})

@@ -1044,6 +1044,7 @@ class Pool(models.Model):
     # been charged so far.
     rate_per_hour = models.DecimalField(null=True, blank=True, **MONEY)
     spent = models.DecimalField(default=0, **MONEY)
+    balance = models.DecimalField(null=True, blank=True, **MONEY)  # the owner's, likewise
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     created_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)

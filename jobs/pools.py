@@ -196,6 +196,24 @@ def _queue_for(pool: Pool) -> Cluster | None:
     return best
 
 
+def funds_short(pool: Pool) -> Text | None:
+    """Why the owner's balance pays for no further cluster (the minutes of balance that
+    creating a cluster by hand needs); None when it does, or when there is no price."""
+    if pool.balance is None or pool.rate_per_hour is None:
+        return None
+    minutes = settings.SUANLI_MIN_BALANCE_MINUTES
+    needed = pool.rate_per_hour * minutes / 60
+    if pool.balance >= needed:
+        return None
+    return Text(
+        gettext_noop(
+            "the balance of %(balance)s does not cover %(minutes)s minutes of another "
+            "cluster (%(needed)s): top up"
+        ),
+        balance=_money(pool.balance), minutes=minutes, needed=_money(needed),
+    )  # fmt: skip
+
+
 def blocked(pool: Pool) -> Text | None:
     """Why a job submitted now would be refused (no cluster, and none may be added); None
     when it would be taken. For a sweep, which waits instead of asking for a trial."""
@@ -205,6 +223,9 @@ def blocked(pool: Pool) -> Text | None:
         return None
     if pool.max_clusters < 1:
         return Text(gettext_noop("the pool's maximum of %(max)s clusters is reached"), max=0)
+    short = funds_short(pool)
+    if short is not None:
+        return short
     if pool.budget_total is not None and pool.spent >= pool.budget_total:
         return Text(
             gettext_noop("its total budget of %(budget)s is spent (%(spent)s)"),
@@ -325,6 +346,10 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
                 max=pool.max_clusters,
             )
         )
+    short = funds_short(pool)
+    if short is not None:
+        allowed = 0
+        limits.append(short)
     if spent_out:
         allowed = 0
         limits.append(

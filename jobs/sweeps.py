@@ -50,8 +50,11 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 MARKER = "SUANLI_METRIC"
 PARAMS_FILE = "/tmp/suanli-params.json"  # noqa: S108 (the container's own /tmp)
 TYPES = ("uniform", "log_uniform", "int", "categorical")
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
-METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]{0,63}$")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # whole: fullmatch
+METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]{0,63}")
+MAX_STEP = 2**31 - 1  # Optuna keeps a step in a 32-bit column
+MAX_BOUND = 2**53  # a bound beyond this is not a float to search over
+REPORTS_PER_ROUND = 20  # Optuna writes per observe round (the rest of a burst: thinned)
 MAX_PARAMS = 20
 MAX_CHOICES = 50
 MAX_TRIALS = 1000
@@ -71,8 +74,14 @@ def _number(value, what: str) -> float:
                 _("%(what)s must be a number, not %(value)s.")
                 % {"what": what, "value": str(value)[:40]}
             ) from None
-    if not math.isfinite(value):
-        raise ValidationError(_("%(what)s must be a finite number.") % {"what": what})
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or abs(value) > MAX_BOUND:
+        raise ValidationError(
+            _("%(what)s must be a finite number, at most 2^53 either way.") % {"what": what}
+        )
     return value
 
 
@@ -115,7 +124,7 @@ def parse_space(text_or_list) -> list[dict]:
                 _("Parameter %(n)s is not an object with a name and a type.") % {"n": i}
             )
         name = item.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ValidationError(
                 _(
                     "Parameter %(n)s: the name must be letters, digits and _ (not starting with a digit), up to 40."
@@ -142,11 +151,17 @@ def parse_space(text_or_list) -> list[dict]:
                 if (
                     not isinstance(choice, str | int | float | bool)
                     or (isinstance(choice, float) and not math.isfinite(choice))
-                    or (isinstance(choice, str) and len(choice) > 100)
+                    or (isinstance(choice, float) and abs(choice) > MAX_BOUND)
+                    or (
+                        isinstance(choice, int)
+                        and not isinstance(choice, bool)
+                        and abs(choice) > MAX_BOUND
+                    )
+                    or (isinstance(choice, str) and (len(choice) > 100 or _control(choice)))
                 ):
                     raise ValidationError(
                         _(
-                            "Parameter %(name)s: each choice must be a word (up to 100 characters) or a number."
+                            "Parameter %(name)s: each choice must be a word (up to 100 characters, no control characters) or a number (at most 2^53 either way)."
                         )
                         % {"name": name}
                     )
@@ -172,6 +187,10 @@ def parse_space(text_or_list) -> list[dict]:
             low, high = int(low), int(high)
         out.append({"name": name, "type": kind, "low": low, "high": high})
     return out
+
+
+def _control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 def _line(n: int, line: str) -> dict:
@@ -234,7 +253,7 @@ def distributions(space: list[dict]) -> dict:
 
 def validate_metric(name: str) -> str:
     name = (name or "").strip()
-    if not METRIC.match(name) or name == "step":
+    if not METRIC.fullmatch(name) or name == "step":
         raise ValidationError(
             _(
                 "The metric is the name of a number the trial prints, e.g. val_loss: letters, digits, _ . - / (not 'step')."
@@ -268,8 +287,8 @@ def parse_metric_line(text: str, metric: str) -> tuple[int, float] | None:
     if metric not in data:
         return None  # another metric's line: not an error
     step = data.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**53:
-        raise MetricLineError(gettext_noop('"step" must be a whole number, 0 or more'))
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise MetricLineError(gettext_noop('"step" must be a whole number from 0 to 2147483647'))
     value = data[metric]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise MetricLineError(gettext_noop("the metric's value must be a finite number"))
@@ -283,6 +302,10 @@ def _no_constant(name):
 # -- Optuna's storage -------------------------------------------------------------------------
 
 _storages: dict[str, optuna.storages.RDBStorage] = {}
+LIBPQ_OPTIONS = {
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "connect_timeout",
+    "options", "target_session_attrs", "application_name", "keepalives", "keepalives_idle",
+}  # fmt: skip
 _storages_lock = threading.Lock()
 
 
@@ -316,7 +339,12 @@ def storage() -> optuna.storages.RDBStorage:
         if url not in _storages:
             # No pool of its own: a connection per use, closed after (no idle sessions
             # left on the database; the calls are few, on a sweep's events).
-            _storages[url] = optuna.storages.RDBStorage(url, engine_kwargs={"poolclass": NullPool})
+            kwargs = {"poolclass": NullPool}
+            options = connection.settings_dict.get("OPTIONS") or {}
+            tls = {k: str(v) for k, v in options.items() if k in LIBPQ_OPTIONS}
+            if tls and url.startswith("postgresql"):
+                kwargs["connect_args"] = tls  # the same TLS and timeouts as Django's
+            _storages[url] = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         return _storages[url]
 
 
@@ -556,8 +584,16 @@ def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
             study = study_of(sweep)
             handle = optuna.trial.Trial(study, trial.optuna_id)
             better = min if sweep.direction == Sweep.Direction.MINIMIZE else max
-            for step, value in fresh:
+            # Every point is on the curve; Optuna gets at most REPORTS_PER_ROUND of a
+            # burst (evenly spread, the last always: what the pruner judges), so a trial
+            # printing thousands of lines a second is not thousands of writes.
+            told = fresh
+            if len(fresh) > REPORTS_PER_ROUND:
+                every = math.ceil(len(fresh) / REPORTS_PER_ROUND)
+                told = fresh[-1::-every][::-1]
+            for step, value in told:
                 handle.report(value, step)
+            for _step, value in fresh:
                 trial.best_value = (
                     value if trial.best_value is None else better(trial.best_value, value)
                 )
@@ -653,6 +689,18 @@ def _settled_by_optuna(trial: Trial) -> str | None:
     return _FROM_OPTUNA.get(state)
 
 
+def _lost(trial: Trial) -> None:
+    try:
+        study_of(trial.sweep).tell(
+            trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True
+        )
+    except KeyError:
+        pass  # the study itself is gone
+    _note(trial, Text(gettext_noop("its job was deleted")))
+    trial.state = Trial.State.FAILED
+    trial.save(update_fields=["state", "note", "note_text"])
+
+
 def _note(trial: Trial, note: Text) -> None:
     trial.note = str(note)[:500]
     trial.note_text = json_of(note)
@@ -664,6 +712,7 @@ def tick() -> int:
     n = 0
     for trial in Trial.objects.filter(state=Trial.State.RUNNING).select_related("job"):
         if trial.job is None:
+            _lost(trial)  # its job was deleted (by an operator): the trial failed
             continue
         try:
             if trial.job.is_ended:
@@ -732,12 +781,13 @@ def _seconds(job: Job | None, now) -> float:
     return max((end - job.started_at).total_seconds(), 0.0)
 
 
-def figures(sweep: Sweep, *, now=None) -> SweepFigures:
+def figures(sweep: Sweep, *, now=None, curves: bool = True) -> SweepFigures:
     """What each trial ran and would have run, and what pruning saved: a pruned trial's
     full length is its seconds per step times the steps of the longest trial that ran to
     its end."""
     now = now or timezone.now()
-    trials = list(sweep.trial_set.select_related("job"))
+    trials = sweep.trial_set.select_related("job")
+    trials = list(trials if curves else trials.defer("curve"))  # a list page needs none
     ended = [t for t in trials if t.state == Trial.State.COMPLETE and t.last_step]
     full_steps = max((t.last_step for t in ended), default=None)
     rate = sweep.pool.rate_per_hour
