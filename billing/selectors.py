@@ -481,10 +481,20 @@ def charged_for_pool(pool_id: int) -> Decimal:
     )
 
 
-def pool_rate(pool) -> Decimal | None:
-    """One of the pool's clusters, per hour now (spot or on demand); None: no price."""
+def pool_rate(pool, *, book: RateBook | None = None) -> Decimal | None:
+    """One of the pool's clusters, per hour now (spot or on demand); None: no price.
+    `book`: the rate cards, loaded once for a round over many pools."""
     units = pool.nodes if pool.is_cpu_only else pool.nodes * max(pool.gpus_per_node, 1)
-    q = quote_for(
-        gpu_model_id=pool.gpu_model_id, instance_type_id=pool.instance_type_id, units=units
+    q = quote(
+        book or RateBook.load(),
+        gpu_model_id=pool.gpu_model_id,
+        instance_type_id=pool.instance_type_id,
+        units=units,
+        now=timezone.now(),
     )
     return q.spot if pool.spot else q.on_demand
+
+
+def rate_book() -> RateBook:
+    """The rate cards, for a round over many pools (`pool_rate(book=...)`)."""
+    return RateBook.load()

@@ -14,9 +14,9 @@ from jobs.models import Cluster, Job, Pool
 log = logging.getLogger("suanli.pools")
 
 
-def refresh(pool: Pool) -> Pool:
+def refresh(pool: Pool, *, book=None) -> Pool:
     """One cluster's price now and what the pool has spent, onto the row."""
-    rate = billing.pool_rate(pool)
+    rate = billing.pool_rate(pool, book=book)
     spent = billing.charged_for_pool(pool.pk)
     balance = billing.balance_of(pool.owner)
     # Written every time, not only when this object's figures differ: the object may hold
@@ -34,9 +34,10 @@ def tick() -> int:
             "pool_id", flat=True
         )
     )
-    for pool in Pool.objects.filter(pk__in=ids):
+    book = billing.rate_book()
+    for pool in Pool.objects.filter(pk__in=ids).select_related("owner"):
         try:
-            refresh(pool)
+            refresh(pool, book=book)
             pools.pool_scale(pool.pk)
         except Exception:  # one pool's trouble must not stop the other pools' rounds
             log.exception("pool %s: no round", pool.pk)

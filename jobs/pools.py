@@ -322,8 +322,9 @@ def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
         for cluster in clusters:
             if cluster.state == Cluster.State.RUNNING:
                 lifecycle.request_dispatch(cluster.pk)
-    after = figures_of(pool, list(pool.clusters.filter(state__in=LIVE)))
-    _sample(pool, after, now)
+    if done:  # counted again only when this round changed the clusters
+        f = figures_of(pool, list(pool.clusters.filter(state__in=LIVE)))
+    _sample(pool, f, now)
     return " ".join(done) or "="
 
 
