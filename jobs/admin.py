@@ -37,7 +37,10 @@ from jobs.models import (
     JobEvent,
     Node,
     OwnImage,
+    Pool,
+    PoolEvent,
     SshKey,
+    Sweep,
 )
 
 
@@ -543,3 +546,35 @@ class JobAdmin(ReadOnlyAdmin):
             _("Jobs of this owner only"),
             job.owner.username,
         )
+
+
+class PoolEventInline(ReadOnlyInline):
+    model = PoolEvent
+    fields = ["at", "kind", "message", "figures"]
+    readonly_fields = fields
+
+
+@admin.register(Pool)
+class PoolAdmin(ReadOnlyAdmin):
+    """Researchers' pools (jobs/pools.py): the queue, its clusters' shape and limits, and
+    each decision of the autoscaler. Their owners create and close them in the console."""
+
+    list_display = ["name", "owner", "shape", "min_clusters", "max_clusters", "spent", "state",
+                    "created_at"]  # fmt: skip
+    list_filter = ["state", "spot"]
+    list_select_related = ["owner", "gpu_model", "instance_type"]
+    search_fields = ["name", "owner__username"]
+    inlines = [PoolEventInline]
+
+
+@admin.register(Sweep)
+class SweepAdmin(ReadOnlyAdmin):
+    """Researchers' sweeps (jobs/sweeps.py); their trials are jobs on the pool. The env
+    is left out: it is its owner's, and may hold their tokens."""
+
+    list_display = ["name", "owner", "pool", "metric", "direction", "trials", "pruner", "state",
+                    "created_at"]  # fmt: skip
+    list_filter = ["state", "pruner"]
+    list_select_related = ["owner", "pool"]
+    search_fields = ["name", "owner__username"]
+    exclude = ["env"]

@@ -304,6 +304,7 @@ def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
         "rate_per_hour": _money(pool.rate_per_hour),
         "budget_per_hour": _money(pool.budget_per_hour),
         "budget_total": _money(pool.budget_total), "spent": _money(pool.spent),
+        "balance": _money(pool.balance),
     }  # fmt: skip
     done = []
     spent_out = pool.budget_total is not None and pool.spent >= pool.budget_total

@@ -44,8 +44,6 @@ from jobs.text import Text, json_of
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-# constant_liar (so that trials asked for side by side spread out) is marked experimental.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 MARKER = "SUANLI_METRIC"
 PARAMS_FILE = "/tmp/suanli-params.json"  # noqa: S108 (the container's own /tmp)
@@ -348,6 +346,14 @@ def storage() -> optuna.storages.RDBStorage:
         return _storages[url]
 
 
+def close_storages() -> None:
+    """Let go of Optuna's engines (a process that ends, or a test run's database)."""
+    with _storages_lock:
+        for kept in _storages.values():
+            kept.engine.dispose()
+        _storages.clear()
+
+
 def _pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
     if sweep.pruner == Sweep.Pruner.ASHA:
         return optuna.pruners.SuccessiveHalvingPruner(
@@ -359,9 +365,12 @@ def _pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
 
 
 def study_of(sweep: Sweep) -> optuna.Study:
-    sampler = optuna.samplers.TPESampler(
-        n_startup_trials=max(2, min(10, sweep.trials // 4)), constant_liar=True
-    )
+    with warnings.catch_warnings():
+        # constant_liar (trials asked for side by side spread out) is marked experimental.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(
+            n_startup_trials=max(2, min(10, sweep.trials // 4)), constant_liar=True
+        )
     return optuna.load_study(
         study_name=sweep.study_name, storage=storage(), pruner=_pruner(sweep), sampler=sampler
     )

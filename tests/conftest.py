@@ -7,7 +7,7 @@ import docker
 import pytest
 from django.contrib.auth import get_user_model
 
-from jobs import services
+from jobs import services, sweeps
 from jobs.catalog import seed_catalog
 from jobs.models import GpuModel, Host
 
@@ -119,6 +119,14 @@ def paper_host(catalog):
         state=Host.State.ACTIVE,
     )
     return services.host_save(host=host)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _optuna_lets_go(django_db_setup, django_db_blocker):
+    """Optuna's own connections to the test database (jobs/sweeps.py) are closed before
+    the database is dropped at the end of the run."""
+    yield
+    sweeps.close_storages()
 
 
 @pytest.fixture(autouse=True)
@@ -307,7 +315,7 @@ def _no_leftover_containers(request):
     any test, no replica after those that ran a cluster's jobs."""
     yield
     labels = ["suanli.workspace"]
-    if "running_cluster" in request.fixturenames:
+    if {"running_cluster", "make_pool"} & set(request.fixturenames):
         labels.append("suanli.job")
     for url in _engine_urls():
         client = docker.DockerClient(base_url=url, timeout=10)

@@ -187,3 +187,17 @@ def test_a_spot_pool_requeues_a_preempted_job_onto_its_free_cluster(
     assert first.state in ("pending", "running")  # back in the placement queue, not lost
     services.job_cancel(job=job, by="test")
     pools.pool_close(pool=pool)
+
+
+def test_operators_see_pools_and_their_decisions_in_the_admin(make_pool, operator, client):
+    pool = make_pool(max_clusters=2)
+    submit(pool, "a", "sleep 30")
+    pools.pool_scale(pool.pk)
+    client.force_login(operator)
+    listing = client.get("/admin/jobs/pool/").content.decode()
+    assert "train" in listing and "alice" in listing
+    page = client.get(f"/admin/jobs/pool/{pool.pk}/change/").content.decode()
+    assert "1 waiting, 0 starting, 0 free, 0 finishing: +1" in page
+    assert client.get("/admin/jobs/sweep/").status_code == 200
+    assert client.get(f"/admin/jobs/pool/{pool.pk}/delete/").status_code == 403  # look only
+    pools.pool_close(pool=pool)
