@@ -46,6 +46,7 @@ FIGURE_LABELS = {
     "budget_per_hour": gettext_lazy("budget per hour"),
     "budget_total": gettext_lazy("total budget"),
     "spent": gettext_lazy("spent"),
+    "balance": gettext_lazy("balance"),
 }
 
 
@@ -200,14 +201,16 @@ def pool_new(request):
 
 @login_required
 def pool_detail(request, pool_id: int):
-    pool = console_pools.refresh(pool_for_user(request.user, pool_id))
+    # The money figures on the row are the cron round's (every SUANLI_POOL_INTERVAL):
+    # a page, or its poll, writes nothing.
+    pool = pool_for_user(request.user, pool_id)
     return _detail(request, pool)
 
 
 @login_required
 def pool_status(request, pool_id: int):
     """The live parts of the pool page, polled with htmx every few seconds."""
-    pool = console_pools.refresh(pool_for_user(request.user, pool_id))
+    pool = pool_for_user(request.user, pool_id)
     return render(request, "console/_pool_live.html", _live_context(pool))
 
 
@@ -234,7 +237,7 @@ def pool_job_new(request, pool_id: int):
                 _("Job %(job)s queued on pool %(pool)s.") % {"job": job.name, "pool": pool.name},
             )
             return redirect("pool_detail", pool_id=pool.pk)
-    return _detail(request, console_pools.refresh(pool), job_form=form, status=400)
+    return _detail(request, pool, job_form=form, status=400)
 
 
 @login_required
