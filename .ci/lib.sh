@@ -250,6 +250,47 @@ start_dockerd() {
     done
 }
 
+# mount_btrfs_root IMAGE DIR SIZE: DIR becomes a btrfs filesystem on the sparse file
+# IMAGE (SIZE, e.g. 40G; blocks are taken only as they are written), mounted through a
+# loop device, with quotas on: the engine's btrfs storage driver then enforces
+# `--storage-opt size=` (a container's root filesystem limit, jobs/runtime.py). The file
+# stays between runs, so the engine's image cache does too. A no-op when DIR is mounted.
+# A DIR left from an earlier overlay2 engine is emptied first (its images come back
+# from the tars in a second).
+mount_btrfs_root() {
+    local image="$1" dir="$2" size="$3"
+    command -v mkfs.btrfs >/dev/null || die "mkfs.btrfs not installed (run .ci/install.sh btrfs-progs)"
+    if mountpoint -q "$dir"; then
+        return 0
+    fi
+    if [[ ! -s "$image" ]]; then
+        log "making a btrfs filesystem of $size on $image (sparse)"
+        truncate -s "$size" "$image"
+        mkfs.btrfs -q "$image" >&2 || die "mkfs.btrfs $image failed"
+    fi
+    if [[ -d "$dir" ]] && [[ -n "$(ls -A "$dir" 2>/dev/null)" ]]; then
+        log "removing the old data root $dir (not btrfs)"
+        rm -rf "$dir"
+    fi
+    mkdir -p "$dir"
+    # -o loop: the loop device is made here and freed by the kernel at unmount (autoclear).
+    mount -t btrfs -o loop "$image" "$dir" || die "could not mount $image on $dir"
+    btrfs quota enable "$dir" >&2 || die "btrfs quota enable $dir failed"
+}
+
+# unmount_btrfs_root IMAGE DIR: unmount DIR (once its engine is gone) and detach any loop
+# device still backed by IMAGE; the file stays (the image cache).
+unmount_btrfs_root() {
+    local image="$1" dir="$2" loop
+    if mountpoint -q "$dir"; then
+        umount "$dir" 2>/dev/null || umount -l "$dir" || warn "could not unmount $dir"
+    fi
+    [[ -e "$image" ]] || return 0
+    losetup -j "$image" -O NAME -n 2>/dev/null | while read -r loop; do
+        losetup -d "$loop" 2>/dev/null || true
+    done
+}
+
 # stop_dockerd PIDFILE EXEC_ROOT TIMEOUT: SIGTERM the dockerd from PIDFILE,
 # SIGKILL after TIMEOUT s, then make sure the containerd (and any shims) it
 # spawned under EXEC_ROOT are gone too: a SIGKILLed dockerd leaves them behind.
@@ -282,7 +323,9 @@ stop_dockerd() {
 # binary. Written atomically so an interrupted build never leaves a half tar.
 build_busybox_rootfs() {
     local tarball="$1" root applet n=0
-    if [[ -s "$tarball" && "$tarball" -nt "$BUSYBOX_BIN" ]]; then
+    # A tar made before its root was 0755 (see below) is made again.
+    if [[ -s "$tarball" && "$tarball" -nt "$BUSYBOX_BIN" ]] &&
+        tar -tvf "$tarball" --no-recursion ./ 2>/dev/null | grep -q '^drwxr-xr-x'; then
         return 0
     fi
     [[ -x "$BUSYBOX_BIN" ]] || die "$BUSYBOX_BIN missing (run .ci/install.sh busybox-static)"
@@ -298,6 +341,9 @@ build_busybox_rootfs() {
     # Leftovers of an interrupted earlier build.
     rm -rf "$(dirname "$tarball")"/.rootfs.*
     root="$(mktemp -d "$(dirname "$tarball")/.rootfs.XXXXXX")"
+    # mktemp's 0700 would be the image's "/" (the btrfs driver keeps it; overlay2 does
+    # not): the tenant's uid could then run nothing.
+    chmod 0755 "$root"
     mkdir -p "$root"/{bin,etc,root,tmp,usr/bin,proc,sys,dev}
     chmod 1777 "$root/tmp"
     chmod 700 "$root/root"

@@ -16,7 +16,9 @@
 #   - two Docker engines "a" and "b", each a host of its own: its own network
 #     namespace (suanli-test-a/b) joined to this machine by a veth pair on the
 #     bridge suanli-hosts (172.29.0.1/24; engines 172.29.0.11 and .12), its own
-#     socket, data root and exec root, the tenant firewall
+#     socket, data root and exec root, its data root on btrfs in a sparse loop file
+#     (docker-E/data.btrfs, the storage driver btrfs, quotas on: root filesystem sizes
+#     are enforced), the tenant firewall and host set-up
 #     (jobs/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
 #     gateway's suanli/sftp:latest (OpenSSH's sftp-server alone). The two
 #     form a swarm (a manages) that carries the clusters' overlay networks.
@@ -65,6 +67,10 @@ engine_sock() { printf '%s/docker-%s.sock' "$RUN_DIR" "$1"; }
 engine_host() { printf 'unix://%s' "$(engine_sock "$1")"; }
 engine_netns() { printf 'suanli-test-%s' "$1"; }
 engine_veth() { printf 'slh-%s' "$1"; }
+# The sparse file that holds an engine's btrfs data root (kept between runs: the image
+# cache), and its size: blocks are taken only as images and containers write them.
+engine_disk() { printf '%s/data.btrfs' "$(engine_dir "$1")"; }
+ENGINE_DISK_SIZE="${SUANLI_TEST_ENGINE_DISK:-32G}"
 FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
 REDIS_PASS_FILE="$RUN_DIR/redis.pass"
 SECRETS_KEY_FILE="$RUN_DIR/secrets.key"
@@ -232,7 +238,10 @@ start_engine() {
     # Leftovers of a crashed engine (a stale socket makes dockerd refuse).
     stop_dockerd "$dir/docker.pid" "$dir/exec" 10
     rm -f "$sock"
-    mkdir -p "$dir/data" "$dir/exec"
+    # The data root on btrfs (a loop file), so that the engine enforces each container's
+    # root filesystem size (`--storage-opt size=`, jobs/runtime.py) like a production host.
+    mount_btrfs_root "$(engine_disk "$e")" "$dir/data" "$ENGINE_DISK_SIZE"
+    mkdir -p "$dir/exec"
     # Forget the network and swarm state of the previous run (images stay cached):
     # every run starts from a clean network store and forms a fresh swarm. Not when a
     # test brings back an engine it killed (restart-engine): that one keeps its state.
@@ -249,6 +258,7 @@ start_engine() {
         --config-file "$dir/daemon.json" \
         --host "$host" \
         --data-root "$dir/data" \
+        --storage-driver btrfs \
         --exec-root "$dir/exec" \
         --default-address-pool "base=${ADDR_POOL[$e]},size=24"
     ip netns exec "$(engine_netns "$e")" sh "$FIREWALL" apply
@@ -293,6 +303,7 @@ stop_engine() {
     docker_up "$(engine_host "$e")" && "$DOCKER_CLI" -H "$(engine_host "$e")" swarm leave --force >/dev/null 2>&1 || true
     stop_dockerd "$dir/docker.pid" "$dir/exec" 20
     rm -f "$(engine_sock "$e")"
+    unmount_btrfs_root "$(engine_disk "$e")" "$dir/data"
     # dockerd leaves exec/netns/default (an nsfs bind mount) behind even on a
     # clean exit; unmount it so a plain `rm -rf .run` works later.
     unmount_under "$dir"
@@ -341,7 +352,7 @@ cmd_start() {
     local e
     # No-op (dpkg-query only) when everything is already installed.
     "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables \
-        openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl
+        openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl btrfs-progs
     # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
     # alongside. The engines start one after the other on purpose: a starting
     # dockerd flushes and recreates the shared DOCKER iptables chains, which

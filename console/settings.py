@@ -280,6 +280,12 @@ SUANLI_PLACEMENT_INTERVAL = envint("SUANLI_PLACEMENT_INTERVAL", 15)
 # The Docker contract: every replica runs as an unprivileged per-tenant uid, with limits.
 SUANLI_TENANT_UID_BASE = envint("SUANLI_TENANT_UID_BASE", 100000)
 SUANLI_PIDS_LIMIT = envint("SUANLI_PIDS_LIMIT", 4096)
+# The system disk: each workspace's and replica's own root filesystem (files outside its
+# volumes, the image's included), in GB, unless its GPU model or instance type sets one.
+# Enforced by the engine's storage driver where it can (the host check says), else
+# measured every SUANLI_ROOT_DISK_CHECK_S by the monitor and acted on.
+SUANLI_ROOT_DISK_GB = envint("SUANLI_ROOT_DISK_GB", 30)
+SUANLI_ROOT_DISK_CHECK_S = envint("SUANLI_ROOT_DISK_CHECK_S", 60)
 SUANLI_MEM_LIMIT_MB = envint("SUANLI_MEM_LIMIT_MB", 8192)
 SUANLI_SHM_SIZE_MB = envint("SUANLI_SHM_SIZE_MB", 2048)
 SUANLI_MASTER_PORT_BASE = envint("SUANLI_MASTER_PORT_BASE", 29500)

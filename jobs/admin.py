@@ -112,6 +112,8 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         "drain_requested",
         "emulated_gpu",
         "docker_version",
+        "storage_driver",
+        "root_disk_enforced",
         "operating_system",
         "cpu_count",
         "memory_bytes",
@@ -261,13 +263,13 @@ class GpuSlotAdmin(admin.ModelAdmin):
 
 @admin.register(GpuModel)
 class GpuModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "memory_gb", "bf16", "nvlink"]
+    list_display = ["name", "memory_gb", "bf16", "nvlink", "root_disk_gb"]
     prepopulated_fields = {"slug": ["name"]}
 
 
 @admin.register(InstanceType)
 class InstanceTypeAdmin(admin.ModelAdmin):
-    list_display = ["name", "vcpus", "memory_gb", "description"]
+    list_display = ["name", "vcpus", "memory_gb", "root_disk_gb", "description"]
 
 
 @admin.register(Image)

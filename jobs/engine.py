@@ -88,6 +88,10 @@ def engine_facts(host: Host) -> dict:
         )[:64],
         "swarm_manager": bool(swarm.get("ControlAvailable")),
         "docker_version": str(version.get("Version", ""))[:40],
+        "storage_driver": str(info.get("Driver") or "")[:40],
+        "backing_fs": dict(pair for pair in info.get("DriverStatus") or [] if len(pair) == 2).get(
+            "Backing Filesystem", ""
+        ),
         "operating_system": str(info.get("OperatingSystem", ""))[:120],
         "cpu_count": info.get("NCPU"),
         "memory_bytes": info.get("MemTotal"),
@@ -173,6 +177,33 @@ def run_canary(host: Host, image: str) -> str:
         raise
     except docker.errors.APIError as exc:
         raise CanaryFailed(describe(exc)) from exc
+    except Exception as exc:  # requests/urllib3/OS errors: the engine went away meanwhile
+        raise EngineError(describe(exc)) from exc
+    finally:
+        client.close()
+
+
+def may_size_root_disk(driver: str, backing_fs: str) -> bool:
+    """Whether the engine's storage driver can limit a container's root filesystem
+    (`--storage-opt size=`): btrfs and zfs can; overlay2 only on XFS mounted with project
+    quotas (pquota), which the engine's info does not say, so `sizes_root_disk` tries."""
+    return driver in ("btrfs", "zfs") or (driver == "overlay2" and backing_fs == "xfs")
+
+
+def sizes_root_disk(host: Host, image: str) -> bool:
+    """Whether the engine really makes a container with a root filesystem limit: one is
+    made (never started) with `storage_opt` and removed. False when the engine refuses
+    the option, or `image` is not there to try with."""
+    client = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
+    try:
+        container = client.containers.create(
+            image, command=["true"], labels={CANARY_LABEL: "size"}, network_mode="none",
+            storage_opt={"size": "1G"},
+        )  # fmt: skip
+        container.remove(force=True)
+        return True
+    except docker.errors.APIError:  # "--storage-opt is supported only for ..."; no image
+        return False
     except Exception as exc:  # requests/urllib3/OS errors: the engine went away meanwhile
         raise EngineError(describe(exc)) from exc
     finally:

@@ -32,6 +32,14 @@ class GpuModel(models.Model):
     nvlink = models.BooleanField(
         "NVLink", default=False, help_text="GPUs of one host are linked by NVLink."
     )
+    root_disk_gb = models.PositiveSmallIntegerField(
+        "system disk (GB)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(4096)],
+        help_text="Each node's own root filesystem (files outside its volumes, the image's "
+        "included). Blank: SUANLI_ROOT_DISK_GB.",
+    )
 
     class Meta:
         verbose_name = gettext_lazy("gpu model")
@@ -53,6 +61,14 @@ class InstanceType(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(4096)]
     )
     description = models.CharField(max_length=200, blank=True)
+    root_disk_gb = models.PositiveSmallIntegerField(
+        "system disk (GB)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(4096)],
+        help_text="Each node's own root filesystem (files outside its volumes, the image's "
+        "included). Blank: SUANLI_ROOT_DISK_GB.",
+    )
 
     class Meta:
         verbose_name = gettext_lazy("instance type")
@@ -61,6 +77,11 @@ class InstanceType(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.vcpus} vCPU, {self.memory_gb} GB)"
+
+
+def root_disk_gb(kind: GpuModel | InstanceType | None) -> int:
+    """The system disk, in GB, of a node of this GPU model or instance type."""
+    return (kind.root_disk_gb if kind else None) or settings.SUANLI_ROOT_DISK_GB
 
 
 class Image(models.Model):
@@ -159,6 +180,14 @@ class Host(models.Model):
         "under the build limits of the settings.",
     )
     docker_version = models.CharField(max_length=40, blank=True)
+    storage_driver = models.CharField(max_length=40, blank=True)
+    root_disk_enforced = models.BooleanField(
+        "system disk enforced",
+        default=False,
+        help_text="The last check found the engine's storage driver limits a container's "
+        "root filesystem (btrfs, zfs, overlay2 on XFS with pquota); otherwise the monitor "
+        "measures it.",
+    )
     operating_system = models.CharField(max_length=120, blank=True)
     cpu_count = models.PositiveIntegerField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
@@ -487,6 +516,11 @@ class Cluster(models.Model):
     @property
     def is_cpu_only(self) -> bool:
         return self.instance_type_id is not None
+
+    @property
+    def root_disk_gb(self) -> int:
+        """Each node's system disk: its GPU model's or instance type's, else the default."""
+        return root_disk_gb(self.instance_type if self.is_cpu_only else self.gpu_model)
 
     @property
     def resource_label(self) -> str:

@@ -195,7 +195,8 @@ def node_container_kwargs(
     """The hardening, limits, mounts, network and devices of any container of a node (a
     job's replica or the node's workspace): the tenant's uid, no capabilities, no new
     privileges, bounded pids, the node's share of CPU and memory, the cluster's volumes, its
-    own network, its GPUs, an init as PID 1. `share`: the part of the node's CPUs and
+    own network, its GPUs, an init as PID 1, its system disk where the host's engine
+    enforces one. `share`: the part of the node's CPUs and
     memory this container gets (a workspace and a job's replica split the node)."""
     uid = tenant_uid(owner_id)
     gpus = ",".join(str(i) for i in node.gpu_indices)
@@ -224,6 +225,10 @@ def node_container_kwargs(
         "init": True,  # a real PID 1 forwards SIGTERM to the command and reaps zombies
         "detach": True,
     }
+    if node.host.root_disk_enforced:
+        # The system disk: the engine's storage driver refuses writes past it (ENOSPC or
+        # EDQUOT inside); elsewhere the monitor measures it (monitoring.rootdisk).
+        kwargs["storage_opt"] = {"size": f"{cluster.root_disk_gb}G"}
     if nvidia and node.gpu_indices:
         kwargs["device_requests"] = [
             DeviceRequest(device_ids=[str(i) for i in node.gpu_indices], capabilities=[["gpu"]])

@@ -102,7 +102,9 @@ def host_check(*, host_id: int) -> Host:
     try:
         facts = engine.engine_facts(host)
         nvidia = facts.pop("nvidia")
+        backing_fs = facts.pop("backing_fs")
         note = engine.run_canary(host, settings.SUANLI_CANARY_IMAGE)
+        facts["root_disk_enforced"] = _root_disk_enforced(host, facts["storage_driver"], backing_fs)
     except engine.EngineError as exc:
         return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc))
     except engine.CanaryFailed as exc:
@@ -132,6 +134,18 @@ def host_check(*, host_id: int) -> Host:
     if was != Host.State.ACTIVE and host.state == Host.State.ACTIVE:
         request_placement()  # capacity is back
     return host
+
+
+def _root_disk_enforced(host: Host, driver: str, backing_fs: str) -> bool:
+    """Whether the host's engine limits each container's root filesystem (the system disk,
+    runtime.node_container_kwargs); where it does not, the monitor measures it. Tried on
+    the engine when the driver may do it and it was not known to (a create with the
+    option, never started): the same driver keeps its answer."""
+    if not engine.may_size_root_disk(driver, backing_fs):
+        return False
+    if host.root_disk_enforced and host.storage_driver == driver:
+        return True
+    return engine.sizes_root_disk(host, settings.SUANLI_CANARY_IMAGE)
 
 
 def _host_back(host: Host) -> None:

@@ -16,6 +16,8 @@
 #     link-local IPv4 ranges. Name your own when your hosts use public addresses.
 # Traffic inside one cluster (its bridge, or its overlay's VXLAN) and to the outside world
 # through NAT is left alone; Docker's own isolation keeps clusters apart.
+# `apply` also raises the host's kernel.pid_max (raise_pid_max), so that the containers
+# one host takes cannot use up its pids.
 set -eu
 
 IN=SUANLI-TENANT-IN
@@ -45,6 +47,18 @@ apply() {
     hook INPUT "$IN"
     hook DOCKER-USER "$FWD"
     hook FORWARD DOCKER-USER
+    raise_pid_max
+}
+
+# The host's pid_max: each container may hold SUANLI_PIDS_LIMIT (4096) processes, and the
+# kernel's default of 32768 pids is taken by 8 such containers; 4194304 (the most a 64-bit
+# kernel allows) holds 1024 of them. Raised, never lowered.
+PID_MAX=4194304
+raise_pid_max() {
+    now="$(cat /proc/sys/kernel/pid_max)"
+    if [ "$now" -lt "$PID_MAX" ]; then
+        echo "$PID_MAX" >/proc/sys/kernel/pid_max
+    fi
 }
 
 remove() {

@@ -1,0 +1,111 @@
+"""The system disk (issue 37, hole 3): a workspace's and a replica's own root filesystem
+(files outside their volumes) has a size limit, so that no tenant fills a host's disk.
+
+An attacker's notebook, from inside real containers, with a second researcher:
+
+- alice's workspace, on an instance type whose system disk is 1 GB, writes 1.5 GB into
+  its root filesystem: the write fails with the kernel's own reason, and the engine's
+  data root grows by at most the limit; bob's workspace on the same host still writes.
+  The engine's storage driver enforces it (btrfs with quotas: the test engines' data
+  roots, .ci/services.sh; SUANLI_TEST_ROOTFS_ENGINE names another such engine).
+- on an engine whose driver cannot (overlay2 on ext4), the monitor measures each
+  container's writable layer (SizeRw) and acts: a line at 90 %, once; at the limit the
+  container is paused with the reason on the cluster's timeline.
+"""
+
+import os
+
+import docker
+import pytest
+
+from jobs import scheduler, services, tasks, workspaces
+from jobs.models import InstanceType
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MiB = 2**20
+
+
+@pytest.fixture
+def sizing_engine(engine_urls) -> str:
+    """An engine whose storage driver sizes root filesystems: the first test engine (on
+    btrfs), or SUANLI_TEST_ROOTFS_ENGINE."""
+    url = os.environ.get("SUANLI_TEST_ROOTFS_ENGINE") or engine_urls[0]
+    yield url
+    client = docker.DockerClient(base_url=url, timeout=30)  # what a failed test left there
+    for container in client.containers.list(all=True, filters={"label": workspaces.LABEL}):
+        container.remove(force=True)
+    for image in client.images.list(name=f"{workspaces.KEEP_REPOSITORY}/*"):
+        client.images.remove(image.id, force=True)
+    client.networks.prune(filters={"label": "suanli.cluster"})
+    client.close()
+
+
+def _workspace(cluster):
+    node = cluster.node_set.get(released_at__isnull=True)
+    node.refresh_from_db()
+    client = docker.DockerClient(base_url=node.host.engine_url, timeout=60)
+    return client, client.containers.get(node.workspace_container)
+
+
+def _sh(container, script: str) -> tuple[int, str]:
+    code, out = container.exec_run(
+        ["/bin/sh", "-c", script], user=container.attrs["Config"]["User"]
+    )
+    return code, out.decode(errors="replace").strip()
+
+
+def _used_bytes(path: str) -> int:
+    fs = os.statvfs(path)
+    return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+
+
+def _debug_cluster(make_cluster, owner, name: str, *, root_disk_gb: int):
+    """A one-node CPU cluster whose instance type's system disk the operator set."""
+    InstanceType.objects.update_or_create(
+        name="cpu-1c-1g", defaults={"vcpus": 1, "memory_gb": 1, "root_disk_gb": root_disk_gb}
+    )
+    cluster = make_cluster(owner, name, cpu="cpu-1c-1g", release_policy="never", volumes=())
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.state == "running", cluster.state_reason
+    assert cluster.root_disk_gb == root_disk_gb
+    made = tasks.cluster_network_ensure(cluster.pk)  # its network and workspace
+    assert "workspace" not in made, made
+    return cluster
+
+
+def test_a_workspace_cannot_write_past_its_system_disk_and_the_host_disk_grows_by_at_most_it(
+    make_host, make_cluster, sizing_engine, alice, bob
+):
+    host = make_host("cpu-sized-01", engine=sizing_engine, model=None, gpus=0)
+    assert host.state == "active", host.last_error
+    assert host.root_disk_enforced, f"{host.storage_driver} does not size root filesystems here"
+    mine = _debug_cluster(make_cluster, alice, "fill", root_disk_gb=1)
+    client, container = _workspace(mine)
+    assert container.attrs["HostConfig"]["StorageOpt"] == {"size": "1G"}
+    data_root = client.info()["DockerRootDir"]
+    before = _used_bytes(data_root)
+
+    # The attacker's dd: 1.5 GB into the root filesystem (not a volume).
+    code, out = _sh(container, "dd if=/dev/zero of=/tmp/big bs=1M count=1500 2>&1")
+    assert code != 0, f"1.5 GB went into a 1 GB system disk: {out}"
+    assert "quota exceeded" in out.lower() or "no space left" in out.lower(), out
+    grew = _used_bytes(data_root) - before
+    (listed,) = client.api.containers(all=True, size=True, filters={"id": container.id})
+    size_rw = listed["SizeRw"]
+    assert size_rw <= 1024 * MiB, f"the writable layer holds {size_rw / MiB:.0f} MiB"
+    assert grew <= 1024 * MiB + 128 * MiB, f"the host's disk grew by {grew / MiB:.0f} MiB"
+
+    # The host's disk is not full for the next researcher on it.
+    theirs = _debug_cluster(make_cluster, bob, "next", root_disk_gb=1)
+    _, other = _workspace(theirs)
+    assert _sh(other, "dd if=/dev/zero of=/tmp/data bs=1M count=50 2>&1 && echo written")[
+        1
+    ].endswith("written")
+    # Freeing space lets alice write again: it is her limit, not a broken filesystem.
+    assert _sh(container, "rm /tmp/big && echo hi > /tmp/small && cat /tmp/small")[1] == "hi"
+    for cluster in (mine, theirs):
+        services.cluster_release(cluster=cluster)
+        assert workspaces.remove(cluster.pk)
+        tasks.cluster_network_remove(cluster.pk)
