@@ -161,7 +161,10 @@ AUTHENTICATION_BACKENDS = [
 ]
 AXES_ENABLED = envbool("AXES_ENABLED", True)
 AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 10)
-AXES_COOLOFF_TIME = timedelta(minutes=envint("AXES_COOLOFF_MINUTES", 15))
+# AXES_COOLOFF_SECONDS, where set, wins (tests lock an address for a few seconds).
+AXES_COOLOFF_TIME = timedelta(
+    seconds=envint("AXES_COOLOFF_SECONDS", 60 * envint("AXES_COOLOFF_MINUTES", 15))
+)
 AXES_LOCKOUT_PARAMETERS = ["ip_address"]
 AXES_CLIENT_IP_CALLABLE = "console.auth.client_ip"
 AXES_LOCKOUT_CALLABLE = "console.auth.lockout_response"
@@ -412,3 +415,7 @@ SUANLI_IMAGE_QUOTA_COUNT = envint("SUANLI_IMAGE_QUOTA_COUNT", 20)
 SUANLI_IMAGE_QUOTA_GB = float(envstr("SUANLI_IMAGE_QUOTA_GB", "50"))
 SUANLI_IMAGE_PULL_S = envint("SUANLI_IMAGE_PULL_S", 3600)  # one pull onto a host
 SUANLI_BUILDS_PER_RESEARCHER = envint("SUANLI_BUILDS_PER_RESEARCHER", 2)  # queued or running
+# Engines pull from public registries and from SUANLI_REGISTRY as spelled there, never from
+# another registry on a loopback, private or link-local address (jobs/validators.py,
+# registry_refusal) unless named here: host[:port] of an operator's mirror on the LAN.
+SUANLI_PULL_ALLOW_REGISTRIES = envlist("SUANLI_PULL_ALLOW_REGISTRIES", [])

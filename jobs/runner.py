@@ -225,7 +225,7 @@ def _pull(client: docker.DockerClient, job: Job, host: Host, image: str) -> None
         "pulling",
         Text(gettext_noop("pulling %(image)s on %(host)s"), image=image, host=host.name),
     )
-    client.images.pull(image)
+    registry.pull_public(client, image)
     _event(
         job.pk,
         "pulled",

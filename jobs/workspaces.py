@@ -172,7 +172,7 @@ def _up(cluster: Cluster, node: Node, network_name: str):
     except docker.errors.ImageNotFound:
         if made.image.startswith(KEEP_REPOSITORY + "/"):
             raise  # a save is never pulled from anywhere: only this engine has it
-        client.images.pull(made.image)
+        registry.pull_public(client, made.image)
         container = client.containers.create(made.image, name=made.name, **made.kwargs)
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
@@ -386,8 +386,10 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
             want = "running" if key in live else "exited"
             if container.status in ("running", "restarting") and want == "exited":
                 _quietly(container.stop, container.name, timeout=settings.SUANLI_WORKSPACE_STOP_S)
-            elif container.status != "running" and want == "running":
-                _quietly(container.start, container.name)  # stopped from inside (`kill 1`)
+            elif container.status not in ("running", "paused") and want == "running":
+                # Stopped from inside (`kill 1`). A paused one stays: its system disk is
+                # full (monitoring.rootdisk); the owner stops and starts the cluster.
+                _quietly(container.start, container.name)
             continue
         if _remove_one(host, container.id):
             removed += 1
@@ -498,3 +500,114 @@ def exec_kwargs(cluster: Cluster, cmd: list[str], *, tty: bool, env: dict | None
         "tty": tty,
         "privileged": False,
     }
+
+
+# -- GPUs handed back only once the last tenant's containers are gone --------------------------
+
+# A container in one of these states may have processes on its GPUs (and their memory).
+_ALIVE = ["running", "restarting", "paused", "removing"]
+_ALL_GPUS = frozenset(range(MAX_GPUS_PER_HOST))
+
+
+def gpus_of(container) -> frozenset[int]:
+    """The host GPUs a container of ours was given: its NVIDIA_VISIBLE_DEVICES (set on every
+    host, emulated ones too; the node's value wins over a job's env) and its device
+    requests. "all", or a value that is not a list of indices, counts as every GPU."""
+    attrs = container.attrs
+    found: set[int] = set()
+    for entry in (attrs.get("Config") or {}).get("Env") or []:
+        name, _, value = entry.partition("=")
+        if name != "NVIDIA_VISIBLE_DEVICES" or value.strip() in ("", "void", "none"):
+            continue
+        try:
+            found |= {int(i) for i in value.split(",")}
+        except ValueError:
+            return _ALL_GPUS
+    for request in (attrs.get("HostConfig") or {}).get("DeviceRequests") or []:
+        if request.get("Count") == -1:
+            return _ALL_GPUS
+        try:
+            found |= {int(i) for i in request.get("DeviceIDs") or []}
+        except ValueError:
+            return _ALL_GPUS
+    return frozenset(found)
+
+
+def _busy_gpus(host: Host, clusters: set[int]) -> tuple[set[int], dict[int, set[int]]]:
+    """(GPUs a live container of ours holds on the host, {cluster: GPUs its containers were
+    given, whatever their state}) as the host's engine reports them now."""
+    client = engine.cached_client(host)
+    alive: set[int] = set()
+    for container in client.containers.list(
+        ignore_removed=True, all=True, filters={"label": [runtime.LABEL_CLUSTER], "status": _ALIVE}
+    ):
+        alive |= gpus_of(container)
+    made: dict[int, set[int]] = {}
+    for cluster_id in clusters:
+        made[cluster_id] = set()
+        for container in client.containers.list(
+            ignore_removed=True,
+            all=True,
+            filters={"label": [f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
+        ):
+            made[cluster_id] |= gpus_of(container)
+    return alive, made
+
+
+def free_gpus(*, host_ids=None, cluster_id: int | None = None) -> int:
+    """Give back the GPU slots that ended nodes still hold (lifecycle.free_nodes), on the
+    hosts (or of the cluster) named, once the engine of each host confirms it:
+
+    * no container of ours with those GPUs runs (any tenant's: a leftover counts too), and
+    * unless the node's workspace is kept by a stop (stopped is all a stop asks), none of
+      its cluster's containers with those GPUs exists any more (a release removes them);
+    * and no replica of the node is being made or runs in the database (a start that
+      raced the release would make its container after the engine was asked).
+
+    A host that does not answer, or is down, keeps its slots held (it takes no work while
+    down; its first answer frees them). Returns how many slots were given back."""
+    held = GpuSlot.objects.filter(node__released_at__isnull=False).exclude(
+        host__state=Host.State.DOWN
+    )
+    if host_ids is not None:
+        held = held.filter(host_id__in=list(host_ids))
+    if cluster_id is not None:
+        held = held.filter(node__cluster_id=cluster_id)
+    nodes: dict[int, dict[int, set[int]]] = {}  # host -> node -> GPU indices
+    cluster_of: dict[int, tuple[int, bool]] = {}  # node -> (cluster, kept by a stop)
+    for host_id, node_id, owner_cluster, index, stopped, kept_until in held.values_list(
+        "host_id", "node_id", "node__cluster_id", "index", "node__stopped_at", "node__kept_until"
+    ):
+        nodes.setdefault(host_id, {}).setdefault(node_id, set()).add(index)
+        cluster_of[node_id] = (owner_cluster, stopped is not None and kept_until is None)
+    starting = set(
+        Replica.objects.filter(
+            node_id__in=list(cluster_of), state__in=[Replica.State.CREATING, Replica.State.RUNNING]
+        ).values_list("node_id", flat=True)
+    )
+    freed = 0
+    for host in Host.objects.filter(pk__in=list(nodes)):
+        ready = {n: gpus for n, gpus in nodes[host.pk].items() if n not in starting}
+        if not ready:
+            continue
+        removing = {cluster_of[n][0] for n in ready if not cluster_of[n][1]}
+        try:
+            alive, made = _busy_gpus(host, removing)
+        except _ERRORS as exc:
+            log.info("GPUs held on %s stay held: its engine did not answer: %s", host.name, exc)
+            continue
+        for node_id, gpus in ready.items():
+            owner_cluster, kept = cluster_of[node_id]
+            if gpus & alive or (not kept and gpus & made[owner_cluster]):
+                continue
+            # Only while this node still holds them (a start of its own cluster may have
+            # taken them over meanwhile: services.cluster_start).
+            freed += GpuSlot.objects.filter(node_id=node_id, index__in=gpus).update(node=None)
+    return freed
+
+
+def gpus_held(cluster_id: int) -> bool:
+    """Whether ended nodes of the cluster still hold GPU slots (being freed)."""
+    return GpuSlot.objects.filter(
+        node__cluster_id=cluster_id, node__released_at__isnull=False
+    ).exists()

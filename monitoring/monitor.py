@@ -34,7 +34,7 @@ from jobs import engine
 from jobs.models import Cluster, Host, Node, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.sql import insert_rows
-from monitoring import collector, dcgm
+from monitoring import collector, dcgm, rootdisk
 from monitoring.engine_stats import EngineDown, EngineStats, Gone
 from monitoring.models import Sample
 
@@ -166,6 +166,11 @@ class Monitor:
         self.down: set[int] = set()
         self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitor-db")
         self.io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="monitor-io")
+        # The system disks of hosts that do not enforce them (monitoring.rootdisk): a slow
+        # round (the engine walks every layer) on a thread of its own, never in a tick.
+        self.disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitor-disk")
+        self.disk_round = None
+        self.disk_checked = 0.0
         self.targets: list[Target] = []
         self.hosts: dict[int, HostInfo] = {}
         self.layer = get_channel_layer() if publish else None
@@ -280,6 +285,7 @@ class Monitor:
                 self.kernel_failed &= live
         targets = self.targets
         report.targets = len(targets)
+        self._measure_disks(now)
         gpu_by_host = await self._gpu_sources()
         results = await self._readings(targets)
         failed_hosts: set[int] = set()
@@ -353,6 +359,15 @@ class Monitor:
         report.samples = len(rows)
         report.cpu_s = time.process_time() - cpu0
         return report
+
+    def _measure_disks(self, now: float) -> None:
+        busy = self.disk_round is not None and not self.disk_round.done()
+        if busy or not self.targets or now - self.disk_checked < settings.SUANLI_ROOT_DISK_CHECK_S:
+            return
+        self.disk_checked = now
+        self.disk_round = self.disk.submit(
+            rootdisk.check_hosts_logged, {t.host_id for t in self.targets}
+        )
 
     def _gpus(self, target: Target, host: HostInfo, rate: dict, readings):
         if readings:
@@ -435,4 +450,6 @@ class Monitor:
     def close(self) -> None:
         self.db.submit(lambda: connection.close()).result()  # the database thread's own connection
         self.db.shutdown(wait=True)
+        self.disk.submit(lambda: connection.close()).result()  # after its round, if one runs
+        self.disk.shutdown(wait=True)
         self.io.shutdown(wait=False)

@@ -19,7 +19,8 @@ import docker
 import pytest
 
 from jobs import scheduler, services, tasks, workspaces
-from jobs.models import InstanceType
+from jobs.models import ClusterEvent, Host, InstanceType
+from monitoring import rootdisk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,6 +106,60 @@ def test_a_workspace_cannot_write_past_its_system_disk_and_the_host_disk_grows_b
     ].endswith("written")
     # Freeing space lets alice write again: it is her limit, not a broken filesystem.
     assert _sh(container, "rm /tmp/big && echo hi > /tmp/small && cat /tmp/small")[1] == "hi"
+    for cluster in (mine, theirs):
+        services.cluster_release(cluster=cluster)
+        assert workspaces.remove(cluster.pk)
+        tasks.cluster_network_remove(cluster.pk)
+
+
+def _sparse(container, path: str, mib: int) -> None:
+    """A file of `mib` MiB that takes no blocks: the engine's SizeRw counts its apparent
+    size, so the measured path is tested without writing a gigabyte."""
+    code, out = _sh(container, f"dd if=/dev/zero of={path} bs=1 count=0 seek={mib}M 2>&1")
+    assert code == 0, out
+
+
+def test_where_the_engine_cannot_enforce_it_the_monitor_warns_at_90_and_pauses_at_the_limit(
+    make_host, make_cluster, engine_urls, alice, bob
+):
+    host = make_host("cpu-measured-01", engine=engine_urls[1], model=None, gpus=0)
+    # A host whose storage driver cannot size root filesystems (overlay2 on ext4).
+    Host.objects.filter(pk=host.pk).update(root_disk_enforced=False)
+    mine = _debug_cluster(make_cluster, alice, "grow", root_disk_gb=1)
+    theirs = _debug_cluster(make_cluster, bob, "calm", root_disk_gb=1)
+    client, container = _workspace(mine)
+    _, other = _workspace(theirs)
+    assert not container.attrs["HostConfig"].get("StorageOpt"), "nothing to enforce it here"
+    _sparse(other, "/tmp/data", 100)
+
+    _sparse(container, "/tmp/big", 950)  # 93 % of 1 GiB
+    assert rootdisk.check_host(host) == {container.name: "warned"}
+    assert rootdisk.check_host(host) == {}, "the warning is said once"
+    (near,) = ClusterEvent.objects.filter(cluster=mine, kind=rootdisk.KIND_NEAR)
+    assert "node 0's workspace holds 0.9 GB of its 1 GB" in near.message, near.message
+
+    _sparse(container, "/tmp/big", 1100)
+    assert rootdisk.check_host(host) == {container.name: "paused"}
+    container.reload()
+    assert container.attrs["State"]["Paused"], "writes stop at the limit"
+    (full,) = ClusterEvent.objects.filter(cluster=mine, kind=rootdisk.KIND_FULL)
+    assert "reached its 1 GB limit: it is paused" in full.message, full.message
+    # The reconciler leaves it paused; bob's workspace on the same host runs on untouched.
+    workspaces.sweep(host, client)
+    container.reload()
+    other.reload()
+    assert container.status == "paused" and other.status == "running"
+    assert not ClusterEvent.objects.filter(cluster=theirs, kind__startswith="system-disk")
+    # The way out the timeline names: stop and start the cluster, then free space.
+    services.cluster_stop(cluster=mine)
+    assert workspaces.stop(mine.pk)
+    services.cluster_start(cluster=mine)
+    scheduler.place_pending()
+    tasks.cluster_network_ensure(mine.pk)
+    client, container = _workspace(mine)
+    assert container.status == "running"
+    assert _sh(container, "rm /tmp/big && echo freed")[1] == "freed"
+    assert rootdisk.check_host(host) == {}
     for cluster in (mine, theirs):
         services.cluster_release(cluster=cluster)
         assert workspaces.remove(cluster.pk)
