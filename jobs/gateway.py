@@ -28,6 +28,17 @@ the node does not exist, the workspace is not up, the researcher has
 sessions of every gateway process count and a killed one's expire). A connection may try
 AUTH_KEYS keys; the next one ends it, in words.
 
+Guessing is throttled like the web log-in (django-axes, console/auth.py): a connection from
+an address that asked to log in and ended without logging in counts as one failed log-in of
+that address (one, however many keys its client offered: an agent with five keys before
+the right one logs in and counts nothing; a holder of an attached key who is told the
+cluster is not running counts nothing either). At AXES_FAILURE_LIMIT failures within the
+cool-off (AXES_COOLOFF_TIME) the address is locked: each new connection from it is told so
+in words and ended before any key is looked at, the right key too, until the cool-off has
+passed since its last failure or an operator deletes its access attempt in the admin. The
+failures are axes's own rows in the database, so every gateway process and the web log-in
+count the same ones; a refused connection counts nothing (the lock does not grow).
+
 What a connection may spend: a session is a connection, and each sftp container beyond a
 connection's first (so a researcher's containers never outnumber their sessions); a
 connection (OpenSSH's ControlMaster) may have `SUANLI_SSH_MAX_CHANNELS` channels (shells,
@@ -72,6 +83,7 @@ import contextlib
 import functools
 import inspect
 import io
+import ipaddress
 import logging
 import os
 import secrets
@@ -91,8 +103,12 @@ from pathlib import Path
 import asyncssh
 import django_rq
 import docker
+from axes.handlers.proxy import AxesProxyHandler
+from axes.helpers import get_cool_off
 from django.conf import settings
+from django.contrib.auth.signals import user_login_failed
 from django.db import close_old_connections
+from django.http import HttpRequest
 from django.utils.translation import gettext_noop
 from docker.types import LogConfig, Mount
 
@@ -707,6 +723,44 @@ def session_release(owner_id: int, session_id: str) -> None:
         _redis.failed(exc)  # it expires on its own
 
 
+# -- failed log-ins per address, across gateway processes (django-axes) ----------------------
+
+SSH_PATH = "/ssh/"  # what the admin's Access attempts show as the "path" of an SSH log-in
+_LOGIN_CREDENTIALS_MAX = 150  # axes' username column
+
+
+def axes_request(address: str, client_version: str) -> HttpRequest:
+    """An SSH connection as axes reads a web request: the client's address, its version
+    string as the user agent (shown in the admin), and SSH_PATH."""
+    request = HttpRequest()
+    request.META["REMOTE_ADDR"] = address
+    request.META["HTTP_USER_AGENT"] = client_version[:255]
+    request.path = request.path_info = SSH_PATH
+    return request
+
+
+def address_locked(request: HttpRequest) -> bool:
+    """Whether the address has AXES_FAILURE_LIMIT failures within the cool-off."""
+    return settings.AXES_ENABLED and AxesProxyHandler.is_locked(request, None)
+
+
+def login_failed(request: HttpRequest, login_name: str) -> bool:
+    """Count one failed log-in of the request's address; True when that locked it."""
+    credentials = {"username": login_name[:_LOGIN_CREDENTIALS_MAX]}
+    user_login_failed.send(sender=__name__, credentials=credentials, request=request)
+    return bool(getattr(request, "axes_locked_out", False))
+
+
+def lockout_words() -> str:
+    cool_off = get_cool_off()
+    minutes = max(1, -(-int(cool_off.total_seconds()) // 60)) if cool_off else 1
+    return (
+        "Suanli: too many failed log-ins from your address: SSH log-ins from it are refused "
+        f"for now, with any key. Try again in {minutes} minute{'s' if minutes != 1 else ''}, "
+        "or ask an operator to unlock your address."
+    )
+
+
 # -- the engine side of a channel (blocking: run on the executor) ----------------------------
 
 
@@ -954,6 +1008,10 @@ class Connection(asyncssh.SSHServer):
         self.tried: set[bytes] = set()
         self.attempts = 0
         self.cut = False  # too many keys tried: disconnecting
+        self.asked = False  # the client asked to log in (counts as a failure unless it did)
+        self.proved = False  # it signed with a key attached to the cluster it named
+        self.locked = False  # refused for its address's failures: counts nothing more
+        self.axes: HttpRequest | None = None
         self.told: set[str] = set()
         self.refusal: str | None = None
         self.session_id = secrets.token_hex(8)
@@ -1042,6 +1100,8 @@ class Connection(asyncssh.SSHServer):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.gateway.connections.discard(self)
+        if self.asked and self.login is None and not (self.proved or self.locked):
+            self.spawn(self._count_failure())
         if self._idle is not None:
             self._idle.cancel()
         for channel in list(self.channels):
@@ -1072,8 +1132,29 @@ class Connection(asyncssh.SSHServer):
             channel.say(text)
         self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, text)
 
-    def begin_auth(self, username: str) -> bool:
+    async def begin_auth(self, username: str) -> bool:
         self.username = username
+        self.asked = True
+        self.axes = axes_request(self._peer(), self.conn.get_extra_info("client_version") or "")
+        try:
+            locked = await _in_db(address_locked, self.axes)
+        except Refused as exc:  # the database is away: nothing logs in, nothing is counted
+            self.asked = False
+            self.refusal = str(exc)
+            self._banner(self.refusal)
+            return True
+        if locked:
+            self.locked = True
+            self.refusal = lockout_words()
+            log.warning("%s: refused, its address is locked out", self._peer())
+            self._banner(self.refusal)
+            # Once the banner has gone out: no key is looked at, the right one neither.
+            asyncio.get_running_loop().call_soon(
+                self.conn.disconnect,
+                asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
+                "too many failed log-ins from your address: closed by the gateway",
+            )
+            return True
         self.target = workspaces.parse_login(username)
         if self.target is None:
             self._banner(
@@ -1085,6 +1166,29 @@ class Connection(asyncssh.SSHServer):
 
     def public_key_auth_supported(self) -> bool:
         return True
+
+    def _peer(self) -> str:
+        """The client's address (an IPv4 client of a dual-stack socket as IPv4)."""
+        peer = (self.conn.get_extra_info("peername") or ("",))[0]
+        with contextlib.suppress(ValueError):
+            ip = ipaddress.ip_address(peer.partition("%")[0])
+            return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)
+        return peer
+
+    async def _count_failure(self) -> None:
+        """A connection that asked to log in and ended without: one failure of its address."""
+        try:
+            locked = await _in_db(login_failed, self.axes, self.username)
+        except Refused:
+            return  # the database is away (logged once): nothing logged in meanwhile either
+        except Exception:
+            log.exception("%s: counting a failed log-in failed", self._peer())
+            return
+        if locked:
+            log.warning(
+                "%s: locked out after %s failed log-ins (SSH and web together) within %s",
+                self._peer(), settings.AXES_FAILURE_LIMIT, get_cool_off(),
+            )  # fmt: skip
 
     def _may_try(self, key_data: bytes) -> bool:
         """At most AUTH_KEYS keys (a query and a signature each) per connection; the next
@@ -1131,6 +1235,7 @@ class Connection(asyncssh.SSHServer):
             log.exception("%s: checking key %s failed", _shown(self.username), fingerprint)
             self._banner("Suanli: the gateway could not check your key; try again in a minute.")
             return False
+        self.proved = bool(attached)
         if not attached:
             self._banner(
                 f"Suanli: the key {fingerprint} may not log in as {_shown(self.username)}. Add "

@@ -27,7 +27,8 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from jobs import addresses
+from jobs.addresses import IPAddress, unwrap
 
 MAX_URL_LENGTH = 2000
 MAX_BODY_READ = 64 * 1024
@@ -39,7 +40,6 @@ _PUBLIC_ONLY = "webhooks go to public addresses only"
 _RESERVED_HEADERS = {"host", "content-length", "connection", "transfer-encoding"}
 
 _LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
-_NUMERIC_LABEL = re.compile(r"(0x[0-9a-f]*|[0-9]+)", re.IGNORECASE)
 _PORT = re.compile(r"[0-9]{1,5}")
 
 
@@ -71,49 +71,6 @@ class _Target:
     port: int
     path: str
     addresses: list[IPAddress]
-
-
-# Ranges refused with a specific reason, so the researcher learns why. Anything else that is
-# not global is refused too (see _why_not_public); the lists exist for the wording, and for
-# the ranges Python 3.11's `is_global` still calls global (fec0::/10, 3fff::/20, ::/96, ...).
-_V4_RANGES = [
-    ("0.0.0.0/32", "the unspecified address"),
-    ("0.0.0.0/8", "in 0.0.0.0/8 ('this network')"),
-    ("127.0.0.0/8", "a loopback address"),
-    ("10.0.0.0/8", "a private address"),
-    ("172.16.0.0/12", "a private address"),
-    ("192.168.0.0/16", "a private address"),
-    ("100.64.0.0/10", "in the shared address space 100.64.0.0/10 (carrier-grade NAT)"),
-    ("169.254.169.254/32", "the cloud metadata address (link-local)"),
-    ("169.254.0.0/16", "a link-local address"),
-    ("192.0.0.0/24", "an IETF protocol address (192.0.0.0/24)"),
-    ("192.0.2.0/24", "a documentation address"),
-    ("198.51.100.0/24", "a documentation address"),
-    ("203.0.113.0/24", "a documentation address"),
-    ("192.88.99.0/24", "a reserved address (old 6to4 relay)"),
-    ("198.18.0.0/15", "a benchmarking address"),
-    ("224.0.0.0/4", "a multicast address"),
-    ("255.255.255.255/32", "the broadcast address"),
-    ("240.0.0.0/4", "a reserved address"),
-]
-_V6_RANGES = [
-    ("::/128", "the unspecified address"),
-    ("::1/128", "a loopback address"),
-    ("::/96", "an IPv4-compatible address (deprecated)"),
-    ("64:ff9b:1::/48", "a local-use NAT64 address"),
-    ("100::/64", "a discard-only address"),
-    ("2001::/23", "an IETF protocol address (2001::/23)"),
-    ("2001:db8::/32", "a documentation address"),
-    ("3fff::/20", "a documentation address"),
-    ("fc00::/7", "a private (unique local) address"),
-    ("fe80::/10", "a link-local address"),
-    ("fec0::/10", "a site-local address (deprecated)"),
-    ("ff00::/8", "a multicast address"),
-]
-_V4_NETS = [(ipaddress.IPv4Network(net), why) for net, why in _V4_RANGES]
-_V6_NETS = [(ipaddress.IPv6Network(net), why) for net, why in _V6_RANGES]
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
 def check_url(url: str, *, resolve: bool = True) -> list[IPAddress]:
@@ -207,32 +164,35 @@ def _target(url: str, *, resolve: bool) -> _Target:
     host = raw_host if bracketed else _ascii_host(raw_host)
     target = _Target(scheme, host, port, path, [])
     allowed_hosts = _allowed_hosts()
-    literal = _ip_literal(host, bracketed=bracketed)
+    try:
+        literal = addresses.ip_literal(host, bracketed=bracketed)
+    except addresses.NotAnAddress as exc:
+        raise Refused(str(exc)) from None
     if literal is not None:
         ip, canonical = literal
         if host in allowed_hosts:
-            target.addresses = [_unwrap(ip)]
+            target.addresses = [unwrap(ip)]
             return target
         why = _why_refused(ip)
         if why:
-            plain = _unwrap(ip)
+            plain = unwrap(ip)
             shown = host if canonical and plain == ip else f"{host} means {plain}, which"
             raise Refused(f"{shown} is {why}: {_PUBLIC_ONLY}")
         if not canonical:
             raise Refused(f"write IPv4 addresses as four decimal numbers ({ip}, not {host})")
-        target.addresses = [_unwrap(ip)]
+        target.addresses = [unwrap(ip)]
         return target
 
     _check_host_name(host)
     if not resolve:
         return target
-    addresses = _resolve(host, port)
+    found = _resolve(host, port)
     if host not in allowed_hosts:
-        for ip in addresses:
+        for ip in found:
             why = _why_refused(ip)
             if why:
                 raise Refused(f"{host} resolves to {ip}, which is {why}: {_PUBLIC_ONLY}")
-    target.addresses = [_unwrap(ip) for ip in addresses]
+    target.addresses = [unwrap(ip) for ip in found]
     return target
 
 
@@ -256,58 +216,6 @@ def _split_netloc(netloc: str, *, default: int) -> tuple[str, int]:
     return host.lower(), int(port_text)
 
 
-def _ip_literal(host: str, *, bracketed: bool) -> tuple[IPAddress, bool] | None:
-    """The address a host stands for, if it is an IP literal in any spelling that some
-    resolver would accept, with whether it is the canonical spelling. None for a name."""
-    if bracketed:
-        if "%" in host:
-            raise Refused("IPv6 zone identifiers (%...) are not allowed")
-        try:
-            return ipaddress.IPv6Address(host), True
-        except ValueError:
-            raise Refused(f"[{host}] is not a valid IPv6 address") from None
-    try:
-        return ipaddress.IPv4Address(host), True
-    except ValueError:
-        pass
-    # inet_aton and URL parsers in browsers read "2130706433", "0x7f000001", "0177.0.0.1" and
-    # "127.1" as 127.0.0.1. Whatever ends in a number is an IPv4 address (the WHATWG rule), so
-    # such hosts are decoded here rather than handed to a resolver that might decode them.
-    labels = host.split(".")
-    if labels[-1] == "" and len(labels) > 1:
-        labels.pop()
-    if not _NUMERIC_LABEL.fullmatch(labels[-1]):
-        return None
-    value = _legacy_ipv4(labels)
-    if value is None:
-        raise Refused(f"{host} is not a valid IPv4 address")
-    return ipaddress.IPv4Address(value), False
-
-
-def _legacy_ipv4(labels: list[str]) -> int | None:
-    if len(labels) > 4:
-        return None
-    numbers = []
-    for label in labels:
-        if not _NUMERIC_LABEL.fullmatch(label):
-            return None
-        if label[:2].lower() == "0x":
-            numbers.append(int(label[2:] or "0", 16))
-        elif len(label) > 1 and label.startswith("0"):
-            if not set(label) <= set("01234567"):
-                return None
-            numbers.append(int(label, 8))
-        else:
-            numbers.append(int(label))
-    *leading, last = numbers
-    if any(n > 255 for n in leading) or last >= 256 ** (5 - len(numbers)):
-        return None
-    value = last
-    for i, n in enumerate(leading):
-        value += n << (8 * (3 - i))
-    return value
-
-
 def _ascii_host(host: str) -> str:
     if host.isascii():
         return host
@@ -325,77 +233,19 @@ def _check_host_name(host: str) -> None:
 
 def _resolve(host: str, port: int) -> list[IPAddress]:
     try:
-        infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
+        return addresses.resolve(host, port)
+    except (OSError, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise _ResolveFailed(f"could not resolve {host}: {reason}") from None
-    addresses: list[IPAddress] = []
-    for family, *_, sockaddr in infos:
-        if family not in (socket.AF_INET, socket.AF_INET6):
-            continue
-        ip = ipaddress.ip_address(sockaddr[0].partition("%")[0])
-        if ip not in addresses:
-            addresses.append(ip)
-    if not addresses:
-        raise _ResolveFailed(f"could not resolve {host}: no IPv4 or IPv6 address")
-    return addresses
-
-
-def _unwrap(ip: IPAddress) -> IPAddress:
-    """An IPv4-mapped IPv6 address is the IPv4 address itself as far as a socket goes."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
 
 
 def _why_refused(ip: IPAddress) -> str | None:
     """Why a delivery may not connect to `ip`, or None if it may. An allowed net covers the
     address we connect to; addresses embedded in it must still be public."""
-    ip = _unwrap(ip)
-    if any(ip.version == net.version and ip in net for net in _allowed_nets()):
+    plain = unwrap(ip)
+    if any(plain.version == net.version and plain in net for net in _allowed_nets()):
         return None
-    if isinstance(ip, ipaddress.IPv4Address):
-        return _why_not_public(ip)
-    for inner in _embedded_ipv4(ip):
-        why = _why_not_public(inner)
-        if why:
-            return f"an IPv6 form of {inner}, which is {why}"
-    if ip in _NAT64:
-        return None  # the well-known translator prefix: what counts is the IPv4 inside
-    return _why_not_public(ip)
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
-    inner = []
-    if ip in _V4_COMPATIBLE and int(ip) > 1:  # ::a.b.c.d, but not :: or ::1
-        inner.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-    if ip in _NAT64:
-        inner.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-    if ip.sixtofour is not None:
-        inner.append(ip.sixtofour)
-    if ip.teredo is not None:
-        inner.extend(ip.teredo)
-    return inner
-
-
-def _why_not_public(ip: IPAddress) -> str | None:
-    nets = _V4_NETS if ip.version == 4 else _V6_NETS
-    for net, why in nets:
-        if ip in net:
-            return why
-    if ip.is_loopback:
-        return "a loopback address"
-    if ip.is_link_local:
-        return "a link-local address"
-    if ip.is_multicast:
-        return "a multicast address"
-    if ip.is_private:
-        return "a private address"
-    if ip.is_reserved:
-        return "a reserved address"
-    if not ip.is_global:
-        return "not a public address"
-    return None
+    return addresses.why_not_public(ip)
 
 
 def _allowed_hosts() -> set[str]:

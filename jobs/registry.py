@@ -31,7 +31,7 @@ from django.utils.translation import gettext_noop
 from jobs import engine
 from jobs.models import Cluster, ClusterEvent
 from jobs.text import Text, json_of
-from jobs.validators import image_repository
+from jobs.validators import image_repository, registry_refusal
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +369,16 @@ def pull(
         raise RegistryError(_("the pull broke off: %(error)s") % {"error": exc}) from exc
     if on_progress:
         on_progress(total, total)
+
+
+def pull_public(client: docker.DockerClient, ref: str) -> None:
+    """Pull `ref` (not one of our registry's: see `pull`) from the registry it names, only
+    when that registry is public (validators.registry_refusal): a reference stored before
+    that rule, or a name that resolves elsewhere since it was checked, never has the engine
+    contact the hosts' own networks. RegistryError says why not."""
+    if why := registry_refusal(ref):
+        raise RegistryError(why)
+    client.images.pull(ref)
 
 
 def _repo_tag(name: str) -> tuple[str, str]:

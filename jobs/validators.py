@@ -1,7 +1,7 @@
 """Checks on what operators and researchers type, with messages that say what to write.
 
-Layer: validators, the bottom of jobs/ (beside crypto). Uses no other part: models (and the
-migrations) use it, so it must not use them.
+Layer: validators, the bottom of jobs/ (beside crypto). Uses only addresses (which addresses
+are public): models (and the migrations) use it, so it must not use them.
 """
 
 import base64
@@ -18,6 +18,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
+
+from jobs.addresses import IPAddress, NotAnAddress, ip_literal, is_local_name, resolve, unwrap
+from jobs.addresses import why_not_public as _why_not_public
 
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -222,6 +225,8 @@ def validate_image_reference(value: str) -> None:
                 "pick another image."
             )
         )
+    if why := registry_refusal(value):
+        raise ValidationError(why)
     if names_own_image(value):
         # A researcher's own image (`<registry>/u<id>/...`): only the console's choice of
         # the owner's own images names one (console/forms.py resolves those first), never a
@@ -244,18 +249,96 @@ def _without_port(registry: str) -> str:
     return host if host and port.isdigit() else registry
 
 
+def _our_registry() -> str:
+    """SUANLI_REGISTRY as references start: `host[:port]` or `host[:port]/project`; ""."""
+    return (getattr(settings, "SUANLI_REGISTRY", "") or "").strip().strip("/").lower()
+
+
+def _split_port(registry: str) -> tuple[str, int | None]:
+    host, _, port = registry.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else (registry, None)
+
+
+def _registry_addresses(host: str) -> list[IPAddress]:
+    """The addresses an engine reaches for a registry's host: an IP literal in any spelling
+    a resolver accepts (`127.1`, `0x7f.1`, `2130706433`), the loopback for `localhost` and
+    `*.localhost` with or without the final dot, else what the name resolves to here ([]
+    when nothing: the engine cannot pull from it either)."""
+    if is_local_name(host):
+        return [ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1")]
+    try:
+        literal = ip_literal(host, bracketed=False)
+    except NotAnAddress:
+        return []
+    if literal is not None:
+        return [unwrap(literal[0])]
+    try:
+        return [unwrap(ip) for ip in resolve(host, 443)]
+    except (OSError, UnicodeError):
+        return []
+
+
+def _one_place(a: IPAddress, b: IPAddress) -> bool:
+    """Two addresses that reach the same server: equal, or both the loopback (127.0.0.0/8
+    and ::1 are all this machine)."""
+    return a == b or (a.is_loopback and b.is_loopback)
+
+
+def _same_server(named: str, ours: str) -> bool:
+    """Two registries' `host[:port]` name one server: the same port, and an address in
+    common (by address, not by spelling: `localhost:5000` is `127.0.0.1:5000`)."""
+    (host, port), (our_host, our_port) = _split_port(named), _split_port(ours)
+    if port != our_port or named == "docker.io":
+        return False
+    mine = _registry_addresses(our_host)
+    return any(_one_place(a, b) for a in _registry_addresses(host) for b in mine)
+
+
 def _in_registry(value: str) -> list[str] | None:
     """The path components of a reference into Suanli's registry (SUANLI_REGISTRY: host,
-    or host/project as on Harbor) under it, on any port of its host (`registry.example.com`
-    and `registry.example.com:443` are one server); None for any other reference."""
-    registry = (getattr(settings, "SUANLI_REGISTRY", "") or "").strip().strip("/").lower()
+    or host/project as on Harbor) under it: on any port of its host as spelled
+    (`registry.example.com` and `registry.example.com:443` are one server), or at any
+    spelling of its address and port (`localhost:5000` for 127.0.0.1:5000); None for any
+    other reference."""
+    registry = _our_registry()
     if not registry:
         return None
     host, *prefix = registry.split("/")
     named, *path = image_repository(value).split("/")
-    if _without_port(named) != _without_port(host) or path[: len(prefix)] != prefix:
+    if path[: len(prefix)] != prefix:
+        return None
+    if _without_port(named) != _without_port(host) and not _same_server(named, host):
         return None
     return path[len(prefix) :]
+
+
+def registry_refusal(value: str) -> str | None:
+    """Why an engine may not pull `value`: its registry is on the loopback, a link-local,
+    private or otherwise not public address, or a name that resolves to one (the hosts' own
+    networks: their services, the console's, a metadata service), other than Suanli's own
+    registry spelled as SUANLI_REGISTRY spells it and the registries an operator names in
+    SUANLI_PULL_ALLOW_REGISTRIES (a mirror on the LAN). None when it may."""
+    named = image_repository(value).partition("/")[0]
+    ours = _our_registry().partition("/")[0]
+    allowed = {r.strip().lower() for r in getattr(settings, "SUANLI_PULL_ALLOW_REGISTRIES", [])}
+    if named == "docker.io" or named == ours or named in allowed:
+        return None
+    host, _port = _split_port(named)
+    for ip in _registry_addresses(host):
+        why = _why_not_public(ip)
+        if why is None:
+            continue
+        if ours and _same_server(named, ours):
+            return _(
+                "%(registry)s is Suanli's own registry written another way: name its images "
+                "as %(ours)s/..., as Your images shows them."
+            ) % {"registry": named, "ours": ours}
+        return _(
+            "%(registry)s is %(why)s (%(address)s), on the hosts' own networks: clusters "
+            "pull images from public registries only (and from Suanli's own, under Your "
+            "images)."
+        ) % {"registry": named, "why": _(why), "address": ip}
+    return None
 
 
 def names_registry(value: str) -> bool:
