@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.utils.translation import gettext as _
 
 from jobs import engine, network, registry, runtime
-from jobs.models import Cluster, Host, Node
+from jobs.models import MAX_GPUS_PER_HOST, Cluster, GpuSlot, Host, Node, Replica
 
 log = logging.getLogger(__name__)
 
