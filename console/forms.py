@@ -233,6 +233,7 @@ class ClusterForm(forms.Form):
             (_("GPUs"), choices),
             (_("CPU-only (for debugging)"), cpu),
         ]
+        self.fields["resource"].help_text = self._system_disk_note()
         self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}
         self.own_images = {
             f"{OWN_IMAGE}{i.pk}": i
@@ -262,6 +263,20 @@ class ClusterForm(forms.Form):
         self.fields["nodes"].max_value = settings.SUANLI_MAX_NODES
         self.fields["nodes"].widget.attrs["max"] = settings.SUANLI_MAX_NODES
         self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+
+    def _system_disk_note(self) -> str:
+        """Each node's system disk (its root filesystem, jobs.models.root_disk_gb): the
+        default, and the GPU models and CPU types the operator gave another."""
+        default = settings.SUANLI_ROOT_DISK_GB
+        own = [
+            f"{kind.name} {kind.root_disk_gb} GB"
+            for kind in [*self.gpu_models.values(), *self.instance_types.values()]
+            if kind.root_disk_gb and kind.root_disk_gb != default
+        ]
+        note = _("System disk: %(gb)s GB (files outside your volumes)") % {"gb": default}
+        if own:
+            note += _("; except %(kinds)s") % {"kinds": ", ".join(own)}
+        return note
 
     def _cpu_label(self, itype: InstanceType) -> str:
         """A CPU type's label (its name, vCPUs and memory), with what keeps it from being

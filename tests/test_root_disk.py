@@ -17,9 +17,10 @@ import os
 
 import docker
 import pytest
+from django.urls import reverse
 
 from jobs import scheduler, services, tasks, workspaces
-from jobs.models import ClusterEvent, Host, InstanceType
+from jobs.models import ClusterEvent, GpuModel, Host, InstanceType
 from monitoring import rootdisk
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,3 +165,16 @@ def test_where_the_engine_cannot_enforce_it_the_monitor_warns_at_90_and_pauses_a
         services.cluster_release(cluster=cluster)
         assert workspaces.remove(cluster.pk)
         tasks.cluster_network_remove(cluster.pk)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_form_and_the_cluster_page_say_how_big_the_system_disk_is(
+    client, catalog, paper_host, make_cluster, alice
+):
+    GpuModel.objects.filter(slug="a100-80gb").update(root_disk_gb=100)
+    client.force_login(alice)
+    form = client.get(reverse("cluster_new")).content.decode()
+    assert "System disk: 30 GB (files outside your volumes); except A100 80 GB 100 GB" in form
+    cluster = make_cluster(alice, "sized")
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert "System disk: 100 GB (files outside your volumes)" in page
