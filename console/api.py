@@ -516,7 +516,7 @@ def job(request, job_id: Id):
     "/jobs/{job_id}/cancel", tags=["jobs"], response=_responses(200, JobOut), summary="Cancel a job"
 )
 def job_cancel(request, job_id: Id):
-    j = fleet.job_for_user(request.auth.user, job_id)
+    j = fleet.job_for_user(request.auth.user, job_id, power="jobs.cancel_job")
     with transaction.atomic():
         return fleet_services.job_cancel(job=j, by=request.auth.user.username)
 

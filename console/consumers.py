@@ -22,7 +22,7 @@ from django.http import Http404
 
 from jobs import images, livelogs, runner
 from jobs import selectors as fleet
-from jobs.models import Cluster, ImageBuild, Job, Replica
+from jobs.models import ImageBuild, Job, Replica
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
 from monitoring.monitor import group_for
 
@@ -140,16 +140,6 @@ class _GroupSocket:
                 await send({"type": "websocket.close", "code": 1012})
 
 
-def _watchable_cluster(user, cluster_id: int):
-    """The cluster's owner, or an operator; anyone else: Http404 (as if it did not exist)."""
-    if user.is_staff:
-        try:
-            return Cluster.objects.get(pk=cluster_id)
-        except Cluster.DoesNotExist:
-            raise Http404("No such cluster.") from None
-    return fleet.cluster_for_user(user, cluster_id)
-
-
 class ClusterMetricsConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
     """Live samples of one cluster's nodes: one message per monitor tick, pushed by the
     monitor to the cluster's group. Authorised here, before joining the group."""
@@ -158,7 +148,7 @@ class ClusterMetricsConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
     what = "metrics socket"
 
     async def connect(self):
-        cluster = await self._owned(_watchable_cluster, "cluster_id")
+        cluster = await self._owned(fleet.cluster_charts_for_user, "cluster_id")
         if cluster is None:
             return
         self.group = group_for(cluster.pk)
@@ -214,8 +204,9 @@ class _NumberedLines:
 
 
 class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
-    """A job's live log, for its owner (or an operator; others: 4404). The lines come from
-    the `logs` process through the job's group (jobs/livelogs.py), numbered; see
+    """A job's live log, for its owner or whoever holds `jobs.view_job_logs` (others,
+    staff or not: 4404). The lines come from the `logs` process through the job's group
+    (jobs/livelogs.py), numbered; see
     `_NumberedLines` for the join. The job's state is read once a second and sent when it
     changes; once it has ended, the last lines come for a moment, then the close.
 

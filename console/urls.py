@@ -14,6 +14,7 @@ from console import (
     views_sweeps,
     views_webhooks,
 )
+from console.powers import queue_pages
 
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
@@ -129,6 +130,6 @@ urlpatterns = [
     path("api/tokens/", api.tokens_page, name="api_tokens"),
     path("api/v1/", include("console.api_urls")),
     path("healthz", views.healthz, name="healthz"),
-    path("admin/rq/", include("django_rq.urls")),
+    path("admin/rq/", include(queue_pages())),  # jobs.manage_queues on every page
     path("admin/", admin.site.urls),
 ]

@@ -3,9 +3,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import login
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
@@ -30,6 +29,7 @@ from console.forms import (
     start_refusal,
 )
 from console.logins import ssh_logins
+from console.powers import operator_required
 from console.views_billing import cluster_form_prices
 from jobs import images, storage
 from jobs import selectors as fleet
@@ -84,13 +84,12 @@ def signup(request):
     return render(request, "registration/signup.html", {"form": form})
 
 
-@staff_member_required
+@operator_required("jobs.view_host")
 def ops_hosts(request):
     return render(request, "console/ops_hosts.html", {"hosts": fleet.hosts_with_occupancy()})
 
 
-@staff_member_required
-@permission_required("jobs.change_host", raise_exception=True)
+@operator_required("jobs.change_host")
 @require_POST
 def ops_host_check(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
@@ -427,7 +426,7 @@ def ssh_key_delete(request, key_id: int):
 # -- operator pages ---------------------------------------------------------------------------
 
 
-@staff_member_required
+@operator_required("jobs.view_cluster")
 def ops_queue(request):
     now = timezone.now()
     pending = fleet.queue()
@@ -437,8 +436,7 @@ def ops_queue(request):
     return render(request, "console/ops_queue.html", {"pending": pending})
 
 
-@staff_member_required
-@permission_required("jobs.drain_host", raise_exception=True)
+@operator_required("jobs.drain_host")
 @require_POST
 def ops_host_drain(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
@@ -455,8 +453,7 @@ def ops_host_drain(request, host_id: int):
     return redirect("ops_hosts")
 
 
-@staff_member_required
-@permission_required("jobs.reclaim_spot", raise_exception=True)
+@operator_required("jobs.reclaim_spot")
 @require_POST
 def ops_host_reclaim(request, host_id: int):
     """Take a host's spot capacity back: every running spot cluster with a node on it gets
@@ -587,7 +584,7 @@ def job_log(request, job_id: int):
 @login_required
 @require_POST
 def job_cancel(request, job_id: int):
-    job = fleet.job_for_user(request.user, job_id)
+    job = fleet.job_for_user(request.user, job_id, power="jobs.cancel_job")
     try:
         fleet_services.job_cancel(job=job, by=request.user.username)
     except ValidationError as exc:

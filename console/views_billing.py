@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import plotly.graph_objects as go
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, StreamingHttpResponse
@@ -24,6 +23,7 @@ from billing import formatting
 from billing import selectors as money
 from billing.models import LedgerEntry
 from billing.pricing import RateBook
+from console.powers import operator_required
 from jobs import selectors as fleet
 from jobs.models import Cluster
 
@@ -297,7 +297,8 @@ def _csv_safe(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
-@staff_member_required
+# Revenue by day and every account's balance: what the admin's ledger and accounts show.
+@operator_required("billing.view_ledgerentry", "billing.view_account")
 def ops_billing(request):
     data = money.revenue(days=30)
     days = [d.isoformat() for d in data["days"]]

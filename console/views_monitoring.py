@@ -5,24 +5,25 @@ Profile section with its trace downloads."""
 
 from datetime import UTC
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from console.powers import operator_required
 from jobs import selectors as fleet
 from monitoring import profiles
 from monitoring import selectors as metrics
 
 
-@staff_member_required
+# The fleet: every host's GPUs and the clusters that hold them.
+@operator_required("jobs.view_host", "jobs.view_cluster")
 def ops_fleet(request):
     return render(request, "console/ops_fleet.html", {"fleet": metrics.fleet()})
 
 
-@staff_member_required
+@operator_required("jobs.view_host", "jobs.view_cluster")
 def ops_fleet_data(request):
     return JsonResponse(metrics.fleet())
 

@@ -176,7 +176,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
 
     def check_view(self, request, host_id: int):
         if not self.has_change_permission(request):
-            return redirect("admin:index")
+            raise PermissionDenied(_("Checking a host needs jobs.change_host."))
         host = get_object_or_404(Host, pk=host_id)
         report_check(request, services.host_check(host_id=host.pk))
         return redirect(reverse("admin:jobs_host_change", args=[host.pk]))

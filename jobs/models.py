@@ -768,6 +768,13 @@ class Job(models.Model):
             models.Index(fields=["-created_at", "-id"], name="job_recent_idx"),
             models.Index(fields=["owner", "-created_at", "-id"], name="job_owner_recent_idx"),
         ]
+        # Operators' powers over other researchers' work (the owner holds them over their
+        # own): checked by jobs.selectors.job_for_user on pages, API and websockets alike.
+        permissions = [
+            ("view_job_logs", "Can read other researchers' job pages, logs and charts"),
+            ("cancel_job", "Can cancel other researchers' jobs"),
+            ("manage_queues", "Can see and change the task queues (django-rq's pages)"),
+        ]
 
     def __str__(self) -> str:
         return self.name

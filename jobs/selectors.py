@@ -131,6 +131,18 @@ def cluster_for_user(user, cluster_id: int) -> Cluster:
         raise Http404("No such cluster.") from None
 
 
+def cluster_charts_for_user(user, cluster_id: int) -> Cluster:
+    """A cluster whose live charts the user may watch: their own, or anyone's for whoever
+    may read other researchers' job pages (`jobs.view_job_logs`: a job page's charts are
+    its cluster's). Others, staff or not, get 404."""
+    if not user.has_perm("jobs.view_job_logs"):
+        return cluster_for_user(user, cluster_id)
+    try:
+        return Cluster.objects.get(pk=cluster_id)
+    except Cluster.DoesNotExist:
+        raise Http404("No such cluster.") from None
+
+
 def live_nodes(cluster: Cluster) -> QuerySet[Node]:
     return (
         cluster.node_set.filter(released_at__isnull=True).select_related("host").order_by("index")
@@ -331,10 +343,13 @@ def jobs_for(user):
     return Job.objects.filter(owner=user).order_by("-created_at", "-id")
 
 
-def job_for_user(user, job_id: int):
-    """The job's owner (and operators) may see a job; anyone else gets 404."""
+def job_for_user(user, job_id: int, *, power: str = "jobs.view_job_logs") -> Job:
+    """The job, for its owner, or for whoever holds `power` over other researchers' jobs
+    (`jobs.view_job_logs` to read its page, log, charts and profile; `jobs.cancel_job` to
+    cancel it). Anyone else, staff or not, gets the 404 of a job that does not exist: staff
+    status alone grants nothing (DESIGN.md)."""
     jobs = Job.objects.select_related("cluster", "cluster__gpu_model", "cluster__instance_type")
-    if not user.is_staff:
+    if not user.has_perm(power):
         jobs = jobs.filter(owner=user)
     try:
         return jobs.get(pk=job_id)
