@@ -107,7 +107,13 @@ ensure_docker() {
     log "no Docker engine at $LOCAL_ENGINE; starting the system dockerd"
     # Default dockerd (socket /var/run/docker.sock, data /var/lib/docker);
     # only the pidfile and log are ours, so `stop` knows what to stop.
-    start_dockerd "$LOCAL_ENGINE" "$DEV_DIR" "$DEV_DIR/dockerd.log" "$DOCKERD_PID"
+    # Its cluster networks come from a pool off this machine's networks and the test
+    # services' 172.29.0.0/16 (Docker's default, 172.17-31/16, may take either).
+    local pool
+    pool="$(address_pool)"
+    log "engine address pool: $pool (/24 per network)"
+    start_dockerd "$LOCAL_ENGINE" "$DEV_DIR" "$DEV_DIR/dockerd.log" "$DOCKERD_PID" \
+        --default-address-pool "base=$pool,size=24"
     date -Is >"$DOCKERD_MARKER"
 }
 
@@ -115,6 +121,28 @@ cmd_start() {
     mkdir -p "$DEV_DIR"
     ensure_packages
     if [[ -n "${REDIS_URL:-}" ]]; then
+# address_pool: the first of a few private /16s that overlaps no route of this machine (its
+# LAN, VPNs, other bridges) and not 172.29.0.0/16, the test services' hosts and engines.
+address_pool() {
+    ip -o route show table all 2>/dev/null | awk '{print $1 == "local" || $1 == "broadcast" ? $2 : $1}' |
+        python3 -c '
+import ipaddress, sys
+taken = [ipaddress.ip_network("172.29.0.0/16")]
+for word in sys.stdin.read().split():
+    try:
+        taken.append(ipaddress.ip_network(word, strict=False))
+    except ValueError:
+        pass  # "default", "unreachable", ...
+for base in ("10.210.0.0/16", "10.211.0.0/16", "10.212.0.0/16", "172.30.0.0/16", "192.168.240.0/20"):
+    net = ipaddress.ip_network(base)
+    if not any(net.version == t.version and net.overlaps(t) for t in taken):
+        print(base)
+        break
+else:
+    sys.exit("no free private /16 for the networks of the engine: set --default-address-pool")
+'
+}
+
         log "using REDIS_URL from the environment ($REDIS_URL)"
     else
         REDIS_PASSWORD="$(redis_password)"

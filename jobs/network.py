@@ -18,18 +18,25 @@ MASTER_ADDR; eth0 is the cluster network in every replica (NCCL/GLOO_SOCKET_IFNA
 Reads: hosts and nodes. Talks to: the engines. Called by the runner (before a job starts),
 its tasks (after placement, after release) and the reconciler (removal sweep).
 
-Layer: network (beside storage), under runtime; uses engine and models.
+Layer: network (beside storage), under runtime; uses engine, models, validators and
+addresses.
+
+The host check asks it (`overlaps`) whether any of an engine's networks covers the hosts'
+own addresses: the host's, its peers', the registry's, the control plane's.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 import docker
 from django.conf import settings
 
-from jobs import engine
+from jobs import addresses, engine, validators
+from jobs.addresses import IPAddress
 from jobs.models import Cluster, Host, Node
 
 log = logging.getLogger(__name__)
@@ -228,3 +235,65 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
         if cluster_id not in live and _remove_one(host, net):
             removed += 1
     return removed
+
+
+# -- the hosts' own networks: no engine network may cover them -------------------------------
+
+
+def protected_addresses(host: Host) -> list[tuple[str, IPAddress]]:
+    """(what, address) of what no engine network may cover: the host's own address, every
+    other registered host's, the registry's and the console's database and Redis where
+    they are IP literals (loopback ones aside: no engine network takes those). A network
+    over one of them would have the engine route that address into a bridge or an overlay:
+    a cluster's containers could then stand for the host, a peer or the control plane."""
+    found: list[tuple[str, IPAddress]] = []
+    for other in Host.objects.only("name", "address").order_by("name"):
+        what = "its own address" if other.pk == host.pk else f"host {other.name}'s address"
+        found += [(what, ip) for ip in _addresses_of(other.address, resolve=True)]
+    registry_host = validators.split_port(settings.SUANLI_REGISTRY.strip().partition("/")[0])[0]
+    found += [("the registry's address", ip) for ip in _addresses_of(registry_host, resolve=True)]
+    database = str(settings.DATABASES["default"].get("HOST") or "")
+    found += [("the database's address", ip) for ip in _addresses_of(database, resolve=False)]
+    redis_host = urlsplit(settings.REDIS_URL).hostname or ""
+    found += [("Redis's address", ip) for ip in _addresses_of(redis_host, resolve=False)]
+    return [(what, ip) for what, ip in found if not ip.is_loopback]
+
+
+def _addresses_of(name: str, *, resolve: bool) -> list[IPAddress]:
+    if not name:
+        return []
+    try:
+        return [ipaddress.ip_address(name.strip("[]"))]
+    except ValueError:
+        pass
+    if not resolve:
+        return []
+    try:
+        return addresses.resolve(name, 0)
+    except (OSError, UnicodeError):
+        return []  # a name that resolves to nothing here covers nothing we can tell
+
+
+def overlaps(host: Host) -> list[str]:
+    """For operators, one line per engine network (bridge or overlay, ours or not) whose
+    subnet covers a protected address (protected_addresses). Raises EngineError."""
+    protected = protected_addresses(host)
+    lines = []
+    try:
+        networks = engine.cached_client(host).networks.list()
+    except Exception as exc:  # requests/urllib3/ssl/OS errors too: the engine did not answer
+        raise engine.EngineError(engine.describe(exc)) from exc
+    for net in sorted(networks, key=lambda n: n.name):
+        for config in (net.attrs.get("IPAM") or {}).get("Config") or []:
+            try:
+                subnet = ipaddress.ip_network(config.get("Subnet") or "", strict=False)
+            except ValueError:
+                continue
+            covered = [f"{what} {ip}" for what, ip in protected if ip in subnet]
+            if covered:
+                lines.append(
+                    f"network {net.name} ({subnet}) overlaps the hosts' own networks: it "
+                    f"covers {', '.join(dict.fromkeys(covered))}; remove it, and give the "
+                    "engine a --default-address-pool off those ranges"
+                )
+    return lines

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
-from jobs import engine, runtime, scheduler, storage, validators
+from jobs import engine, network, runtime, scheduler, storage, validators
 from jobs.lifecycle import (
     cancel_jobs_of,
     cluster_event,
@@ -95,6 +95,8 @@ def host_check(*, host_id: int) -> Host:
     """Ask the host's engine what it is, run the canary (a tiny container that proves it
     can start one), and record the outcome: active (or draining), degraded with the
     engine's words when it answers but cannot run the canary, down when it does not answer.
+    An engine network that covers the hosts' own addresses is noted as a problem of the
+    host (network.overlaps).
 
     The engine is asked outside any transaction so a slow engine holds no row lock.
     """
@@ -104,6 +106,9 @@ def host_check(*, host_id: int) -> Host:
         nvidia = facts.pop("nvidia")
         backing_fs = facts.pop("backing_fs")
         note = engine.run_canary(host, settings.SUANLI_CANARY_IMAGE)
+        # An engine network over the hosts' own addresses: a problem of the host, shown
+        # with its other notes (admin, operator pages) until the network is gone.
+        note = "\n".join(filter(None, [note, *network.overlaps(host)]))
         facts["root_disk_enforced"] = _root_disk_enforced(host, facts["storage_driver"], backing_fs)
     except engine.EngineError as exc:
         return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc))

@@ -254,7 +254,8 @@ def _our_registry() -> str:
     return (getattr(settings, "SUANLI_REGISTRY", "") or "").strip().strip("/").lower()
 
 
-def _split_port(registry: str) -> tuple[str, int | None]:
+def split_port(registry: str) -> tuple[str, int | None]:
+    """(host, port) of a registry's `host[:port]`; port None when it names none."""
     host, _, port = registry.rpartition(":")
     return (host, int(port)) if host and port.isdigit() else (registry, None)
 
@@ -287,7 +288,7 @@ def _one_place(a: IPAddress, b: IPAddress) -> bool:
 def _same_server(named: str, ours: str) -> bool:
     """Two registries' `host[:port]` name one server: the same port, and an address in
     common (by address, not by spelling: `localhost:5000` is `127.0.0.1:5000`)."""
-    (host, port), (our_host, our_port) = _split_port(named), _split_port(ours)
+    (host, port), (our_host, our_port) = split_port(named), split_port(ours)
     if port != our_port or named == "docker.io":
         return False
     mine = _registry_addresses(our_host)
@@ -323,7 +324,7 @@ def registry_refusal(value: str) -> str | None:
     allowed = {r.strip().lower() for r in getattr(settings, "SUANLI_PULL_ALLOW_REGISTRIES", [])}
     if named == "docker.io" or named == ours or named in allowed:
         return None
-    host, _port = _split_port(named)
+    host, _port = split_port(named)
     for ip in _registry_addresses(host):
         why = _why_not_public(ip)
         if why is None:
