@@ -407,6 +407,10 @@ SUANLI_BUILD_TIMEOUT_S = envint("SUANLI_BUILD_TIMEOUT_S", 3600)
 SUANLI_BUILD_CONTEXT_MB = envint("SUANLI_BUILD_CONTEXT_MB", 512)  # a storage folder, tarred
 SUANLI_BUILD_NETWORK = envstr("SUANLI_BUILD_NETWORK", "slcbuild")
 SUANLI_BUILD_LOG_BYTES = envint("SUANLI_BUILD_LOG_BYTES", 1 << 20)  # kept per build (its end)
+# The most one build may write on its host's disk (its steps' layers and the running
+# step's files, measured every SUANLI_BUILD_POLL_S while it runs); past it, it is stopped.
+SUANLI_BUILD_MAX_BYTES = envint("SUANLI_BUILD_MAX_BYTES", 30_000_000_000)
+SUANLI_BUILD_POLL_S = float(envstr("SUANLI_BUILD_POLL_S", "1"))
 # What FROM may name besides the catalog's images and the researcher's own: references,
 # or prefixes ending in "*" (e.g. "docker.io/pytorch/pytorch:*"), comma-separated.
 SUANLI_BUILD_FROM_ALLOWED = [

@@ -62,6 +62,7 @@ def image_list(request):
             else "",
             "builds": fleet.builds_for(request.user)[:RECENT_BUILDS],
         },
+        status=400 if request.method == "POST" else 200,  # posted and not queued: refused
     )
 
 

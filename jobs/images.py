@@ -17,6 +17,7 @@ Layer: beside gateway, runner and webapps; uses registry, storage, engine, queue
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -45,7 +46,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_noop, ngettext
 
 from jobs import engine, logstore, registry, storage, validators
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
@@ -85,13 +86,21 @@ class Quota:
         return self.count >= self.max_count or self.bytes >= self.max_bytes
 
 
-def quota(owner) -> Quota:
-    """A researcher's images and the bytes of their distinct layers in the registry (a
-    layer two of them share is counted once)."""
-    images = list(OwnImage.objects.filter(owner=owner).values_list("layers", flat=True))
+def quota(owner, *, adding: list | None = None, replacing: tuple[str, str] | None = None) -> Quota:
+    """A researcher's images and the bytes of their distinct layers (a layer two of them
+    share is counted once), each at its size on a host's disk, uncompressed (an image
+    pushed before sizes were counted so: its layers as the registry stores them). With
+    `adding` ([[layer, bytes], ...] of an image not yet kept) in place of the image
+    named `replacing` ((name, tag)), what the quota would be with it."""
+    rows = OwnImage.objects.filter(owner=owner)
+    if replacing is not None:
+        rows = rows.exclude(name=replacing[0], tag=replacing[1])
+    images = list(rows.values_list("layers", flat=True))
+    if adding is not None:
+        images.append(adding)
     distinct = {}
     for layers in images:
-        for digest, size in layers or []:
+        for digest, size, *_rest in layers or []:
             distinct[digest] = int(size)
     return Quota(
         count=len(images),
@@ -99,6 +108,42 @@ def quota(owner) -> Quota:
         bytes=sum(distinct.values()),
         max_bytes=int(settings.SUANLI_IMAGE_QUOTA_GB * 1e9),
     )
+
+
+def real_layers(client: docker.DockerClient, ref: str) -> list[list]:
+    """[[layer, bytes], ...] of an image on an engine: each layer of its root filesystem
+    (by its uncompressed digest, the same on every host and in every image that shares
+    it) with its size on disk. A layer the engine made here (a build's step, a commit)
+    is the image's size less its parent's; the layers of a pulled image, which has no
+    parent here, come from its history (its entries of a size, in order, are its layers;
+    when they cannot be matched, its whole size goes on its newest layer: nothing is
+    counted short)."""
+    attrs = client.api.inspect_image(ref)
+    top = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    if not top:
+        return [[attrs["Id"], int(attrs.get("Size") or 0)]]
+    sizes: dict[str, int] = {}
+    while attrs.get("Parent"):
+        try:
+            parent = client.api.inspect_image(attrs["Parent"])
+        except docker.errors.NotFound:
+            break
+        mine = (attrs.get("RootFS") or {}).get("Layers") or []
+        theirs = (parent.get("RootFS") or {}).get("Layers") or []
+        if mine[:-1] == theirs and len(mine) == len(theirs) + 1:
+            sizes[mine[-1]] = int(attrs.get("Size") or 0) - int(parent.get("Size") or 0)
+        elif mine != theirs:
+            break
+        attrs = parent
+    base = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    total = int(attrs.get("Size") or 0)
+    history = client.api.history(attrs["Id"])  # newest first
+    found = [int(h.get("Size") or 0) for h in reversed(history) if int(h.get("Size") or 0) > 0]
+    if base and len(found) == len(base) and sum(found) == total:
+        sizes.update(zip(base, found, strict=True))
+    elif base:
+        sizes.update({d: 0 for d in base[:-1]} | {base[-1]: total})
+    return [[d, max(0, sizes.get(d, 0))] for d in top]
 
 
 def clusters_using(image: OwnImage):
@@ -137,34 +182,156 @@ def _check_text(dockerfile: str) -> None:
                 )
                 % {"number": number}
             )
+    _check_fetches(dockerfile)
     for word, _rest in _instructions(dockerfile):
         if word == "ONBUILD":
             raise ValidationError(_("ONBUILD is not supported: its trigger would run unchecked."))
 
 
+_CONTINUED = re.compile(r"\\[ \t]*$")
+
+
 def _instructions(dockerfile: str):
-    """(INSTRUCTION, arguments) of each instruction, as the engine's classic parser reads
-    them once `_check_text` holds: lines end at \\n only, a line continues when it ends
-    with a backslash (and spaces or tabs), comment and empty lines inside a continued
-    instruction are skipped, the instruction word ends at the first space or tab."""
-    line = ""
-    for raw in dockerfile.split("\n"):
-        stripped = raw.strip(" \t")
-        if not stripped or stripped.startswith("#"):
+    """(INSTRUCTION, arguments) of each instruction, as the engine's parser (moby/buildkit
+    frontend/dockerfile/parser, which the classic builder uses too) reads them once
+    `_check_text` holds: lines end at \\n only; a first line loses its leading spaces and
+    tabs, a comment line is skipped; a line continues when it ends with a backslash (and
+    spaces or tabs), which goes, and the next line is joined to it as it is, with no space
+    added and its own leading spaces kept (`FROM img:ta\\` + `g2` is `FROM img:tag2`);
+    comment and blank lines inside a continued instruction are skipped; the instruction
+    word ends at the first space or tab."""
+    lines = iter(dockerfile.split("\n"))
+    for raw in lines:
+        first = raw.lstrip(" \t")
+        if first.startswith("#"):
             continue
-        if stripped.endswith("\\"):
-            line += stripped[:-1] + " "
+        line, more = _continued(first)
+        if not more and not line:
             continue
-        line += stripped
-        yield _word_and_rest(line)
-        line = ""
-    if line.strip(" \t"):
-        yield _word_and_rest(line)
+        for raw in lines if more else ():
+            if raw.lstrip(" \t").startswith("#") or not raw.strip(" \t"):
+                continue
+            part, more = _continued(raw)
+            line += part
+            if not more:
+                break
+        if line.strip(" \t"):
+            yield _word_and_rest(line)
+
+
+def _continued(line: str) -> tuple[str, bool]:
+    """The line without its continuation backslash, and whether it had one."""
+    found = _CONTINUED.search(line)
+    return (line[: found.start()], True) if found else (line, False)
 
 
 def _word_and_rest(line: str) -> tuple[str, str]:
     parts = re.split(r"[ \t]+", line.strip(" \t"), maxsplit=1)
     return parts[0].upper(), (parts[1] if len(parts) > 1 else "").strip(" \t")
+
+
+# -- what ADD may fetch ------------------------------------------------------------------
+
+# The classic builder downloads `ADD <url>` itself, inside dockerd: in the host's network
+# namespace, outside the firewalled build network, so it reaches the host's loopback and
+# the private networks (the console, the registry, the engines' API). Nothing a build adds
+# is fetched by the engine; a RUN step downloads instead (it runs on the build network).
+_SCHEME = re.compile(r"://")
+_GIT_REMOTE = re.compile(r"^(?:git@|github\.com/|[\w.~-]+@[\w.-]+:)", re.IGNORECASE)
+_HOW_TO_DOWNLOAD = gettext_noop(
+    "Download it in a RUN step instead, e.g. RUN curl -fsSLo /got.txt https://example.com/"
+    "file (or wget -O): RUN steps run on the build network, which reaches the internet and "
+    "nothing else."
+)
+
+
+def _check_fetches(dockerfile: str) -> None:
+    """ADD names files of the build's context only: never a URL (any scheme, any case, in
+    the JSON form, behind flags, split over lines), a git remote, or a variable (a build
+    argument or ENV may expand to a URL when the engine runs the step), ONBUILD ADD too.
+    The words are read as the engine reads them: its flags (`--chown=...`), then a JSON
+    array or words split at spaces and tabs, each word with its quotes and backslashes
+    taken away as the engine's word expansion does."""
+    for word, rest in _instructions(dockerfile):
+        if word == "ONBUILD":
+            word, rest = _word_and_rest(rest)
+        if word == "ADD":
+            _check_add(rest)
+
+
+def _check_add(rest: str) -> None:
+    flags, rest = _builder_flags(rest)
+    words = _add_words(rest)
+    for text in [*flags, *words, rest]:
+        plain = re.sub(r"[\"'\\]", "", text)
+        if _SCHEME.search(plain) or _GIT_REMOTE.match(plain):
+            raise ValidationError(
+                _(
+                    "ADD %(source)s: builds here do not fetch URLs or git remotes (the engine "
+                    "would download them outside the build's network)."
+                )
+                % {"source": text[:200]}
+                + " "
+                + _(_HOW_TO_DOWNLOAD)
+            )
+    for text in words[:-1]:
+        if "$" in text:
+            raise ValidationError(
+                _(
+                    "ADD %(source)s: name the file of the build's context itself, not a variable "
+                    "(a build argument could name a URL, which builds here do not fetch)."
+                )
+                % {"source": text[:200]}
+                + " "
+                + _(_HOW_TO_DOWNLOAD)
+            )
+
+
+def _add_words(rest: str) -> list[str]:
+    """ADD's sources and destination: the JSON array the engine decodes (the first JSON
+    value of the text; what follows it is ignored, as the engine ignores it), else the
+    words between spaces and tabs."""
+    if rest.startswith("["):
+        try:
+            value, _end = json.JSONDecoder().raw_decode(rest)
+        except ValueError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValidationError(
+                _("ADD %(args)s: write its JSON form as an array of strings.")
+                % {"args": rest[:200]}
+            )
+        return value
+    return [w for w in re.split(r"[ \t]+", rest) if w]
+
+
+def _builder_flags(rest: str) -> tuple[list[str], str]:
+    """The leading `--name=value` words of an instruction and the text after them, as the
+    engine's extractBuilderFlags reads them: a flag word may hold quotes (with spaces inside)
+    and backslash escapes; a lone `--` ends the flags."""
+    flags: list[str] = []
+    pos, n = 0, len(rest)
+    while True:
+        while pos < n and rest[pos] in " \t":
+            pos += 1
+        if not rest.startswith("--", pos):
+            return flags, rest[pos:]
+        word, quote = "", ""
+        while pos < n and (quote or rest[pos] not in " \t"):
+            ch = rest[pos]
+            if ch == "\\" and pos + 1 < n:
+                pos += 1
+                word += rest[pos]
+            elif quote and ch == quote:
+                quote = ""
+            elif not quote and ch in "'\"":
+                quote = ch
+            elif ch != "\\":
+                word += ch
+            pos += 1
+        if word == "--":
+            return flags, rest[pos:].lstrip(" \t")
+        flags.append(word)
 
 
 def _normal(ref: str) -> str:
@@ -234,7 +401,9 @@ def bases(dockerfile: str) -> list[str]:
                         )
                         % {"instruction": word, "source": source}
                     )
-                if source.lower() in stages or (source.isdigit() and int(source) < stage_count):
+                if source.lower() in stages or (
+                    source.isdecimal() and len(source) < 6 and int(source) < stage_count
+                ):
                     continue
                 found.append(source)
     if stage_count == 0:
@@ -315,6 +484,34 @@ def _check_quota(owner, name: str, tag: str) -> None:
         )
 
 
+def check_build_args(build_args) -> dict[str, str]:
+    """The build arguments as the engine gets them. A name the engine reads itself is
+    refused: BUILDKIT_SYNTAX names a frontend image BuildKit would pull, and the other
+    BUILDKIT_* change how the engine builds, not what the Dockerfile sees."""
+    args: dict[str, str] = {}
+    for key, value in dict(build_args or {}).items():
+        if not _ARG_NAME.match(str(key)) or not isinstance(value, str) or "\x00" in value:
+            raise ValidationError(
+                _(
+                    "Build argument %(name)s: a name of letters, digits and underscores and a "
+                    "text value."
+                )
+                % {"name": repr(str(key)[:40])}
+            )
+        if str(key).upper().startswith("BUILDKIT_"):
+            raise ValidationError(
+                _(
+                    "Build argument %(name)s: names starting with BUILDKIT_ set the build "
+                    "engine itself (one names an image it would fetch); pick another name."
+                )
+                % {"name": str(key)}
+            )
+        args[str(key)] = value
+    if len(args) > BUILD_ARGS_MAX:
+        raise ValidationError(_("At most %(most)s build arguments.") % {"most": BUILD_ARGS_MAX})
+    return args
+
+
 def build_create(
     *, owner, name: str, tag: str, dockerfile: str, context: str = "", build_args=None
 ) -> ImageBuild:
@@ -345,19 +542,10 @@ def build_create(
         except ValidationError as exc:
             errors["context"] = exc.messages
     args = {}
-    for key, value in dict(build_args or {}).items():
-        if not _ARG_NAME.match(str(key)) or not isinstance(value, str) or "\x00" in value:
-            errors["build_args"] = [
-                _(
-                    "Build argument %(name)s: a name of letters, digits and underscores and a "
-                    "text value."
-                )
-                % {"name": repr(str(key)[:40])}
-            ]
-            break
-        args[str(key)] = value
-    if len(args) > BUILD_ARGS_MAX:
-        errors["build_args"] = [_("At most %(most)s build arguments.") % {"most": BUILD_ARGS_MAX}]
+    try:
+        args = check_build_args(build_args)
+    except ValidationError as exc:
+        errors["build_args"] = exc.messages
     if not errors:
         try:
             _check_quota(owner, name, tag)
@@ -483,7 +671,16 @@ def delete(*, owner, image: OwnImage) -> None:
             raise ValidationError(
                 _("%(image)s could not be deleted: %(error)s") % {"image": image, "error": exc}
             ) from None
+    reference = image.reference
     image.delete()
+    # The engines' copies (the build host's, the hosts' that pulled it) go on the builds
+    # queue: a slow or unreachable engine holds up no page.
+    enqueue_by_name(
+        "jobs.tasks.image_forget_local",
+        reference,
+        job_id=f"image-forget-{hashlib.sha256(reference.encode()).hexdigest()[:32]}",
+        queue="builds",
+    )
 
 
 # -- the build log ----------------------------------------------------------------------
@@ -669,28 +866,36 @@ def run(build_id: int) -> str:
         build.save(update_fields=["state", "started_at"])
     out = _Log(build)
     result = "failed"
+    left: _Leftovers | None = None
     try:
         if build.kind == ImageBuild.Kind.SAVE:
             node = _node(build.cluster, build.node_index) if build.cluster else None
             if node is None:
                 raise BuildFailed(f"node {build.node_index} has no workspace to save any more")
             out.state(host=node.host)
+            left = _Leftovers(node.host)
+            left.references.append(registry.reference(build.owner_id, build.name, build.tag))
             local = _save(build, node, out)
         else:
             host = _build_host()
             out.state(host=host)
-            local = _build(build, host, out)
-        image = _push(build, build.host, local, out)
+            left = _Leftovers(host)
+            local = _build(build, host, out, left)
+        layers = _check_real_size(build, build.host, local, out)
+        image = _push(build, build.host, local, out, layers)
+        _tidy(left, out)
         out.state(
             state=ImageBuild.State.SUCCEEDED, image=image, step="", finished_at=timezone.now()
         )
         result = image.reference
     except BuildFailed as exc:
         out.line(f"ERROR: {exc}")
+        _tidy(left, out)
         out.state(state=ImageBuild.State.FAILED, error=str(exc)[:2000], finished_at=timezone.now())
     except Exception as exc:
         log.exception("build %s", build.pk)
         out.line(f"ERROR: {exc}")
+        _tidy(left, out)
         out.state(
             state=ImageBuild.State.FAILED,
             error=f"the build stopped on an error of the platform: {exc}"[:2000],
@@ -699,6 +904,93 @@ def run(build_id: int) -> str:
     finally:
         ImageBuild.objects.filter(pk=build.pk).update(log=out.close())
     return result
+
+
+def _tidy(left: _Leftovers | None, out: _Log) -> None:
+    """Pushed, failed or cut off: the host keeps no copy (before the build's last state,
+    so that its log ends with it)."""
+    if left is None:
+        return
+    try:
+        left.remove(out)
+    except Exception:  # an engine gone meanwhile: the image stays, the build's end holds
+        log.warning("build %s: leftovers stay on %s", out.build.pk, left.host, exc_info=True)
+
+
+class _Leftovers:
+    """What one build or save put on its host, removed when it ends, pushed or not: the
+    image's tag, the step images the build committed (a failed build's, and an earlier
+    stage's, are dangling), and the images it pulled that are not catalog images (one of
+    the researcher's own images as a base or as the cache, an allowed base). The engine
+    refuses to remove an image a container uses (a workspace on a build host), and removes
+    a removed image's untagged parents with it."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.references: list[str] = []
+        self.steps: list[str] = []  # image ids, oldest first
+
+    def remove(self, out: _Log | None = None) -> None:
+        try:
+            client = engine.client_for(self.host, timeout=120)
+        except docker.errors.DockerException as exc:
+            log.warning("build leftovers on %s stay: %s", self.host, exc)
+            return
+        try:
+            for ref in dict.fromkeys(self.references):
+                _remove_image(client, ref)
+            for image_id in reversed(self.steps):
+                try:
+                    tags = client.api.inspect_image(image_id).get("RepoTags") or []
+                except docker.errors.DockerException:
+                    continue  # gone with the image above it
+                if not tags:
+                    _remove_image(client, image_id, patient=True)
+        finally:
+            client.close()
+        if out is not None:
+            out.line(f"Removed the build's local copies from {self.host.name}")
+
+
+_STEP_GONE_S = 30  # a cut-off build's step container, killed, is removed by the engine
+
+
+def _remove_image(client: docker.DockerClient, ref: str, *, patient: bool = False) -> bool:
+    """The image (or the tag, when the image has others) off the engine; False when it was
+    not there or is in use (the engine says which; logged). `patient`: a step image of a
+    build just cut off is in use until the engine has removed the step's container."""
+    deadline = time.monotonic() + (_STEP_GONE_S if patient else 0)
+    while True:
+        try:
+            client.api.remove_image(ref, noprune=False)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            log.warning("image %s stays on the engine: %s", ref, engine.describe(exc))
+            return False
+
+
+def forget_local(reference: str) -> int:
+    """A deleted image off every engine that has it (the build hosts, the hosts that pulled
+    it); the task after a delete. How many engines had it."""
+    removed = 0
+    for host in Host.objects.exclude(state=Host.State.DOWN):
+        try:
+            client = engine.client_for(host, timeout=60)
+        except docker.errors.DockerException as exc:
+            log.warning("deleted image %s may stay on %s: %s", reference, host, exc)
+            continue
+        try:
+            removed += _remove_image(client, reference)
+        except docker.errors.DockerException as exc:
+            log.warning("deleted image %s may stay on %s: %s", reference, host, exc)
+        finally:
+            client.close()
+    return removed
 
 
 def _build_host() -> Host:
@@ -842,9 +1134,12 @@ class _Exact(io.RawIOBase):
 
 
 def _ensure_build_network(client: docker.DockerClient) -> str:
+    """The network a build's RUN steps run on: ours (the tenant firewall keeps it off the
+    host and the private networks), or none. The engine's own networks (its default
+    bridge, the host's, another container's) reach the host's services: never those."""
     name = settings.SUANLI_BUILD_NETWORK
     if name in ("none", "bridge", "host", "default") or name.startswith("container:"):
-        return "none" if name != "bridge" else name
+        return "none"
     if not client.networks.list(names=[name]):
         try:
             client.networks.create(
@@ -864,31 +1159,72 @@ def _ensure_build_network(client: docker.DockerClient) -> str:
     return name
 
 
-def _pull_bases(client: docker.DockerClient, build: ImageBuild, out: _Log) -> None:
+def _pull_bases(
+    client: docker.DockerClient, build: ImageBuild, out: _Log, left: _Leftovers
+) -> None:
+    """Every base on the engine before the build starts, pulled here when it is not (the
+    engine would pull a missing one itself, then run its ONBUILD triggers unchecked), and
+    refused when it has triggers. A base pulled for this build that is not a catalog image
+    goes again when the build ends."""
+    catalog = {
+        _normal(r) for r in Image.objects.filter(active=True).values_list("reference", flat=True)
+    }
     for ref in bases(build.dockerfile):
-        if registry.in_registry(ref) and not registry.has_current(client, ref):
+        if not registry.has_current(client, ref) or (
+            registry.in_registry(ref) and not _current_in_registry(client, ref)
+        ):
             out.line(f"Pulling {ref}")
             try:
                 registry.pull(client, ref)
             except registry.RegistryError as exc:
                 raise BuildFailed(f"{ref} could not be pulled: {exc}") from None
+            if _normal(ref) not in catalog:
+                left.references.append(ref)
         try:
             triggers = (client.images.get(ref).attrs.get("Config") or {}).get("OnBuild")
         except docker.errors.ImageNotFound:
-            continue  # the engine says so when it gets there
+            raise BuildFailed(f"{ref} is not on the build host") from None
         if triggers:  # run by the engine when a build starts FROM it, unchecked
             raise BuildFailed(f"{ref} has ONBUILD triggers, which builds here do not run")
 
 
-def _build(build: ImageBuild, host: Host, out: _Log) -> str:
-    """The image built on `host`, tagged with its registry reference; its log streamed."""
+def _current_in_registry(client: docker.DockerClient, ref: str) -> bool:
+    """The engine has the registry's image as the registry has it now (a tag pushed again
+    is pulled again; a copy tagged on the engine by hand is not the registry's)."""
+    try:
+        digest, _man = registry.manifest(*registry.split(ref))
+    except registry.RegistryError:
+        return False
+    return registry.has_current(client, ref, digest)
+
+
+# The engine's build API, the parameters this module sets and no other: no `remote` (a
+# context the engine would fetch from a URL), no `extrahosts`, no `platform`, no `pull`,
+# `version` 1 (the classic builder: BuildKit would pull the frontend a `# syntax=` line
+# or a BUILDKIT_SYNTAX argument names), `networkmode` the build network.
+_BUILD_PARAMS = frozenset(
+    {"t", "dockerfile", "rm", "forcerm", "pull", "networkmode", "memory", "memswap",
+     "cpuperiod", "cpuquota", "buildargs", "cachefrom", "version"}
+)  # fmt: skip
+
+
+def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
+    """The image built on `host`, tagged with its registry reference; its log streamed,
+    its disk use watched (`_Watch`). What it leaves on the host is noted in `left`."""
     check_bases(build.owner_id, build.dockerfile)  # again: the catalog may have changed
+    try:
+        build_args = check_build_args(build.build_args)
+    except ValidationError as exc:
+        raise BuildFailed(" ".join(exc.messages)) from None
     reference = registry.reference(build.owner_id, build.name, build.tag)
+    left.references.append(reference)
     timeout = settings.SUANLI_BUILD_TIMEOUT_S
+    limit = settings.SUANLI_BUILD_MAX_BYTES
     deadline = time.monotonic() + timeout  # from here: the context and the bases count too
     client = engine.client_for(host, timeout=timeout + 60)
     try:
-        _pull_bases(client, build, out)
+        _pull_bases(client, build, out, left)
+        cache = _cache_sources(client, build, out, left)
         context = _context_tar(build, deadline)
         network = _ensure_build_network(client)
         memory = settings.SUANLI_BUILD_MEMORY_MB * 1024 * 1024
@@ -898,20 +1234,23 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
             "rm": True,
             "forcerm": True,
             "pull": False,
+            "version": "1",
             "networkmode": network,
             "memory": memory,
             "memswap": memory,  # no swap beyond the memory
             "cpuperiod": 100000,
             "cpuquota": max(1000, int(settings.SUANLI_BUILD_CPUS * 100000)),
-            "buildargs": json.dumps(build.build_args or {}),
+            "buildargs": json.dumps(build_args),
             # The cache is the researcher's own: only their images (and the steps under
             # them) are reused. Without a list the engine would reuse any tenant's step
             # that matched, and a hit would tell one researcher what another built.
-            "cachefrom": json.dumps(_cache_sources(build)),
+            "cachefrom": json.dumps(cache),
         }
+        assert set(params) <= _BUILD_PARAMS, set(params) - _BUILD_PARAMS
         out.line(
             f"Building on {host.name} (limits: {settings.SUANLI_BUILD_CPUS:g} CPUs, "
-            f"{settings.SUANLI_BUILD_MEMORY_MB} MB, {timeout} s)"
+            f"{settings.SUANLI_BUILD_MEMORY_MB} MB, {timeout} s, "
+            f"{registry.human(limit)} written)"
         )
         api = client.api
         try:
@@ -938,6 +1277,7 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
         timer = threading.Timer(max(1.0, deadline - time.monotonic()), cut_off)
         timer.daemon = True
         timer.start()
+        watch = _Watch(host, limit, cut_off, left)
         built = ""
         error = ""
         try:
@@ -947,6 +1287,7 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
                     step = _STEP.match(text.strip())
                     if step:
                         out.state(step=text.strip()[:300])
+                    watch.read(text)
                     out.write(text)
                 elif "error" in chunk:
                     error = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
@@ -964,7 +1305,18 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
                 raise BuildFailed(f"the engine broke off the build: {exc}") from None
         finally:
             timer.cancel()
+            watch.stop()
             out.flush()
+        try:  # the last step may have ended between two polls
+            too_big = watch.over or (not over.is_set() and watch.measure() > limit)
+        finally:
+            watch.close()
+        if too_big:
+            raise BuildFailed(
+                f"stopped: the build wrote {registry.human(watch.written)}, more than its "
+                f"limit of {registry.human(limit)} (SUANLI_BUILD_MAX_BYTES), at "
+                f"{out.build.step or 'its start'}"
+            )
         if over.is_set():
             raise BuildFailed(
                 f"stopped: the build ran over its time limit of {timeout} s "
@@ -980,12 +1332,122 @@ def _build(build: ImageBuild, host: Host, out: _Log) -> str:
         client.close()
 
 
-def _cache_sources(build: ImageBuild) -> list[str]:
-    own = OwnImage.objects.filter(owner_id=build.owner_id).order_by("-updated_at")
+_RUNNING_IN = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
+_STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+
+
+class _Watch:
+    """A build's disk use while it runs, polled from the engine every
+    SUANLI_BUILD_POLL_S: the layers its steps committed (each stage's newest step image
+    less the image the stage starts from) and the writable layer of the step running now
+    (its container's SizeRw). Past the limit the build is cut off, as on its time limit:
+    the engine cancels the build and removes the step's container. The classic builder
+    names both in its log (` ---> Running in <container>`, ` ---> <image>`)."""
+
+    def __init__(self, host: Host, limit: int, cut_off, left: _Leftovers):
+        self.host, self.limit, self.cut_off, self.left = host, limit, cut_off, left
+        self.stages: list[list[str]] = []  # [the stage's base image, its newest step image]
+        self.container = ""
+        self.after_from = False
+        self.cached = False
+        self.written = 0
+        self.over = False
+        self.sizes: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.client = engine.client_for(host, timeout=30)
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="build-watch")
+        self.thread.start()
+
+    def read(self, text: str) -> None:
+        """One piece of the build's log: which step runs, in which container, to which image."""
+        for line in text.split("\n"):
+            line = _ANSI.sub("", line).rstrip()
+            step = _STEP.match(line.strip())
+            with self.lock:
+                if step:
+                    self.after_from = step.group(3).upper().startswith("FROM ")
+                    self.container, self.cached = "", False
+                elif line == " ---> Using cache":
+                    self.cached = True
+                elif got := _RUNNING_IN.match(line):
+                    self.container = got.group(1)
+                elif got := _STEP_IMAGE.match(line):
+                    image = got.group(1)
+                    if self.after_from:
+                        self.stages.append([image, image])
+                        self.after_from = False
+                    elif self.stages:
+                        self.stages[-1][1] = image
+                        if not self.cached:  # committed by this build: removed at its end
+                            self.left.steps.append(image)
+                    self.container = ""
+
+    def measure(self) -> int:
+        with self.lock:
+            stages = [list(s) for s in self.stages]
+            container = self.container
+        committed = sum(max(0, self._size(new) - self._size(base)) for base, new in stages)
+        running = 0
+        if container:
+            try:
+                got = self.client.api._result(
+                    self.client.api._get(
+                        self.client.api._url("/containers/{0}/json", container),
+                        params={"size": 1},
+                    ),
+                    json=True,
+                )
+                running = int(got.get("SizeRw") or 0)
+            except docker.errors.DockerException:
+                running = 0  # the step ended between the log line and this
+        self.written = committed + running
+        return self.written
+
+    def _size(self, image: str) -> int:
+        if image not in self.sizes:
+            try:
+                self.sizes[image] = int(self.client.api.inspect_image(image).get("Size") or 0)
+            except docker.errors.DockerException:
+                return 0
+        return self.sizes[image]
+
+    def _loop(self) -> None:
+        while not self.done.wait(settings.SUANLI_BUILD_POLL_S):
+            try:
+                if self.measure() > self.limit:
+                    self.over = True
+                    self.cut_off()
+                    return
+            except Exception:  # the engine hiccuped: the next poll, or the end, measures
+                log.warning("build disk use not measured on %s", self.host, exc_info=True)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(30)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _cache_sources(
+    client: docker.DockerClient, build: ImageBuild, out: _Log, left: _Leftovers
+) -> list[str]:
+    """The researcher's own images the engine may take cached steps from. The hosts keep
+    no copies of pushed images, so the newest image of the same name is pulled for it
+    (and goes again when the build ends); the others count where a host still has them."""
+    own = list(OwnImage.objects.filter(owner_id=build.owner_id).order_by("-updated_at")[:50])
+    same = [i for i in own if i.name == build.name]
+    same.sort(key=lambda i: (i.tag != build.tag, -i.updated_at.timestamp()))
+    if same and not registry.has_current(client, same[0].reference, same[0].digest):
+        out.line(f"Pulling {same[0].reference} for its cached steps")
+        try:
+            registry.pull(client, same[0].reference)
+            left.references.append(same[0].reference)
+        except registry.RegistryError as exc:
+            out.line(f"(not pulled, built without its cache: {exc})")
     # Never empty: an empty list means "the engine's whole cache".
-    return [registry.reference(build.owner_id, build.name, build.tag)] + [
-        i.reference for i in own[:50]
-    ]
+    return [registry.reference(build.owner_id, build.name, build.tag)] + [i.reference for i in own]
 
 
 _PLATFORM_KEYS = ("SUANLI_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NCCL_")
@@ -1024,8 +1486,35 @@ def _original_config(build: ImageBuild, host: Host) -> dict | None:
         return None
 
 
-def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
-    """Pushes the image to the registry with progress, then records it."""
+def _check_real_size(build: ImageBuild, host: Host, reference: str, out: _Log) -> list[list]:
+    """Before the push: the image at its size on a host's disk (its layers uncompressed:
+    a layer of zeros is tiny in the registry and whole on every host that pulls it) must
+    fit the researcher's quota, with the image it replaces left out. Its layers, for the
+    quota once pushed."""
+    client = engine.client_for(host, timeout=120)
+    try:
+        try:
+            layers = real_layers(client, reference)
+        except docker.errors.DockerException as exc:
+            raise BuildFailed(f"the image could not be measured: {engine.describe(exc)}") from None
+    finally:
+        client.close()
+    size = sum(n for _, n in layers)
+    used = quota(build.owner, adding=layers, replacing=(build.name, build.tag))
+    out.line(f"The image takes {registry.human(size)} on a host's disk")
+    if used.bytes > used.max_bytes or used.count > used.max_count:
+        raise BuildFailed(
+            f"the image takes {registry.human(size)} on a host's disk (its layers, "
+            f"uncompressed); with it your images would take {registry.human(used.bytes)} of "
+            f"your {registry.human(used.max_bytes)} quota, so it was not pushed: delete "
+            "images you no longer need, or make this one smaller"
+        )
+    return layers
+
+
+def _push(build: ImageBuild, host: Host, reference: str, out: _Log, layers: list) -> OwnImage:
+    """Pushes the image to the registry with progress, then records it with its layers
+    at their size on disk (`_check_real_size`)."""
     repository, tag = reference.rsplit(":", 1)
     client = engine.client_for(host, timeout=settings.SUANLI_IMAGE_PULL_S)
     out.state(state=ImageBuild.State.PUSHING, step=f"Pushing {reference}")
@@ -1061,10 +1550,13 @@ def _push(build: ImageBuild, host: Host, reference: str, out: _Log) -> OwnImage:
             digest, man = registry.manifest(*registry.split(reference))
     except registry.RegistryError as exc:
         raise BuildFailed(str(exc)) from None
-    layers = registry.layers_of(man)
+    stored = sum(n for _, n in registry.layers_of(man))
     size = sum(n for _, n in layers)
-    out.state(done_bytes=size, total_bytes=size)
-    out.line(f"Pushed {reference} ({registry.human(size)}, {digest})")
+    out.state(done_bytes=stored, total_bytes=stored)
+    out.line(
+        f"Pushed {reference} ({registry.human(stored)} in the registry, "
+        f"{registry.human(size)} on disk, {digest})"
+    )
     now = timezone.now()
     note = (
         f"saved from {build.cluster.name if build.cluster else 'a cluster'} node {build.node_index}"

@@ -141,6 +141,11 @@ def image_builds_sweep() -> int:
     return images.sweep_stuck()
 
 
+def image_forget_local(reference: str) -> int:
+    """A deleted own image off the engines that have it (queue "builds")."""
+    return images.forget_local(reference)
+
+
 # -- pools and sweeps (jobs/pools.py, jobs/sweeps.py) ---------------------------------------
 
 

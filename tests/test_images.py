@@ -5,7 +5,9 @@ allowed FROM set; saves of workspaces; deletes; the time limit (jobs/images.py).
 
 import asyncio
 import threading
+import time
 import uuid
+from datetime import datetime
 
 import docker
 import pytest
@@ -138,7 +140,9 @@ def test_a_seed_style_dockerfile_builds_live_is_pushed_and_pulled_where_a_cluste
 
     # In the registry, as the console reads it.
     digest, manifest = registry.manifest(f"u{alice.pk}/seed", "v1")
-    assert digest == image.digest and registry.layers_of(manifest) == image.layers
+    assert digest == image.digest and len(manifest["layers"]) == len(image.layers)
+    # The quota counts its layers at their size on a host's disk, uncompressed.
+    assert sum(n for _, n in image.layers) == image.size_bytes
 
     # Engine b never saw it: a cluster placed there pulls it first, with progress.
     _forget(b, image.reference)
@@ -182,6 +186,10 @@ def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, cat
         "RUN echo no-from\n": "starts with FROM",
         # another researcher's image, even when its name is known
         f"FROM {registry.reference(alice.pk, 'seed', 'v1')}\n": "none of them",
+        # a line continued: the engine joins the next line on without a space, so this is
+        # `FROM <catalog image>-evil`, a tag the catalog does not have
+        f"FROM {TEST_IMAGE}\\\n-evil\nRUN true\n": "none of them",
+        f"FROM {TEST_IMAGE}\nCOPY --from={TEST_IMAGE}\\\n-evil /x /x\n": "none of them",
     }
     for dockerfile, words in cases.items():
         with pytest.raises(ValidationError) as got:
@@ -205,6 +213,14 @@ def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, cat
             build_args={"1bad": "x"},
         )
     assert set(got.value.message_dict) == {"name", "tag", "context", "build_args"}
+    # A build argument the engine reads itself (BUILDKIT_SYNTAX names a frontend image
+    # BuildKit would pull) is refused.
+    with pytest.raises(ValidationError) as got:
+        images.build_create(
+            owner=bob, name="x", tag="v1", dockerfile=f"FROM {TEST_IMAGE}\n",
+            build_args={"BUILDKIT_SYNTAX": "127.0.0.1:5000/frontend:1"},
+        )  # fmt: skip
+    assert "BUILDKIT_" in got.value.message_dict["build_args"][0]
 
 
 def test_a_file_written_in_a_workspace_is_in_the_image_saved_from_it(
@@ -342,3 +358,100 @@ def test_a_researcher_has_at_most_two_builds_at_a_time_and_crlf_is_a_line_end(al
         with pytest.raises(ValidationError) as got:
             images.build_create(owner=bob, name="bad", tag="v1", dockerfile=bad)
         assert words in " ".join(got.value.messages), bad
+
+
+def _left_on(client: docker.DockerClient, marker: str, since: float) -> list[str]:
+    """The images (tagged or dangling) on an engine made since `since` by a build whose
+    steps name `marker`: what a build left behind. Other builds may run on the test
+    engines meanwhile, so the engine's images are told apart by their history."""
+    found = []
+    for image in client.images.list(all=True):
+        created = datetime.fromisoformat(image.attrs["Created"].replace("Z", "+00:00"))
+        if created.timestamp() < since - 5:
+            continue
+        try:
+            history = client.api.history(image.id)
+        except docker.errors.NotFound:
+            continue
+        if any(marker in (h.get("CreatedBy") or "") for h in history):
+            found.append(image.id[7:19])
+    return found
+
+
+def test_a_build_writing_past_its_limit_is_stopped_while_it_runs(hosts, alice, settings):
+    """SUANLI_BUILD_MAX_BYTES bounds what a build writes on its host: a step writing past
+    it is cut off while it runs (not when it ends: this one would sleep a minute more),
+    its container and the step images before it are gone from the build host."""
+    a, _ = hosts
+    settings.SUANLI_BUILD_MAX_BYTES = 50_000_000
+    settings.SUANLI_BUILD_POLL_S = 0.5
+    marker = f"{RUN_ID}-limit"
+    dockerfile = (
+        f"FROM {TEST_IMAGE}\nRUN echo {marker} > /first\n"
+        f"RUN echo {marker} && head -c 200000000 /dev/zero > /big && sleep 60 && "
+        "echo slept-$((6*7))\n"
+    )
+    since = time.time()
+    build = images.build_create(owner=alice, name="toobig", tag="v1", dockerfile=dockerfile)
+    assert images.run(build.pk) == "failed"
+    build.refresh_from_db()
+    assert build.error.startswith("stopped: the build wrote"), build.error
+    assert "more than its limit of 50 MB (SUANLI_BUILD_MAX_BYTES), at Step 3/3" in build.error
+    assert "slept-42" not in build.log and "Removed the build's local copies" in build.log
+    client = _engine(a)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the engine kills and removes the step's container
+        left = [c.id for c in client.containers.list(all=True) if marker in str(c.attrs["Args"])]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, "the step's container stays"
+    assert not _left_on(client, marker, since), "the build's step images stay"
+    assert not OwnImage.objects.exists()
+
+
+def test_a_1_gb_build_is_counted_at_its_size_and_no_engine_keeps_a_copy(
+    hosts, alice, settings, work_queue
+):
+    """A layer of 1 GB of zeros is about 1 MB in the registry and 1 GB on every host that
+    pulls it: the quota counts it at 1 GB, before the next image is pushed. The build host
+    keeps no copy once it is pushed, and a deleted image goes from every engine that has
+    it (the build host and the host that pulled it)."""
+    a, b = hosts
+    marker = f"{RUN_ID}-big"
+    since = time.time()
+    build = images.build_create(
+        owner=alice, name="big", tag="v1",
+        dockerfile=f"FROM {TEST_IMAGE}\nRUN echo {marker} && head -c 1000000000 /dev/zero > /z\n",
+    )  # fmt: skip
+    assert images.run(build.pk).endswith("/big:v1"), ImageBuild.objects.get(pk=build.pk).error
+    image = OwnImage.objects.get(owner=alice, name="big")
+    assert image.size_bytes >= 1_000_000_000, image.size_bytes
+    assert images.quota(alice).bytes >= 1_000_000_000
+    _digest, manifest = registry.manifest(f"u{alice.pk}/big", "v1")
+    stored = sum(n for _, n in registry.layers_of(manifest))
+    assert stored < 100_000_000, f"zeros compress: {stored} bytes in the registry"
+    ca, cb = _engine(a), _engine(b)
+    assert not _left_on(ca, marker, since), "the build host kept the pushed image"
+
+    # Counted before the push: 5 MB more would pass the quota (1 GB + busybox + 3 MB).
+    settings.SUANLI_IMAGE_QUOTA_GB = (images.quota(alice).bytes + 3_000_000) / 1e9
+    small = images.build_create(
+        owner=alice, name="small", tag="v1",
+        dockerfile=f"FROM {TEST_IMAGE}\nRUN echo {marker} && head -c 5000000 /dev/urandom > /s\n",
+    )  # fmt: skip
+    assert images.run(small.pk) == "failed"
+    small.refresh_from_db()
+    assert "so it was not pushed" in small.error, small.error
+    with pytest.raises(registry.RegistryError, match="404"):
+        registry.manifest(f"u{alice.pk}/small", "v1")
+    assert not _left_on(ca, marker, since), "the refused image stays on the build host"
+
+    # Another host pulls it (a cluster there); a delete takes it off both engines.
+    registry.pull(cb, image.reference)
+    assert registry.has_current(cb, image.reference)
+    images.delete(owner=alice, image=image)
+    work_queue("builds")
+    assert not registry.has_current(cb, image.reference), "the host that pulled it keeps it"
+    assert not registry.has_current(ca, image.reference)
+    assert not _left_on(ca, marker, since) and not _left_on(cb, marker, since)

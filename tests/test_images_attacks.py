@@ -4,6 +4,8 @@ output meant to reach it, hang the build worker or flood Redis. Real engines, th
 registry, the real worker code (jobs/images.py)."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -174,3 +176,142 @@ def test_a_replaced_image_leaves_no_unaccounted_manifest_in_the_registry(build_h
         except registry.RegistryError:
             pass
     assert not still, f"manifests left in the registry, counted by no quota: {still}"
+
+
+# -- ADD <url>: the engine fetching on a build's behalf ----------------------------------
+
+CANARY = r"""
+import http.server, sys
+class Canary(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[3], "a") as seen:
+            seen.write(self.path + "\n")
+        self.send_response(200); self.end_headers(); self.wfile.write(b"CANARY-BODY\n")
+    do_HEAD = do_GET
+    def log_message(self, *args): pass
+http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), Canary).serve_forever()
+"""
+
+
+def _env_list(name):
+    value = [v for v in os.environ.get(name, "").split(",") if v]
+    if not value:
+        pytest.fail(f"{name} is not set: run the suite with `make test` (.ci/services.sh)")
+    return value
+
+
+@pytest.fixture
+def canaries(tmp_path):
+    """Two HTTP canaries the build engine (engine a) could fetch from: one on its own
+    loopback (inside its network namespace, where dockerd runs) and one on the hosts'
+    address it reaches. Each writes every path asked for to its file; before the attack,
+    the engine's namespace fetches `/alive` from both, so a canary that hears nothing
+    later proves the check, not a dead canary."""
+    netns = _env_list("SUANLI_TEST_ENGINE_NETNS")[0]
+    gateway = _env_list("SUANLI_TEST_HOSTS_GATEWAY")[0]
+    port = 18300 + os.getpid() % 500
+    seen = {"loopback": tmp_path / "loopback.txt", "gateway": tmp_path / "gateway.txt"}
+    for path in seen.values():
+        path.write_text("")
+    procs = [
+        subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{netns}", sys.executable, "-c", CANARY,
+             "127.0.0.1", str(port), str(seen["loopback"])]
+        ),
+        subprocess.Popen([sys.executable, "-c", CANARY, gateway, str(port), str(seen["gateway"])]),
+    ]  # fmt: skip
+    urls = {"loopback": f"127.0.0.1:{port}", "gateway": f"{gateway}:{port}"}
+    try:
+        deadline = time.monotonic() + 15
+        for name, addr in urls.items():
+            while True:  # from inside the engine's namespace, as dockerd would ask
+                got = subprocess.run(
+                    ["nsenter", f"--net=/var/run/netns/{netns}", sys.executable, "-c",
+                     "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], "
+                     "timeout=3).read().decode())", f"http://{addr}/alive"],
+                    capture_output=True, text=True, timeout=10,
+                )  # fmt: skip
+                if "CANARY-BODY" in got.stdout:
+                    break
+                assert time.monotonic() < deadline, f"the {name} canary is not up: {got.stderr}"
+                time.sleep(0.2)
+        yield {"urls": urls, "heard": lambda: {k: p.read_text().split() for k, p in seen.items()}}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_no_spelling_of_add_makes_the_engine_fetch_from_the_hosts_networks(
+    build_host, bob, canaries
+):
+    """The classic builder downloads `ADD <url>` inside dockerd: in the build host's own
+    network namespace, not on the firewalled build network, so the console's admin page on
+    the host's loopback came into the image. Every spelling is refused at build_create
+    with the sentence saying how to download in RUN; a build forced past build_create (its
+    row written directly) is refused again by the worker, and no canary hears a request."""
+    lo, gw = canaries["urls"]["loopback"], canaries["urls"]["gateway"]
+    spellings = {
+        "plain": f"ADD http://{lo}/plain /got.txt",
+        "lower-case": f"add http://{gw}/lower /got.txt",
+        "upper-case scheme": f"ADD HTTP://{lo}/upper /got.txt",
+        "json": f'ADD ["http://{gw}/json", "/got.txt"]',
+        "json, escaped": f'ADD ["\\u0068ttp://{lo}/json-escaped", "/got.txt"]',
+        "--chown first": f"ADD --chown=1000:1000 http://{lo}/chown /got.txt",
+        "--checksum first": f"ADD --checksum=sha256:{'0' * 64} http://{gw}/checksum /got.txt",
+        "quoted flag": f'ADD "--chown=1 2" http://{lo}/quoted-flag /got.txt',
+        "continued": f"ADD http:/\\\n/{lo}/continued /got.txt",
+        "continued after a comment": f"ADD ht\\\n# a comment\ntp://{gw}/comment /got.txt",
+        "quotes in the word": f'ADD h"tt"p://{lo}/quotes /got.txt',
+        "backslash in the word": f"ADD http:/\\/{lo}/backslash /got.txt",
+        "ftp": f"ADD ftp://{gw}/ftp /got.txt",
+        "git remote": f"ADD git@{gw.split(':')[0]}:repo.git /src",
+        "git scheme": f"ADD git://{gw}/repo.git /src",
+        "variable": "ARG URL\nADD $URL /got.txt",
+        "braced variable": "ARG A=http\nADD ${A}://" + lo + "/braced /got.txt",
+        "ENV variable": f"ENV U=http://{lo}/env\nADD $U /got.txt",
+        "onbuild": f"ONBUILD ADD http://{lo}/onbuild /got.txt",
+        "second stage": f"FROM {TEST_IMAGE} AS two\nADD http://{gw}/second /got.txt",
+    }
+    args = {"URL": f"http://{lo}/variable"}
+    let_through = {}
+    for i, (spelling, lines) in enumerate(spellings.items()):
+        dockerfile = f"FROM {TEST_IMAGE}\n{lines}\nRUN echo {RUN_ID}-{i}\n"
+        try:
+            images.build_create(
+                owner=bob, name=f"fetch{i}", tag="v1", dockerfile=dockerfile, build_args=args
+            )
+            let_through[spelling] = "queued"
+        except ValidationError as exc:
+            said = " ".join(exc.messages)
+            if "RUN curl -fsSLo /got.txt" not in said:
+                let_through[spelling] = said
+    assert not let_through, f"not refused with the sentence: {let_through}"
+    assert not ImageBuild.objects.exists()
+    # A parser directive is refused before ADD is read (the engine's parser would read
+    # the lines otherwise).
+    with pytest.raises(ValidationError, match="parser directives"):
+        images.build_create(
+            owner=bob, name="escape", tag="v1",
+            dockerfile=f"# escape=`\nFROM {TEST_IMAGE}\nADD http:/`\n/{lo}/escape /got.txt\n",
+        )  # fmt: skip
+
+    # Forced through: the worker gets rows build_create never saw.
+    forced = {
+        "variable": ("ARG URL\nADD $URL /got.txt", {"URL": f"http://{lo}/forced-variable"}),
+        "braced": ("ARG A\nADD ${A}://" + gw + "/forced-braced /got.txt", {"A": "http"}),
+        "plain": (f"ADD http://{lo}/forced-plain /got.txt", {}),
+    }
+    states = {}
+    for i, (spelling, (lines, build_args)) in enumerate(forced.items()):
+        build = ImageBuild.objects.create(
+            owner=bob, name=f"forced{i}", tag="v1", build_args=build_args,
+            dockerfile=f"FROM {TEST_IMAGE}\n{lines}\nRUN cat /got.txt # {RUN_ID}-{i}\n",
+        )  # fmt: skip
+        images.run(build.pk)
+        build.refresh_from_db()
+        states[spelling] = (build.state, "CANARY-BODY" in build.log)
+    heard = {k: [p for p in v if p != "/alive"] for k, v in canaries["heard"]().items()}
+    assert heard == {"loopback": [], "gateway": []}, f"the engine fetched {heard} ({states})"
+    assert all(state == ("failed", False) for state in states.values()), states
+    assert not OwnImage.objects.filter(owner=bob).exists()

@@ -140,6 +140,27 @@ def test_the_build_form_says_what_is_wrong_per_field(alice, catalog, storage_roo
     assert build.build_args == {"TORCH": "2.4", "CUDA": "12.1"} and build.dockerfile == DOCKERFILE
 
 
+def test_add_of_a_url_is_refused_by_the_form_and_the_api_with_how_to_download(alice, catalog):
+    """The engine would fetch it from the build host's own networks (tests/
+    test_images_attacks.py has the canaries): the form and the API answer with the
+    sentence that says to download in RUN, and nothing is queued."""
+    sentence = "Download it in a RUN step instead, e.g. RUN curl -fsSLo /got.txt"
+    for dockerfile in (
+        "FROM suanli/busybox:latest\nADD http://127.0.0.1:8000/admin/login/ /got.txt\n",
+        'FROM suanli/busybox:latest\nadd ["HTTP://172.29.0.1:8000/", "/got.txt"]\n',
+        "FROM suanli/busybox:latest\nARG URL\nADD --chown=1:1 $URL /got.txt\n",
+    ):
+        form = {"name": "fetch", "tag": "v1", "dockerfile": dockerfile, "context": ""}
+        response = _client(alice).post(reverse("image_list"), form)
+        assert response.status_code == 400
+        assert sentence in response.context["form"].errors["dockerfile"][0], dockerfile
+        status, body = _api(alice)(
+            "POST", "images/builds", {"name": "fetch", "dockerfile": dockerfile}
+        )
+        assert status == 400 and sentence in body["fields"]["dockerfile"][0], body
+    assert not ImageBuild.objects.exists()
+
+
 def test_the_build_form_needs_csrf(alice, catalog):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(alice)
