@@ -415,3 +415,24 @@ def test_the_nav_shows_only_the_operator_pages_a_user_may_open(client, vera, nil
     page = client.get(reverse("dashboard")).content.decode()
     for name in ("ops_hosts", "ops_fleet", "ops_queue", "ops_billing", "django_rq:home"):
         assert f'href="{reverse(name)}"' in page, name
+
+
+def test_changing_users_is_not_a_way_to_every_permission(client, vera, operator, alice):
+    """Django would let whoever may change users grant themselves anything."""
+    vera = _grant(vera, "auth.change_user", "auth.change_group")
+    client.force_login(vera)
+    own = client.get(reverse("admin:auth_user_change", args=[vera.pk]))
+    assert own.status_code == 200 and 'name="is_superuser"' not in own.content.decode()
+    theirs = client.get(reverse("admin:auth_user_change", args=[alice.pk])).content.decode()
+    assert 'name="email"' in theirs and 'name="user_permissions"' not in theirs
+    assert 'name="is_staff"' not in theirs
+    got = client.post(
+        reverse("admin:auth_user_password_change", args=[operator.pk]),
+        {"password1": "taken-over-123", "password2": "taken-over-123", "usable_password": "true"},
+    )
+    assert got.status_code == 403
+    operator.refresh_from_db()
+    assert operator.check_password("olga-pass-123")
+    client.force_login(operator)
+    own = client.get(reverse("admin:auth_user_change", args=[vera.pk])).content.decode()
+    assert 'name="is_superuser"' in own  # a superuser hands out powers
