@@ -11,6 +11,10 @@ eval "$env_out"
 
 export PATH="$PWD/.venv/bin:$PATH"
 export DEBUG="${DEBUG:-1}" PORT="${PORT:-8000}"
+# The workspace apps, each on an origin of its own: c<cluster>-n<node>-<kind>.apps.localhost
+# (browsers resolve *.localhost to the loopback by themselves); their pages link back to
+# the console at SITE_URL.
+export SUANLI_APPS_DOMAIN="${SUANLI_APPS_DOMAIN:-apps.localhost}" SITE_URL="${SITE_URL:-http://127.0.0.1:${PORT}}"
 python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0  # locale/*.po -> .mo (gettext)
 python manage.py migrate --no-input -v0
 python manage.py seed_demo --local-engine "$SUANLI_LOCAL_ENGINE" | tee .run/dev/logins.txt
@@ -20,6 +24,7 @@ cat <<MSG
   Admin (operator):      http://127.0.0.1:${PORT}/admin/
   SSH gateway:           ssh -p ${SUANLI_SSH_PORT:-2222} c<cluster>-<node>@127.0.0.1 (add a key, attach it to a cluster)
   API docs:              http://127.0.0.1:${PORT}/api/v1/docs
+  Workspace apps:        http://c<cluster>-n<node>-<kind>.${SUANLI_APPS_DOMAIN}:${PORT}/ (open them from a cluster's tiles)
   Ctrl-C stops every Procfile process and the services started for it.
 
 MSG

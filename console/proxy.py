@@ -1,40 +1,46 @@
-"""The console's proxy to the web apps of a node's workspace (jobs/webapps.py), for the
-cluster's owner only:
+"""The proxy to the web apps of a node's workspace (jobs/webapps.py), for the cluster's
+owner only, each app on an origin of its own (console/app_origin.py says where, why, and
+how its owner is handed over):
 
-    /clusters/<id>/nodes/<n>/jupyter/...      JupyterLab (its base_url: the path goes as it is)
-    /clusters/<id>/nodes/<n>/tensorboard/...  TensorBoard (its --path_prefix: the same)
-    /clusters/<id>/nodes/<n>/service/...      the researcher's own server: the prefix is
-                                              stripped, X-Forwarded-Prefix says what it was
+    c<id>-n<n>-jupyter.<SUANLI_APPS_DOMAIN>      JupyterLab (base URL `/`)
+    c<id>-n<n>-tensorboard.<SUANLI_APPS_DOMAIN>  TensorBoard
+    c<id>-n<n>-service.<SUANLI_APPS_DOMAIN>      the researcher's own server
 
-HTTP (console/asgi.py sends these paths here, before Django) and websockets
-(console/routing.py) alike. Nothing listens on the GPU host for this: each request or
-websocket is one exec of the gateway's relay (`nc 127.0.0.1 PORT`, else python3, else
-bash; jobs/gateway.py) in the workspace as the tenant's uid, bridged to the event loop by
-the gateway's EngineStream (two threads per exec, TLS-safe, bounded buffers both ways).
-The relay's target is always the workspace's loopback and the port is the app's row's,
-checked again to be in webapps.PORTS: no URL, header or body chooses where it goes.
+HTTP and websockets alike: console/asgi.py sends every request and websocket whose Host is
+under the apps' domain here, before Django and the console's websockets, so that no
+console URL (pages, /api/, /admin/, /login/, static files, /ws/) is ever served on an app
+origin; and the console's origin proxies no app. Nothing listens on the GPU host for
+this: each request or websocket is one exec of the gateway's relay (`nc 127.0.0.1 PORT`,
+else python3, else bash; jobs/gateway.py) in the workspace as the tenant's uid, bridged to
+the event loop by the gateway's EngineStream (two threads per exec, TLS-safe, bounded
+buffers both ways). The relay's target is always the workspace's loopback and the port is
+the app's row's, checked again to be in webapps.PORTS: no URL, header or body chooses
+where it goes.
 
-Who gets what: anyone but the cluster's owner (another researcher, a browser not logged
-in) gets the console's plain 404, or a websocket closed with 4404 before anything is
-forwarded; never a log-in redirect that would tell the cluster exists. The owner gets a
-page in words (a link back to the cluster page) when the workspace is not running, the
-app is not started, or it does not answer; a websocket closes with 4503 or 4502 then.
+Who gets what: the app origin's own cookie (app_origin.COOKIE, from the handover at
+app_origin.ENTER, which is never forwarded) names a user and this one app; that user must
+own the running cluster. Anyone else (another researcher, a browser without the cookie,
+a cookie of another app) gets the plain 404, or a websocket closed with 4404 before
+anything is forwarded; never a log-in redirect that would tell the cluster exists. The
+owner gets a page in words (a link back to the cluster page on the console, SITE_URL)
+when the workspace is not running, the app is not started, or it does not answer; a
+websocket closes with 4503 or 4502 then.
 
-What goes to the app: the request as it came, less the console's own cookies (session,
-CSRF, messages, language), its Authorization and CSRF header and the hop-by-hop headers;
-plus X-Forwarded-For/-Host/-Proto/-Prefix, and for JupyterLab `Authorization: token ...`
+What goes to the app: the request as it came, less the proxy's own cookie and the
+console's (neither is the app's), its Authorization and CSRF header and the hop-by-hop
+headers; plus X-Forwarded-For/-Host/-Proto, and for JupyterLab `Authorization: token ...`
 (its token is the proxy's: the researcher never types it). The Host and Origin go on as
 they came, so that an app's own same-origin check of its websockets holds (JupyterLab
 runs with allow_remote_access for that; it listens on the loopback only). A request that
-changes something (not GET, HEAD or OPTIONS) must come from the console's own origin: its
-Origin header (or, without one, its Referer) names this host, or a
-CSRF_TRUSTED_ORIGINS entry; websockets' Origin is the router's check (console/asgi.py).
+changes something (not GET, HEAD or OPTIONS) and every websocket must come from a page of
+the app's own origin: its Origin header (or, for a request without one, its Referer)
+names this very host, so that a page of another app (a sibling under the same domain,
+another researcher's) cannot use the owner's cookie.
 
 What comes back: the app's response, streamed, less hop-by-hop headers and
-Access-Control-Allow-Credentials; its cookies are kept under the app's path (Path set to
-it, Domain dropped) and one named like a console cookie is dropped, so that an app can
-never set or replace the console's session. A service's redirects to `/x` (or to its own
-loopback address) are sent under its prefix.
+Access-Control-Allow-Credentials; its cookies lose any Domain (host-only: an app cannot
+toss a cookie to its siblings), and one named like the proxy's own is dropped. A
+service's redirects to its own loopback address are sent as paths of its origin.
 
 Bounds: a request body of at most MAX_BODY bytes (a larger Content-Length is refused
 before anything is forwarded, a longer stream is cut); a websocket message from the app
@@ -56,26 +62,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 import threading
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 import docker
 import h11
-from channels.auth import AuthMiddlewareStack
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.messages.storage.cookie import CookieStorage
 from django.http import Http404
-from django.http.request import split_domain_port, validate_host
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.encoding import iri_to_uri
 from django.utils.translation import gettext as _
 from django.views.defaults import ERROR_PAGE_TEMPLATE
 from websockets.client import ClientProtocol
@@ -85,6 +90,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from console import app_origin
 from console.preferences import ScopeLocale
 from jobs import engine, gateway, outage, webapps, workspaces
 from jobs import selectors as fleet
@@ -92,10 +98,6 @@ from jobs.models import WorkspaceApp
 
 log = logging.getLogger("suanli.proxy")
 
-ROUTE = re.compile(
-    r"/clusters/(?P<cluster_id>[1-9][0-9]{0,17})/nodes/(?P<index>[0-9]{1,3})"
-    r"/(?P<kind>jupyter|tensorboard|service)(?P<tail>/.*)?"
-)
 MARKER = "SUANLI_PROXY"  # env of each relay exec: its own value, for the hang-up
 MAX_BODY = 512 * 2**20  # bytes of one request body (JupyterLab's own default bound)
 MAX_MESSAGE = 64 * 2**20  # bytes of one websocket message from an app
@@ -110,8 +112,8 @@ HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
     b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"expect",
 }  # fmt: skip
-# The console's own, never passed on: its session and CSRF token, the client's own
-# forwarding claims (ours replace them).
+# Never passed on: credentials that are not the app's, the client's own forwarding claims
+# (ours replace them).
 NOT_FORWARDED = HOP_BY_HOP | {
     b"authorization", b"cookie", b"x-csrftoken", b"forwarded", b"x-forwarded-for",
     b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-prefix", b"x-real-ip",
@@ -126,14 +128,18 @@ NOT_FOUND = (
     ERROR_PAGE_TEMPLATE
     % {"title": "Not Found", "details": "The requested resource was not found on this server."}
 ).encode()
-ERROR_400 = (ERROR_PAGE_TEMPLATE % {"title": "Bad Request (400)", "details": ""}).encode()
+UNCHECKED = (
+    ERROR_PAGE_TEMPLATE
+    % {"title": "Service Unavailable", "details": "Sign-ins to apps cannot be checked now."}
+).encode()
 _ENGINE_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
 _ENDED = object()
 
 
-def console_cookies() -> set[str]:
-    """The names of every cookie the console sets."""
-    return {
+def not_theirs() -> set[str]:
+    """The names of the cookies that are not the app's: the proxy's own, and every one
+    the console sets (none reaches an app origin; were one sent, it stays here)."""
+    return app_origin.cookie_names() | {
         settings.SESSION_COOKIE_NAME,
         settings.CSRF_COOKIE_NAME,
         settings.LANGUAGE_COOKIE_NAME,
@@ -149,16 +155,48 @@ class Route:
     cluster_id: int
     index: int
     kind: str
-    tail: str | None  # the path after the prefix's kind, raw ("/lab?x" less the query)
+    path: str  # the raw path as the client sent it, less the query
+
+    @property
+    def app(self) -> app_origin.App:
+        return app_origin.App(self.cluster_id, self.index, self.kind)
+
+
+def _host(scope) -> str:
+    return dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
 
 
 def match(scope) -> Route | None:
-    """The app a request's path names, read from its raw path (as the client sent it)."""
-    raw = scope.get("raw_path") or scope.get("path", "").encode()
-    found = ROUTE.fullmatch(raw.decode("latin-1"))
-    if found is None:
+    """The app a request's Host names (an app origin's), with its raw path."""
+    app = app_origin.app_of(_host(scope))
+    if app is None:
         return None
-    return Route(int(found["cluster_id"]), int(found["index"]), found["kind"], found["tail"])
+    raw = scope.get("raw_path") or scope.get("path", "").encode()
+    return Route(app.cluster_id, app.index, app.kind, raw.decode("latin-1"))
+
+
+def _cookie_values(scope) -> list[str]:
+    """The values of the proxy's own cookie, every one sent (a sibling may toss another)."""
+    names = app_origin.cookie_names()
+    values = []
+    for name, value in scope.get("headers", []):
+        if name != b"cookie":
+            continue
+        for part in value.decode("latin-1").split(";"):
+            key, _sep, val = part.strip().partition("=")
+            if key in names and val:
+                values.append(val)
+    return values
+
+
+def _secure(scope) -> bool:
+    return scope.get("scheme") in ("https", "wss")
+
+
+def owner_of(scope, route: Route):
+    """The user the app origin's cookie lets into this app, or None (database and Redis:
+    run on the proxy's threads)."""
+    return app_origin.session_user(_cookie_values(scope), route.app)
 
 
 @dataclass
@@ -169,9 +207,8 @@ class Upstream:
     port: int
     token: str
     kind: str
-    prefix: str
     label: str
-    back: str  # the cluster page
+    back: str  # the cluster page, on the console
 
 
 class Unavailable(Exception):
@@ -186,7 +223,7 @@ def resolve(user, route: Route) -> Upstream:
     """The owner's app (database reads only). Http404 for anyone else; Unavailable in
     words when the workspace or the app is not there."""
     cluster = fleet.cluster_for_user(user, route.cluster_id)
-    back = reverse("cluster_detail", args=[cluster.pk])
+    back = settings.SITE_URL.rstrip("/") + reverse("cluster_detail", args=[cluster.pk])
     label, index = WorkspaceApp.Kind(route.kind).label, route.index
     try:
         node = workspaces.live_node(cluster, index)
@@ -233,7 +270,6 @@ def resolve(user, route: Route) -> Upstream:
         port=app.port,
         token=app.token if route.kind == WorkspaceApp.Kind.JUPYTER else "",
         kind=route.kind,
-        prefix=webapps.prefix(cluster.pk, index, route.kind),
         label=label,
         back=back,
     )
@@ -282,8 +318,8 @@ def _give_back(user_id: int) -> None:
 
 
 def _their_cookies(values: Iterable[bytes]) -> bytes:
-    """The Cookie header less the console's own cookies."""
-    ours = {name.encode("latin-1") for name in console_cookies()}
+    """The Cookie header less the cookies that are not the app's."""
+    ours = {name.encode("latin-1") for name in not_theirs()}
     kept = []
     for value in values:
         for part in value.split(b";"):
@@ -328,54 +364,42 @@ def forwarded_headers(scope, upstream: Upstream) -> list[tuple[bytes, bytes]]:
     out += [
         (b"x-forwarded-for", str(client).encode("latin-1")),
         (b"x-forwarded-proto", scheme.encode()),
-        (b"x-forwarded-prefix", upstream.prefix.rstrip("/").encode()),
     ]
     if host is not None:
         out.append((b"x-forwarded-host", host))
     return out
 
 
-def _their_set_cookie(value: bytes, upstream: Upstream) -> bytes | None:
-    """An app's cookie, kept under its own path; None for one named like the console's."""
+def _their_set_cookie(value: bytes) -> bytes | None:
+    """An app's cookie, host-only (its Domain dropped, so that it reaches no sibling app);
+    None for one named like the proxy's own."""
     text = value.decode("latin-1")
     pair, *attributes = text.split(";")
     name = pair.split("=", 1)[0].strip()
-    if name in console_cookies() or not name:
+    if name in app_origin.cookie_names() or not name:
         return None
-    base = upstream.prefix.rstrip("/")
-    path = base
-    kept = []
+    kept = [pair.strip()]
     for attribute in attributes:
-        key, _, val = attribute.strip().partition("=")
-        if key.lower() == "domain":
-            continue
-        if key.lower() == "path":
-            val = val.strip()
-            if val == base or val.startswith(base + "/"):
-                path = val
-            continue
-        if attribute.strip():
+        key = attribute.strip().partition("=")[0].strip().lower()
+        if key != "domain" and attribute.strip():
             kept.append(attribute.strip())
-    return "; ".join([pair.strip(), f"Path={path}", *kept]).encode("latin-1")
+    return "; ".join(kept).encode("latin-1")
 
 
-def _their_location(value: bytes, upstream: Upstream, host: bytes | None) -> bytes:
-    """A service's redirect, under its prefix (its own server knows nothing of it)."""
-    text = value.decode("latin-1")
-    parts = urlsplit(text)
+def _their_location(value: bytes, upstream: Upstream) -> bytes:
+    """A service's redirect to its own loopback address, as a path of its origin (its
+    server knows nothing of the origin)."""
+    parts = urlsplit(value.decode("latin-1"))
     own = {f"127.0.0.1:{upstream.port}", f"localhost:{upstream.port}"}
-    if host:
-        own.add(host.decode("latin-1"))
-    if parts.scheme in ("http", "https") and parts.netloc in own:
-        text = parts.path or "/"
-        text += f"?{parts.query}" if parts.query else ""
-        text += f"#{parts.fragment}" if parts.fragment else ""
-    elif parts.scheme or parts.netloc or not text.startswith("/"):
-        return value  # elsewhere, or relative to where it is: as it is
-    return (upstream.prefix.rstrip("/") + text).encode("latin-1")
+    if parts.scheme not in ("http", "https") or parts.netloc not in own:
+        return value
+    text = parts.path or "/"
+    text += f"?{parts.query}" if parts.query else ""
+    text += f"#{parts.fragment}" if parts.fragment else ""
+    return text.encode("latin-1")
 
 
-def response_headers(headers, upstream: Upstream, host: bytes | None) -> list:
+def response_headers(headers, upstream: Upstream) -> list:
     dropped = HOP_BY_HOP | {b"access-control-allow-credentials"} | _connection_tokens(headers)
     out = []
     for name, value in headers:
@@ -383,46 +407,31 @@ def response_headers(headers, upstream: Upstream, host: bytes | None) -> list:
         if name in dropped:
             continue
         if name == b"set-cookie":
-            value = _their_set_cookie(value, upstream)
+            value = _their_set_cookie(value)
             if value is None:
                 continue
         elif name == b"location" and upstream.kind == WorkspaceApp.Kind.SERVICE:
-            value = _their_location(value, upstream, host)
+            value = _their_location(value, upstream)
         out.append((name, value))
     return out
 
 
-def _host_allowed(scope) -> bool:
-    """The Host names this console (ALLOWED_HOSTS, as Django checks it for its pages)."""
-    host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
-    domain, _ = split_domain_port(host)
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]
-    return bool(domain) and validate_host(domain, allowed)
-
-
-def _same_origin(scope) -> bool:
-    """The request comes from a page of the console's own origin (its Origin, else its
-    Referer, names this host or a trusted origin)."""
+def _same_origin(scope, *, websocket: bool = False) -> bool:
+    """The request comes from a page of the app's own origin: its Origin (else, but not
+    for a websocket, its Referer) names this very host."""
     headers = dict(scope.get("headers", []))
     host = headers.get(b"host", b"").decode("latin-1").lower()
-    claimed = headers.get(b"origin") or headers.get(b"referer")
-    if not claimed:
+    claimed = headers.get(b"origin") or (None if websocket else headers.get(b"referer"))
+    if not claimed or not host:
         return False
     parts = urlsplit(claimed.decode("latin-1").lower())
-    if parts.netloc == host and host:
-        return True
-    origin = f"{parts.scheme}://{parts.netloc}"
-    return origin in {o.lower().rstrip("/") for o in settings.CSRF_TRUSTED_ORIGINS}
+    return parts.scheme in ("http", "https") and parts.netloc == host
 
 
-def _target(scope, route: Route, upstream: Upstream) -> bytes:
-    """The request target the app sees: the whole path for JupyterLab and TensorBoard
-    (their base URL is the prefix), the rest after the prefix for a service."""
+def _target(scope) -> bytes:
+    """The request target the app sees: the path and query as they came (each app is at
+    the root of its origin)."""
     raw = scope.get("raw_path") or scope.get("path", "").encode()
-    if upstream.kind == WorkspaceApp.Kind.SERVICE:
-        raw = (route.tail or "/").encode("latin-1")
     query = scope.get("query_string") or b""
     return raw + (b"?" + query if query else b"")
 
@@ -687,14 +696,25 @@ KEPT, DONE, STALE = "kept", "done", "stale"  # how a request over a relay ended
 
 
 class HttpProxy:
-    """The ASGI app of the app paths' HTTP requests (under channels' AuthMiddlewareStack,
-    which reads the session)."""
+    """The ASGI app of every HTTP request to an app origin (console/asgi.py)."""
 
     async def __call__(self, scope, receive, send):
-        route, user = match(scope), scope.get("user")
-        if not _host_allowed(scope):
-            return await _respond(send, 400, ERROR_400)
-        if route is None or user is None or not user.is_authenticated:
+        route = match(scope)
+        if route is None:  # the apps' domain itself, or a name that is no app's
+            return await _respond(send, 404, NOT_FOUND)
+        if settings.SECURE_SSL_REDIRECT and not _secure(scope):
+            location = f"https://{_host(scope)}{_target(scope).decode('latin-1')}"
+            return await _respond(send, 301, b"", [(b"location", location.encode("latin-1"))])
+        if route.path.startswith(app_origin.RESERVED):  # the proxy's own: never the app's
+            if route.path == app_origin.ENTER and scope["method"] == "GET":
+                return await self._enter(scope, send, route)
+            return await _respond(send, 404, NOT_FOUND)
+        try:
+            user = await _in_db(owner_of, scope, route)
+        except redis.RedisError as exc:
+            log.warning("%s: app session not checked: %s", route.app.label, exc)
+            return await _respond(send, 503, UNCHECKED)
+        if user is None:
             return await _respond(send, 404, NOT_FOUND)
         try:
             upstream = await _in_db(resolve, user, route)
@@ -702,10 +722,6 @@ class HttpProxy:
             return await _respond(send, 404, NOT_FOUND)
         except Unavailable as exc:
             return await _page(send, exc.status, exc.words, exc.back)
-        if route.tail is None:  # the prefix without its slash
-            query = scope.get("query_string") or b""
-            location = upstream.prefix.encode() + (b"?" + query if query else b"")
-            return await _respond(send, 302, b"", [(b"location", location)])
         method = scope["method"]
         if method == "CONNECT":
             return await _page(send, 405, _("CONNECT is not proxied."), upstream.back)
@@ -713,8 +729,8 @@ class HttpProxy:
             return await _page(
                 send, 403,
                 _(
-                    "This %(method)s to %(app)s did not come from a page of this console, so it "
-                    "was not passed on."
+                    "This %(method)s to %(app)s did not come from a page of the app itself, so "
+                    "it was not passed on."
                 ) % {"method": method, "app": upstream.label},
                 upstream.back,
             )  # fmt: skip
@@ -765,6 +781,32 @@ class HttpProxy:
             _give_back(user.pk)
 
     @staticmethod
+    async def _enter(scope, send, route: Route) -> None:
+        """The handover: the console's ticket, taken once, for this app's own cookie; then
+        on to `next`, a path of this app. Anything else is the plain 404."""
+        query: dict[str, str] = {}
+        for pair in (scope.get("query_string") or b"").decode("latin-1").split("&"):
+            key, _sep, value = pair.partition("=")
+            query.setdefault(unquote_plus(key), unquote_plus(value))
+        try:
+            session = await _in_db(app_origin.enter, query.get("ticket", ""), route.app)
+        except redis.RedisError as exc:
+            log.warning("%s: ticket not taken: %s", route.app.label, exc)
+            return await _respond(send, 503, UNCHECKED)
+        if session is None:
+            return await _respond(send, 404, NOT_FOUND)
+        secure = _secure(scope)
+        cookie = (
+            f"{app_origin.cookie_name(secure=secure)}={session}; Max-Age={app_origin.SESSION_S}"
+            "; Path=/; HttpOnly; SameSite=Lax" + ("; Secure" if secure else "")
+        )
+        location = iri_to_uri(app_origin.safe_next(query.get("next")))
+        await _respond(
+            send, 302, b"",
+            [(b"location", location.encode("ascii")), (b"set-cookie", cookie.encode())],
+        )  # fmt: skip
+
+    @staticmethod
     async def _done(key, relay: Relay, conn: h11.Connection, outcome: str) -> None:
         if outcome == KEPT:
             _pool.give(key, relay, conn)
@@ -787,7 +829,7 @@ class HttpProxy:
         if not keep:
             headers.append((b"connection", b"close"))
         try:
-            target = _target(scope, route, upstream)
+            target = _target(scope)
             head = conn.send(h11.Request(method=scope["method"], target=target, headers=headers))
         except h11.LocalProtocolError as exc:  # a header h11 will not send
             words = _("This request cannot be passed on: %(error)s.") % {"error": exc}
@@ -810,12 +852,11 @@ class HttpProxy:
                         log.info("%s: %s response cut: %s", upstream.login.name, route.kind, exc)
                     break
                 if isinstance(event, h11.Response):
-                    host = incoming.get(b"host")
                     await send(
                         {
                             "type": "http.response.start",
                             "status": event.status_code,
-                            "headers": response_headers(event.headers, upstream, host),
+                            "headers": response_headers(event.headers, upstream),
                         }
                     )
                     started = True
@@ -887,14 +928,27 @@ class HttpProxy:
 
 
 def http_router(django_app):
-    """The console's HTTP: the app paths to the proxy (with the session read), the rest
-    to Django."""
-    proxy = AuthMiddlewareStack(ScopeLocale(HttpProxy()))  # pages in the reader's language
+    """HTTP by Host: an app origin's to the proxy only (its pages in the reader's
+    language), every other to Django. No console URL is served on an app origin."""
+    proxy = ScopeLocale(HttpProxy())
 
     async def route(scope, receive, send):
-        if scope["type"] == "http" and match(scope) is not None:
+        if scope["type"] == "http" and app_origin.is_app_host(_host(scope)):
             return await proxy(scope, receive, send)
         return await django_app(scope, receive, send)
+
+    return route
+
+
+def websocket_router(console_sockets):
+    """Websockets by Host: an app origin's to the app's own (AppSocket), every other to
+    the console's (whose router refuses any Origin but the console's)."""
+    apps = AppSocket.as_asgi()
+
+    async def route(scope, receive, send):
+        if app_origin.is_app_host(_host(scope)):
+            return await apps(scope, receive, send)
+        return await console_sockets(scope, receive, send)
 
     return route
 
@@ -924,8 +978,19 @@ class AppSocket(AsyncWebsocketConsumer):
             await asyncio.shield(self._clean_up())
 
     async def connect(self):
-        route, user = match(self.scope), self.scope.get("user")
-        if route is None or user is None or not user.is_authenticated:
+        route = match(self.scope)
+        if route is None or route.path.startswith(app_origin.RESERVED):
+            await self.close(code=4404)
+            return
+        if not _same_origin(self.scope, websocket=True):  # a page of another origin
+            await self.close(code=4403)
+            return
+        try:
+            user = await _in_db(owner_of, self.scope, route)
+        except redis.RedisError as exc:
+            log.info("%s: app session not checked: %s", route.app.label, exc)
+            user = None
+        if user is None:
             await self.close(code=4404)
             return
         try:
@@ -960,7 +1025,7 @@ class AppSocket(AsyncWebsocketConsumer):
                 headers[name] = offered[name]
         for name, value in forwarded_headers(self.scope, upstream):
             headers[name.decode("latin-1")] = value.decode("latin-1")
-        target = _target(self.scope, route, upstream).decode("latin-1")
+        target = _target(self.scope).decode("latin-1")
         self.protocol.send_request(Request(target, headers))
         await self._flush()
         try:

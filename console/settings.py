@@ -51,6 +51,11 @@ for _key in SUANLI_SECRETS_KEYS:
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 SITE_URL = envstr("SITE_URL", "http://localhost:8000")
+# The workspace apps' own origins (console/app_origin.py): c<cluster>-n<node>-<kind> under
+# this domain, a registrable domain apart from the console's; its wildcard DNS record and
+# certificate are the operator's. The port is the console's unless this one is set.
+SUANLI_APPS_DOMAIN = envstr("SUANLI_APPS_DOMAIN", "apps.localhost").strip().strip(".").lower()
+SUANLI_APPS_PORT = envint("SUANLI_APPS_PORT", 0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -250,6 +255,9 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SUANLI_BEHIND_P
 SECURE_SSL_REDIRECT = _https
 SESSION_COOKIE_SECURE = _https
 CSRF_COOKIE_SECURE = _https
+if _https:  # host-only and Secure: no other host (an app origin) can set or replace them
+    SESSION_COOKIE_NAME = "__Host-sessionid"
+    CSRF_COOKIE_NAME = "__Host-csrftoken"
 LANGUAGE_COOKIE_SECURE = _https
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000 if _https else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = _https

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 
 from console import (
     api,
@@ -54,8 +54,20 @@ urlpatterns = [
         views.node_terminal,
         name="node_terminal",
     ),
-    # The tiles of the workspace apps (console/views_apps.py); the apps themselves are at
-    # /clusters/<id>/nodes/<n>/{jupyter,tensorboard,service}/ (console/proxy.py).
+    # The tiles of the workspace apps (console/views_apps.py); the apps themselves are on
+    # origins of their own (console/app_origin.py), entered through `app_open`.
+    path(
+        "clusters/<int:cluster_id>/nodes/<int:index>/apps/<slug:kind>/open/",
+        views_apps.app_open,
+        name="app_open",
+    ),
+    # Where the apps were served before they had origins of their own: old bookmarks lead
+    # their owner to the same path of the app's origin.
+    re_path(
+        r"^clusters/(?P<cluster_id>[0-9]{1,18})/nodes/(?P<index>[0-9]{1,3})"
+        r"/(?P<kind>jupyter|tensorboard|service)(?P<rest>/.*)?$",
+        views_apps.app_open_old,
+    ),
     path(
         "clusters/<int:cluster_id>/nodes/<int:index>/apps/status/",
         views_apps.app_status,

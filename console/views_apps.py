@@ -1,16 +1,19 @@
-"""The tiles of a running cluster's page that start and stop the web apps of each node's
-workspace (jobs/webapps.py): JupyterLab, TensorBoard, a service port. The apps themselves
-are served by console/proxy.py under /clusters/<id>/nodes/<n>/<kind>/. The owner's only:
-anyone else gets 404, as for the cluster page.
+"""The tiles of a running cluster's page that start, stop and open the web apps of each
+node's workspace (jobs/webapps.py): JupyterLab, TensorBoard, a service port. The apps
+themselves are served by console/proxy.py, each on an origin of its own
+(console/app_origin.py). The owner's only: anyone else gets 404, as for the cluster page.
 
     POST /clusters/<id>/nodes/<n>/apps/jupyter/start/      (no fields)
     POST /clusters/<id>/nodes/<n>/apps/tensorboard/start/  logdir (empty: the default)
     POST /clusters/<id>/nodes/<n>/apps/service/start/      port (empty: 6006)
     POST /clusters/<id>/nodes/<n>/apps/<kind>/stop/
     GET  /clusters/<id>/nodes/<n>/apps/status/             the tiles' badges (htmx)
+    GET  /clusters/<id>/nodes/<n>/apps/<kind>/open/        next (a path of the app)
 
 Each POST (with the CSRF token) answers with a redirect to the cluster page, which says
-what happened (or why not, in words) in its messages.
+what happened (or why not, in words) in its messages. `open` hands the owner over to the
+app's origin with a single-use ticket (a redirect; making a ticket changes nothing of the
+owner's, so a GET will do).
 """
 
 from django.contrib import messages
@@ -22,6 +25,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
+from console import app_origin
 from jobs import selectors as fleet
 from jobs import webapps
 from jobs.models import WorkspaceApp
@@ -31,6 +35,10 @@ STARTING_S = 300  # an app that does not answer yet is "starting" this long, the
 
 def _back(cluster, index: int):
     return redirect(f"{reverse('cluster_detail', args=[cluster.pk])}#apps-node-{index}")
+
+
+def _origin(request, cluster, index: int, kind: str) -> str:
+    return app_origin.origin_for(request, app_origin.App(cluster.pk, index, kind)) + "/"
 
 
 def _kind(kind: str) -> WorkspaceApp.Kind:
@@ -62,7 +70,7 @@ def app_start(request, cluster_id: int, index: int, kind: str):
                 "Node %(index)s: port %(port)s of the workspace is served at %(prefix)s (to you "
                 "only). Your server must listen on 127.0.0.1:%(port)s or 0.0.0.0:%(port)s there."
             )
-            % {"index": index, "port": app.port, "prefix": webapps.prefix(cluster.pk, index, kind)},
+            % {"index": index, "port": app.port, "prefix": _origin(request, cluster, index, kind)},
         )
     else:
         values = {
@@ -130,3 +138,23 @@ def app_status(request, cluster_id: int, index: int):
             "again": any(b["state"] == "starting" for b in badges),
         },
     )
+
+
+@login_required
+@require_GET
+def app_open(request, cluster_id: int, index: int, kind: str):
+    """The owner, handed over to the app's origin with a ticket (console/app_origin.py)."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    app = app_origin.App(cluster.pk, index, _kind(kind).value)
+    ticket = app_origin.ticket_make(user=request.user, app=app)
+    return redirect(app_origin.enter_url(request, app, request.GET.get("next", "/"), ticket))
+
+
+@login_required
+@require_GET
+def app_open_old(request, cluster_id: str, index: str, kind: str, rest: str | None):
+    """An app's address from before it had an origin of its own: the same path there."""
+    request.GET = request.GET.copy()
+    query = request.META.get("QUERY_STRING", "")
+    request.GET["next"] = (rest or "/") + (f"?{query}" if query else "")
+    return app_open(request, int(cluster_id), int(index), kind)

@@ -1,7 +1,8 @@
 """Web apps in a node's workspace that the console proxies to the cluster's owner
 (console/proxy.py): JupyterLab, TensorBoard, and a port of a server the researcher runs
 there themselves. One of each kind per node (jobs.models.WorkspaceApp); each is reached
-through the console at `prefix(cluster, node, kind)`, never on a port of the GPU host.
+through the console's proxy at the root of an origin of its own (console/app_origin.py),
+never on a port of the GPU host, never on the console's origin.
 
 Starting one is an exec in the workspace as the tenant's uid (workspaces.exec_kwargs),
 with one argv list: what the researcher typed (a log folder) is an argument, never a word
@@ -104,11 +105,6 @@ _ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
 
 class AppError(Exception):
     """An app was not started or stopped; the text says why, for the researcher."""
-
-
-def prefix(cluster_id: int, index: int, kind: str) -> str:
-    """Where the console serves the app: `/clusters/42/nodes/0/jupyter/`."""
-    return f"/clusters/{cluster_id}/nodes/{index}/{kind}/"
 
 
 def marker(cluster_id: int, index: int, kind: str) -> str:
@@ -245,17 +241,16 @@ def _argv(cluster: Cluster, index: int, kind: str, port: int, token: str, logdir
         return [
             "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
             "--ServerApp.port_retries=0",
-            f"--ServerApp.base_url={prefix(cluster.pk, index, kind)}",
+            "--ServerApp.base_url=/",  # the root of its own origin
             f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={workspaces.home(cluster)}",
-            # The proxy passes the console's Host on (so that JupyterLab's own origin check
-            # of its websockets holds); JupyterLab listens on the loopback only, and its
-            # token is the proxy's.
+            # The proxy passes the app origin's Host on (so that JupyterLab's own origin
+            # check of its websockets holds); JupyterLab listens on the loopback only, and
+            # its token is the proxy's.
             "--ServerApp.allow_remote_access=True",
         ]  # fmt: skip
     return [
         "tensorboard", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port),
-        "--path_prefix", prefix(cluster.pk, index, kind).rstrip("/"),
     ]  # fmt: skip
 
 
@@ -373,10 +368,6 @@ class NodeApps:
     logdir: str  # the log folder field's value
     port: int  # the port field's value
     home: str  # where JupyterLab starts
-
-    @property
-    def urls(self) -> dict[str, str]:
-        return {kind: prefix(self.cluster_id, self.index, kind) for kind in KINDS}
 
     @property
     def any_started(self) -> bool:

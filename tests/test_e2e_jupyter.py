@@ -1,7 +1,8 @@
 """`make e2e`: the catalog's notebook image, suanli/jupyter:2.13-cpu (.ci/jupyter-image.sh,
 which make e2e runs), in a node's workspace: JupyterLab and TensorBoard run as the tenant's
 uid in the hardened container, and a researcher reaches them through the console in
-Chromium, runs a cell and reads its result.
+Chromium, each on its own origin (c<id>-n0-jupyter.apps.localhost, console/app_origin.py),
+runs a cell and reads its result.
 """
 
 import json
@@ -17,7 +18,8 @@ from django.urls import reverse
 from playwright.sync_api import expect
 from waiting import until
 
-from jobs import runtime, storage, tasks, webapps, workspaces
+from console import app_origin
+from jobs import runtime, storage, tasks, workspaces
 from jobs.models import Image
 from jobs.storage import VolumeSpec
 
@@ -120,7 +122,6 @@ def test_a_workspace_on_the_image_serves_jupyterlab_and_tensorboard_as_its_tenan
     workspace = workspaces.running(cluster, 0)
     uid = runtime.tenant_uid(alice.pk)
     as_tenant = {"user": f"{uid}:{uid}", "environment": {"HOME": "/workspace"}}
-    base = f"/clusters/{cluster.pk}/nodes/0"
     token = "a-token-of-the-test"
     # The arguments are the test's own: a shell only for the log's redirection.
     workspace.exec_run(
@@ -128,7 +129,7 @@ def test_a_workspace_on_the_image_serves_jupyterlab_and_tensorboard_as_its_tenan
             "sh",
             "-c",
             "exec jupyter lab --no-browser --ip=127.0.0.1 --port=8888 --ServerApp.root_dir=/workspace"
-            f" --ServerApp.base_url={base}/jupyter/ --IdentityProvider.token={token}"
+            f" --ServerApp.base_url=/ --IdentityProvider.token={token}"
             " >/tmp/jupyter.log 2>&1",
         ],
         detach=True,
@@ -139,7 +140,7 @@ def test_a_workspace_on_the_image_serves_jupyterlab_and_tensorboard_as_its_tenan
             "sh",
             "-c",
             "exec tensorboard --logdir=/workspace/runs --host=127.0.0.1 --port=6006"
-            f" --path_prefix={base}/tensorboard >/tmp/tensorboard.log 2>&1",
+            " >/tmp/tensorboard.log 2>&1",
         ],
         detach=True,
         **as_tenant,
@@ -149,9 +150,9 @@ def test_a_workspace_on_the_image_serves_jupyterlab_and_tensorboard_as_its_tenan
             "python3",
             "-c",
             PROBE,
-            f"127.0.0.1:8888{base}/jupyter/",
+            "127.0.0.1:8888/",
             token,
-            f"127.0.0.1:6006{base}/tensorboard",
+            "127.0.0.1:6006",
         ],
         **as_tenant,
     )
@@ -207,7 +208,8 @@ def test_jupyterlab_and_tensorboard_of_a_node_through_the_console_in_chromium(
         page.get_by_test_id("start-jupyter-0").click()
         expect(page.get_by_text("JupyterLab is starting")).to_be_visible()
         lab = _open(context, page, "jupyter")
-        assert lab.url.startswith(f"{url}{webapps.prefix(cluster.pk, 0, 'jupyter')}"), lab.url
+        lab_origin = f"http://{app_origin.app_host(cluster.pk, 0, 'jupyter')}:{port}/"
+        assert lab.url.startswith(lab_origin), lab.url
         card = lab.locator(".jp-LauncherCard[data-category='Notebook']").first
         expect(card).to_be_visible(timeout=120_000)
         card.click()  # a new notebook, on a new kernel
@@ -239,7 +241,8 @@ def test_jupyterlab_and_tensorboard_of_a_node_through_the_console_in_chromium(
         expect(page.get_by_text("TensorBoard is starting reading /workspace/runs")).to_be_visible()
         board = _open(context, page, "tensorboard")
         page.get_by_test_id("cluster-apps").screenshot(path=f"{SHOTS}/cluster_apps.png")
-        assert board.url.startswith(f"{url}{webapps.prefix(cluster.pk, 0, 'tensorboard')}")
+        board_origin = f"http://{app_origin.app_host(cluster.pk, 0, 'tensorboard')}:{port}/"
+        assert board.url.startswith(board_origin), board.url
         expect(board).to_have_title("TensorBoard", timeout=60_000)
         expect(board.get_by_text("loss").first).to_be_visible(timeout=60_000)
         board.screenshot(path=f"{SHOTS}/tensorboard.png")

@@ -24,12 +24,44 @@ def test_check_deploy_with_production_settings_prints_no_warnings():
         "SECRET_KEY": secrets.token_urlsafe(50),
         "SUANLI_SECRETS_KEY": Fernet.generate_key().decode(),
         "ALLOWED_HOSTS": "console.example.com",
+        "SUANLI_APPS_DOMAIN": "apps.example.net",
     }
     result = _run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], env
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues (0 silenced)." in result.stdout
+
+
+def test_the_apps_domain_and_the_console_cookies_are_checked_apart():
+    """An app origin never shares the console's cookies or hosts: `check` refuses settings
+    that would (console/checks.py), and over HTTPS the cookies are `__Host-` prefixed."""
+    base = {
+        "PATH": os.environ["PATH"],
+        "DEBUG": "0",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "SUANLI_SECRETS_KEY": Fernet.generate_key().decode(),
+        "SUANLI_APPS_DOMAIN": "apps.example.net",
+    }
+    for hosts, error in (
+        (".example.net", "suanli.E004"),  # the console's hosts reach the apps' domain
+        ("*", "suanli.E004"),
+        ("console.apps.example.net", "suanli.E004"),
+    ):
+        result = _run([sys.executable, "manage.py", "check"], {**base, "ALLOWED_HOSTS": hosts})
+        assert result.returncode != 0 and error in result.stderr, (hosts, result.stderr)
+    trusted = {**base, "ALLOWED_HOSTS": "console.example.com",
+               "CSRF_TRUSTED_ORIGINS": "https://x.apps.example.net"}  # fmt: skip
+    result = _run([sys.executable, "manage.py", "check"], trusted)
+    assert result.returncode != 0 and "suanli.E005" in result.stderr, result.stderr
+    names = _run(
+        [sys.executable, "manage.py", "shell", "-c",
+         "from django.conf import settings as s; print(s.SESSION_COOKIE_NAME, "
+         "s.CSRF_COOKIE_NAME, s.SESSION_COOKIE_DOMAIN, s.CSRF_COOKIE_DOMAIN)"],
+        {**base, "ALLOWED_HOSTS": "console.example.com"},
+    )  # fmt: skip
+    said = names.stdout.strip().splitlines()[-1:]  # after the shell's own greeting
+    assert said == ["__Host-sessionid __Host-csrftoken None None"], names.stdout + names.stderr
 
 
 def test_missing_secret_key_in_production_is_refused():

@@ -1,14 +1,16 @@
 """The workspace apps (jobs/webapps.py) and the console's proxy to them (console/proxy.py):
-JupyterLab, TensorBoard and a service port of a node's workspace, reached through the
-console by the cluster's owner only, on the real engines, through the Procfile's web
-process and Chromium where a browser matters.
+JupyterLab, TensorBoard and a service port of a node's workspace, each on an origin of its
+own (console/app_origin.py: c<id>-n<n>-<kind>.apps.localhost here), reached by the
+cluster's owner only, on the real engines, through the Procfile's web process and
+Chromium where a browser matters.
 
 Read as an attacker's notebook: another researcher and a browser that is not logged in
-get the console's 404 (a websocket 4404) and nothing else; the app's server never sees the
-console's session or CSRF cookies, its Authorization or CSRF header, and cannot set a
-cookie named like the console's; a request that changes something must come from the
-console's own pages; the relay only ever reaches the workspace's loopback, on a port of
-1024..65535, whatever the row, the URL or the headers say."""
+get the plain 404 (a websocket 4404) and nothing else; the app's server never sees the
+proxy's cookie or the console's, its Authorization or CSRF header, and cannot set a cookie
+named like the proxy's or for another host; a request that changes something must come
+from the app's own pages; the relay only ever reaches the workspace's loopback, on a port
+of 1024..65535, whatever the row, the URL or the headers say. (tests/test_app_origin_
+attacks.py replays the takeover that the apps' own origins close.)"""
 
 import asyncio
 import html
@@ -32,7 +34,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 from waiting import until
 
-from console import proxy
+from console import app_origin, proxy
 from console.asgi import application
 from jobs import outage, runtime, services, tasks, webapps, workspaces
 from jobs.models import Image, WorkspaceApp
@@ -41,8 +43,6 @@ from jobs.services import VolumeSpec
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
-HOST = [(b"host", b"localhost")]
-ORIGIN = [(b"origin", b"http://localhost")]
 SERVE = ("httpd", "-f", "-p", "127.0.0.1:6006", "-h", "/tmp/site")
 # busybox httpd's CGI: the request's headers as HTTP_* variables; the body echoed back; a
 # raw answer that tries to set the console's session cookie and redirect to `/`.
@@ -53,7 +53,7 @@ ECHO_CGI = (  # all of it read before any of it is sent back: no size can deadlo
 )
 COOKIE_CGI = (
     "#!/bin/sh\nprintf 'HTTP/1.1 302 Found\\r\\nLocation: /elsewhere?x=1\\r\\n"
-    "Set-Cookie: sessionid=evil; Path=/\\r\\nSet-Cookie: csrftoken=evil\\r\\n"
+    "Set-Cookie: suanli-app=evil; Path=/\\r\\nSet-Cookie: __Host-suanli-app=evil\\r\\n"
     "Set-Cookie: theirs=2; Path=/; Domain=example.com; HttpOnly\\r\\n"
     "Content-Length: 0\\r\\n\\r\\n'\n"
 )
@@ -196,9 +196,26 @@ def _session(user) -> str:
     return client.cookies["sessionid"].value
 
 
-async def _get(path, *, cookie="", method="GET", body=b"", headers=()):
+def _host(cluster, kind: str, index: int = 0) -> bytes:
+    """The app's origin's Host (the test's console is localhost, on the default port)."""
+    return app_origin.app_host(cluster.pk, index, kind).encode()
+
+
+def _origin(cluster, kind: str) -> list:
+    return [(b"origin", b"http://" + _host(cluster, kind))]
+
+
+def _app_cookie(user, cluster, kind: str, index: int = 0) -> str:
+    """The app origin's own cookie of `user`, as the console's handover gives it."""
+    app = app_origin.App(cluster.pk, index, kind)
+    session = app_origin.enter(app_origin.ticket_make(user=user, app=app), app)
+    assert session
+    return f"{app_origin.cookie_name(secure=False)}={session}"
+
+
+async def _get(host: bytes, path, *, cookie="", method="GET", body=b"", headers=()):
     """One request through the ASGI application, as uvicorn hands it over."""
-    sent = [*HOST, *headers]
+    sent = [(b"host", host), *headers]
     if cookie:
         sent.append((b"cookie", cookie.encode()))
     if body:
@@ -215,8 +232,8 @@ async def _get(path, *, cookie="", method="GET", body=b"", headers=()):
     return response
 
 
-def _socket(path, *, cookie="", origin=ORIGIN, subprotocols=None):
-    headers = [*HOST, *origin]
+def _socket(host: bytes, path, *, cookie="", origin=None, subprotocols=None):
+    headers = [(b"host", host), *(origin or [(b"origin", b"http://" + host)])]
     if cookie:
         headers.append((b"cookie", cookie.encode()))
     communicator = WebsocketCommunicator(application, path, headers=headers,
@@ -244,7 +261,8 @@ def test_the_owner_opens_a_server_of_the_workspace_in_chromium_and_no_one_else_c
     processes.start("web", env={"PORT": str(port)})
     url = f"http://127.0.0.1:{port}"
     until(lambda: _listens(port), timeout=20, what="the web process listens")
-    app_url = f"{url}/clusters/{cluster.pk}/nodes/0/service/"
+    app_host = app_origin.app_host(cluster.pk, 0, "service")
+    app_url = f"http://{app_host}:{port}/"
 
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     try:
@@ -257,7 +275,7 @@ def test_the_owner_opens_a_server_of_the_workspace_in_chromium_and_no_one_else_c
         page.get_by_test_id("port-0").fill("6006")
         page.get_by_test_id("start-service-0").click()
         expect(page.locator(".msg-success")).to_contain_text(
-            f"port 6006 of the workspace is served at /clusters/{cluster.pk}/nodes/0/service/"
+            f"port 6006 of the workspace is served at {app_url} (to you only)"
         )
         expect(page.get_by_test_id("app-state-service-0")).to_have_text("answering")
         page.get_by_test_id("start-jupyter-0").click()  # busybox: says what is missing
@@ -273,8 +291,13 @@ def test_the_owner_opens_a_server_of_the_workspace_in_chromium_and_no_one_else_c
         app.wait_for_load_state()
         assert app.url == app_url
         expect(app.locator("h1")).to_have_text(f"Hello from node 0 of {cluster.name}")
+        mine = {c["name"]: c["value"] for c in context.cookies() if c["domain"] == app_host}
+        assert list(mine) == [app_origin.cookie_name(secure=False)], "the app's own, only"
         cookies = {c["name"]: c["value"] for c in context.cookies()}
         assert "sessionid" in cookies and "csrftoken" in cookies
+        # An address of the app from before its own origin: the owner is handed over.
+        app.goto(f"{url}/clusters/{cluster.pk}/nodes/0/service/cgi-bin/env?old=1")
+        assert app.url == f"{app_url}cgi-bin/env?old=1"
         page.set_viewport_size({"width": 390, "height": 844})  # a phone: nothing sideways
         page.reload()
         expect(page.get_by_test_id("app-state-service-0")).to_have_text("answering")
@@ -297,41 +320,51 @@ def test_the_owner_opens_a_server_of_the_workspace_in_chromium_and_no_one_else_c
         finally:
             context.close()
 
-    # The same requests outside a browser, through the same web process: the app never
-    # sees the console's cookies or Authorization, and its answers cannot set them.
-    jar = {**cookies, "theirs": "1", "messages": "console-messages"}
+    # The same requests outside a browser, through the same web process (to 127.0.0.1 with
+    # the app's Host: glibc need not resolve *.localhost): the app never sees the proxy's
+    # cookie, the console's or an Authorization, and its answers cannot set the proxy's.
+    jar = {**cookies, **mine, "theirs": "1", "messages": "console-messages"}
     session = requests.Session()
-    got = session.get(f"{app_url}cgi-bin/env", cookies=jar,
-                      headers={"Authorization": "Bearer console-api-token",
+    on_app = f"http://127.0.0.1:{port}/"
+    host = {"Host": f"{app_host}:{port}"}
+    got = session.get(f"{on_app}cgi-bin/env", cookies=jar,
+                      headers={**host, "Authorization": "Bearer console-api-token",
                                "X-CSRFToken": cookies["csrftoken"]})  # fmt: skip
     assert got.status_code == 200, got.text
     env = dict(line.split("=", 1) for line in got.text.splitlines() if "=" in line)
     assert env["HTTP_COOKIE"] == "theirs=1"
     assert "HTTP_AUTHORIZATION" not in env and "HTTP_X_CSRFTOKEN" not in env
-    assert cookies["sessionid"] not in got.text and cookies["csrftoken"] not in got.text
-    assert env["HTTP_X_FORWARDED_PREFIX"] == f"/clusters/{cluster.pk}/nodes/0/service"
-    assert env["HTTP_HOST"] == f"127.0.0.1:{port}" and env["REQUEST_URI"] == "/cgi-bin/env"
+    for value in (cookies["sessionid"], cookies["csrftoken"], *mine.values()):
+        assert value not in got.text
+    assert "HTTP_X_FORWARDED_PREFIX" not in env, "each app is at the root of its origin"
+    assert env["HTTP_HOST"] == f"{app_host}:{port}" and env["REQUEST_URI"] == "/cgi-bin/env"
     assert env["REMOTE_ADDR"] == "127.0.0.1", "it came over the workspace's loopback"
 
     body = os.urandom(24 * 2**20 + 17)
-    origin = {"Origin": url, "Content-Type": "application/octet-stream"}
-    echoed = session.post(f"{app_url}cgi-bin/echo", data=body, cookies=jar, headers=origin)
+    origin = {**host, "Origin": app_url.rstrip("/"), "Content-Type": "application/octet-stream"}
+    echoed = session.post(f"{on_app}cgi-bin/echo", data=body, cookies=jar, headers=origin)
     assert echoed.status_code == 200 and echoed.content == body, "24 MiB went and came back"
-    elsewhere = session.post(f"{app_url}cgi-bin/echo", data=b"x", cookies=jar,
-                             headers={"Origin": "http://evil.example"})  # fmt: skip
-    assert elsewhere.status_code == 403 and "did not come from a page of this console" in (
-        elsewhere.text
-    )
-    unnamed = session.post(f"{app_url}cgi-bin/echo", data=b"x", cookies=jar)
+    for elsewhere in (
+        url,
+        "http://evil.example",
+        f"http://c{cluster.pk}-n0-jupyter.apps.localhost:{port}",
+    ):  # the console, another site, a sibling app
+        refused = session.post(f"{on_app}cgi-bin/echo", data=b"x", cookies=jar,
+                               headers={**host, "Origin": elsewhere})  # fmt: skip
+        assert refused.status_code == 403 and (
+            "did not come from a page of the app itself" in refused.text
+        ), elsewhere
+    unnamed = session.post(f"{on_app}cgi-bin/echo", data=b"x", cookies=jar, headers=host)
     assert unnamed.status_code == 403, "no Origin, no Referer: not passed on"
 
-    answer = session.get(f"{app_url}cgi-bin/cookie", cookies=jar, allow_redirects=False)
+    answer = session.get(f"{on_app}cgi-bin/cookie", cookies=jar, headers=host,
+                         allow_redirects=False)  # fmt: skip
     assert answer.status_code == 302
-    assert answer.headers["Location"] == f"/clusters/{cluster.pk}/nodes/0/service/elsewhere?x=1"
+    assert answer.headers["Location"] == "/elsewhere?x=1"
     set_cookies = answer.raw.headers.getlist("Set-Cookie")
-    assert set_cookies == [f"theirs=2; Path=/clusters/{cluster.pk}/nodes/0/service; HttpOnly"]
-    bobs = requests.get(app_url, cookies={"sessionid": _session(bob)}, timeout=30)
-    assert bobs.status_code == 404 and "Hello" not in bobs.text
+    assert set_cookies == ["theirs=2; Path=/; HttpOnly"], "no Domain, none named like ours"
+    others = requests.get(on_app, headers=host, cookies={"sessionid": _session(bob)}, timeout=30)
+    assert others.status_code == 404 and "Hello" not in others.text
 
 
 # -- websockets ------------------------------------------------------------------------------
@@ -345,19 +378,27 @@ def test_websockets_reach_the_apps_own_server_for_the_owner_only(running_cluster
         "nc", "-ll", "-p", "6008", "-e", "/tmp/ws.sh", detach=True,
     )  # fmt: skip
     webapps.start(cluster=cluster, index=0, kind="service", port="6008")
-    path = f"/clusters/{cluster.pk}/nodes/0/service/kernels/k1/channels?session_id=s1"
-    mine = f"sessionid={_session(alice)}; csrftoken=console-csrf; theirs=1"
-    bobs = f"sessionid={_session(bob)}"
+    path = "/kernels/k1/channels?session_id=s1"
+    host = _host(cluster, "service")
+    ours = _app_cookie(alice, cluster, "service")
+    mine = f"sessionid={_session(alice)}; csrftoken=console-csrf; theirs=1; {ours}"
+    bobs = f"sessionid={_session(bob)}; {_app_cookie(bob, cluster, 'service')}"
+    jupyters = _app_cookie(alice, cluster, "jupyter")
 
     async def scenario():
-        for cookie in ("", bobs):  # not logged in; another researcher
-            theirs = _socket(path, cookie=cookie)
+        # Not logged in; another researcher (even with a session made for this app); the
+        # owner's cookie of another app.
+        for cookie in ("", bobs, jupyters):
+            theirs = _socket(host, path, cookie=cookie)
             assert await theirs.connect(timeout=10) == (False, 4404)
-        elsewhere = _socket(path, cookie=mine, origin=[(b"origin", b"http://evil.example")])
-        connected, _ = await elsewhere.connect(timeout=10)
-        assert not connected, "a page of another site cannot open the owner's app"
+        for origin in (b"http://evil.example", b"http://localhost", b"http://" + _host(
+                cluster, "jupyter")):  # another site, the console, a sibling app  # fmt: skip
+            elsewhere = _socket(host, path, cookie=mine, origin=[(b"origin", origin)])
+            connected, _ = await elsewhere.connect(timeout=10)
+            assert not connected, f"a page of {origin} cannot open the owner's app"
 
-        socket_ = _socket(path, cookie=mine, subprotocols=["v1.kernel.websocket.jupyter.org"])
+        socket_ = _socket(host, path, cookie=mine,
+                          subprotocols=["v1.kernel.websocket.jupyter.org"])  # fmt: skip
         assert await socket_.connect(timeout=15) == (True, "v1.kernel.websocket.jupyter.org")
         assert await socket_.receive_from(timeout=10) == "hello from the workspace"
         await socket_.send_to(text_data="hi from the browser")
@@ -373,9 +414,9 @@ def test_websockets_reach_the_apps_own_server_for_the_owner_only(running_cluster
     assert request.startswith("GET /kernels/k1/channels?session_id=s1 HTTP/1.1\n"), request
     lines = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip()
              for line in request.splitlines()[1:]}  # fmt: skip
-    assert lines["cookie"] == "theirs=1", "the console's cookies stay with the console"
-    assert lines["origin"] == "http://localhost" and lines["host"] == "localhost"
-    assert lines["x-forwarded-prefix"] == f"/clusters/{cluster.pk}/nodes/0/service"
+    assert lines["cookie"] == "theirs=1", "neither the proxy's nor the console's cookies"
+    assert lines["origin"] == f"http://{host.decode()}" and lines["host"] == host.decode()
+    assert "x-forwarded-prefix" not in lines
     assert "authorization" not in lines
     frames = _unmasked(_read(cluster, "/tmp/ws-in"))
     assert frames[:2] == [(0x1, b"hi from the browser"), (0x2, b"\x00\xffbinary")], frames
@@ -404,7 +445,7 @@ def test_jupyterlab_and_tensorboard_start_as_the_tenant_behind_the_proxy_and_sto
         _write(cluster, f"/usr/local/bin/{name}", FAKE_APP, user="0")
     owner = Client()
     owner.force_login(alice)
-    base = f"/clusters/{cluster.pk}/nodes/0"
+    lab_host, board_host = _host(cluster, "jupyter"), _host(cluster, "tensorboard")
 
     answer = owner.post(reverse("app_start", args=[cluster.pk, 0, "jupyter"]), follow=True)
     assert "JupyterLab is starting" in _messages(answer)
@@ -414,7 +455,7 @@ def test_jupyterlab_and_tensorboard_start_as_the_tenant_behind_the_proxy_and_sto
     uid = str(runtime.tenant_uid(alice.pk))
     assert args.decode().splitlines() == [
         uid, "lab", "--no-browser", "--ip=127.0.0.1", "--port=18888",
-        "--ServerApp.port_retries=0", f"--ServerApp.base_url={base}/jupyter/",
+        "--ServerApp.port_retries=0", "--ServerApp.base_url=/",
         f"--IdentityProvider.token={app.token}", "--ServerApp.root_dir=/tmp",
         "--ServerApp.allow_remote_access=True",
     ]  # fmt: skip
@@ -426,34 +467,34 @@ def test_jupyterlab_and_tensorboard_start_as_the_tenant_behind_the_proxy_and_sto
     args = until(lambda: _try_read(cluster, "/tmp/tensorboard-args"), what="tensorboard")
     assert args.decode().splitlines() == [
         uid, "--logdir", "/tmp/runs/exp1", "--host", "127.0.0.1", "--port", "16006",
-        "--path_prefix", f"{base}/tensorboard",
     ]  # fmt: skip
 
-    session = _session(alice)
+    lab_cookie = _app_cookie(alice, cluster, "jupyter")
+    board_cookie = _app_cookie(alice, cluster, "tensorboard")
 
     async def through_the_proxy():
-        lab = await _get(f"{base}/jupyter/lab?reset", cookie=f"sessionid={session}")
-        again = await _get(f"{base}/jupyter/api/status", cookie=f"sessionid={session}")
+        lab = await _get(lab_host, "/lab?reset", cookie=lab_cookie)
+        again = await _get(lab_host, "/api/status", cookie=lab_cookie)
         assert (again["status"], again["text"]) == (200, "fake jupyter"), again
-        board = await _get(f"{base}/tensorboard/", cookie=f"sessionid={session}")
-        bare = await _get(f"{base}/tensorboard", cookie=f"sessionid={session}")
-        return lab, board, bare
+        board = await _get(board_host, "/", cookie=board_cookie)
+        crossed = await _get(board_host, "/", cookie=lab_cookie)  # JupyterLab's, here
+        return lab, board, crossed
 
     until(lambda: _answering(cluster) == {"jupyter": True, "tensorboard": True}, timeout=20,
           what="both listen")  # fmt: skip
-    lab, board, bare = _run(through_the_proxy)
+    lab, board, crossed = _run(through_the_proxy)
     assert (lab["status"], lab["text"]) == (200, "fake jupyter"), lab
     assert (board["status"], board["text"]) == (200, "fake tensorboard"), board
-    assert (bare["status"], bare["header"]["location"]) == (302, f"{base}/tensorboard/")
+    assert crossed["status"] == 404 and crossed["body"] == proxy.NOT_FOUND
     request = _read(cluster, "/tmp/jupyter-request").decode()
-    assert request.startswith(f"connection\nGET {base}/jupyter/lab?reset HTTP/1.1\n"), request
+    assert request.startswith("connection\nGET /lab?reset HTTP/1.1\n"), request
     # The second request went over the same relay and connection (kept alive).
-    assert request.count("connection\n") == 1 and f"GET {base}/jupyter/api/status " in request
+    assert request.count("connection\n") == 1 and "GET /api/status " in request
     first_request = request.split("GET ")[1]
     head = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip()
             for line in first_request.splitlines()[1:]}  # fmt: skip
     assert head["authorization"] == f"token {app.token}", "the proxy's token, sent for you"
-    assert session not in request and "cookie" not in head
+    assert lab_cookie.split("=")[1] not in request and "cookie" not in head
 
     status = owner.get(reverse("app_status", args=[cluster.pk, 0])).content.decode()
     assert 'data-testid="app-state-jupyter-0" hx-swap-oob="true">answering<' in status
@@ -479,12 +520,12 @@ def test_jupyterlab_and_tensorboard_start_as_the_tenant_behind_the_proxy_and_sto
     assert ">not answering<" in status and ">answering<" in status  # TensorBoard still is
 
     async def gone():
-        return await _get(f"{base}/jupyter/lab", cookie=f"sessionid={session}")
+        return await _get(lab_host, "/lab", cookie=lab_cookie)
 
     page = _run(gone)
     assert page["status"] == 502 and "JupyterLab does not answer: nothing answers on port " \
         "18888 of node 0" in page["text"]  # fmt: skip
-    assert reverse("cluster_detail", args=[cluster.pk]) in page["text"]
+    assert f'href="http://localhost:8000/clusters/{cluster.pk}/"' in page["text"], "SITE_URL's"
 
     answer = owner.post(reverse("app_stop", args=[cluster.pk, 0, "tensorboard"]), follow=True)
     assert "TensorBoard stopped" in _messages(answer)
@@ -492,7 +533,7 @@ def test_jupyterlab_and_tensorboard_start_as_the_tenant_behind_the_proxy_and_sto
     assert not WorkspaceApp.objects.filter(cluster=cluster, kind="tensorboard").exists()
 
     async def stopped():
-        return await _get(f"{base}/tensorboard/", cookie=f"sessionid={session}")
+        return await _get(board_host, "/", cookie=board_cookie)
 
     page = _run(stopped)
     assert page["status"] == 503 and "TensorBoard is not started on node 0" in page["text"]
@@ -545,37 +586,54 @@ def test_starting_says_plainly_what_will_not_do_and_others_get_404(running_clust
     assert f'action="{start["jupyter"]}"' in page and 'name="logdir" ' in page
     assert 'value="/tmp/runs"' in page, "TensorBoard's default folder: runs in the home"
 
-    base = f"/clusters/{cluster.pk}/nodes/0"
-    mine, bobs = f"sessionid={_session(alice)}", f"sessionid={_session(bob)}"
+    jupyter, service = _host(cluster, "jupyter"), _host(cluster, "service")
+    mine, bobs = _app_cookie(alice, cluster, "jupyter"), _app_cookie(bob, cluster, "jupyter")
+    elsewhere = SimpleNamespace(pk=cluster.pk + 1000)
+    # An old address of the app, on the console's origin: the owner is handed over to the
+    # app's own origin; anyone else gets the console's 404.
+    old = f"/clusters/{cluster.pk}/nodes/0/jupyter/lab?x=1"
+    handed = owner.get(old)
+    assert handed.status_code == 302 and handed["Location"].startswith(
+        f"http://{jupyter.decode()}/__suanli/enter?ticket="
+    ) and handed["Location"].endswith("&next=%2Flab%3Fx%3D1"), handed["Location"]  # fmt: skip
+    assert stranger.get(old).status_code == 404
+    node_3, no_such = (
+        _app_cookie(alice, cluster, "service", 3),
+        _app_cookie(alice, elsewhere, "service"),
+    )
 
     async def pages():
         found = {}
-        for name, path, cookie in (
-            ("not started", f"{base}/jupyter/", mine),
-            ("no node", f"/clusters/{cluster.pk}/nodes/3/service/", mine),
-            ("bob", f"{base}/jupyter/", bobs),
-            ("anonymous", f"{base}/jupyter/", ""),
-            ("no such cluster", f"/clusters/{cluster.pk + 1000}/nodes/0/service/", mine),
+        for name, host, cookie in (
+            ("not started", jupyter, mine),
+            ("no node", _host(cluster, "service", 3), node_3),
+            ("bob", jupyter, bobs),
+            ("anonymous", jupyter, ""),
+            ("the console's session", jupyter, f"sessionid={_session(alice)}"),
+            ("no such cluster", _host(elsewhere, "service"), no_such),
+            ("another app's cookie", service, mine),
         ):
-            found[name] = await _get(path, cookie=cookie)
+            found[name] = await _get(host, "/", cookie=cookie)
         return found
 
     found = _run(pages)
     assert found["not started"]["status"] == 503
     assert "JupyterLab is not started on node 0" in found["not started"]["text"]
-    assert f'href="/clusters/{cluster.pk}/"' in found["not started"]["text"]
+    assert f'href="http://localhost:8000/clusters/{cluster.pk}/"' in found["not started"]["text"]
     assert found["no node"]["status"] == 503
     assert f"cluster {cluster.name} has no node 3" in found["no node"]["text"]
-    for name in ("bob", "anonymous", "no such cluster"):
+    for name in ("bob", "anonymous", "the console's session", "no such cluster",
+                 "another app's cookie"):  # fmt: skip
         assert found[name]["status"] == 404, name
         assert found[name]["body"] == proxy.NOT_FOUND, "the console's plain 404"
         assert "location" not in found[name]["header"], "no redirect to a log-in page"
 
     webapps.start(cluster=cluster, index=0, kind="service", port="6006")
     services.cluster_release(cluster=cluster)
+    mine = _app_cookie(alice, cluster, "service")
 
     async def released():
-        return await _get(f"{base}/service/", cookie=mine)
+        return await _get(service, "/", cookie=mine)
 
     page = _run(released)
     assert page["status"] == 503
@@ -598,29 +656,29 @@ def test_the_proxy_reaches_only_the_workspaces_loopback_on_an_allowed_port(
     _in_workspace(cluster, "httpd", "-f", "-p", f"{address}:6010", "-h", "/tmp/site", detach=True)
     _in_workspace(cluster, *SERVE, detach=True)
     webapps.start(cluster=cluster, index=0, kind="service", port="6010")
-    base = f"/clusters/{cluster.pk}/nodes/0/service"
-    mine = f"sessionid={_session(alice)}"
+    host, origin = _host(cluster, "service"), _origin(cluster, "service")
+    mine = _app_cookie(alice, cluster, "service")
 
     async def scenario():
-        found = {"elsewhere": await _get(f"{base}/", cookie=mine)}
+        found = {"elsewhere": await _get(host, "/", cookie=mine)}
         await _in_thread(webapps.start, cluster=cluster, index=0, kind="service",
                                 port="6006")  # fmt: skip
-        found["loopback"] = await _get(f"{base}/", cookie=mine)
+        found["loopback"] = await _get(host, "/", cookie=mine)
         # Nothing in the path, the target or the headers picks another address or port.
         found["tricks"] = await _get(
-            f"{base}/cgi-bin/env", cookie=mine,
+            host, "/cgi-bin/env", cookie=mine,
             headers=[(b"x-forwarded-host", b"172.29.0.1:5432"), (b"forwarded", b"for=1.2.3.4")],
         )  # fmt: skip
         # A row saying a system port (never written by the console): refused.
         await _in_thread(lambda: WorkspaceApp.objects.filter(cluster=cluster).update(port=22))
-        found["system port"] = await _get(f"{base}/", cookie=mine)
+        found["system port"] = await _get(host, "/", cookie=mine)
         await _in_thread(lambda: WorkspaceApp.objects.filter(cluster=cluster).update(port=6006))
         monkeypatch.setattr(proxy, "MAX_BODY", 2**20)
-        found["too big"] = await _get(f"{base}/cgi-bin/echo", cookie=mine, method="POST",
-                                      body=b"x" * (2**20 + 1), headers=ORIGIN)  # fmt: skip
-        found["fits"] = await _get(f"{base}/cgi-bin/echo", cookie=mine, method="POST",
-                                   body=b"y" * 2**20, headers=ORIGIN)  # fmt: skip
-        found["bad host"] = await _get(f"{base}/", cookie=mine, headers=[(b"host", b"evil")])
+        found["too big"] = await _get(host, "/cgi-bin/echo", cookie=mine, method="POST",
+                                      body=b"x" * (2**20 + 1), headers=origin)  # fmt: skip
+        found["fits"] = await _get(host, "/cgi-bin/echo", cookie=mine, method="POST",
+                                   body=b"y" * 2**20, headers=origin)  # fmt: skip
+        found["not an app"] = await _get(b"x-c1-n0-service.apps.localhost", "/", cookie=mine)
         return found
 
     found = _run(scenario)
@@ -630,13 +688,13 @@ def test_the_proxy_reaches_only_the_workspaces_loopback_on_an_allowed_port(
     assert found["loopback"]["status"] == 200
     assert "on the workspace's own address only" in found["loopback"]["text"]
     env = found["tricks"]["text"]
-    assert "HTTP_X_FORWARDED_HOST=localhost" in env and "HTTP_FORWARDED" not in env
+    assert f"HTTP_X_FORWARDED_HOST={host.decode()}" in env and "HTTP_FORWARDED" not in env
     assert "REMOTE_ADDR=127.0.0.1" in env
     assert found["system port"]["status"] == 403
     assert "Port 22 is not one the console reaches" in found["system port"]["text"]
     assert found["too big"]["status"] == 413
     assert found["fits"]["status"] == 200 and found["fits"]["body"] == b"y" * 2**20
-    assert found["bad host"]["status"] == 400, "a Host that is not the console's"
+    assert found["not an app"]["body"] == proxy.NOT_FOUND, "a name of the apps' domain, no app's"
     said = _messages(
         _owner(alice).post(
             reverse("app_start", args=[cluster.pk, 0, "service"]), {"port": "22"}, follow=True
@@ -660,7 +718,7 @@ JUPYTER_IMAGE = os.environ.get("SUANLI_JUPYTER_IMAGE", "suanli/jupyter:2.13-cpu"
 @pytest.mark.e2e
 def test_the_real_jupyterlab_runs_a_cell_through_the_proxy(running_cluster, alice, engine_urls):
     """JupyterLab started from its tile's endpoint, then its page, its REST API (a POST
-    from the console's origin) and a kernel's websocket, all through the proxy in-process:
+    from its own origin) and a kernel's websocket, all through the proxy in-process:
     the token is the proxy's, the browser side never names it."""
     if not all(_has_image(url, JUPYTER_IMAGE) for url in engine_urls):
         pytest.skip(f"{JUPYTER_IMAGE} is not on the engines (make e2e builds it)")
@@ -677,20 +735,20 @@ def test_the_real_jupyterlab_runs_a_cell_through_the_proxy(running_cluster, alic
     )
     assert "JupyterLab is starting" in said, said
     until(lambda: _answering(cluster).get("jupyter"), timeout=180, what="JupyterLab listens")
-    base = f"/clusters/{cluster.pk}/nodes/0/jupyter"
-    mine = f"sessionid={_session(alice)}"
-    json_body = [*ORIGIN, (b"content-type", b"application/json")]
+    host = _host(cluster, "jupyter")
+    mine = _app_cookie(alice, cluster, "jupyter")
+    json_body = [*_origin(cluster, "jupyter"), (b"content-type", b"application/json")]
 
     async def scenario():
-        first = await _get(f"{base}/", cookie=mine)
-        assert first["status"] == 302 and first["header"]["location"].startswith(f"{base}/lab")
-        lab = await _get(f"{base}/lab", cookie=mine)
+        first = await _get(host, "/", cookie=mine)
+        assert first["status"] == 302 and first["header"]["location"].startswith("/lab")
+        lab = await _get(host, "/lab", cookie=mine)
         assert lab["status"] == 200 and "JupyterLab" in lab["text"], lab["status"]
-        made = await _get(f"{base}/api/kernels", cookie=mine, method="POST", body=b"{}",
+        made = await _get(host, "/api/kernels", cookie=mine, method="POST", body=b"{}",
                           headers=json_body)  # fmt: skip
         assert made["status"] == 201, made["text"]
         kernel = json.loads(made["text"])["id"]
-        socket_ = _socket(f"{base}/api/kernels/{kernel}/channels?session_id=s1", cookie=mine)
+        socket_ = _socket(host, f"/api/kernels/{kernel}/channels?session_id=s1", cookie=mine)
         assert (await socket_.connect(timeout=30))[0]
         msg_id = "m1"
         await socket_.send_to(text_data=json.dumps({

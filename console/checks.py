@@ -1,0 +1,74 @@
+"""System checks of the settings that keep the workspace apps' origins apart from the
+console's (console/app_origin.py): run by `manage.py check` and at every start."""
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+from django.http.request import validate_host
+
+from console import app_origin
+
+
+def _under(name: str, domain: str) -> bool:
+    name = name.strip().lstrip(".").lower()
+    return bool(domain) and (name == domain or name.endswith("." + domain))
+
+
+@register(Tags.security)
+def apps_apart_from_the_console(app_configs=None, **kwargs) -> list:
+    """The console's cookies stay host-only (`__Host-` over HTTPS), no console host is an
+    app origin's, and no app origin is one the console trusts."""
+    problems = []
+    domain = app_origin.domain()
+    if settings.SESSION_COOKIE_DOMAIN or settings.CSRF_COOKIE_DOMAIN:
+        problems.append(Error(
+            "SESSION_COOKIE_DOMAIN and CSRF_COOKIE_DOMAIN must stay unset: the console's "
+            "cookies are host-only, so that no other host (an app origin) receives them.",
+            id="suanli.E001",
+        ))  # fmt: skip
+    if settings.SESSION_COOKIE_SECURE and not (
+        settings.SESSION_COOKIE_NAME.startswith("__Host-")
+        and settings.CSRF_COOKIE_NAME.startswith("__Host-")
+    ):
+        problems.append(Error(
+            "Over HTTPS the session and CSRF cookies are named __Host-…, so that no subdomain "
+            "can set or replace them.",
+            id="suanli.E002",
+        ))  # fmt: skip
+    if not domain or "." not in domain:
+        problems.append(Error(
+            "SUANLI_APPS_DOMAIN must name a domain (e.g. apps.example.net) whose wildcard "
+            "*.apps.example.net reaches the web processes.",
+            id="suanli.E003",
+        ))  # fmt: skip
+        return problems
+    sample = app_origin.app_host(1, 0, "service")
+    if validate_host(sample, settings.ALLOWED_HOSTS) or any(
+        _under(host, domain) for host in settings.ALLOWED_HOSTS
+    ):
+        problems.append(Error(
+            f"ALLOWED_HOSTS reaches the apps' domain {domain}: the console's hosts must lie "
+            "outside it (a console page there would share an origin with the apps, and the "
+            "console's websockets would take an app page's Origin).",
+            id="suanli.E004",
+        ))  # fmt: skip
+    trusted = [o for o in settings.CSRF_TRUSTED_ORIGINS if _under(o.split("://")[-1], domain)]
+    if trusted:
+        problems.append(Error(
+            f"CSRF_TRUSTED_ORIGINS names the apps' domain ({', '.join(trusted)}): a page an "
+            "app serves must never be trusted by the console's forms.",
+            id="suanli.E005",
+        ))  # fmt: skip
+    return problems
+
+
+@register(Tags.security, deploy=True)
+def apps_domain_is_set(app_configs=None, **kwargs) -> list:
+    if _under(app_origin.domain(), "localhost"):
+        return [Warning(
+            "SUANLI_APPS_DOMAIN is under localhost: the apps are reachable only from a "
+            "browser on this machine. Set it to a domain of its own (e.g. apps.example.net, a "
+            "registrable domain apart from the console's) with a wildcard DNS record and "
+            "certificate.",
+            id="suanli.W001",
+        )]  # fmt: skip
+    return []
