@@ -233,7 +233,7 @@ def session_user(values: list[str], app: App):
     """The user one of the cookie's values (a sibling may have tossed in others) lets into
     `app`; None for none (no session, another app's, a changed password, a logged-out or
     inactive user)."""
-    for value in values[:4]:
+    for value in values[:8]:
         if not value or len(value) > 100:
             continue
         raw = _conn().get(_SESSION_KEY + _digest(value))

@@ -631,7 +631,12 @@ async def _page(send, status: int, words: str, back: str, title: str = "") -> No
     body = await _in_db(
         render_to_string,
         "console/app_unavailable.html",
-        {"title": title or _("This app cannot be reached"), "words": words, "back": back},
+        {
+            "title": title or _("This app cannot be reached"),
+            "words": words,
+            "back": back,
+            "site": settings.SITE_URL.rstrip("/"),  # the page is on the app's origin
+        },
     )
     await _respond(send, status, body.encode())
 

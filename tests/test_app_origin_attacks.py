@@ -331,6 +331,7 @@ def test_a_ticket_opens_one_app_once_within_its_minute_and_nothing_of_the_consol
         assert found[name]["status"] == 404, (name, found[name])
         assert found[name]["body"] == proxy.NOT_FOUND, name
         assert not found[name]["cookies"], name
+    assert found["/__suanli/other"]["body"] == proxy.NOT_FOUND, "the proxy's own: not the app's"
     for path in ("/api/tokens/", "/admin/", "/login/", f"/clusters/{cluster.pk}/",
                  "/static/console.css", "/healthz", "/__suanli/other"):  # fmt: skip
         # The owner's own cookie: the path goes to the app (busybox's 404), never Django.
@@ -378,17 +379,21 @@ def test_app_websockets_take_only_their_own_origin_and_console_sockets_refuse_ap
             socket_.scope["client"] = ("127.0.0.1", 50000)
             found[name] = await socket_.connect(timeout=10)
             await socket_.disconnect()
-        # The console's own websockets refuse a page of an app origin.
-        terminal = WebsocketCommunicator(
-            application, f"/ws/clusters/{cluster.pk}/nodes/0/terminal/",
-            headers=[(b"host", b"localhost"), (b"origin", b"http://" + service),
-                     (b"cookie", f"sessionid={session}".encode())],
-        )  # fmt: skip
-        found["terminal"] = await terminal.connect(timeout=10)
-        await terminal.disconnect()
+        # The console's own websockets refuse a page of an app origin (the same socket from
+        # the console's own page opens: the owner's terminal).
+        for name, origin in (("terminal", b"http://" + service),
+                             ("console's terminal", b"http://localhost")):  # fmt: skip
+            terminal = WebsocketCommunicator(
+                application, f"/ws/clusters/{cluster.pk}/nodes/0/terminal/",
+                headers=[(b"host", b"localhost"), (b"origin", origin),
+                         (b"cookie", f"sessionid={session}".encode())],
+            )  # fmt: skip
+            found[name] = await terminal.connect(timeout=20)
+            await terminal.disconnect()
         return found
 
     found = _run(scenario)
     for name in ("console origin", "another app", "no cookie"):
         assert found[name][0] is False, (name, found[name])
     assert found["terminal"][0] is False, "an app's page opens no terminal"
+    assert found["console's terminal"][0] is True
