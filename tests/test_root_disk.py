@@ -19,9 +19,11 @@ import os
 import docker
 import pytest
 from django.urls import reverse
+from waiting import until
 
-from jobs import scheduler, services, tasks, workspaces
-from jobs.models import ClusterEvent, GpuModel, Host, InstanceType
+from jobs import runner, runtime, scheduler, services, tasks, workspaces
+from jobs.models import ClusterEvent, GpuModel, Host, InstanceType, JobEvent
+from jobs.services import JobSpec
 from monitoring import rootdisk
 from monitoring.monitor import Monitor
 
@@ -202,3 +204,25 @@ def test_the_form_and_the_cluster_page_say_how_big_the_system_disk_is(
     cluster = make_cluster(alice, "sized")
     page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
     assert "System disk: 100 GB (files outside your volumes)" in page
+
+
+def test_a_replica_past_its_system_disk_is_stopped_and_its_job_says_why(
+    make_host, make_cluster, measuring_engine, alice, settle_until
+):
+    host = make_host("cpu-measured-02", engine=measuring_engine, model=None, gpus=0)
+    Host.objects.filter(pk=host.pk).update(root_disk_enforced=False)
+    cluster = _debug_cluster(make_cluster, alice, "batch", root_disk_gb=1)
+    fill = "dd if=/dev/zero of=/tmp/big bs=1 count=0 seek=1100M && exec sleep 300"
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="fill", command=fill))
+    runner.dispatch(cluster.pk)
+    name = until(
+        lambda: next(iter(rootdisk.check_host(host).items()), None), what="the replica measured"
+    )
+    assert name == (runtime.container_name(job, 0, 1), "stopped")
+    job = settle_until(job)
+    assert job.state == "failed"
+    (said,) = JobEvent.objects.filter(job=job, kind=rootdisk.KIND_FULL)
+    assert "replica 0 (attempt 1) reached its 1 GB limit: it was stopped" in said.message
+    services.cluster_release(cluster=cluster)
+    assert workspaces.remove(cluster.pk)
+    tasks.cluster_network_remove(cluster.pk)
