@@ -10,11 +10,16 @@ env_out="$(bash .ci/dev-services.sh start)"  # a failed start stops here (set -e
 eval "$env_out"
 
 export PATH="$PWD/.venv/bin:$PATH"
-export DEBUG="${DEBUG:-1}" PORT="${PORT:-8000}"
+# DEBUG off, as in production: an error is a plain page, never Django's debug page with
+# settings on it (DEBUG=1 make run opts in). Plain HTTP on the loopback, static files from
+# the source tree (no collectstatic to rerun after editing them).
+export DEBUG="${DEBUG:-0}" PORT="${PORT:-8000}" SUANLI_HTTPS="${SUANLI_HTTPS:-0}"
+export ALLOWED_HOSTS="${ALLOWED_HOSTS:-localhost,127.0.0.1,[::1]}"
 # The workspace apps, each on an origin of its own: c<cluster>-n<node>-<kind>.apps.localhost
 # (browsers resolve *.localhost to the loopback by themselves); their pages link back to
 # the console at SITE_URL.
 export SUANLI_APPS_DOMAIN="${SUANLI_APPS_DOMAIN:-apps.localhost}" SITE_URL="${SITE_URL:-http://127.0.0.1:${PORT}}"
+export SUANLI_STATIC_MANIFEST="${SUANLI_STATIC_MANIFEST:-0}" SUANLI_STATIC_FINDERS="${SUANLI_STATIC_FINDERS:-1}"
 python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0  # locale/*.po -> .mo (gettext)
 python manage.py migrate --no-input -v0
 python manage.py seed_demo --local-engine "$SUANLI_LOCAL_ENGINE" | tee .run/dev/logins.txt

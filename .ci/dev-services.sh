@@ -14,7 +14,8 @@
 #   containers on Suanli's cluster networks (bridges slc<id>) reach neither this
 #   machine's services nor the private networks; nothing else is changed. The engine
 #   is NOT made a swarm member: one engine needs no overlay network.
-# - A key for secrets at rest, generated once into .run/dev/secrets.key.
+# - A key for secrets at rest, generated once into .run/dev/secrets.key, and Django's
+#   SECRET_KEY into .run/dev/secret_key (make run runs with DEBUG off, as production).
 # - Docker: the machine's engine at /var/run/docker.sock. If it does not answer
 #   and we are root, start the system dockerd in the background (log and
 #   pidfile in .run/dev/) and remember that we did.
@@ -43,6 +44,7 @@ REGISTRY_DIR="$DEV_DIR/registry"
 REGISTRY_PORT="${SUANLI_DEV_REGISTRY_PORT:-5444}"
 REDIS_PASS_FILE="$DEV_DIR/redis.pass"
 SECRETS_KEY_FILE="$DEV_DIR/secrets.key"
+SECRET_KEY_FILE="$DEV_DIR/secret_key"  # Django's SECRET_KEY: make run runs with DEBUG off
 FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
 
 redis_password() { secret_file "$REDIS_PASS_FILE" hex; }
@@ -60,6 +62,7 @@ host_mtu() {
 
 print_env() {
     secret_file "$SECRETS_KEY_FILE" fernet >/dev/null
+    secret_file "$SECRET_KEY_FILE" fernet >/dev/null
     local registry=()
     if [[ -s "$REGISTRY_DIR/ca.crt" && -s "$REGISTRY_DIR/registry.pass" ]]; then
         registry=("SUANLI_REGISTRY=127.0.0.1:$REGISTRY_PORT" "SUANLI_REGISTRY_USERNAME=suanli"
@@ -70,6 +73,7 @@ print_env() {
         "REDIS_URL=$(redis_url)" \
         "SUANLI_LOCAL_ENGINE=$LOCAL_ENGINE" \
         "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE" \
+        "SECRET_KEY_FILE=$SECRET_KEY_FILE" \
         "SUANLI_NETWORK_MTU=$(host_mtu)"
 }
 

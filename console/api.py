@@ -2,9 +2,10 @@
 their tokens.
 
 Authentication is `Authorization: Bearer <token>` only (never the session cookie, so
-there is no CSRF surface); each token is rate-limited (`SUANLI_API_RATE_PER_MIN` a
-minute, counted atomically in Redis), and failed tokens count with failed log-ins against
-the client's address: at `AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid
+there is no CSRF surface); each researcher is rate-limited across all their tokens
+(`SUANLI_API_RATE_PER_MIN` a minute, counted atomically in Redis) and holds at most
+`SUANLI_API_TOKENS_MAX` live tokens (console/models.py), and failed tokens count with
+failed log-ins against the client's address: at `AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid
 tokens too. The schemas (console/api_schema.py) check types and shapes; the rules are the
 forms' and services', the same as the pages'. Every object is looked up through its owner:
 another researcher's is 404. Errors are JSON: `{"error": "...", "fields": {"name": ["..."]}}`,
@@ -22,13 +23,14 @@ import django_rq
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.db import transaction
 from django.db.models import Count, Max, Min, Q
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, Throttled
@@ -157,13 +159,14 @@ class TokenAuth(HttpBearer):
 
 
 class TokenRate(BaseThrottle):
-    """`SUANLI_API_RATE_PER_MIN` requests per token and clock minute: one INCR and EXPIRE
-    in a Redis transaction, so concurrent requests (any number of web processes) never
-    both take the last one."""
+    """`SUANLI_API_RATE_PER_MIN` requests per researcher and clock minute, across all
+    their tokens (more tokens buy no more requests): one INCR and EXPIRE in a Redis
+    transaction, so concurrent requests (any number of web processes) never both take
+    the last one."""
 
     def allow_request(self, request) -> bool:
         limit = getattr(settings, "SUANLI_API_RATE_PER_MIN", 120)
-        key = f"suanli:api:rate:{request.auth.pk}:{int(time.time() // 60)}"
+        key = f"suanli:api:rate:user:{request.auth.user_id}:{int(time.time() // 60)}"
         try:
             pipe = django_rq.get_connection("default").pipeline(transaction=True)
             count, _ = pipe.incr(key).expire(key, 90).execute()
@@ -241,8 +244,14 @@ def _http_error(request, exc):
         message = exc.message if isinstance(exc, NoToken) else "Send your API token."
         return _error(401, message, WWW_Authenticate='Bearer realm="suanli"')
     if isinstance(exc, Throttled):
-        return _error(429, "Too many requests for this token; slow down.")
+        return _error(429, "Too many requests from your tokens this minute; slow down.")
     return _error(exc.status_code, exc.message)
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE / 2**20
+    return _error(413, f"The request body is larger than the {size:g} MB this console takes.")
 
 
 @api.exception_handler(Locked)
@@ -272,7 +281,7 @@ def _fields_error(form, names: dict[str, str] | None = None) -> JsonResponse:
     return _error(400, " ".join(general) or "Invalid input.", fields)
 
 
-ERRORS = {400: Error, 401: Error, 404: Error, 429: Error}
+ERRORS = {400: Error, 401: Error, 404: Error, 413: Error, 429: Error}
 
 
 def _responses(ok: int, schema) -> dict:
@@ -1006,27 +1015,45 @@ def not_found(request):
     return _error(404, "No such API path; see /api/v1/schema.")
 
 
+def _token_id(raw: str) -> int | None:
+    """A token's id as the page posts it: ASCII digits in the keys' range, else None
+    ("²".isdigit() is true, and int() refuses it)."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        return None
+    return int(raw)
+
+
+def _tokens_page(request, status: int = 200, new_token: str | None = None):
+    return render(
+        request,
+        "console/api_tokens.html",
+        {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token},
+        status=status,
+    )
+
+
 @login_required
 def tokens_page(request):
     token = None
     if request.method == "POST":
         if request.POST.get("action") == "revoke":
-            raw = request.POST.get("token", "")
-            row = get_object_or_404(
-                ApiToken, pk=int(raw) if raw.isdigit() else 0, user=request.user
-            )
+            pk = _token_id(request.POST.get("token", ""))
+            if pk is None:
+                messages.error(request, _("No such token: nothing was revoked."))
+                return _tokens_page(request, status=400)
+            row = get_object_or_404(ApiToken, pk=pk, user=request.user)
             ApiToken.objects.filter(pk=row.pk, revoked_at__isnull=True).update(
                 revoked_at=timezone.now()
             )
             messages.success(request, f"Token {row.name} revoked: it stops working at once.")
             return redirect("api_tokens")
         name = request.POST.get("name", "").strip()
-        if not name or len(name) > 60:
+        if not name or len(name) > 60 or "\x00" in name:
             messages.error(request, "Name the token (at most 60 characters), e.g. ci-pipeline.")
-        else:
-            _, token = ApiToken.issue(user=request.user, name=name)
-    return render(
-        request,
-        "console/api_tokens.html",
-        {"tokens": ApiToken.objects.filter(user=request.user), "new_token": token},
-    )
+            return _tokens_page(request, status=400)
+        try:
+            _row, token = ApiToken.issue(user=request.user, name=name)
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+            return _tokens_page(request, status=400)
+    return _tokens_page(request, new_token=token)

@@ -33,14 +33,11 @@ _TOKEN_CREDENTIALS = {"username": None}
 
 
 def client_ip(request: HttpRequest) -> str | None:
-    """The client's address. Behind our own proxy (SUANLI_BEHIND_PROXY) it is the last
-    X-Forwarded-For entry, the one that proxy appended; the entries before it are the
-    client's to write, so they are never believed."""
+    """The client's address: the connection's peer, REMOTE_ADDR. X-Forwarded-For is never
+    read here: the Procfile's uvicorn has already put the client's address there when the
+    peer is one of SUANLI_TRUSTED_PROXIES (the rightmost entry no trusted proxy wrote), and
+    left the peer otherwise, so a client rotating that header stays one address."""
     remote = request.META.get("REMOTE_ADDR")
-    if settings.SUANLI_BEHIND_PROXY:
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
-        if forwarded:
-            remote = forwarded
     try:
         return str(ipaddress.ip_address(remote)) if remote else None
     except ValueError:

@@ -1,5 +1,6 @@
 """Reading settings from the environment, with `NAME_FILE` for secrets (Docker/K8s style)."""
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -41,3 +42,18 @@ def envlist(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def trusted_proxies(raw: str) -> list[str]:
+    """SUANLI_TRUSTED_PROXIES: addresses and networks only. A name or "*" is refused, not
+    passed to uvicorn, which would take "*" as "believe every client's headers"."""
+    entries = [item.strip() for item in raw.split(",") if item.strip()]
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"SUANLI_TRUSTED_PROXIES: {entry!r} is not an address or network "
+                "(e.g. 10.0.0.2 or 10.0.0.0/24)"
+            ) from None
+    return entries

@@ -119,6 +119,23 @@ def start_refusal(cluster, mode: str) -> str:
     return funds.refusal(message)
 
 
+class KeyChoices(forms.ModelMultipleChoiceField):
+    """Ids are ASCII digits within the 64-bit keys: anything else ("²", an id past 2**63)
+    is an invalid choice before the database sees it, which SQLite would answer with
+    OverflowError (a 500)."""
+
+    def _check_values(self, value):
+        for pk in value:
+            text = str(pk)
+            if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) >= 2**63:
+                raise ValidationError(
+                    self.error_messages["invalid_choice"],
+                    code="invalid_choice",
+                    params={"value": pk},
+                )
+        return super()._check_values(value)
+
+
 class ClusterForm(forms.Form):
     name = forms.CharField(
         max_length=63,
@@ -158,7 +175,7 @@ class ClusterForm(forms.Form):
             "path inside the container (/workspace/data/imagenet)."
         ),
     )
-    ssh_keys = forms.ModelMultipleChoiceField(
+    ssh_keys = KeyChoices(
         queryset=SshKey.objects.none(),
         required=False,
         widget=forms.CheckboxSelectMultiple,

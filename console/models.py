@@ -4,8 +4,11 @@ import hashlib
 import secrets
 
 from django.conf import settings
-from django.db import models
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 PREFIX = "sk_suanli_"
 
@@ -37,10 +40,26 @@ class ApiToken(models.Model):
 
     @classmethod
     def issue(cls, *, user, name: str) -> tuple["ApiToken", str]:
-        token = PREFIX + secrets.token_urlsafe(30)
-        row = cls.objects.create(
-            user=user, name=name, prefix=token[: len(PREFIX) + 6], digest=digest_of(token)
-        )
+        """A new token, unless the researcher holds SUANLI_API_TOKENS_MAX live ones already:
+        the API's rate is per researcher, and a bounded number of tokens keeps what a
+        stolen session can mint (and what the page lists) bounded too. The researcher's
+        row is locked, so two requests at once cannot both take the last place."""
+        most = settings.SUANLI_API_TOKENS_MAX
+        with transaction.atomic():
+            get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+            if cls.objects.filter(user=user, revoked_at__isnull=True).count() >= most:
+                raise ValidationError(
+                    _(
+                        "You hold %(most)s live tokens, the most one researcher may: revoke "
+                        "one you no longer use, then create this one."
+                    )
+                    % {"most": most},
+                    code="too_many_tokens",
+                )
+            token = PREFIX + secrets.token_urlsafe(30)
+            row = cls.objects.create(
+                user=user, name=name, prefix=token[: len(PREFIX) + 6], digest=digest_of(token)
+            )
         return row, token
 
 

@@ -3,6 +3,7 @@ environment (a `*_FILE` variant is read for secrets)."""
 
 import base64
 import hashlib
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import dj_database_url
 from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import envbool, envint, envlist, envstr
+from console.env import envbool, envint, envlist, envstr, trusted_proxies
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -177,6 +178,10 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 SUANLI_SIGNUP_ENABLED = envbool("SUANLI_SIGNUP_ENABLED", True)
+# The API (console/api.py): requests a minute per researcher, across all their tokens, and
+# the live tokens one researcher may hold (the next is refused with a sentence).
+SUANLI_API_RATE_PER_MIN = envint("SUANLI_API_RATE_PER_MIN", 120)
+SUANLI_API_TOKENS_MAX = envint("SUANLI_API_TOKENS_MAX", 20)
 
 # English and Simplified Chinese (locale/zh_Hans, compiled by `make run` and `make test`;
 # the .mo files are not committed). The API speaks English whatever is asked.
@@ -249,9 +254,18 @@ SUANLI_TLS_DIR = Path(envstr("SUANLI_TLS_DIR", str(BASE_DIR / ".run" / "tls")))
 # HTTPS hardening is on whenever DEBUG is off; SUANLI_HTTPS=0 serves plain HTTP behind a
 # trusted proxy that terminates TLS elsewhere (and only then).
 _https = envbool("SUANLI_HTTPS", not DEBUG)
-# Behind a proxy, the client's address is the last X-Forwarded-For entry (console/auth.py).
-SUANLI_BEHIND_PROXY = envbool("SUANLI_BEHIND_PROXY", False)
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SUANLI_BEHIND_PROXY else None
+# X-Forwarded-For and X-Forwarded-Proto are believed only from these proxies (addresses and
+# networks, comma-separated; none by default): the Procfile's uvicorn gets them as
+# --forwarded-allow-ips and puts the client's address and scheme into the request, so the
+# app reads REMOTE_ADDR alone (console/auth.py). Anyone else's headers are ignored.
+SUANLI_TRUSTED_PROXIES = trusted_proxies(os.environ.get("SUANLI_TRUSTED_PROXIES", ""))
+if envbool("SUANLI_BEHIND_PROXY", False) and not SUANLI_TRUSTED_PROXIES:
+    raise ImproperlyConfigured(
+        "SUANLI_BEHIND_PROXY is replaced by SUANLI_TRUSTED_PROXIES: name the proxies' "
+        "addresses or networks (e.g. SUANLI_TRUSTED_PROXIES=10.0.0.2), whose "
+        "X-Forwarded-For and X-Forwarded-Proto are then believed."
+    )
+SECURE_PROXY_SSL_HEADER = None  # uvicorn sets the scheme from a trusted proxy's header
 SECURE_SSL_REDIRECT = _https
 SESSION_COOKIE_SECURE = _https
 CSRF_COOKIE_SECURE = _https
@@ -266,6 +280,10 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
+
+# Error reports (the DEBUG page, admins' e-mails, logged reports) mask every URL's password
+# besides Django's secret-looking names (console/errors.py).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "console.errors.CredentialsFilter"
 
 LOGGING = {
     "version": 1,

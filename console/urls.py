@@ -16,6 +16,9 @@ from console import (
 )
 from console.powers import queue_pages
 
+# A body Django refuses before any view runs is answered with a sentence (console/errors.py).
+handler400 = "console.errors.bad_request"
+
 admin.site.site_header = "Suanli operations"
 admin.site.site_title = "Suanli admin"
 admin.site.index_title = "Fleet, catalogs and accounts"

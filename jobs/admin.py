@@ -44,6 +44,11 @@ from jobs.models import (
 )
 
 
+def _an_id(text: str) -> bool:
+    """Digits that int() takes and a key can be ("²".isdigit() is true; int() refuses it)."""
+    return text.isdecimal() and len(text) <= 19
+
+
 def report_check(request, host: Host) -> None:
     if host.state == Host.State.DOWN:
         messages.error(
@@ -469,7 +474,7 @@ class JobClusterFilter(TypedFilter):
         value = (self.value() or "").strip().lstrip("#")
         if not value:
             return queryset
-        return queryset.filter(cluster_id=int(value)) if value.isdigit() else queryset.none()
+        return queryset.filter(cluster_id=int(value)) if _an_id(value) else queryset.none()
 
 
 class JobOwnerFilter(TypedFilter):
@@ -526,7 +531,7 @@ class JobAdmin(ReadOnlyAdmin):
     def get_search_results(self, request, queryset, search_term):
         """A number is a job's id (its primary key: one row); anything else, part of a name."""
         term = search_term.strip().lstrip("#")
-        if term.isdigit():
+        if _an_id(term):
             return queryset.filter(pk=int(term)), False
         return super().get_search_results(request, queryset, search_term)
 

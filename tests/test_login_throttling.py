@@ -3,21 +3,30 @@ failure locks the address for the cool-off, the right password and a valid token
 refused too, the page says why and what to do, and an operator can unlock it."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import requests
 import time_machine
 from axes.models import AccessAttempt
+from browsing import free_port
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
+from waiting import until
 
 from console.models import ApiToken
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LOCKED = "Too many failed log-ins from your address"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _login(client, username, password, url=None):
@@ -133,17 +142,79 @@ def test_a_request_without_a_token_is_not_a_guess(alice, settings):
     assert not AccessAttempt.objects.exists()
 
 
-def test_behind_a_proxy_the_forged_part_of_x_forwarded_for_does_not_unlock(alice, settings):
-    settings.SUANLI_BEHIND_PROXY = True
+def _web(processes, **env) -> str:
+    """The web process as the Procfile runs it (uvicorn, its proxy options included)."""
+    port = free_port()
+    processes.start("web", env={"PORT": str(port), **env})
+    url = f"http://127.0.0.1:{port}"
+
+    def answers():
+        try:
+            return requests.get(f"{url}/healthz", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    until(answers, timeout=20, what="the web process listens")
+    return url
+
+
+def _log_in_over_http(session, url, password, forwarded_for):
+    """The login form as a browser posts it (its CSRF token), with an X-Forwarded-For."""
+    page = session.get(f"{url}/login/", timeout=10)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    return session.post(
+        f"{url}/login/",
+        data={"username": "alice", "password": password, "csrfmiddlewaretoken": token},
+        headers={"X-Forwarded-For": forwarded_for, "Referer": f"{url}/login/"},
+        allow_redirects=False,
+        timeout=10,
+    )
+
+
+def test_a_client_on_the_consoles_machine_rotating_x_forwarded_for_is_locked_out(
+    processes, alice, settings
+):
+    """Nobody is a trusted proxy by default: the header of a client on 127.0.0.1 is not
+    its address, so ten wrong passwords lock 127.0.0.1 whatever each one claimed."""
+    url = _web(processes, SUANLI_TRUSTED_PROXIES="")
+    session = requests.Session()
+    answers = [
+        _log_in_over_http(session, url, f"wrong-{n}", f"198.51.100.{n}").status_code
+        for n in range(settings.AXES_FAILURE_LIMIT)
+    ]
+    assert answers == [200] * (settings.AXES_FAILURE_LIMIT - 1) + [429]
+    response = _log_in_over_http(session, url, "alice-pass-123", "198.51.100.200")
+    assert response.status_code == 429 and LOCKED in response.text
+    assert list(AccessAttempt.objects.values_list("ip_address", flat=True)) == ["127.0.0.1"]
+
+
+def test_a_named_proxys_x_forwarded_for_is_believed_and_its_forged_part_is_not(
+    processes, alice, settings
+):
+    """SUANLI_TRUSTED_PROXIES names the proxy (here on 127.0.0.1): the client is the entry
+    that proxy appended (the rightmost untrusted one); what the client wrote before it is
+    never believed, so rotating it does not unlock."""
+    url = _web(processes, SUANLI_TRUSTED_PROXIES="127.0.0.1,::1")
+    session = requests.Session()
     for n in range(settings.AXES_FAILURE_LIMIT):
-        # The client writes anything before the entry our proxy appends (203.0.113.5).
-        proxy = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=f"198.51.100.{n}, 203.0.113.5")
-        _login(proxy, "alice", "wrong")
+        _log_in_over_http(session, url, "wrong", f"198.51.100.{n}, 203.0.113.5")
     assert AccessAttempt.objects.get().ip_address == "203.0.113.5"
-    proxy = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="198.51.100.99, 203.0.113.5")
-    assert _login(proxy, "alice", "alice-pass-123").status_code == 429
-    other = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="203.0.113.6")
-    assert _login(other, "alice", "alice-pass-123").status_code == 302
+    forged = _log_in_over_http(session, url, "alice-pass-123", "198.51.100.99, 203.0.113.5")
+    assert forged.status_code == 429
+    other = _log_in_over_http(requests.Session(), url, "alice-pass-123", "203.0.113.6")
+    assert other.status_code == 302 and other.headers["Location"] == "/"
+
+
+def test_a_proxy_left_unnamed_or_every_client_trusted_is_refused_at_start():
+    """SUANLI_BEHIND_PROXY alone (which believed anyone's header) and "*" stop the start."""
+    base = {k: v for k, v in os.environ.items() if k != "SUANLI_BEHIND_PROXY"}
+    for extra in ({"SUANLI_BEHIND_PROXY": "1"}, {"SUANLI_TRUSTED_PROXIES": "*"}):
+        result = subprocess.run(
+            [sys.executable, "manage.py", "check"], cwd=ROOT, env={**base, **extra},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode != 0, extra
+        assert "SUANLI_TRUSTED_PROXIES" in result.stderr, result.stderr
 
 
 @pytest.mark.browser
