@@ -340,7 +340,9 @@ class ImageOut(Schema):
     tag: str
     reference: str = Field(description="what a cluster runs: <registry>/u<you>/<name>:<tag>")
     digest: str = Field(description="the manifest's digest in the registry")
-    size_bytes: int = Field(description="its layers, compressed")
+    size_bytes: int = Field(
+        description="its size on a host's disk (its layers uncompressed), as the quota counts it"
+    )
     source: _choices(OwnImage.Source.choices)
     source_note: str
     created_at: Stamp

@@ -9,8 +9,14 @@ settings (CPU, memory, time; a build over its time is cut off and the engine rem
 step's container), on the build network (a bridge whose containers reach neither the host
 nor the private networks). Its `FROM` (and `COPY --from`) may name only a catalog image,
 one of the researcher's own images, or what SUANLI_BUILD_FROM_ALLOWED allows; anything
-else is refused before the build, with the reason. Its log goes line by line to Redis and
-to the build's Channels group (the build page's websocket), and its end is kept on the row.
+else is refused before the build, with the reason. The engine fetches nothing on a build's
+behalf: ADD names files of the context only (never a URL, a git remote or a variable), the
+engine gets a fixed set of build parameters, and the bases are on the host, checked, before
+the build starts. A build writes at most SUANLI_BUILD_MAX_BYTES (watched while it runs); an
+image is counted at its size on disk against the quota before it is pushed; the host keeps
+no copy of what a build made or pulled once it ends, and a deleted image goes from every
+engine. Its log goes line by line to Redis and to the build's Channels group (the build
+page's websocket), and its end is kept on the row.
 
 Layer: beside gateway, runner and webapps; uses registry, storage, engine, queue, models.
 """
