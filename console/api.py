@@ -5,8 +5,8 @@ Authentication is `Authorization: Bearer <token>` only (never the session cookie
 there is no CSRF surface); each researcher is rate-limited across all their tokens
 (`SUANLI_API_RATE_PER_MIN` a minute, counted atomically in Redis) and holds at most
 `SUANLI_API_TOKENS_MAX` live tokens (console/models.py), and failed tokens count with
-failed log-ins against the client's address: at `AXES_FAILURE_LIMIT` the address gets 429 for the cool-off, valid
-tokens too. The schemas (console/api_schema.py) check types and shapes; the rules are the
+failed log-ins against the client's address: at `AXES_FAILURE_LIMIT` the address gets
+429 for the cool-off, valid tokens too. The schemas (console/api_schema.py) check types and shapes; the rules are the
 forms' and services', the same as the pages'. Every object is looked up through its owner:
 another researcher's is 404. Errors are JSON: `{"error": "...", "fields": {"name": ["..."]}}`,
 with the fields named as the API names them. The OpenAPI document is generated from this
