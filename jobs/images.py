@@ -947,10 +947,12 @@ class _Leftovers:
                 _remove_image(client, ref)
             for image_id in reversed(self.steps):
                 try:
-                    tags = client.api.inspect_image(image_id).get("RepoTags") or []
+                    attrs = client.api.inspect_image(image_id)
                 except docker.errors.DockerException:
                     continue  # gone with the image above it
-                if not tags:
+                # Made here by a build (no tag, never pulled): a base (tagged, or pulled
+                # by its digest) stays.
+                if not attrs.get("RepoTags") and not attrs.get("RepoDigests"):
                     _remove_image(client, image_id, patient=True)
         finally:
             client.close()
@@ -1344,21 +1346,26 @@ _STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 
 class _Watch:
     """A build's disk use while it runs, polled from the engine every
-    SUANLI_BUILD_POLL_S: the layers its steps committed (each stage's newest step image
-    less the image the stage starts from) and the writable layer of the step running now
-    (its container's SizeRw). Past the limit the build is cut off, as on its time limit:
-    the engine cancels the build and removes the step's container. The classic builder
-    names both in its log (` ---> Running in <container>`, ` ---> <image>`)."""
+    SUANLI_BUILD_POLL_S: the layers its steps committed (each step image's size less its
+    parent's, as the engine records them) and the writable layers of its step containers
+    (their SizeRw). Past the limit the build is cut off, as on its time limit: the engine
+    cancels the build and removes the step's container.
+
+    The classic builder names both in the build's output (` ---> Running in <container>`,
+    ` ---> <image>`), which also carries what the researcher's steps print: a step may
+    print lines that look like the engine's. So what is read only ever adds: a container
+    or an image named once is measured until the engine no longer has it, and nothing the
+    output says (a step line, "Using cache") makes one count less. A line made up by a
+    step can only name what its author knows (IDs are digests: another tenant's are not
+    known) and at most makes its own build count more."""
 
     def __init__(self, host: Host, limit: int, cut_off, left: _Leftovers):
         self.host, self.limit, self.cut_off, self.left = host, limit, cut_off, left
-        self.stages: list[list[str]] = []  # [the stage's base image, its newest step image]
-        self.container = ""
-        self.after_from = False
-        self.cached = False
+        self.images: list[str] = []  # step images named, oldest first
+        self.containers: list[str] = []  # step containers named
         self.written = 0
         self.over = False
-        self.sizes: dict[str, int] = {}
+        self.own: dict[str, int] = {}  # image -> its own layer's bytes (fixed once committed)
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.client = engine.client_for(host, timeout=30)
@@ -1366,36 +1373,24 @@ class _Watch:
         self.thread.start()
 
     def read(self, text: str) -> None:
-        """One piece of the build's log: which step runs, in which container, to which image."""
+        """A piece of the build's output: the containers and images it names."""
         for line in text.split("\n"):
             line = _ANSI.sub("", line).rstrip()
-            step = _STEP.match(line.strip())
             with self.lock:
-                if step:
-                    self.after_from = step.group(3).upper().startswith("FROM ")
-                    self.container, self.cached = "", False
-                elif line == " ---> Using cache":
-                    self.cached = True
-                elif got := _RUNNING_IN.match(line):
-                    self.container = got.group(1)
+                if got := _RUNNING_IN.match(line):
+                    if got.group(1) not in self.containers:
+                        self.containers.append(got.group(1))
                 elif got := _STEP_IMAGE.match(line):
-                    image = got.group(1)
-                    if self.after_from:
-                        self.stages.append([image, image])
-                        self.after_from = False
-                    elif self.stages:
-                        self.stages[-1][1] = image
-                        if not self.cached:  # committed by this build: removed at its end
-                            self.left.steps.append(image)
-                    self.container = ""
+                    if got.group(1) not in self.images:
+                        self.images.append(got.group(1))
+                        self.left.steps.append(got.group(1))  # removed at the end if untagged
 
     def measure(self) -> int:
         with self.lock:
-            stages = [list(s) for s in self.stages]
-            container = self.container
-        committed = sum(max(0, self._size(new) - self._size(base)) for base, new in stages)
+            named_images, named_containers = list(self.images), list(self.containers)
+        committed = sum(self._own_bytes(image) for image in named_images)
         running = 0
-        if container:
+        for container in named_containers:
             try:
                 got = self.client.api._result(
                     self.client.api._get(
@@ -1404,19 +1399,29 @@ class _Watch:
                     ),
                     json=True,
                 )
-                running = int(got.get("SizeRw") or 0)
-            except docker.errors.DockerException:
-                running = 0  # the step ended between the log line and this
+            except docker.errors.NotFound:
+                with self.lock:  # committed and removed: its image is counted instead
+                    if container in self.containers:
+                        self.containers.remove(container)
+                continue
+            running += int(got.get("SizeRw") or 0)
         self.written = committed + running
         return self.written
 
-    def _size(self, image: str) -> int:
-        if image not in self.sizes:
+    def _own_bytes(self, image: str) -> int:
+        """What the image's own layer takes: its size less its parent's. An image without
+        a parent here (pulled, imported: a base) was not written by a build."""
+        if image not in self.own:
             try:
-                self.sizes[image] = int(self.client.api.inspect_image(image).get("Size") or 0)
+                attrs = self.client.api.inspect_image(image)
+                parent = attrs.get("Parent") or ""
+                size = int(attrs.get("Size") or 0)
+                if parent:
+                    size -= int(self.client.api.inspect_image(parent).get("Size") or 0)
+                self.own[image] = max(0, size) if parent else 0
             except docker.errors.DockerException:
                 return 0
-        return self.sizes[image]
+        return self.own[image]
 
     def _loop(self) -> None:
         while not self.done.wait(settings.SUANLI_BUILD_POLL_S):

@@ -409,6 +409,21 @@ def test_a_build_writing_past_its_limit_is_stopped_while_it_runs(hosts, alice, s
     assert not _left_on(client, marker, since), "the build's step images stay"
     assert not OwnImage.objects.exists()
 
+    # The step's own output may look like the engine's (a new step, a cached one): it
+    # hides nothing of what the step writes.
+    decoy = f"{marker}-decoy"
+    dockerfile = (
+        f"FROM {TEST_IMAGE}\nRUN echo {decoy} > /first\n"
+        f"RUN echo ' ---> Using cache'; echo 'Step 9/9 : ENV {decoy}=1'; echo ' ---> Running in "
+        f"{'0' * 64}'; head -c 200000000 /dev/zero > /big && sleep 60 && echo slept-$((6*7))\n"
+    )
+    build = images.build_create(owner=alice, name="decoy", tag="v1", dockerfile=dockerfile)
+    assert images.run(build.pk) == "failed"
+    build.refresh_from_db()
+    assert build.error.startswith("stopped: the build wrote"), build.error
+    assert "slept-42" not in build.log
+    assert not _left_on(client, decoy, since), "the build's step images stay"
+
 
 def test_a_1_gb_build_is_counted_at_its_size_and_no_engine_keeps_a_copy(
     hosts, alice, settings, work_queue
