@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs import webhooks
-from jobs.models import Cluster, ClusterEvent, GpuSlot, Host, Job, JobEvent, Node, WorkspaceApp
+from jobs.models import Cluster, ClusterEvent, Host, Job, JobEvent, Node, WorkspaceApp
 from jobs.queue import enqueue_by_name, enqueue_unique
 from jobs.text import Text, argument, json_of, reason_fields, stored_reason
 
@@ -185,10 +185,12 @@ def cancel_jobs_of(cluster: Cluster, reason: str | Text) -> None:
 
 
 def free_nodes(nodes, now) -> int:
-    """The nodes end at `now` and give their GPU slots back."""
-    ids = [n.pk for n in nodes]
-    GpuSlot.objects.filter(node_id__in=ids).update(node=None)
-    return Node.objects.filter(pk__in=ids).update(released_at=now)
+    """The nodes end at `now` (their charge stops there) but keep holding their GPU slots:
+    a process of theirs may still run on those GPUs, with its memory, until the engine
+    confirms their containers are gone or stopped (`workspaces.free_gpus`, run by the
+    removal and stop tasks, a replica's end and the reconciler). Placement skips a slot
+    while it is held (`GpuSlot.node` set), so no other tenant gets it before then."""
+    return Node.objects.filter(pk__in=[n.pk for n in nodes]).update(released_at=now)
 
 
 BY_OWNER = Text(gettext_noop("released by its owner"))
@@ -196,7 +198,8 @@ BY_OWNER = Text(gettext_noop("released by its owner"))
 
 @transaction.atomic
 def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Cluster:
-    """Give the cluster's capacity back at once. Idempotent."""
+    """Release the cluster: its charge stops at this second, its GPUs go back once its
+    containers are gone (`free_nodes`; the removal task queued here). Idempotent."""
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
         return cluster
@@ -330,4 +333,6 @@ def cluster_requeue_preempted(*, cluster_id: int) -> bool:
         at=now,
     )
     request_placement()
+    # Its GPUs go to others once its workspaces are gone (free_nodes).
+    enqueue_by_name("jobs.tasks.cluster_nodes_ended", cluster.pk, job_id=f"ended-{cluster.pk}")
     return True

@@ -819,6 +819,19 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
             pass  # the reconciler removes leftovers
     if updated:
         settle(replica.job_id)
+    if Node.objects.filter(
+        pk=replica.node_id, released_at__isnull=False, slots__isnull=False
+    ).exists():
+        free_gpus(host_ids=[replica.host_id])  # its node ended while it ran: its GPUs go back
+
+
+def free_gpus(**which) -> int:
+    """Ended nodes' GPUs back once their engines confirm (workspaces.free_gpus); a
+    placement pass when some came back."""
+    freed = workspaces.free_gpus(**which)
+    if freed:
+        lifecycle.request_placement()
+    return freed
 
 
 # Attempts ended by hosts before a job is failed after all: a job that breaks every host it
@@ -1215,6 +1228,9 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
     report["killed"] = _kill_overdue_stops(now)
     report["preemptions"] = _follow_preemptions()
     report["settled"] = _settle_orphans()
+    # The safety net of a release or stop whose task gave up (an engine that was down):
+    # GPUs still held by ended nodes go back once their engines confirm.
+    report["gpus_freed"] = free_gpus()
     return report
 
 

@@ -67,6 +67,7 @@ class HostCap:
     cpu_total: int
     cpu_free: int
     swarm: str = ""  # the ID of the Docker swarm it is a member of, "" outside one
+    freeing: int = 0  # GPUs ended nodes still hold until the engine confirms (not free)
 
 
 @dataclass
@@ -116,6 +117,13 @@ class Fleet:
             .values_list("host_id")
             .annotate(n=Count("id"))
         )
+        freeing = dict(
+            GpuSlot.objects.filter(
+                host__state=Host.State.ACTIVE, node__released_at__isnull=False, **only
+            )
+            .values_list("host_id")
+            .annotate(n=Count("id"))
+        )
         cpu_used = dict(
             Node.objects.filter(
                 released_at__isnull=True, vcpus__gt=0, host__state=Host.State.ACTIVE, **only
@@ -143,6 +151,7 @@ class Fleet:
                     cpu_total=cpus or 0,
                     cpu_free=(cpus or 0) - (cpu_used.get(i) or 0),
                     swarm=swarm if state == "active" else "",
+                    freeing=freeing.get(i, 0),
                 )
                 for i, name, zone, rdma, model, gpus, cpus, state, swarm in rows
             ]
@@ -416,7 +425,24 @@ def shortage_text(cluster: Cluster, fleet: Fleet) -> str:
 
 
 def shortage(cluster: Cluster, fleet: Fleet) -> Text:
-    """Why the cluster does not fit now ("waiting for ..."), in the reader's language."""
+    """Why the cluster does not fit now ("waiting for ..."), in the reader's language; with
+    the GPUs being freed on the hosts it could use, where there are any."""
+    why = _shortage(cluster, fleet)
+    freeing = [h for h in fleet.usable_hosts(cluster) if h.freeing and not cluster.is_cpu_only]
+    if not freeing:
+        return why
+    return Text(
+        gettext_noop(
+            "%(why)s; %(n)s GPUs being freed on %(hosts)s (their last cluster's containers "
+            "are being removed)"
+        ),
+        why=why,
+        n=sum(h.freeing for h in freeing),
+        hosts=", ".join(sorted(h.name for h in freeing)[:3]),
+    )
+
+
+def _shortage(cluster: Cluster, fleet: Fleet) -> Text:
     rdma = cluster.network == Cluster.Network.RDMA
     if cluster.zone:
         where = Text(
@@ -724,7 +750,8 @@ def replace_node(node: Node, *, host_id: int, now, same_slots: bool = False) -> 
         )  # fmt: skip
         GpuSlot.objects.filter(pk__in=old_slots).update(node=fresh)
         return fresh
-    GpuSlot.objects.filter(pk__in=old_slots).update(node=None)
+    # A move: the old slots stay held by the old row until the engine of the host it leaves
+    # confirms its containers are gone (lifecycle.free_nodes).
     cluster = Cluster.objects.select_related("instance_type").get(pk=node.cluster_id)
     return place_nodes(cluster=cluster, hosts=[host_id], first_index=node.index, now=now)[0]
 
@@ -1123,6 +1150,10 @@ def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
     return list(holders.values()), soon
 
 
+def _plus(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return a[0] + b[0], a[1] + b[1]
+
+
 def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> dict[int, Text]:
     """For each on-demand request that did not fit (the first in line per resource),
     preempt spot clusters, youngest first, until it fits, then drop again any whose
@@ -1137,6 +1168,12 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
     # spot jobs) never preempts anybody.
     waited_since = timezone.now() - timedelta(seconds=settings.SUANLI_RECLAIM_AFTER_S)
     for cluster in clusters:
+        hosts = fleet.usable_hosts(cluster)
+        # GPUs being freed (lifecycle.free_nodes) come back on their own: when they are
+        # enough, nobody is preempted and the request says it waits for them.
+        freeing = {h.id: (h.freeing, 0) for h in hosts if h.freeing}
+        if freeing and _WhatIf(hosts, freeing).fits(cluster):
+            continue
         if cluster.queued_at > waited_since:
             notes[cluster.pk] = Text(
                 gettext_noop(
@@ -1145,8 +1182,8 @@ def reclaim_spot(clusters: list[Cluster], fleet: Fleet, report: PassReport) -> d
                 seconds=settings.SUANLI_RECLAIM_AFTER_S,
             )
             continue
-        hosts = fleet.usable_hosts(cluster)
-        victims = choose_victims(cluster, hosts, soon, holders)
+        coming = {h: _plus(soon.get(h, (0, 0)), freeing.get(h, (0, 0))) for h in {*soon, *freeing}}
+        victims = choose_victims(cluster, hosts, coming, holders)
         if victims is None:
             continue
         for victim in victims:

@@ -56,6 +56,10 @@ def hosts_with_occupancy() -> QuerySet[Host]:
     return Host.objects.select_related("gpu_model").annotate(
         slot_total=Count("slots", distinct=True),
         slot_held=Count("slots", filter=Q(slots__node__isnull=False), distinct=True),
+        # Held by ended nodes until the engine confirms their containers are gone.
+        slot_freeing=Count(
+            "slots", filter=Q(slots__node__released_at__isnull=False), distinct=True
+        ),
         node_count=Count("nodes", filter=Q(nodes__released_at__isnull=True), distinct=True),
         # Stopped clusters' workspaces kept here: they come back to this host on start.
         kept_count=Count(

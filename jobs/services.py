@@ -565,6 +565,9 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
         blocked = _why_blocked(cluster, kept)
         if blocked:
             raise StartBlocked(blocked, code="gpus_taken")
+        # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
+        # own processes': it takes them back as they are, no other tenant comes between.
+        _own_held(cluster).filter(host_id__in=[n.host_id for n in kept]).update(node=None)
         try:
             nodes = scheduler.place_nodes(
                 cluster=cluster, hosts=[n.host_id for n in kept], first_index=0, now=now,
@@ -644,8 +647,14 @@ def start_blocked(cluster: Cluster) -> str:
     return _why_blocked(cluster, _kept(cluster))
 
 
+def _own_held(cluster: Cluster):
+    """The GPU slots the cluster's own ended nodes still hold (lifecycle.free_nodes)."""
+    return GpuSlot.objects.filter(node__cluster=cluster, node__released_at__isnull=False)
+
+
 def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
     """Words for the page when the kept hosts cannot give the cluster its GPUs now."""
+    own = dict(_own_held(cluster).values_list("host_id").annotate(n=Count("id")))
     need: dict[int, int] = {}
     for node in kept:
         need[node.host_id] = need.get(node.host_id, 0) + (
@@ -681,7 +690,7 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
                 "%(need)s GPUs of %(model)s (its operator changed it), so waiting would not "
                 "help: start without GPUs to copy your files out, or release the cluster."
             ) % {**args, "model": cluster.gpu_model}
-        free = cap.cpu_free if cluster.is_cpu_only else cap.free
+        free = cap.cpu_free if cluster.is_cpu_only else cap.free + own.get(node.host_id, 0)
         if free < need[node.host_id]:
             args["free"] = max(free, 0)
             if cluster.is_cpu_only:

@@ -51,25 +51,45 @@ def cluster_network_ensure(cluster_id: int) -> str | None:
     except network.NetworkError as exc:
         return f"not made: {exc}"  # the job start tries again and says why it fails
     failed = workspaces.ensure(cluster_id)
+    runner.free_gpus(cluster_id=cluster_id)  # of nodes a resize or a move left behind
     return name + "".join(f"; workspace {i}: {why}" for i, why in failed.items())
 
 
 def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
-    """After release: remove the cluster's workspaces, then its networks once its
-    containers are gone; try again a little later while they are stopping (the
-    reconciler sweeps what is left)."""
+    """After release: remove the cluster's workspaces, give its GPUs back once the engines
+    confirm its containers are gone, then its networks; try again a little later while
+    they are stopping (the reconciler sweeps what is left and frees what it can)."""
     gone = workspaces.remove(cluster_id)
-    if network.remove(cluster_id) and gone:
+    runner.free_gpus(cluster_id=cluster_id)
+    held = workspaces.gpus_held(cluster_id)
+    if network.remove(cluster_id) and gone and not held:
         return True
     if tries < 5:
         enqueue_later(cluster_network_remove, cluster_id, tries + 1, delay_s=10 * (tries + 1))
     return False
 
 
+def cluster_nodes_ended(cluster_id: int, tries: int = 0) -> bool:
+    """After a preemption: the ended nodes' workspaces removed, then their GPUs given back
+    once the engines confirm; tried again a little later while they stop (the
+    reconciler's sweep is the safety net)."""
+    workspaces.remove_ended(cluster_id)
+    runner.free_gpus(cluster_id=cluster_id)
+    if not workspaces.gpus_held(cluster_id):
+        return True
+    if tries < 5:
+        enqueue_later(cluster_nodes_ended, cluster_id, tries + 1, delay_s=10 * (tries + 1))
+    return False
+
+
 def cluster_workspaces_stop(cluster_id: int, tries: int = 0) -> bool:
-    """After a stop: the kept workspaces stopped on their hosts; tried again a little later
-    while an engine does not answer (the reconciler's sweep also stops them)."""
-    if workspaces.stop(cluster_id):
+    """After a stop: the kept workspaces stopped on their hosts, then the cluster's GPUs
+    given back (nothing of it runs on them any more); tried again a little later while an
+    engine does not answer or a job's replicas are still stopping (the reconciler's sweep
+    also stops them, and frees what it can)."""
+    stopped = workspaces.stop(cluster_id)
+    runner.free_gpus(cluster_id=cluster_id)
+    if stopped and not workspaces.gpus_held(cluster_id):
         return True
     if tries < 5:
         enqueue_later(cluster_workspaces_stop, cluster_id, tries + 1, delay_s=10 * (tries + 1))

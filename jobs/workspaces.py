@@ -10,6 +10,8 @@ node row keeps its engine id. A cluster created with `workspace` off has none.
 
 Reads: clusters and nodes. Talks to: the engines. Called by the tasks after placement, a
 move or a resize (`ensure`), after release (`remove`), and by the reconciler (`sweep`).
+It also gives ended nodes' GPU slots back once their host's engine confirms that nothing
+of theirs runs on those GPUs any more (`free_gpus`).
 
 Layer: workspaces, under the gateway; uses runtime, network, engine and models.
 """
@@ -264,6 +266,12 @@ def _remove_released(cluster_id: int, live_nodes: list[Node]) -> None:
             continue
         if _remove_one(node.host, node.workspace_container):
             Node.objects.filter(pk=node.pk).update(workspace_container="")
+
+
+def remove_ended(cluster_id: int) -> None:
+    """The workspaces of the cluster's ended nodes (a preemption, a resize, a move), not
+    those a live node of it uses on the same host and index."""
+    _remove_released(cluster_id, _live_nodes(cluster_id))
 
 
 def _remove_one(host: Host, container_id: str) -> bool:

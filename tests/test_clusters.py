@@ -6,7 +6,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from django.urls import reverse
 from forms_data import cluster_form
 
-from jobs import scheduler, services
+from jobs import scheduler, services, tasks
 from jobs.models import Cluster, ClusterEvent, GpuSlot, Volume
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
@@ -193,6 +193,9 @@ def test_release_button_frees_gpus_and_the_timeline_says_so(client, alice, fleet
     response = client.post(reverse("cluster_release", args=[c.pk]), follow=True)
     body = response.content.decode()
     assert "Cluster done released; its GPUs are free again." in body
+    # Held until the removal task's engine confirms its containers are gone (none here).
+    assert GpuSlot.objects.filter(node__cluster=c).count() == 8
+    assert tasks.cluster_network_remove(c.pk)
     assert GpuSlot.objects.filter(node__isnull=False).count() == 0
     assert list(ClusterEvent.objects.filter(cluster=c).values_list("kind", flat=True)) == [
         "pending", "running", "releasing", "released",
@@ -314,6 +317,7 @@ def test_operator_releases_a_cluster_from_the_admin(client, operator, alice, fle
     assert response.status_code == 302
     c.refresh_from_db()
     assert c.state == Cluster.State.RELEASED and c.state_reason == "released by operator olga"
+    assert tasks.cluster_network_remove(c.pk)  # its GPUs back once the engine confirms
     assert GpuSlot.objects.filter(node__isnull=False).count() == 0
 
 

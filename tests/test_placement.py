@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from django.db import connection, connections
 
-from jobs import scheduler, services
+from jobs import runner, scheduler, services, tasks
 from jobs.models import Cluster, GpuSlot, Node
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -14,6 +14,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _place():
     return scheduler.place_pending()
+
+
+def _release(cluster):
+    """A release, then its removal task as the worker runs it: the GPUs come back once the
+    engine confirms the cluster's containers are gone (none were made here)."""
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
 
 
 def _hosts_of(cluster):
@@ -81,7 +88,7 @@ def test_standard_cluster_prefers_one_zone_but_spreads_when_it_must(make_host, m
     together = make_cluster(alice, "together", nodes=2, gpus=8)
     _place()
     assert sorted(_hosts_of(together)) == ["gpu-b-01", "gpu-b-02"]
-    services.cluster_release(cluster=together)
+    _release(together)
     make_host("gpu-c-01", engine=0, zone="zone-c", gpus=8)
     spread = make_cluster(alice, "spread", nodes=4, gpus=8)
     _place()
@@ -121,7 +128,7 @@ def test_draining_and_down_hosts_take_no_new_placements(
         "no active host in any zone is large enough for a node of 1 x 1 A100 80 GB"
         in waiting.state_reason
     )
-    services.cluster_release(cluster=running)
+    _release(running)
     services.host_set_draining(host=a, draining=False)
     _place()
     waiting.refresh_from_db()
@@ -142,13 +149,15 @@ def test_head_of_queue_is_not_starved_by_a_stream_of_small_requests(
     # zone-b (which the head cannot use) backfills.
     assert {_hosts_of(c)[0] for c in stream if _hosts_of(c)} == {"gpu-b-01"}
     assert sum(1 for c in stream if _hosts_of(c)) == 2
-    services.cluster_release(cluster=hog)
+    _release(hog)
     _place()
     head.refresh_from_db()
     assert head.state == Cluster.State.RUNNING and _hosts_of(head) == ["gpu-a-01"]
 
 
-def test_release_gives_gpus_back_at_once_and_places_the_next(make_host, make_cluster, alice, bob):
+def test_release_gives_gpus_back_once_the_engine_confirms_and_places_the_next(
+    make_host, make_cluster, alice, bob
+):
     make_host("gpu-a-01", engine=0, gpus=8)
     first = make_cluster(alice, "first", gpus=8)
     _place()
@@ -158,7 +167,7 @@ def test_release_gives_gpus_back_at_once_and_places_the_next(make_host, make_clu
     assert second.state == Cluster.State.PENDING
     released = services.cluster_release(cluster=first)
     assert released.state == Cluster.State.RELEASED and released.released_at is not None
-    assert GpuSlot.objects.filter(node__isnull=True).count() == 8
+    assert GpuSlot.objects.filter(node__isnull=True).count() == 0, "held until confirmed"
     assert [e.kind for e in released.events.all()] == [
         "pending",
         "running",
@@ -166,6 +175,12 @@ def test_release_gives_gpus_back_at_once_and_places_the_next(make_host, make_clu
         "released",
     ]
     assert services.cluster_release(cluster=first).released_at == released.released_at, "idempotent"
+    _place()
+    second.refresh_from_db()
+    assert second.state == Cluster.State.PENDING
+    assert "8 GPUs being freed on gpu-a-01" in second.state_reason, second.state_reason
+    assert tasks.cluster_network_remove(first.pk)  # the engine has none of its containers
+    assert GpuSlot.objects.filter(node__isnull=True).count() == 8
     _place()
     second.refresh_from_db()
     assert second.state == Cluster.State.RUNNING
@@ -183,6 +198,8 @@ def test_resize_adds_and_removes_nodes(make_host, make_cluster, alice):
     services.cluster_resize(cluster=c, nodes=1)
     c.refresh_from_db()
     assert c.nodes == 1 and len(_hosts_of(c)) == 1
+    assert GpuSlot.objects.filter(node__isnull=False).count() == 16, "held until confirmed"
+    assert runner.free_gpus(cluster_id=c.pk) == 8  # the engine has no container of it
     assert GpuSlot.objects.filter(node__isnull=False).count() == 8
     assert [e.kind for e in c.events.all()][-2:] == ["resized", "resized"]
 
@@ -280,13 +297,13 @@ def test_hosts_outside_a_swarm_take_multi_node_clusters_only_whole(make_host, ma
     with pytest.raises(Exception, match="cannot share a network"):
         services.cluster_resize(cluster=grow, nodes=2)
 
-    services.cluster_release(cluster=grow)
+    _release(grow)
     spanning = make_cluster(alice, "spanning", nodes=2, gpus=8)
     _place()
     spanning.refresh_from_db()
     assert spanning.state == Cluster.State.PENDING
     assert "must share one network" in spanning.state_reason
-    services.cluster_release(cluster=spanning)
+    _release(spanning)
     Host.objects.filter(name="gpu-a-01").update(state=Host.State.DRAINING)
     whole = make_cluster(alice, "whole", nodes=2, gpus=4)
     _place()

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import runner, scheduler, services
+from jobs import runner, scheduler, services, tasks
 from jobs.models import Cluster, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.services import JobSpec
 from jobs.storage import VolumeSpec
@@ -212,6 +212,11 @@ def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
     one = make_cluster(bob, "od-one", nodes=1, gpus=1, volumes=())
     assert scheduler.place_pending().preempted == [s3.pk], "one GPU: the youngest only"
     assert [_state(c) for c in (s1, s2)] == ["running", "running"]
+    # Its GPUs come back once the engine confirms its containers are gone (the task its
+    # requeue queues); meanwhile nobody else is preempted for them.
+    assert scheduler.place_pending().preempted == []
+    assert _state(one) == "pending"
+    assert tasks.cluster_nodes_ended(s3.pk)
     scheduler.place_pending()
     assert _state(one) == "running" and _state(s3) == "pending"
     # Different tenants: neither side is told the other's cluster names.
@@ -224,6 +229,7 @@ def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
     two = make_cluster(bob, "od-two", nodes=1, gpus=2, volumes=())
     assert scheduler.place_pending().preempted == [s1.pk]
     assert _state(s2) == "running"
+    assert tasks.cluster_nodes_ended(s1.pk)
     scheduler.place_pending()
     assert _state(two) == "running"
 

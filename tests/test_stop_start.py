@@ -80,8 +80,10 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
     assert cluster.state == "stopped" and stopped_at is not None
     queued.refresh_from_db()
     assert queued.state == Job.State.CANCELLED, "jobs are cancelled as on release"
-    assert not GpuSlot.objects.filter(host=host, node__isnull=False).exists(), "GPUs back"
+    # Held until the engine confirms its workspace stopped (no process of it on them).
+    assert GpuSlot.objects.filter(host=host, node__cluster=cluster).count() == 2
     assert tasks.cluster_workspaces_stop(cluster.pk)
+    assert not GpuSlot.objects.filter(host=host, node__isnull=False).exists(), "GPUs back"
     before.reload()
     assert before.status == "exited", "stopped, not removed"
     assert cluster.events.filter(kind="stopped").exists()
@@ -110,6 +112,7 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
     services.cluster_start(cluster=cluster, mode="wait", by="alice")
     scheduler.place_pending()
     services.cluster_release(cluster=other)
+    assert tasks.cluster_network_remove(other.pk)  # its GPUs back once the engine confirms
     scheduler.place_pending()
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
