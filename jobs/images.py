@@ -1319,6 +1319,12 @@ def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
             too_big = watch.over or (not over.is_set() and watch.measure() > limit)
         finally:
             watch.close()
+        if watch.flooded:
+            raise BuildFailed(
+                f"stopped: the build's output named more than {_NAMED_MAX} step containers "
+                "and images, more than its Dockerfile makes, so its disk use could no longer "
+                "be measured"
+            )
         if too_big:
             raise BuildFailed(
                 f"stopped: the build wrote {registry.human(watch.written)}, more than its "
@@ -1340,6 +1346,7 @@ def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
         client.close()
 
 
+_NAMED_MAX = 2 * 2000  # step images and containers one build's output may name
 _RUNNING_IN = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 _STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 
@@ -1365,6 +1372,7 @@ class _Watch:
         self.containers: list[str] = []  # step containers named
         self.written = 0
         self.over = False
+        self.flooded = False
         self.own: dict[str, int] = {}  # image -> its own layer's bytes (fixed once committed)
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -1377,6 +1385,11 @@ class _Watch:
         for line in text.split("\n"):
             line = _ANSI.sub("", line).rstrip()
             with self.lock:
+                if len(self.images) + len(self.containers) >= _NAMED_MAX:
+                    # Made up by a step (the engine names two per instruction): what it
+                    # names next could no longer be measured, so the build stops.
+                    self.flooded = True
+                    break
                 if got := _RUNNING_IN.match(line):
                     if got.group(1) not in self.containers:
                         self.containers.append(got.group(1))
@@ -1384,6 +1397,8 @@ class _Watch:
                     if got.group(1) not in self.images:
                         self.images.append(got.group(1))
                         self.left.steps.append(got.group(1))  # removed at the end if untagged
+        if self.flooded:
+            self.cut_off()
 
     def measure(self) -> int:
         with self.lock:
@@ -1419,6 +1434,13 @@ class _Watch:
                 if parent:
                     size -= int(self.client.api.inspect_image(parent).get("Size") or 0)
                 self.own[image] = max(0, size) if parent else 0
+            except docker.errors.NotFound:
+                with self.lock:  # named by a step's output, not the engine: not asked again
+                    if image in self.images:
+                        self.images.remove(image)
+                    if image in self.left.steps:
+                        self.left.steps.remove(image)
+                return 0
             except docker.errors.DockerException:
                 return 0
         return self.own[image]

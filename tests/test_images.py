@@ -470,3 +470,18 @@ def test_a_1_gb_build_is_counted_at_its_size_and_no_engine_keeps_a_copy(
     assert not registry.has_current(cb, image.reference), "the host that pulled it keeps it"
     assert not registry.has_current(ca, image.reference)
     assert not _left_on(ca, marker, since) and not _left_on(cb, marker, since)
+
+
+def test_a_build_naming_more_steps_than_it_has_is_stopped(hosts, alice):
+    """A step that prints thousands of made-up step images would push the engine's real
+    ones out of what the disk limit can follow: past what any Dockerfile makes, it stops."""
+    marker = f"{RUN_ID}-flood"
+    dockerfile = (
+        f"FROM {TEST_IMAGE}\nRUN echo {marker}; i=0; while [ $i -lt 5000 ]; do i=$((i+1)); "
+        'echo " ---> $(printf %064x $i)"; done; sleep 60; echo slept-$((6*7))\n'
+    )
+    build = images.build_create(owner=alice, name="flood", tag="v1", dockerfile=dockerfile)
+    assert images.run(build.pk) == "failed"
+    build.refresh_from_db()
+    assert build.error.startswith("stopped: the build's output named more than"), build.error
+    assert "slept-42" not in build.log
