@@ -735,7 +735,7 @@ def axes_request(address: str, client_version: str) -> HttpRequest:
     request = HttpRequest()
     request.META["REMOTE_ADDR"] = address
     request.META["HTTP_USER_AGENT"] = client_version[:255]
-    request.path = request.path_info = SSH_PATH
+    request.path = request.path_info = request.META["PATH_INFO"] = SSH_PATH
     return request
 
 

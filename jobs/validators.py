@@ -225,8 +225,6 @@ def validate_image_reference(value: str) -> None:
                 "pick another image."
             )
         )
-    if why := registry_refusal(value):
-        raise ValidationError(why)
     if names_own_image(value):
         # A researcher's own image (`<registry>/u<id>/...`): only the console's choice of
         # the owner's own images names one (console/forms.py resolves those first), never a
@@ -238,6 +236,8 @@ def validate_image_reference(value: str) -> None:
             )
             % {"repository": image_repository(value)}
         )
+    if why := registry_refusal(value):
+        raise ValidationError(why)
 
 
 _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")

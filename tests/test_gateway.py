@@ -782,3 +782,50 @@ def test_a_cluster_may_not_run_the_sftp_image_and_sftp_runs_only_the_operators(
     assert gateway_module.sftp_image_problem(found) is None
     pulled = {**found, "RepoDigests": [f"suanli/sftp@sha256:{'1' * 64}"]}
     assert "pulled from a registry" in gateway_module.sftp_image_problem(pulled)
+
+
+def test_thirty_failed_logins_lock_the_address_on_every_gateway_until_the_cool_off(
+    start_gateway, workspace_cluster, alice_key, tmp_path, settings
+):
+    """An attacker's notebook: guessing keys from one address, as fast as ssh goes."""
+    from axes.models import AccessAttempt
+
+    gw = start_gateway(AXES_COOLOFF_SECONDS=30)
+    other = start_gateway(AXES_COOLOFF_SECONDS=30)  # a second gateway process
+    login = workspaces.login_name(workspace_cluster().pk, 0)
+    limit = settings.AXES_FAILURE_LIMIT
+    # An agent offering five other keys before the right one logs in, as often as it likes:
+    # a connection that logs in counts nothing, however many keys it offered.
+    agent = [make_key(tmp_path / "agent", f"id_{n}") for n in range(5)] + [alice_key]
+    offered = [arg for key in agent for arg in ("-i", str(key.path))]
+    for _ in range(limit + 1):
+        done = subprocess.run(
+            ["ssh", *gw.options(agent[0]), *offered, "-p", str(gw.port), f"{login}@127.0.0.1",
+             "echo in"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert done.stdout == b"in\n", done.stderr
+
+    guesser = make_key(tmp_path / "guesser", "id_ed25519")
+    started = time.monotonic()
+    answers = [gw.ssh(guesser, login, "true").stderr.decode() for _ in range(30)]
+    took = time.monotonic() - started
+    assert all("may not log in as" in err for err in answers[:limit]), answers[:limit]
+    for err in answers[limit:]:
+        assert "too many failed log-ins from your address" in err, err
+        assert "may not log in" not in err, "a locked address gets no key looked at"
+    print(f"30 guesses in {took:.2f} s")
+
+    # The right key from that address is refused too, in words, on every gateway process.
+    for each in (gw, other):
+        done = each.ssh(alice_key, login, "echo in")
+        assert done.returncode == 255 and done.stdout == b""
+        assert b"too many failed log-ins from your address" in done.stderr, done.stderr
+    attempt = AccessAttempt.objects.get(ip_address="127.0.0.1")
+    assert attempt.failures_since_start == limit, "a refused connection counts nothing"
+    assert attempt.path_info == "/ssh/" and attempt.user_agent.startswith("SSH-2.0-OpenSSH")
+    assert "locked out after" in gw.log.read_text()
+
+    # Once the cool-off has passed since the last failure, the right key logs in again.
+    until(lambda: other.ssh(alice_key, login, "echo in").stdout == b"in\n", timeout=60,
+          what="a login after the cool-off")  # fmt: skip
