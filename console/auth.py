@@ -44,6 +44,15 @@ def client_ip(request: HttpRequest) -> str | None:
         return None
 
 
+def attempt_username(request: HttpRequest, credentials: dict | None = None) -> str | None:
+    """AXES_USERNAME_CALLABLE: the typed username as axes records it, cut to its column's
+    255 characters. Django's login form does not bound what it authenticates, and a longer
+    name made the failure's write fail: a 500 instead of the form's error, uncounted."""
+    source = credentials if credentials else getattr(request, "data", request.POST)
+    name = source.get(getattr(settings, "AXES_USERNAME_FORM_FIELD", "username"))
+    return name[:255] if isinstance(name, str) else name
+
+
 def cool_off_s(request: HttpRequest) -> int:
     cool_off = get_cool_off(request)
     return int(cool_off.total_seconds()) if cool_off else 0

@@ -173,6 +173,7 @@ AXES_COOLOFF_TIME = timedelta(
 )
 AXES_LOCKOUT_PARAMETERS = ["ip_address"]
 AXES_CLIENT_IP_CALLABLE = "console.auth.client_ip"
+AXES_USERNAME_CALLABLE = "console.auth.attempt_username"  # cut to the column's length
 AXES_LOCKOUT_CALLABLE = "console.auth.lockout_response"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from axes.models import AccessAttempt
 from browsing import free_port
 from django.conf import settings as django_settings
 from django.core import mail
@@ -320,6 +321,17 @@ def test_ssh_key_ids_beyond_the_keys_range_are_refused_with_a_sentence(world):
     assert response.status_code == 200 and "Select a valid choice. ² is not one" in page
     assert not Cluster.objects.filter(name="k").exists()
     assert SshKey.objects.count() == 1 and Pool.objects.count() == 1
+
+
+def test_a_username_longer_than_any_is_a_failed_log_in_not_a_500(alice):
+    """Django's login form authenticates a name of any length; the failure it records had
+    a 255-character column, and its write failed (a 500, the failure uncounted)."""
+    for url in ("/login/", "/admin/login/"):
+        response = Client().post(url, {"username": "a" * 3000, "password": "wrong"})
+        assert response.status_code == 200 and "correct username" in (
+            response.content.decode()
+        ), url
+    assert AccessAttempt.objects.get().failures_since_start == 2
 
 
 # -- no error report shows a secret -----------------------------------------------------------
