@@ -681,10 +681,16 @@ def delete(*, owner, image: OwnImage) -> None:
     image.delete()
     # The engines' copies (the build host's, the hosts' that pulled it) go on the builds
     # queue: a slow or unreachable engine holds up no page.
+    _queue_forget(reference)
+
+
+def _queue_forget(reference: str, host_id: int | None = None) -> None:
+    key = hashlib.sha256(f"{reference} {host_id}".encode()).hexdigest()[:32]
     enqueue_by_name(
         "jobs.tasks.image_forget_local",
         reference,
-        job_id=f"image-forget-{hashlib.sha256(reference.encode()).hexdigest()[:32]}",
+        host_id,
+        job_id=f"image-forget-{key}",
         queue="builds",
     )
 
@@ -982,11 +988,12 @@ def _remove_image(client: docker.DockerClient, ref: str, *, patient: bool = Fals
             return False
 
 
-def forget_local(reference: str) -> int:
+def forget_local(reference: str, host_id: int | None = None) -> int:
     """A deleted image off every engine that has it (the build hosts, the hosts that pulled
-    it); the task after a delete. How many engines had it."""
+    it), or off one host; the task after a delete. How many engines had it."""
     removed = 0
-    for host in Host.objects.exclude(state=Host.State.DOWN):
+    hosts = Host.objects.exclude(state=Host.State.DOWN)
+    for host in hosts.filter(pk=host_id) if host_id is not None else hosts:
         try:
             client = engine.client_for(host, timeout=60)
         except docker.errors.DockerException as exc:
@@ -1688,13 +1695,22 @@ def _clean_saved_config(build: ImageBuild, host: Host, repository: str, tag: str
 
 
 def sweep_stuck() -> int:
-    """Builds whose worker died (past every limit and still running) end as failed."""
+    """Builds whose worker died (past every limit and still running) end as failed; the
+    tag the build may have left on its host goes (its step images cannot be known any
+    more: the worker kept them)."""
     limit = settings.SUANLI_BUILD_TIMEOUT_S + 2 * settings.SUANLI_IMAGE_PULL_S + 600
     cutoff = timezone.now() - timedelta(seconds=limit)
-    return ImageBuild.objects.filter(
+    stuck = ImageBuild.objects.filter(
         state__in=[ImageBuild.State.RUNNING, ImageBuild.State.PUSHING], started_at__lt=cutoff
-    ).update(
+    )
+    leftovers = {
+        (registry.reference(b.owner_id, b.name, b.tag), b.host_id) for b in stuck if b.host_id
+    }
+    swept = stuck.update(
         state=ImageBuild.State.FAILED,
         error="the build's worker stopped before it ended; build again",
         finished_at=timezone.now(),
     )
+    for reference, host_id in sorted(leftovers) if registry.enabled() else ():
+        _queue_forget(reference, host_id)
+    return swept

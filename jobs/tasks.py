@@ -161,9 +161,10 @@ def image_builds_sweep() -> int:
     return images.sweep_stuck()
 
 
-def image_forget_local(reference: str) -> int:
-    """A deleted own image off the engines that have it (queue "builds")."""
-    return images.forget_local(reference)
+def image_forget_local(reference: str, host_id: int | None = None) -> int:
+    """A deleted own image off the engines that have it, or a dead build's tag off its
+    host (queue "builds")."""
+    return images.forget_local(reference, host_id)
 
 
 # -- pools and sweeps (jobs/pools.py, jobs/sweeps.py) ---------------------------------------

@@ -485,3 +485,23 @@ def test_a_build_naming_more_steps_than_it_has_is_stopped(hosts, alice):
     build.refresh_from_db()
     assert build.error.startswith("stopped: the build's output named more than"), build.error
     assert "slept-42" not in build.log
+
+
+def test_a_build_whose_worker_died_leaves_no_tag_on_its_host(hosts, alice, work_queue):
+    """The sweep ends a build whose worker died; the image the build tagged on its host
+    (before a push that never came) goes too."""
+    a, _ = hosts
+    build = images.build_create(
+        owner=alice, name="orphan", tag="v1", dockerfile=f"FROM {TEST_IMAGE}\n"
+    )
+    reference = registry.reference(alice.pk, "orphan", "v1")
+    client = _engine(a)
+    client.images.get(TEST_IMAGE).tag(reference)  # what the build had made when it died
+    long_ago = datetime.fromtimestamp(0).astimezone()
+    ImageBuild.objects.filter(pk=build.pk).update(state="running", host=a, started_at=long_ago)
+    assert images.sweep_stuck() == 1
+    work_queue("builds")
+    build.refresh_from_db()
+    assert build.state == "failed" and "worker stopped" in build.error
+    assert not registry.has_current(client, reference), "the dead build's tag stays"
+    assert registry.has_current(client, TEST_IMAGE)
