@@ -244,9 +244,14 @@ _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
 _OWN_NAMESPACE = re.compile(r"u[0-9]+")
 
 
+def _a_port(text: str) -> bool:
+    """ASCII digits: "²".isdigit() is true, and int() refuses it (a 500 on the form)."""
+    return text.isascii() and text.isdigit() and len(text) <= 5
+
+
 def _without_port(registry: str) -> str:
     host, _, port = registry.rpartition(":")
-    return host if host and port.isdigit() else registry
+    return host if host and _a_port(port) else registry
 
 
 def _our_registry() -> str:
@@ -257,7 +262,7 @@ def _our_registry() -> str:
 def split_port(registry: str) -> tuple[str, int | None]:
     """(host, port) of a registry's `host[:port]`; port None when it names none."""
     host, _, port = registry.rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else (registry, None)
+    return (host, int(port)) if host and _a_port(port) else (registry, None)
 
 
 def _registry_addresses(host: str) -> list[IPAddress]:

@@ -44,7 +44,8 @@ HOSTILE_TEXT = [
     "NaN", "-Infinity", "18446744073709551616", "9223372036854775808", "-9223372036854775809",
     "2147483648", "-2147483649", "9" * 60, "0." + "0" * 40 + "1", "1" * 30 + ".5",
     "", " ", "\t", "\x00", "a\x00b", "%00", "../../etc/passwd", "<script>", "'; --",
-    "http://127.0.0.1:8000/", "file:///etc/passwd", "x" * 3000,
+    "http://127.0.0.1:8000/", "file:///etc/passwd", "x" * 3000, "localhost:²/x:v1",
+    "registry.example.com:³/team/x", "[::1]:①/x",
 ]  # fmt: skip
 HOSTILE_JSON = [
     "\ud800", 2**64, -(2**64), 2**63, -(2**63) - 1, 2**31, -(2**31) - 1, 2**53 + 1, 10**400, -1, 0,
@@ -137,6 +138,11 @@ def _forms(w) -> dict[str, tuple[str, dict, set[str]]]:
     c = w["cluster"]
     return {
         "cluster": ("/clusters/new/", cluster, {"ssh_keys"}),
+        "custom image": (
+            "/clusters/new/",
+            {**cluster, "image": "custom", "custom_image": TEST_IMAGE},
+            set(),
+        ),
         "job": (f"/clusters/{c}/jobs/new/", job, set()),
         "resize": (f"/clusters/{c}/resize/", {"nodes": "1"}, set()),
         "start": (f"/clusters/{c}/start/", {"mode": "gpu"}, set()),
@@ -170,8 +176,8 @@ def hostile_post(draw, base: dict, multi: set[str]) -> dict:
 
 
 FORM_NAMES = [
-    "cluster", "job", "resize", "start", "pool", "pool job", "sweep", "keys", "tokens",
-    "webhooks", "webhook", "settings", "language", "images", "save image",
+    "cluster", "custom image", "job", "resize", "start", "pool", "pool job", "sweep", "keys",
+    "tokens", "webhooks", "webhook", "settings", "language", "images", "save image",
 ]  # fmt: skip
 
 
@@ -194,10 +200,11 @@ def test_every_field_of_every_form_takes_a_digit_that_is_no_number_and_an_id_pas
     world,
 ):
     """The class of the first finding, field by field rather than by chance: "²" (isdigit()
-    is true, int() refuses it) and 2**64 (past every key) in each field of each form."""
+    is true, int() refuses it) alone and where a port goes, and 2**64 (past every key), in
+    each field of each form."""
     for name, (url, base, multi) in _forms(world).items():
         for field in base:
-            for value in ("²", str(2**64)):
+            for value in ("²", str(2**64), "localhost:²/x:v1"):
                 data = {**base, field: [value] if field in multi else value}
                 response = world["page"].post(url, data)
                 assert response.status_code < 500, (name, field, value, response.status_code)
@@ -328,9 +335,9 @@ def test_a_username_longer_than_any_is_a_failed_log_in_not_a_500(alice):
     a 255-character column, and its write failed (a 500, the failure uncounted)."""
     for url in ("/login/", "/admin/login/"):
         response = Client().post(url, {"username": "a" * 3000, "password": "wrong"})
-        assert response.status_code == 200 and "correct username" in (
-            response.content.decode()
-        ), url
+        assert response.status_code == 200 and "correct username" in (response.content.decode()), (
+            url
+        )
     assert AccessAttempt.objects.get().failures_since_start == 2
 
 
