@@ -349,7 +349,8 @@ def answering(cluster: Cluster, index: int, apps: list[WorkspaceApp]) -> dict[st
                       ["/bin/sh", "-c", LISTENING, "listening", *map(str, ports)])  # fmt: skip
         for line in found.output.decode(errors="replace").splitlines():
             port, _sep, state = line.partition(" ")
-            if state == "up" and port.isdigit():
+            # The workspace's own shell wrote this: "²" or 5,000 digits must not raise.
+            if state == "up" and port.isascii() and port.isdigit() and len(port) <= 5:
                 up.add(int(port))
     except (workspaces.WorkspaceError, *_ERRORS) as exc:
         log.info("apps of cluster %s node %s not probed: %s", cluster.pk, index, exc)
