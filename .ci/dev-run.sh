@@ -30,6 +30,7 @@ cat <<MSG
   SSH gateway:           ssh -p ${SUANLI_SSH_PORT:-2222} c<cluster>-<node>@127.0.0.1 (add a key, attach it to a cluster)
   API docs:              http://127.0.0.1:${PORT}/api/v1/docs
   Workspace apps:        http://c<cluster>-n<node>-<kind>.${SUANLI_APPS_DOMAIN}:${PORT}/ (open them from a cluster's tiles)
+  Errors are plain pages (DEBUG off, as in production); DEBUG=1 make run shows Django's.
   Ctrl-C stops every Procfile process and the services started for it.
 
 MSG
