@@ -306,12 +306,16 @@ def test_a_body_over_the_limit_is_413_in_the_apis_error_shape(alice, settings):
     }
 
 
-def test_a_form_over_the_limit_is_413_with_a_sentence(alice, client, settings):
+def test_a_form_over_the_limits_is_refused_with_a_sentence(alice, client, settings):
     settings.DEBUG = False
     client.force_login(alice)
     response = client.post("/keys/", {"name": "k", "public_key": "x" * (3 * 2**20)})
     assert response.status_code == 413
     assert "larger than the 2.5 MB this console takes" in response.content.decode()
+    fields = {f"f{n}": "x" for n in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1)}
+    response = client.post("/keys/", fields)
+    assert response.status_code == 400
+    assert "more fields or files than this console takes" in response.content.decode()
 
 
 def test_ssh_key_ids_beyond_the_keys_range_are_refused_with_a_sentence(world):
