@@ -15,6 +15,7 @@ import docker
 import pytest
 from django.db import connection
 from django.db.models import Max
+from django.urls import reverse
 from django.utils import timezone
 
 from billing import services as billing
@@ -84,7 +85,7 @@ def _bob_waits_for_them(make_cluster, bob, host) -> Cluster:
 
 
 def test_a_released_clusters_gpus_go_to_the_next_tenant_only_once_its_containers_are_removed(
-    host, make_cluster, alice, bob
+    host, make_cluster, alice, bob, operator, client
 ):
     cluster = _alices_running_workspace(make_cluster, alice, host)
     services.cluster_release(cluster=cluster)  # the removal task has not run yet
@@ -96,6 +97,10 @@ def test_a_released_clusters_gpus_go_to_the_next_tenant_only_once_its_containers
     # The engine is asked, and says the workspace still runs: nothing is given back.
     assert runner.free_gpus() == 0
     assert [c.status for c in _containers(host, cluster)] == ["running"]
+    client.force_login(operator)
+    page = client.get(reverse("ops_hosts")).content.decode()
+    assert '<div class="small muted" data-testid="gpus-freeing"' in page
+    assert "2 being freed" in page, "the operator sees why the host's GPUs are not free"
     scheduler.place_pending()
     other.refresh_from_db()
     assert other.state == "pending"
@@ -134,6 +139,28 @@ def test_a_stopped_clusters_gpus_go_to_the_next_tenant_only_once_its_workspaces_
     services.cluster_release(cluster=other)
     services.cluster_release(cluster=cluster)
     until(lambda: tasks.cluster_network_remove(other.pk), what="bob's workspace removed")
+    until(lambda: tasks.cluster_network_remove(cluster.pk), what="alice's workspace removed")
+
+
+def test_a_cluster_started_right_after_its_stop_takes_its_own_held_gpus_back(
+    host, make_cluster, alice
+):
+    """Its own workspace still running on them is no other tenant's: no need to wait."""
+    cluster = _alices_running_workspace(make_cluster, alice, host)
+    (before,) = _containers(host, cluster)
+    services.cluster_stop(cluster=cluster, by="alice")
+    assert services.start_blocked(Cluster.objects.get(pk=cluster.pk)) == ""
+    services.cluster_start(cluster=cluster, by="alice")  # the stop task has not run yet
+    cluster.refresh_from_db()
+    assert cluster.state == "running"
+    node = Node.objects.get(cluster=cluster, released_at__isnull=True)
+    assert sorted(node.gpu_indices) == [0, 1]
+    assert GpuSlot.objects.filter(node=node).count() == 2
+    assert not GpuSlot.objects.filter(node__cluster=cluster, node__released_at__isnull=False)
+    assert tasks.cluster_network_ensure(cluster.pk)
+    (after,) = _containers(host, cluster)
+    assert after.id == before.id and after.status == "running", "the same workspace"
+    services.cluster_release(cluster=cluster)
     until(lambda: tasks.cluster_network_remove(cluster.pk), what="alice's workspace removed")
 
 
