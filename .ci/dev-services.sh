@@ -121,10 +121,6 @@ ensure_docker() {
     date -Is >"$DOCKERD_MARKER"
 }
 
-cmd_start() {
-    mkdir -p "$DEV_DIR"
-    ensure_packages
-    if [[ -n "${REDIS_URL:-}" ]]; then
 # address_pool: the first of a few private /16s that overlaps no route of this machine (its
 # LAN, VPNs, other bridges) and not 172.29.0.0/16, the test services' hosts and engines.
 address_pool() {
@@ -147,6 +143,10 @@ else:
 '
 }
 
+cmd_start() {
+    mkdir -p "$DEV_DIR"
+    ensure_packages
+    if [[ -n "${REDIS_URL:-}" ]]; then
         log "using REDIS_URL from the environment ($REDIS_URL)"
     else
         REDIS_PASSWORD="$(redis_password)"

@@ -424,6 +424,10 @@ SUANLI_REGISTRY = envstr("SUANLI_REGISTRY", "")
 SUANLI_REGISTRY_USERNAME = envstr("SUANLI_REGISTRY_USERNAME", "")
 SUANLI_REGISTRY_PASSWORD = envstr("SUANLI_REGISTRY_PASSWORD", "")
 SUANLI_REGISTRY_CA = envstr("SUANLI_REGISTRY_CA", "")  # a PEM file; empty: the system's CAs
+# Engines pull from public registries and from SUANLI_REGISTRY as spelled there, never from
+# another registry on a loopback, private or link-local address (jobs/validators.py,
+# registry_refusal) unless named here: host[:port] of an operator's mirror on the LAN.
+SUANLI_PULL_ALLOW_REGISTRIES = envlist("SUANLI_PULL_ALLOW_REGISTRIES", [])
 # Builds run on hosts marked as build hosts, never privileged, with no host mounts, under
 # these limits (a build over its time is stopped), on their own network: a bridge whose
 # containers reach neither the host nor the private networks (the tenant firewall's slc+
@@ -448,7 +452,3 @@ SUANLI_IMAGE_QUOTA_COUNT = envint("SUANLI_IMAGE_QUOTA_COUNT", 20)
 SUANLI_IMAGE_QUOTA_GB = float(envstr("SUANLI_IMAGE_QUOTA_GB", "50"))
 SUANLI_IMAGE_PULL_S = envint("SUANLI_IMAGE_PULL_S", 3600)  # one pull onto a host
 SUANLI_BUILDS_PER_RESEARCHER = envint("SUANLI_BUILDS_PER_RESEARCHER", 2)  # queued or running
-# Engines pull from public registries and from SUANLI_REGISTRY as spelled there, never from
-# another registry on a loopback, private or link-local address (jobs/validators.py,
-# registry_refusal) unless named here: host[:port] of an operator's mirror on the LAN.
-SUANLI_PULL_ALLOW_REGISTRIES = envlist("SUANLI_PULL_ALLOW_REGISTRIES", [])
