@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from billing import rollups
 from billing import services as billing
 from billing.models import Account, BillLine, LedgerEntry, RateCard, UsageDay
-from jobs import scheduler
+from jobs import runner, scheduler
 from jobs import services as fleet
 from jobs.models import Host
 
@@ -193,6 +193,8 @@ def test_random_timelines_bill_every_second_once_and_exactly(
                     fleet.cluster_resize(cluster=cluster, nodes=2)
             elif what == "release":
                 fleet.cluster_release(cluster=cluster)
+                # Its GPUs back for the next example once the engine confirms (none made).
+                runner.free_gpus(cluster_id=cluster.pk)
         _check_periods(cluster, complete=False)
     for late in (t["life"] + 1, t["life"] + 1, t["life"] + 5):  # settle, replayed
         billing.accrue(now=base + timedelta(seconds=late))
