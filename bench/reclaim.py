@@ -28,7 +28,7 @@ from django.utils import timezone  # noqa: E402
 from bench.placement import make_fleet, reset  # noqa: E402
 from jobs import scheduler  # noqa: E402
 from jobs.catalog import seed_catalog  # noqa: E402
-from jobs.models import Cluster, GpuModel, Image, Node  # noqa: E402
+from jobs.models import Cluster, GpuModel, GpuSlot, Image, Node  # noqa: E402
 
 HOSTS = int(os.environ.get("BENCH_RECLAIM_HOSTS", 1000))
 
@@ -86,6 +86,9 @@ def main():
         fill_with_spot(owner, model, image)
         reclaim_s, report = one_pass(owner, model, image, nodes=nodes, gpus=gpus)
         hosts = Node.objects.filter(cluster_id__in=report.preempted).values("host").distinct()
+        # The victims' GPUs come back once their engines confirm their containers are gone
+        # (workspaces.free_gpus); this fleet has no engines, so that is written directly.
+        GpuSlot.objects.filter(node__released_at__isnull=False).update(node=None)
         scheduler.place_pending()  # the next pass places the request on what came back
         placed = Cluster.objects.filter(name="on-demand", state="running").exists()
         print(
