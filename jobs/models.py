@@ -339,7 +339,10 @@ def _collect(add, field, check, *args) -> None:
 
 
 class GpuSlot(models.Model):
-    """One GPU of one host. A slot is held by at most one node: `node` is that node."""
+    """One GPU of one host. A slot is held by at most one node: `node` is that node. A node
+    that ended (its `released_at` set) keeps its slots until the host's engine confirms
+    nothing of it runs on those GPUs (jobs.workspaces.free_gpus): placement takes only
+    slots whose `node` is empty, so no tenant gets a GPU the last one may still use."""
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="slots")
     index = models.PositiveSmallIntegerField()
