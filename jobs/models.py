@@ -959,7 +959,10 @@ class OwnImage(models.Model):
     tag = models.CharField(max_length=64, validators=[validators.validate_own_image_tag])
     reference = models.CharField(max_length=255, unique=True)
     digest = models.CharField(max_length=80, help_text="The manifest's digest in the registry.")
-    size_bytes = models.BigIntegerField(default=0, help_text="Its layers, compressed.")
+    size_bytes = models.BigIntegerField(
+        default=0,
+        help_text="Its layers uncompressed, as on a host's disk (what counts against the quota).",
+    )
     # [[digest, bytes], ...]: the quota counts each distinct layer of a researcher once.
     layers = models.JSONField(default=list, blank=True)
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.BUILD)
