@@ -12,7 +12,8 @@
 #   password generated once into .run/dev/redis.pass.
 # - The tenant firewall (jobs/scripts/host-firewall.sh) on this machine, as root:
 #   containers on Suanli's cluster networks (bridges slc<id>) reach neither this
-#   machine's services nor the private networks; nothing else is changed. The engine
+#   machine's services nor the private networks; and kernel.pid_max is raised (never lowered) for
+#   the containers' pids limits; nothing else is changed. The engine
 #   is NOT made a swarm member: one engine needs no overlay network.
 # - A key for secrets at rest, generated once into .run/dev/secrets.key, and Django's
 #   SECRET_KEY into .run/dev/secret_key (make run runs with DEBUG off, as production).

@@ -263,8 +263,12 @@ mount_btrfs_root() {
     if mountpoint -q "$dir"; then
         return 0
     fi
+    grep -qw btrfs /proc/filesystems || modprobe btrfs 2>/dev/null || grep -qw btrfs /proc/filesystems ||
+        die "this kernel has no btrfs (the test engines' data roots are btrfs on a loop file)"
+    [[ -e /dev/loop-control ]] || die "no loop devices here (/dev/loop-control): the test engines' data roots are btrfs on a loop file"
     if [[ ! -s "$image" ]]; then
         log "making a btrfs filesystem of $size on $image (sparse)"
+        mkdir -p "$(dirname "$image")"
         truncate -s "$size" "$image"
         mkfs.btrfs -q "$image" >&2 || die "mkfs.btrfs $image failed"
     fi
@@ -288,7 +292,7 @@ unmount_btrfs_root() {
     [[ -e "$image" ]] || return 0
     losetup -j "$image" -O NAME -n 2>/dev/null | while read -r loop; do
         losetup -d "$loop" 2>/dev/null || true
-    done
+    done || true
 }
 
 # stop_dockerd PIDFILE EXEC_ROOT TIMEOUT: SIGTERM the dockerd from PIDFILE,

@@ -42,8 +42,12 @@ def _masked(value):
         return masked if masked != text else value
     if isinstance(value, dict):
         return {k: _masked(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if hasattr(value, "geturl"):  # urlsplit()/urlparse() results: their netloc holds it
+        return without_credentials(value.geturl())
+    if type(value) in (list, tuple):
         return type(value)(_masked(v) for v in value)
+    if isinstance(value, list | tuple):  # named tuples and the like: as a plain tuple
+        return tuple(_masked(v) for v in value)
     return value
 
 

@@ -27,8 +27,10 @@ own addresses: the host's, its peers', the registry's, the control plane's.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
+import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -268,10 +270,17 @@ def _addresses_of(name: str, *, resolve: bool) -> list[IPAddress]:
         pass
     if not resolve:
         return []
+    # Every host check asks for every host's name: one lookup per name a minute, not per
+    # check (a fleet of N hosts would otherwise make N x N lookups each round).
+    return list(_resolved(name, int(time.monotonic() // 60)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(name: str, minute: int) -> tuple[IPAddress, ...]:
     try:
-        return addresses.resolve(name, 0)
+        return tuple(addresses.resolve(name, 0))
     except (OSError, UnicodeError):
-        return []  # a name that resolves to nothing here covers nothing we can tell
+        return ()  # a name that resolves to nothing here covers nothing we can tell
 
 
 def overlaps(host: Host) -> list[str]:

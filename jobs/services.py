@@ -567,7 +567,8 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
             raise StartBlocked(blocked, code="gpus_taken")
         # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
         # own processes': it takes them back as they are, no other tenant comes between.
-        _own_held(cluster).filter(host_id__in=[n.host_id for n in kept]).update(node=None)
+        # Only the kept nodes' own: a node a resize or a move left may still run elsewhere.
+        _own_held(cluster).filter(node__in=kept).update(node=None)
         try:
             nodes = scheduler.place_nodes(
                 cluster=cluster, hosts=[n.host_id for n in kept], first_index=0, now=now,

@@ -392,7 +392,7 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
             continue
         if key in live or key in kept:
             want = "running" if key in live else "exited"
-            if container.status in ("running", "restarting") and want == "exited":
+            if container.status in ("running", "restarting", "paused") and want == "exited":
                 _quietly(container.stop, container.name, timeout=settings.SUANLI_WORKSPACE_STOP_S)
             elif container.status not in ("running", "paused") and want == "running":
                 # Stopped from inside (`kill 1`). A paused one stays: its system disk is

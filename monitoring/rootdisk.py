@@ -25,10 +25,12 @@ Reads: clusters, hosts. Writes: the clusters' and jobs' timelines. Talks to: the
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 import docker
 from django.conf import settings
 from django.db import close_old_connections, transaction
+from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs import engine, runtime, workspaces
@@ -140,17 +142,36 @@ def _warn(cluster: Cluster, what: Text, used: int, limit_gb: int) -> str:
     return "warned"
 
 
+def grace_s() -> int:
+    """How long a workspace just started may stay over its system disk: the owner's time
+    to free space after the stop and start the pause message asks for (two rounds at
+    least, so the round right after the start never pauses it again)."""
+    return max(300, 2 * settings.SUANLI_ROOT_DISK_CHECK_S)
+
+
+def _just_started(client, container_id: str) -> bool:
+    started = (client.api.inspect_container(container_id).get("State") or {}).get("StartedAt")
+    try:
+        since = timezone.now() - datetime.fromisoformat(str(started).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return since.total_seconds() < grace_s()
+
+
 def _stop_writes(client, container_id: str, cluster: Cluster, labels: dict, what, limit_gb) -> str:
     if workspaces.LABEL in labels:
+        if _just_started(client, container_id):
+            return ""  # the owner is freeing space after a stop and start
         client.api.pause(container_id)
         message = Text(
             gettext_noop(
                 "the system disk of %(what)s reached its %(limit)s GB limit: it is paused, its "
                 "files kept. Stop and start the cluster, then free space or move files to a "
-                "volume, or release it"
+                "volume within %(minutes)s minutes, or release it"
             ),
             what=what,
             limit=limit_gb,
+            minutes=grace_s() // 60,
         )
         action = "paused"
     else:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -353,6 +354,7 @@ SECRET = f"hunter2-{uuid.uuid4().hex}"  # made here: the page shows this file's 
 def _boom(request):
     """A view that fails with a credentialled URL in its frame, as a Redis call would."""
     redis_url = django_settings.REDIS_URL  # noqa: F841 (shown among the frame's variables)
+    parts = urlsplit(redis_url)  # noqa: F841 (a named tuple: its netloc holds the password)
     raise RuntimeError("the engine went away")
 
 

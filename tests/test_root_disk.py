@@ -185,6 +185,8 @@ def test_where_the_engine_cannot_enforce_it_the_monitor_warns_at_90_and_pauses_a
     tasks.cluster_network_ensure(mine.pk)
     client, container = _workspace(mine)
     assert container.status == "running"
+    # Still over its limit, but just started: the owner has the grace to free space.
+    assert rootdisk.check_host(host) == {}, "a workspace paused again before it can be cleaned"
     assert _sh(container, "rm /tmp/big && echo freed")[1] == "freed"
     assert rootdisk.check_host(host) == {}
     for cluster in (mine, theirs):

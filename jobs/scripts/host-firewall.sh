@@ -57,7 +57,10 @@ PID_MAX=4194304
 raise_pid_max() {
     now="$(cat /proc/sys/kernel/pid_max)"
     if [ "$now" -lt "$PID_MAX" ]; then
-        echo "$PID_MAX" >/proc/sys/kernel/pid_max
+        # pid_max is the machine's, not a network namespace's; where /proc/sys is read-only
+        # (a container) say so and go on: the firewall is the point of `apply`.
+        echo "$PID_MAX" 2>/dev/null >/proc/sys/kernel/pid_max ||
+            echo "host-firewall: kernel.pid_max stays $now (not writable here): raise it to $PID_MAX on the host" >&2
     fi
 }
 
