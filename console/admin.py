@@ -43,7 +43,13 @@ class Users(UserAdmin):
         return fields if request.user.is_superuser else (*fields, *POWERS)
 
     def _staff_account(self, request, obj) -> bool:
-        return obj is not None and not request.user.is_superuser and obj.is_staff
+        """An account that holds any power (staff, superuser, a group, a permission) is a
+        superuser's to change: its password reset by another would hand over its powers."""
+        if obj is None or request.user.is_superuser:
+            return False
+        return (
+            obj.is_staff or obj.is_superuser or obj.groups.exists() or obj.user_permissions.exists()
+        )
 
     def has_change_permission(self, request, obj=None):
         return not self._staff_account(request, obj) and super().has_change_permission(request, obj)

@@ -29,7 +29,7 @@ from django.db.models import Count, Max, Min, Q
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from ninja import NinjaAPI, Query, Schema, Status
@@ -70,6 +70,7 @@ from console.api_schema import (
     SweepDetailOut,
     SweepOut,
 )
+from console.errors import too_big_words
 from console.forms import (
     CUSTOM_IMAGE,
     OWN_IMAGE,
@@ -250,8 +251,8 @@ def _http_error(request, exc):
 
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request, exc):
-    size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE / 2**20
-    return _error(413, f"The request body is larger than the {size:g} MB this console takes.")
+    with translation.override("en"):  # the API speaks English; the words are the pages' own
+        return _error(413, too_big_words())
 
 
 @api.exception_handler(Locked)

@@ -99,7 +99,13 @@ def host_name(host: str) -> str:
     host = host.strip().lower()
     if host.startswith("["):  # an IPv6 literal: never an app's
         return host.split("]", 1)[0] + "]"
-    return host.rsplit(":", 1)[0].rstrip(".") if ":" in host else host.rstrip(".")
+    if ":" in host:
+        host, port = host.rsplit(":", 1)
+        if not (port.isascii() and port.isdigit()):
+            return ""  # `app.example:443@elsewhere`: no host at all (a redirect reuses it)
+    if not re.fullmatch(r"[a-z0-9.-]+", host):
+        return ""
+    return host.rstrip(".")
 
 
 def is_app_host(host: str) -> bool:

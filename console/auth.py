@@ -28,6 +28,8 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
+from jobs import addresses
+
 # What axes records as the "username" of a failed API token: none (the token is never kept).
 _TOKEN_CREDENTIALS = {"username": None}
 
@@ -39,9 +41,10 @@ def client_ip(request: HttpRequest) -> str | None:
     left the peer otherwise, so a client rotating that header stays one address."""
     remote = request.META.get("REMOTE_ADDR")
     try:
-        return str(ipaddress.ip_address(remote)) if remote else None
+        ipaddress.ip_address(remote or "")
     except ValueError:
         return None
+    return addresses.guesser(remote)  # an IPv6 client counted by its /64
 
 
 def attempt_username(request: HttpRequest, credentials: dict | None = None) -> str | None:

@@ -4,6 +4,7 @@ console's (console/app_origin.py): run by `manage.py check` and at every start."
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.http.request import validate_host
+from django.utils.http import is_same_domain
 
 from console import app_origin
 
@@ -51,7 +52,13 @@ def apps_apart_from_the_console(app_configs=None, **kwargs) -> list:
             "console's websockets would take an app page's Origin).",
             id="suanli.E004",
         ))  # fmt: skip
-    trusted = [o for o in settings.CSRF_TRUSTED_ORIGINS if _under(o.split("://")[-1], domain)]
+    # As Django matches them: `https://*.example.net` trusts every host under example.net.
+    trusted = [
+        o
+        for o in settings.CSRF_TRUSTED_ORIGINS
+        if _under(o.split("://")[-1], domain)
+        or is_same_domain(sample, o.split("://")[-1].split(":")[0].replace("*", ""))
+    ]
     if trusted:
         problems.append(Error(
             f"CSRF_TRUSTED_ORIGINS names the apps' domain ({', '.join(trusted)}): a page an "

@@ -30,9 +30,14 @@ MASK = SafeExceptionReporterFilter.cleansed_substitute
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^\s/]*(?=@)")
 
 
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd|pass|token)=)[^&#\s]*", re.I)
+
+
 def without_credentials(text: str) -> str:
-    """`redis://:s3cret@host:6389/0` -> `redis://:********************@host:6389/0`."""
-    return _CREDENTIALS.sub(lambda m: m.group("head") + MASK, text)
+    """`redis://:s3cret@host:6389/0` -> `redis://:********************@host:6389/0`, and
+    a password given as a query value (`redis://host/0?password=s3cret`) likewise."""
+    text = _CREDENTIALS.sub(lambda m: m.group("head") + MASK, text)
+    return _QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
 
 
 def _masked(value):

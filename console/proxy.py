@@ -176,8 +176,9 @@ def match(scope) -> Route | None:
 
 
 def _cookie_values(scope) -> list[str]:
-    """The values of the proxy's own cookie, every one sent (a sibling may toss another)."""
-    names = app_origin.cookie_names()
+    """The values of the proxy's own cookie, every one sent (a sibling may toss another);
+    over HTTPS only the `__Host-` one, which no other host can have set."""
+    names = {app_origin.cookie_name(secure=_secure(scope))}
     values = []
     for name, value in scope.get("headers", []):
         if name != b"cookie":

@@ -320,6 +320,10 @@ SUANLI_ROOT_DISK_GB = envint("SUANLI_ROOT_DISK_GB", 30)
 SUANLI_ROOT_DISK_CHECK_S = envint("SUANLI_ROOT_DISK_CHECK_S", 60)
 SUANLI_MEM_LIMIT_MB = envint("SUANLI_MEM_LIMIT_MB", 8192)
 SUANLI_SHM_SIZE_MB = envint("SUANLI_SHM_SIZE_MB", 2048)
+# What one container's output may take on its host's disk (3 rotated files of this size),
+# and the tmpfs over each VOLUME an image declares (counted in the container's memory).
+SUANLI_CONTAINER_LOG_MB = envint("SUANLI_CONTAINER_LOG_MB", 100)
+SUANLI_IMAGE_VOLUME_MB = envint("SUANLI_IMAGE_VOLUME_MB", 1024)
 SUANLI_MASTER_PORT_BASE = envint("SUANLI_MASTER_PORT_BASE", 29500)
 # MTU of the hosts' network: cluster bridges use it, overlays 50 bytes less (VXLAN).
 SUANLI_NETWORK_MTU = envint("SUANLI_NETWORK_MTU", 1500)
@@ -428,6 +432,12 @@ SUANLI_REGISTRY_CA = envstr("SUANLI_REGISTRY_CA", "")  # a PEM file; empty: the 
 # another registry on a loopback, private or link-local address (jobs/validators.py,
 # registry_refusal) unless named here: host[:port] of an operator's mirror on the LAN.
 SUANLI_PULL_ALLOW_REGISTRIES = envlist("SUANLI_PULL_ALLOW_REGISTRIES", [])
+# The public registries (host[:port] as references spell them) besides Docker Hub that
+# clusters may pull from: a researcher never hands the engine a registry of their choosing.
+SUANLI_PULL_REGISTRIES = envlist(
+    "SUANLI_PULL_REGISTRIES",
+    ["ghcr.io", "nvcr.io", "quay.io", "registry.k8s.io", "gcr.io", "public.ecr.aws"],
+)
 # Builds run on hosts marked as build hosts, never privileged, with no host mounts, under
 # these limits (a build over its time is stopped), on their own network: a bridge whose
 # containers reach neither the host nor the private networks (the tenant firewall's slc+

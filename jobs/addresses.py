@@ -202,3 +202,17 @@ def _why_not_public(ip: IPAddress) -> str | None:
     if not ip.is_global:
         return _noop("not a public address")
     return None
+
+
+def guesser(text: str) -> str:
+    """The address that log-in failures are counted against (web, API tokens, SSH alike):
+    an IPv4 address as it is (an IPv4-mapped IPv6 one as IPv4), an IPv6 one as the first
+    address of its /64, the smallest block one subscriber gets: a client who holds a /64
+    gains nothing by moving through it. Text that is no address stays as it is."""
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return text
+    if ip.version == 6 and ip.ipv4_mapped is None:
+        return str(ipaddress.IPv6Network(f"{ip}/64", strict=False).network_address)
+    return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)

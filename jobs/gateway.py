@@ -83,7 +83,6 @@ import contextlib
 import functools
 import inspect
 import io
-import ipaddress
 import logging
 import os
 import secrets
@@ -112,7 +111,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_noop
 from docker.types import LogConfig, Mount
 
-from jobs import engine, lifecycle, runtime, workspaces
+from jobs import addresses, engine, lifecycle, runtime, workspaces
 from jobs.models import Cluster, Host, Node
 from jobs.outage import DB_DOWN, REDIS_DOWN, Outage, close_db_connections
 from jobs.text import Text
@@ -1168,12 +1167,9 @@ class Connection(asyncssh.SSHServer):
         return True
 
     def _peer(self) -> str:
-        """The client's address (an IPv4 client of a dual-stack socket as IPv4)."""
-        peer = (self.conn.get_extra_info("peername") or ("",))[0]
-        with contextlib.suppress(ValueError):
-            ip = ipaddress.ip_address(peer.partition("%")[0])
-            return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)
-        return peer
+        """The client's address as log-in failures are counted (an IPv4 client of a
+        dual-stack socket as IPv4, an IPv6 one by its /64: addresses.guesser)."""
+        return addresses.guesser((self.conn.get_extra_info("peername") or ("",))[0])
 
     async def _count_failure(self) -> None:
         """A connection that asked to log in and ended without: one failure of its address."""

@@ -294,20 +294,17 @@ def _check_add(rest: str) -> None:
 
 
 def _add_words(rest: str) -> list[str]:
-    """ADD's sources and destination: the JSON array the engine decodes (the first JSON
-    value of the text; what follows it is ignored, as the engine ignores it), else the
-    words between spaces and tabs."""
+    """ADD's sources and destination as the engine reads them: the whole text as a JSON
+    array of strings when it is exactly one (nothing after it), else the words between
+    spaces and tabs (the engine falls back to those when its JSON parse fails, so
+    `["x"] http:${E}//host/` is two sources, the second a URL once ${E} is empty)."""
     if rest.startswith("["):
         try:
-            value, _end = json.JSONDecoder().raw_decode(rest)
+            value = json.loads(rest)
         except ValueError:
             value = None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValidationError(
-                _("ADD %(args)s: write its JSON form as an array of strings.")
-                % {"args": rest[:200]}
-            )
-        return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
     return [w for w in re.split(r"[ \t]+", rest) if w]
 
 

@@ -334,6 +334,10 @@ def pull(
     `every` seconds and once at the end. Raises RegistryError with the engine's words."""
     sizes: dict[str, int] = {}
     total = 0
+    if not in_registry(ref) and (why := registry_refusal(ref)):
+        raise RegistryError(
+            why
+        )  # a build's base too: the engine contacts no registry of ours to choose
     if in_registry(ref):
         repo, tag = split(ref)
         _digest, man = manifest(repo, tag)

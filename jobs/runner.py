@@ -428,7 +428,8 @@ def _launch(job: Job, replicas: list[Replica], replica: Replica, spec: runtime.C
         client = engine.cached_client(replica.host)
 
         def create():
-            return client.containers.create(spec.image, name=spec.name, **spec.kwargs)
+            kwargs = runtime.with_image_volumes(client, spec.image, spec.kwargs)
+            return client.containers.create(spec.image, name=spec.name, **kwargs)
 
         if registry.in_registry(spec.image):  # a researcher's own image: pulled with progress
             own = job.cluster.own_image
@@ -504,7 +505,7 @@ def _drop_unstarted(job: Job) -> None:
     ).select_related("host"):
         try:
             engine.cached_client(replica.host).containers.get(replica.container_name).remove(
-                force=True
+                force=True, v=True
             )
         except (docker.errors.DockerException, engine.EngineError, OSError):
             pass  # not there (the usual case), or the reconciler removes it later
@@ -814,7 +815,7 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
             )
     if container is not None:
         try:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
         except docker.errors.DockerException:
             pass  # the reconciler removes leftovers
     if updated:
@@ -1191,7 +1192,7 @@ def reconcile(*, stuck_after_s: int = 60) -> dict:
             ).exists():
                 continue
             try:
-                container.remove(force=True)
+                container.remove(force=True, v=True)
                 report["removed"] += 1
             except docker.errors.DockerException:
                 pass

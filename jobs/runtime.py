@@ -14,9 +14,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+import docker
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from docker.types import DeviceRequest, Mount, Ulimit
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from jobs import network, storage
 from jobs.models import Cluster, Host, Job, Node, Replica
@@ -224,6 +225,12 @@ def node_container_kwargs(
         "hostname": name,
         "init": True,  # a real PID 1 forwards SIGTERM to the command and reaps zombies
         "detach": True,
+        # What it prints is kept by the engine on the host's disk: a few rotated files, so
+        # `yes` in a loop cannot fill it (the live and stored logs read the same files).
+        "log_config": LogConfig(
+            type="json-file",
+            config={"max-size": f"{settings.SUANLI_CONTAINER_LOG_MB}m", "max-file": "3"},
+        ),
     }
     if node.host.root_disk_enforced:
         # The system disk: the engine's storage driver refuses writes past it (ENOSPC or
@@ -269,3 +276,26 @@ def is_ours(replica: Replica, labels: dict) -> bool:
     return labels.get(LABEL_JOB) == str(replica.job_id) and labels.get(LABEL_ATTEMPT) == str(
         replica.attempt
     )
+
+
+def with_image_volumes(client: docker.DockerClient, image: str, kwargs: dict) -> dict:
+    """`kwargs` plus a bounded tmpfs over each VOLUME the image declares that no volume of
+    the cluster covers: the engine would otherwise make an anonymous volume for it on the
+    host's disk, outside the system disk's limit and its measure, and keep it after the
+    container. A tmpfs is counted in the container's memory and goes with it."""
+    try:
+        declared = (client.images.get(image).attrs.get("Config") or {}).get("Volumes") or {}
+    except docker.errors.ImageNotFound:
+        return kwargs  # create says so; it is pulled and this is asked again
+    taken = {m["Target"] for m in kwargs.get("mounts") or []}
+    extra = [
+        Mount(
+            target=path,
+            source=None,
+            type="tmpfs",
+            tmpfs_size=settings.SUANLI_IMAGE_VOLUME_MB * 2**20,
+        )
+        for path in sorted(declared)
+        if path not in taken
+    ]
+    return {**kwargs, "mounts": [*(kwargs.get("mounts") or []), *extra]} if extra else kwargs

@@ -433,7 +433,7 @@ def shortage(cluster: Cluster, fleet: Fleet) -> Text:
         return why
     return Text(
         gettext_noop(
-            "%(why)s; %(n)s GPUs being freed on %(hosts)s (their last cluster's containers "
+            "%(why)s; GPUs being freed on %(hosts)s: %(n)s (their last cluster's containers "
             "are being removed)"
         ),
         why=why,

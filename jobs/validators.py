@@ -327,7 +327,7 @@ def registry_refusal(value: str) -> str | None:
     named = image_repository(value).partition("/")[0]
     ours = _our_registry().partition("/")[0]
     allowed = {r.strip().lower() for r in getattr(settings, "SUANLI_PULL_ALLOW_REGISTRIES", [])}
-    if named == "docker.io" or named == ours or named in allowed:
+    if named in _DOCKER_HUB or named == ours or named in allowed:
         return None
     host, _port = split_port(named)
     for ip in _registry_addresses(host):
@@ -344,6 +344,16 @@ def registry_refusal(value: str) -> str | None:
             "pull images from public registries only (and from Suanli's own, under Your "
             "images)."
         ) % {"registry": named, "why": _(why), "address": ip}
+    public = [r.strip().lower() for r in getattr(settings, "SUANLI_PULL_REGISTRIES", []) if r]
+    if named not in public:
+        # A registry the researcher names is a server the engine contacts from the host:
+        # its name could resolve elsewhere for the host than here (split or rebinding DNS),
+        # its token realm or redirects could point into the hosts' networks. So only the
+        # public registries the operator lists.
+        return _(
+            "%(registry)s is not among the registries clusters pull from: Docker Hub, "
+            "%(registries)s, and Suanli's own (Your images). Ask an operator to add it."
+        ) % {"registry": named, "registries": ", ".join(public) or "-"}
     return None
 
 

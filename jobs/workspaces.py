@@ -24,6 +24,7 @@ import re
 
 import docker
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils.translation import gettext as _
 
@@ -170,12 +171,20 @@ def _up(cluster: Cluster, node: Node, network_name: str):
             node.host, made.image, cluster_id=cluster.pk, digest=own.digest if own else ""
         )
     try:
-        container = client.containers.create(made.image, name=made.name, **made.kwargs)
+        container = client.containers.create(
+            made.image,
+            name=made.name,
+            **runtime.with_image_volumes(client, made.image, made.kwargs),
+        )
     except docker.errors.ImageNotFound:
         if made.image.startswith(KEEP_REPOSITORY + "/"):
             raise  # a save is never pulled from anywhere: only this engine has it
         registry.pull_public(client, made.image)
-        container = client.containers.create(made.image, name=made.name, **made.kwargs)
+        container = client.containers.create(
+            made.image,
+            name=made.name,
+            **runtime.with_image_volumes(client, made.image, made.kwargs),
+        )
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
             raise
@@ -188,7 +197,15 @@ def _up(cluster: Cluster, node: Node, network_name: str):
             # them, a resize onto a second host): made again with its files.
             container = _remake(client, container, made, cluster.pk, node.index, node.host)
     if container.status != "running":
-        container.start()
+        # Under the node's row lock, as free_gpus checks it: a stop or release committed
+        # while this was pulled or made must not be followed by a start on GPUs that
+        # free_gpus may already have given to the next tenant.
+        with transaction.atomic():
+            live = Node.objects.select_for_update().filter(
+                pk=node.pk, released_at__isnull=True, cluster__state=Cluster.State.RUNNING
+            )
+            if live.exists():
+                container.start()
     return container
 
 
@@ -218,7 +235,7 @@ def _remake(client, old, made: runtime.ContainerSpec, cluster_id: int, index: in
             patient.api.commit(old.id, repository=repository, tag=tag)
         finally:
             patient.close()
-    old.remove(force=True)
+    old.remove(force=True, v=True)
     _flatten_if_deep(client, reference)
     return client.containers.create(keep_image(cluster_id, index), name=made.name, **made.kwargs)
 
@@ -248,7 +265,7 @@ def _flatten_if_deep(client, reference: str) -> None:
             source.export(), repository=repository, tag=tag, changes=changes
         )
     finally:
-        source.remove(force=True)
+        source.remove(force=True, v=True)
     try:
         client.images.remove(image.id)  # the old chain, untagged now
     except docker.errors.APIError as exc:
@@ -276,7 +293,7 @@ def remove_ended(cluster_id: int) -> None:
 
 def _remove_one(host: Host, container_id: str) -> bool:
     try:
-        engine.cached_client(host).containers.get(container_id).remove(force=True)
+        engine.cached_client(host).containers.get(container_id).remove(force=True, v=True)
     except docker.errors.NotFound:
         pass
     except _ERRORS as exc:
@@ -599,18 +616,22 @@ def free_gpus(*, host_ids=None, cluster_id: int | None = None) -> int:
         if not ready:
             continue
         removing = {cluster_of[n][0] for n in ready if not cluster_of[n][1]}
-        try:
-            alive, made = _busy_gpus(host, removing)
-        except _ERRORS as exc:
-            log.info("GPUs held on %s stay held: its engine did not answer: %s", host.name, exc)
-            continue
-        for node_id, gpus in ready.items():
-            owner_cluster, kept = cluster_of[node_id]
-            if gpus & alive or (not kept and gpus & made[owner_cluster]):
+        with transaction.atomic():
+            # The nodes' rows locked while the engine is asked: a workspace start (_up)
+            # waits, and then finds its node ended, instead of starting on given-back GPUs.
+            list(Node.objects.select_for_update().filter(pk__in=list(ready)).values("pk"))
+            try:
+                alive, made = _busy_gpus(host, removing)
+            except _ERRORS as exc:
+                log.info("GPUs held on %s stay held: its engine did not answer: %s", host.name, exc)
                 continue
-            # Only while this node still holds them (a start of its own cluster may have
-            # taken them over meanwhile: services.cluster_start).
-            freed += GpuSlot.objects.filter(node_id=node_id, index__in=gpus).update(node=None)
+            for node_id, gpus in ready.items():
+                owner_cluster, kept = cluster_of[node_id]
+                if gpus & alive or (not kept and gpus & made[owner_cluster]):
+                    continue
+                # Only while this node still holds them (a start of its own cluster may have
+                # taken them over meanwhile: services.cluster_start).
+                freed += GpuSlot.objects.filter(node_id=node_id, index__in=gpus).update(node=None)
     return freed
 
 

@@ -29,6 +29,7 @@ from datetime import datetime
 
 import docker
 from django.conf import settings
+from django.core.cache import cache
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
@@ -44,6 +45,7 @@ WARN_SHARE = 0.9
 GiB = 2**30
 KIND_NEAR = "system-disk"
 KIND_FULL = "system-disk-full"
+GRACE_SLACK = 64 * 2**20  # what a workspace may write while its owner cleans up
 
 
 def check_hosts(host_ids: set[int]) -> dict[str, str]:
@@ -101,8 +103,13 @@ def _judge(client, row: dict, labels: dict) -> str:
         return ""
     what = _what(labels)
     if used < limit_gb * GiB:
+        cache.delete(_paused_key(row["Id"]))
         return _warn(cluster, what, used, limit_gb)
-    return _stop_writes(client, row["Id"], cluster, labels, what, limit_gb)
+    return _stop_writes(client, row["Id"], cluster, labels, what, limit_gb, used)
+
+
+def _paused_key(container_id: str) -> str:
+    return f"suanli:rootdisk:paused:{container_id}"
 
 
 def _what(labels: dict) -> Text:
@@ -158,11 +165,22 @@ def _just_started(client, container_id: str) -> bool:
     return since.total_seconds() < grace_s()
 
 
-def _stop_writes(client, container_id: str, cluster: Cluster, labels: dict, what, limit_gb) -> str:
+def _stop_writes(
+    client, container_id: str, cluster: Cluster, labels: dict, what, limit_gb, used: int
+) -> str:
     if workspaces.LABEL in labels:
-        if _just_started(client, container_id):
-            return ""  # the owner is freeing space after a stop and start
+        key = _paused_key(container_id)
+        at_pause = cache.get(key)
+        if (
+            at_pause is not None
+            and used <= at_pause + GRACE_SLACK
+            and (_just_started(client, container_id))
+        ):
+            return ""  # the owner is freeing space after a stop and start, not writing more
         client.api.pause(container_id)
+        # The size it was first paused at: a stop and start buys time to clean up, never
+        # room to write more (kept in the monitor process; a restart only means no grace).
+        cache.set(key, min(used, at_pause if at_pause is not None else used), 30 * 86400)
         message = Text(
             gettext_noop(
                 "the system disk of %(what)s reached its %(limit)s GB limit: it is paused, its "

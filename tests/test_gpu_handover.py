@@ -79,7 +79,7 @@ def _bob_waits_for_them(make_cluster, bob, host) -> Cluster:
     """Bob asks for the same 2 GPUs; the engine still runs alice's container on them."""
     other = _whole_host(make_cluster, bob, "bobs")
     assert other.state == "pending", "placed on GPUs another tenant's container still holds"
-    assert f"2 GPUs being freed on {host.name}" in other.state_reason, other.state_reason
+    assert f"GPUs being freed on {host.name}: 2" in other.state_reason, other.state_reason
     assert GpuSlot.objects.filter(host=host, node__cluster__owner=bob).count() == 0
     return other
 

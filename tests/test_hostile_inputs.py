@@ -369,6 +369,7 @@ def secrets_in_settings(settings):
     settings.RQ_QUEUES = {"default": {"URL": url, "DEFAULT_TIMEOUT": 600}}
     settings.SUANLI_CHANNEL_HOSTS = [{"address": url, "socket_timeout": 30}]
     settings.SUANLI_SOME_DATABASE_URL = f"postgres://suanli:{SECRET}@db:5432/suanli"
+    settings.SUANLI_SOME_CACHE_URL = f"redis://cache:6379/1?password={SECRET}"
     return url
 
 

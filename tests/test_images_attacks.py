@@ -257,6 +257,8 @@ def test_no_spelling_of_add_makes_the_engine_fetch_from_the_hosts_networks(
         "upper-case scheme": f"ADD HTTP://{lo}/upper /got.txt",
         "json": f'ADD ["http://{gw}/json", "/got.txt"]',
         "json, escaped": f'ADD ["\\u0068ttp://{lo}/json-escaped", "/got.txt"]',
+        # Not JSON as a whole (text after the array): the engine splits at spaces instead.
+        "json, then a word": 'ADD ["x"] http:${E}//' + gw + "/after-json /got/",
         "--chown first": f"ADD --chown=1000:1000 http://{lo}/chown /got.txt",
         "--checksum first": f"ADD --checksum=sha256:{'0' * 64} http://{gw}/checksum /got.txt",
         "quoted flag": f'ADD "--chown=1 2" http://{lo}/quoted-flag /got.txt',

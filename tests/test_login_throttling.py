@@ -62,6 +62,18 @@ def test_another_address_is_not_locked(client, alice, settings):
     assert response.status_code == 302 and response.url == reverse("dashboard")
 
 
+def test_an_ipv6_guesser_moving_through_its_64_stays_locked(alice, settings):
+    """One subscriber holds a /64: each guess from a new address of it counts all the same;
+    the next /64 is someone else."""
+    for n in range(1, settings.AXES_FAILURE_LIMIT + 1):
+        guess = _login(Client(REMOTE_ADDR=f"2001:db8:1:2::{n:x}"), "alice", f"wrong-{n}")
+    assert guess.status_code == 429
+    right = _login(Client(REMOTE_ADDR="2001:db8:1:2:ffff::1"), "alice", "alice-pass-123")
+    assert right.status_code == 429 and LOCKED in right.content.decode()
+    neighbour = _login(Client(REMOTE_ADDR="2001:db8:1:3::1"), "alice", "alice-pass-123")
+    assert neighbour.status_code == 302
+
+
 def test_the_lock_ends_after_the_cool_off(client, alice, settings):
     _fail_until_locked(client, settings)
     with time_machine.travel(timezone.now() + timedelta(minutes=14), tick=False):

@@ -178,7 +178,7 @@ def test_release_gives_gpus_back_once_the_engine_confirms_and_places_the_next(
     _place()
     second.refresh_from_db()
     assert second.state == Cluster.State.PENDING
-    assert "8 GPUs being freed on gpu-a-01" in second.state_reason, second.state_reason
+    assert "GPUs being freed on gpu-a-01: 8" in second.state_reason, second.state_reason
     assert tasks.cluster_network_remove(first.pk)  # the engine has none of its containers
     assert GpuSlot.objects.filter(node__isnull=True).count() == 8
     _place()

@@ -196,7 +196,14 @@ def test_the_local_registry_by_its_own_name_and_public_registries_are_untouched(
     assert (
         validators.registry_refusal("nvcr.io/nvidia/pytorch:24.01-py3") is None
     )  # not resolved here
-    assert validators.registry_refusal("8.8.8.8:5000/x:v1") is None  # a public address
+    # A registry the operator did not list, public or not resolvable here (the engine's
+    # host might resolve it elsewhere), is refused: the researcher chooses no registry.
+    for other in ("8.8.8.8:5000/x:v1", "registry.attacker.invalid/x:v1", "ghcr.io.evil/x"):
+        assert "not among the registries" in validators.registry_refusal(other), other
+    assert validators.registry_refusal("ghcr.io/pytorch/x:v1") is None
+    settings.SUANLI_PULL_REGISTRIES = ["registry.example.com:5000"]
+    assert validators.registry_refusal("registry.example.com:5000/x:v1") is None
+    assert validators.registry_refusal("ghcr.io/pytorch/x:v1")
     settings.SUANLI_PULL_ALLOW_REGISTRIES = ["10.1.2.3:5000"]  # an operator's mirror on the LAN
     assert validators.registry_refusal("10.1.2.3:5000/x:v1") is None
     assert validators.registry_refusal("10.1.2.3:5001/x:v1")

@@ -18,11 +18,12 @@ import os
 
 import docker
 import pytest
+from conftest import TEST_IMAGE
 from django.urls import reverse
 from waiting import until
 
 from jobs import runner, runtime, scheduler, services, tasks, workspaces
-from jobs.models import ClusterEvent, GpuModel, Host, InstanceType, JobEvent
+from jobs.models import ClusterEvent, GpuModel, Host, Image, InstanceType, JobEvent
 from jobs.services import JobSpec
 from monitoring import rootdisk
 from monitoring.monitor import Monitor
@@ -228,3 +229,42 @@ def test_a_replica_past_its_system_disk_is_stopped_and_its_job_says_why(
     services.cluster_release(cluster=cluster)
     assert workspaces.remove(cluster.pk)
     tasks.cluster_network_remove(cluster.pk)
+
+
+def test_an_images_volume_and_its_output_stay_off_the_hosts_disk(
+    make_host, make_cluster, sizing_engine, alice
+):
+    """Two ways round the system disk: a VOLUME the image declares (the engine would make
+    an anonymous volume for it on the host's disk, unmeasured, kept after the container)
+    and what the container prints (kept by the engine on the host's disk). The VOLUME is a
+    bounded tmpfs that goes with the container; the output is a few rotated files."""
+    client = docker.DockerClient(base_url=sizing_engine, timeout=60)
+    base = client.containers.create(TEST_IMAGE, command=["true"])
+    reference = "suanli-test/with-volume:v1"
+    base.commit(repository="suanli-test/with-volume", tag="v1", changes=["VOLUME /fill"])
+    base.remove()
+    volumes_before = {v.name for v in client.volumes.list()}
+    image = Image.objects.create(name="with a VOLUME", reference=reference)
+    make_host("cpu-vol-01", engine=sizing_engine, model=None, gpus=0)
+    InstanceType.objects.update_or_create(name="cpu-1c-1g", defaults={"vcpus": 1, "memory_gb": 1})
+    cluster = make_cluster(
+        alice, "vol", cpu="cpu-1c-1g", release_policy="never", volumes=(), image=image
+    )
+    scheduler.place_pending()
+    assert "workspace" not in tasks.cluster_network_ensure(cluster.pk)
+    _, container = _workspace(cluster)
+    mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+    assert mounts["/fill"]["Type"] == "tmpfs", mounts
+    assert {v.name for v in client.volumes.list()} == volumes_before, "an anonymous volume"
+    # The attacker's dd into the image's VOLUME stops at the tmpfs's size, in its memory.
+    code, out = _sh(container, "dd if=/dev/zero of=/fill/big bs=1M count=1500 2>&1")
+    assert code != 0 and "no space left" in out.lower(), out
+    log_config = container.attrs["HostConfig"]["LogConfig"]
+    assert log_config["Type"] == "json-file" and log_config["Config"]["max-file"] == "3"
+    assert log_config["Config"]["max-size"].endswith("m"), log_config
+    services.cluster_release(cluster=cluster)
+    assert workspaces.remove(cluster.pk)
+    tasks.cluster_network_remove(cluster.pk)
+    assert {v.name for v in client.volumes.list()} == volumes_before
+    client.images.remove(reference, force=True)
+    client.close()

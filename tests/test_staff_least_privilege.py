@@ -433,6 +433,15 @@ def test_changing_users_is_not_a_way_to_every_permission(client, vera, operator,
     assert got.status_code == 403
     operator.refresh_from_db()
     assert operator.check_password("olga-pass-123")
+    # Nor an account that holds a power without staff status: its password is its powers.
+    _grant(alice, "jobs.view_job_logs")
+    got = client.post(
+        reverse("admin:auth_user_password_change", args=[alice.pk]),
+        {"password1": "taken-over-123", "password2": "taken-over-123", "usable_password": "true"},
+    )
+    assert got.status_code == 403
+    alice.refresh_from_db()
+    assert alice.check_password("alice-pass-123")
     client.force_login(operator)
     own = client.get(reverse("admin:auth_user_change", args=[vera.pk])).content.decode()
     assert 'name="is_superuser"' in own  # a superuser hands out powers
