@@ -275,6 +275,10 @@ def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_t
     cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
     done = cli("clusters", "stop", cluster.pk)
     assert f"Cluster {cluster.pk} (keep) is stopped; released at " in done.stdout
+    # Its GPUs go to the next tenant once the worker's stop task saw its workspace stopped.
+    from jobs import tasks
+
+    assert tasks.cluster_workspaces_stop(cluster.pk)
     make_cluster(bob, "takes", gpus=2, release_policy="never", volumes=())
     scheduler.place_pending()
     done = cli("clusters", "start", cluster.pk, ok=False)
