@@ -288,12 +288,14 @@ def with_image_volumes(client: docker.DockerClient, image: str, kwargs: dict) ->
     except docker.errors.ImageNotFound:
         return kwargs  # create says so; it is pulled and this is asked again
     taken = {m["Target"] for m in kwargs.get("mounts") or []}
+    # In memory: at most a quarter of the container's, so that filling it is ENOSPC, not OOM.
+    size = min(settings.SUANLI_IMAGE_VOLUME_MB * 2**20, int(kwargs.get("mem_limit") or 0) // 4)
     extra = [
         Mount(
             target=path,
             source=None,
             type="tmpfs",
-            tmpfs_size=settings.SUANLI_IMAGE_VOLUME_MB * 2**20,
+            tmpfs_size=size or settings.SUANLI_IMAGE_VOLUME_MB * 2**20,
         )
         for path in sorted(declared)
         if path not in taken

@@ -23,7 +23,7 @@ from django.urls import reverse
 from waiting import until
 
 from jobs import runner, runtime, scheduler, services, tasks, workspaces
-from jobs.models import ClusterEvent, GpuModel, Host, Image, InstanceType, JobEvent
+from jobs.models import ClusterEvent, GpuModel, Host, InstanceType, JobEvent
 from jobs.services import JobSpec
 from monitoring import rootdisk
 from monitoring.monitor import Monitor
@@ -244,11 +244,10 @@ def test_an_images_volume_and_its_output_stay_off_the_hosts_disk(
     base.commit(repository="suanli-test/with-volume", tag="v1", changes=["VOLUME /fill"])
     base.remove()
     volumes_before = {v.name for v in client.volumes.list()}
-    image = Image.objects.create(name="with a VOLUME", reference=reference)
     make_host("cpu-vol-01", engine=sizing_engine, model=None, gpus=0)
     InstanceType.objects.update_or_create(name="cpu-1c-1g", defaults={"vcpus": 1, "memory_gb": 1})
     cluster = make_cluster(
-        alice, "vol", cpu="cpu-1c-1g", release_policy="never", volumes=(), image=image
+        alice, "vol", cpu="cpu-1c-1g", release_policy="never", volumes=(), image_reference=reference
     )
     scheduler.place_pending()
     assert "workspace" not in tasks.cluster_network_ensure(cluster.pk)
