@@ -790,8 +790,8 @@ def test_thirty_failed_logins_lock_the_address_on_every_gateway_until_the_cool_o
     """An attacker's notebook: guessing keys from one address, as fast as ssh goes."""
     from axes.models import AccessAttempt
 
-    gw = start_gateway(AXES_COOLOFF_SECONDS=30)
-    other = start_gateway(AXES_COOLOFF_SECONDS=30)  # a second gateway process
+    gw = start_gateway(AXES_COOLOFF_SECONDS=12)
+    other = start_gateway(AXES_COOLOFF_SECONDS=12)  # a second gateway process
     login = workspaces.login_name(workspace_cluster().pk, 0)
     limit = settings.AXES_FAILURE_LIMIT
     # An agent offering five other keys before the right one logs in, as often as it likes:
