@@ -58,7 +58,8 @@ class Cli:
 @pytest.fixture
 def console_url(processes, make_host, priced):
     """The web process (ASGI, as the Procfile runs it), a worker and the watch process."""
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    host = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    assert host.state == "active", host.last_error  # its canary ran: clusters can be placed
     port = free_port()
     processes.start("web", env={"PORT": str(port)})
     processes.start("worker", "--worker-class", "console.rqworker.SimpleWorker")
@@ -269,7 +270,11 @@ def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_t
 
     cluster = make_cluster(alice, "keep", gpus=2, release_policy="never", volumes=())
     scheduler.place_pending()
-    until(lambda: Cluster.objects.get(pk=cluster.pk).state == "running", what="placed")
+    try:
+        until(lambda: Cluster.objects.get(pk=cluster.pk).state == "running", what="placed")
+    except AssertionError:  # say where it stands, and why
+        cluster.refresh_from_db()
+        raise AssertionError(f"not placed: {cluster.state}: {cluster.state_reason}") from None
     _, token = ApiToken.issue(user=alice, name="laptop")
     cli = Cli(tmp_path / "alice")
     cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)

@@ -602,6 +602,8 @@ def test_starting_says_plainly_what_will_not_do_and_others_get_404(running_clust
         _app_cookie(alice, elsewhere, "service"),
     )
 
+    consoles = f"sessionid={_session(alice)}"  # made here: the ORM is not async-safe
+
     async def pages():
         found = {}
         for name, host, cookie in (
@@ -609,7 +611,7 @@ def test_starting_says_plainly_what_will_not_do_and_others_get_404(running_clust
             ("no node", _host(cluster, "service", 3), node_3),
             ("bob", jupyter, bobs),
             ("anonymous", jupyter, ""),
-            ("the console's session", jupyter, f"sessionid={_session(alice)}"),
+            ("the console's session", jupyter, consoles),
             ("no such cluster", _host(elsewhere, "service"), no_such),
             ("another app's cookie", service, mine),
         ):
