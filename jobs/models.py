@@ -440,6 +440,9 @@ class Cluster(models.Model):
     network = models.CharField(max_length=10, choices=Network.choices, default=Network.STANDARD)
     zone = models.CharField(max_length=40, blank=True, help_text="Empty: any zone.")
     spot = models.BooleanField(default=False)
+    # Asked for on the form: SUANLI_STORAGE_ROOT/pub read-only at /pub in every container of
+    # its nodes (jobs/pub.py). False on clusters made before it existed.
+    pub = models.BooleanField(gettext_lazy("public datasets at /pub"), default=False)
     ssh_keys = models.ManyToManyField(SshKey, blank=True, related_name="clusters")
     workspace = models.BooleanField(
         default=True,
@@ -629,6 +632,49 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster.name}/node{self.index}"
+
+
+class PublicDataset(models.Model):
+    """A dataset or model an operator publishes (jobs/pub.py): one folder of the fleet's
+    filesystem, read-only at /pub/<name> in the containers of every cluster that asks for
+    /pub. Its files are under SUANLI_STORAGE_ROOT/pub/<name> while published, under
+    SUANLI_STORAGE_ROOT/pub-drafts/<name> (never mounted) while not."""
+
+    class Kind(models.TextChoices):
+        DATASET = "dataset", gettext_lazy("dataset")
+        MODEL = "model", gettext_lazy("model")
+
+    name = models.CharField(
+        gettext_lazy("name"),
+        max_length=64,
+        unique=True,
+        validators=[validators.validate_dataset_name],
+        help_text=gettext_lazy("Its folder: /pub/<name> in the containers, e.g. imagenet-1k."),
+    )
+    kind = models.CharField(
+        gettext_lazy("kind"), max_length=10, choices=Kind.choices, default=Kind.DATASET
+    )
+    description = models.TextField(gettext_lazy("description"), max_length=2000, blank=True)
+    # Measured by the console when it is published (or on the operator's request), not
+    # on every page view: a walk of a large dataset takes minutes.
+    size_bytes = models.BigIntegerField(gettext_lazy("size"), null=True, blank=True)
+    file_count = models.BigIntegerField(gettext_lazy("files"), null=True, blank=True)
+    published = models.BooleanField(gettext_lazy("published"), default=False)
+    published_at = models.DateTimeField(gettext_lazy("published at"), null=True, blank=True)
+    created_at = models.DateTimeField(
+        gettext_lazy("created at"), default=timezone.now, editable=False
+    )
+
+    class Meta:
+        verbose_name = gettext_lazy("public dataset or model")
+        verbose_name_plural = gettext_lazy("public datasets and models")
+        ordering = ["name"]
+        permissions = [
+            ("publish_publicdataset", "Can publish and unpublish public datasets and models"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Volume(models.Model):
@@ -1081,6 +1127,7 @@ class Pool(models.Model):
     zone = models.CharField(max_length=40, blank=True)
     spot = models.BooleanField(default=False)
     volumes = models.JSONField(default=list, blank=True)  # [{source, target, read_only}]
+    pub = models.BooleanField(gettext_lazy("public datasets at /pub"), default=False)
     min_clusters = models.PositiveSmallIntegerField(default=0)
     max_clusters = models.PositiveSmallIntegerField(default=1)
     idle_minutes = models.PositiveIntegerField(default=10)

@@ -189,6 +189,22 @@ def validate_own_image_tag(value: str) -> None:
         )
 
 
+# A published dataset's or model's name: its folder under /pub, one simple path component
+# (never hidden, never `..`), the same characters as a storage folder's.
+_DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def validate_dataset_name(value: str) -> None:
+    if not _DATASET_NAME.fullmatch(value or ""):
+        raise ValidationError(
+            _(
+                "'%(name)s' is not a folder name for /pub: use letters, digits, '.', '_' and "
+                "'-', starting with a letter or digit, at most 64 characters (e.g. imagenet-1k)."
+            )
+            % {"name": (value or "")[:80]}
+        )
+
+
 def validate_image_reference(value: str) -> None:
     value = (value or "").strip()
     if len(value) > 255 or not _IMAGE_REF.match(value):
