@@ -214,8 +214,14 @@ start_dockerd() {
         # DOCKERD_NETNS: run it in that network namespace (a test host of its own).
         # nsenter, not `ip netns exec`: the latter remounts /sys and dockerd then fails
         # with "Devices cgroup isn't mounted".
+        # DOCKERD_MNTNS: and in that mount namespace (a file made by ensure_mount_ns), where
+        # the host's own mounts (its researchers' filesystem) are.
         local prefix=()
-        [[ -n "${DOCKERD_NETNS:-}" ]] && prefix=(nsenter "--net=/var/run/netns/$DOCKERD_NETNS")
+        if [[ -n "${DOCKERD_NETNS:-}${DOCKERD_MNTNS:-}" ]]; then
+            prefix=(nsenter)
+            [[ -n "${DOCKERD_NETNS:-}" ]] && prefix+=("--net=/var/run/netns/$DOCKERD_NETNS")
+            [[ -n "${DOCKERD_MNTNS:-}" ]] && prefix+=("--mount=$DOCKERD_MNTNS")
+        fi
         setsid nohup "${prefix[@]}" dockerd --pidfile "$pidfile" "${args[@]}" </dev/null >>"$logf" 2>&1 &
         pid=$!
         local deadline=$((SECONDS + 60))
@@ -527,4 +533,128 @@ stop_registry() {
     rm -f "$dir/registry.pid"
     rm -rf "/etc/docker/certs.d/$addr:$port"
     rmdir /etc/docker/certs.d 2>/dev/null || true
+}
+
+# ------------------------------------------------------------- moosefs ----
+# The researchers' distributed filesystem of the test fleet: MooseFS (Debian's packages), a
+# master and one chunkserver on the hosts' network, mounted by the console and by every host.
+
+# mfs_write_config DIR LISTEN_IP PORT_BASE ADMIN_IP HOSTS_NET: the master's and the
+# chunkserver's configuration under DIR. Ports: PORT_BASE (metaloggers), +1 (chunkservers),
+# +2 (clients), +3 (the chunkserver's own). Only ADMIN_IP (the console) may set quotas; the
+# hosts' network may mount; nothing else may.
+mfs_write_config() {
+    local dir="$1" ip="$2" base="$3" admin="$4" net="$5"
+    mkdir -p "$dir/master" "$dir/chunks"
+    cat >"$dir/mfsmaster.cfg" <<CFG
+WORKING_USER = root
+WORKING_GROUP = root
+SYSLOG_IDENT = suanli-mfsmaster
+DATA_PATH = $dir/master
+EXPORTS_FILENAME = $dir/mfsexports.cfg
+MATOML_LISTEN_HOST = $ip
+MATOML_LISTEN_PORT = $base
+MATOCS_LISTEN_HOST = $ip
+MATOCS_LISTEN_PORT = $((base + 1))
+MATOCL_LISTEN_HOST = $ip
+MATOCL_LISTEN_PORT = $((base + 2))
+LOCK_MEMORY = 0
+CFG
+    cat >"$dir/mfsexports.cfg" <<CFG
+$admin / rw,alldirs,maproot=0,admin
+$net / rw,alldirs,maproot=0
+CFG
+    cat >"$dir/mfschunkserver.cfg" <<CFG
+WORKING_USER = root
+WORKING_GROUP = root
+SYSLOG_IDENT = suanli-mfschunkserver
+DATA_PATH = $dir/chunks
+HDD_CONF_FILENAME = $dir/mfshdd.cfg
+MASTER_HOST = $ip
+MASTER_PORT = $((base + 1))
+CSSERV_LISTEN_HOST = $ip
+CSSERV_LISTEN_PORT = $((base + 3))
+HDD_TEST_FREQ = 0
+CFG
+    mkdir -p "$dir/chunks/hdd"
+    echo "$dir/chunks/hdd" >"$dir/mfshdd.cfg"
+    [[ -s "$dir/master/metadata.mfs" || -s "$dir/master/metadata.mfs.back" ]] ||
+        echo "MFSM NEW" >"$dir/master/metadata.mfs"
+}
+
+# start_moosefs DIR: the master and the chunkserver of DIR's configuration (idempotent).
+start_moosefs() {
+    local dir="$1"
+    command -v mfsmaster >/dev/null || die "mfsmaster not installed (run .ci/install.sh moosefs-master moosefs-chunkserver moosefs-client)"
+    if ! mfsmaster -c "$dir/mfsmaster.cfg" test >/dev/null 2>&1; then
+        log "starting the MooseFS master ($dir)"
+        mfsmaster -a -c "$dir/mfsmaster.cfg" start >"$dir/master.log" 2>&1 ||
+            { tail -n 20 "$dir/master.log" >&2; die "the MooseFS master did not start"; }
+    fi
+    if ! mfschunkserver -c "$dir/mfschunkserver.cfg" test >/dev/null 2>&1; then
+        log "starting the MooseFS chunkserver"
+        mfschunkserver -c "$dir/mfschunkserver.cfg" start >"$dir/chunkserver.log" 2>&1 ||
+            { tail -n 20 "$dir/chunkserver.log" >&2; die "the MooseFS chunkserver did not start"; }
+    fi
+}
+
+stop_moosefs() {
+    local dir="$1"
+    [[ -f "$dir/mfsmaster.cfg" ]] || return 0
+    mfschunkserver -c "$dir/mfschunkserver.cfg" stop >/dev/null 2>&1 || true
+    mfsmaster -c "$dir/mfsmaster.cfg" stop >/dev/null 2>&1 || true
+}
+
+# mount_moosefs MNT MASTER_IP PORT [NSENTER ARGS...]: MooseFS at MNT (in the namespaces
+# NSENTER ARGS name, or here), unless it is mounted there already. Waits until the master
+# has a chunkserver, so the first write does not fail.
+mount_moosefs() {
+    local mnt="$1" ip="$2" port="$3"
+    shift 3
+    local in=()
+    (($#)) && in=(nsenter "$@")
+    if "${in[@]}" awk -v m="$mnt" '$2 == m && $3 == "fuse" { found = 1 } END { exit !found }' /proc/self/mounts 2>/dev/null; then
+        return 0
+    fi
+    "${in[@]}" mkdir -p "$mnt"
+    local tries
+    for tries in 1 2 3 4 5 6 7 8 9 10; do
+        if "${in[@]}" mfsmount "$mnt" -H "$ip" -P "$port" -o mfsioretries=5 >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    die "could not mount MooseFS ($ip:$port) on $mnt${in[*]:+ (in ${in[*]})}"
+}
+
+# ensure_mount_ns FILE: a persistent mount namespace bound to FILE (its folder a private
+# mount so the binding does not propagate), a copy of this one when made.
+ensure_mount_ns() {
+    local file="$1" dir
+    dir="$(dirname "$file")"
+    mkdir -p "$dir"
+    if ! mountpoint -q "$dir"; then
+        mount --bind "$dir" "$dir"
+        mount --make-private "$dir"
+    fi
+    if [[ -e "$file" ]] && nsenter "--mount=$file" true 2>/dev/null; then
+        return 0
+    fi
+    touch "$file"
+    unshare "--mount=$file" --propagation private true || die "could not make the mount namespace $file"
+}
+
+# drop_mount_ns FILE PATH...: unmount everything at each PATH inside the namespace of FILE,
+# then the namespace itself.
+drop_mount_ns() {
+    local file="$1"
+    shift
+    local m
+    if [[ -e "$file" ]] && nsenter "--mount=$file" true 2>/dev/null; then
+        for m in "$@"; do
+            nsenter "--mount=$file" sh -c 'while mountpoint -q "$1" 2>/dev/null || grep -q " $1 " /proc/self/mounts; do umount -l "$1" || break; done' _ "$m" 2>/dev/null || true
+        done
+        umount "$file" 2>/dev/null || umount -l "$file" 2>/dev/null || true
+    fi
+    rm -f "$file"
 }

@@ -22,6 +22,14 @@
 #     (jobs/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
 #     gateway's suanli/sftp:latest (OpenSSH's sftp-server alone). The two
 #     form a swarm (a manages) that carries the clusters' overlay networks.
+#   - the researchers' distributed filesystem: MooseFS (Debian's packages), a master and one
+#     chunkserver on 172.29.0.1 (ports 19419-19422), fresh each start, mounted by this
+#     machine (the console, with the right to set quotas) at $RUN_DIR/storage.
+#   - each engine's host is a machine of its own for files too: a persistent mount namespace
+#     ($RUN_DIR/mntns/E) in which a tmpfs (the host's own disk) covers $RUN_DIR/storage and
+#     MooseFS is mounted over it, so a bind source there is the same file on every host and
+#     nothing is shared by accident. `remount-storage E` mounts it again after a test took
+#     it away.
 #   - the image registry (docker-registry) on 172.29.0.1:5443 with TLS from a CA made
 #     here and a password (.ci/lib.sh start_registry); the engines trust its CA.
 #     Nothing outside those namespaces and suanli-hosts is touched: this machine's
@@ -61,12 +69,20 @@ SWARM_POOL=172.29.192.0/18
 # engine reaches it; tenant containers do not (the firewall drops private ranges).
 REGISTRY_DIR="$RUN_DIR/registry"
 REGISTRY_PORT="${SUANLI_TEST_REGISTRY_PORT:-5443}"
+# MooseFS: its state (fresh every start: the suite's files are its own), the console's mount
+# (SUANLI_STORAGE_ROOT) and the ports (metaloggers, chunkservers, clients, chunkserver).
+MFS_DIR="$RUN_DIR/moosefs"
+STORAGE_MNT="$RUN_DIR/storage"
+MFS_PORT_BASE="${SUANLI_TEST_MFS_PORT:-19419}"
+MFS_CLIENT_PORT=$((MFS_PORT_BASE + 2))
+MNTNS_DIR="$RUN_DIR/mntns"
 
 engine_dir() { printf '%s/docker-%s' "$RUN_DIR" "$1"; }
 engine_sock() { printf '%s/docker-%s.sock' "$RUN_DIR" "$1"; }
 engine_host() { printf 'unix://%s' "$(engine_sock "$1")"; }
 engine_netns() { printf 'suanli-test-%s' "$1"; }
 engine_veth() { printf 'slh-%s' "$1"; }
+engine_mntns() { printf '%s/%s' "$MNTNS_DIR" "$1"; }
 # The sparse file that holds an engine's btrfs data root (kept between runs: the image
 # cache), and its size: blocks are taken only as images and containers write them.
 engine_disk() { printf '%s/data.btrfs' "$(engine_dir "$1")"; }
@@ -242,6 +258,10 @@ start_engine() {
     # root filesystem size (`--storage-opt size=`, jobs/runtime.py) like a production host.
     mount_btrfs_root "$(engine_disk "$e")" "$dir/data" "$ENGINE_DISK_SIZE"
     mkdir -p "$dir/exec"
+    # The host's own mount namespace (made after the data root is mounted: a copy of it),
+    # with the researchers' filesystem.
+    ensure_mount_ns "$(engine_mntns "$e")"
+    host_storage "$e"
     # Forget the network and swarm state of the previous run (images stay cached):
     # every run starts from a clean network store and forms a fresh swarm. Not when a
     # test brings back an engine it killed (restart-engine): that one keeps its state.
@@ -254,7 +274,7 @@ start_engine() {
     [[ -f "$dir/daemon.json" ]] || echo '{}' >"$dir/daemon.json"
     log "starting engine $e ($host, ${ENGINE_IP[$e]} in netns $(engine_netns "$e"))"
     # Inside its own namespace the engine's docker0 is its own: it touches no other.
-    DOCKERD_NETNS="$(engine_netns "$e")" start_dockerd "$host" "$dir" "$dir/dockerd.log" "$dir/docker.pid" \
+    DOCKERD_NETNS="$(engine_netns "$e")" DOCKERD_MNTNS="$(engine_mntns "$e")" start_dockerd "$host" "$dir" "$dir/dockerd.log" "$dir/docker.pid" \
         --config-file "$dir/daemon.json" \
         --host "$host" \
         --data-root "$dir/data" \
@@ -303,6 +323,7 @@ stop_engine() {
     docker_up "$(engine_host "$e")" && "$DOCKER_CLI" -H "$(engine_host "$e")" swarm leave --force >/dev/null 2>&1 || true
     stop_dockerd "$dir/docker.pid" "$dir/exec" 20
     rm -f "$(engine_sock "$e")"
+    drop_mount_ns "$(engine_mntns "$e")" "$STORAGE_MNT"
     unmount_btrfs_root "$(engine_disk "$e")" "$dir/data"
     # dockerd leaves exec/netns/default (an nsfs bind mount) behind even on a
     # clean exit; unmount it so a plain `rm -rf .run` works later.
@@ -326,6 +347,51 @@ unmount_under() {
     done
 }
 
+# ------------------------------------------------------------- storage ----
+
+start_storage() {
+    if ! mfs_running; then
+        # Fresh every start: the suite's files are its own, and the chunks' blocks go.
+        unmount_storage_here
+        rm -rf "$MFS_DIR"
+    fi
+    mfs_write_config "$MFS_DIR" "$HOSTS_GATEWAY" "$MFS_PORT_BASE" "$HOSTS_GATEWAY" "${HOSTS_GATEWAY%.*}.0/24"
+    start_moosefs "$MFS_DIR"
+    mount_moosefs "$STORAGE_MNT" "$HOSTS_GATEWAY" "$MFS_CLIENT_PORT"
+    # One chunkserver: one copy of each chunk; deleted files go at once (no trash to count).
+    mfssetgoal -r 1 "$STORAGE_MNT" >/dev/null
+    mfssettrashtime -r 0 "$STORAGE_MNT" >/dev/null
+    chmod 0755 "$STORAGE_MNT" # the console's: it makes each researcher's root in it
+    log "MooseFS up ($HOSTS_GATEWAY:$MFS_CLIENT_PORT), mounted at $STORAGE_MNT"
+}
+
+mfs_running() { [[ -f "$MFS_DIR/mfsmaster.cfg" ]] && mfsmaster -c "$MFS_DIR/mfsmaster.cfg" test >/dev/null 2>&1; }
+
+unmount_storage_here() {
+    while mountpoint -q "$STORAGE_MNT" 2>/dev/null; do umount -l "$STORAGE_MNT" || break; done
+}
+
+stop_storage() {
+    unmount_storage_here
+    stop_moosefs "$MFS_DIR"
+    if mountpoint -q "$MNTNS_DIR" 2>/dev/null; then umount -l "$MNTNS_DIR" || true; fi
+}
+
+# host_storage E: in engine E's mount namespace, the host's own disk (a tmpfs) at the
+# storage path and MooseFS over it; a no-op when it is there.
+host_storage() {
+    local e="$1" ns
+    ns="$(engine_mntns "$e")"
+    local in=("--mount=$ns" "--net=/var/run/netns/$(engine_netns "$e")")
+    if ! nsenter "${in[@]}" awk -v m="$STORAGE_MNT" '$2 == m && $1 == "suanli-host-disk" { f = 1 } END { exit !f }' /proc/self/mounts; then
+        # What the namespace copied from this one (the console's mount) is not the host's.
+        nsenter "${in[@]}" sh -c 'while mountpoint -q "$1"; do umount -l "$1" || exit 1; done
+            mkdir -p "$1" && mount -t tmpfs -o size=256m,mode=0755 suanli-host-disk "$1"' _ "$STORAGE_MNT" ||
+            die "engine $e: could not give the host its own disk at $STORAGE_MNT"
+    fi
+    mount_moosefs "$STORAGE_MNT" "$HOSTS_GATEWAY" "$MFS_CLIENT_PORT" "${in[@]}"
+}
+
 # ---------------------------------------------------------------- main ----
 
 print_env() {
@@ -338,6 +404,10 @@ print_env() {
         "SUANLI_TEST_ENGINES=$engines" \
         "SUANLI_TEST_ENGINE_ADDRS=${ENGINE_IP[a]},${ENGINE_IP[b]}" \
         "SUANLI_TEST_ENGINE_NETNS=$(engine_netns a),$(engine_netns b)" \
+        "SUANLI_TEST_ENGINE_MNTNS=$(engine_mntns a),$(engine_mntns b)" \
+        "SUANLI_STORAGE_ROOT=$STORAGE_MNT" \
+        "SUANLI_STORAGE_FS=moosefs" \
+        "SUANLI_STORAGE_MASTER=$HOSTS_GATEWAY:$MFS_CLIENT_PORT" \
         "SUANLI_TEST_HOSTS_GATEWAY=$HOSTS_GATEWAY" \
         "SUANLI_TEST_IMAGE=$SUANLI_IMAGE" \
         "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE" \
@@ -352,7 +422,8 @@ cmd_start() {
     local e
     # No-op (dpkg-query only) when everything is already installed.
     "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables \
-        openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl btrfs-progs
+        openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl btrfs-progs \
+        moosefs-master moosefs-chunkserver moosefs-client
     # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
     # alongside. The engines start one after the other on purpose: a starting
     # dockerd flushes and recreates the shared DOCKER iptables chains, which
@@ -364,6 +435,7 @@ cmd_start() {
     start_redis "$REDIS_PORT" "$REDIS_DIR" --save '' --appendonly no --requirepass "$REDIS_PASSWORD"
     ensure_hosts_lan
     start_registry "$REGISTRY_DIR" "$HOSTS_GATEWAY" "$REGISTRY_PORT"
+    start_storage
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
     form_swarm
     build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
@@ -389,6 +461,15 @@ cmd_restart_engine() {
     KEEP_ENGINE_STATE=1 start_engine "$e"
 }
 
+# remount-storage E: the researchers' filesystem on engine E's host again, after a test
+# unmounted it there (a host whose filesystem went away).
+cmd_remount_storage() {
+    is_root || die "services.sh remount-storage needs root"
+    local e="${1:-}"
+    [[ " ${ENGINES[*]} " == *" $e "* ]] || die "remount-storage: no engine '$e' (${ENGINES[*]})"
+    host_storage "$e"
+}
+
 cmd_stop() {
     local clean="${1:-}" e
     is_root || die "services.sh stop needs root"
@@ -401,6 +482,7 @@ cmd_stop() {
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     ((rc == 0)) || die "stopping an engine failed"
     stop_registry "$REGISTRY_DIR" "$HOSTS_GATEWAY" "$REGISTRY_PORT"
+    stop_storage
     remove_hosts_lan
     REDIS_PASSWORD="$(redis_password)" stop_redis "$REDIS_PORT" "$REDIS_DIR"
     stop_postgres
@@ -426,9 +508,10 @@ case "${1:-}" in
 start) cmd_start ;;
 stop) cmd_stop "${2:-}" ;;
 restart-engine) cmd_restart_engine "${2:-}" ;;
+remount-storage) cmd_remount_storage "${2:-}" ;;
 env) print_env ;;
 *)
-    echo "usage: $0 start | stop [--clean] | restart-engine a|b | env" >&2
+    echo "usage: $0 start | stop [--clean] | restart-engine a|b | remount-storage a|b | env" >&2
     exit 2
     ;;
 esac

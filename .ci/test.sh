@@ -13,7 +13,7 @@ eval "$env_out"
 export PATH="$PWD/.venv/bin:$PATH"
 # Production-like settings, but plain HTTP for the live test server.
 export DEBUG=0 SUANLI_HTTPS=0 SUANLI_STATIC_MANIFEST=0 SECRET_KEY="test-only-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-export ALLOWED_HOSTS="localhost,127.0.0.1,testserver" SUANLI_STORAGE_ROOT="$PWD/.run/test/storage"
+export ALLOWED_HOSTS="localhost,127.0.0.1,testserver"  # SUANLI_STORAGE_ROOT: the env above (MooseFS)
 export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
 mkdir -p "$SUANLI_SCREENSHOTS" staticfiles
 

@@ -248,7 +248,18 @@ SUANLI_CANARY_IMAGE = envstr("SUANLI_CANARY_IMAGE", "suanli/busybox:latest")
 # A host that stays down this long loses its clusters' nodes to other hosts (when they
 # fit); a degraded one loses them at once. Down nodes are not charged meanwhile.
 SUANLI_HOST_DOWN_MOVE_S = envint("SUANLI_HOST_DOWN_MOVE_S", 60)
+# Researchers' storage: the same path on the console and on every host. "moosefs": the
+# researchers' distributed filesystem (MooseFS, README "Researchers' storage") is mounted
+# there everywhere, quotas are the filesystem's (mfssetquota) and each host check proves its
+# mount; "local": a folder of one machine (`make run`), no quotas enforced.
 SUANLI_STORAGE_ROOT = Path(envstr("SUANLI_STORAGE_ROOT", str(BASE_DIR / "storage")))
+SUANLI_STORAGE_FS = envstr("SUANLI_STORAGE_FS", "local")
+if SUANLI_STORAGE_FS not in ("local", "moosefs"):
+    raise ImproperlyConfigured(
+        f"SUANLI_STORAGE_FS={SUANLI_STORAGE_FS!r}: choose local (one machine) or moosefs"
+    )
+# The MooseFS master's client address (HOST:PORT) that joining hosts mount.
+SUANLI_STORAGE_MASTER = envstr("SUANLI_STORAGE_MASTER", "")
 # Where a worker writes an engine's TLS material (from the database) for the Docker SDK.
 SUANLI_TLS_DIR = Path(envstr("SUANLI_TLS_DIR", str(BASE_DIR / ".run" / "tls")))
 
@@ -331,6 +342,14 @@ SUANLI_NETWORK_MTU = envint("SUANLI_NETWORK_MTU", 1500)
 SUANLI_ACCRUAL_INTERVAL = envint("SUANLI_ACCRUAL_INTERVAL", 10)
 SUANLI_MIN_BALANCE_MINUTES = envint("SUANLI_MIN_BALANCE_MINUTES", 10)
 SUANLI_LOW_BALANCE_HOURS = envint("SUANLI_LOW_BALANCE_HOURS", 1)
+# Researchers' storage quotas (jobs/storage.py, billing/storage.py): the free part of each
+# researcher's quota in GB (1 GB = 1024³ bytes; a fraction such as 0.5 allowed), the most
+# one may hold in all, and how many entries the usage walk of a "local" storage looks at
+# before it says "at least" (MooseFS counts for itself). Above the free part, what a
+# researcher bought is charged per GB-hour at the rate card's storage price.
+SUANLI_STORAGE_FREE_GB = envstr("SUANLI_STORAGE_FREE_GB", "20")
+SUANLI_STORAGE_MAX_GB = envint("SUANLI_STORAGE_MAX_GB", 10240)
+SUANLI_STORAGE_WALK_MAX = envint("SUANLI_STORAGE_WALK_MAX", 100000)
 SUANLI_NCCL_IB_HCA = envstr("SUANLI_NCCL_IB_HCA", "mlx5")
 SUANLI_STOP_GRACE_S = envint("SUANLI_STOP_GRACE_S", 10)
 # Spot preemption: the preemption script's time limit, then SIGTERM, then SIGKILL after

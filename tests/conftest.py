@@ -2,6 +2,9 @@
 `make test` starts (.ci/services.sh). Nothing of ours is mocked."""
 
 import os
+import shutil
+import uuid
+from pathlib import Path
 
 import docker
 import pytest
@@ -144,8 +147,12 @@ def _fresh_redis(settings):
 
 @pytest.fixture
 def storage_root(settings, tmp_path):
-    settings.SUANLI_STORAGE_ROOT = tmp_path / "storage"
-    return settings.SUANLI_STORAGE_ROOT
+    """A storage root of the test's own on the researchers' filesystem (MooseFS under
+    `make test`: the same files on the console and on every test host), removed after."""
+    base = Path(os.environ.get("SUANLI_STORAGE_ROOT") or tmp_path)
+    settings.SUANLI_STORAGE_ROOT = base / f"t-{tmp_path.name}-{uuid.uuid4().hex[:8]}"
+    yield settings.SUANLI_STORAGE_ROOT
+    shutil.rmtree(settings.SUANLI_STORAGE_ROOT, ignore_errors=True)
 
 
 @pytest.fixture
