@@ -617,6 +617,13 @@ class Node(models.Model):
         help_text="When its stopped workspace stopped being kept (the cluster started again "
         "or was released). Empty while kept.",
     )
+    saved_image = models.CharField(
+        max_length=400,
+        blank=True,
+        help_text="Its workspace's root filesystem in the registry (reference@digest): on a "
+        "kept node, pushed after the stop (empty until then), so the cluster can start on "
+        "another host; on a node started elsewhere, the save its workspace is made from.",
+    )
 
     class Meta:
         verbose_name = gettext_lazy("node")
