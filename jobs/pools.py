@@ -100,6 +100,7 @@ def pool_create(*, owner, spec: PoolSpec, rate_per_hour: Decimal | None = None) 
         volumes=[
             {"source": v.source, "target": v.target, "read_only": v.read_only} for v in c.volumes
         ],
+        pub=c.pub,
         min_clusters=spec.min_clusters,
         max_clusters=spec.max_clusters,
         idle_minutes=spec.idle_minutes,
@@ -151,6 +152,7 @@ def cluster_spec(pool: Pool, name: str) -> services.ClusterSpec:
         zone=pool.zone,
         spot=pool.spot,
         volumes=tuple(VolumeSpec(**v) for v in pool.volumes),
+        pub=pool.pub,
         workspace=False,
         release_policy=Cluster.ReleasePolicy.NEVER,  # the pool releases its idle clusters
         pool=pool,

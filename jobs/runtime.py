@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import docker
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
-from jobs import network, storage
+from jobs import network, pub, storage
 from jobs.models import Cluster, Host, Job, Node, Replica
 
 LABEL_JOB = "suanli.job"
@@ -95,18 +96,26 @@ def volume_mounts(cluster: Cluster, owner_id: int) -> list[Mount]:
     them: each source is one storage folder whose every parent directory only the console
     can change (storage.ensure_folders, which also repairs the layout before, where the
     tenant owned its storage root). A volume the console no longer accepts (a sub-folder,
-    a folder swapped for a link) fails the start with what to mount instead."""
+    a folder swapped for a link) fails the start with what to mount instead. A cluster that
+    asked for /pub gets the published datasets there, read-only (jobs/pub.py)."""
     volumes = list(cluster.volumes.all())
     try:
         sources = storage.ensure_folders(
             storage.tenant_root(owner_id), volumes, uid=tenant_uid(owner_id)
         )
+        if cluster.pub and (why := pub.volumes_refusal(volumes)):
+            raise ValidationError(why)
+        public = pub.mount_source() if cluster.pub else None
     except ValidationError as exc:
         raise SpecError(" ".join(exc.messages)) from None
-    return [
+    mounts = [
         Mount(target=volume.target, source=source, type="bind", read_only=volume.read_only)
         for volume, source in zip(volumes, sources, strict=True)
     ]
+    if public is not None:
+        # The operator's published datasets, read-only for every tenant (jobs/pub.py).
+        mounts.append(Mount(target=pub.TARGET, source=public, type="bind", read_only=True))
+    return mounts
 
 
 def wrapped_command(job: Job, env: dict[str, str]) -> list[str]:
@@ -288,6 +297,17 @@ def with_image_volumes(client: docker.DockerClient, image: str, kwargs: dict) ->
     except docker.errors.ImageNotFound:
         return kwargs  # create says so; it is pulled and this is asked again
     taken = {m["Target"] for m in kwargs.get("mounts") or []}
+    if pub.TARGET in taken:
+        # Its mount point would be made inside the operator's read-only folder.
+        inside = sorted(path for path in declared if pub.covers_pub(path))
+        if inside:
+            raise SpecError(
+                _(
+                    "The image declares VOLUME %(path)s inside /pub, where the public datasets "
+                    "are mounted read-only: use an image without it, or go without /pub."
+                )
+                % {"path": inside[0]}
+            )
     # In memory: at most a quarter of the container's, so that filling it is ENOSPC, not OOM.
     size = min(settings.SUANLI_IMAGE_VOLUME_MB * 2**20, int(kwargs.get("mem_limit") or 0) // 4)
     extra = [

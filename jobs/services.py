@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
-from jobs import engine, network, runtime, scheduler, storage, validators
+from jobs import engine, network, pub, runtime, scheduler, storage, validators
 from jobs.lifecycle import (
     cancel_jobs_of,
     cluster_event,
@@ -209,6 +209,7 @@ class ClusterSpec:
     zone: str = ""
     spot: bool = False
     volumes: tuple[VolumeSpec, ...] = ()
+    pub: bool = False  # the public datasets read-only at /pub (jobs/pub.py)
     ssh_keys: tuple[SshKey, ...] = ()
     workspace: bool = True
     release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
@@ -218,6 +219,8 @@ class ClusterSpec:
 
 @transaction.atomic
 def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
+    if spec.pub and (why := pub.volumes_refusal(spec.volumes)):
+        raise ValidationError(why)
     now = timezone.now()
     cluster = Cluster.objects.create(
         owner=owner,
@@ -232,6 +235,7 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
         network=spec.network,
         zone=spec.zone,
         spot=spec.spot,
+        pub=spec.pub,
         workspace=spec.workspace,
         release_policy=spec.release_policy,
         idle_minutes=spec.idle_minutes
