@@ -107,6 +107,13 @@ class Image(models.Model):
         return self.name
 
 
+class InFleet(models.Manager):
+    """Hosts that have not left the fleet (Host.State.LEFT)."""
+
+    def get_queryset(self):
+        return super().get_queryset().exclude(state="left")
+
+
 class Host(models.Model):
     """A Docker engine the operator registered.
 
@@ -123,6 +130,8 @@ class Host(models.Model):
         DRAINING = "draining", gettext_lazy("draining")
         DEGRADED = "degraded", gettext_lazy("degraded")
         DOWN = "down", gettext_lazy("down")
+        # Left the fleet (`join.sh leave`): kept only as the history of the nodes it ran.
+        LEFT = "left", gettext_lazy("left")
 
     UNHEALTHY = (State.DEGRADED, State.DOWN)
 
@@ -216,10 +225,16 @@ class Host(models.Model):
     outage_to = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
+    # The fleet: every part of the console reads hosts through `objects`, which never
+    # shows a host that left; the admin, unique checks and a host joining again see all.
+    objects = InFleet()
+    all_objects = models.Manager()
+
     class Meta:
         verbose_name = gettext_lazy("host")
         verbose_name_plural = gettext_lazy("hosts")
         ordering = ["zone", "name"]
+        default_manager_name = "all_objects"
         # Operators' powers over running work, each granted on its own (admin and /ops/).
         permissions = [
             ("drain_host", "Can drain and undrain hosts"),
@@ -336,6 +351,58 @@ def _collect(add, field, check, *args) -> None:
         check(*args)
     except ValidationError as exc:
         add(field, exc.messages[0])
+
+
+class HostJoin(models.Model):
+    """A join token an operator made on *Hosts -> Add*, and the join (or leave) it started.
+
+    The token is `<key>.<secret>`: `key` finds the row, the secret is kept only as its
+    SHA-256 and compared in constant time (jobs/joins.py). It is used once, before
+    `expires_at`. Using it gives the host a credential of its own (`host_digest`, the
+    SHA-256 of a secret that only the host keeps, root-only) for the rest of the join, its
+    reports and a later `join.sh leave`; a newer join of the same host revokes it.
+    """
+
+    class Kind(models.TextChoices):
+        JOIN = "join", gettext_lazy("join")
+        LEAVE = "leave", gettext_lazy("leave")
+
+    key = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    # What the operator chose for the host when making the token.
+    zone = models.SlugField(max_length=40)
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    build_host = models.BooleanField(default=False)
+    address = models.GenericIPAddressField(null=True, blank=True)
+    # What happened with it.
+    kind = models.CharField(max_length=5, choices=Kind.choices, default=Kind.JOIN)
+    used_at = models.DateTimeField(null=True, blank=True)
+    host_name = models.CharField(max_length=63, blank=True)
+    host_address = models.GenericIPAddressField(null=True, blank=True)
+    host_digest = models.CharField(max_length=64, blank=True)
+    host = models.ForeignKey(
+        Host, on_delete=models.SET_NULL, null=True, blank=True, related_name="joins"
+    )
+    step = models.CharField(max_length=20, blank=True)
+    error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = gettext_lazy("host join")
+        verbose_name_plural = gettext_lazy("host joins")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.host_name or self.key} ({self.kind})"
 
 
 class GpuSlot(models.Model):
