@@ -364,6 +364,8 @@ def _cluster_form_data(body: NewCluster, owner) -> dict:
         data["ssh_keys"] = [str(k) for k in body.ssh_keys]
     if body.workspace is not False:
         data["workspace"] = "on"
+    if body.pub is not False:
+        data["pub"] = "on"
     return data
 
 
@@ -694,7 +696,7 @@ def _rank_out(r) -> dict:
 
 _POOL_SHAPE = {
     "name", "gpu_model", "instance_type", "nodes", "gpus_per_node", "image", "network", "zone",
-    "spot", "volumes",
+    "spot", "volumes", "pub",
 }  # fmt: skip
 POOL_EVENTS = 50
 

@@ -97,6 +97,7 @@ class ClusterOut(Schema):
     spot: bool
     release_policy: _choices(Cluster.ReleasePolicy.choices)
     workspace: bool = Field(description="each node has a workspace to log in to")
+    pub: bool = Field(description="the public datasets and models are read-only at /pub")
     created_at: Stamp
     running_since: Stamp | None
     released_at: Stamp | None
@@ -160,6 +161,11 @@ class NewCluster(Schema):
     ssh_keys: list[Whole] | None = Field(None, description="ids of your SSH keys")
     workspace: bool | None = Field(
         None, strict=True, description="a workspace on each node to log in to (default true)"
+    )
+    pub: bool | None = Field(
+        None,
+        strict=True,
+        description="the public datasets and models read-only at /pub (default true)",
     )
 
 
@@ -443,6 +449,11 @@ class NewPool(Schema):
     volumes: Annotated[list[str] | str | None, BeforeValidator(_lines_shape)] = Field(
         None, description="storage-folder:/container/path[:ro], one per item"
     )
+    pub: bool | None = Field(
+        None,
+        strict=True,
+        description="the public datasets and models read-only at /pub (default true)",
+    )
     min_clusters: Whole | None = Field(None, description="kept even when idle (default 0)")
     max_clusters: Whole | None = Field(
         None, description="added while jobs wait, up to this many (default 1)"
@@ -478,6 +489,7 @@ class PoolOut(Schema):
     zone: str
     spot: bool
     volumes: list[str] = Field(description="storage-folder:/container/path[:ro]")
+    pub: bool = Field(description="the public datasets and models are read-only at /pub")
     min_clusters: int
     max_clusters: int
     idle_minutes: int

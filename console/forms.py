@@ -11,8 +11,8 @@ from django.utils.translation import gettext_lazy
 
 from billing import formatting
 from billing import selectors as money
+from jobs import pub, storage, validators
 from jobs import selectors as fleet
-from jobs import storage, validators
 from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, OwnImage, Pool, SshKey
 from jobs.pools import PoolSpec
 from jobs.services import ClusterSpec, JobSpec
@@ -175,6 +175,13 @@ class ClusterForm(forms.Form):
             "path inside the container (/workspace/data/imagenet)."
         ),
     )
+    # On by default, as AutoDL's 公开数据 is always there: a read-only folder costs a cluster
+    # nothing, and an image that wants /pub for itself unticks it.
+    pub = forms.BooleanField(
+        required=False,
+        initial=True,
+        label=gettext_lazy("Public datasets and models, read-only at /pub"),
+    )
     ssh_keys = KeyChoices(
         queryset=SshKey.objects.none(),
         required=False,
@@ -280,6 +287,14 @@ class ClusterForm(forms.Form):
         self.fields["nodes"].max_value = settings.SUANLI_MAX_NODES
         self.fields["nodes"].widget.attrs["max"] = settings.SUANLI_MAX_NODES
         self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+        names = list(pub.published().values_list("name", flat=True)[:11])
+        if names:
+            shown = ", ".join(names[:10]) + (", …" if len(names) > 10 else "")
+            self.fields["pub"].help_text = _(
+                "What the operator publishes, the same on every node: %(names)s."
+            ) % {"names": shown}
+        else:
+            self.fields["pub"].help_text = _("Nothing is published yet; /pub is empty until then.")
 
     def _system_disk_note(self) -> str:
         """Each node's system disk (its root filesystem, jobs.models.root_disk_gb): the
@@ -448,6 +463,8 @@ class ClusterForm(forms.Form):
             self.add_error(
                 "idle_minutes", _("After how many idle minutes should the cluster be released?")
             )
+        if data.get("pub") and (why := pub.volumes_refusal(data.get("volumes") or ())):
+            self.add_error("volumes", why)
         self._check_funds(data, gpu_model, instance_type)
         data.update(
             gpu_model=gpu_model, instance_type=instance_type, image_obj=image, reference=reference,
@@ -502,6 +519,7 @@ class ClusterForm(forms.Form):
             zone=d.get("zone") or "",
             spot=d.get("spot", False),
             volumes=tuple(d["volumes"]),
+            pub=d.get("pub", False),
             ssh_keys=tuple(d["ssh_keys"]),
             workspace=d.get("workspace", False),
             release_policy=d["release_policy"],

@@ -377,7 +377,7 @@ def _show_cluster(c: dict, as_json: bool) -> None:
         {**_cluster_row(c), "created_at": _when(c.get("created_at")),
          "running_since": _when(c.get("running_since")), "released_at": _when(c.get("released_at"))},
         ["id", "name", "state", "state_reason", "size", "image", "network", "zone",
-         "release_policy", "created_at", "running_since", "released_at", "url"],
+         "release_policy", "pub", "created_at", "running_since", "released_at", "url"],
     )  # fmt: skip
 
 
@@ -393,6 +393,11 @@ def _show_cluster(c: dict, as_json: bool) -> None:
 @click.option("--spot", is_flag=True, help="Cheaper; the capacity can be taken back.")
 @click.option("--volume", "volumes", multiple=True, metavar="FOLDER:/PATH[:ro]", help="Repeatable.")
 @click.option(
+    "--pub/--no-pub",
+    default=None,
+    help="The public datasets and models, read-only at /pub (default: --pub).",
+)
+@click.option(
     "--release-policy",
     help="When the console gives the nodes back on its own: after_last_job (default), idle "
     "(see --idle-minutes) or never.",
@@ -400,9 +405,11 @@ def _show_cluster(c: dict, as_json: bool) -> None:
 @click.option("--idle-minutes", type=int, help="With --release-policy idle.")
 @click.option("--ssh-key", "ssh_keys", type=int, multiple=True, metavar="ID", help="Repeatable.")
 @json_option
-def clusters_create(name, gpu_model, instance_type, image, volumes, ssh_keys, as_json, **rest):
+def clusters_create(name, gpu_model, instance_type, image, volumes, pub, ssh_keys, as_json, **rest):
     """Request a cluster NAME (lower-case letters, digits, dashes); it runs once placed."""
     body = {"name": name, "image": image, "volumes": list(volumes)}
+    if pub is not None:
+        body["pub"] = pub
     if gpu_model:
         body["gpu_model"] = gpu_model
     if instance_type:
