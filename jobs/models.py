@@ -1368,3 +1368,32 @@ class Trial(models.Model):
 
     def __str__(self) -> str:
         return f"{self.sweep} #{self.number}"
+
+
+class StorageGrant(models.Model):
+    """Storage a researcher bought above the free part (SUANLI_STORAGE_FREE_GB), from a
+    second on: one row per change, never edited once billed, so that every past second
+    keeps the size it was billed at (billing/storage.py). The latest row at or before a
+    second is in force then; none: only the free part. The filesystem's quota on the
+    tenant's root is the free part plus the size in force (jobs/storage.py)."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="storage_grants"
+    )
+    extra_gb = models.PositiveIntegerField(
+        gettext_lazy("bought GB"),
+        help_text=gettext_lazy("GB above the free part (1 GB = 1024³ bytes)."),
+    )
+    since = models.DateTimeField(gettext_lazy("from"))
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = gettext_lazy("bought storage")
+        verbose_name_plural = gettext_lazy("bought storage")
+        ordering = ["owner", "-since"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "since"], name="storagegrant_one_per_second")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id}: +{self.extra_gb} GB from {self.since:%Y-%m-%d %H:%M:%S}"
