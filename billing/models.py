@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, gettext_noop
 
 from jobs.models import Cluster, GpuModel, InstanceType
 
@@ -48,6 +48,12 @@ class RateCard(models.Model):
         "stopped, per node-hour", max_digits=12, decimal_places=4, default=Decimal("0"),
         validators=[MinValueValidator(Decimal("0"))],
         help_text="A stopped cluster's kept workspaces (their disk). 0: free.",
+    )  # fmt: skip
+    storage_per_gb_hour = models.DecimalField(
+        "storage, per GB-hour", max_digits=12, decimal_places=6, default=Decimal("0.000300"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Storage a researcher bought above the free part (SUANLI_STORAGE_FREE_GB), "
+        "per GB-hour (1 GB = 1024³ bytes). 0: free.",
     )  # fmt: skip
     note = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -221,6 +227,33 @@ class Meter(models.Model):
         return f"meter of {self.cluster_id} up to {self.billed_until}"
 
 
+class StorageMeter(models.Model):
+    """How far an account's bought storage has been billed (billing/storage.py), as a
+    cluster's `Meter`: `exact` is the exact cost so far times 3600 (GB-seconds x rate per
+    GB-hour), `charged` what the ledger holds for it, always `round_half_up(exact / 3600)`.
+    It moves in whole UTC hours, up to the last hour that has ended."""
+
+    account = models.OneToOneField(
+        Account, on_delete=models.PROTECT, primary_key=True, related_name="storage_meter"
+    )
+    billed_until = models.DateTimeField()
+    exact = models.DecimalField(max_digits=40, decimal_places=10, default=Decimal("0"))
+    charged = models.DecimalField(default=Decimal("0"), **MONEY)
+
+    class Meta:
+        verbose_name = gettext_lazy("storage meter")
+        verbose_name_plural = gettext_lazy("storage meters")
+
+    def __str__(self) -> str:
+        return f"storage meter of {self.account_id} up to {self.billed_until}"
+
+
+# A storage line's resource (bill, daily usage, revenue) and memo; stored in English, shown
+# translated.
+STORAGE_RESOURCE = gettext_noop("storage (GB)")
+STORAGE_MEMO = gettext_noop("storage bought above the free part")
+
+
 class BillLine(models.Model):
     """The bill as people read it, written in the same transaction as the ledger entries
     it sums (billing.rollups): a usage line is one cluster's pieces whose period began in
@@ -264,7 +297,13 @@ class BillLine(models.Model):
                 fields=["cluster", "hour", "units", "rate", "memo"],
                 condition=models.Q(hour__isnull=False),
                 name="billline_one_per_hour",
-            )
+            ),
+            # A storage line: the account's bought storage in one UTC hour, at one size and rate.
+            models.UniqueConstraint(
+                fields=["account", "hour", "units", "rate", "memo"],
+                condition=models.Q(hour__isnull=False, cluster__isnull=True),
+                name="billline_storage_per_hour",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -280,8 +319,15 @@ class BillLine(models.Model):
         return self.hour.astimezone(UTC).strftime("%Y-%m-%dT%H") if self.hour else ""
 
     @property
+    def is_storage(self) -> bool:
+        """An hour of the storage bought above the free part (no cluster's)."""
+        return self.is_usage and self.cluster_id is None and self.hour is not None
+
+    @property
     def resource(self) -> str:
-        """The GPU model, or the CPU-only instance type (select_related both)."""
+        """The GPU model, or the CPU-only instance type (select_related both), or storage."""
+        if self.is_storage:
+            return STORAGE_RESOURCE
         if self.gpu_model_id:
             return self.gpu_model.name
         if self.cluster_id and self.cluster.instance_type_id:
