@@ -248,6 +248,42 @@ def delete(repo: str, tag: str) -> bool:
         api.close()
 
 
+def delete_manifest(repo: str, digest: str) -> bool:
+    """Deletes the manifest `digest` of `repo` (and so every tag on it). False when it was
+    not there."""
+    api = _Api()
+    try:
+        response = api.request("DELETE", f"{repo}/manifests/{digest}", scope=_scope(repo, "*"))
+        if response.status_code == 404:
+            return False
+        _check(response, _("deleting %(image)s") % {"image": f"{repo}@{digest}"})
+        return True
+    finally:
+        api.close()
+
+
+def digest_of(repo: str, tag: str) -> str | None:
+    """The digest `repo:tag` names now, or None when the registry has no such tag."""
+    try:
+        return manifest(repo, tag)[0]
+    except RegistryError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def tags(repo: str) -> list[str]:
+    """The tags of `repo` ([] when the registry has none, or no such repository)."""
+    api = _Api()
+    try:
+        response = api.request("GET", f"{repo}/tags/list", scope=_scope(repo))
+        if response.status_code == 404:
+            return []
+        return sorted(_check(response, _("listing %(repo)s") % {"repo": repo}).json()["tags"] or [])
+    finally:
+        api.close()
+
+
 def rewrite_config(repo: str, tag: str, change: Callable[[dict], None]) -> tuple[str, dict]:
     """`repo:tag` again with its config changed by `change` (in place) and the same layers:
     a new config blob, then a new manifest under the tag. (digest, manifest) of the result.
@@ -375,6 +411,28 @@ def pull(
         on_progress(total, total)
 
 
+def push(client: docker.DockerClient, ref: str) -> str:
+    """Pushes `ref`, an image the engine has under a name of our registry, with the
+    console's credentials (the engine keeps none); returns the digest the registry stored
+    it under. Raises RegistryError with the engine's words."""
+    if not in_registry(ref):
+        raise RegistryError(_("%(image)s is not an image of Suanli's registry") % {"image": ref})
+    repository, tag = ref.rsplit(":", 1)
+    digest = ""
+    try:
+        for event in client.api.push(
+            repository, tag=tag, stream=True, decode=True, auth_config=auth_for(ref)
+        ):
+            if "error" in event:
+                raise RegistryError(str(event["error"]).strip())
+            digest = (event.get("aux") or {}).get("Digest") or digest
+    except docker.errors.APIError as exc:
+        raise RegistryError(engine.describe(exc)) from exc
+    except requests.RequestException as exc:
+        raise RegistryError(_("the push broke off: %(error)s") % {"error": exc}) from exc
+    return digest or manifest(*split(ref))[0]
+
+
 def pull_public(client: docker.DockerClient, ref: str) -> None:
     """Pull `ref` (not one of our registry's: see `pull`) from the registry it names, only
     when that registry is public (validators.registry_refusal): a reference stored before
@@ -430,7 +488,11 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
         _note(cluster_id, host.name, state="pulling", done=done, total=total)
 
     try:
-        pull(patient, f"{ref.partition('@')[0]}", on_progress=progress)
+        # A reference by digest alone (a saved workspace, jobs/workspaces.py) is pulled as
+        # that digest; one with a tag, by its tag (`digest` then says which it must be).
+        name, _at, pinned = ref.partition("@")
+        exact = pinned and ":" not in name.rpartition("/")[2]
+        pull(patient, ref if exact else name, on_progress=progress)
     except RegistryError as exc:
         failed = Text(
             gettext_noop("the image %(image)s could not be pulled onto %(host)s: %(error)s"),
