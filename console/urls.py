@@ -11,6 +11,7 @@ from console import (
     views_images,
     views_monitoring,
     views_pools,
+    views_pub,
     views_sweeps,
     views_webhooks,
 )
@@ -92,6 +93,7 @@ urlpatterns = [
         name="node_save_image",
     ),
     path("images/", views_images.image_list, name="image_list"),
+    path("public-data/", views_pub.public_data, name="public_data"),
     path("images/<int:image_id>/delete/", views_images.image_delete, name="image_delete"),
     path("images/builds/<int:build_id>/", views_images.image_build, name="image_build"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),

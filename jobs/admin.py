@@ -9,11 +9,12 @@ write, and forms, models and sql."""
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect
+from django.template.defaultfilters import filesizeformat
 from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -22,7 +23,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_POST
 
-from jobs import services
+from jobs import pub, services
 from jobs.forms import HostForm
 from jobs.models import (
     Cluster,
@@ -39,6 +40,7 @@ from jobs.models import (
     OwnImage,
     Pool,
     PoolEvent,
+    PublicDataset,
     SshKey,
     Sweep,
 )
@@ -585,3 +587,73 @@ class SweepAdmin(ReadOnlyAdmin):
     list_select_related = ["owner", "pool"]
     search_fields = ["name", "owner__username"]
     exclude = ["env"]
+
+
+@admin.register(PublicDataset)
+class PublicDatasetAdmin(ActionsNeedPermissions, admin.ModelAdmin):
+    """Public datasets and models (jobs/pub.py). Adding one makes its draft folder (shown on
+    its page); fill it on the storage server, or use `manage.py publish_dataset NAME SRC`,
+    then publish it: from then on it is read-only at /pub/NAME in every cluster that asks
+    for /pub. Publishing and unpublishing need jobs.publish_publicdataset; a published one
+    is not deleted (unpublish it first), and deleting keeps its draft folder's files."""
+
+    list_display = ["name", "kind", "size", "file_count", "published", "published_at"]
+    list_filter = ["published", "kind"]
+    search_fields = ["name", "description"]
+    actions = ["publish", "unpublish", "measure"]
+    fields = ["name", "kind", "description", "folder", "size", "file_count", "published",
+              "published_at"]  # fmt: skip
+    readonly_fields = ["folder", "size", "file_count", "published", "published_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*self.readonly_fields, "name"] if obj is not None else self.readonly_fields
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # one at a time, where a published one has none
+        return actions
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and not (obj and obj.published)
+
+    def has_publish_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.publish_publicdataset")
+
+    @admin.display(description=gettext_lazy("size"), ordering="size_bytes")
+    def size(self, obj):
+        return "—" if obj.size_bytes is None else filesizeformat(obj.size_bytes)
+
+    @admin.display(description=gettext_lazy("folder"))
+    def folder(self, obj):
+        if obj is None or obj.pk is None:
+            return _("Made when you save: %(path)s") % {"path": pub.drafts_root() / "NAME"}
+        return str(pub.folder(obj))
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            pub.make_draft(obj.name)
+        super().save_model(request, obj, form, change)
+
+    def _each(self, request, queryset, work, done_words) -> None:
+        done = []
+        for dataset in queryset:
+            try:
+                work(dataset=dataset)
+            except ValidationError as exc:
+                messages.error(request, f"{dataset.name}: {' '.join(exc.messages)}")
+            else:
+                done.append(dataset.name)
+        if done:
+            messages.success(request, done_words % {"names": ", ".join(done)})
+
+    @admin.action(description=gettext_lazy("Publish (read-only at /pub)"), permissions=["publish"])
+    def publish(self, request, queryset):
+        self._each(request, queryset, pub.dataset_publish, _("Published: %(names)s."))
+
+    @admin.action(description=gettext_lazy("Unpublish (gone from /pub)"), permissions=["publish"])
+    def unpublish(self, request, queryset):
+        self._each(request, queryset, pub.dataset_unpublish, _("Unpublished: %(names)s."))
+
+    @admin.action(description=gettext_lazy("Measure size again"), permissions=["change"])
+    def measure(self, request, queryset):
+        self._each(request, queryset, pub.dataset_measure, _("Measured: %(names)s."))

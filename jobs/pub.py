@@ -237,15 +237,11 @@ def _exists(parent_fd: int, name: str) -> bool:
     return True
 
 
-def dataset_create(
-    *, name: str, kind: str = PublicDataset.Kind.DATASET, description: str = ""
-) -> PublicDataset:
-    """A new unpublished dataset and its (empty, or already filled) draft folder."""
+def make_draft(name: str) -> Path:
+    """The draft folder of a new dataset `name`, made where missing (an operator may have
+    filled it already). Refused: a bad name, a name published without a row, a draft that
+    is not a real folder."""
     validators.validate_dataset_name(name)
-    if PublicDataset.objects.filter(name=name).exists():
-        raise ValidationError(
-            _("A public dataset or model named %(name)s exists already.") % {"name": name}
-        )
     live, drafts = _open_roots()
     try:
         if _exists(live, name):
@@ -260,6 +256,19 @@ def dataset_create(
     finally:
         os.close(live)
         os.close(drafts)
+    return drafts_root() / name
+
+
+def dataset_create(
+    *, name: str, kind: str = PublicDataset.Kind.DATASET, description: str = ""
+) -> PublicDataset:
+    """A new unpublished dataset and its (empty, or already filled) draft folder."""
+    validators.validate_dataset_name(name)
+    if PublicDataset.objects.filter(name=name).exists():
+        raise ValidationError(
+            _("A public dataset or model named %(name)s exists already.") % {"name": name}
+        )
+    make_draft(name)
     return PublicDataset.objects.create(name=name, kind=kind, description=description)
 
 
@@ -374,7 +383,7 @@ def copy_in(
     src = Path(src)
     if not src.is_dir():
         raise ValidationError(_("%(path)s is not a folder.") % {"path": src})
-    dest = drafts_root() / dataset.name
+    dest = make_draft(dataset.name)
     if any(dest.iterdir()):
         raise ValidationError(
             _("%(path)s is not empty: it was filled before (publish it, or empty it first).")

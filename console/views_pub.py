@@ -1,0 +1,16 @@
+"""The public datasets and models page: what an operator published (jobs/pub.py), listed for
+every signed-in researcher, with how to get it at /pub. Nothing unpublished is shown; the
+operators publish in the admin (jobs.publish_publicdataset) or with
+`manage.py publish_dataset`."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+
+from jobs import pub
+
+
+@login_required
+def public_data(request):
+    return render(
+        request, "console/public_data.html", {"datasets": pub.published(), "target": pub.TARGET}
+    )
