@@ -46,6 +46,7 @@ class RateCardAdmin(admin.ModelAdmin):
         "min_charge_s",
         "no_gpu_per_hour",
         "stopped_per_hour",
+        "storage_per_gb_hour",
         "in_force",
         "note",
     ]

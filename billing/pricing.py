@@ -24,11 +24,15 @@ GPU = "gpu"  # its GPUs, or its CPU-only instance: the cluster's price, per unit
 NO_GPU = "no-gpu"  # started without GPUs: the card's no-GPU price, per node-hour
 STOPPED = "stopped"  # a stopped node's kept workspace: the card's stopped price, per node-hour
 KINDS = (GPU, NO_GPU, STOPPED)
+# Not a node's: an account's storage bought above the free part, per GB-hour (billing/storage.py).
+STORAGE = "storage"
 
 
 def kind_of_key(key: str) -> str:
     """The kind of time a usage entry charged, from its idempotency key: GPU time keeps
     the key it always had (`usage:<cluster>:<from>:<to>`), the others end in their kind."""
+    if key.startswith(f"{STORAGE}:"):
+        return STORAGE  # `storage:<account>:<from>:<to>`
     tail = key.rsplit(":", 1)[-1]
     return tail if tail in (NO_GPU, STOPPED) else GPU
 
@@ -54,6 +58,7 @@ class Card:
     cpu: dict[int, Decimal] = field(default_factory=dict)
     no_gpu: Decimal = Decimal("0")  # per node-hour, never spot-discounted
     stopped: Decimal = Decimal("0")  # per node-hour; 0: kept workspaces are free
+    storage: Decimal = Decimal("0")  # per GB-hour bought above the free part; 0: free
 
     def rate(self, *, gpu_model_id: int | None, instance_type_id: int | None, spot: bool):
         """Per unit-hour after the spot discount, or None when the card has no price."""
@@ -92,6 +97,7 @@ class RateBook:
                 card.min_charge_s,
                 no_gpu=card.no_gpu_per_hour,
                 stopped=card.stopped_per_hour,
+                storage=card.storage_per_gb_hour,
             )
             for price in card.prices.all():
                 if price.gpu_model_id:

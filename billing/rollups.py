@@ -2,7 +2,7 @@
 
 Accrual writes a usage piece per cluster every tick (about 8,640 a day for a running
 cluster); people read hours and days. `add_usage` folds a batch of pieces into their
-`BillLine` (cluster, UTC hour, units, rate) and `UsageDay` (account, UTC day charged, resource)
+`BillLine` (cluster, or the account's storage; UTC hour, units, rate) and `UsageDay` (account, UTC day charged, resource)
 in the caller's transaction, so a line always equals the pieces under it, to the last
 digit. The callers hold the row locks of the accounts concerned (accrual and `post_entry`
 both do), which makes read-then-write here safe without an upsert.
@@ -19,10 +19,11 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils.translation import gettext_noop
 
-from billing.models import Account, BillLine, LedgerEntry, UsageDay
-from billing.pricing import GPU, NO_GPU, STOPPED, kind_of_key
+from billing.models import STORAGE_RESOURCE, Account, BillLine, LedgerEntry, UsageDay
+from billing.pricing import GPU, NO_GPU, STOPPED, STORAGE, kind_of_key
 from jobs.models import Cluster, GpuModel, InstanceType
 from jobs.sql import insert_rows, update_rows
 
@@ -41,7 +42,7 @@ class Piece:
 
     account_id: int
     amount: Decimal  # signed: usage is negative
-    cluster_id: int
+    cluster_id: int | None  # None: the account's storage
     period_from: datetime | None
     period_to: datetime | None
     units: int
@@ -99,6 +100,7 @@ def resource_names(*, gpu_model_ids: Iterable, instance_type_ids: Iterable) -> d
 KIND_RESOURCE = {
     NO_GPU: gettext_noop("no-GPU mode"),
     STOPPED: gettext_noop("stopped (kept workspaces)"),
+    STORAGE: STORAGE_RESOURCE,
 }
 
 
@@ -135,7 +137,8 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
                 )
             )  # fmt: skip
             continue
-        key = (p.cluster_id, p.hour, p.units, p.rate, p.memo)
+        # The account tells storage lines apart (no cluster); a cluster's is its owner's.
+        key = (p.account_id, p.cluster_id, p.hour, p.units, p.rate, p.memo)
         line = sums.get(key)
         if line is None:
             sums[key] = [p, p.amount, p.seconds, 1, p.period_from, p.period_to, p.charged_at]
@@ -147,11 +150,16 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
             line[5] = max(line[5], p.period_to)
             line[6] = max(line[6], p.charged_at)
     if sums:
+        clusters = {k[1] for k in sums if k[1] is not None}
+        storage = {k[0] for k in sums if k[1] is None}
+        whose = Q(cluster_id__in=clusters)
+        if storage:
+            whose |= Q(cluster__isnull=True, account_id__in=storage)
         existing = {
-            (row[1], row[2], row[3], row[4], row[5]): row
+            (row[12], row[1], row[2], row[3], row[4], row[5]): row
             for row in BillLine.objects.filter(
-                cluster_id__in={k[0] for k in sums},
-                hour__in={k[1] for k in sums},
+                whose,
+                hour__in={k[2] for k in sums},
                 kind=USAGE,
             )
             .order_by()
@@ -168,6 +176,7 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
                 "period_from",
                 "period_to",
                 "charged_at",
+                "account_id",
             )  # fmt: skip
         }
         updates = []

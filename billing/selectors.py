@@ -16,6 +16,7 @@ from django.utils.translation import ngettext, pgettext
 from billing import formatting
 from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
 from billing.pricing import GPU, NO_GPU, STOPPED, Quote, RateBook, per_hour_of, quote
+from jobs import storage
 from jobs.models import Cluster, Node
 
 ZERO = Decimal("0")
@@ -61,13 +62,14 @@ def balance_of(user) -> Decimal:
 def burn_per_hour(user, *, book: RateBook | None = None, now=None) -> Decimal:
     """What the user's clusters cost per hour right now, at the prices in force now: each
     node that holds capacity at its cluster's price (a node without GPUs at the no-GPU
-    price), and each stopped node's kept workspace at the stopped price."""
+    price), each stopped node's kept workspace at the stopped price, and the storage
+    bought above the free part at the storage price."""
     book = book or RateBook.load()
     now = now or timezone.now()
     card = book.at(now)
     if card is None:
         return ZERO
-    total = ZERO
+    total = card.storage * storage.extra_gb(user.pk, at=now)
     holding = Q(cluster__state__in=Cluster.HOLDS_CAPACITY, released_at__isnull=True)
     # Kept until its cluster starts again or is released, whatever the cluster's state now:
     # the accrual charges every open kept interval.

@@ -1,6 +1,6 @@
 """Thin RQ entry points for money."""
 
-from billing import services
+from billing import services, storage
 
 
 def accrue() -> dict:
@@ -16,3 +16,15 @@ def accrue() -> dict:
 
 def notify_low_balances() -> int:
     return services.notify_low_balances()
+
+
+def storage_accrue() -> dict:
+    """The hourly storage bill (billing/storage.py): charges only hours that have ended."""
+    report = storage.accrue()
+    return {
+        "until": report.until.isoformat(),
+        "accounts": report.accounts,
+        "entries": report.entries,
+        "charged": str(report.charged),
+        "exhausted": report.exhausted,
+    }

@@ -18,6 +18,9 @@ cron.register(job_tasks.reconcile, "docker", interval=settings.SUANLI_RECONCILE_
 cron.register(job_tasks.dispatch_all, "default", interval=settings.SUANLI_RECONCILE_INTERVAL)
 # Money: charge held capacity per second, every few seconds (billing/services.accrue).
 cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_INTERVAL)
+# Storage bought above the free part: one line per account and hour, once the hour has
+# ended (billing/storage.py); looked at every minute, so an hour is charged within one.
+cron.register(billing_tasks.storage_accrue, "default", interval=60)
 # Metrics: minute rollups of finished minutes, and retention (monitoring/tasks.py).
 cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
 # Webhooks: deliveries that are due and whose enqueue was lost (jobs/webhooks.py).

@@ -16,19 +16,34 @@ folders to the tenants' uids). Run as another user (a developer's machine), the 
 folders belong to that user, which no container uid is, so the check still holds; only the
 containers cannot write their folders then.
 
-Layer: storage (beside network), under runtime; uses no other part.
+Quotas: each tenant's root holds at most its quota, the free part
+(SUANLI_STORAGE_FREE_GB) plus what the researcher bought (models.StorageGrant). With
+SUANLI_STORAGE_FS = "moosefs" the filesystem enforces it: a hard length quota on the root
+(`mfssetquota -L`), written whenever `ensure_folders` opens the root (made, or before each
+start) and whenever the bought size changes, so a write past it fails in the container with
+EDQUOT ("Disk quota exceeded"); usage is the filesystem's count (`mfsdirinfo`). With
+"local" (`make run`: a folder of one machine) nothing enforces it and usage is a walk of
+the folder, stopped after SUANLI_STORAGE_WALK_MAX entries.
+
+Layer: storage (beside network), under runtime; uses models (the bought storage) only.
 """
 
 import os
 import posixpath
 import re
 import stat
+import subprocess
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.utils import timezone
 from django.utils.translation import gettext as _
+
+from jobs.models import StorageGrant
 
 EXAMPLE = "/workspace/data"
 # Container paths a volume may never cover: the image's own system, the kernel's
@@ -319,6 +334,9 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
         if stat.S_IMODE(found.st_mode) != ROOT_MODE and (as_root or found.st_uid == os.geteuid()):
             os.fchmod(fd, ROOT_MODE)
         _require_console_owned(os.fstat(fd), uid)
+        owner_id = _owner_of(root)
+        if owner_id is not None and enforced():
+            quota_write(Path(base) / root.name, quota_bytes(owner_id))
         paths = []
         for spec, name in zip(specs, names, strict=True):
             try:
@@ -521,3 +539,139 @@ def open_trace(root: Path, volumes, container_dir: str, name: str):
         os.close(file_fd)
         return None
     return os.fdopen(file_fd, "rb")
+
+
+# -- quotas -------------------------------------------------------------------------------
+
+GB = 2**30  # what `du -h` and `df -h` call a G: the console's GB, bought and shown
+_TENANT = re.compile(r"u([0-9]{1,18})")
+MFS_TIMEOUT_S = 30
+
+
+class QuotaError(ValidationError):
+    """The filesystem refused to set or read a quota (its words in the message)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    bytes: int
+    complete: bool = True  # False: a walk that stopped at SUANLI_STORAGE_WALK_MAX entries
+
+
+def enforced() -> bool:
+    """Whether the filesystem enforces the quotas (MooseFS), or the storage is a folder of
+    one machine that nothing limits (`make run`)."""
+    return settings.SUANLI_STORAGE_FS == "moosefs"
+
+
+def free_gb() -> Decimal:
+    """The free part of every researcher's quota, in GB (a fraction allowed)."""
+    raw = str(settings.SUANLI_STORAGE_FREE_GB).strip()
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        value = Decimal(-1)
+    if not value.is_finite() or value < 0:
+        raise ImproperlyConfigured(f"SUANLI_STORAGE_FREE_GB={raw!r}: give GB, 0 or more")
+    return value
+
+
+def extra_gb(owner_id: int, *, at: datetime | None = None) -> int:
+    """The GB bought above the free part in force at `at` (now)."""
+    grant = (
+        StorageGrant.objects.filter(owner_id=owner_id, since__lte=at or timezone.now())
+        .order_by("-since")
+        .values_list("extra_gb", flat=True)
+        .first()
+    )
+    return grant or 0
+
+
+def gb_bytes(gb: Decimal | int) -> int:
+    return int(Decimal(gb) * GB)
+
+
+def quota_bytes(owner_id: int) -> int:
+    """The tenant's quota now: the free part plus what they bought."""
+    return gb_bytes(free_gb() + extra_gb(owner_id))
+
+
+def _owner_of(root: Path) -> int | None:
+    """The researcher whose root this is (`tenant_root`'s `u<id>`), or None."""
+    match = _TENANT.fullmatch(root.name)
+    return int(match.group(1)) if match else None
+
+
+def _mfs(*args: str) -> str:
+    try:
+        done = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=MFS_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise QuotaError(
+            _("The storage filesystem did not answer (%(error)s); ask an operator.")
+            % {"error": exc}
+        ) from None
+    if done.returncode != 0:
+        raise QuotaError(
+            _("The storage filesystem refused %(command)s: %(error)s; ask an operator.")
+            % {"command": args[0], "error": (done.stderr or done.stdout).strip()[:300]}
+        )
+    return done.stdout
+
+
+def quota_write(path: Path, limit: int) -> None:
+    """A hard length quota of `limit` bytes on the folder `path` (MooseFS): the sum of the
+    files' lengths under it can never pass it."""
+    _mfs("mfssetquota", "-n", "-L", str(int(limit)), str(path))
+
+
+def quota_read(path: Path) -> int | None:
+    """The hard length quota on `path` in bytes, or None when it has none."""
+    for line in _mfs("mfsgetquota", "-n", str(path)).splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if cells[0] == "length" and len(cells) >= 4:
+            return int(cells[3]) if cells[3].isdigit() else None
+    return None
+
+
+def usage(owner_id: int) -> Usage:
+    """What the tenant's storage holds: the filesystem's count of the files' lengths
+    (MooseFS), or a walk of the folder that stops after SUANLI_STORAGE_WALK_MAX entries
+    (a local folder). Nothing yet: 0."""
+    root = tenant_root(owner_id)
+    if not os.path.isdir(root):
+        return Usage(0)
+    if enforced():
+        out = _mfs("mfsdirinfo", "-n", "-l", str(root)).split()
+        if not out or not out[0].isdigit():
+            raise QuotaError(
+                _("The storage filesystem answered %(answer)s; ask an operator.")
+                % {"answer": " ".join(out)[:100]}
+            )
+        return Usage(int(out[0]))
+    return _walk(root, settings.SUANLI_STORAGE_WALK_MAX)
+
+
+def _walk(root: Path, most: int) -> Usage:
+    """The lengths of the regular files under `root`, links not followed, at most `most`
+    entries looked at; folders it may not read are skipped."""
+    total, seen, stack = 0, 0, [str(root)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                if seen > most:
+                    return Usage(total, complete=False)
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    return Usage(total)
