@@ -12,6 +12,7 @@ from console import (
     views_monitoring,
     views_pools,
     views_pub,
+    views_storage,
     views_sweeps,
     views_webhooks,
 )
@@ -31,6 +32,7 @@ urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path("language/", views_account.set_language, name="set_language"),
     path("settings/", views_account.account_settings, name="account_settings"),
+    path("storage/", views_storage.storage_page, name="storage"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/new/", views.cluster_new, name="cluster_new"),
     path("clusters/<int:cluster_id>/", views.cluster_detail, name="cluster_detail"),

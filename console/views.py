@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as money
 from billing import services as billing
+from billing import storage as bought_storage
 from console.forms import (
     ZONE_SPREAD_NOTE,
     ClusterForm,
@@ -169,6 +170,7 @@ def cluster_new(request):
             "prices_json": cluster_form_prices(form),
             "standing": money.standing(request.user),
             "min_minutes": settings.SUANLI_MIN_BALANCE_MINUTES,
+            "storage": bought_storage.summary(request.user),
         },
     )
 
