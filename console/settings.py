@@ -242,9 +242,15 @@ CHANNEL_LAYERS = {
 # Engine talk: a host check must never hang a page or a worker.
 SUANLI_ENGINE_TIMEOUT = envint("SUANLI_ENGINE_TIMEOUT", 5)
 SUANLI_HOST_CHECK_INTERVAL = envint("SUANLI_HOST_CHECK_INTERVAL", 30)
-# Each check runs this image once (`true`, on the engine's default network, removed at
-# once) to prove the engine can start a container; pulled when the engine lacks it.
+# Each check runs this image once (busybox: `sh`, `nc`, `cat`), hardened like a cluster's
+# container on a bridge like a cluster's, removed at once: it proves the engine starts
+# containers, that they reach neither the host, the control plane nor the other hosts,
+# and that the host mounts the console's filesystem (jobs/proofs.py); pulled when missing.
 SUANLI_CANARY_IMAGE = envstr("SUANLI_CANARY_IMAGE", "suanli/busybox:latest")
+# Where the console's web process listens (the Procfile's SUANLI_BIND and PORT): a port no
+# tenant container may reach, which each host check tries (jobs/proofs.py).
+SUANLI_WEB_BIND = envstr("SUANLI_BIND", "127.0.0.1")
+SUANLI_WEB_PORT = envint("PORT", 8000)
 # A host that stays down this long loses its clusters' nodes to other hosts (when they
 # fit); a degraded one loses them at once. Down nodes are not charged meanwhile.
 SUANLI_HOST_DOWN_MOVE_S = envint("SUANLI_HOST_DOWN_MOVE_S", 60)

@@ -7,6 +7,7 @@ import hashlib
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -127,11 +128,21 @@ class CanaryFailed(Exception):
     """The engine answers but could not run a container; the text is the engine's own."""
 
 
-def run_canary(host: Host, image: str) -> str:
-    """Prove the engine can start a container: `true` in `image` on its default network,
-    waited for and removed. Raises EngineError when the engine does not answer, and
-    CanaryFailed with the engine's words when it answers but cannot run it. Returns a note
-    for operators when the canary could not be tried (its image is not on the engine and
+@dataclass(frozen=True)
+class CanaryRun:
+    """What a canary did: `output` is what it printed (stdout), `note` an operator's note
+    when it could not be tried (its image is neither on the engine nor pullable)."""
+
+    output: str = ""
+    note: str = ""
+
+
+def run_canary(host: Host, image: str, *, command=("true",), **options) -> CanaryRun:
+    """Prove the engine can start a container: `command` (`true`) in `image`, hardened,
+    waited for and removed; `options` are more of the container's (its network, mounts,
+    user, limits). Raises EngineError when the engine does not answer, and CanaryFailed with
+    the engine's words when it answers but cannot run it or the command fails. The run's
+    note says when the canary could not be tried (its image is not on the engine and
     cannot be pulled): that says nothing about the engine."""
     client = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
     mine = uuid.uuid4().hex[:12]
@@ -143,28 +154,33 @@ def run_canary(host: Host, image: str) -> str:
             created = old.attrs.get("Created", "")
             if old.labels.get(CANARY_LABEL) != mine and _age_s(created, time.time()) > 120:
                 old.remove(force=True)
-        kwargs = dict(
-            command=["true"],
-            labels={CANARY_LABEL: mine},
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            read_only=True,
-            mem_limit="32m",
-            pids_limit=16,
-        )
+        kwargs = {
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "read_only": True,
+            "mem_limit": "32m",
+            "pids_limit": 16,
+            **options,
+            "command": list(command),
+            "labels": {CANARY_LABEL: mine},
+        }
         try:
             container = client.containers.create(image, **kwargs)
         except docker.errors.ImageNotFound:
             try:
                 client.images.pull(image)
             except docker.errors.APIError as exc:
-                return f"canary not run: {image} is not on the engine and could not be pulled: {describe(exc)}"
+                return CanaryRun(
+                    note=f"canary not run: {image} is not on the engine and could not be "
+                    f"pulled: {describe(exc)}"
+                )
             container = client.containers.create(image, **kwargs)
         try:
             container.start()
             outcome = container.wait(timeout=30)
+            output = container.logs(stdout=True, stderr=False).decode(errors="replace")
         except docker.errors.NotFound:
-            return ""  # removed under us (an operator's cleanup): nothing learnt either way
+            return CanaryRun()  # removed under us (an operator's cleanup): nothing learnt
         finally:
             try:
                 container.remove(force=True)
@@ -172,7 +188,7 @@ def run_canary(host: Host, image: str) -> str:
                 pass
         if outcome.get("StatusCode") != 0:
             raise CanaryFailed(f"the canary ({image}) exited with code {outcome.get('StatusCode')}")
-        return ""
+        return CanaryRun(output=output)
     except CanaryFailed:
         raise
     except docker.errors.APIError as exc:

@@ -261,6 +261,12 @@ def protected_addresses(host: Host) -> list[tuple[str, IPAddress]]:
     return [(what, ip) for what, ip in found if not ip.is_loopback]
 
 
+def addresses_of(name: str, *, resolve: bool) -> list[IPAddress]:
+    """The addresses of a host name or IP literal (`[v6]` too); with `resolve`, what a name
+    resolves to here, looked up once a minute; [] for what names none."""
+    return _addresses_of(name, resolve=resolve)
+
+
 def _addresses_of(name: str, *, resolve: bool) -> list[IPAddress]:
     if not name:
         return []

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
-from jobs import engine, network, pub, runtime, scheduler, storage, validators
+from jobs import engine, network, proofs, pub, runtime, scheduler, storage, validators
 from jobs.lifecycle import (
     cancel_jobs_of,
     cluster_event,
@@ -92,11 +92,12 @@ def host_save(*, host: Host) -> Host:
 
 
 def host_check(*, host_id: int) -> Host:
-    """Ask the host's engine what it is, run the canary (a tiny container that proves it
-    can start one), and record the outcome: active (or draining), degraded with the
-    engine's words when it answers but cannot run the canary, down when it does not answer.
-    An engine network that covers the hosts' own addresses is noted as a problem of the
-    host (network.overlaps).
+    """Ask the host's engine what it is, run the canary (jobs/proofs.py: a container like a
+    cluster's that proves the engine starts containers, that they reach neither the host,
+    the control plane nor the other hosts, and that the host mounts the console's
+    filesystem), prove its swarm and its networks, and record the outcome: active (or
+    draining); degraded with the reasons when a proof fails (out of placement), or with the
+    engine's words when it answers but cannot run the canary; down when it does not answer.
 
     The engine is asked outside any transaction so a slow engine holds no row lock.
     """
@@ -105,10 +106,11 @@ def host_check(*, host_id: int) -> Host:
         facts = engine.engine_facts(host)
         nvidia = facts.pop("nvidia")
         backing_fs = facts.pop("backing_fs")
-        note = engine.run_canary(host, settings.SUANLI_CANARY_IMAGE)
-        # An engine network over the hosts' own addresses: a problem of the host, shown
-        # with its other notes (admin, operator pages) until the network is gone.
-        note = "\n".join(filter(None, [note, *network.overlaps(host)]))
+        note, reasons = proofs.run(host)
+        reasons += proofs.swarm_reasons(host, facts)
+        # An engine network over the hosts' own addresses: the engine would route them
+        # into a bridge or an overlay, so the host is degraded until the network is gone.
+        words = [str(r) for r in reasons] + network.overlaps(host)
         facts["root_disk_enforced"] = _root_disk_enforced(host, facts["storage_driver"], backing_fs)
     except engine.EngineError as exc:
         return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc))
@@ -118,6 +120,13 @@ def host_check(*, host_id: int) -> Host:
         )
         return host_unhealthy(
             host=host, state=Host.State.DEGRADED, words=f"cannot start containers: {exc}"
+        )
+    if words:
+        Host.objects.filter(pk=host.pk).update(
+            **facts, emulated_gpu=not nvidia, last_seen=timezone.now()
+        )
+        return host_unhealthy(
+            host=host, state=Host.State.DEGRADED, words="\n".join(filter(None, [*words, note]))
         )
     # The time of the outcome, not of the question: accrual may have run meanwhile.
     now = timezone.now()

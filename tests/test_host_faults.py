@@ -15,7 +15,7 @@ from waiting import until as _until
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import engine, network, runner, runtime, scheduler, services
+from jobs import engine, network, proofs, runner, runtime, scheduler, services
 from jobs.models import ClusterEvent, Host, Job, JobEvent, Node, Replica
 from jobs.services import JobSpec
 
@@ -233,7 +233,7 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
     gateway = _gateway(engine_client)
     net = network.ensure(cluster.pk)
     try:
-        for link in ("docker0", network.bridge_interface(cluster.pk)):
+        for link in ("docker0", network.bridge_interface(cluster.pk), proofs.CANARY_BRIDGE):
             subprocess.run(["ip", "-n", ns, "link", "del", link], check=True)
         job = services.job_submit(
             cluster=cluster, spec=JobSpec(name="moves", command="echo ran", retries=0)
@@ -246,10 +246,10 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
         assert job.state == Job.State.QUEUED and job.host_restarts == 1, job.state_reason
         assert job.state_reason.startswith(f"the host {bad.name} could not start containers")
 
-        # The check's canary (on the engine's default bridge) says the same, in its words.
+        # The check's canary (on a bridge like a cluster's) says the same, in its words.
         bad = services.host_check(host_id=bad.pk)
         assert bad.state == Host.State.DEGRADED
-        assert "could not find bridge docker0" in bad.last_error
+        assert f"could not find bridge {proofs.CANARY_BRIDGE}" in bad.last_error
         assert bad.pk not in scheduler.Fleet.load().hosts, "placement avoids it"
 
         # Placement moves the node at once; the job runs on the other host.
@@ -271,12 +271,15 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
         subprocess.run(["ip", "-n", ns, "link", "add", "docker0", "type", "bridge"], check=False)
         subprocess.run(["ip", "-n", ns, "addr", "add", f"{gateway}/24", "dev", "docker0"])
         subprocess.run(["ip", "-n", ns, "link", "set", "docker0", "up"], check=True)
-        try:
-            engine_client.networks.get(net).remove()
-        except docker.errors.DockerException:
-            bridge = network.bridge_interface(cluster.pk)
-            subprocess.run(["ip", "-n", ns, "link", "add", bridge, "type", "bridge"])
-            engine_client.networks.get(net).remove()
+        for name, bridge in (
+            (net, network.bridge_interface(cluster.pk)),
+            (proofs.CANARY_NETWORK, proofs.CANARY_BRIDGE),  # the next check makes it again
+        ):
+            try:
+                engine_client.networks.get(name).remove()
+            except docker.errors.DockerException:
+                subprocess.run(["ip", "-n", ns, "link", "add", bridge, "type", "bridge"])
+                engine_client.networks.get(name).remove()
     network.forget(cluster.pk)
     assert services.host_check(host_id=bad.pk).state == Host.State.ACTIVE
 

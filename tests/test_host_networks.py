@@ -1,13 +1,13 @@
 """Cluster networks never overlap the hosts' own networks (jobs/network.py overlaps, the
 host check in jobs/services.py): on the real engines, a network whose subnet covers the
-host's address, a peer's, or the registry's is a problem of the host, shown on the
-operators' pages until it is gone."""
+host's address, a peer's, or the registry's makes the host degraded (out of placement),
+with the network named on the operators' pages, until it is gone."""
 
 import docker
 import pytest
 from django.test import Client
 
-from jobs import services
+from jobs import scheduler, services
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +50,8 @@ def test_a_network_over_the_hosts_addresses_is_a_problem_of_the_host(
 
     net = overlapping(f"{b.address.rpartition('.')[0]}.0/24")
     a = services.host_check(host_id=a.pk)
-    assert a.state == "active"  # what runs keeps running; the operator is told
+    assert a.state == "degraded"  # the engine would route those addresses into the bridge
+    assert a.pk not in scheduler.Fleet.load().hosts, "out of placement"
     assert f"network {net.name} ({b.address.rpartition('.')[0]}.0/24) overlaps" in a.last_error
     assert f"its own address {a.address}" in a.last_error, a.last_error
     assert f"host gpu-b-01's address {b.address}" in a.last_error, a.last_error
@@ -65,4 +66,5 @@ def test_a_network_over_the_hosts_addresses_is_a_problem_of_the_host(
     assert f"network {net.name}" in staff.get(f"/admin/jobs/host/{a.pk}/change/").content.decode()
 
     net.remove()
-    assert "overlaps" not in services.host_check(host_id=a.pk).last_error
+    a = services.host_check(host_id=a.pk)
+    assert a.state == "active" and "overlaps" not in a.last_error, a.last_error
