@@ -12,6 +12,7 @@ from django.utils.translation import gettext, gettext_lazy
 
 from jobs import validators
 from jobs.crypto import EncryptedTextField
+from jobs.text import show as show_text
 
 # The platform's own environment variables; defined beside the check that refuses them.
 from jobs.validators import RESERVED_ENV as RESERVED_ENV
@@ -203,6 +204,9 @@ class Host(models.Model):
     last_checked = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    # The last check's failed proofs (jobs/proofs.py) as a jobs.text Text's JSON, shown in
+    # the reader's language (last_error keeps them in English); None for the engine's words.
+    last_error_text = models.JSONField(null=True, blank=True, editable=False)
     # The engine's Docker swarm, as the last check saw it. Multi-node clusters that span
     # hosts ride an overlay network of the swarm, so only its members may share one.
     swarm_state = models.CharField(
@@ -274,6 +278,11 @@ class Host(models.Model):
             "not a swarm member (%(state)s): takes clusters whose nodes all fit on this host; "
             "join it to the fleet's swarm for multi-node clusters across hosts"
         ) % {"state": self.swarm_state or "unknown"}
+
+    @property
+    def last_error_shown(self) -> str:
+        """The last check's problem in the reader's language where it was our words."""
+        return show_text(self.last_error_text) if self.last_error_text else self.last_error
 
     @property
     def health_note(self) -> str:
