@@ -89,10 +89,32 @@ def cluster_workspaces_stop(cluster_id: int, tries: int = 0) -> bool:
     also stops them, and frees what it can)."""
     stopped = workspaces.stop(cluster_id)
     runner.free_gpus(cluster_id=cluster_id)
+    if stopped:  # the GPUs first: nothing waits on the save
+        enqueue_unique(
+            "default", cluster_workspaces_save, cluster_id, job_id=f"ws-save-{cluster_id}"
+        )
     if stopped and not workspaces.gpus_held(cluster_id):
         return True
     if tries < 5:
         enqueue_later(cluster_workspaces_stop, cluster_id, tries + 1, delay_s=10 * (tries + 1))
+    return False
+
+
+def cluster_workspaces_save(cluster_id: int, tries: int = 0) -> bool:
+    """After a stop: the kept workspaces' root filesystems pushed to the registry, so that
+    the cluster can start on another host when its own has no room; tried again a little
+    later while an engine or the registry does not answer (a start that needs a save
+    missing queues this again)."""
+    if workspaces.save(cluster_id):
+        return True
+    if tries < 5:
+        enqueue_later(
+            cluster_workspaces_save,
+            cluster_id,
+            tries + 1,
+            delay_s=30 * (tries + 1),
+            queue="default",
+        )
     return False
 
 

@@ -9,9 +9,18 @@ cluster and node index, so a retried or duplicated `ensure` finds it again (409)
 node row keeps its engine id. A cluster created with `workspace` off has none.
 
 Reads: clusters and nodes. Talks to: the engines. Called by the tasks after placement, a
-move or a resize (`ensure`), after release (`remove`), and by the reconciler (`sweep`).
-It also gives ended nodes' GPU slots back once their host's engine confirms that nothing
-of theirs runs on those GPUs any more (`free_gpus`).
+move or a resize (`ensure`), after a stop (`stop`, then `save`), after release (`remove`),
+and by the reconciler (`sweep`). It also gives ended nodes' GPU slots back once their
+host's engine confirms that nothing of theirs runs on those GPUs any more (`free_gpus`).
+
+A stop keeps each workspace, stopped, on its host. Where the fleet has a registry, its
+root filesystem is also pushed there after the stop (`save`): a start that finds that host
+full (or down, draining, degraded) then starts the node on another host with the same GPUs
+(services.cluster_start, scheduler.plan_kept), whose workspace is made from the save
+(`_restore`); the volumes need nothing, being on the fleet's distributed filesystem. Saved
+at the stop rather than when a start needs it: the stop is the owner's "I am done for now"
+(nothing waits on the push: the GPUs went back before it), a start is "I want it now" (a
+push then would add minutes to it), and a save made at the stop outlives its host.
 
 Layer: workspaces, under the gateway; uses runtime, network, engine and models.
 """
@@ -89,6 +98,15 @@ def keep_image(cluster_id: int, index: int) -> str:
     return f"{KEEP_REPOSITORY}/c{cluster_id}-n{index}:latest"
 
 
+def save_reference(owner_id: int, cluster_id: int, index: int) -> str:
+    """Where a stopped node's root filesystem goes in the registry:
+    `<registry>/u<owner>/suanli-keep/c<cluster>-n<index>:latest`. In its owner's namespace,
+    which no typed reference may name (validators.names_own_image), listed by no image row
+    (so counted against no quota: it is bounded by the system disk's size, per node of at
+    most SUANLI_MAX_STOPPED_CLUSTERS clusters); deleted at release."""
+    return registry.reference(owner_id, f"{KEEP_REPOSITORY}/c{cluster_id}-n{index}", "latest")
+
+
 def spec(cluster: Cluster, node: Node, network_name: str) -> runtime.ContainerSpec:
     name, start = container_name(cluster.pk, node.index), home(cluster)
     # In no-GPU mode the workspace is all the node has (its small share, runtime).
@@ -153,6 +171,10 @@ def ensure(cluster_id: int) -> dict[int, str]:
             continue
         if node.workspace_container != container.id:
             Node.objects.filter(pk=node.pk).update(workspace_container=container.id)
+        if node.saved_image:
+            # Made from its save: from now on its files are in this workspace.
+            Node.objects.filter(pk=node.pk).update(saved_image="")
+            _forget_save(node.host, node.saved_image)
     _remove_released(cluster_id, nodes)
     return failed
 
@@ -160,6 +182,8 @@ def ensure(cluster_id: int) -> dict[int, str]:
 def _up(cluster: Cluster, node: Node, network_name: str):
     made = spec(cluster, node, network_name)
     client = engine.cached_client(node.host)
+    if node.saved_image:
+        _restore(client, cluster, node, made.name)
     if _saved(client, cluster.pk, node.index):
         # A remake was cut short (or raced) after its save: its files are in the save.
         made = runtime.ContainerSpec(
@@ -207,6 +231,52 @@ def _up(cluster: Cluster, node: Node, network_name: str):
             if live.exists():
                 container.start()
     return container
+
+
+def _restore(client, cluster: Cluster, node: Node, name: str) -> None:
+    """A node started from its save (on another host than the one that kept it): the save
+    pulled from the registry, its progress on the cluster's page, and named as this
+    engine's save of the node (`keep_image`), which `_up` makes the workspace from. A
+    workspace of the node left here by an earlier stay is removed (its files are older
+    than the save's); one made for this very node row is kept (a retry after the make)."""
+    try:
+        old = client.containers.get(name)
+    except docker.errors.NotFound:
+        old = None
+    if old is not None:
+        if old.labels.get(LABEL_NODE) == str(node.pk):
+            return
+        old.remove(force=True, v=True)
+    digest = node.saved_image.partition("@")[2]
+    registry.ensure(node.host, node.saved_image, cluster_id=cluster.pk, digest=digest)
+    repository, tag = keep_image(cluster.pk, node.index).rsplit(":", 1)
+    client.images.get(node.saved_image).tag(repository, tag)
+    _flatten_if_deep(client, keep_image(cluster.pk, node.index))
+
+
+def _forget_save(host: Host, saved: str) -> None:
+    """A save no kept or live node holds any more: its manifest deleted from the registry
+    (its layers go at the registry's next garbage collection) and its name on `host`'s
+    engine removed (the image stays while `keep_image` names it)."""
+    try:
+        engine.cached_client(host).images.remove(saved)
+    except _ERRORS as exc:
+        log.info("the pulled save %s stays on %s until the sweep: %s", saved, host.name, exc)
+    if _save_in_use(saved):
+        return
+    repository, _, digest = saved.partition("@")
+    try:
+        registry.delete_manifest(registry.split(repository)[0], digest)
+    except registry.RegistryError as exc:
+        log.info("save %s stays in the registry until release: %s", saved, exc)
+
+
+def _save_in_use(saved: str) -> bool:
+    return (
+        Node.objects.filter(saved_image=saved)
+        .filter(Q(released_at__isnull=True) | Q(stopped_at__isnull=False, kept_until__isnull=True))
+        .exists()
+    )
 
 
 def _saved(client, cluster_id: int, index: int):
@@ -339,6 +409,93 @@ def stop(cluster_id: int) -> bool:
     return done
 
 
+def save(cluster_id: int) -> bool:
+    """After a stop, where the fleet has a registry: each kept workspace's root filesystem
+    (the writable layer over its image; the volumes are storage, on every host already)
+    committed on its host, pushed to the registry (`save_reference`) and named on its node
+    (`Node.saved_image`, by digest), so that a start that finds the host without room can
+    start it on another. The host keeps its stopped container (a start there reuses it) and
+    no copy of the save. True when every kept workspace is saved; False when one is not
+    (yet): still running, its host or the registry not answering (try again)."""
+    if not registry.enabled():
+        return True
+    done = True
+    for node in kept_nodes(cluster_id).filter(saved_image="").select_related("host", "cluster"):
+        if node.host.state == Host.State.DOWN:
+            done = False
+            continue
+        try:
+            saved = _push_save(node)
+        except _ERRORS as exc:
+            log.info("workspace of %s not saved to the registry yet: %s", node, exc)
+            done = False
+            continue
+        if saved is None:
+            done = False
+            continue
+        if not kept_nodes(cluster_id).filter(pk=node.pk, saved_image="").update(saved_image=saved):
+            _forget_save(node.host, saved)  # started or released meanwhile: of no use now
+    return done
+
+
+def _push_save(node: Node) -> str | None:
+    """The node's stopped workspace committed and pushed; its reference by digest, or None
+    while it still runs (a stop still under way). An earlier save of the node's index that
+    no node holds any more is deleted from the registry once this one is there."""
+    client = engine.client_for(node.host, timeout=settings.SUANLI_WORKSPACE_SAVE_S)
+    try:
+        container = client.containers.get(node.workspace_container)
+        if container.status not in ("exited", "created", "dead"):
+            return None
+        reference = save_reference(node.cluster.owner_id, node.cluster_id, node.index)
+        repository, tag = reference.rsplit(":", 1)
+        path = registry.split(reference)[0]
+        before = registry.digest_of(path, tag)
+        client.api.commit(container.id, repository=repository, tag=tag)
+        try:
+            digest = registry.push(client, reference)
+        finally:
+            try:
+                client.images.remove(reference)  # the container holds the files here
+            except _ERRORS as exc:
+                log.info(
+                    "the save %s stays on %s until release: %s", reference, node.host.name, exc
+                )
+    finally:
+        client.close()
+    saved = f"{repository}@{digest}"
+    if before and before != digest and not _save_in_use(f"{repository}@{before}"):
+        registry.delete_manifest(path, before)
+    return saved
+
+
+def _remove_saves(cluster_id: int) -> bool:
+    """At release: the cluster's saves in the registry (each node index's tag, and every
+    save a node of it named). True when none is left; False when the registry did not
+    answer (try again)."""
+    if not registry.enabled():
+        return True
+    nodes = Node.objects.filter(cluster_id=cluster_id, stopped_at__isnull=False)
+    if not nodes.exists():
+        return True  # never stopped: never saved
+    owner_id = Cluster.objects.filter(pk=cluster_id).values_list("owner_id", flat=True).first()
+    try:
+        for index in set(nodes.values_list("index", flat=True)):
+            path, tag = registry.split(save_reference(owner_id, cluster_id, index))
+            registry.delete(path, tag)
+        for saved in set(
+            Node.objects.filter(cluster_id=cluster_id)
+            .exclude(saved_image="")
+            .values_list("saved_image", flat=True)
+        ):
+            repository, _, digest = saved.partition("@")
+            registry.delete_manifest(registry.split(repository)[0], digest)
+    except registry.RegistryError as exc:
+        log.info("saves of cluster %s stay in the registry for now: %s", cluster_id, exc)
+        return False
+    return True
+
+
 def remove(cluster_id: int) -> bool:
     """After release: every workspace of the cluster (and any sftp session's container of
     it), on every host that held one of its nodes. True when none is left; False when an
@@ -365,6 +522,7 @@ def remove(cluster_id: int) -> bool:
         for container in found:
             done = _remove_one(host, container.id) and done
         done = _remove_kept_images(host, cluster_id) and done
+    done = _remove_saves(cluster_id) and done
     if done:
         Node.objects.filter(cluster_id=cluster_id).update(workspace_container="")
     return done
@@ -373,8 +531,13 @@ def remove(cluster_id: int) -> bool:
 def _remove_kept_images(host: Host, cluster_id: int) -> bool:
     try:
         client = engine.cached_client(host)
-        for image in client.images.list(name=f"{KEEP_REPOSITORY}/c{cluster_id}-n*"):
-            client.images.remove(image.id, force=True)
+        names = [f"{KEEP_REPOSITORY}/c{cluster_id}-n*"]
+        owner_id = Cluster.objects.filter(pk=cluster_id).values_list("owner_id", flat=True).first()
+        if registry.enabled() and owner_id is not None:  # a save's push or pull cut short
+            names.append(save_reference(owner_id, cluster_id, 0).rsplit("-n", 1)[0] + "-n*")
+        for name in names:
+            for image in client.images.list(name=name):
+                client.images.remove(image.id, force=True)
     except docker.errors.NotFound:
         pass
     except _ERRORS as exc:
