@@ -357,13 +357,10 @@ def plan_kept(cluster: Cluster, fleet: Fleet) -> tuple[list[int] | None, Text | 
     hosts that keep its workspaces, or (None, why it waits). Hosts an earlier request in
     line holds are not used; those it waits for are held for it (`Fleet.hold`)."""
     key = resource_key(cluster)
-    kept = list(
-        Node.objects.filter(cluster=cluster, stopped_at__isnull=False, kept_until__isnull=True)
-        .order_by("index")
-        .values_list("host_id", "host__name", "host__state")
-    )
-    if not kept:
+    nodes = kept_nodes(cluster.pk)
+    if not nodes:
         return None, Text(gettext_noop("keeps no workspaces: release it"))
+    kept = [(n.host_id, n.host.name, n.host.state) for n in nodes]
     per_node = cluster.instance_type.vcpus if cluster.is_cpu_only else cluster.gpus_per_node
     need: dict[int, int] = defaultdict(int)
     for host_id, _, _ in kept:
@@ -409,9 +406,122 @@ def plan_kept(cluster: Cluster, fleet: Fleet) -> tuple[list[int] | None, Text | 
                 free=max(free, 0),
             )
     if why:
+        elsewhere = plan_elsewhere(cluster, fleet, nodes)
+        if elsewhere is not None:
+            return elsewhere, None
         fleet.hold(need, key)
+        if movable(nodes):
+            why = Text(gettext_noop("%(why)s, nor room for it on another host"), why=why)
         return None, why
     return [host_id for host_id, _, _ in kept], None
+
+
+def kept_nodes(cluster_id: int) -> list[Node]:
+    """The nodes a stop of the cluster keeps (with their hosts), in index order."""
+    return list(
+        Node.objects.filter(
+            cluster_id=cluster_id, stopped_at__isnull=False, kept_until__isnull=True
+        )
+        .select_related("host")
+        .order_by("index")
+    )
+
+
+def movable(kept: list[Node]) -> bool:
+    """Whether every kept node's root filesystem is saved in the registry (workspaces.save),
+    so that the cluster may start on other hosts than those that keep its workspaces."""
+    return bool(kept) and all(n.saved_image for n in kept)
+
+
+def plan_elsewhere(
+    cluster: Cluster, fleet: Fleet, kept: list[Node], *, saved: bool = True
+) -> list[int] | None:
+    """Host per node (index order) for a stopped cluster whose kept hosts have no room (or
+    take no work), when it is `movable` (or would be: `saved=False`): wherever its shape
+    fits (same GPU model, RDMA or not, one network), in its zone, or where it has none, in
+    its kept hosts' zone first. A node stays on its own host where the plan uses that
+    host. None when it cannot move or fits nowhere now."""
+    if not kept or (saved and not movable(kept)):
+        return None
+    zones = [cluster.zone] if cluster.zone else [kept[0].host.zone, ""]
+    for zone in dict.fromkeys(zones):
+        shape = Cluster(
+            pk=cluster.pk, gpu_model=cluster.gpu_model, instance_type=cluster.instance_type,
+            gpus_per_node=cluster.gpus_per_node, nodes=len(kept), network=cluster.network,
+            zone=zone,
+        )  # fmt: skip
+        hosts = fleet.plan(shape)
+        if hosts is not None:
+            return _own_hosts_first(kept, hosts)
+    return None
+
+
+def _own_hosts_first(kept: list[Node], hosts: list[int]) -> list[int]:
+    left = list(hosts)
+    out: list[int | None] = [None] * len(kept)
+    for i, node in enumerate(kept):
+        if node.host_id in left:
+            out[i] = node.host_id
+            left.remove(node.host_id)
+    return [host if host is not None else left.pop(0) for host in out]
+
+
+def started_elsewhere(kept: list[Node], nodes: list[Node], names: dict[int, str]) -> Text | None:
+    """ "node 0 on host-b GPU 0-1 (host-a had no free GPUs), node 1 on host-a GPU 2-3" for a
+    stopped cluster started again where some node left the host that kept it, or None when
+    every node is back on its own host."""
+    if all(new.host_id == old.host_id for old, new in zip(kept, nodes, strict=True)):
+        return None
+    parts = []
+    for old, new in zip(kept, nodes, strict=True):
+        where = names.get(new.host_id, f"host {new.host_id}")
+        args = {"index": new.index, "host": where, "old": old.host.name}
+        if new.gpu_indices:
+            args["gpus"] = format_indices(new.gpu_indices)
+        if new.host_id == old.host_id:
+            parts.append(nodes_text([new], names))
+        elif old.host.state != Host.State.ACTIVE:
+            args["state"] = host_state(old.host.state)
+            parts.append(
+                Text(
+                    gettext_noop("node %(index)s on %(host)s GPU %(gpus)s (%(old)s is %(state)s)")
+                    if new.gpu_indices
+                    else gettext_noop("node %(index)s on %(host)s (%(old)s is %(state)s)"),
+                    **args,
+                )
+            )
+        else:
+            parts.append(
+                Text(
+                    gettext_noop(
+                        "node %(index)s on %(host)s GPU %(gpus)s (%(old)s had no free GPUs)"
+                    )
+                    if new.gpu_indices
+                    else gettext_noop("node %(index)s on %(host)s (%(old)s had no free vCPUs)"),
+                    **args,
+                )
+            )
+    return join(parts)
+
+
+def carry_saves(kept: list[Node], nodes: list[Node]) -> list[Node]:
+    """After a start of a stopped cluster: each new node made from its kept node's save
+    (`Node.saved_image`) where it left that node's host, or where the kept node's workspace
+    was never made (its files are in the save alone); the kept nodes no longer kept, and
+    the workspace of one left behind named on it so that it is removed from that host once
+    the new one runs (workspaces.ensure). Returns the kept nodes that moved."""
+    moved = []
+    for old, new in zip(kept, nodes, strict=True):
+        if old.saved_image and (new.host_id != old.host_id or not old.workspace_container):
+            Node.objects.filter(pk=new.pk).update(saved_image=old.saved_image)
+            new.saved_image = old.saved_image
+        if new.host_id != old.host_id:
+            moved.append(old)
+    stay = [o.pk for o in kept if o not in moved]
+    now = nodes[0].placed_at if nodes else timezone.now()
+    Node.objects.filter(pk__in=stay).update(kept_until=now, workspace_container="")
+    Node.objects.filter(pk__in=[o.pk for o in moved]).update(kept_until=now)
+    return moved
 
 
 def resource_key(cluster: Cluster) -> str:
@@ -510,15 +620,15 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             .filter(pk__in=[c.pk for c, _ in batch], state=Cluster.State.PENDING)
             .values_list("pk", flat=True)
         )
-        # Stopped clusters starting again: their kept nodes' GPUs, by node index.
-        kept_gpus: dict[int, list[list[int]]] = defaultdict(list)
-        for cid, gpus_held in (
+        # Stopped clusters starting again: their kept nodes, by node index.
+        kept_of: dict[int, list[Node]] = defaultdict(list)
+        for kept_node in (
             Node.objects.filter(
                 cluster_id__in=[c.pk for c, _ in batch if c.stopped_at is not None],
                 stopped_at__isnull=False, kept_until__isnull=True,
-            ).order_by("cluster_id", "index").values_list("cluster_id", "gpu_indices")
+            ).select_related("host").order_by("cluster_id", "index")
         ):  # fmt: skip
-            kept_gpus[cid].append(gpus_held)
+            kept_of[kept_node.cluster_id].append(kept_node)
         gpu_hosts = {h for c, hosts in batch if c.gpus_per_node for h in hosts}
         free = _lock_free_slots(gpu_hosts)
         cpu_hosts = {h for c, hosts in batch if c.is_cpu_only for h in hosts}
@@ -541,10 +651,10 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
                 report.conflicts += 1
                 continue
             mine = []
-            prefer = kept_gpus.get(cluster.pk, [])
+            kept = kept_of.get(cluster.pk, [])
             for index, host_id in enumerate(hosts):
-                if index < len(prefer) and prefer[index]:
-                    free[host_id] = _preferring(free[host_id], prefer[index])
+                if index < len(kept) and kept[index].gpu_indices and kept[index].host_id == host_id:
+                    free[host_id] = _preferring(free[host_id], kept[index].gpu_indices)
                 taken, free[host_id] = free[host_id][:gpus], free[host_id][gpus:]
                 if vcpus:
                     cpu_free[host_id] -= vcpus
@@ -571,19 +681,26 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             running_since=now, last_active_at=now, stopped_at=None, release_warned_at=None,
             no_gpu=False,
         )  # fmt: skip
-        # Those that were stopped run again on the hosts that keep their workspaces.
-        Node.objects.filter(
-            cluster_id__in=[c.pk for c, _ in placed if c.pk in kept_gpus],
-            stopped_at__isnull=False, kept_until__isnull=True,
-        ).update(kept_until=now, workspace_container="")  # fmt: skip
         names = {h: cap.name for h, cap in fleet.hosts.items()}
+        texts = {}
+        for c, mine in placed:
+            # Those that were stopped run again on the hosts that keep their workspaces, or
+            # elsewhere with their saves (plan_elsewhere).
+            if c.pk in kept_of:
+                carry_saves(kept_of[c.pk], mine)
+                moved = started_elsewhere(kept_of[c.pk], mine, names)
+                if moved is not None:
+                    texts[c.pk] = Text(
+                        gettext_noop("placed: %(nodes)s; your files and system disk came along"),
+                        nodes=moved,
+                    )
         ClusterEvent.objects.bulk_create(
             [
                 ClusterEvent(
                     cluster=c, at=now, kind="running", message=str(t)[:300], text=t.as_json()
                 )
                 for c, mine in placed
-                for t in [placed_text(mine, names)]
+                for t in [texts.get(c.pk) or placed_text(mine, names)]
             ]
         )
         for cluster in Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]):

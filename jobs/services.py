@@ -54,7 +54,7 @@ from jobs.models import (
     Volume,
     WorkspaceApp,
 )
-from jobs.queue import enqueue_by_name
+from jobs.queue import enqueue_by_name, enqueue_unique
 from jobs.storage import VolumeSpec
 from jobs.text import Moment, Text, join, json_of, reason_fields, show
 
@@ -481,6 +481,9 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
     """Start a stopped cluster on the hosts that keep its workspaces. `mode`:
 
     * "gpu": with its GPUs now, or StartBlocked (words for the page) when they are taken;
+      where those hosts have no room (or take no work) and its workspaces' root
+      filesystems are saved in the registry (workspaces.save), on other hosts with its GPU
+      model, its workspaces made there from the saves (its volumes are on every host);
     * "wait": in line for those GPUs (pending; placement starts it there when they free);
     * "no_gpu": at once without GPUs (GPU clusters only): its workspaces alone, a small
       CPU and memory share, billed per node-hour at the no-GPU price; no jobs.
@@ -575,17 +578,24 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
             request_placement()
             cluster.refresh_from_db()
             return cluster
+        hosts = [n.host_id for n in kept]
         blocked = _why_blocked(cluster, kept)
         if blocked:
-            raise StartBlocked(blocked, code="gpus_taken")
+            # Its hosts have no room: another with its GPU model takes it where its
+            # workspaces' root filesystems are saved (its volumes are on every host).
+            hosts = scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept)
+            if hosts is None:
+                raise StartBlocked(_saving(cluster, kept, blocked), code="gpus_taken")
         # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
         # own processes': it takes them back as they are, no other tenant comes between.
-        # Only the kept nodes' own: a node a resize or a move left may still run elsewhere.
-        _own_held(cluster).filter(node__in=kept).update(node=None)
+        # Only the kept nodes' own, where they stay: a node a resize or a move left may
+        # still run elsewhere.
+        staying = [n for n, host_id in zip(kept, hosts, strict=True) if n.host_id == host_id]
+        _own_held(cluster).filter(node__in=staying).update(node=None)
         try:
             nodes = scheduler.place_nodes(
-                cluster=cluster, hosts=[n.host_id for n in kept], first_index=0, now=now,
-                prefer=[n.gpu_indices for n in kept],
+                cluster=cluster, hosts=hosts, first_index=0, now=now,
+                prefer=[n.gpu_indices if n in staying else [] for n in kept],
             )  # fmt: skip
         except scheduler.Conflict:
             raise StartBlocked(
@@ -597,11 +607,46 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
                 ),
                 code="gpus_taken",
             ) from None
-        started = Text(
-            gettext_noop("started by %(by)s: %(nodes)s"), by=by, nodes=scheduler.nodes_text(nodes)
+        scheduler.carry_saves(kept, nodes)
+        names = dict(Host.objects.filter(id__in=set(hosts)).values_list("id", "name"))
+        elsewhere = scheduler.started_elsewhere(kept, nodes, names)
+        started = (
+            Text(
+                gettext_noop("started by %(by)s: %(nodes)s; your files and system disk came along"),
+                by=by,
+                nodes=elsewhere,
+            )
+            if elsewhere is not None
+            else Text(
+                gettext_noop("started by %(by)s: %(nodes)s"),
+                by=by,
+                nodes=scheduler.nodes_text(nodes, names),
+            )
         )
         _started(cluster, kept, now, no_gpu=False, message=started)
     return cluster
+
+
+def _saving(cluster: Cluster, kept: list[Node], blocked: str) -> str:
+    """The words of a blocked start, with what a start on another host waits for where it
+    would fit elsewhere but its workspaces' root filesystems are not saved yet (the save
+    is queued again: its first try may have failed)."""
+    if not settings.SUANLI_REGISTRY or scheduler.movable(kept):
+        return blocked
+    if scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept, saved=False) is None:
+        return blocked
+    enqueue_unique(
+        "default", "jobs.tasks.cluster_workspaces_save", cluster.pk, job_id=f"ws-save-{cluster.pk}"
+    )
+    return " ".join(
+        [
+            blocked,
+            _(
+                "Another host has room for it: its system disk is being saved to start it "
+                "there; try again in a few minutes."
+            ),
+        ]
+    )
 
 
 @transaction.atomic
@@ -658,7 +703,11 @@ def start_blocked(cluster: Cluster) -> str:
     which then offers to wait in line or to start without GPUs. Reads only."""
     if cluster.state != Cluster.State.STOPPED:
         return ""
-    return _why_blocked(cluster, _kept(cluster))
+    kept = _kept(cluster)
+    blocked = _why_blocked(cluster, kept)
+    if not blocked or scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept):
+        return ""  # room on its hosts, or on another that its saves start it on
+    return blocked
 
 
 def _own_held(cluster: Cluster):
@@ -730,7 +779,10 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
 def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: Text) -> None:
     """A stopped (or waiting) cluster runs again on its kept hosts: the kept time ends, its
     workspaces are started (or made again with their files), its timeline says so."""
-    Node.objects.filter(pk__in=[n.pk for n in kept]).update(kept_until=now, workspace_container="")
+    # Those a start elsewhere moved are not kept already (scheduler.carry_saves).
+    Node.objects.filter(pk__in=[n.pk for n in kept], kept_until__isnull=True).update(
+        kept_until=now, workspace_container=""
+    )
     Cluster.objects.filter(pk=cluster.pk).update(
         state=Cluster.State.RUNNING, state_reason="", state_reason_text=None, stopped_at=None,
         release_warned_at=None, running_since=now, last_active_at=now, no_gpu=no_gpu,
