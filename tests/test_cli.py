@@ -17,7 +17,7 @@ from conftest import TEST_IMAGE
 from waiting import until
 
 from console.models import ApiToken
-from jobs.models import Cluster, Job
+from jobs.models import Cluster, Job, Node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -284,6 +284,10 @@ def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_t
     from jobs import tasks
 
     assert tasks.cluster_workspaces_stop(cluster.pk)
+    # The worker saves its system disk to the registry next (for a start on another host,
+    # which this one-host fleet has not): waited for, so no save races the start below.
+    until(lambda: Node.objects.filter(cluster=cluster).exclude(saved_image="").exists(),
+          timeout=60, what="its workspace saved")  # fmt: skip
     make_cluster(bob, "takes", gpus=2, release_policy="never", volumes=())
     scheduler.place_pending()
     done = cli("clusters", "start", cluster.pk, ok=False)
