@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 HOUR = timedelta(hours=1)
 CENT_GB = Decimal("0.01")
+WHOLE = re.compile(r"-?[0-9]{1,30}")  # ASCII digits only: not "１０", "1e3" or "2.5"
 
 
 # -- what a researcher has -----------------------------------------------------------------
@@ -86,7 +88,8 @@ class StorageSummary:
         """Of the quota, 0-100 (the bar's width)."""
         if self.quota_bytes <= 0:
             return 100 if self.used.bytes else 0
-        return min(100, self.used.bytes * 100 // self.quota_bytes)
+        pct = min(100, self.used.bytes * 100 // self.quota_bytes)
+        return max(pct, 1) if self.used.bytes else pct  # a file is never "0 %"
 
     @property
     def over(self) -> bool:
@@ -143,6 +146,33 @@ def summary(user, *, book: RateBook | None = None) -> StorageSummary:
         max_gb=settings.SUANLI_STORAGE_MAX_GB,
         error=error,
     )
+
+
+@dataclass(frozen=True)
+class Held:
+    """A researcher's storage on an operator's page."""
+
+    used: storage.Usage
+    quota_gb: Decimal
+    extra_gb: int
+
+    @property
+    def used_gb(self) -> Decimal:
+        return (Decimal(self.used.bytes) / storage.GB).quantize(CENT_GB, rounding=ROUND_HALF_UP)
+
+
+def held_by(user_ids) -> tuple[dict[int, Held], str]:
+    """Each researcher's usage and quota, and the filesystem's words when it could not say
+    the usage (then every usage reads as unknown)."""
+    ids = list(user_ids)
+    error = ""
+    try:
+        used = storage.usages(ids)
+    except storage.QuotaError as exc:
+        used, error = {pk: storage.Usage(0, complete=False) for pk in ids}, exc.messages[0]
+    free = storage.free_gb()
+    extra = storage.extra_gbs(ids)
+    return {pk: Held(used[pk], free + extra[pk], extra[pk]) for pk in ids}, error
 
 
 # -- changing it ------------------------------------------------------------------------------
@@ -219,7 +249,7 @@ def quota_set(*, owner, extra_gb, now: datetime | None = None) -> StorageGrant |
 
 def _whole_gb(value) -> int:
     text = str(value).strip()
-    if not text.isascii() or not text.lstrip("-").isdigit() or len(text) > 9:
+    if not WHOLE.fullmatch(text):
         raise ValidationError(
             _("Give a whole number of GB, e.g. 50 (not %(value)s).") % {"value": text[:20]},
             code="not_a_number",

@@ -21,6 +21,7 @@ from django.utils.translation import gettext as _
 
 from billing import formatting
 from billing import selectors as money
+from billing import storage as bought
 from billing.models import LedgerEntry
 from billing.pricing import RateBook
 from console.powers import operator_required
@@ -301,6 +302,11 @@ def _csv_safe(text: str) -> str:
 @operator_required("billing.view_ledgerentry", "billing.view_account")
 def ops_billing(request):
     data = money.revenue(days=30)
+    accounts = Paginator(money.accounts_overview(), 50).get_page(request.GET.get("page"))
+    accounts.object_list = list(accounts.object_list)
+    held, storage_error = bought.held_by(a.user_id for a in accounts)
+    for account in accounts:
+        account.storage = held[account.user_id]
     days = [d.isoformat() for d in data["days"]]
     currency = RateBook.load().currency
     traces = [
@@ -322,7 +328,8 @@ def ops_billing(request):
             "per_model": {
                 name: sum(values, Decimal("0")) for name, values in data["series"].items()
             },
-            "accounts": Paginator(money.accounts_overview(), 50).get_page(request.GET.get("page")),
+            "accounts": accounts,
+            "storage_error": storage_error,
             "currency": currency,
         },
     )
