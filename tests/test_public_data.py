@@ -235,6 +235,9 @@ def test_researchers_see_only_what_is_published(client, alice, storage_root):
     assert "60,000 images" in page and "2.0\xa0KB" in page
     assert "not-yet" not in page and "still copying" not in page
     assert 'href="/public-data/"' in client.get("/").content.decode(), "in the nav"
+    assert (
+        'href="/public-data/"' in client.get("/storage/").content.decode().split("storage-pub")[1]
+    )
     form_page = client.get("/clusters/new/").content.decode()
     (checkbox,) = re.findall(r'<input[^>]*name="pub"[^>]*>', form_page)
     assert " checked" in checkbox, "ticked unless unticked"
