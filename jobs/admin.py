@@ -62,7 +62,7 @@ def report_check(request, host: Host) -> None:
         messages.error(
             request,
             _("Host %(name)s answers but is degraded: %(error)s")
-            % {"name": host.name, "error": host.last_error},
+            % {"name": host.name, "error": host.last_error_shown},
         )
     else:
         kind = _("emulated GPUs") if host.emulated_gpu else _("NVIDIA runtime")

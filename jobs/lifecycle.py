@@ -81,16 +81,22 @@ def request_stop(job_id: int) -> None:
 # -- hosts ------------------------------------------------------------------------------------
 
 
-def host_unhealthy(*, host: Host, state: str, words: str, at=None) -> Host:
-    """Record that a host is down (no answer) or degraded (cannot start containers): out
-    of placement from now. The first time in a spell, its clusters hear of it, and nodes
-    on a down host stop being charged (`Node.lost_at`); placement moves them later
-    (`scheduler.move_stranded`)."""
+def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Host:
+    """Record that a host is down (no answer) or degraded (cannot start containers, or a
+    proof of the host check failed): out of placement from now. The first time in a spell,
+    its clusters hear of it, and nodes on a down host stop being charged (`Node.lost_at`);
+    placement moves them later (`scheduler.move_stranded`). `words`: the engine's, or a
+    Text shown in the reader's language (Host.last_error_text)."""
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
         at = at or timezone.now()
         was = host.state
-        fields = {"state": state, "last_checked": at, "last_error": words[:2000]}
+        fields = {
+            "state": state,
+            "last_checked": at,
+            "last_error": str(words)[:2000],
+            "last_error_text": words.as_json() if isinstance(words, Text) else None,
+        }
         if was not in Host.UNHEALTHY:
             fields["unhealthy_since"] = at
         Host.objects.filter(pk=host.pk).update(**fields)

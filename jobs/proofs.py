@@ -403,6 +403,15 @@ def run(host: Host) -> tuple[str, list[Text]]:
 # -- the reasons --------------------------------------------------------------------------
 
 
+def lines(items: list[Text | str]) -> Text:
+    """Reasons (and notes) one a line, each in the reader's language where it is a Text."""
+    items = [item for item in items if item]
+    out = items[-1]
+    for item in reversed(items[:-1]):
+        out = Text(gettext_noop("%(line)s\n%(more)s"), line=item, more=out)
+    return out if isinstance(out, Text) else Text(gettext_noop("%(line)s"), line=out)
+
+
 def reach_reasons(reached: list[Target]) -> list[Text]:
     return [
         Text(gettext_noop("a container reached %(target)s (%(what)s)"), target=str(t), what=t.what)

@@ -110,7 +110,7 @@ def host_check(*, host_id: int) -> Host:
         reasons += proofs.swarm_reasons(host, facts)
         # An engine network over the hosts' own addresses: the engine would route them
         # into a bridge or an overlay, so the host is degraded until the network is gone.
-        words = [str(r) for r in reasons] + network.overlaps(host)
+        reasons += network.overlaps(host)
         facts["root_disk_enforced"] = _root_disk_enforced(host, facts["storage_driver"], backing_fs)
     except engine.EngineError as exc:
         return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc))
@@ -121,12 +121,12 @@ def host_check(*, host_id: int) -> Host:
         return host_unhealthy(
             host=host, state=Host.State.DEGRADED, words=f"cannot start containers: {exc}"
         )
-    if words:
+    if reasons:
         Host.objects.filter(pk=host.pk).update(
             **facts, emulated_gpu=not nvidia, last_seen=timezone.now()
         )
         return host_unhealthy(
-            host=host, state=Host.State.DEGRADED, words="\n".join(filter(None, [*words, note]))
+            host=host, state=Host.State.DEGRADED, words=proofs.lines([*reasons, note])
         )
     # The time of the outcome, not of the question: accrual may have run meanwhile.
     now = timezone.now()
@@ -140,6 +140,7 @@ def host_check(*, host_id: int) -> Host:
             last_checked=now,
             last_seen=now,
             last_error=note[:2000],
+            last_error_text=None,
             unhealthy_since=None,
         )
         host_outage_ended(host_id=host.pk, at=now)

@@ -191,6 +191,8 @@ def test_a_host_whose_firewall_is_removed_is_degraded_with_what_a_container_reac
         ):
             assert f"a container reached {reached}" in b.last_error, b.last_error
         assert b.pk not in scheduler.Fleet.load().hosts, "out of placement"
+        # The operators read it where they look, in their language (kept as words).
+        assert b.last_error_shown == b.last_error and b.last_error_text
         staff = Client()
         staff.force_login(operator)
         assert f"a container reached {registry}" in staff.get("/ops/hosts/").content.decode()
@@ -198,6 +200,7 @@ def test_a_host_whose_firewall_is_removed_is_degraded_with_what_a_container_reac
         _firewall(1, "apply")
     b = services.host_check(host_id=b.pk)
     assert b.state == Host.State.ACTIVE and b.last_error == "", b.last_error
+    assert b.last_error_text is None
 
 
 @real
