@@ -11,6 +11,7 @@ Axes records password failures through Django's `user_login_failed` signal, whic
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 
 from axes.handlers.proxy import AxesProxyHandler
@@ -90,6 +91,8 @@ def lockout_response(request: HttpRequest, *args, **kwargs) -> HttpResponse:
     message = lockout_message(request)
     if request.path.startswith("/api/"):
         return token_locked_response(request)
+    if request.path.startswith("/hosts/join/"):
+        return join_locked_response(request)
     next_url = request.POST.get(REDIRECT_FIELD_NAME) or request.GET.get(REDIRECT_FIELD_NAME, "")
     if request.path.startswith(reverse("admin:login")):
         context = {
@@ -116,6 +119,21 @@ def token_locked_response(request: HttpRequest) -> JsonResponse:
             "fields": {},
         },
         status=429,
+    )
+    response["Retry-After"] = str(wait)
+    return response
+
+
+def join_locked_response(request: HttpRequest) -> HttpResponse:
+    """The lock, to join.sh (console/views_hosts.py): a flat JSON object, one key a line."""
+    wait = cool_off_s(request)
+    message = (
+        "Too many refused join tokens, API tokens or log-ins from this address: it is locked "
+        f"for {max(1, math.ceil(wait / 60))} minutes. Check the token, or ask an operator to "
+        "unlock it (admin: Axes -> Access attempts)."
+    )
+    response = HttpResponse(
+        json.dumps({"error": message}, indent=0) + "\n", status=429, content_type="application/json"
     )
     response["Retry-After"] = str(wait)
     return response

@@ -266,8 +266,19 @@ if SUANLI_STORAGE_FS not in ("local", "moosefs"):
     )
 # The MooseFS master's client address (HOST:PORT) that joining hosts mount.
 SUANLI_STORAGE_MASTER = envstr("SUANLI_STORAGE_MASTER", "")
+# Where joining hosts mount it (empty: SUANLI_STORAGE_ROOT itself); the root may be a folder
+# inside the mount, at the same path on every host.
+SUANLI_STORAGE_MOUNT = envstr("SUANLI_STORAGE_MOUNT", "")
 # Where a worker writes an engine's TLS material (from the database) for the Docker SDK.
 SUANLI_TLS_DIR = Path(envstr("SUANLI_TLS_DIR", str(BASE_DIR / ".run" / "tls")))
+# Joining hosts (Hosts -> Add, jobs/joins.py, jobs/scripts/join.sh). The console's CA for the
+# engines (made on first use; its key never leaves this folder: share it between web
+# machines), how long an engine's certificate and a join token last, and the URL hosts
+# reach the console at (empty: the one the operator's browser used).
+SUANLI_CA_DIR = envstr("SUANLI_CA_DIR", "")  # empty: SUANLI_TLS_DIR/ca
+SUANLI_HOST_CERT_DAYS = envint("SUANLI_HOST_CERT_DAYS", 1825)
+SUANLI_JOIN_TOKEN_S = envint("SUANLI_JOIN_TOKEN_S", 3600)
+SUANLI_JOIN_URL = envstr("SUANLI_JOIN_URL", "")
 # Joining hosts (Hosts -> Add, jobs/joins.py, jobs/scripts/join.sh). The console's CA for the
 # engines (made on first use; its key never leaves this folder: share it between web
 # machines), how long an engine's certificate and a join token last, and the URL hosts

@@ -8,6 +8,7 @@ from console import (
     views_account,
     views_apps,
     views_billing,
+    views_hosts,
     views_images,
     views_monitoring,
     views_pools,
@@ -129,6 +130,13 @@ urlpatterns = [
     path("ops/hosts/<int:host_id>/drain/", views.ops_host_drain, name="ops_host_drain"),
     path("ops/hosts/<int:host_id>/reclaim/", views.ops_host_reclaim, name="ops_host_reclaim"),
     path("ops/hosts/", views.ops_hosts, name="ops_hosts"),
+    path("ops/hosts/add/", views_hosts.ops_host_add, name="ops_host_add"),
+    # What a joining host fetches and asks (jobs/scripts/join.sh): scripts public, the rest
+    # for token and credential holders only (console/views_hosts.py).
+    path("hosts/join.sh", views_hosts.join_script, name="host_join_script"),
+    path("hosts/host-firewall.sh", views_hosts.firewall_script, name="host_firewall_script"),
+    path("hosts/join/", views_hosts.join_api, name="host_join_api"),
+    path("hosts/join/image/", views_hosts.join_image, name="host_join_image"),
     path("ops/fleet/", views_monitoring.ops_fleet, name="ops_fleet"),
     path("ops/fleet.json", views_monitoring.ops_fleet_data, name="ops_fleet_data"),
     path("ops/hosts/<int:host_id>/check/", views.ops_host_check, name="ops_host_check"),

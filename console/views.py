@@ -32,7 +32,7 @@ from console.forms import (
 from console.logins import ssh_logins
 from console.powers import operator_required
 from console.views_billing import cluster_form_prices
-from jobs import images, storage
+from jobs import images, joins, storage
 from jobs import selectors as fleet
 from jobs import services as fleet_services
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
@@ -87,7 +87,11 @@ def signup(request):
 
 @operator_required("jobs.view_host")
 def ops_hosts(request):
-    return render(request, "console/ops_hosts.html", {"hosts": fleet.hosts_with_occupancy()})
+    return render(
+        request,
+        "console/ops_hosts.html",
+        {"hosts": fleet.hosts_with_occupancy(), "joins": joins.recent()},
+    )
 
 
 @operator_required("jobs.change_host")

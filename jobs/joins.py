@@ -153,11 +153,14 @@ def recent(*, hours: int = 24) -> list[HostJoin]:
     """Joins and leaves of the last hours for the Hosts page: waiting tokens, joins under
     way and how each ended; tokens that expired unused go after an hour."""
     now = timezone.now()
-    return list(
+    rows = list(
         HostJoin.objects.filter(created_at__gte=now - timedelta(hours=hours))
         .exclude(used_at__isnull=True, expires_at__lt=now - timedelta(hours=1))
         .select_related("host", "gpu_model", "created_by")[:50]
     )
+    for join in rows:
+        join.expired = join.expires_at <= now
+    return rows
 
 
 # -- the host's side -----------------------------------------------------------------
@@ -241,7 +244,7 @@ def _storage_offer() -> dict[str, str]:
     return {
         "storage_master": master,
         "storage_port": port,
-        "storage_path": str(settings.SUANLI_STORAGE_ROOT),
+        "storage_path": str(settings.SUANLI_STORAGE_MOUNT or settings.SUANLI_STORAGE_ROOT),
     }
 
 
@@ -277,7 +280,7 @@ def join_begin(
         kind=HostJoin.Kind.JOIN,
         host_name=name,
         host_address=address,
-        host_digest=_digest(credential),
+        host_digest=_digest(credential.split(".", 1)[1]),
         step="sign",
         error="",
         updated_at=now,
@@ -428,7 +431,7 @@ def leave_begin(
         used = HostJoin.objects.filter(pk=join.pk, used_at__isnull=True, expires_at__gt=now)
         if not used.update(
             used_at=now, kind=HostJoin.Kind.LEAVE, host=host, host_name=host.name,
-            host_address=host.address, host_digest=_digest(credential), step="leave",
+            host_address=host.address, host_digest=_digest(credential.split(".", 1)[1]), step="leave",
             error="", updated_at=now,
         ):  # fmt: skip
             raise Refused(REFUSED)

@@ -1,0 +1,403 @@
+"""An operator adds a host with one command (issue 38): Hosts -> Add makes a join token,
+jobs/scripts/join.sh uses it, the console signs the engine's certificate, registers the host
+and checks it; `join.sh leave` drains it and takes it out of the fleet.
+
+The first tests are the endpoints' (the database and the test client: who may make a
+token, what a wrong, used, expired or guessed one gets, what the console signs). The last
+ones run join.sh itself: against a console on the hosts' network, on a fresh third host
+made for the test (its own network and mount namespaces, its own engine), which joins,
+takes a cluster, and leaves.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import uuid
+from pathlib import Path
+
+import django_rq
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs import joins, pki, scheduler, services
+from jobs.models import GpuSlot, Host, HostJoin
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "jobs" / "scripts" / "join.sh"
+API = "/hosts/join/"
+HOST_IP = "172.29.0.99"  # where the unit tests' "host" posts from
+
+
+# -- personas and helpers ------------------------------------------------------------
+
+
+def _staff(name: str, *perms: str):
+    user = get_user_model().objects.create_user(name, password=f"{name}-pass-123", is_staff=True)
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app, codename=codename)
+        )
+    return user
+
+
+@pytest.fixture
+def hank(db):
+    """Staff who may add hosts (and see them), nothing else."""
+    return _staff("hank", "jobs.add_host", "jobs.view_host")
+
+
+@pytest.fixture
+def vera(db):
+    """Staff who may see hosts but not add them."""
+    return _staff("vera", "jobs.view_host")
+
+
+def csr_pem(*, cn="gpu-evil", sans=("evil.example", "10.9.9.9"), key=None) -> str:
+    key = key or ec.generate_private_key(ec.SECP256R1())
+    names = [
+        x509.IPAddress(ipaddress.ip_address(s)) if s[0].isdigit() else x509.DNSName(s) for s in sans
+    ]
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    from cryptography.hazmat.primitives import serialization
+
+    return request.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def call(client, source=HOST_IP, path=API, **body):
+    response = client.post(
+        path, json.dumps(body), content_type="application/json", REMOTE_ADDR=source
+    )
+    return response, (
+        json.loads(response.content) if response["Content-Type"] == "application/json" else None
+    )
+
+
+def make_token(user, **fields) -> str:
+    fields.setdefault("zone", "zone-join")
+    return joins.token_create(by=user, **fields)[1]
+
+
+def begin(client, token, *, name="gpu-c-01", address=HOST_IP, **extra):
+    return call(
+        client, source=extra.pop("source", HOST_IP), step="begin", token=token, name=name,
+        address=address, csr=extra.pop("csr", None) or csr_pem(), **extra,
+    )  # fmt: skip
+
+
+# -- who may make a token -------------------------------------------------------------
+
+
+def test_an_operator_with_the_power_makes_a_token_shown_once_and_kept_only_as_a_digest(
+    client, hank, catalog
+):
+    client.force_login(hank)
+    page = client.get(reverse("ops_hosts"))
+    assert reverse("ops_host_add") in page.content.decode(), "Hosts -> Add"
+    response = client.post(
+        reverse("ops_host_add"),
+        {"zone": "zone-b", "gpu_model": catalog["t4-16gb"].pk, "gpu_count": 2},
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    join = HostJoin.objects.get()
+    command = html.split('data-testid="join-command">')[1].split("<")[0]
+    assert command.startswith("curl -fsSL http://testserver/hosts/join.sh | sudo sh -s -- ")
+    token = command.rsplit(" ", 1)[1]
+    assert f"sudo sh join.sh --console http://testserver {token}" in html, "or copied over"
+    assert token.startswith(join.key + ".")
+    secret = token.split(".", 1)[1]
+    stored = json.dumps(list(HostJoin.objects.values()), default=str)
+    assert secret not in stored, "only the secret's digest is kept"
+    assert (join.zone, join.gpu_model, join.gpu_count, join.created_by) == (
+        "zone-b", catalog["t4-16gb"], 2, hank,
+    )  # fmt: skip
+    assert timezone.now() + datetime.timedelta(minutes=59) < join.expires_at
+    assert join.expires_at <= timezone.now() + datetime.timedelta(minutes=60)
+    # The page says how long it lasts and where the waiting token is.
+    assert "works once and expires at" in html
+    assert "waiting for a host" in client.get(reverse("ops_hosts")).content.decode()
+    # Shown once: no page shows it again.
+    assert token not in client.get(reverse("ops_host_add")).content.decode()
+    assert token not in client.get(reverse("ops_hosts")).content.decode()
+
+
+def test_staff_without_the_power_and_researchers_cannot_make_tokens(client, vera, alice):
+    client.force_login(vera)
+    assert client.get(reverse("ops_host_add")).status_code == 403
+    assert client.post(reverse("ops_host_add"), {"zone": "zone-a"}).status_code == 403
+    assert reverse("ops_host_add") not in client.get(reverse("ops_hosts")).content.decode()
+    client.force_login(alice)
+    response = client.post(reverse("ops_host_add"), {"zone": "zone-a"})
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert not HostJoin.objects.exists()
+
+
+def test_the_scripts_are_public_and_hold_no_secret(client, settings):
+    served = client.get("/hosts/join.sh")
+    assert served.status_code == 200
+    text = served.content.decode()
+    assert text.startswith("#!/bin/sh")
+    assert 'SUANLI_CONSOLE="${SUANLI_CONSOLE:-http://testserver}"' in text
+    assert (
+        text.replace("${SUANLI_CONSOLE:-http://testserver}", "${SUANLI_CONSOLE:-}")
+        == SCRIPT.read_text()
+    )
+    firewall = client.get("/hosts/host-firewall.sh")
+    assert firewall.status_code == 200 and b"SUANLI-TENANT-IN" in firewall.content
+    # A Host header the operator allowed is all the script is ever told; the setting wins.
+    settings.SUANLI_JOIN_URL = "https://console.example.org"
+    assert (
+        "SUANLI_CONSOLE:-https://console.example.org}"
+        in client.get("/hosts/join.sh").content.decode()
+    )
+
+
+# -- what a token holder gets, and what nobody else gets ------------------------------
+
+
+def test_a_guessed_expired_or_used_token_is_refused_alike_and_nothing_is_made(
+    client, hank, django_capture_on_commit_callbacks
+):
+    used = make_token(hank)
+    assert begin(client, used)[0].status_code == 200
+    expired = make_token(hank)
+    HostJoin.objects.filter(key=expired.split(".")[0]).update(
+        expires_at=timezone.now() - datetime.timedelta(seconds=1)
+    )
+    real = make_token(hank)
+    key, secret = real.split(".")
+    wrong_secret = f"{key}.{'A' * len(secret)}"
+    guessed = f"{uuid.uuid4().hex[:12]}.{secret}"
+    answers = set()
+    for token in (used, expired, wrong_secret, guessed, "", "x" * 5000, None, 12):
+        response, body = begin(client, token, name="gpu-c-02")
+        assert response.status_code == 403, token
+        answers.add(body["error"])
+    assert answers == {joins.REFUSED}, "one answer: it never says whether a token existed"
+    assert "expired, was used already, or was never made" in joins.REFUSED
+    assert Host.all_objects.count() == 0
+    assert HostJoin.objects.filter(key=key, used_at__isnull=True).exists(), "the real one is unused"
+    # The host's later steps need the credential the token bought: a token is not one.
+    with django_capture_on_commit_callbacks(execute=True):
+        response, body = call(client, step="register", credential=real)
+    assert (response.status_code, body["error"]) == (403, joins.REFUSED)
+    assert Host.all_objects.count() == 0
+
+
+def test_guessing_tokens_locks_the_address_even_for_a_valid_one(client, hank, settings):
+    settings.AXES_FAILURE_LIMIT = 3
+    token = make_token(hank)
+    for _ in range(2):
+        assert (
+            begin(client, f"{uuid.uuid4().hex[:12]}.{'B' * 43}", source="172.29.0.77")[
+                0
+            ].status_code
+            == 403
+        )
+    response, body = begin(client, f"{uuid.uuid4().hex[:12]}.{'B' * 43}", source="172.29.0.77")
+    assert response.status_code == 429 and "locked" in body["error"]
+    response, body = begin(client, token, source="172.29.0.77", address="172.29.0.77")
+    assert response.status_code == 429, "locked before any token is looked at"
+    assert begin(client, token)[0].status_code == 200, "another address is not locked"
+
+
+def test_a_researchers_session_is_no_credential_and_needs_no_csrf_token(client, alice):
+    client.force_login(alice)
+    for step in ("begin", "register", "status", "leave", "left", "report"):
+        response, body = call(client, step=step)
+        assert (response.status_code, body["error"]) == (403, joins.REFUSED), step
+    response, _ = call(client, path="/hosts/join/image/", image="suanli/busybox:latest")
+    assert response.status_code == 403
+    # Not JSON, or not an object: refused before anything is looked at.
+    assert client.post(API, {"step": "begin"}).status_code == 400
+    assert client.post(API, "[1]", content_type="application/json").status_code == 400
+    assert client.get(API).status_code == 405
+
+
+def test_the_console_signs_for_the_requests_address_only_whatever_the_csr_asks(client, hank):
+    token = make_token(hank)
+    # Another address than the request's: refused with why, and the token is not used.
+    response, body = begin(client, token, address="172.29.0.50")
+    assert response.status_code == 400
+    assert "says its address is 172.29.0.50 but its request comes from 172.29.0.99" in body["error"]
+    response, body = begin(client, token, csr="not a csr")
+    assert response.status_code == 400 and "not a PEM CSR" in body["error"]
+    response, body = begin(client, token, name="GPU_01!")
+    assert response.status_code == 400 and "host name" in body["error"]
+    response, body = begin(client, token)
+    assert response.status_code == 200, body
+    cert = x509.load_pem_x509_certificate(body["cert"].encode())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [HOST_IP]
+    assert sans.get_values_for_type(x509.DNSName) == []
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH], "it can open no other engine"
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "gpu-c-01"
+    ca = pki.authority()
+    assert body["ca"] == ca.cert_pem and "PRIVATE KEY" not in json.dumps(body)
+    cert.verify_directly_issued_by(ca.cert)
+    assert body["credential"].split(".")[0] == token.split(".")[0] and body["credential"] != token
+    assert begin(client, token)[0].status_code == 403, "used once"
+
+
+def test_behind_nat_the_token_names_the_address(client, hank):
+    token = make_token(hank, address="10.20.0.7")
+    response, body = begin(client, token, address="10.20.0.8", source="203.0.113.9")
+    assert (
+        response.status_code == 400 and "this token is for the host at 10.20.0.7" in body["error"]
+    )
+    response, body = begin(client, token, address="10.20.0.7", source="203.0.113.9")
+    assert response.status_code == 200, body
+
+
+def test_register_makes_the_host_with_the_consoles_own_client_key_and_queues_its_check(
+    client, hank, catalog, django_capture_on_commit_callbacks
+):
+    token = make_token(hank, gpu_model=catalog["a10-24gb"], gpu_count=2, build_host=True)
+    credential = begin(client, token)[1]["credential"]
+    with django_capture_on_commit_callbacks(execute=True):
+        response, body = call(client, step="register", credential=credential)
+    assert response.status_code == 200, body
+    host = Host.objects.get(name="gpu-c-01")
+    assert body == {"name": "gpu-c-01", "state": "checking", "engine": f"tcp://{HOST_IP}:2376"}
+    assert (host.engine_url, host.address, host.zone) == (
+        f"tcp://{HOST_IP}:2376",
+        HOST_IP,
+        "zone-join",
+    )
+    assert (host.gpu_model, host.gpu_count, host.build_host) == (catalog["a10-24gb"], 2, True)
+    assert host.slots.count() == 2
+    client_cert = x509.load_pem_x509_certificate(host.tls_cert.encode())
+    client_cert.verify_directly_issued_by(pki.authority().cert)
+    usage = client_cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert host.tls_ca == pki.authority().cert_pem
+    queued = django_rq.get_queue("docker").fetch_job(f"host-check-{host.pk}")
+    assert queued is not None and queued.func_name == "jobs.tasks.host_check"
+    assert queued.args == [host.pk]
+    # The Hosts page: checking until the check says more.
+    client.force_login(hank)
+    html = client.get(reverse("ops_hosts")).content.decode()
+    row = html.split('data-host="gpu-c-01"')[1].split("</tr>")[0]
+    assert 'data-testid="host-checking"' in row
+    # The credential is the host's: from another address it registers nothing.
+    response, body = call(client, source="172.29.0.98", step="register", credential=credential)
+    assert response.status_code == 400 and "comes from 172.29.0.98" in body["error"]
+
+
+def test_a_host_that_joins_again_is_updated_and_its_old_credential_ends(client, hank, catalog):
+    first = begin(client, make_token(hank))[1]["credential"]
+    call(client, step="register", credential=first)
+    host = Host.objects.get()
+    second = begin(client, make_token(hank, zone="zone-b"))[1]["credential"]
+    response, body = call(client, step="register", credential=second)
+    assert response.status_code == 200, body
+    again = Host.objects.get()
+    assert (again.pk, again.zone) == (host.pk, "zone-b"), "the same host, updated"
+    assert call(client, step="status", credential=first)[0].status_code == 403
+    assert call(client, step="status", credential=second)[1]["name"] == "gpu-c-01"
+    # Another name at the same address would be a second host on one engine: refused.
+    response, body = begin(client, make_token(hank), name="gpu-c-02")
+    assert response.status_code == 400 and "is host gpu-c-01 already" in body["error"]
+
+
+def test_detected_gpus_come_from_nvidia_smi_and_the_catalogs_name_for_them(client, hank, catalog):
+    credential = begin(client, make_token(hank))[1]["credential"]
+    response, body = call(
+        client,
+        step="register",
+        credential=credential,
+        gpu_count="8",
+        gpu_name="NVIDIA A100-SXM4-80GB",
+    )
+    assert response.status_code == 200, body
+    assert (Host.objects.get().gpu_model, Host.objects.get().gpu_count) == (catalog["a100-80gb"], 8)
+    credential = begin(client, make_token(hank))[1]["credential"]
+    response, body = call(
+        client, step="register", credential=credential, gpu_count="4", gpu_name="Tesla V100"
+    )
+    assert response.status_code == 400
+    assert "no GPU model of the catalog is called so" in body["error"]
+
+
+def test_a_failing_step_is_reported_on_the_hosts_page(client, hank):
+    token = make_token(hank)
+    response, body = call(
+        client,
+        step="report",
+        token=token,
+        failed_step="engine",
+        error="apt-get install docker.io failed: E: no network",
+    )
+    assert response.status_code == 200
+    client.force_login(hank)
+    html = client.get(reverse("ops_hosts")).content.decode()
+    status = html.split(f'data-join="{token.split(".")[0]}"')[1].split("</tr>")[0]
+    assert "join failed" in status and "Step engine:" in status and "E: no network" in status
+    assert begin(client, token)[0].status_code == 200, "reporting does not use the token up"
+
+
+def test_leave_drains_waits_for_the_clusters_and_removes_the_host(
+    client, hank, catalog, alice, make_cluster
+):
+    token = make_token(hank, gpu_model=catalog["t4-16gb"], gpu_count=1)
+    credential = begin(client, token)[1]["credential"]
+    call(client, step="register", credential=credential)
+    Host.objects.update(state=Host.State.ACTIVE, last_checked=timezone.now())
+    cluster = make_cluster(alice, "on-c", model="t4-16gb")
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.node_set.get().host.name == "gpu-c-01"
+    response, body = call(client, step="leave", credential=credential)
+    assert response.status_code == 200 and body["state"] == "draining"
+    assert Host.objects.get().state == Host.State.DRAINING
+    progress = call(client, step="leave-status", credential=body["credential"])[1]
+    assert progress["empty"] == "no" and progress["nodes"] == "1" and "on-c" in progress["clusters"]
+    response, body = call(client, step="left", credential=body["credential"])
+    assert response.status_code == 400 and "clusters still run" in body["error"]
+    services.cluster_release(cluster=cluster)
+    # No engine behind this host to confirm its containers are gone: as if it had.
+    GpuSlot.objects.update(node=None)
+    assert call(client, step="leave-status", credential=credential)[1]["empty"] == "yes"
+    response, body = call(client, step="left", credential=credential)
+    assert response.status_code == 200, body
+    assert not Host.objects.exists(), "out of the fleet"
+    assert Host.all_objects.get().state == Host.State.LEFT, "kept as its nodes' history"
+    assert call(client, step="status", credential=credential)[0].status_code == 403, (
+        "credential ended"
+    )
+    client.force_login(hank)
+    assert 'data-host="gpu-c-01"' not in client.get(reverse("ops_hosts")).content.decode()
+    # It may join again, under its name: the same row comes back.
+    again = begin(client, make_token(hank))[1]["credential"]
+    call(client, step="register", credential=again)
+    assert Host.objects.get().pk == Host.all_objects.get().pk
+
+
+def test_a_host_that_never_ran_anything_is_deleted_when_it_leaves(client, hank):
+    credential = begin(client, make_token(hank))[1]["credential"]
+    call(client, step="register", credential=credential)
+    token = make_token(hank)
+    response, body = call(client, source="172.29.0.50", step="leave", token=token, name="gpu-c-01")
+    assert (
+        response.status_code == 400 and "no host named 'gpu-c-01' at 172.29.0.50" in body["error"]
+    )
+    response, body = call(client, step="leave", token=token, name="gpu-c-01")
+    assert response.status_code == 200, body
+    assert call(client, step="left", credential=body["credential"])[0].status_code == 200
+    assert not Host.all_objects.exists()
