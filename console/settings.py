@@ -279,14 +279,6 @@ SUANLI_CA_DIR = envstr("SUANLI_CA_DIR", "")  # empty: SUANLI_TLS_DIR/ca
 SUANLI_HOST_CERT_DAYS = envint("SUANLI_HOST_CERT_DAYS", 1825)
 SUANLI_JOIN_TOKEN_S = envint("SUANLI_JOIN_TOKEN_S", 3600)
 SUANLI_JOIN_URL = envstr("SUANLI_JOIN_URL", "")
-# Joining hosts (Hosts -> Add, jobs/joins.py, jobs/scripts/join.sh). The console's CA for the
-# engines (made on first use; its key never leaves this folder: share it between web
-# machines), how long an engine's certificate and a join token last, and the URL hosts
-# reach the console at (empty: the one the operator's browser used).
-SUANLI_CA_DIR = envstr("SUANLI_CA_DIR", "")  # empty: SUANLI_TLS_DIR/ca
-SUANLI_HOST_CERT_DAYS = envint("SUANLI_HOST_CERT_DAYS", 1825)
-SUANLI_JOIN_TOKEN_S = envint("SUANLI_JOIN_TOKEN_S", 3600)
-SUANLI_JOIN_URL = envstr("SUANLI_JOIN_URL", "")
 
 # HTTPS hardening is on whenever DEBUG is off; SUANLI_HTTPS=0 serves plain HTTP behind a
 # trusted proxy that terminates TLS elsewhere (and only then).
