@@ -76,6 +76,7 @@ OWN = {
     "billing_statement", "billing_statement_detail", "cluster_cost", "webhooks",
     "webhook_detail", "webhook_test", "webhook_rotate", "webhook_delete", "webhook_redeliver",
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
+    "storage",
 }  # fmt: skip
 API_OWN = {
     "openapi-json", "openapi-view", "api-root", "clusters", "cluster_create", "cluster",
