@@ -165,3 +165,42 @@ def test_the_burn_rate_counts_the_storage_bought(alice, priced_storage):
         # 40 x 0.000713 = 0.02852 per hour
         assert selectors.burn_per_hour(alice) == Decimal("0.0285")
     assert storage.extra_gb(alice.pk, at=at(1)) == 40
+
+
+def test_two_bills_run_at_once_charge_each_hour_once(alice, bob, fund, priced_storage):
+    """Two cron runs that overlap (two workers): the meters' row locks let one bill each
+    hour and the other find nothing left to do."""
+    import threading
+
+    from django.db import connection
+
+    fund(bob, "100")
+    set_size(alice, 10, 0)
+    set_size(bob, 20, 30)
+    reports, errors = [], []
+    start = threading.Barrier(2)
+
+    def run():
+        try:
+            start.wait()
+            reports.append(bought.accrue(now=at(600)))
+        except Exception as exc:  # shown below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(r.entries for r in reports) == 10 + 10  # alice 10 hours, bob 9.5 in 10 lines
+    for user, gb, hours in ((alice, 10, 10), (bob, 20, Decimal("9.5"))):
+        entries = storage_entries(user)
+        assert entries.count() == 10
+        exact = gb * hours * Decimal(RATE)
+        assert -entries.aggregate(s=Sum("amount"))["s"] == exact.quantize(Decimal("0.0001"))
+        assert Account.objects.get(user=user).balance == Decimal("100") - exact.quantize(
+            Decimal("0.0001")
+        )
