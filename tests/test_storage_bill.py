@@ -204,3 +204,25 @@ def test_two_bills_run_at_once_charge_each_hour_once(alice, bob, fund, priced_st
         assert Account.objects.get(user=user).balance == Decimal("100") - exact.quantize(
             Decimal("0.0001")
         )
+
+
+def test_storage_that_empties_the_balance_stops_her_clusters(
+    alice, rate_card, fund, storage_root, paper_host, make_cluster
+):
+    from jobs import scheduler
+
+    rate_card({}, effective_from=H0 - timedelta(days=1), storage_per_gb_hour=Decimal(RATE))
+    fund(alice, "0.05")
+    set_size(alice, 100, 0)  # 0.0713 an hour
+    cluster = make_cluster(alice, "c1")
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    assert cluster.state == "running"
+    report = bought.accrue(now=at(60))
+    account = Account.objects.get(user=alice)
+    assert report.exhausted == [account.pk]
+    assert account.balance == Decimal("0.05") - Decimal("0.0713")
+    assert account.exhausted_at is not None
+    cluster.refresh_from_db()
+    assert cluster.state in ("releasing", "released"), cluster.state
+    assert storage.extra_gb(alice.pk) == 100, "her files keep their room"
