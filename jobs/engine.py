@@ -45,13 +45,25 @@ def _tls_files(host: Host) -> TLSConfig:
     )
 
 
+class _EngineAPI(docker.APIClient):
+    """The SDK's client, whose TLS is verified against the engine's CA only: requests lets
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE win over a session's own CA (psf/requests#3829),
+    which fails every tcp:// engine wherever the environment names a bundle."""
+
+    def merge_environment_settings(self, url, proxies, stream, verify, cert):
+        merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if isinstance(self.verify, str) and verify is None:
+            merged["verify"] = self.verify
+        return merged
+
+
 def client_for(host: Host, *, timeout: int | None = None) -> docker.DockerClient:
     timeout = timeout or settings.SUANLI_ENGINE_TIMEOUT
     tls = _tls_files(host) if host.uses_tls else False
     try:
-        return docker.DockerClient(
-            base_url=host.engine_url, tls=tls, timeout=timeout, version="auto"
-        )
+        client = docker.DockerClient.__new__(docker.DockerClient)  # its __init__ makes .api
+        client.api = _EngineAPI(base_url=host.engine_url, tls=tls, timeout=timeout, version="auto")
+        return client
     except docker.errors.DockerException as exc:
         raise EngineError(describe(exc)) from exc
 
