@@ -131,6 +131,11 @@ urlpatterns = [
     path("ops/hosts/<int:host_id>/reclaim/", views.ops_host_reclaim, name="ops_host_reclaim"),
     path("ops/hosts/", views.ops_hosts, name="ops_hosts"),
     path("ops/hosts/add/", views_hosts.ops_host_add, name="ops_host_add"),
+    path(
+        "ops/hosts/joins/<int:join_id>/revoke/",
+        views_hosts.ops_host_join_revoke,
+        name="ops_host_join_revoke",
+    ),
     # What a joining host fetches and asks (jobs/scripts/join.sh): scripts public, the rest
     # for token and credential holders only (console/views_hosts.py).
     path("hosts/join.sh", views_hosts.join_script, name="host_join_script"),

@@ -21,8 +21,10 @@ import re
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -32,6 +34,7 @@ from console.auth import join_locked_response, token_failed, token_locked
 from console.forms_hosts import JoinTokenForm
 from console.powers import operator_required
 from jobs import joins
+from jobs.models import HostJoin
 
 SCRIPTS = Path(jobs.__file__).resolve().parent / "scripts"
 MAX_BODY = 64 * 1024
@@ -66,6 +69,20 @@ def ops_host_add(request):
         "console/ops_host_add.html",
         {"form": form, "made": made, "joins": joins.recent(), "minutes": _token_minutes()},
     )
+
+
+@operator_required("jobs.add_host")
+@require_POST
+def ops_host_join_revoke(request, join_id: int):
+    join = get_object_or_404(HostJoin, pk=join_id)
+    if joins.token_revoke(join=join):
+        messages.success(request, _("The join token is revoked: nobody can use it now."))
+    else:
+        messages.error(
+            request,
+            _("That token was used already: a host that joined leaves with join.sh leave."),
+        )
+    return redirect("ops_hosts")
 
 
 def _token_minutes() -> int:

@@ -149,6 +149,15 @@ def token_create(
     return join, f"{key}.{secret}"
 
 
+def token_revoke(*, join: HostJoin) -> bool:
+    """An operator takes back a token nobody used yet: it is refused from now on."""
+    return bool(
+        HostJoin.objects.filter(pk=join.pk, used_at__isnull=True).update(
+            expires_at=timezone.now(), step="revoked", updated_at=timezone.now()
+        )
+    )
+
+
 def recent(*, hours: int = 24) -> list[HostJoin]:
     """Joins and leaves of the last hours for the Hosts page: waiting tokens, joins under
     way and how each ended; tokens that expired unused go after an hour."""
@@ -521,6 +530,8 @@ def image_export(*, credential: object, image: object) -> Iterator[bytes]:
     """`docker save` of a helper image from a host of the fleet that has it, for the
     joining host to `docker load`. Raises Invalid when no host has it."""
     join = by_credential(credential)
+    if join.kind != HostJoin.Kind.JOIN or join.host_id is not None:
+        raise Invalid("helper images are for a host while it joins, before it registers")
     if image not in helper_images():
         raise Invalid(f"{str(image)[:100]!r} is not one of the helper images")
     for host in Host.objects.filter(state=Host.State.ACTIVE).exclude(pk=join.host_id):

@@ -231,8 +231,8 @@ class Host(models.Model):
 
     # The fleet: every part of the console reads hosts through `objects`, which never
     # shows a host that left; the admin, unique checks and a host joining again see all.
-    objects = InFleet()
     all_objects = models.Manager()
+    objects = InFleet()
 
     class Meta:
         verbose_name = gettext_lazy("host")

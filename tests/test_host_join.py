@@ -414,6 +414,91 @@ def test_a_host_that_never_ran_anything_is_deleted_when_it_leaves(client, hank):
     assert not Host.all_objects.exists()
 
 
+def test_an_operator_revokes_a_waiting_token(client, hank, vera):
+    token = make_token(hank)
+    join = HostJoin.objects.get()
+    client.force_login(vera)
+    assert client.post(reverse("ops_host_join_revoke", args=[join.pk])).status_code == 403
+    client.force_login(hank)
+    assert "Revoke" in client.get(reverse("ops_hosts")).content.decode()
+    client.post(reverse("ops_host_join_revoke", args=[join.pk]))
+    assert begin(client, token)[1]["error"] == joins.REFUSED
+    status = client.get(reverse("ops_hosts")).content.decode().split(f'data-join="{join.key}"')[1]
+    assert "revoked" in status.split("</tr>")[0]
+
+
+def test_helper_images_are_for_a_joining_host_only(client, hank):
+    credential = begin(client, make_token(hank))[1]["credential"]
+    response, body = call(client, path="/hosts/join/image/", credential=credential, image="evil/x")
+    assert response.status_code == 400 and "not one of the helper images" in body["error"]
+    call(client, step="register", credential=credential)
+    response, body = call(
+        client, path="/hosts/join/image/", credential=credential, image="suanli/busybox:latest"
+    )
+    assert response.status_code == 400 and "before it registers" in body["error"]
+
+
+def _join_sh(live_server, tmp_path, *args, **env) -> subprocess.CompletedProcess:
+    """The script copied over (no namespaces: it stops at a step before it changes this
+    machine), its files under tmp_path."""
+    base = {
+        "PATH": os.environ["PATH"],
+        "SUANLI_JOIN_ROOT": str(tmp_path / "root"),
+        "SUANLI_JOIN_NO_APT": "1",
+        "SUANLI_JOIN_NAME": "gpu-c-09",
+        "TMPDIR": str(tmp_path),
+    }
+    return subprocess.run(
+        ["sh", str(SCRIPT), "--console", live_server.url, *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_step_that_fails_says_which_and_why_here_and_on_the_hosts_page(
+    live_server, client, hank, tmp_path
+):
+    token = make_token(hank)
+    run = _join_sh(live_server, tmp_path, token, SUANLI_JOIN_ADDRESS="10.9.9.9")
+    assert run.returncode == 1
+    assert (
+        "join.sh: step sign failed: the console answered 400: this host says its address is "
+        "10.9.9.9 but its request comes from 127.0.0.1" in run.stderr
+    ), run.stderr
+    client.force_login(hank)
+    html = client.get(reverse("ops_hosts")).content.decode()
+    status = html.split(f'data-join="{token.split(".")[0]}"')[1].split("</tr>")[0]
+    assert "join failed" in status and "Step sign:" in status and "10.9.9.9" in status
+    assert "still good for" in status, "the token is not used up: run it again once fixed"
+    # No engine on this "host": the step that says so, and the same on the page.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(":"):
+        for tool in Path(folder).glob("*") if Path(folder).is_dir() else []:
+            if tool.name not in ("dockerd", "docker") and not (bin_dir / tool.name).exists():
+                (bin_dir / tool.name).symlink_to(tool)
+    run = _join_sh(live_server, tmp_path, token, SUANLI_JOIN_ADDRESS="127.0.0.1", PATH=str(bin_dir))
+    assert run.returncode == 1
+    assert (
+        "join.sh: step engine failed: dockerd is not installed (Debian package docker.io) and "
+        "SUANLI_JOIN_NO_APT=1" in run.stderr
+    ), run.stderr
+    html = client.get(reverse("ops_hosts")).content.decode()
+    assert "Step engine:" in html.split(f'data-join="{token.split(".")[0]}"')[1].split("</tr>")[0]
+    assert HostJoin.objects.get().used_at is None and not Host.all_objects.exists()
+    # And a token that is no good is refused before anything happens to the host.
+    run = _join_sh(
+        live_server,
+        tmp_path,
+        f"{uuid.uuid4().hex[:12]}.{'C' * 43}",
+        SUANLI_JOIN_ADDRESS="127.0.0.1",
+    )
+    assert "join.sh: step sign failed: the console answered 403: This join token" in run.stderr
+    assert not (tmp_path / "root" / "etc" / "docker" / "suanli" / "cert.pem").exists()
+
+
 # -- the real thing: a fresh third host joins, takes a cluster and leaves -------------
 
 NETNS = "suanli-test-join"
