@@ -44,6 +44,8 @@ OPERATOR_PAGES = {
     "ops_host_drain": ("POST", ["jobs.drain_host"]),
     "ops_host_reclaim": ("POST", ["jobs.reclaim_spot"]),
     "ops_host_check": ("POST", ["jobs.change_host"]),
+    "ops_host_add": ("GET", ["jobs.add_host"]),
+    "ops_host_join_revoke": ("POST", ["jobs.add_host"]),
 }
 # Another researcher's job: the owner's pages, open to whoever holds the permission;
 # anyone else gets the 404 every other researcher gets (its existence is not revealed).
@@ -78,6 +80,9 @@ OWN = {
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
     "storage",
 }  # fmt: skip
+# No session at all: the join scripts are public, the join endpoints answer token and
+# credential holders only, whoever is signed in (tests/test_host_join.py).
+JOIN = {"host_join_script", "host_firewall_script", "host_join_api", "host_join_image"}
 API_OWN = {
     "openapi-json", "openapi-view", "api-root", "clusters", "cluster_create", "cluster",
     "cluster_release", "cluster_stop", "cluster_start", "cluster_resize", "jobs", "job_submit",
@@ -166,7 +171,7 @@ def _include(prefix: str) -> URLResolver:
 def test_every_url_is_classified():
     """A URL added later is walked by these tests only once it is listed above."""
     top = {p.name or p.lookup_str for p in get_resolver().url_patterns if isinstance(p, URLPattern)}
-    listed = OWN | set(OPERATOR_PAGES) | set(JOB_PAGES)
+    listed = OWN | set(OPERATOR_PAGES) | set(JOB_PAGES) | JOIN
     assert top <= listed, (
         f"classify each new URL here (OWN, OPERATOR_PAGES or JOB_PAGES): {sorted(top - listed)}"
     )
@@ -183,7 +188,7 @@ def _call(client, method, url, data=None):
 
 
 def _operator_args(name, paper_host) -> list:
-    return [paper_host.pk] if name.startswith("ops_host_") else []
+    return [paper_host.pk] if name.startswith("ops_host_") and name != "ops_host_add" else []
 
 
 def test_operator_pages_refuse_staff_without_their_permission(client, staff, paper_host):
