@@ -100,8 +100,11 @@ def host_check(*, host_id: int) -> Host:
     engine's words when it answers but cannot run the canary; down when it does not answer.
 
     The engine is asked outside any transaction so a slow engine holds no row lock.
+    A host that left the fleet (`join.sh leave`) is not asked: it is returned as it is.
     """
-    host = Host.objects.get(pk=host_id)
+    host = Host.all_objects.get(pk=host_id)
+    if host.state == Host.State.LEFT:
+        return host
     try:
         facts = engine.engine_facts(host)
         nvidia = facts.pop("nvidia")

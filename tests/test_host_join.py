@@ -389,6 +389,8 @@ def test_leave_drains_waits_for_the_clusters_and_removes_the_host(
     assert response.status_code == 200, body
     assert not Host.objects.exists(), "out of the fleet"
     assert Host.all_objects.get().state == Host.State.LEFT, "kept as its nodes' history"
+    left = services.host_check(host_id=Host.all_objects.get().pk)
+    assert left.state == Host.State.LEFT, "a check never brings it back"
     assert call(client, step="status", credential=credential)[0].status_code == 403, (
         "credential ended"
     )
