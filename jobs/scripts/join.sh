@@ -258,12 +258,13 @@ restart_dockerd() {
         if [ "${1:-}" = local ]; then
             rm -f "$dropin/suanli.conf"
         else
-            # fd://: Debian's docker.socket holds the local socket; the TCP one is added.
+            # Debian's unit, plus the TCP socket with TLS: fd:// (docker.socket holds the
+            # local socket) and $DOCKER_OPTS (/etc/default/docker) as Debian starts it.
             cat >"$dropin/suanli.conf" <<EOF
 # Written by Suanli's join.sh: the engine listens for the console with TLS.
 [Service]
 ExecStart=
-ExecStart=/usr/sbin/dockerd -H fd:// -H tcp://$ADDRESS:$ENGINE_PORT --tlsverify --tlscacert=$TLS/ca.pem --tlscert=$TLS/cert.pem --tlskey=$TLS/key.pem --containerd=/run/containerd/containerd.sock
+ExecStart=$(command -v dockerd) -H fd:// \$DOCKER_OPTS -H tcp://$ADDRESS:$ENGINE_PORT --tlsverify --tlscacert=$TLS/ca.pem --tlscert=$TLS/cert.pem --tlskey=$TLS/key.pem
 EOF
         fi
         systemctl daemon-reload && systemctl enable docker >/dev/null 2>&1 &&
