@@ -159,6 +159,7 @@ need_package() { # need_package COMMAND PACKAGE
 preflight() {
     step preflight "checking this host and the console"
     [ "$(id -u)" = 0 ] || fail "run it as root (sudo sh join.sh ...)"
+    rm -f "$CREDENTIAL.new" # an earlier join's that did not finish: this one reports alone
     command -v curl >/dev/null 2>&1 || fail "curl is not installed (apt-get install curl)"
     [ -n "$SUANLI_CONSOLE" ] || fail "which console? run it with --console https://CONSOLE, or set SUANLI_CONSOLE"
     case "$SUANLI_CONSOLE" in http://* | https://*) ;; *) fail "the console's URL must start with https:// (or http://)" ;; esac
