@@ -15,6 +15,6 @@ export DATABASE_URL="${DATABASE_URL%/*}/suanli_bench" LOG_LEVEL=WARNING SUANLI_S
 PGPASSWORD=suanli psql -h 127.0.0.1 -U suanli -d suanli -tAc "SELECT 1 FROM pg_database WHERE datname='suanli_bench'" | grep -q 1 \
   || PGPASSWORD=suanli psql -h 127.0.0.1 -U suanli -d suanli -qc "CREATE DATABASE suanli_bench"
 python manage.py migrate --no-input -v0
-for bench in bench/placement.py bench/job_start.py bench/jobs_burst.py bench/accrual.py bench/reclaim.py bench/monitor.py bench/pages.py bench/gateway.py bench/stop_start.py bench/images.py bench/log_fanout.py bench/profile.py bench/pools.py bench/storage.py; do
+for bench in bench/placement.py bench/job_start.py bench/jobs_burst.py bench/accrual.py bench/reclaim.py bench/monitor.py bench/pages.py bench/gateway.py bench/stop_start.py bench/images.py bench/log_fanout.py bench/profile.py bench/pools.py bench/storage.py bench/join.py; do
   python "$bench"
 done
