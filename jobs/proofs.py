@@ -467,11 +467,13 @@ def swarm_reason(state: str, swarm: str, others: list[str]) -> Text | None:
 def swarm_reasons(host: Host, facts: dict) -> list[Text]:
     """The swarm proof of a host whose engine said `facts` (engine.engine_facts), against
     the other hosts that answer (a down host's swarm is what it was)."""
-    others = list(
-        Host.objects.exclude(pk=host.pk)
-        .exclude(state=Host.State.DOWN)
-        .values_list("swarm_cluster", flat=True)
-    )
+    answering = Host.objects.exclude(pk=host.pk).exclude(state=Host.State.DOWN)
+    if answering.exists() and not answering.filter(swarm_state="active").exists():
+        # No swarm in the fleet yet (its first hosts, joined before anyone ran `docker
+        # swarm init`): nothing to be out of. Each host takes clusters whose nodes all fit
+        # on it (jobs/network.py), as join.sh says.
+        return []
+    others = list(answering.values_list("swarm_cluster", flat=True))
     if not others and Host.objects.exclude(pk=host.pk).exists():
         others = [""]  # only down hosts besides it: still a fleet, whose swarm is unknown
     reason = swarm_reason(facts.get("swarm_state", ""), facts.get("swarm_cluster", ""), others)

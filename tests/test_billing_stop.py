@@ -520,6 +520,7 @@ def test_the_rate_card_admin_versions_the_stop_prices(client, operator, rate_car
             "effective_from_0": "2026-12-01", "effective_from_1": "09:00:00",
             "currency": "CNY", "spot_discount_pct": "60.00", "min_charge_s": "0",
             "no_gpu_per_hour": "0.2000", "stopped_per_hour": "0.0300", "note": "stop prices",
+            "storage_per_gb_hour": "0.0003",
             "prices-TOTAL_FORMS": "1", "prices-INITIAL_FORMS": "0",
             "prices-MIN_NUM_FORMS": "0", "prices-MAX_NUM_FORMS": "1000",
             "prices-0-gpu_model": str(catalog["a100-80gb"].pk), "prices-0-per_hour": RATE,

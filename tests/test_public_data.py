@@ -234,7 +234,7 @@ def test_researchers_see_only_what_is_published(client, alice, storage_root):
     assert 'data-name="cifar-10"' in page and "/pub/cifar-10" in page
     assert "60,000 images" in page and "2.0\xa0KB" in page
     assert "not-yet" not in page and "still copying" not in page
-    assert 'href="/public-data/"' in client.get("/").content.decode(), "in the nav"
+    assert 'href="/public-data/"' in client.get("/clusters/new/").content.decode(), "the form's"
     assert (
         'href="/public-data/"' in client.get("/storage/").content.decode().split("storage-pub")[1]
     )
