@@ -66,7 +66,7 @@ declare -A ENGINE_IP=([a]=172.29.0.11 [b]=172.29.0.12)
 declare -A ADDR_POOL=([a]=172.29.64.0/18 [b]=172.29.128.0/18)
 SWARM_POOL=172.29.192.0/18
 # The private image registry (researchers' own images) on the hosts' network, where every
-# engine reaches it; tenant containers do not (the firewall drops private ranges).
+# engine reaches it; tenant containers do not (the firewall refuses private ranges).
 REGISTRY_DIR="$RUN_DIR/registry"
 REGISTRY_PORT="${SUANLI_TEST_REGISTRY_PORT:-5443}"
 # MooseFS: its state (fresh every start: the suite's files are its own), the console's mount
