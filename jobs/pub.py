@@ -55,7 +55,8 @@ DRAFTS = "pub-drafts"
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 EXEC_MODE = 0o755
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_CLOEXEC = os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC
 
 
 def live_root() -> Path:
@@ -180,7 +181,7 @@ def prepare(path: Path) -> Measure:
     as_root = os.geteuid() == 0
     size = files = 0
     for top, dirs, names, top_fd in os.fwalk(path, follow_symlinks=False):
-        _fix(top_fd, None, os.fstat(top_fd), as_root)
+        _fix(top_fd, None, os.fstat(top_fd), as_root, top)
         for name in dirs + names:
             found = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
             if stat.S_ISLNK(found.st_mode):
@@ -188,7 +189,7 @@ def prepare(path: Path) -> Measure:
                     os.chown(name, 0, 0, dir_fd=top_fd, follow_symlinks=False)
                 continue
             if stat.S_ISREG(found.st_mode):
-                _fix(top_fd, name, found, as_root)
+                _fix(top_fd, name, found, as_root, os.path.join(top, name))
                 size += found.st_size
                 files += 1
             elif not stat.S_ISDIR(found.st_mode):
@@ -203,23 +204,46 @@ def _special(path: str) -> str:
     ) % {"path": path}
 
 
-def _fix(dir_fd: int, name: str | None, found: os.stat_result, as_root: bool) -> None:
+def _fix(dir_fd: int, name: str | None, found: os.stat_result, as_root: bool, where: str) -> None:
     """Root's and readable by all: the entry `name` of `dir_fd`, or (None) `dir_fd` itself."""
     if stat.S_ISDIR(found.st_mode):
         mode = DIR_MODE
     else:
         mode = EXEC_MODE if found.st_mode & 0o111 else FILE_MODE
     owner = as_root and (found.st_uid, found.st_gid) != (0, 0)
-    if name is None:
-        if owner:
-            os.fchown(dir_fd, 0, 0)
-        if stat.S_IMODE(found.st_mode) != mode:
-            os.fchmod(dir_fd, mode)
+    if not owner and stat.S_IMODE(found.st_mode) == mode:
         return
-    if owner:
-        os.chown(name, 0, 0, dir_fd=dir_fd, follow_symlinks=False)
-    if stat.S_IMODE(found.st_mode) != mode:
-        os.chmod(name, mode, dir_fd=dir_fd)
+    if name is None:
+        fd = dir_fd
+    else:
+        # By a descriptor of the very file measured, never by its name: a chmod by name
+        # follows a link that was swapped in since (and would open up its target).
+        try:
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=dir_fd
+            )
+        except OSError:  # ELOOP: a link now
+            raise ValidationError(_changed(where)) from None
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (found.st_dev, found.st_ino) or stat.S_IFMT(
+            now.st_mode
+        ) != stat.S_IFMT(found.st_mode):
+            raise ValidationError(_changed(where))
+        if owner:
+            os.fchown(fd, 0, 0)
+        if stat.S_IMODE(found.st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        if fd != dir_fd:
+            os.close(fd)
+
+
+def _changed(path: str) -> str:
+    return _(
+        "%(path)s changed while it was being copied or published (replaced by something "
+        "else): make sure nobody else writes the folder, then try again."
+    ) % {"path": path}
 
 
 def _real_dir(parent_fd: int, name: str) -> bool:
@@ -372,31 +396,173 @@ class Progress:
 def copy_in(
     src: Path, dataset: PublicDataset, *, report: Callable[[Progress], None], every_s: float = 1.0
 ) -> None:
-    """Copy the folder `src` into the dataset's draft folder (which must be empty), files
-    with their contents, symbolic links as links; `report` is called at most every
-    `every_s` seconds and once at the end."""
+    """Copy the folder `src` into the dataset's draft folder (which must be empty): see
+    `copy_tree` for what is copied and what is refused."""
     if dataset.published:
         raise ValidationError(
             _("%(name)s is published: unpublish it before changing its files.")
             % {"name": dataset.name}
         )
-    src = Path(src)
-    if not src.is_dir():
+    source = open_source(Path(src))
+    try:
+        make_draft(dataset.name)
+        live, drafts = _open_roots()
+        os.close(live)
+        try:
+            try:
+                dest = os.open(dataset.name, _DIR | os.O_NOFOLLOW, dir_fd=drafts)
+            except OSError:
+                raise ValidationError(
+                    _("%(path)s is not a folder.") % {"path": drafts_root() / dataset.name}
+                ) from None
+        finally:
+            os.close(drafts)
+        try:
+            if os.listdir(dest):
+                raise ValidationError(
+                    _(
+                        "%(path)s is not empty: it was filled before (publish it, or empty "
+                        "it first)."
+                    )
+                    % {"path": drafts_root() / dataset.name}
+                )
+            try:
+                copy_tree(source, dest, where=str(src), report=report, every_s=every_s)
+            except BaseException:
+                _empty(dest)  # a refused copy leaves no half of it in the draft
+                raise
+        finally:
+            os.close(dest)
+    finally:
+        os.close(source)
+
+
+def _empty(dir_fd: int) -> None:
+    """Everything in the open folder removed, through descriptors (never following a link)."""
+    for name in os.listdir(dir_fd):
+        if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            shutil.rmtree(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+
+
+def _others_can_write(found: os.stat_result) -> bool:
+    return found.st_uid not in (0, os.geteuid()) or bool(
+        found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _writable_words(path: str, found: os.stat_result) -> str:
+    return _(
+        "%(path)s can be changed by others than root (owner uid %(uid)s, mode %(mode)s): "
+        "someone could swap what is copied for a link to any file of this machine. Publish "
+        "from a folder only root writes (copy it there first)."
+    ) % {"path": path, "uid": found.st_uid, "mode": f"{stat.S_IMODE(found.st_mode):o}"}
+
+
+def open_source(src: Path) -> int:
+    """A descriptor of the folder `src` to copy a dataset from, opened from / one folder
+    at a time without following a link (the links in `src` as typed are resolved first,
+    while nothing is open yet). Refused: a folder on the researchers' filesystem (under
+    SUANLI_STORAGE_ROOT, or on its filesystem where that is MooseFS: a tenant may write
+    there), and one on a way that others than root can change (a folder on it writable by
+    another user, or by a group, unless sticky and the next folder is root's)."""
+    real = os.path.realpath(src)
+    base = os.path.realpath(settings.SUANLI_STORAGE_ROOT)
+    on_storage = _(
+        "%(path)s is on the researchers' filesystem (%(root)s), where a researcher may "
+        "change it while it is copied: copy it out first, or publish from a folder only "
+        "root writes."
+    ) % {"path": src, "root": settings.SUANLI_STORAGE_ROOT}
+    if real == base or real.startswith(base.rstrip("/") + "/"):
+        raise ValidationError(on_storage)
+    if not os.path.isdir(real):
         raise ValidationError(_("%(path)s is not a folder.") % {"path": src})
-    dest = make_draft(dataset.name)
-    if any(dest.iterdir()):
-        raise ValidationError(
-            _("%(path)s is not empty: it was filled before (publish it, or empty it first).")
-            % {"path": dest}
-        )
-    total_bytes = total_files = 0
-    for top, _dirs, names in os.walk(src):
-        for name in names:
-            found = os.lstat(os.path.join(top, name))
-            if stat.S_ISREG(found.st_mode):
-                total_bytes, total_files = total_bytes + found.st_size, total_files + 1
-            elif not stat.S_ISLNK(found.st_mode) and not stat.S_ISDIR(found.st_mode):
-                raise ValidationError(_special(os.path.join(top, name)))
+    fd = os.open("/", _DIR)
+    try:
+        parent = os.fstat(fd)
+        walked = "/"
+        for part in [p for p in real.split("/") if p]:
+            walked = os.path.join(walked, part)
+            try:
+                nxt = os.open(part, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:  # a link or no folder any more: changed since realpath
+                raise ValidationError(_changed(walked)) from None
+            os.close(fd)
+            fd = nxt
+            found = os.fstat(fd)
+            # Who can write the parent could rename this folder away and put another there.
+            sticky = parent.st_mode & stat.S_ISVTX and found.st_uid in (0, os.geteuid())
+            if _others_can_write(parent) and not sticky:
+                raise ValidationError(_writable_words(os.path.dirname(walked), parent))
+            parent = found
+        if settings.SUANLI_STORAGE_FS == "moosefs" and os.path.isdir(base):
+            if parent.st_dev == os.stat(base).st_dev:
+                raise ValidationError(on_storage)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _entries(dir_fd: int) -> list[tuple[str, os.stat_result]]:
+    names = sorted(os.listdir(dir_fd))
+    return [(name, os.stat(name, dir_fd=dir_fd, follow_symlinks=False)) for name in names]
+
+
+def _open_dir(dir_fd: int, name: str, where: str) -> int:
+    """The folder `name` of `dir_fd`, never through a link, and only one no other user can
+    write (checked on what was opened, not on the name)."""
+    try:
+        fd = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:  # ELOOP, ENOTDIR: swapped for a link or a file since it was listed
+        raise ValidationError(_changed(where)) from None
+    found = os.fstat(fd)
+    if _others_can_write(found):
+        os.close(fd)
+        raise ValidationError(_writable_words(where, found))
+    return fd
+
+
+def _measure_source(dir_fd: int, where: str) -> tuple[int, int]:
+    """Bytes and files under an open folder (folders checked as `_open_dir` does)."""
+    found = os.fstat(dir_fd)
+    if _others_can_write(found):
+        raise ValidationError(_writable_words(where, found))
+    size = files = 0
+    for name, entry in _entries(dir_fd):
+        path = os.path.join(where, name)
+        if stat.S_ISDIR(entry.st_mode):
+            fd = _open_dir(dir_fd, name, path)
+            try:
+                more, count = _measure_source(fd, path)
+            finally:
+                os.close(fd)
+            size, files = size + more, files + count
+        elif stat.S_ISREG(entry.st_mode):
+            size, files = size + entry.st_size, files + 1
+        elif not stat.S_ISLNK(entry.st_mode):
+            raise ValidationError(_special(path))
+    return size, files
+
+
+def copy_tree(
+    src_fd: int,
+    dest_fd: int,
+    *,
+    where: str,
+    report: Callable[[Progress], None],
+    every_s: float = 1.0,
+) -> None:
+    """Copy the open folder `src_fd` into the open (empty) folder `dest_fd`: files with
+    their contents, symbolic links as links (never followed: a link to /etc is copied as
+    that link, which inside a container leads into the container), folders made anew. All
+    by descriptors, each entry opened without following a link and checked on what was
+    opened: a folder swapped for a link while the copy runs is refused, never followed;
+    a folder another user or a group can write is refused (its entries could be swapped).
+    Refused too: device nodes, fifos, sockets. `report` is called at most every `every_s`
+    seconds and once at the end."""
+    total_bytes, total_files = _measure_source(src_fd, where)
     done = [0, 0]
     last = [0.0]
 
@@ -406,15 +572,58 @@ def copy_in(
             last[0] = now
             report(Progress(done[0], total_bytes, done[1], total_files))
 
-    def copy(source: str, target: str) -> str:
-        with open(source, "rb") as reader, open(target, "wb") as writer:
-            while chunk := reader.read(8 * 2**20):
-                writer.write(chunk)
-                done[0] += len(chunk)
-                tell()
-        shutil.copystat(source, target)
+    def copy_file(dir_fd: int, out_fd: int, name: str, path: str) -> None:
+        try:
+            reader = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=dir_fd
+            )
+        except OSError:
+            raise ValidationError(_changed(path)) from None
+        try:
+            found = os.fstat(reader)
+            if not stat.S_ISREG(found.st_mode):
+                raise ValidationError(_changed(path))
+            writer = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC,
+                FILE_MODE,
+                dir_fd=out_fd,
+            )
+            try:
+                while chunk := os.read(reader, 8 * 2**20):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(writer, view) :]
+                    done[0] += len(chunk)
+                    tell()
+                os.fchmod(writer, stat.S_IMODE(found.st_mode) & 0o777)
+                os.utime(writer, ns=(found.st_atime_ns, found.st_mtime_ns))
+            finally:
+                os.close(writer)
+        finally:
+            os.close(reader)
         done[1] += 1
-        return target
 
-    shutil.copytree(src, dest, symlinks=True, copy_function=copy, dirs_exist_ok=True)
+    def copy_dir(dir_fd: int, out_fd: int, path: str) -> None:
+        for name, entry in _entries(dir_fd):
+            at = os.path.join(path, name)
+            if stat.S_ISLNK(entry.st_mode):
+                os.symlink(os.readlink(name, dir_fd=dir_fd), name, dir_fd=out_fd)
+            elif stat.S_ISREG(entry.st_mode):
+                copy_file(dir_fd, out_fd, name, at)
+            elif stat.S_ISDIR(entry.st_mode):
+                sub = _open_dir(dir_fd, name, at)
+                try:
+                    os.mkdir(name, DIR_MODE, dir_fd=out_fd)
+                    out = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=out_fd)
+                    try:
+                        copy_dir(sub, out, at)
+                    finally:
+                        os.close(out)
+                finally:
+                    os.close(sub)
+            else:
+                raise ValidationError(_special(at))
+
+    copy_dir(src_fd, dest_fd, where)
     tell(final=True)
