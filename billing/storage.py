@@ -20,7 +20,9 @@ moves forward only, under its row lock: running an hour again charges nothing.
 Reads from jobs: the bought storage (models.StorageGrant) and the tenant's usage
 (jobs/storage.py); the one write into jobs' tables is a StorageGrant, here, because a
 change of the bought size is a money decision (checked against the balance and billed
-from its second on). Locks, in the accrual's order: the storage meter, then the account.
+from its second on). Locks: the owner's quota lock (storage.quota_lock, which every write
+of the filesystem's quota takes), then in the accrual's order the storage meter, then the
+account.
 """
 
 from __future__ import annotations
@@ -199,6 +201,9 @@ def quota_set(*, owner, extra_gb, now: datetime | None = None) -> StorageGrant |
         )
     account = money.account_for(owner)
     now = money.floor_s(now or timezone.now())
+    # The owner's quota lock first, held to the commit: a start that writes the filesystem's
+    # quota meanwhile (storage.quota_apply) reads the bought size after this change.
+    storage.quota_lock(owner.pk)
     meter = StorageMeter.objects.select_for_update().filter(account=account).first()
     account = Account.objects.select_for_update().get(pk=account.pk)
     # Never inside an hour that was billed already: that hour keeps the size it was billed at.
@@ -243,7 +248,9 @@ def quota_set(*, owner, extra_gb, now: datetime | None = None) -> StorageGrant |
         owner=owner, since=since, defaults={"extra_gb": extra}
     )
     # Makes the root where it is missing, and writes its quota (MooseFS) from the row above.
-    storage.ensure_folders(storage.tenant_root(owner.pk), [], uid=runtime.tenant_uid(owner.pk))
+    storage.ensure_folders(
+        storage.tenant_root(owner.pk), [], uid=runtime.tenant_uid(owner.pk), quota=True
+    )
     return grant
 
 

@@ -21,6 +21,9 @@ cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_
 # Storage bought above the free part: one line per account and hour, once the hour has
 # ended (billing/storage.py); looked at every minute, so an hour is charged within one.
 cron.register(billing_tasks.storage_accrue, "default", interval=60)
+# Every researcher's quota written again from what they bought (whatever wrote it last), and
+# the space of files deleted while open (under no quota) looked at (jobs/storage.py upkeep).
+cron.register(job_tasks.storage_upkeep, "default", interval=3600)
 # Metrics: minute rollups of finished minutes, and retention (monitoring/tasks.py).
 cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
 # Webhooks: deliveries that are due and whose enqueue was lost (jobs/webhooks.py).

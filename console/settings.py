@@ -367,6 +367,12 @@ SUANLI_LOW_BALANCE_HOURS = envint("SUANLI_LOW_BALANCE_HOURS", 1)
 SUANLI_STORAGE_FREE_GB = envstr("SUANLI_STORAGE_FREE_GB", "20")
 SUANLI_STORAGE_MAX_GB = envint("SUANLI_STORAGE_MAX_GB", 10240)
 SUANLI_STORAGE_WALK_MAX = envint("SUANLI_STORAGE_WALK_MAX", 100000)
+# Files and folders one researcher may hold (a hard inode quota, MooseFS): the master keeps
+# every file's metadata in RAM, about 300 bytes each (2,000,000 files: about 600 MB).
+SUANLI_STORAGE_FILES_MAX = envint("SUANLI_STORAGE_FILES_MAX", 2_000_000)
+# Files deleted while still open ("sustained") are in no folder, so under no quota, until
+# closed: the hourly storage upkeep logs an error naming whose they are above this many GB.
+SUANLI_STORAGE_SUSTAINED_MAX_GB = envint("SUANLI_STORAGE_SUSTAINED_MAX_GB", 100)
 SUANLI_NCCL_IB_HCA = envstr("SUANLI_NCCL_IB_HCA", "mlx5")
 SUANLI_STOP_GRACE_S = envint("SUANLI_STOP_GRACE_S", 10)
 # Spot preemption: the preemption script's time limit, then SIGTERM, then SIGKILL after

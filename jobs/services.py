@@ -270,7 +270,10 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
     if spec.ssh_keys:
         cluster.ssh_keys.set(spec.ssh_keys)
     storage.ensure_folders(
-        storage.tenant_root(owner.pk), list(spec.volumes), uid=runtime.tenant_uid(owner.pk)
+        storage.tenant_root(owner.pk),
+        list(spec.volumes),
+        uid=runtime.tenant_uid(owner.pk),
+        quota=True,
     )
     cluster_event(
         cluster, "pending", Text(gettext_noop("requested %(shape)s"), shape=cluster.shape), at=now
@@ -528,6 +531,8 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
             raise ValidationError(
                 _("%(name)s keeps no workspaces; release it.") % {"name": cluster.name}
             )
+        # The filesystem's quota again from what the owner bought (MooseFS), once per start.
+        storage.quota_apply(cluster.owner_id)
         now = timezone.now()
         if mode == "no_gpu":
             if cluster.is_cpu_only:

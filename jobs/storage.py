@@ -17,29 +17,38 @@ folders belong to that user, which no container uid is, so the check still holds
 containers cannot write their folders then.
 
 Quotas: each tenant's root holds at most its quota, the free part
-(SUANLI_STORAGE_FREE_GB) plus what the researcher bought (models.StorageGrant). With
-SUANLI_STORAGE_FS = "moosefs" the filesystem enforces it: a hard length quota on the root
-(`mfssetquota -L`), written whenever `ensure_folders` opens the root (made, or before each
-start) and whenever the bought size changes, so a write past it fails in the container with
-EDQUOT ("Disk quota exceeded"); usage is the filesystem's count (`mfsdirinfo`). With
-"local" (`make run`: a folder of one machine) nothing enforces it and usage is a walk of
-the folder, stopped after SUANLI_STORAGE_WALK_MAX entries.
+(SUANLI_STORAGE_FREE_GB) plus what the researcher bought (models.StorageGrant), and at most
+SUANLI_STORAGE_FILES_MAX files and folders. With SUANLI_STORAGE_FS = "moosefs" the
+filesystem enforces both: a hard length and a hard inode quota on the root (`mfssetquota -L
+-I`), so a write or a new file past them fails in the container with EDQUOT ("Disk quota
+exceeded"); usage is the filesystem's count (`mfsdirinfo`). `quota_apply` writes it, reading
+the bought size under a per-researcher advisory lock that billing's change of the size holds
+too (so a start racing a lowering never leaves the filesystem above the bill): when the root
+is made, when the bought size changes, when a cluster is created or started, and every hour
+(`upkeep`), never per container. The root's trash time is 0 (files inherit it): a deleted
+file frees its room at once instead of waiting, outside every quota, in the trash. A file
+deleted while still open ("sustained") is outside every quota until it is closed; `upkeep`
+reports the filesystem's sustained space to the operators when it passes
+SUANLI_STORAGE_SUSTAINED_MAX_GB. With "local" (`make run`: a folder of one machine) nothing
+enforces it and usage is a walk of the folder, stopped after SUANLI_STORAGE_WALK_MAX entries.
 
 Layer: storage (beside network), under runtime; uses models (the bought storage) only.
 """
 
+import logging
 import os
 import posixpath
 import re
 import stat
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -57,6 +66,7 @@ FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 ROOT_MODE = 0o711  # the console's; the tenant's uid may pass through to its own folders
 FOLDER_MODE = 0o700  # the tenant's
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -287,7 +297,7 @@ def _require_console_owned(found: os.stat_result, uid: int | None, base: str = "
         )
 
 
-def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
+def ensure_folders(root: Path, specs, *, uid: int | None = None, quota: bool = False) -> list[str]:
     """Make the tenant's root and its volumes' folders where missing, and check every
     directory on the way to each folder; returns the paths to hand the engine, in order.
 
@@ -298,7 +308,9 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
     than the console could change. Nothing is resolved through a link: the tenant root is
     opened without following one, the folders are looked at with lstat through it. Run at
     creation and again just before each start: what it returns stays true until the
-    engine mounts it, because no tenant can write any directory on the way."""
+    engine mounts it, because no tenant can write any directory on the way. The root's
+    quota (`quota_apply`) is written when the root is made, or with `quota` (a cluster's
+    creation or start, a change of the bought size): not for every container."""
     names = []
     for spec in specs:
         try:
@@ -317,6 +329,7 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
         _require_console_owned(os.fstat(base_fd), uid, base)
         try:
             os.mkdir(root.name, ROOT_MODE, dir_fd=base_fd)
+            quota = True  # a new root: its quota and trash time before anything is in it
         except FileExistsError:
             pass
         try:
@@ -335,8 +348,8 @@ def ensure_folders(root: Path, specs, *, uid: int | None = None) -> list[str]:
             os.fchmod(fd, ROOT_MODE)
         _require_console_owned(os.fstat(fd), uid)
         owner_id = _owner_of(root)
-        if owner_id is not None and enforced():
-            quota_write(Path(base) / root.name, quota_bytes(owner_id))
+        if quota and owner_id is not None and enforced():
+            quota_apply(owner_id, Path(base) / root.name)
         paths = []
         for spec, name in zip(specs, names, strict=True):
             try:
@@ -556,6 +569,7 @@ class QuotaError(ValidationError):
 class Usage:
     bytes: int
     complete: bool = True  # False: a walk that stopped at SUANLI_STORAGE_WALK_MAX entries
+    files: int = 0  # files and folders under the root (what the inode quota counts)
 
 
 def enforced() -> bool:
@@ -596,6 +610,43 @@ def quota_bytes(owner_id: int) -> int:
     return gb_bytes(free_gb() + extra_gb(owner_id))
 
 
+def files_max() -> int:
+    """How many files and folders one researcher's storage may hold (SUANLI_STORAGE_FILES_MAX):
+    the MooseFS master keeps every file's metadata in RAM (about 300 bytes each)."""
+    most = settings.SUANLI_STORAGE_FILES_MAX
+    if not isinstance(most, int) or most < 1:
+        raise ImproperlyConfigured(f"SUANLI_STORAGE_FILES_MAX={most!r}: give 1 or more files")
+    return most
+
+
+# pg_advisory_xact_lock(QUOTA_LOCK, owner): the one lock every quota write of an owner takes
+# (`quota_apply`, billing.storage.quota_set), so the filesystem's quota is the bought size
+# read by the last writer, never an older one that a slower writer read before a change.
+QUOTA_LOCK = 0x5351  # "SQ"
+
+
+def quota_lock(owner_id: int) -> None:
+    """Hold the owner's quota lock until the current transaction ends (PostgreSQL; a
+    one-writer SQLite of `make run` needs none)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [QUOTA_LOCK, owner_id])
+
+
+def quota_apply(owner_id: int, path: Path | None = None) -> bool:
+    """Write the owner's quota on their root (MooseFS): the bought size read under
+    `quota_lock`, the files' limit, and trash time 0 where the root has another. False when
+    there is nothing to write (a local folder, no root yet)."""
+    path = path or tenant_root(owner_id)
+    if not enforced() or not os.path.isdir(path):
+        return False
+    with transaction.atomic():
+        quota_lock(owner_id)
+        quota_write(path, quota_bytes(owner_id), files_max())
+        trash_off(path)
+    return True
+
+
 def _owner_of(root: Path) -> int | None:
     """The researcher whose root this is (`tenant_root`'s `u<id>`), or None."""
     match = _TENANT.fullmatch(root.name)
@@ -620,19 +671,40 @@ def _mfs(*args: str) -> str:
     return done.stdout
 
 
-def quota_write(path: Path, limit: int) -> None:
-    """A hard length quota of `limit` bytes on the folder `path` (MooseFS): the sum of the
-    files' lengths under it can never pass it."""
-    _mfs("mfssetquota", "-n", "-L", str(int(limit)), str(path))
+def quota_write(path: Path, limit: int, files: int) -> None:
+    """Hard quotas on the folder `path` (MooseFS): the sum of the files' lengths under it
+    can never pass `limit` bytes, nor their number (files and folders) `files`."""
+    _mfs("mfssetquota", "-n", "-I", str(int(files)), "-L", str(int(limit)), str(path))
 
 
-def quota_read(path: Path) -> int | None:
-    """The hard length quota on `path` in bytes, or None when it has none."""
+def quota_read(path: Path, what: str = "length") -> int | None:
+    """The hard quota on `path`: "length" in bytes, or "inodes" (files and folders); None
+    when it has none."""
     for line in _mfs("mfsgetquota", "-n", str(path)).splitlines():
         cells = [c.strip() for c in line.split("|")]
-        if cells[0] == "length" and len(cells) >= 4:
+        if cells[0] == what and len(cells) >= 4:
             return int(cells[3]) if cells[3].isdigit() else None
     return None
+
+
+def trash_time(path: Path) -> int:
+    """How long (seconds) a file deleted under `path` would stay in MooseFS's trash."""
+    out = _mfs("mfsgettrashtime", "-n", str(path)).rpartition(":")[2].strip()
+    if not out.isdigit():
+        raise QuotaError(
+            _("The storage filesystem answered %(answer)s; ask an operator.")
+            % {"answer": out[:100]}
+        )
+    return int(out)
+
+
+def trash_off(path: Path) -> None:
+    """Trash time 0 on `path` and, the first time, on everything in it (new files inherit
+    their folder's): a deleted file frees its room at once. In MooseFS's trash a file is in
+    no folder, so no quota counts it, and a write-and-delete loop would fill the
+    chunkservers."""
+    if trash_time(path) != 0:
+        _mfs("mfssettrashtime", "-n", "-r", "0", str(path))
 
 
 def usage(owner_id: int) -> Usage:
@@ -643,13 +715,13 @@ def usage(owner_id: int) -> Usage:
     if not os.path.isdir(root):
         return Usage(0)
     if enforced():
-        out = _mfs("mfsdirinfo", "-n", "-l", str(root)).split()
-        if not out or not out[0].isdigit():
+        out = _mfs("mfsdirinfo", "-n", "-i", "-l", str(root)).split()
+        if len(out) < 2 or not (out[0].isdigit() and out[1].isdigit()):
             raise QuotaError(
                 _("The storage filesystem answered %(answer)s; ask an operator.")
                 % {"answer": " ".join(out)[:100]}
             )
-        return Usage(int(out[0]))
+        return _counted(int(out[0]), int(out[1]))
     return _walk(root, settings.SUANLI_STORAGE_WALK_MAX)
 
 
@@ -664,13 +736,19 @@ def usages(owner_ids) -> dict[int, Usage]:
             pk: _walk(Path(root), settings.SUANLI_STORAGE_WALK_MAX) for pk, root in present.items()
         }
     counted = {}
-    for line in _mfs("mfsdirinfo", "-n", "-l", *present.values()).splitlines():
-        number, _tab, path = line.partition("\t")
-        if number.isdigit():
-            counted[path] = int(number)
+    for line in _mfs("mfsdirinfo", "-n", "-i", "-l", *present.values()).splitlines():
+        inodes, _tab, rest = line.partition("\t")
+        length, _tab, path = rest.partition("\t")
+        if inodes.isdigit() and length.isdigit():
+            counted[path] = _counted(int(inodes), int(length))
     for pk, root in present.items():
-        out[pk] = Usage(counted[root]) if root in counted else Usage(0, complete=False)
+        out[pk] = counted[root] if root in counted else Usage(0, complete=False)
     return out
+
+
+def _counted(inodes: int, length: int) -> Usage:
+    # mfsdirinfo counts the root itself; its inode quota counts what is under it.
+    return Usage(length, files=max(0, inodes - 1))
 
 
 def extra_gbs(owner_ids, *, at: datetime | None = None) -> dict[int, int]:
@@ -701,7 +779,7 @@ def _walk(root: Path, most: int) -> Usage:
             for entry in entries:
                 seen += 1
                 if seen > most:
-                    return Usage(total, complete=False)
+                    return Usage(total, complete=False, files=most)
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
@@ -709,4 +787,130 @@ def _walk(root: Path, most: int) -> Usage:
                         total += entry.stat(follow_symlinks=False).st_size
                 except OSError:
                     continue
-    return Usage(total)
+    return Usage(total, files=seen)
+
+
+# -- what no quota counts, and the hourly upkeep ----------------------------------------------
+
+_ORPHAN = re.compile(r"\./(SUSTAINED|TRASH) \((.*)\)")
+
+
+@dataclass(frozen=True)
+class Orphans:
+    """Space in no folder, so under no quota (MooseFS, `mfscli -SIN`): "sustained", files
+    deleted while a process still holds them open, and the trash. `by_owner`: how many such
+    files each researcher's processes hold open now (`mfscli -SOF`, by the path the file
+    had)."""
+
+    sustained_bytes: int
+    sustained_files: int
+    trash_bytes: int
+    by_owner: dict[int, int]
+
+    @property
+    def sustained_gb(self) -> Decimal:
+        return (Decimal(self.sustained_bytes) / GB).quantize(Decimal("0.01"))
+
+    @property
+    def over(self) -> bool:
+        return self.sustained_gb > Decimal(str(settings.SUANLI_STORAGE_SUSTAINED_MAX_GB))
+
+
+def _master() -> list[str]:
+    host, _colon, port = settings.SUANLI_STORAGE_MASTER.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise QuotaError(
+            _(
+                "SUANLI_STORAGE_MASTER is not set (host:port of the MooseFS master); ask an operator."
+            )
+        )
+    return ["mfscli", "-H", host, "-P", port, "-n", "-p"]
+
+
+def _storage_prefix() -> str:
+    """SUANLI_STORAGE_ROOT as a path inside MooseFS (from the mount point it lies in)."""
+    root = os.path.realpath(settings.SUANLI_STORAGE_ROOT)
+    mount = root
+    while not os.path.ismount(mount) and mount != "/":
+        mount = os.path.dirname(mount)
+    rel = os.path.relpath(root, mount)
+    return "" if rel == "." else rel + "/"
+
+
+def orphans() -> Orphans:
+    """The filesystem's space under no quota, and whose open files hold it (`Orphans`)."""
+    info: dict[str, int] = {}
+    for line in _mfs(*_master(), "-SIN").splitlines():
+        cells = line.split("\t")
+        if len(cells) == 3 and cells[0] == "master info:" and cells[2].isdigit():
+            info[cells[1]] = int(cells[2])
+    if "sustained space" not in info:
+        raise QuotaError(
+            _("The storage filesystem answered %(answer)s; ask an operator.")
+            % {"answer": "mfscli -SIN: no sustained space"}
+        )
+    prefix, by_owner = _storage_prefix(), {}
+    for line in _mfs(*_master(), "-SOF").splitlines():
+        found = _ORPHAN.fullmatch(line.rpartition("\t")[2])
+        if not found or not found.group(2).startswith(prefix):
+            continue
+        owner = _owner_of(Path(found.group(2)[len(prefix) :].partition("/")[0]))
+        if owner is not None:
+            by_owner[owner] = by_owner.get(owner, 0) + 1
+    return Orphans(
+        sustained_bytes=info["sustained space"],
+        sustained_files=info.get("sustained files", 0),
+        trash_bytes=info.get("trash space", 0),
+        by_owner=by_owner,
+    )
+
+
+@dataclass
+class Upkeep:
+    applied: int = 0
+    failed: list[int] = field(default_factory=list)
+    orphans: Orphans | None = None
+    error: str = ""
+
+
+def tenant_ids() -> list[int]:
+    """The researchers who have a root."""
+    try:
+        names = os.listdir(settings.SUANLI_STORAGE_ROOT)
+    except OSError:
+        return []
+    return sorted(o for o in (_owner_of(Path(n)) for n in names) if o is not None)
+
+
+def upkeep() -> Upkeep:
+    """Hourly (MooseFS): every root's quota written again from the bought size
+    (`quota_apply`: one mfssetquota each, whatever wrote it before), and the space under no
+    quota looked at; over SUANLI_STORAGE_SUSTAINED_MAX_GB, an error for the operators that
+    names whose open files hold it."""
+    report = Upkeep()
+    if not enforced():
+        return report
+    for owner_id in tenant_ids():
+        try:
+            report.applied += quota_apply(owner_id)
+        except QuotaError as exc:
+            report.failed.append(owner_id)
+            log.error("storage quota of u%s not written: %s", owner_id, exc.messages[0])
+    try:
+        report.orphans = orphans()
+    except QuotaError as exc:
+        report.error = exc.messages[0]
+        log.error("storage: sustained space unknown: %s", report.error)
+        return report
+    found = report.orphans
+    if found.over:
+        holders = ", ".join(
+            f"u{o}: {n}" for o, n in sorted(found.by_owner.items(), key=lambda kv: -kv[1])
+        )
+        log.error(
+            "storage: %s GB (%s files) deleted but still open, under no quota, over "
+            "SUANLI_STORAGE_SUSTAINED_MAX_GB=%s; open deleted files by researcher: %s",
+            found.sustained_gb, found.sustained_files,
+            settings.SUANLI_STORAGE_SUSTAINED_MAX_GB, holders or "none seen",
+        )  # fmt: skip
+    return report

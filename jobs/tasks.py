@@ -5,7 +5,18 @@ scheduler, webhooks, network, models and queue. The parts below queue these by t
 name ("jobs.tasks.cluster_dispatch") through `jobs.queue`, never by importing this module.
 """
 
-from jobs import images, network, pools, runner, scheduler, services, sweeps, webhooks, workspaces
+from jobs import (
+    images,
+    network,
+    pools,
+    runner,
+    scheduler,
+    services,
+    storage,
+    sweeps,
+    webhooks,
+    workspaces,
+)
 from jobs.models import Cluster, Host, Job
 from jobs.queue import enqueue_later, enqueue_unique
 
@@ -208,3 +219,17 @@ def sweep_job_ended(job_id: int) -> str:
 
 def sweeps_tick() -> int:
     return sweeps.tick()
+
+
+def storage_upkeep() -> dict:
+    """Hourly (jobs/storage.py upkeep): every researcher's quota written again from what they
+    bought, and the space deleted-but-open files hold looked at."""
+    report = storage.upkeep()
+    found = report.orphans
+    return {
+        "applied": report.applied,
+        "failed": report.failed,
+        "sustained_bytes": found.sustained_bytes if found else None,
+        "over": found.over if found else None,
+        "error": report.error,
+    }
