@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Min
@@ -72,6 +73,7 @@ class StorageSummary:
     per_gb_hour: Decimal | None  # None: no rate card in force
     max_gb: int
     error: str = ""  # the filesystem's words when it could not say the usage
+    files_max: int = 0  # files and folders the storage may hold (SUANLI_STORAGE_FILES_MAX)
 
     @property
     def quota_gb(self) -> Decimal:
@@ -96,6 +98,11 @@ class StorageSummary:
     @property
     def over(self) -> bool:
         return self.used.bytes > self.quota_bytes
+
+    @property
+    def files_full(self) -> bool:
+        """No new file or folder fits (an enforced quota)."""
+        return self.enforced and self.used.complete and self.used.files >= self.files_max
 
     @property
     def min_extra_gb(self) -> int:
@@ -147,6 +154,7 @@ def summary(user, *, book: RateBook | None = None) -> StorageSummary:
         per_gb_hour=per_gb_hour(book),
         max_gb=settings.SUANLI_STORAGE_MAX_GB,
         error=error,
+        files_max=storage.files_max(),
     )
 
 
@@ -175,6 +183,39 @@ def held_by(user_ids) -> tuple[dict[int, Held], str]:
     free = storage.free_gb()
     extra = storage.extra_gbs(ids)
     return {pk: Held(used[pk], free + extra[pk], extra[pk]) for pk in ids}, error
+
+
+@dataclass(frozen=True)
+class Unbounded:
+    """Space that files deleted while still open hold, under no quota, above
+    SUANLI_STORAGE_SUSTAINED_MAX_GB (an operator's page), and whose open files hold it."""
+
+    gb: Decimal
+    files: int
+    most_gb: int
+    holders: list[tuple[str, int]]  # (researcher, open deleted files), most first
+
+
+def unbounded() -> tuple[Unbounded | None, str]:
+    """The sustained space when it is over the threshold (else None), and the filesystem's
+    words when it could not say (MooseFS only)."""
+    if not storage.enforced() or not settings.SUANLI_STORAGE_MASTER:
+        return None, ""
+    try:
+        found = storage.orphans()
+    except storage.QuotaError as exc:
+        return None, exc.messages[0]
+    if not found.over:
+        return None, ""
+    names = dict(
+        get_user_model().objects.filter(pk__in=found.by_owner).values_list("pk", "username")
+    )
+    holders = sorted(
+        ((names.get(pk, f"u{pk}"), n) for pk, n in found.by_owner.items()), key=lambda h: -h[1]
+    )
+    return Unbounded(
+        found.sustained_gb, found.sustained_files, settings.SUANLI_STORAGE_SUSTAINED_MAX_GB, holders
+    ), ""
 
 
 # -- changing it ------------------------------------------------------------------------------

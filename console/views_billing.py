@@ -305,6 +305,7 @@ def ops_billing(request):
     accounts = Paginator(money.accounts_overview(), 50).get_page(request.GET.get("page"))
     accounts.object_list = list(accounts.object_list)
     held, storage_error = bought.held_by(a.user_id for a in accounts)
+    unbounded, unbounded_error = bought.unbounded()
     for account in accounts:
         account.storage = held[account.user_id]
     days = [d.isoformat() for d in data["days"]]
@@ -323,6 +324,8 @@ def ops_billing(request):
         "console/ops_billing.html",
         {
             "chart_json": _chart(traces, currency=currency, stacked=True),
+            "unbounded": unbounded,
+            "unbounded_error": unbounded_error,
             "totals": list(zip(data["days"], data["totals"], strict=True)),
             "total": sum(data["totals"], Decimal("0")),
             "per_model": {
