@@ -700,6 +700,12 @@ class Node(models.Model):
         "kept node, pushed after the stop (empty until then), so the cluster can start on "
         "another host; on a node started elsewhere, the save its workspace is made from.",
     )
+    saved_layers = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="[[layer, bytes], ...] of its save that its cluster's image does not have, "
+        "at their size on a host's disk: what the save counts against its owner's image quota.",
+    )
 
     class Meta:
         verbose_name = gettext_lazy("node")
