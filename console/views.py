@@ -103,7 +103,13 @@ def ops_host_check(request, host_id: int):
         messages.error(
             request,
             _("Host %(host)s did not answer: %(error)s")
-            % {"host": host.name, "error": host.last_error},
+            % {"host": host.name, "error": host.last_error_shown},
+        )
+    elif host.state == Host.State.DEGRADED:  # the reasons, as the admin's check says them
+        messages.error(
+            request,
+            _("Host %(name)s answers but is degraded: %(error)s")
+            % {"name": host.name, "error": host.last_error_shown},
         )
     else:
         messages.success(

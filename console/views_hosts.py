@@ -2,6 +2,8 @@
 
 - `ops_host_add`: an operator holding `jobs.add_host` makes a join token and reads the
   command that uses it (403 to staff without the permission, the admin's log-in to others).
+  An address behind NAT that is a host's or the control plane's needs `jobs.change_host`
+  too (joins.token_refusal): the form says so.
 - `join_script`, `firewall_script`: the scripts, public: they hold no secret. The served
   join.sh knows the console's URL (SUANLI_JOIN_URL, else the URL the request came to).
 - `join_api`, `join_image`: JSON for token and credential holders only, whatever session
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
@@ -53,8 +56,13 @@ def console_url(request: HttpRequest) -> str:
 def ops_host_add(request):
     form = JoinTokenForm(request.POST or None)
     made = None
+    join = None
     if request.method == "POST" and form.is_valid():
-        join, token = joins.token_create(by=request.user, **form.cleaned_data)
+        try:
+            join, token = joins.token_create(by=request.user, **form.cleaned_data)
+        except ValidationError as exc:  # a taken address the maker may not claim
+            form.add_error(None, exc)
+    if join is not None:
         base = console_url(request) or "https://CONSOLE"
         made = {
             "join": join,

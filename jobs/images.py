@@ -54,7 +54,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
-from jobs import engine, logstore, registry, storage, validators
+from jobs import engine, logstore, registry, storage, validators, workspaces
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
 from jobs.queue import enqueue_by_name
 
@@ -97,59 +97,26 @@ def quota(owner, *, adding: list | None = None, replacing: tuple[str, str] | Non
     share is counted once), each at its size on a host's disk, uncompressed (an image
     pushed before sizes were counted so: its layers as the registry stores them). With
     `adding` ([[layer, bytes], ...] of an image not yet kept) in place of the image
-    named `replacing` ((name, tag)), what the quota would be with it."""
+    named `replacing` ((name, tag)), what the quota would be with it. The bytes count the
+    researcher's saved system disks too (workspaces.saves_layers: a stopped cluster's
+    root filesystems in the registry), which are no images."""
     rows = OwnImage.objects.filter(owner=owner)
     if replacing is not None:
         rows = rows.exclude(name=replacing[0], tag=replacing[1])
     images = list(rows.values_list("layers", flat=True))
     if adding is not None:
         images.append(adding)
-    distinct = {}
-    for layers in images:
-        for digest, size, *_rest in layers or []:
-            distinct[digest] = int(size)
     return Quota(
         count=len(images),
         max_count=settings.SUANLI_IMAGE_QUOTA_COUNT,
-        bytes=sum(distinct.values()),
+        bytes=registry.distinct_bytes(
+            images + workspaces.saves_layers(getattr(owner, "pk", owner))
+        ),
         max_bytes=int(settings.SUANLI_IMAGE_QUOTA_GB * 1e9),
     )
 
 
-def real_layers(client: docker.DockerClient, ref: str) -> list[list]:
-    """[[layer, bytes], ...] of an image on an engine: each layer of its root filesystem
-    (by its uncompressed digest, the same on every host and in every image that shares
-    it) with its size on disk. A layer the engine made here (a build's step, a commit)
-    is the image's size less its parent's; the layers of a pulled image, which has no
-    parent here, come from its history (its entries of a size, in order, are its layers;
-    when they cannot be matched, its whole size goes on its newest layer: nothing is
-    counted short)."""
-    attrs = client.api.inspect_image(ref)
-    top = list((attrs.get("RootFS") or {}).get("Layers") or [])
-    if not top:
-        return [[attrs["Id"], int(attrs.get("Size") or 0)]]
-    sizes: dict[str, int] = {}
-    while attrs.get("Parent"):
-        try:
-            parent = client.api.inspect_image(attrs["Parent"])
-        except docker.errors.NotFound:
-            break
-        mine = (attrs.get("RootFS") or {}).get("Layers") or []
-        theirs = (parent.get("RootFS") or {}).get("Layers") or []
-        if mine[:-1] == theirs and len(mine) == len(theirs) + 1:
-            sizes[mine[-1]] = int(attrs.get("Size") or 0) - int(parent.get("Size") or 0)
-        elif mine != theirs:
-            break
-        attrs = parent
-    base = list((attrs.get("RootFS") or {}).get("Layers") or [])
-    total = int(attrs.get("Size") or 0)
-    history = client.api.history(attrs["Id"])  # newest first
-    found = [int(h.get("Size") or 0) for h in reversed(history) if int(h.get("Size") or 0) > 0]
-    if base and len(found) == len(base) and sum(found) == total:
-        sizes.update(zip(base, found, strict=True))
-    elif base:
-        sizes.update({d: 0 for d in base[:-1]} | {base[-1]: total})
-    return [[d, max(0, sizes.get(d, 0))] for d in top]
+real_layers = registry.real_layers  # [[layer, bytes], ...] of an image on an engine
 
 
 def clusters_using(image: OwnImage):

@@ -18,6 +18,16 @@ The security model, in full:
   request's REMOTE_ADDR, which uvicorn sets from `SUANLI_TRUSTED_PROXIES` only), or, for a
   host behind NAT, the address the operator wrote on the token. So a token holder cannot
   point the console at a machine that is not theirs. Two hosts never share an address.
+- **New hosts only, unless the maker may change hosts.** A join of a name the fleet has
+  already would change that host (its zone, GPUs, engine certificate and credential: the
+  host's real credential ends), so it needs a token whose maker holds `jobs.change_host`
+  as well as `jobs.add_host`, checked when the token is used. Likewise a NAT token's
+  address (which skips the source check) may not be a host's of the fleet nor the control
+  plane's (the addresses the settings name for the console, PostgreSQL, Redis, the
+  registry and MooseFS, jobs/proofs.py control_plane, and any loopback address) unless
+  its maker may change hosts. Otherwise anyone with `jobs.add_host` alone could take an
+  existing host over from anywhere, with a certificate the CA signed for its address.
+  A host that left the fleet is not in it: joining under its name is a new host.
 - **Certificates.** The host makes its engine key and sends a CSR; the console signs it with
   its CA (jobs/pki.py) for the host's address only (SAN), serverAuth only, whatever the CSR
   asked; the CA key never leaves the console. The console makes its own client key for the
@@ -27,13 +37,14 @@ The security model, in full:
   mount path, and the helper images (a `docker save` of the canary and sftp images from a
   host that has them, streamed through the console): nothing else of the console's.
 - **Tenants.** A researcher's container cannot reach the join endpoints on a private
-  network (the tenant firewall drops the private ranges, jobs/scripts/host-firewall.sh);
+  network (the tenant firewall refuses the private ranges, jobs/scripts/host-firewall.sh);
   where the console is public they reach it like anyone on the internet, with the same
   refusals: the token is the credential, and a tenant never holds one. A tenant's request
   leaves its host through NAT with the host's address, so the address check alone would
   not stop it; the token and the host's credential (root-only on the host) do.
 
-Layer: joins, beside pools; uses services, engine, pki, queue, validators and models.
+Layer: joins, beside pools; uses services, lifecycle, proofs, engine, pki, queue, validators,
+text and models.
 """
 
 from __future__ import annotations
@@ -52,10 +63,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
-from jobs import engine, pki, services, validators
+from jobs import engine, lifecycle, pki, proofs, services, validators
 from jobs.models import GpuModel, GpuSlot, Host, HostJoin, Node, Replica
 from jobs.queue import enqueue_by_name
+from jobs.text import Moment, Text, show
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +135,48 @@ def by_credential(credential: object) -> HostJoin:
     return join
 
 
+# -- who may change a host ------------------------------------------------------------
+
+
+def may_change_hosts(user) -> bool:
+    """Whether a token `user` made may join a host the fleet has already (that changes
+    it), or name a taken address: `jobs.change_host`, held now (an inactive or deleted
+    maker holds nothing)."""
+    return user is not None and user.is_active and user.has_perm("jobs.change_host")
+
+
+def address_claim(address: str) -> tuple[Host | None, Text | None]:
+    """Who has `address` already: (the host of the fleet at it, None), (None, what of the
+    control plane listens there), or (None, None) when it is free."""
+    host = Host.objects.filter(address=address).first()
+    if host is not None:
+        return host, None
+    ip = ipaddress.ip_address(address)
+    if ip.is_loopback or ip.is_unspecified:
+        return None, Text(gettext_noop("this console's own machine"))
+    return None, proofs.control_plane_addresses().get(str(ip))
+
+
+def token_refusal(*, by, address: str | None) -> str:
+    """Why `by` may not make a token for a host behind NAT at `address` ('' when they may):
+    the address is a host's of the fleet, or the control plane's, and `by` may not change
+    hosts. In the reader's language (the Hosts -> Add form)."""
+    if not address or may_change_hosts(by):
+        return ""
+    host, what = address_claim(address)
+    if host is not None:
+        return _(
+            "%(address)s is the address of host %(host)s: a token for it would join that host "
+            "again, which changes it. That needs the power to change hosts (jobs.change_host)."
+        ) % {"address": address, "host": host.name}
+    if what is not None:
+        return _(
+            "%(address)s is an address of the control plane (%(what)s): a host there needs a "
+            "token made by an operator who may change hosts (jobs.change_host)."
+        ) % {"address": address, "what": show(what.as_json())}
+    return ""
+
+
 # -- the operator's side -------------------------------------------------------------
 
 
@@ -133,7 +189,12 @@ def token_create(
     build_host: bool = False,
     address: str | None = None,
 ) -> tuple[HostJoin, str]:
-    """A join token (shown once: only its digest is kept) and its row."""
+    """A join token (shown once: only its digest is kept) and its row. ValidationError
+    (on `address`) when `by` may not make one for that address (token_refusal)."""
+    address = str(ipaddress.ip_address(address)) if address else None
+    why = token_refusal(by=by, address=address)
+    if why:
+        raise ValidationError({"address": why})
     key, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
     join = HostJoin.objects.create(
         key=key,
@@ -199,22 +260,47 @@ def _source_ok(join: HostJoin, address: str, source: str | None) -> None:
         )
 
 
+def _nat_ok(join: HostJoin, address: str, *, may_change: bool) -> None:
+    """A NAT token (its address is not checked against the request's) names no address of
+    the control plane unless its maker may change hosts (a host's: _collisions)."""
+    if not join.address or may_change:
+        return
+    _, what = address_claim(address)
+    if what is not None:
+        raise Invalid(
+            f"this token's address {address} is the control plane's ({what}): a host there "
+            "needs a token made by an operator who may change hosts (jobs.change_host)"
+        )
+
+
 def _live_nodes(host: Host):
-    return Node.objects.filter(host=host, released_at__isnull=True)
+    """The nodes that keep a host: running, or stopped with their workspaces kept on it."""
+    return Node.objects.filter(host=host).filter(
+        Q(released_at__isnull=True) | Q(stopped_at__isnull=False, kept_until__isnull=True)
+    )
 
 
-def _collisions(name: str, address: str) -> None:
+def _collisions(name: str, address: str, *, may_change: bool) -> None:
     other = Host.objects.filter(address=address).exclude(name=name).first()
     if other is not None:
         raise Invalid(
-            f"the address {address} is host {other.name} already: join with "
-            f"SUANLI_JOIN_NAME={other.name} to update it, or run `join.sh leave` there first"
+            f"the address {address} is host {other.name} already: run `join.sh leave` there "
+            f"first, or, to update that host, join with SUANLI_JOIN_NAME={other.name} and a "
+            "token made by an operator who may change hosts (jobs.change_host)"
         )
     same = Host.all_objects.filter(name=name).first()
+    if same is not None and same.state != Host.State.LEFT and not may_change:
+        raise Invalid(
+            f"host {name} is in the fleet already, and joining it again changes it (its zone, "
+            "GPUs, engine certificate and credential): that needs a token made by an operator "
+            "who may change hosts (jobs.change_host); for a new host, pick another name "
+            "(SUANLI_JOIN_NAME)"
+        )
     if same is not None and same.address != address and _live_nodes(same).exists():
         raise Invalid(
-            f"host {name} is at {same.address} and runs clusters: pick another name "
-            "(SUANLI_JOIN_NAME), or leave the fleet there first"
+            f"host {name} is at {same.address} and keeps clusters (running, or stopped with "
+            "their workspaces kept there): pick another name (SUANLI_JOIN_NAME), or leave the "
+            "fleet there first"
         )
 
 
@@ -276,11 +362,13 @@ def join_begin(
         raise Invalid(f"the host name {name[:70]!r}: {exc.messages[0]}") from None
     address = _ip(address, "the host's address")
     _source_ok(join, address, source)
+    may_change = may_change_hosts(join.created_by)
+    _nat_ok(join, address, may_change=may_change)
     try:
         request = pki.read_csr(str(csr or ""))
     except pki.BadRequest as exc:
         raise Invalid(str(exc)) from None
-    _collisions(name, address)
+    _collisions(name, address, may_change=may_change)
     manager, swarm_token = _swarm_offer()
     credential = f"{join.key}.{secrets.token_urlsafe(32)}"
     now = timezone.now()
@@ -351,11 +439,13 @@ def join_register(
     if join.kind != HostJoin.Kind.JOIN:
         raise Invalid("this credential is of a host that is leaving; join with a new token")
     _source_ok(join, join.host_address, source)
+    may_change = may_change_hosts(join.created_by)
+    _nat_ok(join, join.host_address, may_change=may_change)
     model, count = _gpus(
         join, count=_int(gpu_count, "the GPU count", 64), name=str(gpu_name or "")[:200]
     )
     with transaction.atomic():
-        _collisions(join.host_name, join.host_address)
+        _collisions(join.host_name, join.host_address, may_change=may_change)
         host = Host.all_objects.select_for_update().filter(name=join.host_name).first()
         host = host or Host(name=join.host_name)
         cert, key = pki.console_client(host_name=host.name)
@@ -370,7 +460,8 @@ def join_register(
         if host.state == Host.State.LEFT:
             host.state, host.drain_requested = Host.State.DOWN, False
         host.last_checked = None  # "checking" on the Hosts page until its check says more
-        host.last_error = ""
+        for field, value in lifecycle.host_error_fields("").items():
+            setattr(host, field, value)  # the previous check's reasons, both ways, go
         try:
             services.host_save(host=host)
         except ValidationError as exc:
@@ -496,9 +587,12 @@ def leave_done(*, credential: object, source: str | None) -> str:
         HostJoin.objects.filter(pk=join.pk).update(step="left", error="", finished_at=now)
         if Node.objects.filter(host=host).exists() or Replica.objects.filter(host=host).exists():
             GpuSlot.objects.filter(host=host).delete()
+            left = Text(
+                gettext_noop("left the fleet at %(at)s"), at=Moment(now, "%Y-%m-%d %H:%M:%S")
+            )
             Host.objects.filter(pk=host.pk).update(
                 state=Host.State.LEFT, drain_requested=False, gpu_count=0,
-                last_error=f"left the fleet at {now:%Y-%m-%d %H:%M:%S} UTC",
+                **lifecycle.host_error_fields(left),
             )  # fmt: skip
         else:
             host.delete()

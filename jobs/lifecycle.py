@@ -81,6 +81,17 @@ def request_stop(job_id: int) -> None:
 # -- hosts ------------------------------------------------------------------------------------
 
 
+def host_error_fields(words: str | Text) -> dict:
+    """A host's last error, both ways it is kept: `last_error` in English (the API, join.sh)
+    and `last_error_text` (a Text's JSON, shown in the reader's language; None for plain
+    words, e.g. the engine's). Every writer of a host's last error uses this, so the Hosts
+    page (Host.last_error_shown) never shows an older reason than the English one."""
+    return {
+        "last_error": str(words)[:2000],
+        "last_error_text": words.as_json() if isinstance(words, Text) else None,
+    }
+
+
 def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Host:
     """Record that a host is down (no answer) or degraded (cannot start containers, or a
     proof of the host check failed): out of placement from now. The first time in a spell,
@@ -94,8 +105,7 @@ def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Hos
         fields = {
             "state": state,
             "last_checked": at,
-            "last_error": str(words)[:2000],
-            "last_error_text": words.as_json() if isinstance(words, Text) else None,
+            **host_error_fields(words),
         }
         if was not in Host.UNHEALTHY:
             fields["unhealthy_since"] = at

@@ -19,7 +19,9 @@ the same marker proves the host mounts the same filesystem as the console. Every
 connection waits at most a second (busybox `nc -w 1`), all at once: a check costs about a
 second more than a bare container start.
 
-Anything reached, a marker that is not the console's, an engine outside the fleet's swarm
+Anything reached, a marker that is not the console's or that the console could not write
+(its folder replaced by a file or a link, its filesystem full or its master down: the
+reach proofs still run, without the marker), an engine outside the fleet's swarm
 (when the fleet has more than one host) or an engine network over the hosts' own
 addresses (network.overlaps) is a reason; the host check (services.host_check) marks a
 host with any reason *degraded*, with the reasons as its last error, which takes it out
@@ -160,6 +162,17 @@ def control_plane() -> list[tuple[str, int, Text]]:
                 if 0 < other < 65536:
                     found.append((host, other, Text(what)))
     return [(host.strip("[]"), port, what) for host, port, what in found]
+
+
+def control_plane_addresses() -> dict[str, Text]:
+    """The addresses (names resolved, never a loopback one) of the control plane's services,
+    each with what listens there first: no host may claim one by a join token's address
+    alone (jobs/joins.py)."""
+    found: dict[str, Text] = {}
+    for name, _, what in control_plane():
+        for ip in _ips(name, resolve=True):
+            found.setdefault(ip, what)
+    return found
 
 
 def targets(host: Host, gateways: list[str], *, peers: list[Host] | None = None) -> list[Target]:
@@ -356,13 +369,19 @@ def run(host: Host) -> tuple[str, list[Text]]:
     gateways = canary_network(host)
     found = targets(host, gateways)
     expected = None
+    reasons: list[Text] = []
     if proves_storage():
         try:
             expected = write_marker(host.pk)
-        except OSError as exc:  # the console's own mount is the trouble: not the host's
-            return (
-                f"filesystem not proved: the console cannot write {marker_path(host.pk)}: {exc}",
-                [],
+        except OSError as exc:
+            # The console's own mount may be the trouble (full, its master down), or a host
+            # replaced the console's folder: either way the host is not proved. The reach
+            # proofs still run, without the marker.
+            reasons.append(
+                Text(
+                    gettext_noop("the console could not write its marker: %(why)s"),
+                    why=f"{marker_path(host.pk)}: {exc}",
+                )
             )
     uid = runtime.tenant_uid(0)  # a tenant's uid that no researcher has (ids start at 1)
     options = {
@@ -375,7 +394,6 @@ def run(host: Host) -> tuple[str, list[Text]]:
     if expected is not None:
         source = str(marker_path(host.pk))
         mounts = [Mount(target=MARKER_TARGET, source=source, type="bind", read_only=True)]
-    reasons: list[Text] = []
     try:
         ran = engine.run_canary(
             host, settings.SUANLI_CANARY_IMAGE, mounts=mounts,

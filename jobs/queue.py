@@ -44,14 +44,14 @@ def enqueue_unique(
     return None
 
 
-def enqueue_later(func: Task, *args, delay_s: int, queue: str = "docker"):
+def enqueue_later(func: Task, *args, delay_s: int, queue: str = "docker", **options):
     """Run the task once `delay_s` seconds have passed (RQ's scheduler; not deduplicated).
     RQ keeps the time in whole seconds, cut down: round up, so that e.g. a stop's grace
     period is never shortened (up to a second early was seen: a SIGKILL 2.6 s into 3)."""
     at = datetime.now(UTC) + timedelta(seconds=delay_s)
     if at.microsecond:
         at = at.replace(microsecond=0) + timedelta(seconds=1)
-    return django_rq.get_queue(queue).enqueue_at(at, func, *args)
+    return django_rq.get_queue(queue).enqueue_at(at, func, *args, **options)
 
 
 def enqueue_by_name(func: str, *args, job_id: str, queue: str = "docker", **options) -> None:

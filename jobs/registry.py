@@ -544,3 +544,52 @@ def _event(cluster_id, kind: str, message: str | Text) -> None:
         message=str(message)[:300],
         text=json_of(message),
     )
+
+
+# -- sizes ----------------------------------------------------------------------------------
+
+
+def distinct_bytes(images) -> int:
+    """The bytes of the distinct layers of `images` (each a [[layer, bytes], ...] list): a
+    layer several of them share is counted once."""
+    distinct = {}
+    for layers in images:
+        for digest, size, *_rest in layers or []:
+            distinct[digest] = int(size)
+    return sum(distinct.values())
+
+
+def real_layers(client: docker.DockerClient, ref: str) -> list[list]:
+    """[[layer, bytes], ...] of an image on an engine: each layer of its root filesystem
+    (by its uncompressed digest, the same on every host and in every image that shares
+    it) with its size on disk. A layer the engine made here (a build's step, a commit)
+    is the image's size less its parent's; the layers of a pulled image, which has no
+    parent here, come from its history (its entries of a size, in order, are its layers;
+    when they cannot be matched, its whole size goes on its newest layer: nothing is
+    counted short)."""
+    attrs = client.api.inspect_image(ref)
+    top = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    if not top:
+        return [[attrs["Id"], int(attrs.get("Size") or 0)]]
+    sizes: dict[str, int] = {}
+    while attrs.get("Parent"):
+        try:
+            parent = client.api.inspect_image(attrs["Parent"])
+        except docker.errors.NotFound:
+            break
+        mine = (attrs.get("RootFS") or {}).get("Layers") or []
+        theirs = (parent.get("RootFS") or {}).get("Layers") or []
+        if mine[:-1] == theirs and len(mine) == len(theirs) + 1:
+            sizes[mine[-1]] = int(attrs.get("Size") or 0) - int(parent.get("Size") or 0)
+        elif mine != theirs:
+            break
+        attrs = parent
+    base = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    total = int(attrs.get("Size") or 0)
+    history = client.api.history(attrs["Id"])  # newest first
+    found = [int(h.get("Size") or 0) for h in reversed(history) if int(h.get("Size") or 0) > 0]
+    if base and len(found) == len(base) and sum(found) == total:
+        sizes.update(zip(base, found, strict=True))
+    elif base:
+        sizes.update({d: 0 for d in base[:-1]} | {base[-1]: total})
+    return [[d, max(0, sizes.get(d, 0))] for d in top]

@@ -513,8 +513,10 @@ def carry_saves(kept: list[Node], nodes: list[Node]) -> list[Node]:
     moved = []
     for old, new in zip(kept, nodes, strict=True):
         if old.saved_image and (new.host_id != old.host_id or not old.workspace_container):
-            Node.objects.filter(pk=new.pk).update(saved_image=old.saved_image)
-            new.saved_image = old.saved_image
+            Node.objects.filter(pk=new.pk).update(
+                saved_image=old.saved_image, saved_layers=old.saved_layers
+            )
+            new.saved_image, new.saved_layers = old.saved_image, old.saved_layers
         if new.host_id != old.host_id:
             moved.append(old)
     stay = [o.pk for o in kept if o not in moved]

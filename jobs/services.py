@@ -20,11 +20,12 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
-from jobs import engine, network, proofs, pub, runtime, scheduler, storage, validators
+from jobs import engine, network, proofs, pub, runtime, scheduler, storage, validators, workspaces
 from jobs.lifecycle import (
     cancel_jobs_of,
     cluster_event,
     free_nodes,
+    host_error_fields,
     job_event,
     request_dispatch,
     request_stop,
@@ -142,8 +143,7 @@ def host_check(*, host_id: int) -> Host:
             state=Host.State.DRAINING if host.drain_requested else Host.State.ACTIVE,
             last_checked=now,
             last_seen=now,
-            last_error=note[:2000],
-            last_error_text=None,
+            **host_error_fields(note),
             unhealthy_since=None,
         )
         host_outage_ended(host_id=host.pk, at=now)
@@ -645,8 +645,27 @@ def _saving(cluster: Cluster, kept: list[Node], blocked: str) -> str:
     if scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept, saved=False) is None:
         return blocked
     enqueue_unique(
-        "default", "jobs.tasks.cluster_workspaces_save", cluster.pk, job_id=f"ws-save-{cluster.pk}"
+        "builds",  # the builder's, as after a stop (tasks.cluster_workspaces_stop)
+        "jobs.tasks.cluster_workspaces_save",
+        cluster.pk,
+        job_id=f"ws-save-{cluster.pk}",
+        job_timeout=workspaces.save_timeout(cluster.pk),
     )
+    stopped = cluster.events.filter(kind="stopped").order_by("-at", "-pk").first()
+    refused = cluster.events.filter(kind=workspaces.NOT_SAVED)
+    if stopped is not None:
+        refused = refused.filter(at__gte=stopped.at)
+    if refused.exists():  # tried again all the same: images may have been deleted since
+        return " ".join(
+            [
+                blocked,
+                _(
+                    "Another host has room for it, but its system disk was not saved: your "
+                    "image quota is full (see its timeline). Delete images you no longer "
+                    "need, then try again in a few minutes."
+                ),
+            ]
+        )
     return " ".join(
         [
             blocked,

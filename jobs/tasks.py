@@ -102,7 +102,11 @@ def cluster_workspaces_stop(cluster_id: int, tries: int = 0) -> bool:
     runner.free_gpus(cluster_id=cluster_id)
     if stopped:  # the GPUs first: nothing waits on the save
         enqueue_unique(
-            "default", cluster_workspaces_save, cluster_id, job_id=f"ws-save-{cluster_id}"
+            "builds",  # the builder's: a long push holds up no start, stop or accrual
+            cluster_workspaces_save,
+            cluster_id,
+            job_id=f"ws-save-{cluster_id}",
+            job_timeout=workspaces.save_timeout(cluster_id),
         )
     if stopped and not workspaces.gpus_held(cluster_id):
         return True
@@ -115,7 +119,8 @@ def cluster_workspaces_save(cluster_id: int, tries: int = 0) -> bool:
     """After a stop: the kept workspaces' root filesystems pushed to the registry, so that
     the cluster can start on another host when its own has no room; tried again a little
     later while an engine or the registry does not answer (a start that needs a save
-    missing queues this again)."""
+    missing queues this again). On the queue "builds" (the builder's workers): a push of a
+    large system disk may take SUANLI_WORKSPACE_SAVE_S."""
     if workspaces.save(cluster_id):
         return True
     if tries < 5:
@@ -124,7 +129,8 @@ def cluster_workspaces_save(cluster_id: int, tries: int = 0) -> bool:
             cluster_id,
             tries + 1,
             delay_s=30 * (tries + 1),
-            queue="default",
+            queue="builds",
+            job_timeout=workspaces.save_timeout(cluster_id),
         )
     return False
 

@@ -20,7 +20,10 @@ full (or down, draining, degraded) then starts the node on another host with the
 (`_restore`); the volumes need nothing, being on the fleet's distributed filesystem. Saved
 at the stop rather than when a start needs it: the stop is the owner's "I am done for now"
 (nothing waits on the push: the GPUs went back before it), a start is "I want it now" (a
-push then would add minutes to it), and a save made at the stop outlives its host.
+push then would add minutes to it), and a save made at the stop outlives its host. A save
+counts against its owner's image quota (the layers its cluster's image does not have, at
+their size on a host's disk: `Node.saved_layers`); one that would take the owner past it
+is not pushed, and the cluster's timeline says so (it can start only on its own host).
 
 Layer: workspaces, under the gateway; uses runtime, network, engine and models.
 """
@@ -36,9 +39,19 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
-from jobs import engine, network, registry, runtime
-from jobs.models import MAX_GPUS_PER_HOST, Cluster, GpuSlot, Host, Node, Replica
+from jobs import engine, lifecycle, network, registry, runtime
+from jobs.models import (
+    MAX_GPUS_PER_HOST,
+    Cluster,
+    GpuSlot,
+    Host,
+    Node,
+    OwnImage,
+    Replica,
+)
+from jobs.text import Text
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +115,9 @@ def save_reference(owner_id: int, cluster_id: int, index: int) -> str:
     """Where a stopped node's root filesystem goes in the registry:
     `<registry>/u<owner>/suanli-keep/c<cluster>-n<index>:latest`. In its owner's namespace,
     which no typed reference may name (validators.names_own_image), listed by no image row
-    (so counted against no quota: it is bounded by the system disk's size, per node of at
-    most SUANLI_MAX_STOPPED_CLUSTERS clusters); deleted at release."""
+    but counted against its owner's image quota (`Node.saved_layers`, images.quota; one
+    that would not fit is not pushed); deleted at release, or once a start made a
+    workspace from it (its layers stay until the registry's garbage collection)."""
     return registry.reference(owner_id, f"{KEEP_REPOSITORY}/c{cluster_id}-n{index}", "latest")
 
 
@@ -173,7 +187,7 @@ def ensure(cluster_id: int) -> dict[int, str]:
             Node.objects.filter(pk=node.pk).update(workspace_container=container.id)
         if node.saved_image:
             # Made from its save: from now on its files are in this workspace.
-            Node.objects.filter(pk=node.pk).update(saved_image="")
+            Node.objects.filter(pk=node.pk).update(saved_image="", saved_layers=[])
             _forget_save(node.host, node.saved_image)
     _remove_released(cluster_id, nodes)
     return failed
@@ -425,23 +439,126 @@ def save(cluster_id: int) -> bool:
             done = False
             continue
         try:
-            saved = _push_save(node)
+            pushed = _push_save(node)
+        except OverQuota as over:
+            _say_not_saved(node, over)
+            continue  # done: tried again only when a start needs it (services._saving)
         except _ERRORS as exc:
             log.info("workspace of %s not saved to the registry yet: %s", node, exc)
             done = False
             continue
-        if saved is None:
+        if pushed is None:
             done = False
             continue
-        if not kept_nodes(cluster_id).filter(pk=node.pk, saved_image="").update(saved_image=saved):
+        saved, layers = pushed
+        if (
+            not kept_nodes(cluster_id)
+            .filter(pk=node.pk, saved_image="")
+            .update(saved_image=saved, saved_layers=layers)
+        ):
             _forget_save(node.host, saved)  # started or released meanwhile: of no use now
     return done
 
 
-def _push_save(node: Node) -> str | None:
-    """The node's stopped workspace committed and pushed; its reference by digest, or None
-    while it still runs (a stop still under way). An earlier save of the node's index that
-    no node holds any more is deleted from the registry once this one is there."""
+def save_timeout(cluster_id: int) -> int:
+    """Seconds a task that saves the cluster's kept workspaces may take: each node's commit
+    and push may take SUANLI_WORKSPACE_SAVE_S."""
+    nodes = kept_nodes(cluster_id).filter(saved_image="").count()
+    return settings.SUANLI_WORKSPACE_SAVE_S * max(1, nodes) + 60
+
+
+class OverQuota(Exception):
+    """A save that would take its owner past the image quota: not pushed."""
+
+    def __init__(self, size: int, used: int, limit: int) -> None:
+        super().__init__(f"{size} bytes would make {used} of {limit}")
+        self.size, self.used, self.limit = size, used, limit
+
+
+NOT_SAVED = "not-saved"
+
+
+def _say_not_saved(node: Node, over: OverQuota) -> None:
+    """The cluster's timeline says that a node's system disk was not saved, and why: once
+    per stop (a start that needs the save tries it again, and says nothing new)."""
+    cluster = node.cluster
+    said = cluster.events.filter(
+        kind=NOT_SAVED, message__startswith=f"the system disk of node {node.index} "
+    )
+    stopped = cluster.events.filter(kind="stopped").order_by("-at", "-pk").first()
+    if stopped is not None:
+        said = said.filter(at__gte=stopped.at)
+    if said.exists():
+        return
+    lifecycle.cluster_event(
+        cluster,
+        NOT_SAVED,
+        Text(
+            gettext_noop(
+                "the system disk of node %(index)s was not saved: it takes %(size)s, and "
+                "with it your images and saves would take %(used)s of your %(quota)s image "
+                "quota, so the cluster can start only on its own host (%(host)s); your "
+                "files in storage are kept either way. Delete images you no longer need to "
+                "make room."
+            ),
+            index=node.index,
+            size=registry.human(over.size),
+            used=registry.human(over.used),
+            quota=registry.human(over.limit),
+            host=node.host.name,
+        ),
+    )
+
+
+def saves_layers(owner_id: int, *, leaving_out: int | None = None) -> list[list]:
+    """The layers ([[layer, bytes], ...] each) of a researcher's saves in the registry now:
+    of kept nodes, and of nodes started from a save not made into a workspace yet. What
+    the image quota counts of them (images.quota)."""
+    rows = (
+        Node.objects.filter(cluster__owner_id=owner_id)
+        .exclude(saved_image="")
+        .filter(Q(released_at__isnull=True) | Q(stopped_at__isnull=False, kept_until__isnull=True))
+    )
+    if leaving_out is not None:
+        rows = rows.exclude(pk=leaving_out)
+    by_save = dict(rows.values_list("saved_image", "saved_layers"))  # a carried save once
+    return list(by_save.values())
+
+
+def _own_layers(client, node: Node, reference: str) -> list[list]:
+    """The layers of the committed `reference` that the node's cluster's image does not
+    have (its image's on this engine; else an own image's recorded ones; else none is left
+    out: nothing is counted short), each at its size on a host's disk."""
+    layers = registry.real_layers(client, reference)
+    cluster = node.cluster
+    try:
+        base = set(
+            (client.api.inspect_image(cluster.image_reference).get("RootFS") or {}).get("Layers")
+            or []
+        )
+    except docker.errors.NotFound:
+        own = OwnImage.objects.filter(pk=cluster.own_image_id).first()
+        base = {layer[0] for layer in (own.layers if own else [])}
+    return [layer for layer in layers if layer[0] not in base]
+
+
+def _check_quota(node: Node, layers: list[list]) -> None:
+    owner_id = node.cluster.owner_id
+    used = registry.distinct_bytes(
+        [*OwnImage.objects.filter(owner_id=owner_id).values_list("layers", flat=True),
+         *saves_layers(owner_id, leaving_out=node.pk), layers]
+    )  # fmt: skip
+    limit = int(settings.SUANLI_IMAGE_QUOTA_GB * 1e9)
+    if used > limit:
+        raise OverQuota(sum(int(size) for _, size, *_rest in layers), used, limit)
+
+
+def _push_save(node: Node) -> tuple[str, list[list]] | None:
+    """The node's stopped workspace committed and pushed: its reference by digest and its
+    layers that count against the quota (`_own_layers`); None while it still runs (a stop
+    still under way). OverQuota (not pushed, the commit removed) where it would take the
+    owner past the image quota. An earlier save of the node's index that no node holds any
+    more is deleted from the registry once this one is there."""
     client = engine.client_for(node.host, timeout=settings.SUANLI_WORKSPACE_SAVE_S)
     try:
         container = client.containers.get(node.workspace_container)
@@ -453,6 +570,8 @@ def _push_save(node: Node) -> str | None:
         before = registry.digest_of(path, tag)
         client.api.commit(container.id, repository=repository, tag=tag)
         try:
+            layers = _own_layers(client, node, reference)
+            _check_quota(node, layers)
             digest = registry.push(client, reference)
         finally:
             try:
@@ -466,7 +585,7 @@ def _push_save(node: Node) -> str | None:
     saved = f"{repository}@{digest}"
     if before and before != digest and not _save_in_use(f"{repository}@{before}"):
         registry.delete_manifest(path, before)
-    return saved
+    return saved, layers
 
 
 def _remove_saves(cluster_id: int) -> bool:

@@ -16,8 +16,10 @@ import ipaddress
 import json
 import os
 import socket
+import ssl
 import subprocess
 import uuid
+from html import unescape
 from pathlib import Path
 
 import django_rq
@@ -25,7 +27,7 @@ import docker
 import docker.tls
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from django.contrib.auth import get_user_model
@@ -34,10 +36,11 @@ from django.urls import reverse
 from django.utils import timezone
 from waiting import until
 
-from jobs import joins, pki, runner, scheduler, services, tasks
+from jobs import joins, lifecycle, pki, proofs, runner, scheduler, services, tasks
 from jobs.models import GpuSlot, Host, HostJoin
 from jobs.services import JobSpec
 from jobs.storage import VolumeSpec
+from jobs.text import Text
 from tests import third_host as third
 from tests.third_host import GATEWAY, RUN, THIRD, in_third, run_on_third
 
@@ -67,6 +70,12 @@ def hank(db):
 
 
 @pytest.fixture
+def cora(db):
+    """Staff who may add hosts and change them (joining a host again changes it)."""
+    return _staff("cora", "jobs.add_host", "jobs.change_host", "jobs.view_host")
+
+
+@pytest.fixture
 def vera(db):
     """Staff who may see hosts but not add them."""
     return _staff("vera", "jobs.view_host")
@@ -83,8 +92,6 @@ def csr_pem(*, cn="gpu-evil", sans=("evil.example", "10.9.9.9"), key=None) -> st
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .sign(key, hashes.SHA256())
     )
-    from cryptography.hazmat.primitives import serialization
-
     return request.public_bytes(serialization.Encoding.PEM).decode()
 
 
@@ -310,11 +317,14 @@ def test_register_makes_the_host_with_the_consoles_own_client_key_and_queues_its
     assert response.status_code == 400 and "comes from 172.29.0.98" in body["error"]
 
 
-def test_a_host_that_joins_again_is_updated_and_its_old_credential_ends(client, hank, catalog):
+def test_a_host_that_joins_again_is_updated_and_its_old_credential_ends(
+    client, hank, cora, catalog
+):
     first = begin(client, make_token(hank))[1]["credential"]
     call(client, step="register", credential=first)
     host = Host.objects.get()
-    second = begin(client, make_token(hank, zone="zone-b"))[1]["credential"]
+    # Joining it again changes it: a token of an operator who may change hosts.
+    second = begin(client, make_token(cora, zone="zone-b"))[1]["credential"]
     response, body = call(client, step="register", credential=second)
     assert response.status_code == 200, body
     again = Host.objects.get()
@@ -324,6 +334,136 @@ def test_a_host_that_joins_again_is_updated_and_its_old_credential_ends(client, 
     # Another name at the same address would be a second host on one engine: refused.
     response, body = begin(client, make_token(hank), name="gpu-c-02")
     assert response.status_code == 400 and "is host gpu-c-01 already" in body["error"]
+
+
+def test_an_operator_who_may_only_add_hosts_cannot_take_an_existing_one_over(client, hank, cora):
+    # Hank made a token for an address behind NAT while it was free.
+    early_nat = make_token(hank, address="10.20.0.7")
+    # A host of the fleet, joined with his token; another joined by Cora behind that NAT.
+    first = begin(client, make_token(hank))[1]["credential"]
+    assert call(client, step="register", credential=first)[0].status_code == 200
+    host = Host.objects.get(name="gpu-c-01")
+    other = begin(
+        client, make_token(cora, address="10.20.0.7"), name="gpu-c-02", address="10.20.0.7",
+        source="203.0.113.9",
+    )[1]["credential"]  # fmt: skip
+    assert (
+        call(client, step="register", credential=other, source="203.0.113.9")[0].status_code == 200
+    )
+    # Hank's new token, run from the host's own address (a tenant's container there shares
+    # it) under its name: refused, it would rewrite the host and end its credential.
+    response, body = begin(client, make_token(hank, zone="zone-evil"))
+    assert response.status_code == 400
+    assert "host gpu-c-01 is in the fleet already" in body["error"]
+    assert (
+        "needs a token made by an operator who may change hosts (jobs.change_host)"
+        in (body["error"])
+    )
+    # From anywhere, with its address as a NAT token's: Hosts -> Add refuses to make one ...
+    client.force_login(hank)
+    made = HostJoin.objects.count()
+    page = client.post(
+        reverse("ops_host_add"), {"zone": "zone-evil", "gpu_count": 0, "address": HOST_IP}
+    )
+    html = unescape(page.content.decode())
+    assert page.status_code == 200 and 'data-testid="join-command"' not in html
+    assert f"{HOST_IP} is the address of host gpu-c-01: a token for it would join" in html
+    assert "That needs the power to change hosts (jobs.change_host)." in html
+    assert HostJoin.objects.count() == made
+    # ... and the NAT token made while the address was free is refused now it is a host's.
+    response, body = begin(
+        client, early_nat, name="gpu-c-02", address="10.20.0.7", source="198.51.100.4"
+    )
+    assert response.status_code == 400 and "host gpu-c-02 is in the fleet already" in body["error"]
+    response, body = begin(
+        client, early_nat, name="gpu-c-03", address="10.20.0.7", source="198.51.100.4"
+    )
+    assert response.status_code == 400 and "is host gpu-c-02 already" in body["error"]
+    # Nothing changed: the hosts are as they were, and their own credentials still work.
+    assert Host.objects.get(pk=host.pk).zone == "zone-join"
+    assert call(client, step="status", credential=first)[1]["name"] == "gpu-c-01"
+    assert call(client, step="status", credential=other, source="203.0.113.9")[1]["name"] == (
+        "gpu-c-02"
+    )
+    # The power is the maker's when the token is used: taken from Cora, her token is Hank's.
+    token = make_token(cora, zone="zone-b")
+    cora.user_permissions.remove(Permission.objects.get(codename="change_host"))
+    response, body = begin(client, token)
+    assert response.status_code == 400 and "(jobs.change_host)" in body["error"]
+    assert call(client, step="status", credential=first)[1]["name"] == "gpu-c-01"
+
+
+def test_a_nat_token_names_no_control_plane_address_unless_its_maker_may_change_hosts(
+    client, hank, cora, settings
+):
+    settings.SUANLI_STORAGE_MASTER = "10.30.0.6:9421"
+    client.force_login(hank)
+    for address, what in (
+        ("10.30.0.6", "the MooseFS master"),
+        ("127.0.0.1", "this console's own machine"),
+    ):
+        page = client.post(
+            reverse("ops_host_add"), {"zone": "zone-a", "gpu_count": 0, "address": address}
+        )
+        html = unescape(page.content.decode())
+        assert f"{address} is an address of the control plane ({what}): a host there" in html
+        assert 'data-testid="join-command"' not in html
+    assert not HostJoin.objects.exists()
+    # A token made before the settings named the address is refused when it is used.
+    settings.SUANLI_STORAGE_MASTER = ""
+    token = make_token(hank, address="10.30.0.6")
+    settings.SUANLI_STORAGE_MASTER = "10.30.0.6:9421"
+    response, body = begin(client, token, address="10.30.0.6", source="203.0.113.9")
+    assert response.status_code == 400
+    assert "address 10.30.0.6 is the control plane's (the MooseFS master)" in body["error"]
+    assert not Host.all_objects.exists()
+    # An operator who may change hosts may (a small fleet whose console's machine is a host).
+    token = make_token(cora, address="10.30.0.6")
+    response, body = begin(client, token, address="10.30.0.6", source="203.0.113.9")
+    assert response.status_code == 200, body
+
+
+def test_a_host_keeping_stopped_workspaces_joins_nowhere_else_under_its_name_nor_leaves(
+    client, cora, catalog, alice, make_cluster
+):
+    token = make_token(cora, gpu_model=catalog["t4-16gb"], gpu_count=1)
+    credential = begin(client, token)[1]["credential"]
+    call(client, step="register", credential=credential)
+    Host.objects.update(state=Host.State.ACTIVE, last_checked=timezone.now())
+    cluster = make_cluster(alice, "kept", model="t4-16gb")
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    services.cluster_stop(cluster=cluster)
+    node = cluster.node_set.get()
+    assert node.released_at and node.stopped_at and node.host.name == "gpu-c-01", "kept there"
+    # Its name from another address: refused, its workspace's host stays where it is.
+    response, body = begin(client, make_token(cora), address="172.29.0.98", source="172.29.0.98")
+    assert response.status_code == 400
+    assert (
+        "host gpu-c-01 is at 172.29.0.99 and keeps clusters (running, or stopped" in (body["error"])
+    )
+    assert Host.objects.get().address == HOST_IP
+    # Nor does it leave the fleet while it keeps them.
+    body = call(client, step="leave", credential=credential)[1]
+    progress = call(client, step="leave-status", credential=body["credential"])[1]
+    assert progress["empty"] == "no" and "kept" in progress["clusters"]
+    response, body = call(client, step="left", credential=body["credential"])
+    assert response.status_code == 400 and "clusters still run" in body["error"]
+
+
+def test_joining_again_or_leaving_leaves_no_reasons_of_an_earlier_check(client, hank, cora):
+    credential = begin(client, make_token(hank))[1]["credential"]
+    call(client, step="register", credential=credential)
+    host = Host.objects.get()
+    reached = proofs.reach_reasons([proofs.Target("172.29.0.1", 6379, Text("Redis"))])
+    lifecycle.host_unhealthy(host=host, state=Host.State.DEGRADED, words=proofs.lines(reached))
+    assert "a container reached 172.29.0.1:6379" in Host.objects.get().last_error_shown
+    again = begin(client, make_token(cora))[1]["credential"]
+    assert call(client, step="register", credential=again)[0].status_code == 200
+    assert Host.objects.get().last_error_shown == "", "checking: no reasons yet"
+    client.force_login(cora)
+    row = client.get(reverse("ops_hosts")).content.decode().split('data-host="gpu-c-01"')[1]
+    assert "a container reached" not in row.split("</tr>")[0]
 
 
 def test_detected_gpus_come_from_nvidia_smi_and_the_catalogs_name_for_them(client, hank, catalog):
@@ -384,10 +524,14 @@ def test_leave_drains_waits_for_the_clusters_and_removes_the_host(
     # No engine behind this host to confirm its containers are gone: as if it had.
     GpuSlot.objects.update(node=None)
     assert call(client, step="leave-status", credential=credential)[1]["empty"] == "yes"
+    reached = proofs.lines(proofs.reach_reasons([proofs.Target("10.0.0.1", 22, Text("SSH"))]))
+    lifecycle.host_unhealthy(host=Host.objects.get(), state=Host.State.DEGRADED, words=reached)
     response, body = call(client, step="left", credential=credential)
     assert response.status_code == 200, body
     assert not Host.objects.exists(), "out of the fleet"
     assert Host.all_objects.get().state == Host.State.LEFT, "kept as its nodes' history"
+    shown = Host.all_objects.get().last_error_shown
+    assert shown.startswith("left the fleet at ") and "reached" not in shown, shown
     left = services.host_check(host_id=Host.all_objects.get().pk)
     assert left.state == Host.State.LEFT, "a check never brings it back"
     assert call(client, step="status", credential=credential)[0].status_code == 403, (
@@ -522,9 +666,27 @@ def console_on_the_hosts_network(transactional_db, settings):
     server.stop()
 
 
+def _served_certificate(host: Host, folder: Path) -> bytes:
+    """The certificate (DER) the host's engine serves now, as the console's client sees it."""
+    (folder / "client.pem").write_text(host.tls_cert.strip() + "\n" + host.tls_key.strip() + "\n")
+    context = ssl.create_default_context(cadata=host.tls_ca)
+    context.check_hostname = False  # the console checks the address (SAN) itself
+    context.load_cert_chain(str(folder / "client.pem"))
+    with (
+        socket.create_connection((host.address, 2376), timeout=10) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        return tls.getpeercert(binary_form=True)
+
+
+def _certificate_on(etc: Path) -> bytes:
+    pem = (etc / "docker/suanli/cert.pem").read_bytes()
+    return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+
+
 def test_a_fresh_host_joins_with_the_command_takes_a_cluster_and_leaves(
     client, operator, alice, catalog, make_host, make_cluster, storage_root, settings,
-    third_host, console_on_the_hosts_network, settle_until,
+    third_host, console_on_the_hosts_network, settle_until, tmp_path,
 ):  # fmt: skip
     settings.SUANLI_STORAGE_MOUNT = os.environ["SUANLI_STORAGE_ROOT"]
     make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)  # the swarm's manager
@@ -584,6 +746,23 @@ def test_a_fresh_host_joins_with_the_command_takes_a_cluster_and_leaves(
     assert "the engine already listens so: left running" in out
     assert Host.objects.filter(name="join-c").get().pk == host.pk and Host.objects.count() == 2
     assert (RUN / "docker.pid").read_text() == pid
+    # cert.pem stays the certificate the running engine serves (dockerd reads it only when
+    # it starts), so a renewal is judged on the one in use.
+    served = _served_certificate(Host.objects.get(pk=host.pk), tmp_path)
+    assert served == _certificate_on(etc), "the file is what the engine serves"
+    # Renewed when asked: the engine restarts with a new certificate, and serves it.
+    again = client.post(
+        reverse("ops_host_add"),
+        {"zone": "zone-join", "gpu_model": catalog["h100-80gb"].pk, "gpu_count": 2},
+    )
+    command = again.content.decode().split('data-testid="join-command">')[1].split("<")[0]
+    code, out = run_on_third(f"export SUANLI_JOIN_RENEW=1; {command}", name="join-c")
+    assert code == 0, out
+    assert "SUANLI_JOIN_RENEW=1: the engine's certificate is renewed" in out
+    assert "join.sh: joined: join-c is active" in out
+    assert (RUN / "docker.pid").read_text() != pid, "restarted"
+    renewed = _served_certificate(Host.objects.get(pk=host.pk), tmp_path)
+    assert renewed == _certificate_on(etc) and renewed != served
 
     # A cluster on it, whose job writes to the researchers' filesystem the console reads.
     cluster = make_cluster(

@@ -12,6 +12,7 @@ inside its mount namespace, a fake file in its place) and always put it back.
 import os
 import stat
 import subprocess
+from html import unescape
 from pathlib import Path
 
 import docker
@@ -247,6 +248,43 @@ def test_a_host_whose_filesystem_is_unmounted_is_degraded_and_a_file_in_its_plac
         )
         subprocess.run(["nsenter", f"--mount={_mntns(1)}", "sh", "-c", clean], timeout=30)
         _remount_storage("b")
+    b = services.host_check(host_id=b.pk)
+    assert b.state == Host.State.ACTIVE and b.last_error == "", b.last_error
+
+
+@real
+def test_a_marker_the_console_cannot_write_proves_nothing_and_check_now_says_why(
+    make_host, operator, settings, tmp_path
+):
+    make_host("gpu-a-01", engine=0, gpus=2)
+    b = make_host("gpu-b-01", engine=1, gpus=2)
+    assert b.state == Host.State.ACTIVE, b.last_error
+    registry = settings.SUANLI_REGISTRY
+    # The console's folder of markers is a link (a host replaced it; a full filesystem or
+    # a master that is down fails the same write), and the host's firewall is gone too.
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    (storage / ".suanli").symlink_to(tmp_path)
+    root, settings.SUANLI_STORAGE_ROOT = settings.SUANLI_STORAGE_ROOT, storage
+    staff = Client()
+    staff.force_login(operator)
+    try:
+        _firewall(1, "remove")
+        page = staff.post(f"/ops/hosts/{b.pk}/check/", follow=True)
+        b.refresh_from_db()
+        assert b.state == Host.State.DEGRADED, "not proved"
+        assert "the console could not write its marker: " in b.last_error, b.last_error
+        assert f"{storage / '.suanli'} is not a folder" in b.last_error, b.last_error
+        # The reach proofs ran all the same, without the marker.
+        assert f"a container reached {registry} (the registry)" in b.last_error, b.last_error
+        # Check now says it as the admin's check does: an error, with the reasons.
+        message = unescape(page.content.decode()).split('class="msg msg-')[1].split("</li>")[0]
+        assert message.startswith("error") and "Host gpu-b-01 answers but is degraded: " in message
+        assert "the console could not write its marker" in message
+        assert f"a container reached {registry} (the registry)" in message
+    finally:
+        _firewall(1, "apply")
+    settings.SUANLI_STORAGE_ROOT = root
     b = services.host_check(host_id=b.pk)
     assert b.state == Host.State.ACTIVE and b.last_error == "", b.last_error
 

@@ -20,7 +20,9 @@
 #   images     the helper images (canary, sftp) loaded from the console
 #   register   the console adds the host (or updates the one of this name) and checks it
 #   check      waits for that check: checking -> active
-# Running it again with a new token is harmless: what is in place is kept or updated.
+# Running it again with a new token is harmless: what is in place is kept or updated (a
+# running engine keeps running, with its certificate, unless that ends within 30 days or
+# SUANLI_JOIN_RENEW=1 is set: then the engine restarts with a new one).
 #
 # leave: the console drains the host (no new clusters) and this waits until nothing runs
 # on it; then the host leaves the swarm, unmounts the researchers' filesystem, its engine
@@ -43,6 +45,10 @@
 #                         host's clusters to end (default 300)
 #   SUANLI_JOIN_CURL      more curl options, e.g. "--cacert /path/ca.pem" for a console
 #                         whose certificate a private CA signed
+#   SUANLI_JOIN_RENEW=1   a join again renews the engine's certificate and restarts the
+#                         engine (its containers stop: drain first). Without it, a join
+#                         again leaves a running engine and its certificate as they are,
+#                         unless that certificate ends within 30 days
 set -eu
 
 # The console's URL: the console writes its own here when it serves this script.
@@ -56,6 +62,7 @@ CREDENTIAL="$ETC/host.credential"
 SOCKET="${SUANLI_JOIN_SOCKET:-/var/run/docker.sock}"
 WAIT="${SUANLI_JOIN_WAIT:-300}"
 ENGINE_PORT=2376
+RENEW_DAYS=30
 STEP=preflight
 TOKEN=""
 CMD=join
@@ -289,12 +296,25 @@ configure_dockerd() {
         fail "$conf sets hosts or TLS options, which join.sh sets as the engine's flags: remove them from it"
     fi
     # A running engine with the same key, CA and arguments is left running (a join again
-    # must not stop the containers on it): the new certificate is the old one's twin.
+    # must not stop the containers on it), and so is the certificate it loaded when it
+    # started (dockerd reads it only then): cert.pem stays what the engine serves. The new
+    # one replaces it, and the engine restarts (stopping its containers), when the old one
+    # ends within $RENEW_DAYS days, or with SUANLI_JOIN_RENEW=1.
     same=no
     if cmp -s "$WORK/key.pem" "$TLS/key.pem" && cmp -s "$WORK/ca.pem" "$TLS/ca.pem" &&
         [ "$(cat "$ETC/dockerd.args" 2>/dev/null || true)" = "$(dockerd_args)" ] &&
         docker_ info >/dev/null 2>&1; then
-        same=yes
+        if [ "${SUANLI_JOIN_RENEW:-}" = 1 ]; then
+            say "SUANLI_JOIN_RENEW=1: the engine's certificate is renewed; the engine restarts (its containers stop)"
+        elif ! openssl x509 -in "$TLS/cert.pem" -noout -checkend $((RENEW_DAYS * 86400)) >/dev/null 2>&1; then
+            say "the engine's certificate ends within $RENEW_DAYS days (or is unreadable): renewed; the engine restarts (its containers stop)"
+        else
+            same=yes
+        fi
+    fi
+    if [ "$same" = yes ]; then
+        # Only the certificate the running engine loaded: the new one is its twin.
+        cp "$TLS/cert.pem" "$WORK/cert.pem" || fail "could not read $TLS/cert.pem"
     fi
     # The certificate and key in place before the engine that uses them starts again.
     cp "$WORK/ca.pem" "$TLS/ca.pem.new" && cp "$WORK/cert.pem" "$TLS/cert.pem.new" &&
@@ -302,7 +322,7 @@ configure_dockerd() {
     chmod 0600 "$TLS/key.pem.new"
     for f in ca cert key; do mv -f "$TLS/$f.pem.new" "$TLS/$f.pem"; done
     if [ "$same" = yes ]; then
-        say "the engine already listens so: left running"
+        say "the engine already listens so: left running, with its certificate ($(openssl x509 -in "$TLS/cert.pem" -noout -enddate 2>/dev/null | sed 's/^notAfter=/valid until /')); SUANLI_JOIN_RENEW=1 renews it now"
     else
         restart_dockerd
         dockerd_args >"$ETC/dockerd.args"
