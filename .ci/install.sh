@@ -16,7 +16,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ALL_PACKAGES=(postgresql redis-server docker.io busybox-static chromium iproute2 iptables
     openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl gettext
-    fonts-wqy-microhei btrfs-progs moosefs-master moosefs-chunkserver moosefs-client)
+    fonts-wqy-microhei btrfs-progs moosefs-master moosefs-chunkserver moosefs-client
+    moosefs-cli)
 if (($#)); then
     wanted=("$@")
 else

@@ -423,7 +423,7 @@ cmd_start() {
     # No-op (dpkg-query only) when everything is already installed.
     "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables \
         openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl btrfs-progs \
-        moosefs-master moosefs-chunkserver moosefs-client
+        moosefs-master moosefs-chunkserver moosefs-client moosefs-cli
     # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
     # alongside. The engines start one after the other on purpose: a starting
     # dockerd flushes and recreates the shared DOCKER iptables chains, which
