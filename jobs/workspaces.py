@@ -495,11 +495,10 @@ def _say_not_saved(node: Node, over: OverQuota) -> None:
         NOT_SAVED,
         Text(
             gettext_noop(
-                "the system disk of node %(index)s was not saved: it takes %(size)s, and "
-                "with it your images and saves would take %(used)s of your %(quota)s image "
-                "quota, so the cluster can start only on its own host (%(host)s); your "
-                "files in storage are kept either way. Delete images you no longer need to "
-                "make room."
+                "the system disk of node %(index)s was not saved: with its %(size)s your "
+                "images and saves would take %(used)s of your %(quota)s image quota, so the "
+                "cluster can start only on its own host (%(host)s); delete images you no "
+                "longer need to make room"
             ),
             index=node.index,
             size=registry.human(over.size),
