@@ -16,6 +16,14 @@ in one step of the filesystem, so no researcher ever sees a half-copied dataset.
 Unpublishing renames it back. The database row (jobs.models.PublicDataset) follows the
 folder, never the other way round.
 
+The command copies as root, so what it copies must be what the operator meant
+(`open_source`, `copy_tree`): links are copied as links and never followed, every entry
+is opened without following a link and checked on what was opened (a folder swapped for a
+link mid-copy stops the copy), and a source a researcher could write is refused: one on
+the researchers' filesystem, and one with a folder in it or on the way to it that another
+user or a group can write. Publishing changes modes through descriptors of the entries it
+measured, never by name.
+
 What a container gets: `pub/` itself as one bind mount, read-only. Every directory on the
 way to it is the console's and no tenant can write any of them, so nothing can be swapped
 for a link between the check here (at each start) and the engine's mount; the storage
