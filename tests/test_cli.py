@@ -264,9 +264,12 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
 
 
 def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_taken(
-    console_url, alice, bob, make_cluster, tmp_path
+    console_url, alice, bob, make_cluster, tmp_path, processes
 ):
     from jobs import scheduler
+
+    # The builder saves stopped workspaces (the queue "builds"), as the Procfile runs it.
+    processes.start("builder", "--worker-class", "console.rqworker.SimpleWorker")
 
     cluster = make_cluster(alice, "keep", gpus=2, release_policy="never", volumes=())
     scheduler.place_pending()
@@ -284,7 +287,7 @@ def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_t
     from jobs import tasks
 
     assert tasks.cluster_workspaces_stop(cluster.pk)
-    # The worker saves its system disk to the registry next (for a start on another host,
+    # The builder saves its system disk to the registry next (for a start on another host,
     # which this one-host fleet has not): waited for, so no save races the start below.
     until(lambda: Node.objects.filter(cluster=cluster).exclude(saved_image="").exists(),
           timeout=60, what="its workspace saved")  # fmt: skip
