@@ -48,9 +48,9 @@ def bare_engine_start(run: Path) -> float:
         env={**os.environ, "SUANLI_DOCKERD_ARGS": f"--host unix://{run}/docker.sock"},
         check=True,
     )
-    client = docker.DockerClient(base_url=f"unix://{run}/docker.sock", timeout=5)
     while True:
         try:
+            client = docker.DockerClient(base_url=f"unix://{run}/docker.sock", timeout=5)
             client.ping()
             break
         except Exception:  # not up yet
@@ -66,7 +66,7 @@ def bare_engine_start(run: Path) -> float:
         and "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     ):
         time.sleep(0.1)
-    (run / "docker.pid").unlink()
+    (run / "docker.pid").unlink(missing_ok=True)  # dockerd removes it as it ends
     subprocess.run(third.in_third("sh", "-c", f'rm -rf "{run}/data/"*'), check=False)
     return took
 
