@@ -466,7 +466,9 @@ def test_joining_again_or_leaving_leaves_no_reasons_of_an_earlier_check(client, 
     assert "a container reached" not in row.split("</tr>")[0]
 
 
-def test_detected_gpus_come_from_nvidia_smi_and_the_catalogs_name_for_them(client, hank, catalog):
+def test_detected_gpus_come_from_nvidia_smi_and_the_catalogs_name_for_them(
+    client, hank, cora, catalog
+):
     credential = begin(client, make_token(hank))[1]["credential"]
     response, body = call(
         client,
@@ -477,7 +479,7 @@ def test_detected_gpus_come_from_nvidia_smi_and_the_catalogs_name_for_them(clien
     )
     assert response.status_code == 200, body
     assert (Host.objects.get().gpu_model, Host.objects.get().gpu_count) == (catalog["a100-80gb"], 8)
-    credential = begin(client, make_token(hank))[1]["credential"]
+    credential = begin(client, make_token(cora))[1]["credential"]  # joins it again
     response, body = call(
         client, step="register", credential=credential, gpu_count="4", gpu_name="Tesla V100"
     )
