@@ -9,6 +9,7 @@ it share live in `lifecycle` and are re-exported here, so callers keep
 `services.cluster_release(...)`.
 """
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -818,6 +819,54 @@ def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: 
     cluster.refresh_from_db()
     cluster_event(cluster, "running", message, at=now)
     enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
+
+
+log = logging.getLogger(__name__)
+
+ORPHANS_HELD = Text(
+    gettext_noop(
+        "the console: your processes held files deleted but still open, which no quota "
+        "counts, while such files filled more than the filesystem allows"
+    )
+)
+
+
+def clusters_stop_for_orphans() -> dict:
+    """The bound on space no quota counts (jobs/storage.py orphans): over the threshold,
+    each running cluster of a researcher whose processes hold a deleted-but-open file is
+    stopped (its files kept, the processes and so their open files ended), or released
+    when it keeps no workspace. Below it, nothing happens: a program's own temporary
+    files (opened, unlinked, used) are everyday and small."""
+    if not storage.enforced():
+        return {"over": False, "stopped": []}
+    try:
+        found = storage.orphans()
+    except storage.QuotaError as exc:
+        log.error("storage: deleted-but-open space unknown: %s", exc.messages[0])
+        return {"over": None, "stopped": []}
+    if not found.over:
+        return {"over": False, "stopped": []}
+    stopped = []
+    running = Cluster.objects.filter(owner_id__in=list(found.by_owner), state=Cluster.State.RUNNING)
+    for cluster in running:
+        try:
+            if cluster.workspace:
+                cluster_stop(cluster=cluster, by=ORPHANS_HELD)
+            else:
+                with transaction.atomic():
+                    cluster_release(cluster=cluster, reason=ORPHANS_HELD)
+        except ValidationError as exc:  # e.g. at its most stopped clusters: released
+            log.warning("cluster %s not stopped for open deleted files: %s", cluster.pk, exc)
+            with transaction.atomic():
+                cluster_release(cluster=cluster, reason=ORPHANS_HELD)
+        stopped.append(cluster.pk)
+    log.error(
+        "storage: %s GB deleted but still open (over SUANLI_STORAGE_SUSTAINED_MAX_GB=%s): "
+        "stopped clusters %s of researchers %s",
+        found.sustained_gb, settings.SUANLI_STORAGE_SUSTAINED_MAX_GB, stopped,
+        sorted(found.by_owner),
+    )  # fmt: skip
+    return {"over": True, "stopped": stopped}
 
 
 def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:

@@ -227,6 +227,15 @@ def sweeps_tick() -> int:
     return sweeps.tick()
 
 
+def storage_orphans_guard() -> dict:
+    """Every minute (MooseFS): when files deleted while still open hold more than
+    SUANLI_STORAGE_SUSTAINED_MAX_GB (space no quota counts), the running clusters of the
+    researchers whose processes hold such files are stopped (their files kept; released
+    when they keep no workspace), which closes them and frees the space
+    (services.clusters_stop_for_orphans)."""
+    return services.clusters_stop_for_orphans()
+
+
 def storage_upkeep() -> dict:
     """Hourly (jobs/storage.py upkeep): every researcher's quota written again from what they
     bought, and the space deleted-but-open files hold looked at."""

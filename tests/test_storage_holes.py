@@ -5,7 +5,10 @@
 * the trash: her root's trash time is 0, so a file she deletes frees its room at once
   rather than waiting, in no folder and under no quota, in the trash;
 * a file deleted while still open ("sustained") is in no folder either: no quota stops it,
-  but the hourly upkeep and the operators' Revenue page name whose open files hold it;
+  so past SUANLI_STORAGE_SUSTAINED_MAX_GB in all, a guard run every minute stops the running
+  clusters of whoever holds such files (their files kept), which ends the processes that
+  hold them (the filesystem frees the space once their mounts let go); the hourly
+  upkeep and the operators' Revenue page name the holders;
 * the quota's writers: a start racing a lowering of the bought size writes the lowered
   size (one advisory lock per researcher), a container's create writes nothing, and the
   hourly upkeep writes every root's quota again from what was bought."""
@@ -179,8 +182,21 @@ def test_a_file_she_deleted_but_holds_open_is_named_to_the_operators(
         page = client.get(reverse("ops_billing")).content.decode()
         assert 'data-testid="storage-unbounded"' in page
         assert "<strong>alice</strong>" in page
+
+        # The bound: the minute's guard stops her running cluster (her files kept); its
+        # workspace stopped, the holder's file is closed and its space is freed.
+        assert tasks.storage_orphans_guard() == {"over": True, "stopped": [cluster.pk]}
+        cluster.refresh_from_db()
+        assert cluster.state == "stopped"
+        assert any("deleted but still open" in e.message for e in cluster.events.all())
+        workspaces.stop(cluster.pk)
+        workspace.reload()
+        assert workspace.status == "exited", "the process holding the file is gone"
+        assert (root / "work" / "written").exists(), "her files are kept"
     finally:
-        _run(workspace, "kill $(cat /tmp/holder)")
+        workspace.reload()
+        if workspace.status == "running":
+            _run(workspace, "kill $(cat /tmp/holder)")
 
 
 @real
