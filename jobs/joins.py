@@ -66,7 +66,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs import engine, lifecycle, pki, proofs, services, validators
+from jobs import engine, lifecycle, pki, proofs, services, storage, validators
 from jobs.models import GpuModel, GpuSlot, Host, HostJoin, Node, Replica
 from jobs.queue import enqueue_by_name
 from jobs.text import Moment, Text, show
@@ -331,14 +331,12 @@ def _swarm_offer() -> tuple[str, str]:
 
 
 def _storage_offer() -> dict[str, str]:
-    if settings.SUANLI_STORAGE_FS != "moosefs" or not settings.SUANLI_STORAGE_MASTER:
+    found = storage.master() if storage.enforced() else None
+    if found is None:
         return {"storage_master": "", "storage_port": "", "storage_path": ""}
-    master, _, port = settings.SUANLI_STORAGE_MASTER.rpartition(":")
-    if not master:
-        master, port = port, "9421"
     return {
-        "storage_master": master,
-        "storage_port": port,
+        "storage_master": found[0],
+        "storage_port": str(found[1]),
         "storage_path": str(settings.SUANLI_STORAGE_MOUNT or settings.SUANLI_STORAGE_ROOT),
     }
 

@@ -48,7 +48,7 @@ from django.conf import settings
 from django.utils.translation import gettext_noop
 from docker.types import Mount
 
-from jobs import engine, network, runtime, validators
+from jobs import engine, network, runtime, storage, validators
 from jobs.models import Host
 from jobs.text import Text
 
@@ -146,12 +146,11 @@ def control_plane() -> list[tuple[str, int, Text]]:
     if settings.SUANLI_REGISTRY.strip():
         host, port = validators.split_port(settings.SUANLI_REGISTRY.strip().partition("/")[0])
         found.append((host, _port(port, 443), Text(gettext_noop("the registry"))))
-    master = getattr(settings, "SUANLI_STORAGE_MASTER", "").strip()
+    master = storage.master()
     if master:
-        host, port = validators.split_port(master)
-        port = _port(port, 9421)
+        host, port = master
         found.append((host, port, Text(gettext_noop("the MooseFS master"))))
-        if getattr(settings, "SUANLI_STORAGE_FS", "local") == "moosefs":
+        if storage.enforced():
             # MooseFS's layout around the clients' port (9421 by default): the metaloggers'
             # and chunkservers' ports of the master below it, a chunkserver's above.
             for other, what in (
@@ -234,7 +233,7 @@ def _peers(host: Host) -> list[Host]:
 
 def proves_storage() -> bool:
     """Whether hosts must show the console's filesystem: not on a one-machine fleet."""
-    return getattr(settings, "SUANLI_STORAGE_FS", "local") != "local"
+    return storage.enforced()
 
 
 def marker_path(host_id: int) -> Path:

@@ -52,6 +52,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from jobs import validators
 from jobs.models import StorageGrant
 
 EXAMPLE = "/workspace/data"
@@ -816,15 +817,30 @@ class Orphans:
         return self.sustained_gb > Decimal(str(settings.SUANLI_STORAGE_SUSTAINED_MAX_GB))
 
 
+MASTER_PORT = 9421  # MooseFS's clients' port, when SUANLI_STORAGE_MASTER names none
+
+
+def master() -> tuple[str, int] | None:
+    """(host, port) of SUANLI_STORAGE_MASTER, the MooseFS master's clients' address (an
+    IPv6 literal without its brackets); None when it is not set. The one reading of it: the
+    quota tools here, the join's offer (jobs/joins.py), the host check's targets
+    (jobs/proofs.py)."""
+    text = settings.SUANLI_STORAGE_MASTER.strip()
+    if not text:
+        return None
+    host, port = validators.split_port(text)
+    return host.strip("[]"), port or MASTER_PORT
+
+
 def _master() -> list[str]:
-    host, _colon, port = settings.SUANLI_STORAGE_MASTER.strip().rpartition(":")
-    if not host or not port.isdigit():
+    found = master()
+    if found is None:
         raise QuotaError(
             _(
                 "SUANLI_STORAGE_MASTER is not set (host:port of the MooseFS master); ask an operator."
             )
         )
-    return ["mfscli", "-H", host, "-P", port, "-n", "-p"]
+    return ["mfscli", "-H", found[0], "-P", str(found[1]), "-n", "-p"]
 
 
 def _storage_prefix() -> str:
