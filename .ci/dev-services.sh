@@ -10,7 +10,7 @@
 #   project-local redis on 127.0.0.1:${SUANLI_DEV_REDIS_PORT:-6389} with its
 #   data in .run/dev/redis (default RDB snapshots, so dev state survives) and a
 #   password generated once into .run/dev/redis.pass.
-# - The tenant firewall (jobs/scripts/host-firewall.sh) on this machine, as root:
+# - The tenant firewall (jobs/hosts/scripts/host-firewall.sh) on this machine, as root:
 #   containers on Suanli's cluster networks (bridges slc<id>) reach neither this
 #   machine's services nor the private networks; and kernel.pid_max is raised (never lowered) for
 #   the containers' pids limits; nothing else is changed. The engine
@@ -46,7 +46,7 @@ REGISTRY_PORT="${SUANLI_DEV_REGISTRY_PORT:-5444}"
 REDIS_PASS_FILE="$DEV_DIR/redis.pass"
 SECRETS_KEY_FILE="$DEV_DIR/secrets.key"
 SECRET_KEY_FILE="$DEV_DIR/secret_key"  # Django's SECRET_KEY: make run runs with DEBUG off
-FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
+FIREWALL="$REPO_ROOT/jobs/hosts/scripts/host-firewall.sh"
 
 redis_password() { secret_file "$REDIS_PASS_FILE" hex; }
 
@@ -80,7 +80,7 @@ print_env() {
 
 apply_firewall() {
     if is_root && command -v iptables >/dev/null; then
-        sh "$FIREWALL" apply && log "tenant firewall applied (jobs/scripts/host-firewall.sh)"
+        sh "$FIREWALL" apply && log "tenant firewall applied (jobs/hosts/scripts/host-firewall.sh)"
     else
         warn "not root: the tenant firewall is not applied; run 'sudo sh $FIREWALL apply' so that containers cannot reach this machine's services"
     fi

@@ -259,7 +259,7 @@ start_dockerd() {
 # mount_btrfs_root IMAGE DIR SIZE: DIR becomes a btrfs filesystem on the sparse file
 # IMAGE (SIZE, e.g. 40G; blocks are taken only as they are written), mounted through a
 # loop device, with quotas on: the engine's btrfs storage driver then enforces
-# `--storage-opt size=` (a container's root filesystem limit, jobs/runtime.py). The file
+# `--storage-opt size=` (a container's root filesystem limit, jobs/nodes/runtime.py). The file
 # stays between runs, so the engine's image cache does too. A no-op when DIR is mounted.
 # A DIR left from an earlier overlay2 engine is emptied first (its images come back
 # from the tars in a second).
@@ -405,7 +405,7 @@ SFTP_SERVER_BIN="${SFTP_SERVER_BIN:-/usr/lib/openssh/sftp-server}"
 # build_sftp_rootfs TARBALL: the smallest root filesystem that runs OpenSSH's
 # sftp-server (Debian's openssh-sftp-server): the binary, the shared libraries
 # ldd names, and an empty /etc (the gateway adds the tenant's passwd line per
-# session, jobs/gateway.py). No shell, no /tmp: nothing in it is the tenant's
+# session, jobs/access/gateway.py). No shell, no /tmp: nothing in it is the tenant's
 # to write. Rebuilt when missing or older than the binary.
 build_sftp_rootfs() {
     local tarball="$1" root lib
@@ -452,7 +452,7 @@ ensure_sftp_image() {
 # ------------------------------------------------------------- registry ----
 
 # The private image registry (Debian's docker-registry: the CNCF distribution registry)
-# that researchers' own images live in (jobs/registry.py, jobs/images.py).
+# that researchers' own images live in (jobs/nodes/registry.py, jobs/images/builds.py).
 
 registry_up() { # registry_up DIR ADDR PORT: /v2/ answers with TLS and the password
     curl -fsS --max-time 3 --cacert "$1/ca.crt" -u "suanli:$(cat "$1/registry.pass" 2>/dev/null)" \

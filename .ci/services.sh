@@ -19,7 +19,7 @@
 #     socket, data root and exec root, its data root on btrfs in a sparse loop file
 #     (docker-E/data.btrfs, the storage driver btrfs, quotas on: root filesystem sizes
 #     are enforced), the tenant firewall and host set-up
-#     (jobs/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
+#     (jobs/hosts/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
 #     gateway's suanli/sftp:latest (OpenSSH's sftp-server alone). The two
 #     form a swarm (a manages) that carries the clusters' overlay networks.
 #   - the researchers' distributed filesystem: MooseFS (Debian's packages), a master and one
@@ -87,7 +87,7 @@ engine_mntns() { printf '%s/%s' "$MNTNS_DIR" "$1"; }
 # cache), and its size: blocks are taken only as images and containers write them.
 engine_disk() { printf '%s/data.btrfs' "$(engine_dir "$1")"; }
 ENGINE_DISK_SIZE="${SUANLI_TEST_ENGINE_DISK:-32G}"
-FIREWALL="$REPO_ROOT/jobs/scripts/host-firewall.sh"
+FIREWALL="$REPO_ROOT/jobs/hosts/scripts/host-firewall.sh"
 REDIS_PASS_FILE="$RUN_DIR/redis.pass"
 SECRETS_KEY_FILE="$RUN_DIR/secrets.key"
 
@@ -255,7 +255,7 @@ start_engine() {
     stop_dockerd "$dir/docker.pid" "$dir/exec" 10
     rm -f "$sock"
     # The data root on btrfs (a loop file), so that the engine enforces each container's
-    # root filesystem size (`--storage-opt size=`, jobs/runtime.py) like a production host.
+    # root filesystem size (`--storage-opt size=`, jobs/nodes/runtime.py) like a production host.
     mount_btrfs_root "$(engine_disk "$e")" "$dir/data" "$ENGINE_DISK_SIZE"
     mkdir -p "$dir/exec"
     # The host's own mount namespace (made after the data root is mounted: a copy of it),
@@ -439,7 +439,7 @@ cmd_start() {
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
     form_swarm
     build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
-    build_sftp_rootfs "$SFTP_TAR"       # the SSH gateway's sftp sessions (jobs/gateway.py)
+    build_sftp_rootfs "$SFTP_TAR"       # the SSH gateway's sftp sessions (jobs/access/gateway.py)
     for e in "${ENGINES[@]}"; do
         ensure_busybox_image "$(engine_host "$e")" "$BUSYBOX_TAR" &
         jobs+=($!)

@@ -14,7 +14,7 @@ Timed, alternately, REPEATS times each, each on its own and with a fresh
 - bulk_insert: one `LedgerEntry.objects.bulk_create` of 10,000 comparable usage rows
   (same columns, unique keys `bench:<tag>:<i>`, batch_size 2000) in one transaction: the
   plain bulk INSERT the issue names;
-- copy: the same rows through the tick's own writer (`jobs.sql.insert_rows`, one COPY),
+- copy: the same rows through the tick's own writer (`jobs.base.sql.insert_rows`, one COPY),
   the floor under a tick, so `ratio_to_copy` says what accrual adds to writing its rows.
 
 Prints one JSON line with the medians, ratio = tick_s / bulk_insert_s and ratio_to_copy.
@@ -45,9 +45,9 @@ from django.utils import timezone  # noqa: E402
 from billing import services as billing  # noqa: E402
 from billing.models import Account, LedgerEntry, Price, RateCard  # noqa: E402
 from billing.services import ENTRY_FIELDS  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs.base.sql import insert_rows  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Host, Image, Node  # noqa: E402
-from jobs.sql import insert_rows  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 CLUSTERS = int(os.environ.get("BENCH_CLUSTERS", 10_000))
 USERS = int(os.environ.get("BENCH_USERS", 1_000))

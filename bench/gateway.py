@@ -1,4 +1,4 @@
-"""bench/gateway: the SSH gateway (jobs/gateway.py) as the Procfile runs it, against a 1-node
+"""bench/gateway: the SSH gateway (jobs/access/gateway.py) as the Procfile runs it, against a 1-node
 cluster's workspace on a test engine, beside `docker exec` on the same engine in
 the same run.
 
@@ -35,9 +35,12 @@ django.setup()
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import runtime, scheduler, services, tasks, workspaces  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs import tasks  # noqa: E402
+from jobs.clusters import services
 from jobs.models import GpuModel, Image, SshKey  # noqa: E402
+from jobs.nodes import runtime, workspaces
+from jobs.placement import scheduler
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = int(os.environ.get("BENCH_RUNS", 15))

@@ -42,9 +42,11 @@ from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import images, registry, services  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs.clusters import services
+from jobs.images import builds  # noqa: E402
 from jobs.models import Cluster, GpuModel, Host, Image, ImageBuild, OwnImage  # noqa: E402
+from jobs.nodes import registry
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_IMAGE_RUNS", 7))
 PULL_MB = int(os.environ.get("BENCH_PULL_MB", 20))
@@ -116,10 +118,10 @@ def build_push(owner, host_a: Host) -> dict:
 
     def console(i: int, timed: list) -> None:
         t0 = time.perf_counter()
-        build = images.build_create(
+        build = builds.build_create(
             owner=owner, name=name, tag=f"c{run}-{i}", dockerfile=seed_style(uuid.uuid4().hex)
         )
-        got = images.run(build.pk)
+        got = builds.run(build.pk)
         elapsed = time.perf_counter() - t0
         build.refresh_from_db()
         assert build.state == ImageBuild.State.SUCCEEDED, build.error
@@ -149,7 +151,7 @@ def build_push(owner, host_a: Host) -> dict:
     finally:
         for own in OwnImage.objects.filter(owner=owner, name=name):
             forget(client, own.reference)
-            images.delete(owner=owner, image=own)
+            builds.delete(owner=owner, image=own)
         for tag in bare_tags:
             forget(client, f"{registry.host()}/{repo}:{tag}")
             registry.delete(repo, tag)
@@ -270,7 +272,7 @@ def main():
     for old in owner.clusters.exclude(state__in=["released", "failed"]):  # an interrupted run
         services.cluster_release(cluster=old)
     for own in OwnImage.objects.filter(owner=owner):
-        images.delete(owner=owner, image=own)
+        builds.delete(owner=owner, image=own)
     try:
         print(json.dumps(build_push(owner, host_a)), flush=True)
         print(json.dumps(pull(owner, host_b)), flush=True)

@@ -26,9 +26,13 @@ import docker  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import network, runner, scheduler, services, tasks  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs import tasks  # noqa: E402
+from jobs.clusters import services
 from jobs.models import GpuModel, Image, Job  # noqa: E402
+from jobs.nodes import network
+from jobs.placement import scheduler
+from jobs.placement.catalog import seed_catalog  # noqa: E402
+from jobs.runs import runner
 
 RUNS = int(os.environ.get("BENCH_RUNS", 15))
 ENGINES = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u]

@@ -22,9 +22,10 @@ import docker  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import scheduler, services  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs.clusters import services
 from jobs.models import GpuModel, Image, Job  # noqa: E402
+from jobs.placement import scheduler  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 JOBS = int(os.environ.get("BENCH_JOBS", 100))
 WORKERS = int(os.environ.get("BENCH_WORKERS", 2))

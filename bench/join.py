@@ -32,9 +32,10 @@ from django.test import override_settings  # noqa: E402
 from pytest_django.live_server_helper import LiveServer  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import joins, services  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs.hosts import joins  # noqa: E402
+from jobs.hosts import services as host_services
 from jobs.models import Host  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 from tests import third_host as third  # noqa: E402
 
 ENGINE = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u][0]
@@ -75,7 +76,7 @@ def main() -> None:
     seed_catalog()
     Host.all_objects.filter(name="bench-join").delete()
     register_host("bench-0", ENGINE, gpus=8)  # the swarm's manager, with the helper images
-    services.host_check(host_id=Host.objects.get(name="bench-0").pk)
+    host_services.host_check(host_id=Host.objects.get(name="bench-0").pk)
     operator, _ = get_user_model().objects.get_or_create(username="bench-join-operator")
     run = third.make()
     server = LiveServer(f"{third.GATEWAY}:0")

@@ -33,9 +33,13 @@ from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
 from console.consumers import JobLogConsumer, JobLogPollingConsumer  # noqa: E402
-from jobs import livelogs, network, runner, scheduler, services, tasks  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs import tasks  # noqa: E402
+from jobs.clusters import services
 from jobs.models import GpuModel, Image, Job  # noqa: E402
+from jobs.nodes import network
+from jobs.placement import scheduler
+from jobs.placement.catalog import seed_catalog  # noqa: E402
+from jobs.runs import livelogs, runner
 
 VIEWERS = int(os.environ.get("BENCH_VIEWERS", 100))
 WINDOW_S = float(os.environ.get("BENCH_WINDOW_S", 10))

@@ -91,8 +91,8 @@ from django.utils import timezone  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
 from jobs.models import Cluster, GpuModel, Host, Job, Node, Replica  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 from monitoring.models import Sample  # noqa: E402
 from monitoring.monitor import Monitor  # noqa: E402
 

@@ -59,9 +59,9 @@ from billing.models import (  # noqa: E402
     UsageDay,
 )
 from billing.services import ENTRY_FIELDS  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs.base.sql import insert_rows  # noqa: E402
 from jobs.models import Cluster, GpuModel, Host, Image, Job, JobEvent, Node, Replica  # noqa: E402
-from jobs.sql import insert_rows  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 from monitoring.models import Sample  # noqa: E402
 
 LEDGER = int(os.environ.get("BENCH_LEDGER", 1_000_000))

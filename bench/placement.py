@@ -25,9 +25,9 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from jobs import scheduler  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Host, Image, Node  # noqa: E402
+from jobs.placement import scheduler  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", 10_000))
 FLEETS = [int(n) for n in os.environ.get("BENCH_HOSTS", "100,1000,5000").split(",")]

@@ -28,8 +28,8 @@ from django.utils import timezone  # noqa: E402
 
 from billing.catalog import seed_rate_card  # noqa: E402
 from console import pools as console_pools  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
 from jobs.models import Cluster, GpuModel, Image, Job, Pool  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 SIZES = [int(n) for n in os.environ.get("BENCH_POOLS", "10,100,500").split(",")]
 ROUNDS = 5

@@ -26,9 +26,9 @@ from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench.placement import make_fleet, reset  # noqa: E402
-from jobs import scheduler  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Image, Node  # noqa: E402
+from jobs.placement import scheduler  # noqa: E402
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 HOSTS = int(os.environ.get("BENCH_RECLAIM_HOSTS", 1000))
 

@@ -27,9 +27,11 @@ import docker  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
-from jobs import services, tasks, workspaces  # noqa: E402
-from jobs.catalog import seed_catalog  # noqa: E402
+from jobs import tasks  # noqa: E402
+from jobs.clusters import services
 from jobs.models import Cluster, GpuModel, Image  # noqa: E402
+from jobs.nodes import workspaces
+from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", 15))
 ENGINE = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u][0]

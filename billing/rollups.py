@@ -24,8 +24,8 @@ from django.utils.translation import gettext_noop
 
 from billing.models import STORAGE_RESOURCE, Account, BillLine, LedgerEntry, UsageDay
 from billing.pricing import GPU, NO_GPU, STOPPED, STORAGE, kind_of_key
+from jobs.base.sql import insert_rows, update_rows
 from jobs.models import Cluster, GpuModel, InstanceType
-from jobs.sql import insert_rows, update_rows
 
 USAGE = LedgerEntry.Kind.USAGE.value
 

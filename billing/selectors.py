@@ -16,7 +16,7 @@ from django.utils.translation import ngettext, pgettext
 from billing import formatting
 from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
 from billing.pricing import GPU, NO_GPU, STOPPED, Quote, RateBook, per_hour_of, quote
-from jobs import storage
+from jobs.files import storage
 from jobs.models import Cluster, Node
 
 ZERO = Decimal("0")
@@ -472,7 +472,7 @@ def accounts_overview(*, days: int = 30, today: date | None = None) -> QuerySet[
     )
 
 
-# -- pools (jobs/pools.py) --------------------------------------------------------------------
+# -- pools (jobs/pools/autoscaler.py) --------------------------------------------------------------------
 
 
 def charged_for_pool(pool_id: int) -> Decimal:

@@ -4,7 +4,7 @@ idempotency key) and the accrual tick that turns clusters' held capacity into us
 Billing observes the jobs app's tables (clusters and their nodes' placed/released
 seconds, whether a node ran without GPUs, and how long a stopped node's workspace was
 kept); the jobs app never calls billing. The one call the other way is the stop for an
-exhausted balance, which releases clusters through `jobs.services.cluster_release`.
+exhausted balance, which releases clusters through `jobs.clusters.services.cluster_release`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from django.utils.translation import gettext_noop
 from billing import rollups, selectors
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import GPU, KINDS, NO_GPU, STOPPED, RateBook, kind_of_key, to_money
-from jobs import services as fleet
-from jobs import webhooks
+from jobs.base.sql import insert_rows, update_rows
+from jobs.base.text import Text
+from jobs.clusters import services as cluster_services
+from jobs.events import webhooks
 from jobs.models import Cluster, Node
-from jobs.sql import insert_rows, update_rows
-from jobs.text import Text
 
 log = logging.getLogger(__name__)
 
@@ -519,11 +519,11 @@ def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) 
         states.append(Cluster.State.STOPPED)
     stopped = []
     for cluster in Cluster.objects.filter(owner__account__pk__in=account_ids, state__in=states):
-        if Cluster.State.STOPPED not in states and fleet.cluster_stop_waiting(
+        if Cluster.State.STOPPED not in states and cluster_services.cluster_stop_waiting(
             cluster=cluster, reason=Text(EXHAUSTED)
         ):
             continue  # waiting to start again from stopped: stopped again, files kept
-        fleet.cluster_release(cluster=cluster, reason=Text(EXHAUSTED))
+        cluster_services.cluster_release(cluster=cluster, reason=Text(EXHAUSTED))
         stopped.append(cluster.pk)
     if stopped:
         later = floor_s(timezone.now())

@@ -5,7 +5,7 @@ What is charged: the storage bought above the free part (SUANLI_STORAGE_FREE_GB)
 GB-hour at the rate card's storage price, for every second it is held, filled or not (as
 RunPod bills a network volume's size; AutoDL bills its measured usage above a free 20 GB
 once a day). The bought size, not a measured usage, because it is what the filesystem
-holds for the researcher and enforces (jobs/storage.py turns it into the MooseFS quota of
+holds for the researcher and enforces (jobs/files/storage.py turns it into the MooseFS quota of
 their root), because it is exact to the second (a sample of usage misses what was written
 and deleted between two samples, and the bill could not be checked against anything), and
 because the researcher decides it: lower it to pay less, never below what the files take.
@@ -18,7 +18,7 @@ the ledger charged, so the entries always add up to the exact cost rounded once.
 moves forward only, under its row lock: running an hour again charges nothing.
 
 Reads from jobs: the bought storage (models.StorageGrant) and the tenant's usage
-(jobs/storage.py); the one write into jobs' tables is a StorageGrant, here, because a
+(jobs/files/storage.py); the one write into jobs' tables is a StorageGrant, here, because a
 change of the bought size is a money decision (checked against the balance and billed
 from its second on). Locks: the owner's quota lock (storage.quota_lock, which every write
 of the filesystem's quota takes), then in the accrual's order the storage meter, then the
@@ -46,9 +46,10 @@ from billing import rollups
 from billing import services as money
 from billing.models import STORAGE_MEMO, STORAGE_RESOURCE, UNIT, Account, LedgerEntry, StorageMeter
 from billing.pricing import RateBook, to_money
-from jobs import runtime, storage
+from jobs.base.sql import insert_rows, update_rows
+from jobs.files import storage
 from jobs.models import StorageGrant
-from jobs.sql import insert_rows, update_rows
+from jobs.nodes import runtime
 
 log = logging.getLogger(__name__)
 

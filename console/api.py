@@ -83,11 +83,13 @@ from console.forms import (
 from console.forms_sweeps import SweepForm, space_field_text
 from console.models import ApiToken, digest_of
 from console.views_monitoring import trace_download
-from jobs import images, pools, runner, sweeps
-from jobs import selectors as fleet
-from jobs import services as fleet_services
+from jobs.base.text import Text
+from jobs.clusters import services as cluster_services
+from jobs.images import builds
 from jobs.models import Image, Job, OwnImage, Pool, Replica, Sweep, Trial
-from jobs.text import Text
+from jobs.placement import fleet
+from jobs.pools import autoscaler, sweeps
+from jobs.runs import runner
 from monitoring import profiles
 
 BY_API = Text(gettext_noop("its owner (API)"))
@@ -396,7 +398,7 @@ def cluster_create(request, payload: NewCluster):
         if payload.instance_type and not payload.gpu_model:
             names["resource"] = "instance_type"
         return _fields_error(form, names)
-    return Status(201, fleet_services.cluster_create(owner=request.auth.user, spec=form.spec()))
+    return Status(201, cluster_services.cluster_create(owner=request.auth.user, spec=form.spec()))
 
 
 @api.get(
@@ -418,7 +420,7 @@ def cluster(request, cluster_id: Id):
 def cluster_release(request, cluster_id: Id):
     """Stop its jobs and its billing; the cluster's storage folders stay."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
-    return fleet_services.cluster_release(
+    return cluster_services.cluster_release(
         cluster=c, reason=Text(gettext_noop("released by its owner (API)"))
     )
 
@@ -433,7 +435,7 @@ def cluster_stop(request, cluster_id: Id):
     """Cancel its jobs, give its GPUs back (not charged from now) and stop its workspaces,
     keeping every file on their hosts until it is started or released."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
-    return fleet_services.cluster_stop(cluster=c, by=BY_API)
+    return cluster_services.cluster_stop(cluster=c, by=BY_API)
 
 
 @api.post(
@@ -451,8 +453,8 @@ def cluster_start(request, cluster_id: Id, payload: Start = None):
     if short:
         return _error(400, short)
     try:
-        return fleet_services.cluster_start(cluster=c, mode=mode, by=BY_API)
-    except fleet_services.StartBlocked as exc:
+        return cluster_services.cluster_start(cluster=c, mode=mode, by=BY_API)
+    except cluster_services.StartBlocked as exc:
         return _error(
             409,
             " ".join(exc.messages)
@@ -472,7 +474,7 @@ def cluster_resize(request, payload: Resize, cluster_id: Id):
     form = ResizeForm(payload.dict(exclude_none=True), cluster=c)
     if not form.is_valid():
         return _fields_error(form)
-    return fleet_services.cluster_resize(cluster=c, nodes=form.cleaned_data["nodes"])
+    return cluster_services.cluster_resize(cluster=c, nodes=form.cleaned_data["nodes"])
 
 
 # -- jobs -------------------------------------------------------------------------------
@@ -516,7 +518,7 @@ def job_submit(request, payload: NewJob):
     if not form.is_valid():
         return _fields_error(form)
     with transaction.atomic():
-        return Status(201, fleet_services.job_submit(cluster=target, spec=form.spec()))
+        return Status(201, cluster_services.job_submit(cluster=target, spec=form.spec()))
 
 
 @api.get("/jobs/{job_id}", tags=["jobs"], response=_responses(200, JobOut), summary="A job")
@@ -530,7 +532,7 @@ def job(request, job_id: Id):
 def job_cancel(request, job_id: Id):
     j = fleet.job_for_user(request.auth.user, job_id, power="jobs.cancel_job")
     with transaction.atomic():
-        return fleet_services.job_cancel(job=j, by=request.auth.user.username)
+        return cluster_services.job_cancel(job=j, by=request.auth.user.username)
 
 
 _CURSOR = re.compile(r"(\d{1,5})((?:~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64})")
@@ -740,7 +742,7 @@ def pool_create(request, payload: NewPool):
         if payload.instance_type and not payload.gpu_model:
             names["resource"] = "instance_type"
         return _fields_error(form, names)
-    created = pools.pool_create(owner=user, spec=form.spec(), rate_per_hour=form.rate_per_hour)
+    created = autoscaler.pool_create(owner=user, spec=form.spec(), rate_per_hour=form.rate_per_hour)
     return Status(201, _pool_of(user, created.pk))
 
 
@@ -752,11 +754,11 @@ def pool(request, pool_id: Id):
     jobs, and the newest lines of its timeline."""
     p = console_pools.refresh(_pool_of(request.auth.user, pool_id))
     clusters = list(
-        p.clusters.filter(state__in=pools.LIVE)
+        p.clusters.filter(state__in=autoscaler.LIVE)
         .select_related("gpu_model", "instance_type")
         .order_by("created_at", "id")
     )
-    f = pools.figures_of(p, clusters)
+    f = autoscaler.figures_of(p, clusters)
     queue = views_pools.queue_of(p)
     p.live_clusters = clusters
     p.waiting_jobs, p.running_jobs = queue["waiting"], queue["running"]
@@ -792,7 +794,7 @@ def pool_close(request, pool_id: Id):
     """No more jobs: its waiting jobs are cancelled, running ones finish, and its clusters
     are released as they turn idle."""
     p = _pool_of(request.auth.user, pool_id)
-    pools.pool_close(pool=p)
+    autoscaler.pool_close(pool=p)
     return _pool_of(request.auth.user, p.pk)
 
 
@@ -800,7 +802,7 @@ def pool_close(request, pool_id: Id):
 
 
 def _refused(exc: ValidationError) -> JsonResponse:
-    """A refusal of jobs/images.py: per field where it names one, the rest as the error."""
+    """A refusal of jobs/images/builds.py: per field where it names one, the rest as the error."""
     if not hasattr(exc, "error_dict"):
         return _error(400, " ".join(exc.messages))
     fields = dict(exc.message_dict)
@@ -814,8 +816,8 @@ def image_list(request):
     user = request.auth.user
     own = list(fleet.own_images_for(user))
     for image in own:  # at most the quota's count
-        image.using = list(images.clusters_using(image).order_by("pk"))
-    return {"images": own, "quota": images.quota(user), "enabled": images.enabled()}
+        image.using = list(builds.clusters_using(image).order_by("pk"))
+    return {"images": own, "quota": builds.quota(user), "enabled": builds.enabled()}
 
 
 @api.post(
@@ -825,7 +827,7 @@ def image_build_create(request, payload: NewBuild):
     """Queue a build of a Dockerfile (with one of your storage folders as its context);
     poll `GET /images/builds/{id}?after=<seq>` for its state and new log lines."""
     try:
-        build = images.build_create(
+        build = builds.build_create(
             owner=request.auth.user, name=payload.name or "", tag=payload.tag or "latest",
             dockerfile=(payload.dockerfile or "").replace("\r\n", "\n"),
             context=payload.context or "", build_args=payload.build_args or {},
@@ -849,7 +851,7 @@ def image_build(request, build_id: Id, filters: Query[BuildLogFilter]):
     """Its state, the step being run, the push progress, the error in words, the image
     once pushed, and its log lines numbered from 1 (`?after=<seq>`: only newer ones)."""
     build = fleet.build_for_user(request.auth.user, build_id)
-    build.lines = [(seq, text) for seq, text in images.log_lines(build) if seq > filters.after]
+    build.lines = [(seq, text) for seq, text in builds.log_lines(build) if seq > filters.after]
     return build
 
 
@@ -865,7 +867,7 @@ def image_delete(request, image_id: Id):
     released uses it."""
     image = fleet.own_image_for_user(request.auth.user, image_id)
     try:
-        images.delete(owner=request.auth.user, image=image)
+        builds.delete(owner=request.auth.user, image=image)
     except ValidationError as exc:
         return _error(409, " ".join(exc.messages))
     return Status(204, None)
@@ -882,7 +884,7 @@ def node_save_image(request, cluster_id: Id, index: NodeIndex, payload: SaveImag
     your images. Follow it as a build."""
     target = fleet.cluster_for_user(request.auth.user, cluster_id)
     try:
-        build = images.save_create(
+        build = builds.save_create(
             owner=request.auth.user, cluster=target, node_index=index,
             name=payload.name or "", tag=payload.tag or "latest",
         )  # fmt: skip
@@ -927,7 +929,7 @@ def _sweeps_of(user):
 
 
 def _sweep_detail(user, sweep_id: int) -> Sweep:
-    """The sweep with its trials and what pruning saved (jobs/sweeps.py `figures`)."""
+    """The sweep with its trials and what pruning saved (jobs/pools/sweeps.py `figures`)."""
     sweep = get_object_or_404(_sweeps_of(user).select_related("pool"), pk=sweep_id)
     fig = sweeps.figures(sweep)
     sweep.trial_list = [

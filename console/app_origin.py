@@ -1,6 +1,6 @@
 """The workspace apps' own origins: where each app lives, and how its owner gets in.
 
-Every app of a node's workspace (jobs/webapps.py: JupyterLab, TensorBoard, the service
+Every app of a node's workspace (jobs/access/webapps.py: JupyterLab, TensorBoard, the service
 port) is served by console/proxy.py on an origin of its own,
 
     <scheme>://c<cluster>-n<node>-<kind>.<SUANLI_APPS_DOMAIN>[:port]/

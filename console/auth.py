@@ -29,7 +29,7 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from jobs import addresses
+from jobs.base import addresses
 
 # What axes records as the "username" of a failed API token: none (the token is never kept).
 _TOKEN_CREDENTIALS = {"username": None}

@@ -1,8 +1,8 @@
 """Live job logs over a websocket, all replicas, rank-labelled: pushed by the `logs`
-process (jobs/livelogs.py, one stream per running replica) through the job's group, or,
+process (jobs/runs/livelogs.py, one stream per running replica) through the job's group, or,
 with `SUANLI_LOG_FOLLOWERS` off, polled from the engine once a second per socket; live
 metrics of a cluster, pushed by the monitor through the channel layer (Redis); and the
-live log of an image build, pushed by the build worker (jobs/images.py) the same way.
+live log of an image build, pushed by the build worker (jobs/images/builds.py) the same way.
 
 A PostgreSQL restart closes no socket (they wait it out); a Redis restart costs a socket
 fed through the channel layer no traceback: it is closed with 1012 (restart) and the page
@@ -20,10 +20,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
 
-from jobs import images, livelogs, runner
-from jobs import selectors as fleet
+from jobs.base.outage import DB_DOWN, REDIS_DOWN, Outage
+from jobs.images import builds
 from jobs.models import ImageBuild, Job, Replica
-from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
+from jobs.placement import fleet
+from jobs.runs import livelogs, runner
 from monitoring.monitor import group_for
 
 log = logging.getLogger("suanli.web")
@@ -206,7 +207,7 @@ class _NumberedLines:
 class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
     """A job's live log, for its owner or whoever holds `jobs.view_job_logs` (others,
     staff or not: 4404). The lines come from the `logs` process through the job's group
-    (jobs/livelogs.py), numbered; see
+    (jobs/runs/livelogs.py), numbered; see
     `_NumberedLines` for the join. The job's state is read once a second and sent when it
     changes; once it has ended, the last lines come for a moment, then the close.
 
@@ -310,7 +311,7 @@ class BuildLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer)
             return
         self.build_id = build.pk
         self.last = self._after()
-        self.group = images.group_for(build.pk)
+        self.group = builds.group_for(build.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         # What was published before the join is in the store; what comes after it queues
@@ -323,7 +324,7 @@ class BuildLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer)
 
     def _stored(self) -> tuple[ImageBuild, list[tuple[int, str]]]:
         build = ImageBuild.objects.select_related("image").get(pk=self.build_id)
-        return build, images.log_lines(build)
+        return build, builds.log_lines(build)
 
     def _kept(self) -> list[tuple[int, str]]:
         return self._stored()[1]

@@ -22,12 +22,12 @@ cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_
 # ended (billing/storage.py); looked at every minute, so an hour is charged within one.
 cron.register(billing_tasks.storage_accrue, "default", interval=60)
 # Every researcher's quota written again from what they bought (whatever wrote it last), and
-# the space of files deleted while open (under no quota) looked at (jobs/storage.py upkeep).
+# the space of files deleted while open (under no quota) looked at (jobs/files/storage.py upkeep).
 cron.register(job_tasks.storage_upkeep, "default", interval=3600)
 cron.register(job_tasks.storage_orphans_guard, "default", interval=60)
 # Metrics: minute rollups of finished minutes, and retention (monitoring/tasks.py).
 cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
-# Webhooks: deliveries that are due and whose enqueue was lost (jobs/webhooks.py).
+# Webhooks: deliveries that are due and whose enqueue was lost (jobs/events/webhooks.py).
 cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
 cron.register(billing_tasks.notify_low_balances, "default", interval=60)
 # Pools: money figures from billing, then each pool's autoscaler round; sweeps' safety net.

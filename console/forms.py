@@ -11,11 +11,12 @@ from django.utils.translation import gettext_lazy
 
 from billing import formatting
 from billing import selectors as money
-from jobs import pub, storage, validators
-from jobs import selectors as fleet
+from jobs.base import validators
+from jobs.clusters.services import ClusterSpec, JobSpec
+from jobs.files import pub, storage
 from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, OwnImage, Pool, SshKey
-from jobs.pools import PoolSpec
-from jobs.services import ClusterSpec, JobSpec
+from jobs.placement import fleet
+from jobs.pools.autoscaler import PoolSpec
 
 CUSTOM_IMAGE = "custom"
 OWN_IMAGE = "own:"  # + the OwnImage's pk: one of the researcher's own images

@@ -1,6 +1,6 @@
 """The form of *Hosts -> Add*: what the operator decides for a host before it joins (its
 zone, its GPUs where it has no NVIDIA runtime, whether it builds images, and its address
-when it reaches the console through NAT). The rest the host says itself (jobs/joins.py)."""
+when it reaches the console through NAT). The rest the host says itself (jobs/hosts/joins.py)."""
 
 from django import forms
 from django.utils.translation import gettext_lazy

@@ -1,6 +1,6 @@
 """The sweep form (issue 26): one command, its search space, the metric it prints and the
 early-stopping rule, on one of the researcher's active pools. The rules of the space and
-the metric are jobs/sweeps.py's (`parse_space`, `validate_metric`), so the page and the
+the metric are jobs/pools/sweeps.py's (`parse_space`, `validate_metric`), so the page and the
 API refuse the same things with the same sentences."""
 
 import json
@@ -11,8 +11,10 @@ from django.core.exceptions import ValidationError
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from jobs import storage, sweeps, validators
+from jobs.base import validators
+from jobs.files import storage
 from jobs.models import Pool, Sweep
+from jobs.pools import sweeps
 
 EXAMPLE_SPACE = (
     "lr: log_uniform 1e-5 1e-1\nlayers: int 1 8\ndropout: uniform 0 0.5\nopt: categorical adam sgd"

@@ -5,7 +5,7 @@ both say it from here, so they never disagree.
 
 The host is `SUANLI_SSH_HOST` where the operator exposes the gateway under another name;
 else the name the researcher reached the console by (the request's host, without its
-port). The port and fingerprint are the gateway's own (jobs/gateway.py).
+port). The port and fingerprint are the gateway's own (jobs/access/gateway.py).
 """
 
 from dataclasses import dataclass
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.http.request import split_domain_port
 
-from jobs import gateway, workspaces
+from jobs.access import gateway
 from jobs.models import Cluster
+from jobs.nodes import workspaces
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The console's part of pools (issue 26): the money figures the autoscaler uses, written
 on each pool's row from billing before each round (jobs does not read billing), and the
-cron entry that runs the rounds (jobs/pools.py) and the sweeps' safety net (jobs/sweeps.py).
+cron entry that runs the rounds (jobs/pools/autoscaler.py) and the sweeps' safety net (jobs/pools/sweeps.py).
 """
 
 import logging
@@ -8,8 +8,9 @@ import logging
 from django.db import transaction
 
 from billing import selectors as billing
-from jobs import pools, services, sweeps
+from jobs.clusters import services
 from jobs.models import Cluster, Job, Pool
+from jobs.pools import autoscaler, sweeps
 
 log = logging.getLogger("suanli.pools")
 
@@ -30,7 +31,7 @@ def tick() -> int:
     """Cron: every pool that is active or still holds clusters, one round each."""
     ids = set(Pool.objects.filter(state=Pool.State.ACTIVE).values_list("pk", flat=True))
     ids |= set(
-        Cluster.objects.filter(pool__isnull=False, state__in=pools.LIVE).values_list(
+        Cluster.objects.filter(pool__isnull=False, state__in=autoscaler.LIVE).values_list(
             "pool_id", flat=True
         )
     )
@@ -38,10 +39,10 @@ def tick() -> int:
     for pool in Pool.objects.filter(pk__in=ids).select_related("owner"):
         try:
             refresh(pool, book=book)
-            pools.pool_scale(pool.pk)
+            autoscaler.pool_scale(pool.pk)
         except Exception:  # one pool's trouble must not stop the other pools' rounds
             log.exception("pool %s: no round", pool.pk)
-    pools.prune_samples()
+    autoscaler.prune_samples()
     sweeps.tick()
     return len(ids)
 
@@ -50,4 +51,4 @@ def submit(*, pool: Pool, spec: services.JobSpec) -> Job:
     """A job onto the pool, with the money figures fresh (page, API, command line)."""
     with transaction.atomic():
         refresh(pool)
-        return pools.pool_submit(pool=pool, spec=spec)
+        return autoscaler.pool_submit(pool=pool, spec=spec)

@@ -1,4 +1,4 @@
-"""The proxy to the web apps of a node's workspace (jobs/webapps.py), for the cluster's
+"""The proxy to the web apps of a node's workspace (jobs/access/webapps.py), for the cluster's
 owner only, each app on an origin of its own (console/app_origin.py says where, why, and
 how its owner is handed over):
 
@@ -11,7 +11,7 @@ under the apps' domain here, before Django and the console's websockets, so that
 console URL (pages, /api/, /admin/, /login/, static files, /ws/) is ever served on an app
 origin; and the console's origin proxies no app. Nothing listens on the GPU host for
 this: each request or websocket is one exec of the gateway's relay (`nc 127.0.0.1 PORT`,
-else python3, else bash; jobs/gateway.py) in the workspace as the tenant's uid, bridged to
+else python3, else bash; jobs/access/gateway.py) in the workspace as the tenant's uid, bridged to
 the event loop by the gateway's EngineStream (two threads per exec, TLS-safe, bounded
 buffers both ways). The relay's target is always the workspace's loopback and the port is
 the app's row's, checked again to be in webapps.PORTS: no URL, header or body chooses
@@ -92,9 +92,11 @@ from websockets.uri import parse_uri
 
 from console import app_origin
 from console.preferences import ScopeLocale
-from jobs import engine, gateway, outage, webapps, workspaces
-from jobs import selectors as fleet
+from jobs.access import gateway, webapps
+from jobs.base import outage
 from jobs.models import WorkspaceApp
+from jobs.nodes import engine, workspaces
+from jobs.placement import fleet
 
 log = logging.getLogger("suanli.proxy")
 

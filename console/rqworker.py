@@ -25,7 +25,7 @@ from rq import worker_registration
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
 
-from jobs.outage import REDIS_DOWN, Outage
+from jobs.base.outage import REDIS_DOWN, Outage
 
 
 class Scheduler(RQScheduler):

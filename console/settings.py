@@ -23,7 +23,7 @@ if not SECRET_KEY:
         raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when DEBUG is off.")
     SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production-0123456789abcdef"  # noqa: S105
 
-# Secrets at rest (jobs/crypto.py): webhook signing secrets and engines' TLS material are
+# Secrets at rest (jobs/base/crypto.py): webhook signing secrets and engines' TLS material are
 # stored encrypted with these Fernet keys. Comma-separated keys rotate: the first encrypts,
 # every one decrypts (put a new key first and keep the old one after it).
 SUANLI_SECRETS_KEYS = [k.strip() for k in envstr("SUANLI_SECRETS_KEY", "").split(",") if k.strip()]
@@ -245,10 +245,10 @@ SUANLI_HOST_CHECK_INTERVAL = envint("SUANLI_HOST_CHECK_INTERVAL", 30)
 # Each check runs this image once (busybox: `sh`, `nc`, `cat`), hardened like a cluster's
 # container on a bridge like a cluster's, removed at once: it proves the engine starts
 # containers, that they reach neither the host, the control plane nor the other hosts,
-# and that the host mounts the console's filesystem (jobs/proofs.py); pulled when missing.
+# and that the host mounts the console's filesystem (jobs/hosts/proofs.py); pulled when missing.
 SUANLI_CANARY_IMAGE = envstr("SUANLI_CANARY_IMAGE", "suanli/busybox:latest")
 # Where the console's web process listens (the Procfile's SUANLI_BIND and PORT): a port no
-# tenant container may reach, which each host check tries (jobs/proofs.py).
+# tenant container may reach, which each host check tries (jobs/hosts/proofs.py).
 SUANLI_WEB_BIND = envstr("SUANLI_BIND", "127.0.0.1")
 SUANLI_WEB_PORT = envint("PORT", 8000)
 # A host that stays down this long loses its clusters' nodes to other hosts (when they
@@ -271,7 +271,7 @@ SUANLI_STORAGE_MASTER = envstr("SUANLI_STORAGE_MASTER", "")
 SUANLI_STORAGE_MOUNT = envstr("SUANLI_STORAGE_MOUNT", "")
 # Where a worker writes an engine's TLS material (from the database) for the Docker SDK.
 SUANLI_TLS_DIR = Path(envstr("SUANLI_TLS_DIR", str(BASE_DIR / ".run" / "tls")))
-# Joining hosts (Hosts -> Add, jobs/joins.py, jobs/scripts/join.sh). The console's CA for the
+# Joining hosts (Hosts -> Add, jobs/hosts/joins.py, jobs/hosts/scripts/join.sh). The console's CA for the
 # engines (made on first use; its key never leaves this folder: share it between web
 # machines), how long an engine's certificate and a join token last, and the URL hosts
 # reach the console at (empty: the one the operator's browser used).
@@ -359,7 +359,7 @@ SUANLI_NETWORK_MTU = envint("SUANLI_NETWORK_MTU", 1500)
 SUANLI_ACCRUAL_INTERVAL = envint("SUANLI_ACCRUAL_INTERVAL", 10)
 SUANLI_MIN_BALANCE_MINUTES = envint("SUANLI_MIN_BALANCE_MINUTES", 10)
 SUANLI_LOW_BALANCE_HOURS = envint("SUANLI_LOW_BALANCE_HOURS", 1)
-# Researchers' storage quotas (jobs/storage.py, billing/storage.py): the free part of each
+# Researchers' storage quotas (jobs/files/storage.py, billing/storage.py): the free part of each
 # researcher's quota in GB (1 GB = 1024³ bytes; a fraction such as 0.5 allowed), the most
 # one may hold in all, and how many entries the usage walk of a "local" storage looks at
 # before it says "at least" (MooseFS counts for itself). Above the free part, what a
@@ -416,7 +416,7 @@ SUANLI_PROFILE_WORKER_MEMORY_MB = envint("SUANLI_PROFILE_WORKER_MEMORY_MB", 3072
 # how long the pool's queue-against-clusters samples are kept.
 SUANLI_POOL_INTERVAL = envint("SUANLI_POOL_INTERVAL", 5)
 SUANLI_POOL_SAMPLE_DAYS = envint("SUANLI_POOL_SAMPLE_DAYS", 30)
-# Webhooks (jobs/webhooks.py): the console's public base URL for links in event bodies.
+# Webhooks (jobs/events/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
 SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)
 SUANLI_WEBHOOK_RETRY_DELAYS = [
@@ -427,7 +427,7 @@ SUANLI_WEBHOOK_DISABLE_AFTER_S = envint("SUANLI_WEBHOOK_DISABLE_AFTER_S", 5 * 24
 # Webhook targets operators allow although not public (comma-separated; off by default).
 SUANLI_WEBHOOK_ALLOW_HOSTS = [h for h in envstr("SUANLI_WEBHOOK_ALLOW_HOSTS", "").split(",") if h]
 SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").split(",") if n]
-# Workspaces (jobs/workspaces.py): the share of a node's CPUs and memory its workspace gets;
+# Workspaces (jobs/nodes/workspaces.py): the share of a node's CPUs and memory its workspace gets;
 # a job's replicas get the rest (all of it on clusters without workspaces), so that the
 # node's containers together never hold more than the node.
 SUANLI_WORKSPACE_SHARE = min(max(envint("SUANLI_WORKSPACE_SHARE_PCT", 25), 5), 95) / 100
@@ -436,7 +436,7 @@ SUANLI_WORKSPACE_STOP_S = envint("SUANLI_WORKSPACE_STOP_S", 10)  # SIGTERM, then
 # past this many layers the save is flattened (overlay2 stacks about 125).
 SUANLI_WORKSPACE_MAX_LAYERS = envint("SUANLI_WORKSPACE_MAX_LAYERS", 60)
 SUANLI_WORKSPACE_SAVE_S = envint("SUANLI_WORKSPACE_SAVE_S", 3600)  # one save (docker commit)
-# Stopping and starting (jobs/services.py): a stopped cluster keeps its workspaces on their
+# Stopping and starting (jobs/clusters/services.py): a stopped cluster keeps its workspaces on their
 # hosts this many days (a fraction is allowed), then is released; a warning goes out a day
 # before. Started without GPUs, each node's workspace gets this CPU and memory.
 SUANLI_STOPPED_RELEASE_S = int(float(envstr("SUANLI_STOPPED_RELEASE_DAYS", "15")) * 86400)
@@ -449,7 +449,7 @@ SUANLI_MAX_STOPPED_CLUSTERS = envint("SUANLI_MAX_STOPPED_CLUSTERS", 10)
 # Logging in (console/logins.py): the host name the cluster page, the API and `suanli ssh`
 # give for the SSH gateway; empty: the name the console was reached by, without its port.
 SUANLI_SSH_HOST = envstr("SUANLI_SSH_HOST", "")
-# The SSH gateway (jobs/gateway.py, Procfile `gateway`): ssh, scp/sftp and `ssh -L` into the
+# The SSH gateway (jobs/access/gateway.py, Procfile `gateway`): ssh, scp/sftp and `ssh -L` into the
 # workspaces. Bound to this machine unless the operator binds it elsewhere. Its host key
 # is made once (ed25519, 0600) and kept: researchers' known_hosts remember it.
 SUANLI_SSH_PORT = envint("SUANLI_SSH_PORT", 2222)
@@ -463,7 +463,7 @@ SUANLI_SSH_MAX_CHANNELS = envint("SUANLI_SSH_MAX_CHANNELS", 10)  # per connectio
 # OpenSSH's sftp-server alone (.ci/lib.sh builds it on every engine); never pulled.
 SUANLI_SFTP_IMAGE = envstr("SUANLI_SFTP_IMAGE", "suanli/sftp:latest")
 
-# Researchers' own images (jobs/images.py, jobs/registry.py). The registry they live in, as
+# Researchers' own images (jobs/images/builds.py, jobs/nodes/registry.py). The registry they live in, as
 # host[:port] (Harbor, a cloud registry, or `make run`'s docker-registry), with the
 # console's credentials: researchers need none of their own. Empty: no own images.
 SUANLI_REGISTRY = envstr("SUANLI_REGISTRY", "")
@@ -471,7 +471,7 @@ SUANLI_REGISTRY_USERNAME = envstr("SUANLI_REGISTRY_USERNAME", "")
 SUANLI_REGISTRY_PASSWORD = envstr("SUANLI_REGISTRY_PASSWORD", "")
 SUANLI_REGISTRY_CA = envstr("SUANLI_REGISTRY_CA", "")  # a PEM file; empty: the system's CAs
 # Engines pull from public registries and from SUANLI_REGISTRY as spelled there, never from
-# another registry on a loopback, private or link-local address (jobs/validators.py,
+# another registry on a loopback, private or link-local address (jobs/base/validators.py,
 # registry_refusal) unless named here: host[:port] of an operator's mirror on the LAN.
 SUANLI_PULL_ALLOW_REGISTRIES = envlist("SUANLI_PULL_ALLOW_REGISTRIES", [])
 # The public registries (host[:port] as references spell them) besides Docker Hub that

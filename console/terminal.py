@@ -1,5 +1,5 @@
 """The web terminal: a websocket (ws/clusters/<id>/nodes/<index>/terminal/) to a shell with a
-TTY in a node's workspace, the same way in as the SSH gateway's shell (jobs/gateway.py: its
+TTY in a node's workspace, the same way in as the SSH gateway's shell (jobs/access/gateway.py: its
 admission, its exec as the tenant's uid, its engine stream and its hang-up). The page is
 templates/console/terminal.html with static/js/terminal.js (xterm.js).
 
@@ -50,9 +50,11 @@ from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs import engine, gateway, lifecycle, workspaces
-from jobs import selectors as fleet
-from jobs.text import Text
+from jobs.access import gateway
+from jobs.base.text import Text
+from jobs.events import lifecycle
+from jobs.nodes import engine, workspaces
+from jobs.placement import fleet
 
 log = logging.getLogger("suanli.web")
 

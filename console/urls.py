@@ -136,7 +136,7 @@ urlpatterns = [
         views_hosts.ops_host_join_revoke,
         name="ops_host_join_revoke",
     ),
-    # What a joining host fetches and asks (jobs/scripts/join.sh): scripts public, the rest
+    # What a joining host fetches and asks (jobs/hosts/scripts/join.sh): scripts public, the rest
     # for token and credential holders only (console/views_hosts.py).
     path("hosts/join.sh", views_hosts.join_script, name="host_join_script"),
     path("hosts/host-firewall.sh", views_hosts.firewall_script, name="host_firewall_script"),

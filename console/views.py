@@ -32,11 +32,14 @@ from console.forms import (
 from console.logins import ssh_logins
 from console.powers import operator_required
 from console.views_billing import cluster_form_prices
-from jobs import images, joins, storage
-from jobs import selectors as fleet
-from jobs import services as fleet_services
+from jobs.base.text import Text
+from jobs.clusters import services as cluster_services
+from jobs.files import storage
+from jobs.hosts import joins
+from jobs.hosts import services as host_services
+from jobs.images import builds
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
-from jobs.text import Text
+from jobs.placement import fleet
 from monitoring import keyavg, profiles
 from monitoring import selectors as metrics
 
@@ -98,7 +101,7 @@ def ops_hosts(request):
 @require_POST
 def ops_host_check(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
-    host = fleet_services.host_check(host_id=host.pk)
+    host = host_services.host_check(host_id=host.pk)
     if host.state == Host.State.DOWN:
         messages.error(
             request,
@@ -164,7 +167,7 @@ def cluster_list(request):
 def cluster_new(request):
     form = ClusterForm(request.POST or None, owner=request.user)
     if request.method == "POST" and form.is_valid():
-        cluster = fleet_services.cluster_create(owner=request.user, spec=form.spec())
+        cluster = cluster_services.cluster_create(owner=request.user, spec=form.spec())
         messages.success(
             request,
             _("Cluster %(name)s requested: %(shape)s. It runs as soon as it is placed.")
@@ -188,7 +191,7 @@ def cluster_new(request):
 def _cluster_status_context(cluster: Cluster) -> dict:
     stopped = cluster.state == Cluster.State.STOPPED
     return {
-        "start_blocked": fleet_services.start_blocked(cluster) if stopped else "",
+        "start_blocked": cluster_services.start_blocked(cluster) if stopped else "",
         "release_at": (
             cluster.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
             if cluster.stopped_at
@@ -207,7 +210,7 @@ def _cluster_status_context(cluster: Cluster) -> dict:
 
 def _save_image_context(cluster: Cluster) -> dict:
     """The "Save as image" card: the nodes whose workspace can be saved now."""
-    nodes = fleet.saveable_nodes(cluster) if images.enabled() else []
+    nodes = fleet.saveable_nodes(cluster) if builds.enabled() else []
     return {"save_nodes": nodes, "save_form": SaveImageForm()}
 
 
@@ -291,7 +294,7 @@ def cluster_release(request, cluster_id: int):
             % {"name": cluster.name, "state": cluster.get_state_display()},
         )
     else:
-        fleet_services.cluster_release(
+        cluster_services.cluster_release(
             cluster=cluster,
             reason=Text(gettext_noop("released by %(who)s"), who=request.user.username),
         )
@@ -307,7 +310,7 @@ def cluster_release(request, cluster_id: int):
 def cluster_stop(request, cluster_id: int):
     cluster = fleet.cluster_for_user(request.user, cluster_id)
     if cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None:
-        fleet_services.cluster_stop_waiting(
+        cluster_services.cluster_stop_waiting(
             cluster=cluster,
             reason=Text(gettext_noop("stopped waiting by %(who)s"), who=request.user.username),
         )
@@ -316,7 +319,7 @@ def cluster_stop(request, cluster_id: int):
         )
         return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
-        fleet_services.cluster_stop(cluster=cluster, by=request.user.username)
+        cluster_services.cluster_stop(cluster=cluster, by=request.user.username)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -341,8 +344,10 @@ def cluster_start(request, cluster_id: int):
         messages.error(request, short)
         return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
-        cluster = fleet_services.cluster_start(cluster=cluster, mode=mode, by=request.user.username)
-    except fleet_services.StartBlocked as exc:
+        cluster = cluster_services.cluster_start(
+            cluster=cluster, mode=mode, by=request.user.username
+        )
+    except cluster_services.StartBlocked as exc:
         messages.warning(request, " ".join(exc.messages))
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
@@ -366,7 +371,7 @@ def cluster_resize(request, cluster_id: int):
     form = ResizeForm(request.POST, cluster=cluster)
     if form.is_valid():
         try:
-            cluster = fleet_services.cluster_resize(
+            cluster = cluster_services.cluster_resize(
                 cluster=cluster, nodes=form.cleaned_data["nodes"]
             )
         except ValidationError as exc:
@@ -404,7 +409,7 @@ def ssh_keys(request):
     form = SshKeyForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            key = fleet_services.ssh_key_add(
+            key = cluster_services.ssh_key_add(
                 owner=request.user,
                 name=form.cleaned_data["name"],
                 public_key=form.cleaned_data["public_key"],
@@ -453,7 +458,7 @@ def ops_queue(request):
 def ops_host_drain(request, host_id: int):
     host = get_object_or_404(Host, pk=host_id)
     draining = request.POST.get("draining") == "1"
-    host = fleet_services.host_set_draining(host=host, draining=draining)
+    host = host_services.host_set_draining(host=host, draining=draining)
     if draining:
         messages.success(
             request,
@@ -471,7 +476,7 @@ def ops_host_reclaim(request, host_id: int):
     """Take a host's spot capacity back: every running spot cluster with a node on it gets
     its preemption notice (all of its nodes, wherever they are)."""
     host = get_object_or_404(Host, pk=host_id)
-    preempted = fleet_services.host_reclaim_spot(host=host, by=request.user.username)
+    preempted = host_services.host_reclaim_spot(host=host, by=request.user.username)
     if preempted:
         names = ", ".join(c.name for c in preempted)
         messages.success(
@@ -500,7 +505,7 @@ def job_new(request, cluster_id: int):
     form = JobForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            job = fleet_services.job_submit(cluster=cluster, spec=form.spec())
+            job = cluster_services.job_submit(cluster=cluster, spec=form.spec())
         except ValidationError as exc:
             form.add_error(None, " ".join(exc.messages))
         else:
@@ -598,7 +603,7 @@ def job_log(request, job_id: int):
 def job_cancel(request, job_id: int):
     job = fleet.job_for_user(request.user, job_id, power="jobs.cancel_job")
     try:
-        fleet_services.job_cancel(job=job, by=request.user.username)
+        cluster_services.job_cancel(job=job, by=request.user.username)
     except ValidationError as exc:
         messages.warning(request, " ".join(exc.messages))
     else:

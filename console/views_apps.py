@@ -1,5 +1,5 @@
 """The tiles of a running cluster's page that start, stop and open the web apps of each
-node's workspace (jobs/webapps.py): JupyterLab, TensorBoard, a service port. The apps
+node's workspace (jobs/access/webapps.py): JupyterLab, TensorBoard, a service port. The apps
 themselves are served by console/proxy.py, each on an origin of its own
 (console/app_origin.py). The owner's only: anyone else gets 404, as for the cluster page.
 
@@ -26,9 +26,9 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from console import app_origin
-from jobs import selectors as fleet
-from jobs import webapps
+from jobs.access import webapps
 from jobs.models import WorkspaceApp
+from jobs.placement import fleet
 
 STARTING_S = 300  # an app that does not answer yet is "starting" this long, then "not answering"
 

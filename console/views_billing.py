@@ -25,8 +25,8 @@ from billing import storage as bought
 from billing.models import LedgerEntry
 from billing.pricing import RateBook
 from console.powers import operator_required
-from jobs import selectors as fleet
 from jobs.models import Cluster
+from jobs.placement import fleet
 
 CHART_LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 10, "b": 40},

@@ -8,7 +8,7 @@
   join.sh knows the console's URL (SUANLI_JOIN_URL, else the URL the request came to).
 - `join_api`, `join_image`: JSON for token and credential holders only, whatever session
   cookie comes along (no CSRF token: no cookie is read). The security model is
-  jobs/joins.py's; here: an address locked by django-axes (too many refused tokens, the
+  jobs/hosts/joins.py's; here: an address locked by django-axes (too many refused tokens, the
   same count as API tokens and passwords) is refused before any token is looked at; each
   refusal counts; bodies are small JSON objects.
 
@@ -36,10 +36,10 @@ import jobs
 from console.auth import join_locked_response, token_failed, token_locked
 from console.forms_hosts import JoinTokenForm
 from console.powers import operator_required
-from jobs import joins
+from jobs.hosts import joins
 from jobs.models import HostJoin
 
-SCRIPTS = Path(jobs.__file__).resolve().parent / "scripts"
+SCRIPTS = Path(jobs.__file__).resolve().parent / "hosts" / "scripts"
 MAX_BODY = 64 * 1024
 # What the served join.sh may be told the console's URL is (it lands in a shell script).
 _URL = re.compile(r"^https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")

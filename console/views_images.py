@@ -1,7 +1,7 @@
 """Researchers' own images: the Images page (their images, quota, builds, the build form),
 a build's page (its live log: console/consumers.py BuildLogConsumer), deleting an image,
-and saving a node's workspace as an image. The work is jobs/images.py's; every object is
-looked up through its owner (jobs/selectors.py), so another researcher's is 404."""
+and saving a node's workspace as an image. The work is jobs/images/builds.py's; every object is
+looked up through its owner (jobs/placement/fleet.py), so another researcher's is 404."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,8 +12,9 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from console.forms import ImageBuildForm, SaveImageForm, attach_errors, example_dockerfile
-from jobs import images, registry
-from jobs import selectors as fleet
+from jobs.images import builds
+from jobs.nodes import registry
+from jobs.placement import fleet
 
 RECENT_BUILDS = 20
 NO_REGISTRY = gettext_lazy(
@@ -24,7 +25,7 @@ NO_REGISTRY = gettext_lazy(
 
 @login_required
 def image_list(request):
-    enabled = images.enabled()
+    enabled = builds.enabled()
     form = ImageBuildForm(request.POST or None, initial={"dockerfile": example_dockerfile()})
     if request.method == "POST":
         if not enabled:
@@ -33,7 +34,7 @@ def image_list(request):
         if form.is_valid():
             d = form.cleaned_data
             try:
-                build = images.build_create(
+                build = builds.build_create(
                     owner=request.user, name=d["name"], tag=d["tag"], dockerfile=d["dockerfile"],
                     context=d["context"], build_args=d["build_args"],
                 )  # fmt: skip
@@ -47,7 +48,7 @@ def image_list(request):
                 return redirect("image_build", build_id=build.pk)
     own = list(fleet.own_images_for(request.user))
     for image in own:  # at most the quota's count of images
-        image.using = list(images.clusters_using(image).order_by("name"))
+        image.using = list(builds.clusters_using(image).order_by("name"))
     return render(
         request,
         "console/images.html",
@@ -56,7 +57,7 @@ def image_list(request):
             "no_registry": NO_REGISTRY,
             "form": form,
             "images": own,
-            "quota": images.quota(request.user),
+            "quota": builds.quota(request.user),
             "push_prefix": f"{registry.host()}/{registry.namespace(request.user.pk)}/"
             if enabled
             else "",
@@ -72,7 +73,7 @@ def image_delete(request, image_id: int):
     image = fleet.own_image_for_user(request.user, image_id)
     label = f"{image.name}:{image.tag}"
     try:
-        images.delete(owner=request.user, image=image)
+        builds.delete(owner=request.user, image=image)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -85,7 +86,7 @@ def image_delete(request, image_id: int):
 @login_required
 def image_build(request, build_id: int):
     build = fleet.build_for_user(request.user, build_id)
-    lines = images.log_lines(build)
+    lines = builds.log_lines(build)
     return render(
         request,
         "console/image_build.html",
@@ -118,7 +119,7 @@ def node_save_image(request, cluster_id: int, index: int):
         )
         return redirect("cluster_detail", cluster_id=cluster.pk)
     try:
-        build = images.save_create(
+        build = builds.save_create(
             owner=request.user, cluster=cluster, node_index=index,
             name=form.cleaned_data["name"], tag=form.cleaned_data["tag"],
         )  # fmt: skip

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.powers import operator_required
-from jobs import selectors as fleet
+from jobs.placement import fleet
 from monitoring import profiles
 from monitoring import selectors as metrics
 

@@ -2,7 +2,7 @@
 queue, its clusters, a chart of the queue against the clusters, its timeline of the
 autoscaler's decisions, a form to submit a job and a button to close it.
 
-Writes go through jobs/pools.py (create, close) and console/pools.py (submit, with the
+Writes go through jobs/pools/autoscaler.py (create, close) and console/pools.py (submit, with the
 money figures fresh); reads are here. A pool is its owner's only: anyone else gets 404
 on every URL of it (`pool_for_user`, used by the API too)."""
 
@@ -24,8 +24,8 @@ from billing import selectors as money
 from console import pools as console_pools
 from console.forms import ZONE_SPREAD_NOTE, JobForm, PoolForm, attach_errors
 from console.views_billing import cluster_form_prices
-from jobs import pools
 from jobs.models import Job, Pool
+from jobs.pools import autoscaler
 
 ENDED_SHOWN = 20  # ended jobs on the pool page
 EVENTS_SHOWN = 100  # the newest timeline lines on the pool page
@@ -63,7 +63,7 @@ def pools_of(user):
         Pool.objects.filter(owner=user)
         .select_related("gpu_model", "instance_type")
         .annotate(
-            live=Count("clusters", filter=Q(clusters__state__in=pools.LIVE), distinct=True),
+            live=Count("clusters", filter=Q(clusters__state__in=autoscaler.LIVE), distinct=True),
             waiting=Count("jobs", filter=Q(jobs__state__in=Job.WAITING), distinct=True),
             running=Count("jobs", filter=Q(jobs__state__in=Job.ACTIVE), distinct=True),
         )
@@ -122,7 +122,7 @@ def samples_of(pool: Pool) -> dict:
 def _live_context(pool: Pool) -> dict:
     """The parts of the pool page that change: figures, queue, clusters, timeline."""
     clusters = list(
-        pool.clusters.filter(state__in=pools.LIVE)
+        pool.clusters.filter(state__in=autoscaler.LIVE)
         .select_related("gpu_model", "instance_type")
         .order_by("created_at", "id")
     )
@@ -130,11 +130,11 @@ def _live_context(pool: Pool) -> dict:
     events.reverse()
     for event in events:
         event.figures_shown = figures_shown(event.figures)
-    ended_clusters = pool.clusters.exclude(state__in=pools.LIVE).count()
+    ended_clusters = pool.clusters.exclude(state__in=autoscaler.LIVE).count()
     return {
         "pool": pool,
         "currency": currency(),
-        "figures": pools.figures_of(pool, clusters),
+        "figures": autoscaler.figures_of(pool, clusters),
         "clusters": clusters,
         "ended_clusters": ended_clusters,
         "events": events,
@@ -166,7 +166,7 @@ def pool_new(request):
     form = PoolForm(request.POST or None, owner=request.user)
     if request.method == "POST" and form.is_valid():
         try:
-            pool = pools.pool_create(
+            pool = autoscaler.pool_create(
                 owner=request.user, spec=form.spec(), rate_per_hour=form.rate_per_hour
             )
         except ValidationError as exc:
@@ -247,7 +247,7 @@ def pool_close(request, pool_id: int):
     if pool.state == Pool.State.CLOSED:
         messages.warning(request, _("Pool %(name)s is already closed.") % {"name": pool.name})
     else:
-        pools.pool_close(pool=pool)
+        autoscaler.pool_close(pool=pool)
         messages.success(
             request,
             _(

@@ -1,4 +1,4 @@
-"""The public datasets and models page: what an operator published (jobs/pub.py), listed for
+"""The public datasets and models page: what an operator published (jobs/files/pub.py), listed for
 every signed-in researcher, with how to get it at /pub. Nothing unpublished is shown; the
 operators publish in the admin (jobs.publish_publicdataset) or with
 `manage.py publish_dataset`."""
@@ -6,7 +6,7 @@ operators publish in the admin (jobs.publish_publicdataset) or with
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from jobs import pub
+from jobs.files import pub
 
 
 @login_required

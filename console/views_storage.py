@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy
 
 from billing import selectors as money
 from billing import storage as bought
-from jobs import storage
+from jobs.files import storage
 
 
 class StorageForm(forms.Form):

@@ -1,5 +1,5 @@
 """Sweep pages (issue 26): the list, the form, a sweep's page with its trials, its charts
-and what pruning saved, and its cancel. The engine is jobs/sweeps.py; this module reads
+and what pruning saved, and its cancel. The engine is jobs/pools/sweeps.py; this module reads
 its figures (`sweeps.figures`) and shows them. Every sweep is looked up through its owner
 (`_sweep_for`): another researcher's is 404 on every URL."""
 
@@ -21,8 +21,8 @@ from billing import selectors as money
 from console import pools as console_pools
 from console.forms import attach_errors
 from console.forms_sweeps import SweepForm
-from jobs import sweeps
 from jobs.models import Pool, Sweep, Trial
+from jobs.pools import sweeps
 
 
 def _sweep_for(user, sweep_id: int) -> Sweep:

@@ -10,7 +10,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
-from jobs import netguard, webhooks
+from jobs.events import netguard, webhooks
 from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 SECRET_ONCE = "webhook_secret_once"  # noqa: S105 (a session key name, not a secret)

@@ -23,8 +23,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_POST
 
-from jobs import pub, services
-from jobs.forms import HostForm
+from jobs.clusters import services
+from jobs.files import pub
+from jobs.hosts import services as host_services
+from jobs.hosts.forms import HostForm
 from jobs.models import (
     Cluster,
     ClusterEvent,
@@ -166,14 +168,14 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         return _("emulated") if host.emulated_gpu else "NVIDIA"
 
     def save_model(self, request, obj, form, change):
-        services.host_save(host=obj)
+        host_services.host_save(host=obj)
 
     def response_post_save_add(self, request, obj):
-        report_check(request, services.host_check(host_id=obj.pk))
+        report_check(request, host_services.host_check(host_id=obj.pk))
         return super().response_post_save_add(request, obj)
 
     def response_post_save_change(self, request, obj):
-        report_check(request, services.host_check(host_id=obj.pk))
+        report_check(request, host_services.host_check(host_id=obj.pk))
         return super().response_post_save_change(request, obj)
 
     def get_urls(self):
@@ -185,7 +187,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         if not self.has_change_permission(request):
             raise PermissionDenied(_("Checking a host needs jobs.change_host."))
         host = get_object_or_404(Host, pk=host_id)
-        report_check(request, services.host_check(host_id=host.pk))
+        report_check(request, host_services.host_check(host_id=host.pk))
         return redirect(reverse("admin:jobs_host_change", args=[host.pk]))
 
     @admin.display(description=gettext_lazy("network"))
@@ -201,12 +203,12 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     @admin.action(description=gettext_lazy("Check now"), permissions=["change"])
     def check_now(self, request, queryset):
         for host in queryset:
-            report_check(request, services.host_check(host_id=host.pk))
+            report_check(request, host_services.host_check(host_id=host.pk))
 
     @admin.action(description=gettext_lazy("Drain (no new placements)"), permissions=["drain"])
     def drain(self, request, queryset):
         for host in queryset:
-            services.host_set_draining(host=host, draining=True)
+            host_services.host_set_draining(host=host, draining=True)
         count = queryset.count()
         messages.success(
             request,
@@ -221,7 +223,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     @admin.action(description=gettext_lazy("Bring back from draining"), permissions=["drain"])
     def undrain(self, request, queryset):
         for host in queryset:
-            services.host_set_draining(host=host, draining=False)
+            host_services.host_set_draining(host=host, draining=False)
         count = queryset.count()
         messages.success(
             request,
@@ -241,7 +243,7 @@ class HostAdmin(ActionsNeedPermissions, admin.ModelAdmin):
         preempted: list[str] = []
         for host in queryset:
             preempted += [
-                c.name for c in services.host_reclaim_spot(host=host, by=request.user.username)
+                c.name for c in host_services.host_reclaim_spot(host=host, by=request.user.username)
             ]
         if preempted:
             messages.success(
@@ -325,7 +327,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(OwnImage)
 class OwnImageAdmin(ReadOnlyAdmin):
-    """Researchers' own images (jobs/images.py): they delete them on their Images page."""
+    """Researchers' own images (jobs/images/builds.py): they delete them on their Images page."""
 
     list_display = ["reference", "owner", "size_bytes", "source", "updated_at"]
     list_filter = ["source"]
@@ -565,7 +567,7 @@ class PoolEventInline(ReadOnlyInline):
 
 @admin.register(Pool)
 class PoolAdmin(ReadOnlyAdmin):
-    """Researchers' pools (jobs/pools.py): the queue, its clusters' shape and limits, and
+    """Researchers' pools (jobs/pools/autoscaler.py): the queue, its clusters' shape and limits, and
     each decision of the autoscaler. Their owners create and close them in the console."""
 
     list_display = ["name", "owner", "shape", "min_clusters", "max_clusters", "spent", "state",
@@ -578,7 +580,7 @@ class PoolAdmin(ReadOnlyAdmin):
 
 @admin.register(Sweep)
 class SweepAdmin(ReadOnlyAdmin):
-    """Researchers' sweeps (jobs/sweeps.py); their trials are jobs on the pool. The env
+    """Researchers' sweeps (jobs/pools/sweeps.py); their trials are jobs on the pool. The env
     is left out: it is its owner's, and may hold their tokens."""
 
     list_display = ["name", "owner", "pool", "metric", "direction", "trials", "pruner", "state",
@@ -591,7 +593,7 @@ class SweepAdmin(ReadOnlyAdmin):
 
 @admin.register(PublicDataset)
 class PublicDatasetAdmin(ActionsNeedPermissions, admin.ModelAdmin):
-    """Public datasets and models (jobs/pub.py). Adding one makes its draft folder (shown on
+    """Public datasets and models (jobs/files/pub.py). Adding one makes its draft folder (shown on
     its page); fill it on the storage server, or use `manage.py publish_dataset NAME SRC`,
     then publish it: from then on it is read-only at /pub/NAME in every cluster that asks
     for /pub. Publishing and unpublishing need jobs.publish_publicdataset; a published one

@@ -10,13 +10,13 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext, gettext_lazy
 
-from jobs import validators
-from jobs.crypto import EncryptedTextField
-from jobs.text import show as show_text
+from jobs.base import validators
+from jobs.base.crypto import EncryptedTextField
+from jobs.base.text import show as show_text
 
 # The platform's own environment variables; defined beside the check that refuses them.
-from jobs.validators import RESERVED_ENV as RESERVED_ENV
-from jobs.validators import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
+from jobs.base.validators import RESERVED_ENV as RESERVED_ENV
+from jobs.base.validators import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
 
 MAX_GPUS_PER_HOST = 16
 
@@ -141,7 +141,7 @@ class Host(models.Model):
         max_length=255,
         help_text="unix:///var/run/docker.sock for a local engine, or tcp://HOST:2376 with TLS.",
     )
-    # Stored encrypted (jobs/crypto.py): the key is what opens the engine; the certificates
+    # Stored encrypted (jobs/base/crypto.py): the key is what opens the engine; the certificates
     # say which engines and CA it trusts.
     tls_ca = EncryptedTextField(
         "TLS CA certificate", blank=True, help_text="PEM. Required for tcp://."
@@ -204,7 +204,7 @@ class Host(models.Model):
     last_checked = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
-    # The last check's failed proofs (jobs/proofs.py) as a jobs.text Text's JSON, shown in
+    # The last check's failed proofs (jobs/hosts/proofs.py) as a jobs.base.text Text's JSON, shown in
     # the reader's language (last_error keeps them in English); None for the engine's words.
     last_error_text = models.JSONField(null=True, blank=True, editable=False)
     # The engine's Docker swarm, as the last check saw it. Multi-node clusters that span
@@ -366,7 +366,7 @@ class HostJoin(models.Model):
     """A join token an operator made on *Hosts -> Add*, and the join (or leave) it started.
 
     The token is `<key>.<secret>`: `key` finds the row, the secret is kept only as its
-    SHA-256 and compared in constant time (jobs/joins.py). It is used once, before
+    SHA-256 and compared in constant time (jobs/hosts/joins.py). It is used once, before
     `expires_at`. Using it gives the host a credential of its own (`host_digest`, the
     SHA-256 of a secret that only the host keeps, root-only) for the rest of the join, its
     reports and a later `join.sh leave`; a newer join of the same host revokes it.
@@ -417,7 +417,7 @@ class HostJoin(models.Model):
 class GpuSlot(models.Model):
     """One GPU of one host. A slot is held by at most one node: `node` is that node. A node
     that ended (its `released_at` set) keeps its slots until the host's engine confirms
-    nothing of it runs on those GPUs (jobs.workspaces.free_gpus): placement takes only
+    nothing of it runs on those GPUs (jobs.nodes.workspaces.free_gpus): placement takes only
     slots whose `node` is empty, so no tenant gets a GPU the last one may still use."""
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="slots")
@@ -517,7 +517,7 @@ class Cluster(models.Model):
     zone = models.CharField(max_length=40, blank=True, help_text="Empty: any zone.")
     spot = models.BooleanField(default=False)
     # Asked for on the form: SUANLI_STORAGE_ROOT/pub read-only at /pub in every container of
-    # its nodes (jobs/pub.py). False on clusters made before it existed.
+    # its nodes (jobs/files/pub.py). False on clusters made before it existed.
     pub = models.BooleanField(gettext_lazy("public datasets at /pub"), default=False)
     ssh_keys = models.ManyToManyField(SshKey, blank=True, related_name="clusters")
     workspace = models.BooleanField(
@@ -538,7 +538,7 @@ class Cluster(models.Model):
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=300, blank=True)
-    # The reason as a jobs.text.Text (msgid and arguments), shown in the reader's language;
+    # The reason as a jobs.base.text.Text (msgid and arguments), shown in the reader's language;
     # `state_reason` keeps the English (API, webhooks). None for plain words, older rows.
     state_reason_text = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
@@ -558,10 +558,10 @@ class Cluster(models.Model):
     own_image = models.ForeignKey(
         "OwnImage", on_delete=models.SET_NULL, null=True, blank=True, related_name="clusters"
     )
-    # Pulls of its image onto its hosts (jobs/images.py): {host name: {"state": pulling |
+    # Pulls of its image onto its hosts (jobs/images/builds.py): {host name: {"state": pulling |
     # pulled | failed, "done": bytes, "total": bytes, "message": words}}.
     image_pulls = models.JSONField(default=dict, blank=True)
-    # One of a pool's clusters (jobs/pools.py): added and released by the pool, not by hand.
+    # One of a pool's clusters (jobs/pools/autoscaler.py): added and released by the pool, not by hand.
     pool = models.ForeignKey(
         "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="clusters"
     )
@@ -628,7 +628,7 @@ class TimelineEvent(models.Model):
 
     at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=20)
-    # The message as a jobs.text.Text (msgid and arguments), shown in the reader's language;
+    # The message as a jobs.base.text.Text (msgid and arguments), shown in the reader's language;
     # `message` keeps the English for the API and webhooks. Empty on older events.
     text = models.JSONField(null=True, blank=True, editable=False)
 
@@ -724,7 +724,7 @@ class Node(models.Model):
 
 
 class PublicDataset(models.Model):
-    """A dataset or model an operator publishes (jobs/pub.py): one folder of the fleet's
+    """A dataset or model an operator publishes (jobs/files/pub.py): one folder of the fleet's
     filesystem, read-only at /pub/<name> in the containers of every cluster that asks for
     /pub. Its files are under SUANLI_STORAGE_ROOT/pub/<name> while published, under
     SUANLI_STORAGE_ROOT/pub-drafts/<name> (never mounted) while not."""
@@ -874,7 +874,7 @@ class Job(models.Model):
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     state_reason = models.CharField(max_length=500, blank=True)
-    # The reason as a jobs.text.Text (msgid and arguments), shown in the reader's language;
+    # The reason as a jobs.base.text.Text (msgid and arguments), shown in the reader's language;
     # `state_reason` keeps the English (API, webhooks). None for plain words, older rows.
     state_reason_text = models.JSONField(null=True, blank=True, editable=False)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -907,7 +907,7 @@ class Job(models.Model):
             models.Index(fields=["owner", "-created_at", "-id"], name="job_owner_recent_idx"),
         ]
         # Operators' powers over other researchers' work (the owner holds them over their
-        # own): checked by jobs.selectors.job_for_user on pages, API and websockets alike.
+        # own): checked by jobs.placement.fleet.job_for_user on pages, API and websockets alike.
         permissions = [
             ("view_job_logs", "Can read other researchers' job pages, logs and charts"),
             ("cancel_job", "Can cancel other researchers' jobs"),
@@ -1001,7 +1001,7 @@ class WebhookEndpoint(models.Model):
     url = models.CharField(max_length=2000)
     events = models.JSONField(default=list)
     enabled = models.BooleanField(default=True)
-    # Stored encrypted (jobs/crypto.py); the signer reads them in plain.
+    # Stored encrypted (jobs/base/crypto.py); the signer reads them in plain.
     secret = EncryptedTextField(help_text="whsec_...; shown to its owner once.")
     previous_secret = EncryptedTextField(blank=True)
     previous_valid_until = models.DateTimeField(null=True, blank=True)
@@ -1081,7 +1081,7 @@ class WebhookAttempt(models.Model):
 class OwnImage(models.Model):
     """A researcher's own image in the registry (SUANLI_REGISTRY), at
     `<registry>/u<owner id>/<name>:<tag>`: built from a Dockerfile or saved from a workspace.
-    Usable by its owner only (jobs/validators.py refuses the registry's other names)."""
+    Usable by its owner only (jobs/base/validators.py refuses the registry's other names)."""
 
     class Source(models.TextChoices):
         BUILD = "build", gettext_lazy("built from a Dockerfile")
@@ -1119,7 +1119,7 @@ class OwnImage(models.Model):
 
 class ImageBuild(models.Model):
     """One build of an own image (a Dockerfile, or a workspace saved), on a build host,
-    from the queue "builds". Its log is streamed live (jobs/images.py) and its end kept."""
+    from the queue "builds". Its log is streamed live (jobs/images/builds.py) and its end kept."""
 
     class Kind(models.TextChoices):
         BUILD = "build", gettext_lazy("build")
@@ -1295,7 +1295,7 @@ class PoolSample(models.Model):
 
 class Sweep(models.Model):
     """Trials of one command on a pool, searched by Optuna (ask and tell), the bad ones
-    stopped early by its pruner (jobs/sweeps.py)."""
+    stopped early by its pruner (jobs/pools/sweeps.py)."""
 
     class State(models.TextChoices):
         RUNNING = "running", gettext_lazy("running")
@@ -1364,13 +1364,13 @@ class Trial(models.Model):
     )
     params = models.JSONField(default=dict)
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
-    # [[step, value], ...] in the order reported (capped: jobs/sweeps.py).
+    # [[step, value], ...] in the order reported (capped: jobs/pools/sweeps.py).
     curve = models.JSONField(default=list, blank=True)
     last_step = models.BigIntegerField(null=True, blank=True)
     last_value = models.FloatField(null=True, blank=True)
     best_value = models.FloatField(null=True, blank=True)
     log_seq = models.BigIntegerField(default=0)  # the last log line read
-    # What went wrong, in English, and as a jobs.text.Text shown in the reader's language.
+    # What went wrong, in English, and as a jobs.base.text.Text shown in the reader's language.
     note = models.CharField(max_length=500, blank=True)
     note_text = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
@@ -1390,7 +1390,7 @@ class StorageGrant(models.Model):
     second on: one row per change, never edited once billed, so that every past second
     keeps the size it was billed at (billing/storage.py). The latest row at or before a
     second is in force then; none: only the free part. The filesystem's quota on the
-    tenant's root is the free part plus the size in force (jobs/storage.py)."""
+    tenant's root is the free part plus the size in force (jobs/files/storage.py)."""
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="storage_grants"

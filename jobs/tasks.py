@@ -2,27 +2,24 @@
 
 Layer: tasks, the top of jobs/ (beside admin and management). Uses services, runner,
 scheduler, webhooks, network, models and queue. The parts below queue these by their dotted
-name ("jobs.tasks.cluster_dispatch") through `jobs.queue`, never by importing this module.
+name ("jobs.tasks.cluster_dispatch") through `jobs.base.queue`, never by importing this module.
 """
 
-from jobs import (
-    images,
-    network,
-    pools,
-    runner,
-    scheduler,
-    services,
-    storage,
-    sweeps,
-    webhooks,
-    workspaces,
-)
+from jobs.base.queue import enqueue_later, enqueue_unique
+from jobs.clusters import services
+from jobs.events import webhooks
+from jobs.files import storage
+from jobs.hosts import services as host_services
+from jobs.images import builds
 from jobs.models import Cluster, Host, Job
-from jobs.queue import enqueue_later, enqueue_unique
+from jobs.nodes import network, workspaces
+from jobs.placement import scheduler
+from jobs.pools import autoscaler, sweeps
+from jobs.runs import runner
 
 
 def host_check(host_id: int) -> str:
-    return services.host_check(host_id=host_id).state
+    return host_services.host_check(host_id=host_id).state
 
 
 def hosts_check_all() -> int:
@@ -193,24 +190,24 @@ def webhooks_sweep() -> int:
 
 def image_build_run(build_id: int) -> str:
     """One build or workspace save (queue "builds")."""
-    return images.run(build_id)
+    return builds.run(build_id)
 
 
 def image_builds_sweep() -> int:
-    return images.sweep_stuck()
+    return builds.sweep_stuck()
 
 
 def image_forget_local(reference: str, host_id: int | None = None) -> int:
     """A deleted own image off the engines that have it, or a dead build's tag off its
     host (queue "builds")."""
-    return images.forget_local(reference, host_id)
+    return builds.forget_local(reference, host_id)
 
 
-# -- pools and sweeps (jobs/pools.py, jobs/sweeps.py) ---------------------------------------
+# -- pools and sweeps (jobs/pools/autoscaler.py, jobs/pools/sweeps.py) ---------------------------------------
 
 
 def pool_scale(pool_id: int) -> str:
-    return pools.pool_scale(pool_id)
+    return autoscaler.pool_scale(pool_id)
 
 
 def sweep_observe(job_id: int) -> str:
@@ -237,7 +234,7 @@ def storage_orphans_guard() -> dict:
 
 
 def storage_upkeep() -> dict:
-    """Hourly (jobs/storage.py upkeep): every researcher's quota written again from what they
+    """Hourly (jobs/files/storage.py upkeep): every researcher's quota written again from what they
     bought, and the space deleted-but-open files hold looked at."""
     report = storage.upkeep()
     found = report.orphans

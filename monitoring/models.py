@@ -81,7 +81,7 @@ class TraceSummary(models.Model):
     rank = models.IntegerField(null=True, blank=True)
     summary = models.JSONField(null=True, blank=True)
     error = models.CharField(max_length=500, blank=True, help_text="English.")
-    # The error as a jobs.text.Text, shown in the reader's language.
+    # The error as a jobs.base.text.Text, shown in the reader's language.
     error_text = models.JSONField(null=True, blank=True, editable=False)
     seconds = models.FloatField(default=0.0, help_text="How long the summary took.")
     made_at = models.DateTimeField(auto_now=True)

@@ -30,10 +30,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections, connection, models
 
-from jobs import engine
+from jobs.base.outage import DB_DOWN, REDIS_DOWN, Outage
+from jobs.base.sql import insert_rows
 from jobs.models import Cluster, Host, Node, Replica
-from jobs.outage import DB_DOWN, REDIS_DOWN, Outage
-from jobs.sql import insert_rows
+from jobs.nodes import engine
 from monitoring import collector, dcgm, rootdisk
 from monitoring.engine_stats import EngineDown, EngineStats, Gone
 from monitoring.models import Sample

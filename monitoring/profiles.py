@@ -3,7 +3,7 @@ tenant's storage), their summaries (made once per file by the worker and kept in
 `TraceSummary`), what they say across ranks (the slowest rank and why) and the words and
 charts of the job page's Profile section.
 
-The files are the tenant's: they are listed and opened only through `jobs.storage`, one
+The files are the tenant's: they are listed and opened only through `jobs.files.storage`, one
 path component at a time without following links (a researcher who swaps a trace for a
 link to another tenant's folder or to /etc gets nothing). Summaries are made by
 `summarise_job`, run by the worker (`monitoring.tasks.profiles_summarise`), never in a
@@ -29,10 +29,10 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs import storage
+from jobs.base.queue import enqueue_unique
+from jobs.base.text import Text, json_of, show
+from jobs.files import storage
 from jobs.models import Job
-from jobs.queue import enqueue_unique
-from jobs.text import Text, json_of, show
 from monitoring import traces
 from monitoring.models import TraceSummary
 from monitoring.selectors import cores_per_node

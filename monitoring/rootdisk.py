@@ -34,10 +34,10 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from jobs import engine, runtime, workspaces
-from jobs.lifecycle import cluster_event, job_event
+from jobs.base.text import Text
+from jobs.events.lifecycle import cluster_event, job_event
 from jobs.models import Cluster, ClusterEvent, Host, Job
-from jobs.text import Text
+from jobs.nodes import engine, runtime, workspaces
 
 log = logging.getLogger("suanli.monitor")
 

@@ -10,9 +10,10 @@ import docker
 import pytest
 from django.contrib.auth import get_user_model
 
-from jobs import services, sweeps
-from jobs.catalog import seed_catalog
+from jobs.hosts import services as host_services
 from jobs.models import GpuModel, Host
+from jobs.placement.catalog import seed_catalog
+from jobs.pools import sweeps
 
 TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 
@@ -102,8 +103,8 @@ def make_host(catalog, engine_urls):
             gpu_count=gpus,
             **extra,
         )
-        services.host_save(host=host)
-        return services.host_check(host_id=host.pk) if check else host
+        host_services.host_save(host=host)
+        return host_services.host_check(host_id=host.pk) if check else host
 
     return make
 
@@ -121,12 +122,12 @@ def paper_host(catalog):
         gpu_count=8,
         state=Host.State.ACTIVE,
     )
-    return services.host_save(host=host)
+    return host_services.host_save(host=host)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _optuna_lets_go(django_db_setup, django_db_blocker):
-    """Optuna's own connections to the test database (jobs/sweeps.py) are closed before
+    """Optuna's own connections to the test database (jobs/pools/sweeps.py) are closed before
     the database is dropped at the end of the run."""
     yield
     sweeps.close_storages()
@@ -158,8 +159,8 @@ def storage_root(settings, tmp_path):
 @pytest.fixture
 def make_cluster(catalog, storage_root):
     """Request a cluster through the real service (it waits for placement)."""
+    from jobs.clusters.services import ClusterSpec, cluster_create
     from jobs.models import Cluster, Image
-    from jobs.services import ClusterSpec, cluster_create
 
     def make(owner, name="c1", *, nodes=1, gpus=1, model="a100-80gb", cpu=None, **extra):
         from jobs.models import InstanceType
@@ -271,7 +272,7 @@ def work_queue():
 @pytest.fixture
 def running_cluster(make_host, make_cluster, alice):
     """A placed cluster on the real engines: `nodes` nodes, one host per engine."""
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     def make(nodes=1, *, gpus=1, owner=None, name=None, **extra):
         if not make_host.__dict__.get("made"):
@@ -300,7 +301,7 @@ def settle_until():
     """Drive the reconciler (the watch process's safety net) until the job ends."""
     import time
 
-    from jobs import runner
+    from jobs.runs import runner
 
     def wait(job, states=("succeeded", "failed", "cancelled"), timeout=30):
         deadline = time.monotonic() + timeout

@@ -24,8 +24,8 @@ from schemathesis.specs.openapi.checks import (
 
 from console import api_urls
 from console.models import ApiToken, digest_of
-from jobs import runner
 from jobs.models import Cluster, Job
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
@@ -67,7 +67,7 @@ def test_a_script_creates_a_cluster_runs_a_job_and_reads_its_log(
          "image": "suanli/busybox:latest", "volumes": [], "release_policy": "never"},
     )  # fmt: skip
     assert status == 201, cluster
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     scheduler.place_pending()
     status, cluster = api("GET", f"clusters/{cluster['id']}")
@@ -111,7 +111,7 @@ def test_a_script_follows_a_running_jobs_log_with_its_cursor(
         {"name": "follow", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
          "image": "suanli/busybox:latest", "release_policy": "never"},
     )  # fmt: skip
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     scheduler.place_pending()
     status, job = api(
@@ -396,7 +396,7 @@ def test_a_running_cluster_says_how_to_ssh_to_each_node(
     make_cluster, paper_host, alice, token_of, settings
 ):
     from console.logins import gateway
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     cluster = make_cluster(alice, "shell", nodes=2, release_policy="never", volumes=())
     api = _api(token_of(alice))

@@ -35,7 +35,7 @@ from waiting import until
 from console import app_origin, proxy
 from console.asgi import application
 from console.models import ApiToken
-from jobs import webapps
+from jobs.access import webapps
 from jobs.models import Cluster, SshKey
 
 pytestmark = pytest.mark.django_db(transaction=True)

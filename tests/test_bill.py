@@ -24,8 +24,8 @@ from playwright.sync_api import expect
 from billing import formatting
 from billing import services as billing
 from billing.models import Account, Meter
-from jobs import scheduler
-from jobs import services as fleet
+from jobs.clusters import services as cluster_services
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,8 +64,8 @@ def hours(alice, rate_card, fund, paper_host, make_cluster):
             pair = _place(alice, make_cluster, "pair", 2, t0 + timedelta(seconds=t))
         billing.accrue(now=t0 + timedelta(seconds=t))
     with time_machine.travel(t0 + timedelta(seconds=5250), tick=False):
-        fleet.cluster_release(cluster=hourly)
-        fleet.cluster_release(cluster=pair)
+        cluster_services.cluster_release(cluster=hourly)
+        cluster_services.cluster_release(cluster=pair)
     billing.accrue(now=t0 + timedelta(seconds=5260))
     assert Meter.objects.filter(settled=True).count() == 2
     return {"t0": t0, "hourly": hourly, "pair": pair}
@@ -241,7 +241,7 @@ def test_the_revenue_chart_is_on_a_numeric_axis(
     with time_machine.travel(day1 + timedelta(seconds=30), tick=False):
         billing.accrue(now=day1 + timedelta(seconds=30))  # 0.0305, charged on day 1
     with time_machine.travel(day1 + timedelta(seconds=3630), tick=False):
-        fleet.cluster_release(cluster=cluster)
+        cluster_services.cluster_release(cluster=cluster)
     with time_machine.travel(day2, tick=False):
         billing.accrue(now=day2)  # the rest of the hour, 3.6551, charged on day 2
     _login(page, live_server, "olga", "olga-pass-123")

@@ -23,8 +23,8 @@ from django.urls import reverse
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import scheduler
-from jobs import services as fleet
+from jobs.clusters import services as cluster_services
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +53,7 @@ def across_months(alice, rate_card, fund, paper_host, make_cluster):
     for t in range(10, RUN_S + 1, 10):
         billing.accrue(now=T0 + timedelta(seconds=t))
     with time_machine.travel(T0 + timedelta(seconds=RUN_S), tick=False):
-        fleet.cluster_release(cluster=cluster)
+        cluster_services.cluster_release(cluster=cluster)
     billing.accrue(now=T0 + timedelta(seconds=RUN_S + 10))
     return cluster
 

@@ -9,8 +9,8 @@ from django.db.models import Sum
 
 from billing import services as billing
 from billing.models import Account, LedgerEntry, Meter
-from jobs import scheduler
-from jobs import services as fleet
+from jobs.clusters import services as cluster_services
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,7 +44,7 @@ def placed(make_host, make_cluster):
 
 def release(cluster, when):
     with time_machine.travel(at(when), tick=False):
-        fleet.cluster_release(cluster=cluster)
+        cluster_services.cluster_release(cluster=cluster)
 
 
 def usage_of(cluster) -> Decimal:

@@ -14,8 +14,8 @@ from forms_data import cluster_form
 from billing import services as billing
 from billing.catalog import seed_rate_card
 from billing.models import Account, LedgerEntry, RateCard
-from jobs import scheduler
 from jobs.models import Cluster
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from billing import rollups
 from billing import services as billing
 from billing.models import Account, BillLine, LedgerEntry, RateCard, UsageDay
-from jobs import runner, scheduler
-from jobs import services as fleet
+from jobs.clusters import services as cluster_services
 from jobs.models import Host
+from jobs.placement import scheduler
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -190,9 +191,9 @@ def test_random_timelines_bill_every_second_once_and_exactly(
             elif what == "resize":
                 cluster.refresh_from_db()
                 if cluster.state == "running":
-                    fleet.cluster_resize(cluster=cluster, nodes=2)
+                    cluster_services.cluster_resize(cluster=cluster, nodes=2)
             elif what == "release":
-                fleet.cluster_release(cluster=cluster)
+                cluster_services.cluster_release(cluster=cluster)
                 # Its GPUs back for the next example once the engine confirms (none made).
                 runner.free_gpus(cluster_id=cluster.pk)
         _check_periods(cluster, complete=False)
@@ -230,7 +231,7 @@ def test_concurrent_accrual_workers_lose_no_update(alice, make_host, make_cluste
     assert errors == []
     with time_machine.travel(BASE + timedelta(seconds=200), tick=False):
         for cluster in clusters:
-            fleet.cluster_release(cluster=cluster)
+            cluster_services.cluster_release(cluster=cluster)
     billing.accrue(now=BASE + timedelta(seconds=300))
     keys = list(LedgerEntry.objects.values_list("key", flat=True))
     assert len(keys) == len(set(keys))

@@ -9,9 +9,9 @@ from django.urls import reverse
 from forms_data import cluster_form
 
 from console.models import ApiToken
-from jobs import scheduler, services
-from jobs import selectors as fleet
+from jobs.hosts import services as host_services
 from jobs.models import Cluster, Host
+from jobs.placement import fleet, scheduler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
 
@@ -30,7 +30,7 @@ def _host(catalog, name, *, gpus=8, model="a100-80gb", state="active", cpus=None
         swarm_state="active" if swarm else "",
         swarm_cluster=swarm,
     )
-    return services.host_save(host=host)
+    return host_services.host_save(host=host)
 
 
 def _form(**fields):

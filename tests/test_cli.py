@@ -221,7 +221,7 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
     console_url, alice, bob, make_cluster, tmp_path
 ):
     from console.logins import gateway
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     cluster = make_cluster(alice, "shell", release_policy="never", volumes=())
     waits = make_cluster(alice, "waits", gpus=8)  # more than the one host has
@@ -266,7 +266,7 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
 def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_taken(
     console_url, alice, bob, make_cluster, tmp_path, processes
 ):
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     # The builder saves stopped workspaces (the queue "builds"), as the Procfile runs it.
     processes.start("builder", "--worker-class", "console.rqworker.SimpleWorker")

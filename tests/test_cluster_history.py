@@ -16,8 +16,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
-from jobs import scheduler, services
+from jobs.clusters import services
 from jobs.models import Cluster, Job
+from jobs.placement import scheduler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
 

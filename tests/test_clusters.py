@@ -6,8 +6,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from django.urls import reverse
 from forms_data import cluster_form
 
-from jobs import scheduler, services, tasks
+from jobs import tasks
+from jobs.clusters import services
 from jobs.models import Cluster, ClusterEvent, GpuSlot, Volume
+from jobs.placement import scheduler
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
 

@@ -7,8 +7,9 @@ import pytest
 from browsing import login as _login
 from playwright.sync_api import expect
 
-from jobs import scheduler, services
+from jobs.hosts import services as host_services
 from jobs.models import Host
+from jobs.placement import scheduler
 from monitoring.models import Sample
 
 pytestmark = [
@@ -22,7 +23,7 @@ SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 def _paper_host(catalog, name, gpus):
     """An emulated-GPU host with no engine behind it: the page reads only the database."""
-    return services.host_save(
+    return host_services.host_save(
         host=Host(
             name=name, engine_url="unix:///run/suanli-no-such-engine.sock", address="127.0.0.1",
             zone="zone-a", gpu_model=catalog["a100-80gb"], gpu_count=gpus,

@@ -8,10 +8,11 @@ import textwrap
 
 import pytest
 
-from jobs import runner, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
 from jobs.models import Image, Job
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.runs import runner
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

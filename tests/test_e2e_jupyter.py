@@ -19,9 +19,11 @@ from playwright.sync_api import expect
 from waiting import until
 
 from console import app_origin
-from jobs import runtime, storage, tasks, workspaces
+from jobs import tasks
+from jobs.files import storage
+from jobs.files.storage import VolumeSpec
 from jobs.models import Image
-from jobs.storage import VolumeSpec
+from jobs.nodes import runtime, workspaces
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -13,10 +13,11 @@ import pytest
 from browsing import login
 from playwright.sync_api import expect
 
-from jobs import runner, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
 from jobs.models import Image, Job
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.runs import runner
 from monitoring.models import TraceSummary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

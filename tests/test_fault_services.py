@@ -31,9 +31,9 @@ from django.db import connection
 from waiting import until as _until
 
 from billing.models import LedgerEntry, Meter
-from jobs import services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Job
-from jobs.services import JobSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""The SSH gateway (jobs/gateway.py), driven by the real OpenSSH client against the Procfile's
+"""The SSH gateway (jobs/access/gateway.py), driven by the real OpenSSH client against the Procfile's
 `gateway` process and the real engines: a researcher's notebook of what works, then an
 attacker's of what must not (another researcher's key, a key not attached, a cluster
 that is over, a node that is not there, a link out of the storage, forwarding anywhere
@@ -26,11 +26,15 @@ from test_fault_services import PostgresServer, RedisServer
 from waiting import until
 
 from console.forms import CUSTOM_IMAGE, ClusterForm
-from jobs import gateway as gateway_module
-from jobs import runner, runtime, services, tasks, validators, workspaces
+from jobs import tasks
+from jobs.access import gateway as gateway_module
+from jobs.base import validators
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
 from jobs.models import ClusterEvent
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.nodes import runtime, workspaces
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,7 +1,7 @@
 """A GPU is handed to the next tenant only once the last one's containers are gone, on the
 real engines: a release or a stop ends the charge at its second, but the GPU slots stay
 held (placement skips them) until the host's engine confirms that nothing of the ended
-nodes runs on those GPUs any more (jobs/workspaces.py, `free_gpus`).
+nodes runs on those GPUs any more (jobs/nodes/workspaces.py, `free_gpus`).
 
 Each test is what an attacker next in line would try: bob asks for exactly the GPUs that
 alice's cluster had, while alice's container (a workspace, or a job's replica) still runs
@@ -20,9 +20,13 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import runner, scheduler, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, GpuSlot, Node
-from jobs.services import JobSpec
+from jobs.nodes import workspaces
+from jobs.placement import scheduler
+from jobs.runs import runner
 from tests.waiting import until
 
 pytestmark = pytest.mark.django_db(transaction=True)

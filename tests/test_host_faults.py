@@ -15,9 +15,14 @@ from waiting import until as _until
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import engine, network, proofs, runner, runtime, scheduler, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.hosts import proofs
+from jobs.hosts import services as host_services
 from jobs.models import ClusterEvent, Host, Job, JobEvent, Node, Replica
-from jobs.services import JobSpec
+from jobs.nodes import engine, network, runtime
+from jobs.placement import scheduler
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,7 +121,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
 
     _kill_dockerd(victim)
     engines_back.append(victim)
-    victim = services.host_check(host_id=victim.pk)
+    victim = host_services.host_check(host_id=victim.pk)
     assert victim.state == Host.State.DOWN
     down_at = Node.objects.get(pk=lost.pk).lost_at
     assert down_at is not None and not Node.objects.get(pk=kept.pk).lost_at
@@ -164,7 +169,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
 
     # The engine comes back: the container its restart killed is removed, nothing doubled.
     _bring_back(victim)
-    assert services.host_check(host_id=victim.pk).state == Host.State.ACTIVE
+    assert host_services.host_check(host_id=victim.pk).state == Host.State.ACTIVE
     runner.reconcile()
     assert _labelled(victim, job) == []
     running = [c.name for c in _labelled(survivor, job)]
@@ -247,7 +252,7 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
         assert job.state_reason.startswith(f"the host {bad.name} could not start containers")
 
         # The check's canary (on a bridge like a cluster's) says the same, in its words.
-        bad = services.host_check(host_id=bad.pk)
+        bad = host_services.host_check(host_id=bad.pk)
         assert bad.state == Host.State.DEGRADED
         assert f"could not find bridge {proofs.CANARY_BRIDGE}" in bad.last_error
         assert bad.pk not in scheduler.Fleet.load().hosts, "placement avoids it"
@@ -281,7 +286,7 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
                 subprocess.run(["ip", "-n", ns, "link", "add", bridge, "type", "bridge"])
                 engine_client.networks.get(name).remove()
     network.forget(cluster.pk)
-    assert services.host_check(host_id=bad.pk).state == Host.State.ACTIVE
+    assert host_services.host_check(host_id=bad.pk).state == Host.State.ACTIVE
 
 
 def test_the_reconciler_adopts_a_started_container_of_a_dead_worker(running_cluster):
@@ -328,11 +333,11 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
     cluster = running_cluster(1)
     node = cluster.node_set.select_related("host").get()
     billing.accrue()
-    services.host_unhealthy(host=node.host, state=Host.State.DOWN, words="connection refused")
+    host_services.host_unhealthy(host=node.host, state=Host.State.DOWN, words="connection refused")
     lost_at = Node.objects.get(pk=node.pk).lost_at
     time.sleep(2.2)
     billing.accrue()  # nothing for the down seconds
-    host = services.host_check(host_id=node.host_id)  # the engine answers: it is back
+    host = host_services.host_check(host_id=node.host_id)  # the engine answers: it is back
     assert host.state == Host.State.ACTIVE and host.outage_to is not None
     again = cluster.node_set.get(released_at__isnull=True)
     assert again.pk != node.pk and again.host_id == node.host_id
@@ -375,7 +380,7 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
     ],
 )
 def test_engine_faults_are_told_from_the_jobs_own(text, engines):
-    from jobs import engine as eng
+    from jobs.nodes import engine as eng
 
     refusal = docker.errors.APIError("500 Server Error", explanation=text)
     assert eng.engine_fault(refusal) is engines

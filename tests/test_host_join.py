@@ -1,5 +1,5 @@
 """An operator adds a host with one command (issue 38): Hosts -> Add makes a join token,
-jobs/scripts/join.sh uses it, the console signs the engine's certificate, registers the host
+jobs/hosts/scripts/join.sh uses it, the console signs the engine's certificate, registers the host
 and checks it; `join.sh leave` drains it and takes it out of the fleet.
 
 The first tests are the endpoints' (the database and the test client: who may make a
@@ -36,16 +36,22 @@ from django.urls import reverse
 from django.utils import timezone
 from waiting import until
 
-from jobs import joins, lifecycle, pki, proofs, runner, scheduler, services, tasks
+from jobs import tasks
+from jobs.base.text import Text
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.events import lifecycle
+from jobs.files.storage import VolumeSpec
+from jobs.hosts import joins, pki, proofs
+from jobs.hosts import services as host_services
 from jobs.models import GpuSlot, Host, HostJoin
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
-from jobs.text import Text
+from jobs.placement import scheduler
+from jobs.runs import runner
 from tests import third_host as third
 from tests.third_host import GATEWAY, RUN, THIRD, in_third, run_on_third
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "jobs" / "scripts" / "join.sh"
+SCRIPT = ROOT / "jobs" / "hosts" / "scripts" / "join.sh"
 API = "/hosts/join/"
 HOST_IP = "172.29.0.99"  # where the unit tests' "host" posts from
 
@@ -534,7 +540,7 @@ def test_leave_drains_waits_for_the_clusters_and_removes_the_host(
     assert Host.all_objects.get().state == Host.State.LEFT, "kept as its nodes' history"
     shown = Host.all_objects.get().last_error_shown
     assert shown.startswith("left the fleet at ") and "reached" not in shown, shown
-    left = services.host_check(host_id=Host.all_objects.get().pk)
+    left = host_services.host_check(host_id=Host.all_objects.get().pk)
     assert left.state == Host.State.LEFT, "a check never brings it back"
     assert call(client, step="status", credential=credential)[0].status_code == 403, (
         "credential ended"

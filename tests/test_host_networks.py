@@ -1,5 +1,5 @@
-"""Cluster networks never overlap the hosts' own networks (jobs/network.py overlaps, the
-host check in jobs/services.py): on the real engines, a network whose subnet covers the
+"""Cluster networks never overlap the hosts' own networks (jobs/nodes/network.py overlaps, the
+host check in jobs/clusters/services.py): on the real engines, a network whose subnet covers the
 host's address, a peer's, or the registry's makes the host degraded (out of placement),
 with the network named on the operators' pages, until it is gone."""
 
@@ -7,7 +7,8 @@ import docker
 import pytest
 from django.test import Client
 
-from jobs import scheduler, services
+from jobs.hosts import services as host_services
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,7 +50,7 @@ def test_a_network_over_the_hosts_addresses_is_a_problem_of_the_host(
     assert "overlaps" not in a.last_error, a.last_error  # the test engines' pools are apart
 
     net = overlapping(f"{b.address.rpartition('.')[0]}.0/24")
-    a = services.host_check(host_id=a.pk)
+    a = host_services.host_check(host_id=a.pk)
     assert a.state == "degraded"  # the engine would route those addresses into the bridge
     assert a.pk not in scheduler.Fleet.load().hosts, "out of placement"
     assert f"network {net.name} ({b.address.rpartition('.')[0]}.0/24) overlaps" in a.last_error
@@ -57,7 +58,7 @@ def test_a_network_over_the_hosts_addresses_is_a_problem_of_the_host(
     assert f"host gpu-b-01's address {b.address}" in a.last_error, a.last_error
     registry_host = settings.SUANLI_REGISTRY.partition(":")[0]
     assert f"the registry's address {registry_host}" in a.last_error, a.last_error
-    assert "overlaps" not in services.host_check(host_id=b.pk).last_error  # b has no such net
+    assert "overlaps" not in host_services.host_check(host_id=b.pk).last_error  # b has no such net
 
     # Shown where operators look: the hosts page and the admin's host list.
     staff = Client()
@@ -66,5 +67,5 @@ def test_a_network_over_the_hosts_addresses_is_a_problem_of_the_host(
     assert f"network {net.name}" in staff.get(f"/admin/jobs/host/{a.pk}/change/").content.decode()
 
     net.remove()
-    a = services.host_check(host_id=a.pk)
+    a = host_services.host_check(host_id=a.pk)
     assert a.state == "active" and "overlaps" not in a.last_error, a.last_error

@@ -1,4 +1,4 @@
-"""The console verifies, it does not trust (issue 38; jobs/proofs.py): each host check proves
+"""The console verifies, it does not trust (issue 38; jobs/hosts/proofs.py): each host check proves
 from a canary container on a cluster-like network that the host, the control plane and the
 other hosts are out of a container's reach, that the host mounts the console's filesystem,
 that its engine is in the fleet's swarm; a failed proof makes the host degraded, with what
@@ -19,12 +19,14 @@ import docker
 import pytest
 from django.test import Client
 
-from jobs import proofs, scheduler, services
+from jobs.base.text import Text
+from jobs.hosts import proofs
+from jobs.hosts import services as host_services
 from jobs.models import Host
-from jobs.text import Text
+from jobs.placement import scheduler
 
 REPO = Path(__file__).resolve().parent.parent
-FIREWALL = REPO / "jobs" / "scripts" / "host-firewall.sh"
+FIREWALL = REPO / "jobs" / "hosts" / "scripts" / "host-firewall.sh"
 
 
 # -- the reasons, without a service ---------------------------------------------------------
@@ -181,7 +183,7 @@ def test_a_host_whose_firewall_is_removed_is_degraded_with_what_a_container_reac
     registry = settings.SUANLI_REGISTRY
     try:
         _firewall(1, "remove")
-        b = services.host_check(host_id=b.pk)
+        b = host_services.host_check(host_id=b.pk)
         assert b.state == Host.State.DEGRADED
         # What a tenant's container could now open: the registry, the host's own swarm
         # gossip, the other host's (the manager's) swarm.
@@ -199,7 +201,7 @@ def test_a_host_whose_firewall_is_removed_is_degraded_with_what_a_container_reac
         assert f"a container reached {registry}" in staff.get("/ops/hosts/").content.decode()
     finally:
         _firewall(1, "apply")
-    b = services.host_check(host_id=b.pk)
+    b = host_services.host_check(host_id=b.pk)
     assert b.state == Host.State.ACTIVE and b.last_error == "", b.last_error
     assert b.last_error_text is None
 
@@ -218,7 +220,7 @@ def test_a_host_whose_filesystem_is_unmounted_is_degraded_and_a_file_in_its_plac
             ["nsenter", f"--mount={_mntns(1)}", "umount", "-l", root],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
-        b = services.host_check(host_id=b.pk)
+        b = host_services.host_check(host_id=b.pk)
         assert b.state == Host.State.DEGRADED
         assert (
             "the researchers' filesystem on this host is not the console's (marker not found)"
@@ -237,7 +239,7 @@ def test_a_host_whose_filesystem_is_unmounted_is_degraded_and_a_file_in_its_plac
             ["nsenter", f"--mount={_mntns(1)}", "sh", "-c", fake],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
-        b = services.host_check(host_id=b.pk)
+        b = host_services.host_check(host_id=b.pk)
         assert b.state == Host.State.DEGRADED
         assert "is not the console's (marker differs)" in b.last_error, b.last_error
     finally:
@@ -248,7 +250,7 @@ def test_a_host_whose_filesystem_is_unmounted_is_degraded_and_a_file_in_its_plac
         )
         subprocess.run(["nsenter", f"--mount={_mntns(1)}", "sh", "-c", clean], timeout=30)
         _remount_storage("b")
-    b = services.host_check(host_id=b.pk)
+    b = host_services.host_check(host_id=b.pk)
     assert b.state == Host.State.ACTIVE and b.last_error == "", b.last_error
 
 
@@ -285,14 +287,14 @@ def test_a_marker_the_console_cannot_write_proves_nothing_and_check_now_says_why
     finally:
         _firewall(1, "apply")
     settings.SUANLI_STORAGE_ROOT = root
-    b = services.host_check(host_id=b.pk)
+    b = host_services.host_check(host_id=b.pk)
     assert b.state == Host.State.ACTIVE and b.last_error == "", b.last_error
 
 
 @real
 def test_a_host_outside_the_fleets_swarm_is_degraded(make_host, catalog):
     # The fleet's other host is in a swarm of its own (a record: its engine is not needed).
-    elsewhere = services.host_save(
+    elsewhere = host_services.host_save(
         host=Host(
             name="gpu-elsewhere", engine_url="unix:///run/suanli-no-such-engine.sock",
             address="127.0.0.1", zone="zone-a", gpu_model=catalog["a100-80gb"], gpu_count=8,
@@ -306,5 +308,5 @@ def test_a_host_outside_the_fleets_swarm_is_degraded(make_host, catalog):
     assert a.pk not in scheduler.Fleet.load().hosts, "out of placement"
 
     elsewhere.delete()
-    a = services.host_check(host_id=a.pk)
+    a = host_services.host_check(host_id=a.pk)
     assert a.state == Host.State.ACTIVE and a.last_error == "", a.last_error

@@ -28,9 +28,10 @@ from hypothesis import strategies as st
 from waiting import until
 
 from console.models import ApiToken
-from jobs import pools, services
+from jobs.clusters import services
+from jobs.clusters.services import ClusterSpec
 from jobs.models import Cluster, Image, Pool, SshKey
-from jobs.services import ClusterSpec
+from jobs.pools import autoscaler
 from tests.conftest import TEST_IMAGE
 from tests.forms_data import cluster_form
 
@@ -89,9 +90,9 @@ def world(catalog, priced, alice, paper_host, storage_root):
             image=Image.objects.get(reference=TEST_IMAGE), volumes=(), release_policy="never",
         ),
     )  # fmt: skip
-    pool = pools.pool_create(
+    pool = autoscaler.pool_create(
         owner=alice,
-        spec=pools.PoolSpec(
+        spec=autoscaler.PoolSpec(
             name="train",
             cluster=ClusterSpec(
                 name="", nodes=1, gpu_model=catalog["a100-80gb"], gpus_per_node=1,
@@ -399,8 +400,8 @@ def test_the_admins_error_mail_masks_every_credentialled_url(secrets_in_settings
 SEED = f"""
 from django.contrib.auth import get_user_model
 from console.models import ApiToken
-from jobs import services
-from jobs.catalog import seed_catalog
+from jobs.clusters import services
+from jobs.placement.catalog import seed_catalog
 seed_catalog()
 user = get_user_model().objects.create_user("alice", password="alice-pass-123")
 services.ssh_key_add(owner=user, name="laptop", public_key={ED25519!r})

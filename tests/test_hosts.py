@@ -6,7 +6,8 @@ from django.urls import reverse
 from pki import pem_pair
 from rq import SimpleWorker
 
-from jobs import services, tasks
+from jobs import tasks
+from jobs.hosts import services as host_services
 from jobs.models import GpuSlot, Host
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,12 +68,12 @@ def test_tls_engine_that_does_not_answer_is_down_with_error_text(make_host):
 
 def test_host_comes_back_from_down_into_the_state_the_operator_left(make_host, engine_urls):
     host = make_host("gpu-flaky", engine="unix:///run/suanli-no-such-engine.sock")
-    services.host_set_draining(host=host, draining=True)
+    host_services.host_set_draining(host=host, draining=True)
     assert Host.objects.get(pk=host.pk).state == Host.State.DOWN
     Host.objects.filter(pk=host.pk).update(engine_url=engine_urls[0])
-    assert services.host_check(host_id=host.pk).state == Host.State.DRAINING
-    services.host_set_draining(host=host, draining=False)
-    assert services.host_check(host_id=host.pk).state == Host.State.ACTIVE
+    assert host_services.host_check(host_id=host.pk).state == Host.State.DRAINING
+    host_services.host_set_draining(host=host, draining=False)
+    assert host_services.host_check(host_id=host.pk).state == Host.State.ACTIVE
 
 
 @pytest.mark.parametrize(
@@ -212,7 +213,7 @@ def test_stored_tls_key_is_never_shown_back_and_kept_when_left_empty(client, ope
         tls_cert=cert,
         tls_key=key,
     )
-    services.host_save(host=host)
+    host_services.host_save(host=host)
     client.force_login(operator)
     change = reverse("admin:jobs_host_change", args=[host.pk])
     page = client.get(change).content.decode()

@@ -1,5 +1,5 @@
 """Timeline events keep their English `message` (the API, webhooks) and are shown in the
-reader's language from their stored msgid and arguments (jobs.text)."""
+reader's language from their stored msgid and arguments (jobs.base.text)."""
 
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -8,8 +8,8 @@ from django.utils import timezone, translation
 from django.utils.translation import gettext_noop
 
 from console.templatetags.timeline import event_kind, event_text
-from jobs import services
-from jobs.text import Moment, Text, load, show
+from jobs.base.text import Moment, Text, load, show
+from jobs.clusters import services
 
 
 def test_cluster_timeline_event_renders_in_the_readers_language(alice, make_cluster):

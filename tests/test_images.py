@@ -1,7 +1,7 @@
 """Own images on the real registry (docker-registry with TLS and a password, started by
 .ci/services.sh) and both engines: a Dockerfile built on the build host with a live log,
 pushed, pulled with progress onto the engine that never saw it; failures in words; the
-allowed FROM set; saves of workspaces; deletes; the time limit (jobs/images.py)."""
+allowed FROM set; saves of workspaces; deletes; the time limit (jobs/images/builds.py)."""
 
 import asyncio
 import threading
@@ -16,9 +16,15 @@ from channels.layers import channel_layers
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from jobs import images, registry, runner, scheduler, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import ClusterSpec, JobSpec
+from jobs.hosts import services as host_services
+from jobs.images import builds
 from jobs.models import Cluster, ImageBuild, Node, OwnImage
-from jobs.services import ClusterSpec, JobSpec
+from jobs.nodes import registry, workspaces
+from jobs.placement import scheduler
+from jobs.runs import runner
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,7 +63,7 @@ def _forget(host, ref: str) -> None:
 
 def _cluster_on(owner, image: OwnImage, host_to_avoid, name="from-own") -> Cluster:
     """A one-node cluster of `image` placed on the other host (the avoided one drained)."""
-    services.host_set_draining(host=host_to_avoid, draining=True)
+    host_services.host_set_draining(host=host_to_avoid, draining=True)
     from jobs.models import GpuModel
 
     cluster = services.cluster_create(
@@ -75,7 +81,7 @@ def _cluster_on(owner, image: OwnImage, host_to_avoid, name="from-own") -> Clust
     scheduler.place_pending()
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
-    services.host_set_draining(host=host_to_avoid, draining=False)
+    host_services.host_set_draining(host=host_to_avoid, draining=False)
     return cluster
 
 
@@ -94,17 +100,17 @@ def test_a_seed_style_dockerfile_builds_live_is_pushed_and_pulled_where_a_cluste
     hosts, alice, settle_until
 ):
     a, b = hosts
-    build = images.build_create(owner=alice, name="seed", tag="v1", dockerfile=SEED_STYLE)
+    build = builds.build_create(owner=alice, name="seed", tag="v1", dockerfile=SEED_STYLE)
     assert build.state == "queued"
     # The build page's websocket listens on the build's group: a channel of our own here.
     layer = channel_layers.make_backend("default")  # the page's own, not the worker's
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(images.group_for(build.pk), channel)
+    async_to_sync(layer.group_add)(builds.group_for(build.pk), channel)
 
     # The worker's task, in a thread, while the page's side reads the group.
     result = []
     worker = threading.Thread(
-        target=lambda: (result.append(images.run(build.pk)), connection.close())
+        target=lambda: (result.append(builds.run(build.pk)), connection.close())
     )
     worker.start()
     seen, states, batches = [], [], 0
@@ -134,7 +140,7 @@ def test_a_seed_style_dockerfile_builds_live_is_pushed_and_pulled_where_a_cluste
     assert "cwd is /workspace" in text and f"Pushed {image.reference}" in text
     assert batches >= 2
     assert any(s["step"].startswith("Step 4/6 : ENV") for s in states)
-    assert images.log_lines(build) == [tuple(x) for x in seen]
+    assert builds.log_lines(build) == [tuple(x) for x in seen]
     build.refresh_from_db()
     assert "step-two-said-hi" in build.log  # kept on the row once finished
 
@@ -166,8 +172,8 @@ def test_a_seed_style_dockerfile_builds_live_is_pushed_and_pulled_where_a_cluste
 
 def test_run_false_fails_with_its_output_and_leaves_no_image(hosts, alice):
     dockerfile = f"FROM {TEST_IMAGE}\nRUN echo before-the-fall && false\nRUN echo never\n"
-    build = images.build_create(owner=alice, name="broken", tag="v1", dockerfile=dockerfile)
-    assert images.run(build.pk) == "failed"
+    build = builds.build_create(owner=alice, name="broken", tag="v1", dockerfile=dockerfile)
+    assert builds.run(build.pk) == "failed"
     build.refresh_from_db()
     assert build.state == "failed" and build.image is None
     assert build.error.startswith("Step 2/3 : RUN echo before-the-fall && false failed:")
@@ -193,18 +199,18 @@ def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, cat
     }
     for dockerfile, words in cases.items():
         with pytest.raises(ValidationError) as got:
-            images.build_create(owner=bob, name="x", tag="v1", dockerfile=dockerfile)
+            builds.build_create(owner=bob, name="x", tag="v1", dockerfile=dockerfile)
         assert words in " ".join(got.value.message_dict["dockerfile"]), dockerfile
     assert not ImageBuild.objects.exists(), "nothing queued, nothing built"
     # Stages are not images; an allowed reference from the settings is.
-    images.check_bases(bob.pk, f"FROM {TEST_IMAGE} AS base\nFROM base\nCOPY --from=0 /a /b\n")
+    builds.check_bases(bob.pk, f"FROM {TEST_IMAGE} AS base\nFROM base\nCOPY --from=0 /a /b\n")
     settings.SUANLI_BUILD_FROM_ALLOWED = ["docker.io/library/ubuntu:*"]
-    images.check_bases(bob.pk, "FROM ubuntu:24.04\n")
+    builds.check_bases(bob.pk, "FROM ubuntu:24.04\n")
     with pytest.raises(ValidationError):
-        images.check_bases(bob.pk, "FROM debian:12\n")
+        builds.check_bases(bob.pk, "FROM debian:12\n")
     # Bad names, tags, folders and arguments are refused by field.
     with pytest.raises(ValidationError) as got:
-        images.build_create(
+        builds.build_create(
             owner=bob,
             name="Bad Name",
             tag="-x",
@@ -216,7 +222,7 @@ def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, cat
     # A build argument the engine reads itself (BUILDKIT_SYNTAX names a frontend image
     # BuildKit would pull) is refused.
     with pytest.raises(ValidationError) as got:
-        images.build_create(
+        builds.build_create(
             owner=bob, name="x", tag="v1", dockerfile=f"FROM {TEST_IMAGE}\n",
             build_args={"BUILDKIT_SYNTAX": "127.0.0.1:5000/frontend:1"},
         )  # fmt: skip
@@ -238,10 +244,10 @@ def test_a_file_written_in_a_workspace_is_in_the_image_saved_from_it(
         user=container.attrs["Config"]["User"],
     )
     assert code == 0
-    build = images.save_create(owner=alice, cluster=cluster, node_index=0, name="saved", tag="v1")
+    build = builds.save_create(owner=alice, cluster=cluster, node_index=0, name="saved", tag="v1")
     with pytest.raises(ValidationError, match="being saved already"):
-        images.save_create(owner=alice, cluster=cluster, node_index=0, name="saved", tag="v2")
-    assert images.run(build.pk).endswith("/saved:v1"), ImageBuild.objects.get(pk=build.pk).error
+        builds.save_create(owner=alice, cluster=cluster, node_index=0, name="saved", tag="v2")
+    assert builds.run(build.pk).endswith("/saved:v1"), ImageBuild.objects.get(pk=build.pk).error
     build.refresh_from_db()
     image = build.image
     assert image.source == "save" and "node 0" in image.source_note
@@ -265,28 +271,28 @@ def test_a_file_written_in_a_workspace_is_in_the_image_saved_from_it(
 
 def test_delete_is_refused_while_used_and_then_removes_it_from_the_registry(hosts, alice):
     a, b = hosts
-    build = images.build_create(
+    build = builds.build_create(
         owner=alice, name="doomed", tag="v1", dockerfile=f"FROM {TEST_IMAGE}\nRUN echo x > /x\n"
     )
-    images.run(build.pk)
+    builds.run(build.pk)
     image = OwnImage.objects.get(owner=alice, name="doomed")
     cluster = _cluster_on(alice, image, b, name="user")
     with pytest.raises(ValidationError, match="used by cluster user"):
-        images.delete(owner=alice, image=image)
+        builds.delete(owner=alice, image=image)
     services.cluster_release(cluster=cluster)
-    images.delete(owner=alice, image=image)
+    builds.delete(owner=alice, image=image)
     assert not OwnImage.objects.filter(pk=image.pk).exists()
     with pytest.raises(registry.RegistryError, match="404"):
         registry.manifest(f"u{alice.pk}/doomed", "v1")
-    assert images.quota(alice).count == 0
+    assert builds.quota(alice).count == 0
 
 
 def test_a_build_over_its_time_limit_is_stopped_with_a_message(hosts, alice, settings):
     a, _ = hosts
     settings.SUANLI_BUILD_TIMEOUT_S = 3
     dockerfile = f"FROM {TEST_IMAGE}\nRUN echo started-sleeping && sleep 60\n"
-    build = images.build_create(owner=alice, name="slow", tag="v1", dockerfile=dockerfile)
-    assert images.run(build.pk) == "failed"
+    build = builds.build_create(owner=alice, name="slow", tag="v1", dockerfile=dockerfile)
+    assert builds.run(build.pk) == "failed"
     build.refresh_from_db()
     assert build.error.startswith("stopped: the build ran over its time limit of 3 s")
     assert "started-sleeping" in build.log
@@ -313,8 +319,8 @@ def test_a_build_step_reaches_neither_the_host_nor_the_registry(hosts, alice):
         f"(nc -w 2 {hosts[0].address} 2377 </dev/null && echo REACHED-HOST || echo no-host); "
         "cat /proc/self/status | grep CapEff\n"
     )
-    build = images.build_create(owner=alice, name="probe", tag="v1", dockerfile=dockerfile)
-    images.run(build.pk)
+    build = builds.build_create(owner=alice, name="probe", tag="v1", dockerfile=dockerfile)
+    builds.run(build.pk)
     build.refresh_from_db()
     said = build.log.splitlines()
     assert "no-registry" in said and "no-host" in said, build.log
@@ -325,12 +331,12 @@ def test_one_researchers_build_cache_is_never_anothers(hosts, alice, bob):
     """A cache hit on another tenant's step would tell what they built (and hand over
     their layer): the engine reuses only the researcher's own images' steps."""
     dockerfile = f"FROM {TEST_IMAGE}\nRUN echo secret-step-{uuid.uuid4().hex}\nRUN echo two\n"
-    first = images.build_create(owner=alice, name="mine", tag="v1", dockerfile=dockerfile)
-    images.run(first.pk)
-    again = images.build_create(owner=alice, name="mine", tag="v2", dockerfile=dockerfile)
-    images.run(again.pk)
-    theirs = images.build_create(owner=bob, name="guess", tag="v1", dockerfile=dockerfile)
-    images.run(theirs.pk)
+    first = builds.build_create(owner=alice, name="mine", tag="v1", dockerfile=dockerfile)
+    builds.run(first.pk)
+    again = builds.build_create(owner=alice, name="mine", tag="v2", dockerfile=dockerfile)
+    builds.run(again.pk)
+    theirs = builds.build_create(owner=bob, name="guess", tag="v1", dockerfile=dockerfile)
+    builds.run(theirs.pk)
     logs = {b.pk: b.log for b in ImageBuild.objects.all()}
     assert all(ImageBuild.objects.filter(state="succeeded").count() == 3 for _ in [0])
     assert "Using cache" not in logs[first.pk]
@@ -344,10 +350,10 @@ def test_a_researcher_has_at_most_two_builds_at_a_time_and_crlf_is_a_line_end(al
     parser directive is refused (the engine's parser would read them otherwise)."""
     crlf = f"FROM {TEST_IMAGE}\r\nRUN echo one\r\n"
     for n in range(2):
-        images.build_create(owner=alice, name=f"q{n}", tag="v1", dockerfile=crlf)
+        builds.build_create(owner=alice, name=f"q{n}", tag="v1", dockerfile=crlf)
     with pytest.raises(ValidationError, match="2 builds queued or running"):
-        images.build_create(owner=alice, name="q2", tag="v1", dockerfile=crlf)
-    images.build_create(owner=bob, name="q0", tag="v1", dockerfile=crlf)  # bob's own two
+        builds.build_create(owner=alice, name="q2", tag="v1", dockerfile=crlf)
+    builds.build_create(owner=bob, name="q0", tag="v1", dockerfile=crlf)  # bob's own two
     assert ImageBuild.objects.get(owner=alice, name="q0").dockerfile == crlf.replace("\r", "")
     for bad, words in {
         f"FROM {TEST_IMAGE}\rFROM x\n": "U+000D",
@@ -356,7 +362,7 @@ def test_a_researcher_has_at_most_two_builds_at_a_time_and_crlf_is_a_line_end(al
         f"FROM {TEST_IMAGE}\nONBUILD RUN id\n": "ONBUILD",
     }.items():
         with pytest.raises(ValidationError) as got:
-            images.build_create(owner=bob, name="bad", tag="v1", dockerfile=bad)
+            builds.build_create(owner=bob, name="bad", tag="v1", dockerfile=bad)
         assert words in " ".join(got.value.messages), bad
 
 
@@ -392,8 +398,8 @@ def test_a_build_writing_past_its_limit_is_stopped_while_it_runs(hosts, alice, s
         "echo slept-$((6*7))\n"
     )
     since = time.time()
-    build = images.build_create(owner=alice, name="toobig", tag="v1", dockerfile=dockerfile)
-    assert images.run(build.pk) == "failed"
+    build = builds.build_create(owner=alice, name="toobig", tag="v1", dockerfile=dockerfile)
+    assert builds.run(build.pk) == "failed"
     build.refresh_from_db()
     assert build.error.startswith("stopped: the build wrote"), build.error
     assert "more than its limit of 50 MB (SUANLI_BUILD_MAX_BYTES), at Step 3/3" in build.error
@@ -417,8 +423,8 @@ def test_a_build_writing_past_its_limit_is_stopped_while_it_runs(hosts, alice, s
         f"RUN echo ' ---> Using cache'; echo 'Step 9/9 : ENV {decoy}=1'; echo ' ---> Running in "
         f"{'0' * 64}'; head -c 200000000 /dev/zero > /big && sleep 60 && echo slept-$((6*7))\n"
     )
-    build = images.build_create(owner=alice, name="decoy", tag="v1", dockerfile=dockerfile)
-    assert images.run(build.pk) == "failed"
+    build = builds.build_create(owner=alice, name="decoy", tag="v1", dockerfile=dockerfile)
+    assert builds.run(build.pk) == "failed"
     build.refresh_from_db()
     assert build.error.startswith("stopped: the build wrote"), build.error
     assert "slept-42" not in build.log
@@ -435,14 +441,14 @@ def test_a_1_gb_build_is_counted_at_its_size_and_no_engine_keeps_a_copy(
     a, b = hosts
     marker = f"{RUN_ID}-big"
     since = time.time()
-    build = images.build_create(
+    build = builds.build_create(
         owner=alice, name="big", tag="v1",
         dockerfile=f"FROM {TEST_IMAGE}\nRUN echo {marker} && head -c 1000000000 /dev/zero > /z\n",
     )  # fmt: skip
-    assert images.run(build.pk).endswith("/big:v1"), ImageBuild.objects.get(pk=build.pk).error
+    assert builds.run(build.pk).endswith("/big:v1"), ImageBuild.objects.get(pk=build.pk).error
     image = OwnImage.objects.get(owner=alice, name="big")
     assert image.size_bytes >= 1_000_000_000, image.size_bytes
-    assert images.quota(alice).bytes >= 1_000_000_000
+    assert builds.quota(alice).bytes >= 1_000_000_000
     _digest, manifest = registry.manifest(f"u{alice.pk}/big", "v1")
     stored = sum(n for _, n in registry.layers_of(manifest))
     assert stored < 100_000_000, f"zeros compress: {stored} bytes in the registry"
@@ -450,12 +456,12 @@ def test_a_1_gb_build_is_counted_at_its_size_and_no_engine_keeps_a_copy(
     assert not _left_on(ca, marker, since), "the build host kept the pushed image"
 
     # Counted before the push: 5 MB more would pass the quota (1 GB + busybox + 3 MB).
-    settings.SUANLI_IMAGE_QUOTA_GB = (images.quota(alice).bytes + 3_000_000) / 1e9
-    small = images.build_create(
+    settings.SUANLI_IMAGE_QUOTA_GB = (builds.quota(alice).bytes + 3_000_000) / 1e9
+    small = builds.build_create(
         owner=alice, name="small", tag="v1",
         dockerfile=f"FROM {TEST_IMAGE}\nRUN echo {marker} && head -c 5000000 /dev/urandom > /s\n",
     )  # fmt: skip
-    assert images.run(small.pk) == "failed"
+    assert builds.run(small.pk) == "failed"
     small.refresh_from_db()
     assert "so it was not pushed" in small.error, small.error
     with pytest.raises(registry.RegistryError, match="404"):
@@ -465,7 +471,7 @@ def test_a_1_gb_build_is_counted_at_its_size_and_no_engine_keeps_a_copy(
     # Another host pulls it (a cluster there); a delete takes it off both engines.
     registry.pull(cb, image.reference)
     assert registry.has_current(cb, image.reference)
-    images.delete(owner=alice, image=image)
+    builds.delete(owner=alice, image=image)
     work_queue("builds")
     assert not registry.has_current(cb, image.reference), "the host that pulled it keeps it"
     assert not registry.has_current(ca, image.reference)
@@ -480,8 +486,8 @@ def test_a_build_naming_more_steps_than_it_has_is_stopped(hosts, alice):
         f"FROM {TEST_IMAGE}\nRUN echo {marker}; i=0; while [ $i -lt 5000 ]; do i=$((i+1)); "
         'echo " ---> $(printf %064x $i)"; done; sleep 60; echo slept-$((6*7))\n'
     )
-    build = images.build_create(owner=alice, name="flood", tag="v1", dockerfile=dockerfile)
-    assert images.run(build.pk) == "failed"
+    build = builds.build_create(owner=alice, name="flood", tag="v1", dockerfile=dockerfile)
+    assert builds.run(build.pk) == "failed"
     build.refresh_from_db()
     assert build.error.startswith("stopped: the build's output named more than"), build.error
     assert "slept-42" not in build.log
@@ -491,7 +497,7 @@ def test_a_build_whose_worker_died_leaves_no_tag_on_its_host(hosts, alice, work_
     """The sweep ends a build whose worker died; the image the build tagged on its host
     (before a push that never came) goes too."""
     a, _ = hosts
-    build = images.build_create(
+    build = builds.build_create(
         owner=alice, name="orphan", tag="v1", dockerfile=f"FROM {TEST_IMAGE}\n"
     )
     reference = registry.reference(alice.pk, "orphan", "v1")
@@ -499,7 +505,7 @@ def test_a_build_whose_worker_died_leaves_no_tag_on_its_host(hosts, alice, work_
     client.images.get(TEST_IMAGE).tag(reference)  # what the build had made when it died
     long_ago = datetime.fromtimestamp(0).astimezone()
     ImageBuild.objects.filter(pk=build.pk).update(state="running", host=a, started_at=long_ago)
-    assert images.sweep_stuck() == 1
+    assert builds.sweep_stuck() == 1
     work_queue("builds")
     build.refresh_from_db()
     assert build.state == "failed" and "worker stopped" in build.error

@@ -1,7 +1,7 @@
 """Attacks on own images by another researcher (DESIGN.md, "The tenant threat model"):
 bob knows the name of alice's image and writes Dockerfiles, context folders and build
 output meant to reach it, hang the build worker or flood Redis. Real engines, the real
-registry, the real worker code (jobs/images.py)."""
+registry, the real worker code (jobs/images/builds.py)."""
 
 import os
 import subprocess
@@ -14,8 +14,9 @@ import uuid
 import pytest
 from django.core.exceptions import ValidationError
 
-from jobs import images, registry
+from jobs.images import builds
 from jobs.models import ImageBuild, OwnImage
+from jobs.nodes import registry
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,23 +32,23 @@ def build_host(make_host):
 def _alices_secret_image(alice) -> tuple[str, str]:
     """Alice's image with a secret file, built (and so left tagged) on the build host."""
     secret = f"ALICE-SECRET-{uuid.uuid4().hex}"
-    build = images.build_create(
+    build = builds.build_create(
         owner=alice,
         name="private",
         tag="v1",
         dockerfile=f"FROM {TEST_IMAGE}\nRUN echo {secret} > /secret.txt\n",
     )
-    assert images.run(build.pk).endswith("/private:v1"), ImageBuild.objects.get(pk=build.pk).error
+    assert builds.run(build.pk).endswith("/private:v1"), ImageBuild.objects.get(pk=build.pk).error
     return registry.reference(alice.pk, "private", "v1"), secret
 
 
 def _bob_builds(bob, name, dockerfile) -> tuple[str, str]:
     """('refused', reason) or (build state, build log) of bob's build of `dockerfile`."""
     try:
-        build = images.build_create(owner=bob, name=name, tag="v1", dockerfile=dockerfile)
+        build = builds.build_create(owner=bob, name=name, tag="v1", dockerfile=dockerfile)
     except ValidationError as exc:
         return "refused", " ".join(exc.messages)
-    images.run(build.pk)
+    builds.run(build.pk)
     build.refresh_from_db()
     return build.state, build.log
 
@@ -120,7 +121,7 @@ def test_a_fifo_swapped_into_the_context_does_not_hang_the_build_worker(
     monkeypatch.setattr(os, "stat", stat_then_swap)
     build = types.SimpleNamespace(owner_id=bob.pk, context="ctx", dockerfile=f"FROM {TEST_IMAGE}\n")
     done = []
-    worker = threading.Thread(target=lambda: done.append(images._context_tar(build)), daemon=True)
+    worker = threading.Thread(target=lambda: done.append(builds._context_tar(build)), daemon=True)
     worker.start()
     worker.join(10)
     monkeypatch.undo()
@@ -142,12 +143,12 @@ def test_a_flooding_build_keeps_a_bounded_log_in_redis(build_host, bob, settings
         f"FROM {TEST_IMAGE}\n"
         f'RUN echo {RUN_ID}; yes "$(head -c 3999 /dev/zero | tr "\\0" a)" | head -n 20000\n'
     )
-    build = images.build_create(owner=bob, name="flood", tag="v1", dockerfile=dockerfile)
+    build = builds.build_create(owner=bob, name="flood", tag="v1", dockerfile=dockerfile)
     started = time.monotonic()
-    images.run(build.pk)
-    key = images._log_key(build.pk)
-    kept = images._redis().memory_usage(key) or 0
-    ttl = images._redis().ttl(key)
+    builds.run(build.pk)
+    key = builds._log_key(build.pk)
+    kept = builds._redis().memory_usage(key) or 0
+    ttl = builds._redis().ttl(key)
     assert kept <= 4 * settings.SUANLI_BUILD_LOG_BYTES, (
         f"one build keeps {kept / 1e6:.0f} MB in Redis for {ttl} s "
         f"(built in {time.monotonic() - started:.0f} s)"
@@ -166,7 +167,7 @@ def test_a_replaced_image_leaves_no_unaccounted_manifest_in_the_registry(build_h
         digests.append(OwnImage.objects.get(owner=bob, name="again").digest)
     assert digests[0] != digests[1]
     image = OwnImage.objects.get(owner=bob, name="again")
-    images.delete(owner=bob, image=image)
+    builds.delete(owner=bob, image=image)
     repo = registry.repository(bob.pk, "again")
     still = []
     for digest in digests:
@@ -280,7 +281,7 @@ def test_no_spelling_of_add_makes_the_engine_fetch_from_the_hosts_networks(
     for i, (spelling, lines) in enumerate(spellings.items()):
         dockerfile = f"FROM {TEST_IMAGE}\n{lines}\nRUN echo {RUN_ID}-{i}\n"
         try:
-            images.build_create(
+            builds.build_create(
                 owner=bob, name=f"fetch{i}", tag="v1", dockerfile=dockerfile, build_args=args
             )
             let_through[spelling] = "queued"
@@ -293,7 +294,7 @@ def test_no_spelling_of_add_makes_the_engine_fetch_from_the_hosts_networks(
     # A parser directive is refused before ADD is read (the engine's parser would read
     # the lines otherwise).
     with pytest.raises(ValidationError, match="parser directives"):
-        images.build_create(
+        builds.build_create(
             owner=bob, name="escape", tag="v1",
             dockerfile=f"# escape=`\nFROM {TEST_IMAGE}\nADD http:/`\n/{lo}/escape /got.txt\n",
         )  # fmt: skip
@@ -310,7 +311,7 @@ def test_no_spelling_of_add_makes_the_engine_fetch_from_the_hosts_networks(
             owner=bob, name=f"forced{i}", tag="v1", build_args=build_args,
             dockerfile=f"FROM {TEST_IMAGE}\n{lines}\nRUN cat /got.txt # {RUN_ID}-{i}\n",
         )  # fmt: skip
-        images.run(build.pk)
+        builds.run(build.pk)
         build.refresh_from_db()
         states[spelling] = (build.state, "CANARY-BODY" in build.log)
     heard = {k: [p for p in v if p != "/alive"] for k, v in canaries["heard"]().items()}

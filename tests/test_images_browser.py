@@ -19,7 +19,7 @@ from playwright.sync_api import expect
 from waiting import until
 
 from console.models import ApiToken
-from jobs import images
+from jobs.images import builds
 from jobs.models import ImageBuild, OwnImage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,7 +63,7 @@ def _log_lines(page) -> list[str]:
 def test_the_build_page_shows_the_log_line_by_line_while_the_build_runs(
     console, processes, alice, browser
 ):
-    build = images.build_create(owner=alice, name="counting", tag="v1", dockerfile=counting())
+    build = builds.build_create(owner=alice, name="counting", tag="v1", dockerfile=counting())
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     try:
         page = context.new_page()
@@ -131,8 +131,8 @@ def test_the_cluster_page_shows_pulls_and_saves_a_workspace(
 ):
     from browsing import login
 
-    from jobs import scheduler
     from jobs.models import Cluster
+    from jobs.placement import scheduler
 
     cluster = make_cluster(alice, "saver", nodes=2, release_policy="never")
     scheduler.place_pending()

@@ -2,7 +2,7 @@
 the cluster form's "Your images", pull progress and "Save as image" on the cluster page.
 Alice owns; bob is another researcher, to whom none of hers exists. The build worker is
 not needed here (tests/test_images_browser.py runs real builds): rows are made directly
-where a page only reads them, and builds are queued through the real jobs/images.py."""
+where a page only reads them, and builds are queued through the real jobs/images/builds.py."""
 
 import hashlib
 import json
@@ -18,8 +18,10 @@ from forms_data import cluster_form
 
 from console.asgi import application
 from console.models import ApiToken
-from jobs import images, registry, scheduler
+from jobs.images import builds
 from jobs.models import Cluster, Image, ImageBuild, OwnImage
+from jobs.nodes import registry
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -123,7 +125,7 @@ def test_the_build_form_says_what_is_wrong_per_field(alice, catalog, storage_roo
         "Line 3: '1X' is not an argument name (letters, digits, _; not starting with a digit).",
         "Line 4: TORCH is set twice.",
     ]
-    # The engine's own checks (jobs/images.build_create) land on their fields too.
+    # The engine's own checks (jobs/images/builds.build_create) land on their fields too.
     form.update(name="my-torch", tag="v1", build_args="", dockerfile="FROM evil/miner:latest\n")
     errors = client.post(url, form).context["form"].errors
     assert errors["dockerfile"][0].startswith("FROM evil/miner:latest: builds start from")
@@ -229,7 +231,7 @@ def _socket(build, user, query=""):
 
 def test_the_build_socket_is_the_owners_and_sends_each_line_once(alice, bob):
     build = _build(alice, state="running", step="Step 2/3 : RUN make", log="one\ntwo")
-    group = images.group_for(build.pk)
+    group = builds.group_for(build.pk)
     layer = get_channel_layer()
 
     async def scenario():
@@ -380,7 +382,7 @@ def test_the_api_maps_an_own_reference_and_refuses_anothers(alice, bob, paper_ho
 
 
 def test_no_typed_reference_and_no_catalog_image_names_a_researchers_image(alice, settings):
-    from jobs.validators import validate_image_reference
+    from jobs.base.validators import validate_image_reference
 
     ref = f"{settings.SUANLI_REGISTRY}/u{alice.pk}/my-torch:v1"
     for value in (ref, ref.replace(f":{settings.SUANLI_REGISTRY.split(':')[1]}", ""), f"{ref}x"):

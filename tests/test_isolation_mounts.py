@@ -4,7 +4,7 @@ Before: alice's storage root was hers, and a volume could name any sub-path of i
 her jobs swapped a volume's folder for a link to `/` and back in a tight loop while her
 other cluster started jobs on it; one start won the race between the console's check and
 the engine's mount, and `/data` showed the host's root, read-write. Now a bind source is one
-folder of a root only the console can change (jobs/storage.py); she races what she can
+folder of a root only the console can change (jobs/files/storage.py); she races what she can
 still reach, and the starts beside it never see past her folder.
 """
 
@@ -16,10 +16,12 @@ import docker
 import pytest
 from docker.types import Mount
 
-from jobs import runner, runtime, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
 from jobs.models import Job, Replica, Volume
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.nodes import runtime
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,9 +20,11 @@ import time
 import docker
 import pytest
 
-from jobs import network, runner, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Job
-from jobs.services import JobSpec
+from jobs.nodes import network
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -255,7 +257,8 @@ def test_a_workspace_reaches_no_host_service_and_no_other_researchers_workspace(
 ):
     """bob's shell in his workspace (what the gateway and the terminal give him) probes the
     hosts' services and alice's workspace, which listens; her own second node gets in."""
-    from jobs import tasks, workspaces
+    from jobs import tasks
+    from jobs.nodes import workspaces
 
     mine = running_cluster(2, gpus=1, name="alices")
     tasks.cluster_network_ensure(mine.pk)

@@ -1,5 +1,5 @@
 """Live job logs through one follower per running replica (the Procfile's `logs` process,
-jobs/livelogs.py), fanned out to every viewer through the job's Channels group: a viewer
+jobs/runs/livelogs.py), fanned out to every viewer through the job's Channels group: a viewer
 that joins late gets the kept lines, then the stream, each line once and in order; two
 viewers cost the engine what one does."""
 
@@ -12,10 +12,11 @@ from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
 
 from console.consumers import JobLogConsumer
-from jobs import runner, services
-from jobs.livelogs import Follower
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Replica
-from jobs.services import JobSpec
+from jobs.runs import runner
+from jobs.runs.livelogs import Follower
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

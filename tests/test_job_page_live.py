@@ -15,9 +15,11 @@ from django.test import Client
 from django.urls import reverse
 from playwright.sync_api import expect
 
-from jobs import runner, scheduler, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Host, Replica
-from jobs.services import JobSpec
+from jobs.placement import scheduler
+from jobs.runs import runner
 from monitoring.models import Sample
 from monitoring.monitor import Monitor
 

@@ -11,9 +11,10 @@ from channels.testing.websocket import WebsocketCommunicator
 from django.urls import reverse
 
 from console.consumers import JobLogConsumer
-from jobs import runner, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Job
-from jobs.services import JobSpec
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

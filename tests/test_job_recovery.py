@@ -11,10 +11,12 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import network, runner, runtime, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
 from jobs.models import Cluster, Job, Replica
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.nodes import network, runtime
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

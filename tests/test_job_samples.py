@@ -13,9 +13,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from jobs import services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Job
-from jobs.services import JobSpec
 from monitoring.models import Sample
 
 pytestmark = pytest.mark.django_db

@@ -7,9 +7,11 @@ import docker
 import pytest
 from django.urls import reverse
 
-from jobs import runner, runtime, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, Job, Replica
-from jobs.services import JobSpec
+from jobs.nodes import runtime
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,7 +48,7 @@ def test_exit_code_3_fails_the_job_with_code_3(running_cluster, settle_until):
 
 
 def test_running_replica_is_hardened(running_cluster, settle_until, alice, storage_root):
-    from jobs.storage import VolumeSpec
+    from jobs.files.storage import VolumeSpec
 
     cluster = running_cluster(1, volumes=(VolumeSpec(source="data", target="/workspace/data"),))
     job = _submit(cluster, "sleep 30")

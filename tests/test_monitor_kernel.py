@@ -7,8 +7,10 @@ import time
 import docker
 import pytest
 
-from jobs import network, runner, services
-from jobs.services import JobSpec
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.nodes import network
+from jobs.runs import runner
 from monitoring import collector
 from monitoring.engine_stats import EngineStats
 from monitoring.models import Sample

@@ -14,9 +14,11 @@ from channels.testing import WebsocketCommunicator
 from django.urls import reverse
 
 from console.asgi import application
-from jobs import network, runner, services
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Node
-from jobs.services import JobSpec
+from jobs.nodes import network
+from jobs.runs import runner
 from monitoring import dcgm, selectors, tasks
 from monitoring.models import Rollup, Sample
 from monitoring.monitor import Monitor

@@ -14,8 +14,8 @@ from django.urls import reverse
 
 from billing import services as billing
 from billing.models import Account, LedgerEntry
-from jobs import scheduler
 from jobs.models import Cluster, Host
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,7 +4,7 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from jobs import services
+from jobs.hosts import services as host_services
 from jobs.models import Host
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +37,7 @@ def test_dashboard_counts_free_gpus_per_model_and_zone_from_active_hosts(
     make_host("gpu-b-01", engine=1, zone="zone-b", model="a100-80gb", gpus=2)
     make_host("gpu-b-t4", engine=0, zone="zone-b", model="t4-16gb", gpus=4)
     drained = make_host("gpu-b-02", engine=0, zone="zone-b", model="t4-16gb", gpus=4)
-    services.host_set_draining(host=drained, draining=True)
+    host_services.host_set_draining(host=drained, draining=True)
     make_host(
         "gpu-dead",
         engine="unix:///run/suanli-no-such-engine.sock",

@@ -6,8 +6,12 @@ from collections import Counter
 import pytest
 from django.db import connection, connections
 
-from jobs import runner, scheduler, services, tasks
+from jobs import tasks
+from jobs.clusters import services
+from jobs.hosts import services as host_services
 from jobs.models import Cluster, GpuSlot, Node
+from jobs.placement import scheduler
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,7 +121,7 @@ def test_draining_and_down_hosts_take_no_new_placements(
     running = make_cluster(alice, "running", gpus=8)
     _place()
     make_host("gpu-dead", engine="unix:///run/suanli-no-such-engine.sock", gpus=8)
-    services.host_set_draining(host=a, draining=True)
+    host_services.host_set_draining(host=a, draining=True)
     waiting = make_cluster(alice, "waiting", gpus=1)
     _place()
     waiting.refresh_from_db()
@@ -129,7 +133,7 @@ def test_draining_and_down_hosts_take_no_new_placements(
         in waiting.state_reason
     )
     _release(running)
-    services.host_set_draining(host=a, draining=False)
+    host_services.host_set_draining(host=a, draining=False)
     _place()
     waiting.refresh_from_db()
     assert waiting.state == Cluster.State.RUNNING and _hosts_of(waiting) == ["gpu-a-01"]

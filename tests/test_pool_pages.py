@@ -21,9 +21,9 @@ from waiting import until
 
 from console import pools as console_pools
 from console.models import ApiToken
-from jobs import pools
+from jobs.clusters.services import ClusterSpec, JobSpec
 from jobs.models import Image, Job, Pool, PoolSample
-from jobs.services import ClusterSpec, JobSpec
+from jobs.pools import autoscaler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
@@ -62,8 +62,8 @@ def make_pool(catalog, priced, alice, hosts, storage_root):
             gpus_per_node=1,
             image=Image.objects.get(reference=TEST_IMAGE),
         )
-        spec = pools.PoolSpec(name=fields.pop("name", "train"), cluster=shape, **fields)
-        return console_pools.refresh(pools.pool_create(owner=owner or alice, spec=spec))
+        spec = autoscaler.PoolSpec(name=fields.pop("name", "train"), cluster=shape, **fields)
+        return console_pools.refresh(autoscaler.pool_create(owner=owner or alice, spec=spec))
 
     return make
 
@@ -191,7 +191,7 @@ def test_the_page_shows_the_queue_the_clusters_the_timeline_and_the_chart(
 ):
     pool = make_pool(max_clusters=2)
     jobs = [submit(pool, f"j{i}") for i in range(3)]
-    pools.pool_scale(pool.pk)  # a second cluster for the waiting jobs; the third is held
+    autoscaler.pool_scale(pool.pk)  # a second cluster for the waiting jobs; the third is held
     client.force_login(alice)
     response = client.get(reverse("pool_detail", args=[pool.pk]))
     assert response.status_code == 200
@@ -232,13 +232,15 @@ def test_the_timeline_reads_in_chinese(client, alice, make_pool):
     pool = make_pool(max_clusters=1)
     submit(pool, "a")
     submit(pool, "b")
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     client.force_login(alice)
     body = client.get(
         reverse("pool_detail", args=[pool.pk]), HTTP_ACCEPT_LANGUAGE="zh-hans"
     ).content.decode()
     assert '<html lang="zh-CN">' in body and "时间线" in body  # through the translations
-    assert 'data-kind="held"' in body  # each line rendered (jobs.text) in the reader's language
+    assert (
+        'data-kind="held"' in body
+    )  # each line rendered (jobs.base.text) in the reader's language
 
 
 def test_a_job_submitted_on_the_page_and_by_the_api_joins_the_pool(
@@ -382,7 +384,7 @@ def test_the_pool_page_in_chromium(page, live_server, alice, make_pool):
     pool = make_pool(max_clusters=3, budget_per_hour=Decimal("20"))
     for i in range(4):
         submit(pool, f"train-{i}")
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     # An afternoon's figures for the chart: the queue grows, clusters follow, then drain.
     now = timezone.now()
     figures = [(0, 0, 0, 0), (3, 0, 1, 0), (3, 1, 2, 1), (2, 2, 2, 2), (4, 2, 3, 2),

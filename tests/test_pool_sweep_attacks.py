@@ -15,9 +15,9 @@ from billing.models import Account
 from console import pools as console_pools
 from console.forms import PoolForm, check_funds
 from console.models import ApiToken
-from jobs import pools, sweeps
+from jobs.clusters.services import ClusterSpec, JobSpec
 from jobs.models import Cluster, Image, Pool, Sweep, Trial
-from jobs.services import ClusterSpec, JobSpec
+from jobs.pools import autoscaler, sweeps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,8 +34,8 @@ def make_pool(catalog, priced, alice, storage_root):
             gpus_per_node=1,
             image=Image.objects.get(reference=TEST_IMAGE),
         )
-        spec = pools.PoolSpec(name=name, cluster=shape, **fields)
-        return console_pools.refresh(pools.pool_create(owner=owner or alice, spec=spec))
+        spec = autoscaler.PoolSpec(name=name, cluster=shape, **fields)
+        return console_pools.refresh(autoscaler.pool_create(owner=owner or alice, spec=spec))
 
     return make
 
@@ -177,7 +177,7 @@ def test_a_pool_adds_no_cluster_the_balance_does_not_pay_for(make_pool, alice, c
             console_pools.submit(pool=pool, spec=JobSpec(name=f"j{n}", command="true"))
         except ValidationError as refused:
             assert "does not cover 10 minutes of another cluster" in refused.messages[0]
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     assert Cluster.objects.filter(pool=pool).count() == 0
 
 

@@ -13,9 +13,12 @@ from django.db import connection
 from django.utils import timezone
 from test_pools import drive, hosts, live, make_pool  # noqa: F401 (fixtures)
 
-from jobs import livelogs, logstore, pools, services, sweeps
+from jobs.base import logstore
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Job, Pool, Sweep, Trial
-from jobs.services import JobSpec
+from jobs.pools import autoscaler, sweeps
+from jobs.runs import livelogs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,9 +58,9 @@ def test_idle_release_spares_a_job_moved_onto_the_cluster_meanwhile(make_pool, m
     waiting job onto that cluster and commits before the release takes the lock must
     not have its job stopped: the release checks again under the lock."""
     pool = make_pool(min_clusters=0, max_clusters=1, idle_minutes=1)
-    services.cluster_create(owner=pool.owner, spec=pools.cluster_spec(pool, "train-1"))
+    services.cluster_create(owner=pool.owner, spec=autoscaler.cluster_spec(pool, "train-1"))
     drive(pool, lambda: any(c.state == "running" for c in live(pool)))
-    real = pools._jobless
+    real = autoscaler._jobless
     moved = {}
 
     def read_then_a_dispatch(cluster):
@@ -70,8 +73,8 @@ def test_idle_release_spares_a_job_moved_onto_the_cluster_meanwhile(make_pool, m
             moved["job"] = job.pk
         return idle
 
-    monkeypatch.setattr(pools, "_jobless", read_then_a_dispatch)
-    pools.pool_scale(pool.pk, now=timezone.now() + timedelta(minutes=2))
+    monkeypatch.setattr(autoscaler, "_jobless", read_then_a_dispatch)
+    autoscaler.pool_scale(pool.pk, now=timezone.now() + timedelta(minutes=2))
     job = Job.objects.get(pk=moved["job"])
     assert not job.cancel_requested, (job.state, job.state_reason)
     assert len(live(pool)) == 1
@@ -83,13 +86,13 @@ def test_a_budget_per_hour_holds_when_the_shape_has_no_price(make_pool):  # noqa
     pool = make_pool(min_clusters=0, max_clusters=3)
     Pool.objects.filter(pk=pool.pk).update(budget_per_hour="1.00", rate_per_hour=None)
     pool.refresh_from_db()
-    assert pools.blocked(pool) is not None  # "a budget ... pays for 0"
+    assert autoscaler.blocked(pool) is not None  # "a budget ... pays for 0"
     for i in range(3):
         try:
-            pools.pool_submit(pool=pool, spec=JobSpec(name=f"j{i}", command="sleep 30"))
+            autoscaler.pool_submit(pool=pool, spec=JobSpec(name=f"j{i}", command="sleep 30"))
         except ValidationError:
             pass  # what it should say: no cluster, and none may be added
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     assert len(live(pool)) == 0, [e.message for e in pool.events.all()]
 
 
@@ -98,19 +101,19 @@ def test_a_starting_cluster_whose_job_ran_elsewhere_goes_at_once(make_pool):  # 
     free first takes the job: with nothing left waiting it is released at once, not
     placed and charged for idling until its idle minutes pass."""
     pool = make_pool(min_clusters=0, max_clusters=2, idle_minutes=10)
-    services.cluster_create(owner=pool.owner, spec=pools.cluster_spec(pool, "train-1"))
+    services.cluster_create(owner=pool.owner, spec=autoscaler.cluster_spec(pool, "train-1"))
     drive(pool, lambda: any(c.state == "running" for c in live(pool)))
     a = live(pool)[0]
     busy = services.job_submit(cluster=a, spec=JobSpec(name="busy", command="true"), pool=pool)
     Job.objects.filter(pk=busy.pk).update(state=Job.State.RUNNING, attempt=1)
-    x = pools.pool_submit(pool=pool, spec=JobSpec(name="x", command="true"))
-    pools.pool_scale(pool.pk)
+    x = autoscaler.pool_submit(pool=pool, spec=JobSpec(name="x", command="true"))
+    autoscaler.pool_scale(pool.pk)
     added = [c for c in live(pool) if c.pk != a.pk]
     assert len(added) == 1 and added[0].state == "pending"
     # A's job ends; A's dispatch takes x (the pool's oldest waiting job).
     Job.objects.filter(pk=busy.pk).update(state=Job.State.SUCCEEDED, finished_at=timezone.now())
     Job.objects.filter(pk=x.pk).update(cluster=a, state=Job.State.RUNNING, attempt=1)
-    pools.pool_scale(pool.pk, now=timezone.now() + timedelta(seconds=30))
+    autoscaler.pool_scale(pool.pk, now=timezone.now() + timedelta(seconds=30))
     assert added[0].pk not in [c.pk for c in live(pool)], "surplus starting cluster kept"
 
 
@@ -188,7 +191,7 @@ def test_a_sweep_on_a_closed_pool_finishes(make_pool, alice):  # noqa: F811
     pool = make_pool(min_clusters=0, max_clusters=1)
     sweep = _sweep(alice, pool, trials=3)
     trial = Trial.objects.get(sweep=sweep)
-    pools.pool_close(pool=pool)
+    autoscaler.pool_close(pool=pool)
     assert Job.objects.get(pk=trial.job_id).state == Job.State.CANCELLED
     sweeps.job_ended(trial.job_id)
     sweeps.tick()

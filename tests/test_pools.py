@@ -11,9 +11,13 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from console import pools as console_pools
-from jobs import lifecycle, pools, runner, scheduler, services
+from jobs.clusters import services
+from jobs.clusters.services import ClusterSpec, JobSpec
+from jobs.events import lifecycle
 from jobs.models import Cluster, Image, Job, Pool
-from jobs.services import ClusterSpec, JobSpec
+from jobs.placement import scheduler
+from jobs.pools import autoscaler
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,8 +39,8 @@ def make_pool(catalog, priced, alice, hosts, storage_root):
             image=Image.objects.get(reference=TEST_IMAGE),
             spot=fields.pop("spot", False),
         )
-        spec = pools.PoolSpec(name=fields.pop("name", "train"), cluster=shape, **fields)
-        pool = pools.pool_create(owner=owner or alice, spec=spec)
+        spec = autoscaler.PoolSpec(name=fields.pop("name", "train"), cluster=shape, **fields)
+        pool = autoscaler.pool_create(owner=owner or alice, spec=spec)
         return console_pools.refresh(pool)
 
     return make
@@ -47,7 +51,7 @@ def submit(pool, name, command="sleep 2"):
 
 
 def live(pool):
-    return list(pool.clusters.filter(state__in=pools.LIVE).order_by("id"))
+    return list(pool.clusters.filter(state__in=autoscaler.LIVE).order_by("id"))
 
 
 def drive(pool, until, timeout=60):
@@ -60,7 +64,7 @@ def drive(pool, until, timeout=60):
         for cluster in live(pool):
             runner.dispatch(cluster.pk)
         runner.reconcile()
-        pools.pool_scale(pool.pk)
+        autoscaler.pool_scale(pool.pk)
         if until():
             return
         time.sleep(0.3)
@@ -78,7 +82,7 @@ def test_three_jobs_grow_a_pool_to_its_maximum_and_idle_clusters_go(make_pool):
     pool = make_pool(min_clusters=0, max_clusters=2, idle_minutes=1)
     assert live(pool) == []
     jobs = [submit(pool, f"j{i}") for i in range(3)]
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     assert len(live(pool)) == 2  # and no more: the third job waits
     events = list(pool.events.values_list("kind", "message", "figures"))
     grew = [e for e in events if e[0] == "grow"]
@@ -98,9 +102,9 @@ def test_three_jobs_grow_a_pool_to_its_maximum_and_idle_clusters_go(make_pool):
     assert {j.cluster_id for j in Job.objects.filter(pool=pool)} == {c.pk for c in live(pool)}
 
     # Idle, but not yet for the pool's minutes: kept. Then released, both (min 0).
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     assert len(live(pool)) == 2
-    pools.pool_scale(pool.pk, now=timezone.now() + timedelta(minutes=1, seconds=5))
+    autoscaler.pool_scale(pool.pk, now=timezone.now() + timedelta(minutes=1, seconds=5))
     assert live(pool) == []
     shrunk = list(pool.events.filter(kind="shrink").values_list("message", flat=True))
     assert len(shrunk) == 2
@@ -117,7 +121,7 @@ def test_a_budget_below_two_clusters_keeps_the_pool_at_one(make_pool):
     pool.refresh_from_db()
     submit(pool, "a", "sleep 30")
     submit(pool, "b", "sleep 30")
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     assert len(live(pool)) == 1
     held = pool.events.filter(kind="held").last()
     assert held.message == (
@@ -125,12 +129,12 @@ def test_a_budget_below_two_clusters_keeps_the_pool_at_one(make_pool):
         "11.70 per hour pays for 1 at 7.80 per hour each"
     )
     assert held.figures["rate_per_hour"] == "7.80" and held.figures["budget_per_hour"] == "11.70"
-    pools.pool_scale(pool.pk)  # the same reason again: one line, not one per round
+    autoscaler.pool_scale(pool.pk)  # the same reason again: one line, not one per round
     assert pool.events.filter(kind="held").count() == 1
     for job in Job.objects.filter(pool=pool):
         job.refresh_from_db()
-    pools.pool_close(pool=pool)
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_close(pool=pool)
+    autoscaler.pool_scale(pool.pk)
     assert Job.objects.filter(pool=pool, state="cancelled").count() == 2
 
 
@@ -138,14 +142,14 @@ def test_a_spent_total_budget_adds_no_cluster_and_says_so(make_pool):
     pool = make_pool(max_clusters=2, budget_total=Decimal("1"))
     Pool.objects.filter(pk=pool.pk).update(spent=Decimal("1.20"))
     with pytest.raises(ValidationError) as caught:
-        pools.pool_submit(pool=pool, spec=JobSpec(name="x", command="true"))
+        autoscaler.pool_submit(pool=pool, spec=JobSpec(name="x", command="true"))
     assert "its total budget of 1.00 is spent (1.20)" in caught.value.messages[0]
     assert live(pool) == []
 
 
 def test_a_closed_pool_takes_no_job(make_pool):
     pool = make_pool()
-    pools.pool_close(pool=pool)
+    autoscaler.pool_close(pool=pool)
     with pytest.raises(ValidationError, match="closed"):
         submit(pool, "late")
 
@@ -186,13 +190,13 @@ def test_a_spot_pool_requeues_a_preempted_job_onto_its_free_cluster(
     first.refresh_from_db()
     assert first.state in ("pending", "running")  # back in the placement queue, not lost
     services.job_cancel(job=job, by="test")
-    pools.pool_close(pool=pool)
+    autoscaler.pool_close(pool=pool)
 
 
 def test_operators_see_pools_and_their_decisions_in_the_admin(make_pool, operator, client):
     pool = make_pool(max_clusters=2)
     submit(pool, "a", "sleep 30")
-    pools.pool_scale(pool.pk)
+    autoscaler.pool_scale(pool.pk)
     client.force_login(operator)
     listing = client.get("/admin/jobs/pool/").content.decode()
     assert "train" in listing and "alice" in listing
@@ -200,4 +204,4 @@ def test_operators_see_pools_and_their_decisions_in_the_admin(make_pool, operato
     assert "1 waiting, 0 starting, 0 free, 0 finishing: +1" in page
     assert client.get("/admin/jobs/sweep/").status_code == 200
     assert client.get(f"/admin/jobs/pool/{pool.pk}/delete/").status_code == 403  # look only
-    pools.pool_close(pool=pool)
+    autoscaler.pool_close(pool=pool)

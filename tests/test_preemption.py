@@ -13,10 +13,14 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import runner, scheduler, services, tasks
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
+from jobs.hosts import services as host_services
 from jobs.models import Cluster, Job, Node, WebhookEndpoint, WebhookEvent
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.placement import scheduler
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -287,7 +291,7 @@ def test_a_hanging_preemption_script_is_cut_at_its_limit_and_the_job_still_preem
         ),
     )  # fmt: skip
     drive(lambda: _state(job) == Job.State.RUNNING, what="job running")
-    reclaimed = services.host_reclaim_spot(host=Node.objects.get(cluster=spot).host, by="olga")
+    reclaimed = host_services.host_reclaim_spot(host=Node.objects.get(cluster=spot).host, by="olga")
     assert [c.pk for c in reclaimed] == [spot.pk]
     drive(lambda: _state(job) != Job.State.RUNNING, timeout=40, what="job preempted")
     assert job.state in (Job.State.PREEMPTED, Job.State.STARTING, Job.State.RUNNING)
@@ -302,7 +306,7 @@ def test_a_hanging_preemption_script_is_cut_at_its_limit_and_the_job_still_preem
 def test_the_preemption_limit_fails_the_job_and_other_researchers_see_and_preempt_nothing(
     make_host, make_cluster, alice, bob, operator, client, storage_root, processes, short_limits
 ):
-    from jobs.webhooks import new_secret
+    from jobs.events.webhooks import new_secret
 
     for who in (alice, bob):
         WebhookEndpoint.objects.create(
@@ -429,7 +433,7 @@ def test_the_resume_point_is_the_newest_whole_checkpoint_of_this_job_inside_the_
 
     from django.utils import timezone
 
-    from jobs.storage import newest_checkpoint
+    from jobs.files.storage import newest_checkpoint
 
     root = tmp_path / "u1"
     ckpt = root / "workspace" / "ckpt"
@@ -473,7 +477,7 @@ def test_a_cancel_during_the_notice_wins_and_a_failure_before_it_stays_a_failure
         spec=JobSpec(name="c", command="exec sleep 600", preemption_script="sleep 30"),
     )
     drive(lambda: _state(job) == Job.State.RUNNING, what="job running")
-    services.host_reclaim_spot(host=Node.objects.get(cluster=spot).host, by="olga")
+    host_services.host_reclaim_spot(host=Node.objects.get(cluster=spot).host, by="olga")
     drive(lambda: job.events.filter(kind="notice").exists(), what="notice given")
     services.job_cancel(job=job, by="alice")
     job = drive(lambda: _state(job) == Job.State.CANCELLED and job, timeout=30, what="cancelled")
@@ -494,7 +498,7 @@ def test_a_cancel_during_the_notice_wins_and_a_failure_before_it_stays_a_failure
     )  # fmt: skip
     drive(lambda: "stopping the other replicas" in (_state(failing) and failing.state_reason),
           what="rank 1 failed, rank 0 being stopped")  # fmt: skip
-    services.host_reclaim_spot(host=Node.objects.filter(cluster=two).first().host, by="olga")
+    host_services.host_reclaim_spot(host=Node.objects.filter(cluster=two).first().host, by="olga")
     runner.kill(failing.pk)  # the SIGKILL of the grace period, now
     failing = drive(lambda: _state(failing) == Job.State.FAILED and failing, what="failed")
     assert failing.exit_code == 7 and failing.preemptions == 0

@@ -19,10 +19,12 @@ from test_profile_hta import GPU_T0, gpu_trace
 from waiting import until
 
 from console.models import ApiToken
-from jobs import runner, services, storage
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files import storage
+from jobs.files.storage import VolumeSpec
 from jobs.models import Job
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.runs import runner
 from monitoring import profiles
 from monitoring.models import TraceSummary
 

@@ -1,4 +1,4 @@
-"""Public datasets and models (jobs/pub.py): an operator publishes, researchers see what is
+"""Public datasets and models (jobs/files/pub.py): an operator publishes, researchers see what is
 published and ask for it at /pub on the cluster form, the API and the command line. The
 mounts themselves, read-only on the real engines: tests/test_public_data_mounts.py.
 
@@ -23,7 +23,7 @@ from django.test import Client
 
 from console.forms import ClusterForm, PoolForm
 from console.models import ApiToken
-from jobs import pub
+from jobs.files import pub
 from jobs.models import Cluster, Image, PublicDataset
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,5 +1,5 @@
 """`publish_dataset NAME SRC` copies as root: what it copies must be what the operator
-meant, never a file a researcher pointed it at (jobs/pub.py, `open_source`, `copy_tree`,
+meant, never a file a researcher pointed it at (jobs/files/pub.py, `open_source`, `copy_tree`,
 `prepare`). The attacker here is a researcher who can write the source folder, or a
 folder in it, while the copy runs: every link is copied as a link and never followed, a
 folder swapped for a link mid-copy is refused, and a source a researcher could write at
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ValidationError
 
-from jobs import pub
+from jobs.files import pub
 
 SECRET = "-----BEGIN PRIVATE KEY----- the console's CA key"
 

@@ -1,4 +1,4 @@
-"""/pub on the real engines, as a tenant with a shell attacks it (jobs/pub.py).
+"""/pub on the real engines, as a tenant with a shell attacks it (jobs/files/pub.py).
 
 Olga publishes; Alice's cluster asks for /pub. From inside her containers (her uid, no
 capability, no new privileges) she reads what is published on either host, and tries to
@@ -9,9 +9,13 @@ hers lands in the operator's folder. A cluster that does not ask has no /pub at 
 import docker
 import pytest
 
-from jobs import pub, runner, services, tasks, workspaces
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files import pub
+from jobs.files.storage import VolumeSpec
+from jobs.nodes import workspaces
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,5 @@
 """Only the local registry's own name reaches it, and nothing else local is pulled from
-(jobs/validators.py registry_refusal, jobs/addresses.py, jobs/registry.py pull_public): an
+(jobs/base/validators.py registry_refusal, jobs/base/addresses.py, jobs/nodes/registry.py pull_public): an
 attacker's notebook. Bob, a second researcher, names images whose registry is the
 loopback, a private or link-local address, or Suanli's own registry spelled another way;
 canaries listen on the loopback of this machine and of each engine's own network
@@ -20,8 +20,8 @@ from waiting import until
 
 from console.forms import CUSTOM_IMAGE
 from console.models import ApiToken
-from jobs import registry
 from jobs.models import Cluster, Image
+from jobs.nodes import registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -188,7 +188,7 @@ def test_no_form_api_or_catalog_entry_names_a_registry_on_the_hosts_networks(
 
 
 def test_the_local_registry_by_its_own_name_and_public_registries_are_untouched(settings):
-    from jobs import validators
+    from jobs.base import validators
 
     assert validators.registry_refusal(f"{settings.SUANLI_REGISTRY}/library/x:v1") is None
     assert validators.registry_refusal("pytorch/pytorch:2.4.0") is None

@@ -17,8 +17,8 @@ from django.utils import timezone
 from billing import services as billing
 from billing.catalog import seed_rate_card
 from console.models import ApiToken
-from jobs import scheduler
 from jobs.models import Cluster, Image
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

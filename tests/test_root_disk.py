@@ -22,9 +22,13 @@ from conftest import TEST_IMAGE
 from django.urls import reverse
 from waiting import until
 
-from jobs import runner, runtime, scheduler, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import ClusterEvent, GpuModel, Host, InstanceType, JobEvent
-from jobs.services import JobSpec
+from jobs.nodes import runtime, workspaces
+from jobs.placement import scheduler
+from jobs.runs import runner
 from monitoring import rootdisk
 from monitoring.monitor import Monitor
 

@@ -10,8 +10,13 @@ import django_rq
 import docker
 import pytest
 
-from jobs import images, registry, scheduler, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.hosts import services as host_services
+from jobs.images import builds
 from jobs.models import Host, Node
+from jobs.nodes import registry, workspaces
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,18 +79,18 @@ def test_a_save_past_the_image_quota_is_not_pushed_and_the_timeline_says_so(
     ), said[0]
     assert tasks.cluster_workspaces_save(cluster.pk)  # tried again: said once per stop
     assert cluster.events.filter(kind=workspaces.NOT_SAVED).count() == 1
-    assert images.quota(alice).bytes == 0, "nothing of hers is in the registry"
+    assert builds.quota(alice).bytes == 0, "nothing of hers is in the registry"
 
     # Bob takes host a's GPUs: a start says why it cannot go to host b.
     others = list(Host.objects.exclude(pk=host_a.pk))
     for other in others:
-        services.host_set_draining(host=other, draining=True)
+        host_services.host_set_draining(host=other, draining=True)
     try:
         bobs = make_cluster(bob, "bobs", nodes=1, gpus=2, release_policy="never")
         scheduler.place_pending()
     finally:
         for other in others:
-            services.host_set_draining(host=other, draining=False)
+            host_services.host_set_draining(host=other, draining=False)
     with pytest.raises(services.StartBlocked) as caught:
         services.cluster_start(cluster=cluster)
     assert (
@@ -109,8 +114,8 @@ def test_a_save_that_fits_counts_its_own_layers_until_it_is_released(running_clu
     client, _ws = _workspace(cluster)
     base = client.images.get(cluster.image_reference).attrs["RootFS"]["Layers"]
     assert not {layer for layer, _n in node.saved_layers} & set(base)
-    assert images.quota(alice).bytes == size, "on her images page, against her quota"
+    assert builds.quota(alice).bytes == size, "on her images page, against her quota"
 
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
-    assert images.quota(alice).bytes == 0 and _save_tags(cluster) == []
+    assert builds.quota(alice).bytes == 0 and _save_tags(cluster) == []

@@ -16,8 +16,10 @@ from django.urls import reverse
 from pki import pem_pair
 from standardwebhooks import Webhook
 
-from jobs import crypto, services, webhooks
-from jobs.forms import HostForm
+from jobs.base import crypto
+from jobs.events import webhooks
+from jobs.hosts import services as host_services
+from jobs.hosts.forms import HostForm
 from jobs.models import Host, WebhookEndpoint, WebhookEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +45,7 @@ def tls_host(catalog):
         tls_cert=cert,
         tls_key=key,
     )
-    return services.host_save(host=host), (ca, cert, key)
+    return host_services.host_save(host=host), (ca, cert, key)
 
 
 def test_a_webhook_secret_is_not_in_its_column_but_still_signs(alice):
@@ -107,13 +109,13 @@ def test_the_host_form_keeps_the_stored_key_when_left_empty(tls_host):
         instance=Host.objects.get(pk=host.pk),
     )  # fmt: skip
     assert form.is_valid(), form.errors
-    services.host_save(host=form.save(commit=False))
+    host_services.host_save(host=form.save(commit=False))
     assert Host.objects.get(pk=host.pk).tls_key == key
     assert "BEGIN" not in _raw("jobs_host", "tls_key", host.pk)
 
 
 def test_empty_secrets_stay_empty_and_cannot_be_searched(alice, catalog):
-    host = services.host_save(
+    host = host_services.host_save(
         host=Host(name="gpu-local", engine_url="unix:///run/x.sock", address="127.0.0.1", zone="a")
     )
     assert _raw("jobs_host", "tls_key", host.pk) == ""

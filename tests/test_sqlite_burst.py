@@ -22,12 +22,13 @@ from django.utils import timezone
 from billing import services as billing
 from billing.catalog import seed_rate_card
 from console.models import ApiToken
-from jobs import services
-from jobs.catalog import seed_catalog
+from jobs.hosts import services as host_services
+from jobs.clusters import services
+from jobs.placement.catalog import seed_catalog
 from jobs.models import GpuModel, Host
 seed_catalog()
 seed_rate_card(effective_from=timezone.now() - timedelta(hours=1))
-services.host_save(host=Host(
+host_services.host_save(host=Host(
     name="gpu-paper-01", engine_url="unix:///run/suanli-no-such-engine.sock",
     address="127.0.0.1", zone="zone-a", gpu_model=GpuModel.objects.get(slug="a100-80gb"),
     gpu_count=8, state=Host.State.ACTIVE,

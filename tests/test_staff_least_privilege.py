@@ -29,8 +29,8 @@ from billing.models import LedgerEntry
 from console.asgi import application
 from console.models import ApiToken
 from console.routing import websocket_urlpatterns
-from jobs import scheduler
 from jobs.models import Cluster, ImageBuild, Job
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,10 +16,15 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from jobs import registry, runner, scheduler, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
+from jobs.hosts import services as host_services
 from jobs.models import Cluster, Host, Node
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.nodes import registry, workspaces
+from jobs.placement import scheduler
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,13 +72,13 @@ def _only_on(make_cluster, host: Host, owner, name: str) -> Cluster:
     drained while it is placed)."""
     others = list(Host.objects.exclude(pk=host.pk))
     for other in others:
-        services.host_set_draining(host=other, draining=True)
+        host_services.host_set_draining(host=other, draining=True)
     try:
         cluster = make_cluster(owner, name, nodes=1, gpus=2, release_policy="never")
         scheduler.place_pending()
     finally:
         for other in others:
-            services.host_set_draining(host=other, draining=False)
+            host_services.host_set_draining(host=other, draining=False)
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
     assert _node(cluster).host_id == host.pk

@@ -1,6 +1,6 @@
 """Stop and start (关机 / 开机), no-GPU mode (无卡模式) and the stopped period's release, on
 the real engines: a stop keeps each workspace's own filesystem on its host, gives the GPUs
-back and stops their charge; a start comes back on the same hosts (jobs/services.py)."""
+back and stops their charge; a start comes back on the same hosts (jobs/clusters/services.py)."""
 
 import json
 import os
@@ -17,9 +17,12 @@ from playwright.sync_api import expect
 
 from billing import services as billing
 from billing.models import LedgerEntry
-from jobs import scheduler, selectors, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, GpuSlot, Job, Node, WebhookEndpoint, WebhookEvent
-from jobs.services import JobSpec
+from jobs.nodes import workspaces
+from jobs.placement import fleet, scheduler
 from tests.browsing import login
 from tests.conftest import TEST_IMAGE
 
@@ -264,7 +267,7 @@ def test_stopped_workspaces_are_kept_by_the_reconciler_and_refused_to_logins(run
     assert tasks.cluster_workspaces_stop(cluster.pk)
     ws = _workspace(cluster)
     host = _last_node(cluster).host
-    assert selectors.hosts_with_occupancy().get(pk=host.pk).kept_count == 1, "ops see it"
+    assert fleet.hosts_with_occupancy().get(pk=host.pk).kept_count == 1, "ops see it"
     ws.start()  # as if a racing task had started it: the sweep stops it again, keeps it
     node = _last_node(cluster)
     workspaces.sweep(node.host, _client(node))

@@ -1,4 +1,4 @@
-"""Researchers' storage as a tenant attacks it (jobs/storage.py, DESIGN.md "Mounts").
+"""Researchers' storage as a tenant attacks it (jobs/files/storage.py, DESIGN.md "Mounts").
 
 Alice is the tenant: a shell in her containers, running as her uid, and whatever her
 volumes mount. In the layout before this one her storage root was hers, so she could swap
@@ -16,9 +16,10 @@ import stat
 import pytest
 from django.core.exceptions import ValidationError
 
-from jobs import runtime, storage
+from jobs.files import storage
+from jobs.files.storage import VolumeSpec
 from jobs.models import Volume
-from jobs.storage import VolumeSpec
+from jobs.nodes import runtime
 
 pytestmark = pytest.mark.django_db
 

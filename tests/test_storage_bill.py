@@ -18,7 +18,7 @@ from django.urls import reverse
 from billing import rollups
 from billing import storage as bought
 from billing.models import Account, BillLine, LedgerEntry, StorageMeter, UsageDay
-from jobs import storage
+from jobs.files import storage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,7 +209,7 @@ def test_two_bills_run_at_once_charge_each_hour_once(alice, bob, fund, priced_st
 def test_storage_that_empties_the_balance_stops_her_clusters(
     alice, rate_card, fund, storage_root, paper_host, make_cluster
 ):
-    from jobs import scheduler
+    from jobs.placement import scheduler
 
     rate_card({}, effective_from=H0 - timedelta(days=1), storage_per_gb_hour=Decimal(RATE))
     fund(alice, "0.05")

@@ -25,9 +25,11 @@ from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import runtime, storage, tasks, workspaces
+from jobs import tasks
+from jobs.files import storage
+from jobs.files.storage import VolumeSpec
 from jobs.models import StorageGrant
-from jobs.storage import VolumeSpec
+from jobs.nodes import runtime, workspaces
 
 FREE = "0.01"  # GB: 10.7 MB
 
@@ -174,7 +176,7 @@ def test_a_file_she_deleted_but_holds_open_is_named_to_the_operators(
         assert found.sustained_bytes >= 20 * 2**20
         assert storage.usage(alice.pk).bytes < storage.gb_bytes(Decimal(FREE)), "no quota sees it"
 
-        with caplog.at_level(logging.ERROR, logger="jobs.storage"):
+        with caplog.at_level(logging.ERROR, logger="jobs.files.storage"):
             tasks.storage_upkeep()
         assert any(f"u{alice.pk}: " in r.getMessage() for r in caplog.records), caplog.text
 

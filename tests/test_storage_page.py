@@ -13,9 +13,9 @@ from browsing import login
 from django.urls import reverse
 from playwright.sync_api import expect
 
-from jobs import storage
+from jobs.files import storage
+from jobs.files.storage import VolumeSpec
 from jobs.models import StorageGrant
-from jobs.storage import VolumeSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,8 +10,10 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from jobs import storage, tasks, workspaces
-from jobs.storage import VolumeSpec
+from jobs import tasks
+from jobs.files import storage
+from jobs.files.storage import VolumeSpec
+from jobs.nodes import workspaces
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from console import pools as console_pools
 from console.models import ApiToken
-from jobs import pools, sweeps
+from jobs.clusters.services import ClusterSpec
 from jobs.models import Image, Job, Sweep, Trial
-from jobs.services import ClusterSpec
+from jobs.pools import autoscaler, sweeps
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
@@ -38,8 +38,8 @@ def make_pool(catalog, priced, alice, storage_root):
             gpus_per_node=1,
             image=Image.objects.get(reference=TEST_IMAGE),
         )
-        pool = pools.pool_create(
-            owner=owner or alice, spec=pools.PoolSpec(name=name, cluster=shape)
+        pool = autoscaler.pool_create(
+            owner=owner or alice, spec=autoscaler.PoolSpec(name=name, cluster=shape)
         )
         return console_pools.refresh(pool)
 

@@ -13,8 +13,8 @@ from test_pools import hosts, make_pool  # noqa: F401 (fixtures)
 from waiting import until
 
 from billing.models import LedgerEntry
-from jobs import sweeps
 from jobs.models import Cluster, Job, Sweep, Trial
+from jobs.pools import sweeps
 
 STEPS = 12
 # The objective: x from the trial's parameters; one step a second, the value falling

@@ -23,9 +23,12 @@ from waiting import until
 
 from console.asgi import application
 from console.logins import gateway
-from jobs import engine, runtime, scheduler, services, tasks
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import VolumeSpec
 from jobs.models import ClusterEvent, Node
-from jobs.services import VolumeSpec
+from jobs.nodes import engine, runtime
+from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

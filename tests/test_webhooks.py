@@ -15,9 +15,11 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from jobs import runner, services, webhooks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.events import webhooks
 from jobs.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
-from jobs.services import JobSpec
+from jobs.runs import runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -275,7 +277,7 @@ def test_another_researcher_sees_and_touches_nothing(receiver, client, alice, bo
     ):  # fmt: skip
         assert client.post(reverse(name, args=[arg])).status_code == 404
     assert receiver.url not in client.get(reverse("webhooks")).content.decode()
-    # Secrets are encrypted at rest (jobs/crypto.py): compare them read back, not in SQL.
+    # Secrets are encrypted at rest (jobs/base/crypto.py): compare them read back, not in SQL.
     assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
 
 

@@ -1,4 +1,4 @@
-"""The workspace apps (jobs/webapps.py) and the console's proxy to them (console/proxy.py):
+"""The workspace apps (jobs/access/webapps.py) and the console's proxy to them (console/proxy.py):
 JupyterLab, TensorBoard and a service port of a node's workspace, each on an origin of its
 own (console/app_origin.py: c<id>-n<n>-<kind>.apps.localhost here), reached by the
 cluster's owner only, on the real engines, through the Procfile's web process and
@@ -36,9 +36,13 @@ from waiting import until
 
 from console import app_origin, proxy
 from console.asgi import application
-from jobs import outage, runtime, services, tasks, webapps, workspaces
+from jobs import tasks
+from jobs.access import webapps
+from jobs.base import outage
+from jobs.clusters import services
+from jobs.clusters.services import VolumeSpec
 from jobs.models import Image, WorkspaceApp
-from jobs.services import VolumeSpec
+from jobs.nodes import runtime, workspaces
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

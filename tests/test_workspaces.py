@@ -1,5 +1,5 @@
 """Workspaces: one hardened container per live node of a running cluster, from placement to
-release, on the node's own host, beside the jobs (jobs/workspaces.py)."""
+release, on the node's own host, beside the jobs (jobs/nodes/workspaces.py)."""
 
 import asyncio
 
@@ -7,10 +7,13 @@ import docker
 import pytest
 from waiting import until
 
-from jobs import runner, runtime, services, tasks, workspaces
+from jobs import tasks
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.files.storage import VolumeSpec
 from jobs.models import Cluster, ClusterEvent
-from jobs.services import JobSpec
-from jobs.storage import VolumeSpec
+from jobs.nodes import runtime, workspaces
+from jobs.runs import runner
 from monitoring.models import Sample
 from monitoring.monitor import Monitor
 

@@ -1,9 +1,9 @@
-"""`{% load sizes %}`: `{{ n|bytes }}` "340 MB", "1.2 GB" (jobs/registry.human: decimal
+"""`{% load sizes %}`: `{{ n|bytes }}` "340 MB", "1.2 GB" (jobs/nodes/registry.human: decimal
 units, as Docker and registries count them)."""
 
 from django import template
 
-from jobs.registry import human
+from jobs.nodes.registry import human
 
 register = template.Library()
 register.filter("bytes", human)

@@ -1,6 +1,6 @@
 """`{% load timeline %}`: a timeline event in the reader's language.
 
-`{{ e|event_text }}`: the event's words (jobs.text: stored as a msgid and its arguments,
+`{{ e|event_text }}`: the event's words (jobs.base.text: stored as a msgid and its arguments,
 rendered now; older events without one show their English `message`).
 `{{ e.kind|event_kind }}`: the short label of its kind (the CSS class keeps the slug).
 `{{ cluster|reason_text }}`: a Cluster's or Job's state reason (its `state_reason_text`,
@@ -11,7 +11,7 @@ import json
 from django import template
 from django.utils.translation import gettext_lazy
 
-from jobs import text
+from jobs.base import text
 from jobs.models import Cluster
 
 register = template.Library()

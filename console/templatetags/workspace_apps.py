@@ -1,10 +1,10 @@
 """`{% node_apps cluster logins as rows %}`: the workspace apps' tiles of the nodes the
-login card lists (jobs.webapps.tiles), for templates/console/_cluster_apps.html, which the
+login card lists (jobs.access.webapps.tiles), for templates/console/_cluster_apps.html, which the
 cluster page and its status poll both include with the login card."""
 
 from django import template
 
-from jobs import webapps
+from jobs.access import webapps
 
 register = template.Library()
 

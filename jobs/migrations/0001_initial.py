@@ -3,7 +3,7 @@
 import django.core.validators
 import django.db.models.deletion
 import django.utils.timezone
-import jobs.validators
+import jobs.base.validators
 from django.db import migrations, models
 
 
@@ -71,7 +71,7 @@ class Migration(migrations.Migration):
                     models.CharField(
                         help_text="Docker reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
                         max_length=255,
-                        validators=[jobs.validators.validate_image_reference],
+                        validators=[jobs.base.validators.validate_image_reference],
                     ),
                 ),
                 (
@@ -138,7 +138,7 @@ class Migration(migrations.Migration):
                 (
                     "name",
                     models.CharField(
-                        max_length=63, unique=True, validators=[jobs.validators.validate_host_name]
+                        max_length=63, unique=True, validators=[jobs.base.validators.validate_host_name]
                     ),
                 ),
                 (
@@ -177,7 +177,7 @@ class Migration(migrations.Migration):
                     models.CharField(
                         help_text="Where other hosts reach this one (jobs use it as MASTER_ADDR).",
                         max_length=253,
-                        validators=[jobs.validators.validate_address],
+                        validators=[jobs.base.validators.validate_address],
                     ),
                 ),
                 ("zone", models.SlugField(help_text="e.g. zone-a", max_length=40)),

@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-import jobs.validators
+import jobs.base.validators
 
 
 class Migration(migrations.Migration):
@@ -39,7 +39,7 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 help_text="The host's address on the hosts' network (its swarm address).",
                 max_length=253,
-                validators=[jobs.validators.validate_address],
+                validators=[jobs.base.validators.validate_address],
             ),
         ),
     ]

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-import jobs.crypto
+import jobs.base.crypto
 
 SECRETS = {
     "jobs_host": ("tls_ca", "tls_cert", "tls_key"),
@@ -27,16 +27,16 @@ def _rewrite(schema_editor, change):
 def encrypt_rows(apps, schema_editor):
     _rewrite(
         schema_editor,
-        lambda v: v if not v or jobs.crypto.is_encrypted(v) else jobs.crypto.encrypt(v),
+        lambda v: v if not v or jobs.base.crypto.is_encrypted(v) else jobs.base.crypto.encrypt(v),
     )
 
 
 def decrypt_rows(apps, schema_editor):
-    _rewrite(schema_editor, lambda v: jobs.crypto.decrypt(v) if v else v)
+    _rewrite(schema_editor, lambda v: jobs.base.crypto.decrypt(v) if v else v)
 
 
 class Migration(migrations.Migration):
-    """Webhook signing secrets and engines' TLS material encrypted at rest (jobs/crypto.py,
+    """Webhook signing secrets and engines' TLS material encrypted at rest (jobs/base/crypto.py,
     key from SUANLI_SECRETS_KEY); existing rows are encrypted here, and decrypted again on
     the way back."""
 
@@ -48,14 +48,14 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="host",
             name="tls_ca",
-            field=jobs.crypto.EncryptedTextField(
+            field=jobs.base.crypto.EncryptedTextField(
                 blank=True, help_text="PEM. Required for tcp://.", verbose_name="TLS CA certificate"
             ),
         ),
         migrations.AlterField(
             model_name="host",
             name="tls_cert",
-            field=jobs.crypto.EncryptedTextField(
+            field=jobs.base.crypto.EncryptedTextField(
                 blank=True,
                 help_text="PEM. Required for tcp://.",
                 verbose_name="TLS client certificate",
@@ -64,7 +64,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="host",
             name="tls_key",
-            field=jobs.crypto.EncryptedTextField(
+            field=jobs.base.crypto.EncryptedTextField(
                 blank=True,
                 help_text="PEM, unencrypted. Required for tcp://.",
                 verbose_name="TLS client key",
@@ -73,12 +73,12 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="webhookendpoint",
             name="previous_secret",
-            field=jobs.crypto.EncryptedTextField(blank=True),
+            field=jobs.base.crypto.EncryptedTextField(blank=True),
         ),
         migrations.AlterField(
             model_name="webhookendpoint",
             name="secret",
-            field=jobs.crypto.EncryptedTextField(help_text="whsec_...; shown to its owner once."),
+            field=jobs.base.crypto.EncryptedTextField(help_text="whsec_...; shown to its owner once."),
         ),
         migrations.RunPython(encrypt_rows, decrypt_rows),
     ]

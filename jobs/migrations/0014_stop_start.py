@@ -3,7 +3,7 @@
 import django.core.validators
 import django.db.models.deletion
 import django.utils.timezone
-import jobs.crypto
+import jobs.base.crypto
 from django.db import migrations, models
 
 
@@ -117,7 +117,7 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "token",
-                    jobs.crypto.EncryptedTextField(
+                    jobs.base.crypto.EncryptedTextField(
                         blank=True, help_text="Its own token (JupyterLab)."
                     ),
                 ),

@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import jobs.validators
+import jobs.base.validators
 from django.conf import settings
 from django.db import migrations, models
 
@@ -40,13 +40,13 @@ class Migration(migrations.Migration):
                 (
                     "name",
                     models.CharField(
-                        max_length=64, validators=[jobs.validators.validate_own_image_name]
+                        max_length=64, validators=[jobs.base.validators.validate_own_image_name]
                     ),
                 ),
                 (
                     "tag",
                     models.CharField(
-                        max_length=64, validators=[jobs.validators.validate_own_image_tag]
+                        max_length=64, validators=[jobs.base.validators.validate_own_image_tag]
                     ),
                 ),
                 ("reference", models.CharField(max_length=255, unique=True)),
@@ -108,13 +108,13 @@ class Migration(migrations.Migration):
                 (
                     "name",
                     models.CharField(
-                        max_length=64, validators=[jobs.validators.validate_own_image_name]
+                        max_length=64, validators=[jobs.base.validators.validate_own_image_name]
                     ),
                 ),
                 (
                     "tag",
                     models.CharField(
-                        max_length=64, validators=[jobs.validators.validate_own_image_tag]
+                        max_length=64, validators=[jobs.base.validators.validate_own_image_tag]
                     ),
                 ),
                 ("dockerfile", models.TextField(blank=True)),

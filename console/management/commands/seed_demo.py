@@ -8,7 +8,7 @@ from django.utils.translation import gettext_noop
 
 from billing import services as billing
 from billing.catalog import seed_rate_card
-from jobs.catalog import seed_catalog
+from jobs.placement.catalog import seed_catalog
 
 DEMO_USERS = [
     # username, password, operator?

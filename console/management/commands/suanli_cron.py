@@ -18,8 +18,8 @@ from django_rq.cron import DjangoCronScheduler
 from rq.exceptions import StopRequested
 from rq.utils import now
 
-from jobs.outage import REDIS_DOWN, Outage
-from jobs.queue import enqueue_unique
+from jobs.base.outage import REDIS_DOWN, Outage
+from jobs.base.queue import enqueue_unique
 
 
 class SuanliCronScheduler(DjangoCronScheduler):

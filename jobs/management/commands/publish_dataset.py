@@ -1,5 +1,5 @@
 """`publish_dataset NAME SRC`: copy a local folder in as a public dataset or model and
-publish it (jobs/pub.py): read-only at /pub/NAME in every cluster that asks for /pub.
+publish it (jobs/files/pub.py): read-only at /pub/NAME in every cluster that asks for /pub.
 
 Run it where the console runs (the researchers' filesystem is mounted at
 SUANLI_STORAGE_ROOT there). The files are copied into the draft folder first, with the
@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.template.defaultfilters import filesizeformat
 
-from jobs import pub
+from jobs.files import pub
 from jobs.models import PublicDataset
 
 

@@ -6,7 +6,7 @@ Layer: management, the top of jobs/ (beside tasks and admin); uses services and 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import services
+from jobs.hosts import services as host_services
 from jobs.models import GpuModel, Host
 
 
@@ -49,12 +49,12 @@ class Command(BaseCommand):
         host.rdma = opts["rdma"]
         host.build_host = opts.get("build_host", False)
         try:
-            services.host_save(host=host)
+            host_services.host_save(host=host)
         except ValidationError as exc:
             raise CommandError(
                 "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
             ) from exc
-        host = services.host_check(host_id=host.pk)
+        host = host_services.host_check(host_id=host.pk)
         if host.state in Host.UNHEALTHY:
             self.stderr.write(f"{host.name}: registered but {host.state}: {host.last_error}")
         else:

@@ -1,4 +1,4 @@
-"""`gateway` (Procfile): the SSH gateway, jobs/gateway.py. Listens on SUANLI_SSH_BIND:
+"""`gateway` (Procfile): the SSH gateway, jobs/access/gateway.py. Listens on SUANLI_SSH_BIND:
 SUANLI_SSH_PORT until SIGTERM, then closes its connections, hanging up what they started.
 
 Layer: management, the top of jobs/; uses gateway."""
@@ -7,7 +7,7 @@ import logging
 
 from django.core.management.base import BaseCommand
 
-from jobs import gateway
+from jobs.access import gateway
 
 
 class Command(BaseCommand):

@@ -1,5 +1,5 @@
 """`logs` (Procfile): one streaming log follower per running replica of every host, its
-lines numbered per job in Redis and sent to the job's Channels group (jobs/livelogs.py).
+lines numbered per job in Redis and sent to the job's Channels group (jobs/runs/livelogs.py).
 Replicas that start later are picked up; streams an engine drops are opened again from
 where they were.
 
@@ -9,7 +9,7 @@ import logging
 
 from django.core.management.base import BaseCommand
 
-from jobs.livelogs import Follower
+from jobs.runs.livelogs import Follower
 
 
 class Command(BaseCommand):

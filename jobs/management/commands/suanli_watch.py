@@ -13,9 +13,11 @@ import docker
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from jobs import engine, runner, runtime, services
+from jobs.base.outage import DB_DOWN, Outage, close_db_connections
+from jobs.hosts import services as host_services
 from jobs.models import Host, Replica
-from jobs.outage import DB_DOWN, Outage, close_db_connections
+from jobs.nodes import engine, runtime
+from jobs.runs import runner
 
 log = logging.getLogger("suanli.watch")
 
@@ -58,7 +60,7 @@ def follow(host_id: int, stop: threading.Event) -> None:
                 filters={"type": "container", "event": ["die"], "label": [runtime.LABEL_JOB]},
             )
             backoff = 1
-            services.host_outage_ended(host_id=host_id)
+            host_services.host_outage_ended(host_id=host_id)
             # Whatever died while no one was watching (this process starting, a lost
             # connection, an engine restart) is finalised now; from here on the stream has it.
             runner.finalise_exited(host)
@@ -87,7 +89,7 @@ def follow(host_id: int, stop: threading.Event) -> None:
         if following and not stop.is_set():
             following = False
             try:
-                services.host_outage_began(host_id=host_id)
+                host_services.host_outage_began(host_id=host_id)
             except Exception:  # the database is away too: the host check records it
                 log.warning("watch %s: could not record the outage", name)
         stop.wait(backoff)

@@ -1,0 +1,10 @@
+"""What happened, told once: state changes several packages make (a host unhealthy, a
+cluster released, preempted or requeued), the timeline entries that say so and the webhook
+events they send, written in the caller's transaction.
+
+- `lifecycle`: the shared state changes and the one writer of timeline events.
+- `webhooks`: signed deliveries of those events to researchers' endpoints (Standard Webhooks).
+- `netguard`: outbound HTTP to a URL a researcher gave, guarded against SSRF.
+
+Layer: events, beside files; uses models and base.
+"""

@@ -1,0 +1,354 @@
+"""State changes of hosts, clusters and jobs that several parts make: a host found
+unhealthy, a cluster released, preempted or back in the queue, and the timeline entries
+(with their webhook events) that say so, written in the caller's transaction.
+
+Layer: lifecycle, below services, runner and scheduler, which all call it; it uses
+webhooks, models and queue. Work of the parts above (a placement pass, a job's dispatch,
+stop or preemption) is asked for by task name through `queue`, never by importing them.
+"""
+
+from django.conf import settings
+from django.db import models, transaction
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from jobs.base.queue import enqueue_by_name, enqueue_unique
+from jobs.base.text import Text, argument, json_of, reason_fields, stored_reason
+from jobs.events import webhooks
+from jobs.models import Cluster, ClusterEvent, Host, Job, JobEvent, Node, WorkspaceApp
+
+# -- timelines ------------------------------------------------------------------------------
+
+
+def cluster_event(cluster: Cluster, kind: str, message: str | Text = "", at=None) -> None:
+    """The cluster's timeline, and its webhook event, in the caller's transaction. A Text
+    message is also kept as its msgid and arguments, shown in the reader's language."""
+    ClusterEvent.objects.create(
+        cluster=cluster,
+        kind=kind,
+        message=str(message)[:300],
+        text=json_of(message),
+        at=at or timezone.now(),
+    )
+    if kind in ("running", "released", "stopped", "release-soon"):
+        webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
+
+
+def job_event(job: Job, kind: str, message: str | Text = "", at=None) -> None:
+    """The job's timeline, and its webhook event, in the caller's transaction."""
+    JobEvent.objects.create(
+        job=job, kind=kind, message=str(message), text=json_of(message), at=at or timezone.now()
+    )
+    webhooks.job_changed(job.pk, kind)
+
+
+# -- work for the parts above, after commit ---------------------------------------------------
+
+
+def request_placement() -> None:
+    """Run a placement pass after this transaction commits (deduplicated)."""
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "default",
+            "jobs.tasks.place_pending",
+            job_id="place-pending",
+            again_if_running=True,
+            result_ttl=60,
+        )
+    )
+
+
+def request_dispatch(cluster_id: int) -> None:
+    """Start the cluster's next queued job once this transaction commits."""
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "docker",
+            "jobs.tasks.cluster_dispatch",
+            cluster_id,
+            job_id=f"dispatch-{cluster_id}",
+            again_if_running=True,
+        )
+    )
+
+
+def request_stop(job_id: int) -> None:
+    """Stop the job's replicas (SIGTERM, then SIGKILL) once this transaction commits."""
+    transaction.on_commit(
+        lambda: enqueue_unique("docker", "jobs.tasks.job_stop", job_id, job_id=f"stop-{job_id}")
+    )
+
+
+# -- hosts ------------------------------------------------------------------------------------
+
+
+def host_error_fields(words: str | Text) -> dict:
+    """A host's last error, both ways it is kept: `last_error` in English (the API, join.sh)
+    and `last_error_text` (a Text's JSON, shown in the reader's language; None for plain
+    words, e.g. the engine's). Every writer of a host's last error uses this, so the Hosts
+    page (Host.last_error_shown) never shows an older reason than the English one."""
+    return {
+        "last_error": str(words)[:2000],
+        "last_error_text": words.as_json() if isinstance(words, Text) else None,
+    }
+
+
+def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Host:
+    """Record that a host is down (no answer) or degraded (cannot start containers, or a
+    proof of the host check failed): out of placement from now. The first time in a spell,
+    its clusters hear of it, and nodes on a down host stop being charged (`Node.lost_at`);
+    placement moves them later (`scheduler.move_stranded`). `words`: the engine's, or a
+    Text shown in the reader's language (Host.last_error_text)."""
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        at = at or timezone.now()
+        was = host.state
+        fields = {
+            "state": state,
+            "last_checked": at,
+            **host_error_fields(words),
+        }
+        if was not in Host.UNHEALTHY:
+            fields["unhealthy_since"] = at
+        Host.objects.filter(pk=host.pk).update(**fields)
+        if state == Host.State.DOWN:
+            host_outage_began(host_id=host.pk, at=at)
+        if state == Host.State.DOWN:
+            Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=True).update(
+                lost_at=at
+            )
+        if was != state:
+            what = Text(
+                gettext_noop("host %(host)s stopped answering; not charged for its nodes from now")
+                if state == Host.State.DOWN
+                else gettext_noop(
+                    "host %(host)s could not start containers; work moves to another host"
+                ),
+                host=host.name,
+            )
+            for cluster in Cluster.objects.filter(
+                node_set__host=host, node_set__released_at__isnull=True
+            ).distinct():
+                cluster_event(cluster, "host-" + state, what, at=at)
+        host.refresh_from_db()
+    request_placement()  # degraded: move its clusters now; down: when it stays down
+    return host
+
+
+def host_outage_began(*, host_id: int, at=None) -> None:
+    """The console lost the engine (its events stream broke): an outage begins, unless one
+    is already open. Containers that end within it were ended by the engine."""
+    at = at or timezone.now()
+    Host.objects.filter(pk=host_id).filter(
+        models.Q(outage_from__isnull=True) | models.Q(outage_to__isnull=False)
+    ).update(outage_from=at, outage_to=None)
+
+
+def host_outage_ended(*, host_id: int, at=None) -> None:
+    """The engine answers again: the open outage, if any, ends now."""
+    Host.objects.filter(pk=host_id, outage_from__isnull=False, outage_to__isnull=True).update(
+        outage_to=at or timezone.now()
+    )
+
+
+# -- clusters ---------------------------------------------------------------------------------
+
+
+def rehome_pool_jobs(cluster: Cluster) -> int:
+    """A pool cluster going away: the pool's jobs waiting on it wait on another of the
+    pool's clusters instead (cancelled with it only when the pool has no other)."""
+    others = list(
+        Cluster.objects.filter(
+            pool_id=cluster.pool_id,
+            state__in=(Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING),
+            no_gpu=False,
+        )
+        .exclude(pk=cluster.pk)
+        .order_by("created_at", "id")
+    )
+    # A running one first (it, or the first of them to be free, takes them).
+    others.sort(key=lambda c: c.state != Cluster.State.RUNNING)
+    other = others[0] if others else None
+    if other is None:
+        return 0
+    moved = 0
+    for job in cluster.jobs.filter(state__in=Job.WAITING, pool_id=cluster.pool_id):
+        if Job.objects.filter(pk=job.pk, cluster_id=cluster.pk, state=job.state).update(
+            cluster_id=other.pk
+        ):
+            job_event(
+                job, "moved", Text(gettext_noop("waits on %(cluster)s instead"), cluster=other.name)
+            )
+            moved += 1
+    if moved:
+        request_dispatch(other.pk)
+    return moved
+
+
+def cancel_jobs_of(cluster: Cluster, reason: str | Text) -> None:
+    """Queued jobs end now; running ones are stopped (their containers get SIGTERM)."""
+    now = timezone.now()
+    for job in cluster.jobs.filter(state__in=Job.WAITING):
+        Job.objects.filter(pk=job.pk).update(
+            state=Job.State.CANCELLED, finished_at=now, **reason_fields(reason, 500)
+        )
+        job_event(job, "cancelled", reason, at=now)
+    for job in cluster.jobs.filter(state__in=Job.ACTIVE):
+        Job.objects.filter(pk=job.pk).update(cancel_requested=True, **reason_fields(reason, 500))
+        JobEvent.objects.create(
+            job=job, kind="cancelling", message=str(reason), text=json_of(reason), at=now
+        )
+        request_stop(job.pk)
+
+
+def free_nodes(nodes, now) -> int:
+    """The nodes end at `now` (their charge stops there) but keep holding their GPU slots:
+    a process of theirs may still run on those GPUs, with its memory, until the engine
+    confirms their containers are gone or stopped (`workspaces.free_gpus`, run by the
+    removal and stop tasks, a replica's end and the reconciler). Placement skips a slot
+    while it is held (`GpuSlot.node` set), so no other tenant gets it before then."""
+    return Node.objects.filter(pk__in=[n.pk for n in nodes]).update(released_at=now)
+
+
+BY_OWNER = Text(gettext_noop("released by its owner"))
+
+
+@transaction.atomic
+def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Cluster:
+    """Release the cluster: its charge stops at this second, its GPUs go back once its
+    containers are gone (`free_nodes`; the removal task queued here). Idempotent."""
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
+        return cluster
+    now = timezone.now()
+    was_pending = cluster.state == Cluster.State.PENDING and cluster.stopped_at is None
+    if not was_pending:
+        cluster_event(cluster, "releasing", reason, at=now)
+    if cluster.pool_id:
+        rehome_pool_jobs(cluster)
+    cancel_jobs_of(cluster, reason)
+    live = list(cluster.node_set.filter(released_at__isnull=True))
+    free_nodes(live, now)
+    # A stopped cluster's kept workspaces go with it (and their stopped time ends).
+    kept = cluster.node_set.filter(stopped_at__isnull=False, kept_until__isnull=True).update(
+        kept_until=now
+    )
+    cluster.state = Cluster.State.RELEASED
+    cluster.state_reason = str(reason)[:300]
+    cluster.state_reason_text = json_of(reason)
+    cluster.released_at = now
+    cluster.save(update_fields=["state", "state_reason", "state_reason_text", "released_at"])
+    cluster_event(
+        cluster,
+        "released",
+        reason if was_pending else Text(gettext_noop("capacity returned")),
+        at=now,
+    )
+    WorkspaceApp.objects.filter(cluster=cluster).delete()  # they die with the workspaces
+    if live or kept:
+        request_placement()
+        enqueue_by_name(
+            "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"
+        )
+    return cluster
+
+
+# -- spot preemption --------------------------------------------------------------------------
+
+# The state reasons of a preemption; the reason inside is said again further on (the job's
+# "preempted ...", the cluster's place in the queue).
+PREEMPTING = gettext_noop("preempting: %(reason)s")  # the cluster's
+NOTICE = gettext_noop("preemption notice: %(reason)s")  # its running job's
+PREEMPTED = gettext_noop("preempted (%(reason)s); waiting to be placed again")  # back in line
+
+
+@transaction.atomic
+def cluster_preempt(*, cluster: Cluster, reason: str | Text) -> bool:
+    """Send a running spot cluster its preemption notice: billing stops at this second,
+    the running job's replicas run its preemption script, then get SIGTERM and, after the
+    grace period, SIGKILL; the cluster then goes back to the queue on its own
+    (`cluster_requeue_preempted`). False when it is not a running spot cluster (any more)."""
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if not cluster.spot or cluster.state != Cluster.State.RUNNING:
+        return False
+    now = timezone.now()
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PREEMPTING,
+        **reason_fields(Text(PREEMPTING, reason=reason), 300),
+    )
+    Node.objects.filter(cluster=cluster, released_at__isnull=True).update(preempted_at=now)
+    cluster_event(
+        cluster,
+        "preempting",
+        Text(gettext_noop("%(reason)s; not charged from now until it runs again"), reason=reason),
+        at=now,
+    )
+    active = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+    if active is None:
+        transaction.on_commit(lambda: cluster_requeue_preempted(cluster_id=cluster.pk))
+        return True
+    if active.stop_requested_at is not None:
+        # Already stopping (a failed rank, a cancel): it ends as what it is, not preempted;
+        # the cluster goes back to the queue when it has.
+        return True
+    Job.objects.filter(pk=active.pk).update(
+        preempt_requested_at=now,
+        **reason_fields(Text(NOTICE, reason=reason), 500),
+    )
+    notice = Text(
+        gettext_noop(
+            "preemption notice: %(reason)s; running its preemption script (limit %(limit)s s), "
+            "then SIGTERM, SIGKILL after %(grace)s s"
+        )
+        if active.preemption_script.strip()
+        else gettext_noop(
+            "preemption notice: %(reason)s; no preemption script (limit %(limit)s s), "
+            "then SIGTERM, SIGKILL after %(grace)s s"
+        ),
+        reason=reason,
+        limit=settings.SUANLI_PREEMPT_SCRIPT_S,
+        grace=settings.SUANLI_PREEMPT_GRACE_S,
+    )
+    JobEvent.objects.create(
+        job=active, kind="notice", message=str(notice), text=json_of(notice), at=now
+    )
+    job_id = active.pk
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "docker", "jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}"
+        )
+    )
+    return True
+
+
+@transaction.atomic
+def cluster_requeue_preempted(*, cluster_id: int) -> bool:
+    """A preempting cluster whose job has left its nodes gives their GPUs back and waits in
+    the queue again, behind what is already waiting. Idempotent."""
+    cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+    if cluster is None or cluster.state != Cluster.State.PREEMPTING:
+        return False
+    if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
+        return False  # its replicas are still stopping
+    now = timezone.now()
+    live = list(cluster.node_set.filter(released_at__isnull=True))
+    free_nodes(live, now)
+    said = stored_reason(cluster)
+    reason = argument(said, PREEMPTING)
+    if reason is None:  # plain words (a row from before their twin)
+        reason = str(said).removeprefix("preempting: ")
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PENDING,
+        **reason_fields(Text(PREEMPTED, reason=reason), 300),
+        queued_at=now,
+        running_since=None,
+    )
+    cluster_event(
+        cluster,
+        "preempted",
+        Text(gettext_noop("capacity returned; back in the queue, placed again when it fits")),
+        at=now,
+    )
+    request_placement()
+    # Its GPUs go to others once its workspaces are gone (free_nodes).
+    enqueue_by_name("jobs.tasks.cluster_nodes_ended", cluster.pk, job_id=f"ended-{cluster.pk}")
+    return True
