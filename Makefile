@@ -2,14 +2,14 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml cli/pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: run test e2e lint format bench venv services-up services-down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml cli/pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e ./cli -e '.[dev]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)

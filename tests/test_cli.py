@@ -1,4 +1,4 @@
-"""The `suanli` command line (console/cli.py), run as a researcher runs it: a process of its
+"""The `suanli` command line (cli/suanli_cli/), run as a researcher runs it: a process of its
 own, with its own home folder, against the Procfile's web, worker and watch processes and
 the real engines."""
 
@@ -39,7 +39,7 @@ class Cli:
         self.config = home / "config" / "suanli" / "config.json"
 
     def command(self, *args) -> list[str]:
-        return [sys.executable, "-m", "console.cli", *map(str, args)]
+        return [sys.executable, "-m", "suanli_cli", *map(str, args)]
 
     def __call__(self, *args, input=None, ok=True) -> subprocess.CompletedProcess:
         done = subprocess.run(
@@ -179,12 +179,12 @@ def test_the_command_line_loads_no_django_and_is_installed():
     """It runs on a laptop with none of the console: the standard library, click and
     requests only; and the install puts `suanli` next to the interpreter."""
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, console.cli; print(sorted(sys.modules))"],
+        [sys.executable, "-c", "import sys, suanli_cli; print(sorted(sys.modules))"],
         cwd=ROOT, capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]},
     ).stdout.split("'")  # fmt: skip
     ours = {"django", "jobs", "billing", "monitoring"}
     assert not [m for m in loaded if m.split(".")[0] in ours], "imports Django or an app"
-    assert not [m for m in loaded if m.startswith("console.") and m != "console.cli"]
+    assert not [m for m in loaded if m.startswith("console.")]
     script = Path(sys.executable).parent / "suanli"
     assert script.exists(), "reinstall the project: `make venv`"
     done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
@@ -192,10 +192,10 @@ def test_the_command_line_loads_no_django_and_is_installed():
 
 
 def test_the_command_line_installs_alone_with_pip(console_url, alice, tmp_path):
-    """`pip install ./console/cli` into an environment with no Django and no console gives
+    """`pip install ./cli` into an environment with no Django and no console gives
     a `suanli` that works against the console."""
     source = tmp_path / "cli"
-    shutil.copytree(ROOT / "console" / "cli", source, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "cli", source, ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
     install = subprocess.run(

@@ -170,7 +170,7 @@ class Cli:
         }  # fmt: skip
 
     def command(self, *args) -> list[str]:
-        return [sys.executable, "-m", "console.cli", *map(str, args)]
+        return [sys.executable, "-m", "suanli_cli", *map(str, args)]
 
     def __call__(self, *args, ok=True, timeout=60) -> subprocess.CompletedProcess:
         done = subprocess.run(

@@ -347,7 +347,7 @@ def test_jobs_submit_takes_a_pool_by_name_or_id(processes, alice, bob, make_pool
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "console.cli", *map(str, args)], cwd=ROOT, env=env,
+            [sys.executable, "-m", "suanli_cli", *map(str, args)], cwd=ROOT, env=env,
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
 

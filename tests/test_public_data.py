@@ -296,7 +296,7 @@ def test_the_command_line_takes_pub_and_no_pub(
            "LANG": "C.UTF-8"}  # fmt: skip
 
     def cli(*args):
-        done = subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=ROOT, env=env,
+        done = subprocess.run([sys.executable, "-m", "suanli_cli", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert "Traceback" not in done.stderr, done.stderr
         return done

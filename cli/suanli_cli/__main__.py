@@ -1,0 +1,5 @@
+"""`python -m suanli_cli`."""
+
+from suanli_cli import main
+
+main()

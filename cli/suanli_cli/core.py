@@ -1,0 +1,251 @@
+"""The constants, the error type, the saved login, the API client and the output helpers every command uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import click
+import requests
+
+API = "/api/v1"
+TIMEOUT_S = 30
+POLL_S = float(os.environ.get("SUANLI_POLL_S", "1"))
+JOB_ENDED = ("succeeded", "failed", "cancelled")
+BUILD_ENDED = ("succeeded", "failed")
+CLI_OPTION = {  # the API's field names as this command's options, in error messages
+    "gpu_model": "--gpu",
+    "instance_type": "--cpu",
+    "gpus_per_node": "--gpus-per-node",
+    "release_policy": "--release-policy",
+    "idle_minutes": "--idle-minutes",
+    "volumes": "--volume",
+    "ssh_keys": "--ssh-key",
+    "checkpoint_dir": "--checkpoint-dir",
+    "preemption_script": "--preemption-script",
+    "max_preemptions": "--max-preemptions",
+    "max_runtime_min": "--max-runtime",
+    "build_args": "--build-arg",
+    "dockerfile": "DIR/Dockerfile",
+}
+
+
+class Failure(click.ClickException):
+    """An error said in words: printed as one message, exit status 1."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the API's HTTP status, if it answered
+
+    def show(self, file=None) -> None:
+        click.echo(f"suanli: {self.format_message()}", err=True)
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "suanli" / "config.json"
+
+
+def _read_config() -> dict:
+    path = config_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise Failure(f"cannot read {path} ({exc}); run suanli login again.") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _write_config(data: dict) -> Path:
+    """Written whole or not at all, readable by its owner only (it holds the token)."""
+    path = config_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config-", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def normalise_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if url.endswith(API):
+        url = url[: -len(API)]
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise Failure(f"{url or 'the URL'} is not a console URL: give http(s)://host[:port].")
+    return url
+
+
+# -- the API ----------------------------------------------------------------------------------
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url = normalise_url(url)
+        self.token = token
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.session.headers["User-Agent"] = "suanli-cli"
+
+    @classmethod
+    def from_config(cls) -> Api:
+        config = _read_config()
+        url = os.environ.get("SUANLI_URL") or config.get("url")
+        token = os.environ.get("SUANLI_TOKEN") or config.get("token")
+        if not url or not token:
+            raise Failure("not logged in: run suanli login (or set SUANLI_URL and SUANLI_TOKEN).")
+        return cls(url, token)
+
+    def get(self, path: str, what: str = "", **params) -> dict:
+        return self.call("GET", path, what, params=params or None)
+
+    def post(self, path: str, what: str = "", body: dict | None = None) -> dict:
+        return self.call("POST", path, what, json=body or {})
+
+    def delete(self, path: str, what: str = "") -> dict:
+        return self.call("DELETE", path, what)
+
+    def call(self, method: str, path: str, what: str, **kwargs) -> dict:
+        """The answer's JSON, or a Failure that says what went wrong in words."""
+        try:
+            response = self.session.request(
+                method, f"{self.url}{API}/{path}", timeout=TIMEOUT_S, **kwargs
+            )
+        except requests.exceptions.SSLError as exc:
+            raise Failure(f"TLS with {self.url} failed: {_reason(exc)}.") from None
+        except requests.exceptions.Timeout:
+            raise Failure(
+                f"the console at {self.url} did not answer within {TIMEOUT_S} s."
+            ) from None
+        except requests.exceptions.RequestException as exc:
+            raise Failure(
+                f"cannot reach the console at {self.url}: {_reason(exc)}. Check the URL "
+                "(suanli login) and that the console is running."
+            ) from None
+        if response.status_code >= 500:
+            raise Failure(
+                f"the console at {self.url} failed (HTTP {response.status_code}); try again "
+                "later, or tell its operator.",
+                response.status_code,
+            )
+        if response.status_code == 204:  # done, nothing to say (a delete)
+            return {}
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise Failure(
+                f"{self.url} answered HTTP {response.status_code} with "
+                f"{response.headers.get('Content-Type') or 'no content type'}, not the Suanli "
+                "API: is the URL the console's?"
+            )
+        if response.status_code < 400:
+            return body
+        raise Failure(
+            _error_words(response.status_code, body, what, response.headers),
+            response.status_code,
+        )
+
+
+def _reason(exc: Exception) -> str:
+    """The innermost cause in a few words: 'Connection refused', not urllib3's chain."""
+    text = str(exc)
+    errno = re.findall(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if errno:
+        return errno[-1].strip().rstrip(".")
+    for words in ("Connection refused", "Name or service not known", "certificate verify failed"):
+        if words in text:
+            return words
+    return type(exc).__name__
+
+
+def _error_words(status: int, body: dict, what: str, headers) -> str:
+    message = str(body.get("error") or "")
+    if status == 401:
+        return "the token was refused (unknown or revoked); run suanli login."
+    if status == 404:
+        return f"{what or 'that'} was not found (not yours, or no such thing)."
+    if status == 429:
+        wait = headers.get("Retry-After", "a minute")
+        return f"too many requests; the console asks to wait {wait} s. {message}".strip()
+    fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
+    lines = [message or f"refused (HTTP {status})."]
+    for name, errors in fields.items():
+        label = CLI_OPTION.get(name, f"--{name.replace('_', '-')}")
+        for error in errors if isinstance(errors, list) else [errors]:
+            lines.append(f"  {label}: {error}")
+    return "\n".join(lines)
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    if not rows:
+        click.echo("(none)")
+        return
+    cells = [[title for _, title in columns]]
+    cells += [
+        ["" if row.get(key) is None else str(row.get(key)) for key, _ in columns] for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
+
+
+def _fields(data: dict, keys: list[str]) -> None:
+    width = max(len(k) for k in keys)
+    for key in keys:
+        value = data.get(key)
+        if value is None or value == "":
+            continue
+        if isinstance(value, bool):
+            value = "yes" if value else "no"
+        text = str(value).replace("\n", "\n" + " " * (width + 2))
+        click.echo(f"{key.replace('_', ' ')}:".ljust(width + 2) + text)
+
+
+def _when(value: str | None) -> str:
+    return value.replace("T", " ")[:19] if value else ""
+
+
+def json_option(command):
+    """`--json` on a command; `suanli --json ...` works too."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts)."
+    )(command)
+
+
+def _wants_json(as_json: bool) -> bool:
+    ctx = click.get_current_context()
+    return as_json or bool((ctx.find_root().obj or {}).get("json"))
+
+
+def _all_pages(api: Api, path: str, key: str, **params) -> list[dict]:
+    rows, page = [], 1
+    while True:
+        body = api.get(path, **params, page=page)
+        rows += body.get(key, [])
+        if page >= int(body.get("pages") or 1):
+            return rows
+        page += 1

@@ -1,0 +1,105 @@
+"""The `suanli` group and its top-level commands (login, logout, balance)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from suanli_cli.core import (
+    Api,
+    _emit_json,
+    _read_config,
+    _table,
+    _wants_json,
+    _when,
+    _write_config,
+    config_path,
+    json_option,
+    normalise_url,
+)
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts).")
+@click.version_option(package_name="suanli-cli", prog_name="suanli")
+@click.pass_context
+def cli(ctx, as_json):
+    """Suanli's GPU clusters, jobs, images and balance from the command line.
+
+    Start with `suanli login`; SUANLI_URL and SUANLI_TOKEN override the saved login.
+    """
+    ctx.obj = {"json": as_json}
+
+
+@cli.command()
+@click.option("--url", help="The console's address, e.g. https://suanli.example.edu.")
+@click.option(
+    "--token",
+    help="An API token (the console's API page). If not given: read from a pipe, or "
+    "prompted without echo.",
+)
+@json_option
+def login(url, token, as_json):
+    """Check a console URL and API token, and save them for the other commands."""
+    saved = _read_config()
+    if not url:
+        url = click.prompt("Console URL", default=saved.get("url") or None)
+    url = normalise_url(url)
+    if not token and not sys.stdin.isatty():
+        token = sys.stdin.readline()  # piped: `pass show suanli | suanli login --url ...`
+    if not token:
+        token = click.prompt("API token", hide_input=True)
+    token = token.strip()
+    balance = Api(url, token).get("balance")  # refused or unreachable: nothing is saved
+    path = _write_config({"url": url, "token": token})
+    if _wants_json(as_json):
+        _emit_json({"url": url, "config": str(path), "balance": balance})
+        return
+    click.echo(
+        f"Logged in to {url}: balance {balance.get('balance')} {balance.get('currency', '')}."
+    )
+    click.echo(f"Saved to {path} (readable by you only).")
+
+
+@cli.command()
+def logout():
+    """Forget the saved URL and token."""
+    path = config_path()
+    path.unlink(missing_ok=True)
+    click.echo(f"Removed {path}.")
+
+
+@cli.command()
+@json_option
+def balance(as_json):
+    """Your balance, burn rate and recent ledger entries."""
+    data = Api.from_config().get("balance")
+    if _wants_json(as_json):
+        _emit_json(data)
+        return
+    currency = data.get("currency", "")
+    click.echo(f"Balance:    {data.get('balance')} {currency}")
+    click.echo(f"Burn rate:  {data.get('burn_per_hour')} {currency}/hour")
+    if data.get("hours_left") is not None:
+        click.echo(f"Hours left: {data['hours_left']}")
+    entries = [
+        {**e, "created_at": _when(e.get("created_at"))} for e in data.get("entries", [])[:10]
+    ]
+    if entries:
+        click.echo("")
+        _table(
+            entries,
+            [("created_at", "WHEN"), ("kind", "KIND"), ("amount", "AMOUNT"),
+             ("balance_after", "BALANCE"), ("cluster", "CLUSTER"), ("memo", "MEMO")],
+        )  # fmt: skip
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="suanli")
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        sys.exit(130)
