@@ -32,7 +32,7 @@ from jobs.models import GpuModel, Image, Job  # noqa: E402
 from jobs.nodes import network
 from jobs.placement import scheduler
 from jobs.placement.catalog import seed_catalog  # noqa: E402
-from jobs.runs import runner
+from jobs.runs import dispatch, exits, stopping
 
 RUNS = int(os.environ.get("BENCH_RUNS", 15))
 ENGINES = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u]
@@ -106,14 +106,14 @@ def job_start(owner, model, image, nodes: int) -> list[float]:
         job = services.job_submit(
             cluster=cluster, spec=services.JobSpec(name=f"b{i}", command="exec sleep 30")
         )
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
         job.refresh_from_db()
         times.append(time.perf_counter() - t0)
         assert job.state == Job.State.RUNNING, job.state_reason
         services.job_cancel(job=job, by="bench")
-        runner.kill(job.pk)
+        stopping.kill(job.pk)
         for replica in job.replicas.all():
-            runner.replica_exited(replica.pk)
+            exits.replica_exited(replica.pk)
         job.refresh_from_db()
     services.cluster_release(cluster=cluster)
     network.remove(cluster.pk)

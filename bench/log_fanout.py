@@ -39,7 +39,7 @@ from jobs.models import GpuModel, Image, Job  # noqa: E402
 from jobs.nodes import network
 from jobs.placement import scheduler
 from jobs.placement.catalog import seed_catalog  # noqa: E402
-from jobs.runs import livelogs, runner
+from jobs.runs import dispatch, exits, livelogs, stopping
 
 VIEWERS = int(os.environ.get("BENCH_VIEWERS", 100))
 WINDOW_S = float(os.environ.get("BENCH_WINDOW_S", 10))
@@ -90,7 +90,7 @@ def setup():
 
 def start_job(cluster, name):
     job = services.job_submit(cluster=cluster, spec=services.JobSpec(name=name, command=PRINT))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING, job.state_reason
     return job
@@ -98,9 +98,9 @@ def start_job(cluster, name):
 
 def end_job(job):
     services.job_cancel(job=job, by="bench")
-    runner.kill(job.pk)
+    stopping.kill(job.pk)
     for replica in job.replicas.all():
-        runner.replica_exited(replica.pk)
+        exits.replica_exited(replica.pk)
 
 
 async def watch(consumer, owner, job_id, since: float, until: float, out: dict):

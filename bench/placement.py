@@ -26,7 +26,7 @@ from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from jobs.models import Cluster, GpuModel, GpuSlot, Host, Image, Node  # noqa: E402
-from jobs.placement import scheduler  # noqa: E402
+from jobs.placement import capacity, scheduler  # noqa: E402
 from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", 10_000))
@@ -70,7 +70,7 @@ def make_fleet(n: int, model: GpuModel) -> None:
 def timed_scheduler():
     """Time each placement: its own planning, plus its share of the batch that wrote it."""
     per_placement: list[float] = []
-    plan, commit = scheduler.Fleet.plan, scheduler._commit_batch
+    plan, commit = capacity.Fleet.plan, scheduler._commit_batch
     planned: dict[int, float] = {}
 
     def timed_plan(self, cluster):
@@ -87,7 +87,7 @@ def timed_scheduler():
         share = (time.perf_counter() - t0) / max(1, len(report.placed) - before)
         per_placement.extend(planned.pop(pk, 0.0) + share for pk in report.placed[before:])
 
-    scheduler.Fleet.plan, scheduler._commit_batch = timed_plan, timed_commit
+    capacity.Fleet.plan, scheduler._commit_batch = timed_plan, timed_commit
     return per_placement
 
 

@@ -27,7 +27,7 @@ from django.utils import timezone  # noqa: E402
 
 from bench.placement import make_fleet, reset  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Image, Node  # noqa: E402
-from jobs.placement import scheduler  # noqa: E402
+from jobs.placement import capacity, scheduler  # noqa: E402
 from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 HOSTS = int(os.environ.get("BENCH_RECLAIM_HOSTS", 1000))
@@ -57,7 +57,7 @@ def fill_with_spot(owner, model, image) -> None:
     Cluster.objects.bulk_update(spots, ["running_since"], batch_size=2000)
 
 
-def one_pass(owner, model, image, *, nodes, gpus) -> tuple[float, scheduler.PassReport]:
+def one_pass(owner, model, image, *, nodes, gpus) -> tuple[float, capacity.PassReport]:
     Cluster.objects.bulk_create(
         [_cluster(owner, model, image, "on-demand", nodes=nodes, gpus=gpus, spot=False,
                   at=timezone.now())]

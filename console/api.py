@@ -89,7 +89,7 @@ from jobs.images import builds
 from jobs.models import Image, Job, OwnImage, Pool, Replica, Sweep, Trial
 from jobs.placement import fleet
 from jobs.pools import autoscaler, sweeps
-from jobs.runs import runner
+from jobs.runs import exits
 from monitoring import profiles
 
 BY_API = Text(gettext_noop("its owner (API)"))
@@ -574,7 +574,7 @@ def _log_after(job, attempt: int, positions: dict) -> tuple[list[dict], dict]:
         elif replica.state == Replica.State.RUNNING:
             # Docker's `since` is inclusive and in float seconds: ask a second early, and
             # skip what was sent here.
-            raw = runner.live_log_since(replica, at / 1e9 - 1 if at else None)
+            raw = exits.live_log_since(replica, at / 1e9 - 1 if at else None)
         else:
             raw = []
         newest, count, seen_at = at, sent_at, 0

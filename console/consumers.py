@@ -24,7 +24,7 @@ from jobs.base.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.images import builds
 from jobs.models import ImageBuild, Job, Replica
 from jobs.placement import fleet
-from jobs.runs import livelogs, runner
+from jobs.runs import exits, livelogs
 from monitoring.monitor import group_for
 
 log = logging.getLogger("suanli.web")
@@ -75,7 +75,7 @@ class JobLogPollingConsumer(AsyncJsonWebsocketConsumer):
             if replica.state in (Replica.State.EXITED, Replica.State.LOST):
                 raw = replica.log.splitlines()
             elif replica.state == Replica.State.RUNNING:
-                raw = runner.live_log_since(replica, since)
+                raw = exits.live_log_since(replica, since)
             else:
                 raw = []
             newest, boundary = since, set(seen)

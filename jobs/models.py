@@ -891,7 +891,7 @@ class Job(models.Model):
     running_since = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Submitted to a pool: it runs on whichever of the pool's clusters is free first
-    # (runner.dispatch moves it there while it waits).
+    # (jobs.runs.dispatch moves it there while it waits).
     pool = models.ForeignKey(
         "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
     )

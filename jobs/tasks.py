@@ -1,6 +1,6 @@
 """Thin RQ entry points: take ids, call a part below.
 
-Layer: tasks, the top of jobs/ (beside admin and management). Uses services, runner,
+Layer: tasks, the top of jobs/ (beside admin and management). Uses services, runs,
 scheduler, webhooks, network, models and queue. The parts below queue these by their dotted
 name ("jobs.tasks.cluster_dispatch") through `jobs.base.queue`, never by importing this module.
 """
@@ -15,7 +15,7 @@ from jobs.models import Cluster, Host, Job
 from jobs.nodes import network, workspaces
 from jobs.placement import scheduler
 from jobs.pools import autoscaler, sweeps
-from jobs.runs import runner
+from jobs.runs import dispatch, exits, preemption, repair, settle, stopping
 
 
 def host_check(host_id: int) -> str:
@@ -46,7 +46,7 @@ def clusters_release_idle() -> int:
 
 
 def cluster_dispatch(cluster_id: int) -> int | None:
-    return runner.dispatch(cluster_id)
+    return dispatch.dispatch(cluster_id)
 
 
 def cluster_network_ensure(cluster_id: int) -> str | None:
@@ -59,7 +59,7 @@ def cluster_network_ensure(cluster_id: int) -> str | None:
     except network.NetworkError as exc:
         return f"not made: {exc}"  # the job start tries again and says why it fails
     failed = workspaces.ensure(cluster_id)
-    runner.free_gpus(cluster_id=cluster_id)  # of nodes a resize or a move left behind
+    exits.free_gpus(cluster_id=cluster_id)  # of nodes a resize or a move left behind
     return name + "".join(f"; workspace {i}: {why}" for i, why in failed.items())
 
 
@@ -68,7 +68,7 @@ def cluster_network_remove(cluster_id: int, tries: int = 0) -> bool:
     confirm its containers are gone, then its networks; try again a little later while
     they are stopping (the reconciler sweeps what is left and frees what it can)."""
     gone = workspaces.remove(cluster_id)
-    runner.free_gpus(cluster_id=cluster_id)
+    exits.free_gpus(cluster_id=cluster_id)
     held = workspaces.gpus_held(cluster_id)
     if network.remove(cluster_id) and gone and not held:
         return True
@@ -82,7 +82,7 @@ def cluster_nodes_ended(cluster_id: int, tries: int = 0) -> bool:
     once the engines confirm; tried again a little later while they stop (the
     reconciler's sweep is the safety net)."""
     workspaces.remove_ended(cluster_id)
-    runner.free_gpus(cluster_id=cluster_id)
+    exits.free_gpus(cluster_id=cluster_id)
     if not workspaces.gpus_held(cluster_id):
         return True
     if tries < 5:
@@ -96,7 +96,7 @@ def cluster_workspaces_stop(cluster_id: int, tries: int = 0) -> bool:
     engine does not answer or a job's replicas are still stopping (the reconciler's sweep
     also stops them, and frees what it can)."""
     stopped = workspaces.stop(cluster_id)
-    runner.free_gpus(cluster_id=cluster_id)
+    exits.free_gpus(cluster_id=cluster_id)
     if stopped:  # the GPUs first: nothing waits on the save
         enqueue_unique(
             "builds",  # the builder's: a long push holds up no start, stop or accrual
@@ -137,28 +137,28 @@ def clusters_release_stopped() -> dict:
 
 
 def job_start(job_id: int) -> None:
-    runner.start_replicas(job_id)
+    dispatch.start_replicas(job_id)
 
 
 def job_stop(job_id: int) -> None:
-    runner.stop(job_id)
-    runner.settle(job_id)
+    stopping.stop(job_id)
+    settle.settle(job_id)
 
 
 def job_preempt(job_id: int) -> None:
-    runner.preempt(job_id)
+    preemption.preempt(job_id)
 
 
 def job_kill(job_id: int, attempt: int | None = None) -> None:
-    runner.kill(job_id, attempt)
+    stopping.kill(job_id, attempt)
 
 
 def replica_exited(replica_id: int, exit_code: int | None = None) -> None:
-    runner.replica_exited(replica_id, exit_code=exit_code)
+    exits.replica_exited(replica_id, exit_code=exit_code)
 
 
 def reconcile() -> dict:
-    return runner.reconcile()
+    return repair.reconcile()
 
 
 def dispatch_all() -> int:

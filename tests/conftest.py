@@ -301,7 +301,7 @@ def settle_until():
     """Drive the reconciler (the watch process's safety net) until the job ends."""
     import time
 
-    from jobs.runs import runner
+    from jobs.runs import repair
 
     def wait(job, states=("succeeded", "failed", "cancelled"), timeout=30):
         deadline = time.monotonic() + timeout
@@ -309,7 +309,7 @@ def settle_until():
             job.refresh_from_db()
             if job.state in states:
                 return job
-            runner.reconcile()
+            repair.reconcile()
             time.sleep(0.3)
         job.refresh_from_db()
         raise AssertionError(f"job {job.name} is {job.state} ({job.state_reason}) after {timeout}s")

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 from console import api_urls
 from console.models import ApiToken, digest_of
 from jobs.models import Cluster, Job
-from jobs.runs import runner
+from jobs.runs import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
@@ -83,7 +83,7 @@ def test_a_script_creates_a_cluster_runs_a_job_and_reads_its_log(
         },
     )
     assert status == 201, job
-    runner.dispatch(cluster["id"])
+    dispatch.dispatch(cluster["id"])
     settle_until(Job.objects.get(pk=job["id"]))
     for _ in range(20):  # poll as a script would
         status, job = api("GET", f"jobs/{job['id']}")
@@ -125,7 +125,7 @@ def test_a_script_follows_a_running_jobs_log_with_its_cursor(
     )
     status, log = api("GET", f"jobs/{job['id']}/log")
     assert status == 200 and log["lines"] == [] and not log["complete"]
-    runner.dispatch(cluster["id"])
+    dispatch.dispatch(cluster["id"])
     for _ in range(60):
         status, log = api("GET", f"jobs/{job['id']}/log?since={log['cursor']}")
         if log["lines"]:

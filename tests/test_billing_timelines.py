@@ -20,7 +20,7 @@ from billing.models import Account, BillLine, LedgerEntry, RateCard, UsageDay
 from jobs.clusters import services as cluster_services
 from jobs.models import Host
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import exits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,7 +195,7 @@ def test_random_timelines_bill_every_second_once_and_exactly(
             elif what == "release":
                 cluster_services.cluster_release(cluster=cluster)
                 # Its GPUs back for the next example once the engine confirms (none made).
-                runner.free_gpus(cluster_id=cluster.pk)
+                exits.free_gpus(cluster_id=cluster.pk)
         _check_periods(cluster, complete=False)
     for late in (t["life"] + 1, t["life"] + 1, t["life"] + 5):  # settle, replayed
         billing.accrue(now=base + timedelta(seconds=late))

@@ -12,7 +12,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.files.storage import VolumeSpec
 from jobs.models import Image, Job
-from jobs.runs import runner
+from jobs.runs import dispatch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -60,7 +60,7 @@ def test_two_node_ddp_with_the_plain_launcher(torch_cluster, settle_until):
         cluster=cluster,
         spec=JobSpec(name="ddp", command="python3 /workspace/ddp.py"),
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=120)
     assert job.state == Job.State.SUCCEEDED, (
         job.state_reason,
@@ -82,7 +82,7 @@ def test_two_node_ddp_under_torchrun_with_two_processes_per_node(torch_cluster, 
             launcher=Job.Launcher.TORCHRUN,
         ),
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=180)
     assert job.state == Job.State.SUCCEEDED, (
         job.state_reason,

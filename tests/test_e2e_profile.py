@@ -17,7 +17,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.files.storage import VolumeSpec
 from jobs.models import Image, Job
-from jobs.runs import runner
+from jobs.runs import dispatch
 from monitoring.models import TraceSummary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -82,7 +82,7 @@ def test_a_profiled_ddp_job_names_its_slowest_rank_and_why(
         cluster=cluster,
         spec=JobSpec(name="profiled", command="python3 /code/train.py"),
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=180)
     assert job.state == Job.State.SUCCEEDED, (
         job.state_reason,

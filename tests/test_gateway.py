@@ -34,7 +34,7 @@ from jobs.clusters.services import JobSpec
 from jobs.files.storage import VolumeSpec
 from jobs.models import ClusterEvent
 from jobs.nodes import runtime, workspaces
-from jobs.runs import runner
+from jobs.runs import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -264,7 +264,7 @@ def test_scp_copies_into_a_volume_and_back_unchanged_and_a_job_sees_it(
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="reads", command="sha256sum /workspace/weights.bin")
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job)
     assert job.state == "succeeded", job.state_reason
     assert digest in job.replicas.get().log

@@ -26,7 +26,7 @@ from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, GpuSlot, Node
 from jobs.nodes import workspaces
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import dispatch, exits, repair, stopping
 from tests.waiting import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,7 +99,7 @@ def test_a_released_clusters_gpus_go_to_the_next_tenant_only_once_its_containers
     other = _bob_waits_for_them(make_cluster, bob, host)
 
     # The engine is asked, and says the workspace still runs: nothing is given back.
-    assert runner.free_gpus() == 0
+    assert exits.free_gpus() == 0
     assert [c.status for c in _containers(host, cluster)] == ["running"]
     client.force_login(operator)
     page = client.get(reverse("ops_hosts")).content.decode()
@@ -175,7 +175,7 @@ def test_a_released_jobs_replica_holds_its_gpus_until_it_has_ended(host, make_cl
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="train", command="trap '' TERM; sleep 600")
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == "running", job.state_reason
     (replica,) = _containers(host, cluster)
@@ -183,17 +183,17 @@ def test_a_released_jobs_replica_holds_its_gpus_until_it_has_ended(host, make_cl
 
     services.cluster_release(cluster=cluster)
     other = _bob_waits_for_them(make_cluster, bob, host)
-    runner.stop(job.pk)  # SIGTERM, which it ignores: it runs until the SIGKILL
-    runner.reconcile()
+    stopping.stop(job.pk)  # SIGTERM, which it ignores: it runs until the SIGKILL
+    repair.reconcile()
     assert GpuSlot.objects.filter(node__cluster=cluster).count() == 2, "its replica still runs"
     scheduler.place_pending()
     other.refresh_from_db()
     assert other.state == "pending"
 
-    runner.kill(job.pk)
+    stopping.kill(job.pk)
     until(
         lambda: (
-            (runner.reconcile() or True)
+            (repair.reconcile() or True)
             and not GpuSlot.objects.filter(node__cluster=cluster).exists()
         ),
         what="alice's GPUs given back once her replica ended",

@@ -21,8 +21,8 @@ from jobs.hosts import proofs
 from jobs.hosts import services as host_services
 from jobs.models import ClusterEvent, Host, Job, JobEvent, Node, Replica
 from jobs.nodes import engine, network, runtime
-from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.placement import capacity, scheduler
+from jobs.runs import dispatch, repair, stopping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +88,7 @@ def funded(alice):
 
 def _reconciled_until(job, states, timeout=40):
     def settled():
-        runner.reconcile()
+        repair.reconcile()
         job.refresh_from_db()
         return job.state in states
 
@@ -114,7 +114,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="long", command="exec sleep 300", retries=1)
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING, job.state_reason
     billing.accrue()
@@ -138,7 +138,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     scheduler.place_pending()
     cluster.refresh_from_db()
     assert f"node {rank} on {victim.name} (down): to be moved" in cluster.state_reason
-    assert runner.dispatch(cluster.pk) is None
+    assert dispatch.dispatch(cluster.pk) is None
 
     # Room appears (a new host on engine a): the node moves there, the job runs again.
     spare = make_host("gpu-a-02", engine=0, zone="zone-a", gpus=2)
@@ -150,7 +150,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     live = {n.index: n for n in cluster.node_set.filter(released_at__isnull=True)}
     assert live[rank].host_id == spare.pk and live[kept.index].pk == kept.pk
     moved_at = live[rank].placed_at
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING and job.attempt == 2, job.state_reason
     assert {r.host_id for r in job.replicas.filter(attempt=2)} == {survivor.pk, spare.pk}
@@ -170,12 +170,12 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     # The engine comes back: the container its restart killed is removed, nothing doubled.
     _bring_back(victim)
     assert host_services.host_check(host_id=victim.pk).state == Host.State.ACTIVE
-    runner.reconcile()
+    repair.reconcile()
     assert _labelled(victim, job) == []
     running = [c.name for c in _labelled(survivor, job)]
     assert sorted(running) == sorted(r.container_name for r in job.replicas.filter(attempt=2))
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)  # what the queued stop task does (no worker here)
+    stopping.stop(job.pk)  # what the queued stop task does (no worker here)
     _reconciled_until(job, [Job.State.CANCELLED])
 
 
@@ -188,7 +188,7 @@ def test_an_engine_restart_is_not_the_jobs_failure(running_cluster, processes, e
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="restarted", command="exec sleep 300", retries=0)
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING, job.state_reason
     _until(
@@ -215,11 +215,11 @@ def test_an_engine_restart_is_not_the_jobs_failure(running_cluster, processes, e
     lost = JobEvent.objects.get(job=job, kind="host-lost").message
     assert f"stopped by its host {host.name}" in lost and "not the job's failure" in lost
     # With no retries at all it runs again: the attempt was the host's, not the job's.
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING and job.attempt == 2, job.state_reason
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)  # what the queued stop task does (no worker here)
+    stopping.stop(job.pk)  # what the queued stop task does (no worker here)
     _reconciled_until(job, [Job.State.CANCELLED])
 
 
@@ -243,7 +243,7 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
         job = services.job_submit(
             cluster=cluster, spec=JobSpec(name="moves", command="echo ran", retries=0)
         )
-        runner.dispatch(cluster.pk)  # the start fails for a reason of the engine
+        dispatch.dispatch(cluster.pk)  # the start fails for a reason of the engine
         bad.refresh_from_db()
         assert bad.state == Host.State.DEGRADED
         assert "could not find bridge" in bad.last_error
@@ -255,13 +255,13 @@ def test_an_engine_that_lost_its_bridges_is_degraded_and_the_job_moves(
         bad = host_services.host_check(host_id=bad.pk)
         assert bad.state == Host.State.DEGRADED
         assert f"could not find bridge {proofs.CANARY_BRIDGE}" in bad.last_error
-        assert bad.pk not in scheduler.Fleet.load().hosts, "placement avoids it"
+        assert bad.pk not in capacity.Fleet.load().hosts, "placement avoids it"
 
         # Placement moves the node at once; the job runs on the other host.
         assert scheduler.place_pending().moved == 1
         node = cluster.node_set.get(released_at__isnull=True)
         assert node.host_id != bad.pk
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
         job = _reconciled_until(job, Job.ENDED)
         assert job.state == Job.State.SUCCEEDED and job.attempt == 2, job.state_reason
         assert job.replicas.get(attempt=2).host_id == node.host_id
@@ -295,18 +295,18 @@ def test_the_reconciler_adopts_a_started_container_of_a_dead_worker(running_clus
         cluster=cluster, spec=JobSpec(name="orphan", command="sleep 2; echo adopted; exit 3")
     )
     # The worker started the container and died before it could record it.
-    with mock.patch.object(runner, "start_replicas"):
-        runner.dispatch(cluster.pk)
+    with mock.patch.object(dispatch, "start_replicas"):
+        dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     replica = job.replicas.select_related("node", "host").get()
     spec = runtime.container_spec(
         job=job, node=replica.node, nodes=1, attempt=job.attempt, nvidia=False,
         network_name=network.ensure(cluster.pk),
     )  # fmt: skip
-    container = runner._launch(job, [replica], replica, spec)
+    container = dispatch._launch(job, [replica], replica, spec)
     assert not isinstance(container, Exception), container
 
-    report = runner.reconcile()  # at once: not after the 60 s a start may take
+    report = repair.reconcile()  # at once: not after the 60 s a start may take
     assert report["adopted"] == 1
     replica.refresh_from_db()
     job.refresh_from_db()

@@ -46,7 +46,7 @@ from jobs.hosts import joins, pki, proofs
 from jobs.hosts import services as host_services
 from jobs.models import GpuSlot, Host, HostJoin
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import dispatch
 from tests import third_host as third
 from tests.third_host import GATEWAY, RUN, THIRD, in_third, run_on_third
 
@@ -785,7 +785,7 @@ def test_a_fresh_host_joins_with_the_command_takes_a_cluster_and_leaves(
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="note", command="echo from-join-c > /workspace/note-c")
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=60)
     assert job.state == "succeeded", job.state_reason
     (note,) = storage_root.rglob("note-c")

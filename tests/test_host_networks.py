@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from jobs.hosts import services as host_services
-from jobs.placement import scheduler
+from jobs.placement import capacity
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +52,7 @@ def test_a_network_over_the_hosts_addresses_is_a_problem_of_the_host(
     net = overlapping(f"{b.address.rpartition('.')[0]}.0/24")
     a = host_services.host_check(host_id=a.pk)
     assert a.state == "degraded"  # the engine would route those addresses into the bridge
-    assert a.pk not in scheduler.Fleet.load().hosts, "out of placement"
+    assert a.pk not in capacity.Fleet.load().hosts, "out of placement"
     assert f"network {net.name} ({b.address.rpartition('.')[0]}.0/24) overlaps" in a.last_error
     assert f"its own address {a.address}" in a.last_error, a.last_error
     assert f"host gpu-b-01's address {b.address}" in a.last_error, a.last_error

@@ -23,7 +23,7 @@ from jobs.base.text import Text
 from jobs.hosts import proofs
 from jobs.hosts import services as host_services
 from jobs.models import Host
-from jobs.placement import scheduler
+from jobs.placement import capacity
 
 REPO = Path(__file__).resolve().parent.parent
 FIREWALL = REPO / "jobs" / "hosts" / "scripts" / "host-firewall.sh"
@@ -193,7 +193,7 @@ def test_a_host_whose_firewall_is_removed_is_degraded_with_what_a_container_reac
             f"{a.address}:2377 (host gpu-a-01: the swarm's control port)",
         ):
             assert f"a container reached {reached}" in b.last_error, b.last_error
-        assert b.pk not in scheduler.Fleet.load().hosts, "out of placement"
+        assert b.pk not in capacity.Fleet.load().hosts, "out of placement"
         # The operators read it where they look, in their language (kept as words).
         assert b.last_error_shown == b.last_error and b.last_error_text
         staff = Client()
@@ -226,7 +226,7 @@ def test_a_host_whose_filesystem_is_unmounted_is_degraded_and_a_file_in_its_plac
             "the researchers' filesystem on this host is not the console's (marker not found)"
             in b.last_error
         ), b.last_error
-        assert b.pk not in scheduler.Fleet.load().hosts, "out of placement"
+        assert b.pk not in capacity.Fleet.load().hosts, "out of placement"
 
         # A host that fakes the path on its own disk, with the marker it last saw, is not
         # the console's filesystem either: each check writes a new marker.
@@ -305,7 +305,7 @@ def test_a_host_outside_the_fleets_swarm_is_degraded(make_host, catalog):
     assert a.state == Host.State.DEGRADED
     assert "the engine is in another Docker swarm" in a.last_error, a.last_error
     assert "than the fleet's (another-swarm)" in a.last_error, a.last_error
-    assert a.pk not in scheduler.Fleet.load().hosts, "out of placement"
+    assert a.pk not in capacity.Fleet.load().hosts, "out of placement"
 
     elsewhere.delete()
     a = host_services.host_check(host_id=a.pk)

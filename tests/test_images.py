@@ -24,7 +24,7 @@ from jobs.images import builds
 from jobs.models import Cluster, ImageBuild, Node, OwnImage
 from jobs.nodes import registry, workspaces
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import dispatch
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,7 +91,7 @@ async def _receive(layer, channel):
 
 def _run_job(cluster, command, settle_until):
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="j", command=command))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=60)
     return job, "".join(r.log for r in job.replicas.all())
 

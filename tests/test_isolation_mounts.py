@@ -21,7 +21,7 @@ from jobs.clusters.services import JobSpec
 from jobs.files.storage import VolumeSpec
 from jobs.models import Job, Replica, Volume
 from jobs.nodes import runtime
-from jobs.runs import runner
+from jobs.runs import dispatch, stopping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,7 +102,7 @@ def test_fifty_starts_beside_a_folder_swapping_loop_never_see_past_her_folder(
         "done 2>/dev/null"
     )
     race = services.job_submit(cluster=attacker, spec=JobSpec(name="swap", command=loop))
-    runner.dispatch(attacker.pk)
+    dispatch.dispatch(attacker.pk)
     race.refresh_from_db()
     assert race.state == Job.State.RUNNING, race.state_reason
     time.sleep(0.5)
@@ -118,13 +118,13 @@ def test_fifty_starts_beside_a_folder_swapping_loop_never_see_past_her_folder(
                     cluster=cluster, spec=JobSpec(name=f"look-{len(looks)}", command=_look(probes))
                 )
             )
-            runner.dispatch(cluster.pk)
+            dispatch.dispatch(cluster.pk)
             looks.append(batch[-1])
         if len(refusals) < 5:
             refusals.append(
                 services.job_submit(cluster=legacy, spec=JobSpec(name="old", command="ls /data"))
             )
-            runner.dispatch(legacy.pk)
+            dispatch.dispatch(legacy.pk)
         for job in batch:
             settle_until(job, timeout=20)
     elapsed = time.monotonic() - started
@@ -148,7 +148,7 @@ def test_fifty_starts_beside_a_folder_swapping_loop_never_see_past_her_folder(
     race.refresh_from_db()
     assert race.state == Job.State.RUNNING, "the loop ran through every start"
     services.job_cancel(job=race, by="alice")
-    runner.kill(race.pk)
+    stopping.kill(race.pk)
     race = settle_until(race)
     assert "MOVED-HER-MOUNT" not in race.replicas.get().log
     # She did race: the starts caught her folder both ways.

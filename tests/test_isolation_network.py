@@ -24,7 +24,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Job
 from jobs.nodes import network
-from jobs.runs import runner
+from jobs.runs import dispatch, stopping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,7 +149,7 @@ def _targets(services_, cluster) -> list[tuple[str, int]]:
 
 def _run(cluster, command, settle_until, *, timeout=90):
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="probe", command=command))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=timeout)
     return job, {r.rank: r.log for r in job.replicas.all()}
 
@@ -204,7 +204,7 @@ def _listen(cluster, secret):
         cluster=cluster,
         spec=JobSpec(name="listen", command=f"while true; do echo {secret} | nc -l -p 7000; done"),
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     replica = job.replicas.select_related("host").get()
     client = docker.DockerClient(base_url=replica.host.engine_url, timeout=10)
@@ -248,7 +248,7 @@ def test_no_cluster_reaches_another_clusters_container(running_cluster, settle_u
         assert job.state == Job.State.SUCCEEDED, job.state_reason
         assert "PROBE" in logs[0] and "ALICE-SECRET" not in logs[0], logs[0]
     services.job_cancel(job=listener, by="alice")
-    runner.stop(listener.pk)
+    stopping.stop(listener.pk)
     settle_until(listener)
 
 

@@ -15,7 +15,7 @@ from console.consumers import JobLogConsumer
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Replica
-from jobs.runs import runner
+from jobs.runs import dispatch
 from jobs.runs.livelogs import Follower
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +70,7 @@ def test_a_late_viewer_sees_every_line_once_in_order(
     processes.start("logs")
     cluster = running_cluster(1)
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="late", command=COUNT_40))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     _printed(engine_urls, job, 12)  # joins while the job is still printing
 
     async def late():
@@ -110,7 +110,7 @@ def test_two_viewers_cost_one_stream_per_replica(running_cluster, alice, settle_
                 command='for i in $(seq 1 30); do echo "r$RANK $i"; sleep 0.2; done',
             ),
         )
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
 
         async def two():
             first = await _viewer(alice, job.pk)
@@ -154,7 +154,7 @@ def test_a_line_without_end_is_cut_and_another_researcher_sees_nothing(
                 command="sleep 1; head -c 300000 /dev/zero | tr '\\0' x; echo; echo after",
             ),
         )
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
 
         async def watch():
             communicator = await _viewer(alice, job.pk)

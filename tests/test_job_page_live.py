@@ -19,7 +19,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Host, Replica
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import dispatch
 from monitoring.models import Sample
 from monitoring.monitor import Monitor
 
@@ -36,7 +36,7 @@ POINTS = (
 
 def _submit(cluster, command, name):
     job = services.job_submit(cluster=cluster, spec=JobSpec(name=name, command=command))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == "running", job.state_reason
     return job
@@ -157,7 +157,7 @@ def test_pages_opened_while_waiting_start_their_charts_when_the_job_runs(
         scheduler.place_pending()
         cluster.refresh_from_db()
         assert cluster.state == "running", cluster.state_reason
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
 
         expect(page.get_by_test_id("job-state")).to_have_text("running", timeout=15_000)
         expect(page.locator("#job-attempt")).to_have_text("attempt 1", timeout=5_000)

@@ -14,7 +14,7 @@ from console.consumers import JobLogConsumer
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Job
-from jobs.runs import runner
+from jobs.runs import dispatch, repair
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,7 +36,7 @@ def test_the_watch_process_finalises_a_replica_the_moment_it_dies(running_cluste
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="w", command="echo watched; exit 5")
     )
-    runner.dispatch(cluster.pk)  # no worker here: the watch alone must see the end
+    dispatch.dispatch(cluster.pk)  # no worker here: the watch alone must see the end
     job = _wait(job, Job.ENDED, timeout=20)
     assert job.state == Job.State.FAILED and job.exit_code == 5
     assert "watched" in job.replicas.get().log
@@ -55,7 +55,7 @@ def test_kill_9_of_the_worker_mid_job_loses_nothing(running_cluster, processes, 
     job = _wait(job, Job.ENDED, timeout=60)
     assert job.state == Job.State.SUCCEEDED and "survived" in job.replicas.get().log
     assert job.replicas.count() == 1, "never two containers for one replica"
-    runner.reconcile()
+    repair.reconcile()
     for url in engine_urls:
         client = docker.DockerClient(base_url=url, timeout=10)
         assert client.containers.list(all=True, filters={"label": f"suanli.job={job.pk}"}) == []
@@ -80,7 +80,7 @@ def test_log_websocket_streams_to_the_owner_and_refuses_others(
         cluster=cluster,
         spec=JobSpec(name="ws", command="for i in 1 2 3; do echo line $i; sleep 0.5; done"),
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
 
     async def owner():
         communicator, connected, _ = await _communicate(alice, job.pk)

@@ -16,14 +16,14 @@ from jobs.clusters.services import JobSpec
 from jobs.files.storage import VolumeSpec
 from jobs.models import Cluster, Job, Replica
 from jobs.nodes import network, runtime
-from jobs.runs import runner
+from jobs.runs import dispatch, exits, repair, stopping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _submit(cluster, command, name="j", **extra):
     job = services.job_submit(cluster=cluster, spec=JobSpec(name=name, command=command, **extra))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     return job
 
@@ -78,7 +78,7 @@ def test_an_idle_policy_never_releases_a_cluster_with_a_running_job(running_clus
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING and not job.cancel_requested
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)
+    stopping.stop(job.pk)
     settle_until(job)
     assert services.clusters_release_idle(now=later) == [cluster.pk]
     cluster.refresh_from_db()
@@ -95,12 +95,12 @@ def test_a_job_whose_settle_was_lost_is_settled_by_the_reconciler(running_cluste
             break
         time.sleep(0.1)
     # The process dies right after committing the replica's exit, before settling the job:
-    with mock.patch.object(runner, "settle"):
-        runner.replica_exited(replica.pk)
+    with mock.patch.object(exits, "settle"):
+        exits.replica_exited(replica.pk)
     replica.refresh_from_db()
     job.refresh_from_db()
     assert replica.state == Replica.State.EXITED and job.state == Job.State.RUNNING
-    report = runner.reconcile()
+    report = repair.reconcile()
     assert report["settled"] == 1
     job.refresh_from_db()
     assert job.state == Job.State.SUCCEEDED
@@ -111,8 +111,8 @@ def test_a_container_created_but_never_started_is_started_by_a_worker(
 ):
     cluster = running_cluster(1)
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="half", command="echo late"))
-    with mock.patch.object(runner, "start_replicas"):
-        runner.dispatch(cluster.pk)
+    with mock.patch.object(dispatch, "start_replicas"):
+        dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     replica = job.replicas.select_related("node__host").get()
     # The worker died between `create` and `start`: the container exists, created.
@@ -122,7 +122,7 @@ def test_a_container_created_but_never_started_is_started_by_a_worker(
     )  # fmt: skip
     client = docker.DockerClient(base_url=replica.host.engine_url, timeout=10)
     client.containers.create(spec.image, name=spec.name, **spec.kwargs)
-    assert runner.reconcile(stuck_after_s=0)["removed"] == 0, "it is not a leftover"
+    assert repair.reconcile(stuck_after_s=0)["removed"] == 0, "it is not a leftover"
     work_queue("docker")
     assert settle_until(job).state == Job.State.SUCCEEDED
     assert "late" in job.replicas.get().log
@@ -135,12 +135,12 @@ def test_a_lost_sigkill_is_sent_by_the_reconciler(running_cluster, settle_until,
     job = _submit(cluster, "trap '' TERM; while true; do sleep 1; done")
     assert job.state == Job.State.RUNNING
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)  # SIGTERM now; the delayed SIGKILL sits in a scheduler nobody runs
-    assert runner.reconcile()["killed"] == 0, "within the grace period nothing is killed"
+    stopping.stop(job.pk)  # SIGTERM now; the delayed SIGKILL sits in a scheduler nobody runs
+    assert repair.reconcile()["killed"] == 0, "within the grace period nothing is killed"
     Job.objects.filter(pk=job.pk).update(
         stop_requested_at=timezone.now() - timedelta(seconds=settings.SUANLI_STOP_GRACE_S + 10)
     )
-    assert runner.reconcile()["killed"] == 1
+    assert repair.reconcile()["killed"] == 1
     job = settle_until(job)
     assert job.state == Job.State.CANCELLED
     assert job.replicas.get().exit_code == 137
@@ -149,10 +149,10 @@ def test_a_lost_sigkill_is_sent_by_the_reconciler(running_cluster, settle_until,
 def test_a_start_after_cancel_creates_no_container(running_cluster, settle_until):
     cluster = running_cluster(2, gpus=2)
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="late", command="sleep 30"))
-    with mock.patch.object(runner, "start_replicas"):
-        runner.dispatch(cluster.pk)
+    with mock.patch.object(dispatch, "start_replicas"):
+        dispatch.dispatch(cluster.pk)
     services.job_cancel(job=job, by="alice")
-    runner.start_replicas(job.pk)  # the start task arrives after the cancel
+    dispatch.start_replicas(job.pk)  # the start task arrives after the cancel
     job = settle_until(job)
     assert job.state == Job.State.CANCELLED
     assert _containers(job) == []

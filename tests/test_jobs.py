@@ -11,7 +11,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, Job, Replica
 from jobs.nodes import runtime
-from jobs.runs import runner
+from jobs.runs import dispatch, repair, stopping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,7 +20,7 @@ def _submit(cluster, command, **extra):
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name=extra.pop("name", "j"), command=command, **extra)
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     return job
 
@@ -81,7 +81,7 @@ def test_running_replica_is_hardened(running_cluster, settle_until, alice, stora
     env = dict(e.split("=", 1) for e in info["Config"]["Env"])
     assert env["NCCL_IB_DISABLE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0"
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)
+    stopping.stop(job.pk)
     assert settle_until(job).state == Job.State.CANCELLED
 
 
@@ -91,7 +91,7 @@ def test_cancel_while_running_sends_sigterm_and_shows_cancelled(running_cluster,
     )
     time.sleep(1)
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)  # what the queued stop task runs
+    stopping.stop(job.pk)  # what the queued stop task runs
     job = settle_until(job)
     assert job.state == Job.State.CANCELLED and job.state_reason == "cancelled by alice"
     assert "got TERM" in job.replicas.get().log
@@ -124,7 +124,7 @@ def test_queued_jobs_run_one_at_a_time_in_order(running_cluster, settle_until):
     second = _submit(cluster, "echo second", name="second")
     assert second.state == Job.State.QUEUED
     settle_until(first)
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     assert settle_until(second).state == Job.State.SUCCEEDED
     assert second.replicas.get().started_at >= first.replicas.get().finished_at
 
@@ -158,12 +158,12 @@ def test_a_failing_replica_stops_its_peer_and_fails_the_job_with_its_code(
     job = _submit(cluster, 'if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi; exec sleep 60')
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        runner.reconcile()
+        repair.reconcile()
         job.refresh_from_db()
         if "stopping the other replicas" in job.state_reason:
             break
         time.sleep(0.3)
-    runner.kill(job.pk)  # the scheduled SIGKILL, were the grace period over
+    stopping.kill(job.pk)  # the scheduled SIGKILL, were the grace period over
     job = settle_until(job)
     assert job.state == Job.State.FAILED and job.exit_code == 7
     assert job.state_reason == "rank 1 exited with code 7"
@@ -174,7 +174,7 @@ def test_retries_start_a_new_attempt(running_cluster, settle_until):
     cluster = running_cluster(1)
     job = _submit(cluster, 'echo attempt $SUANLI_ATTEMPT; [ "$SUANLI_ATTEMPT" = 2 ]', retries=1)
     settle_until(job, states=("queued", "succeeded", "failed"))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job)
     assert job.state == Job.State.SUCCEEDED and job.attempt == 2
     assert [e.kind for e in job.events.all()].count("retrying") == 1
@@ -215,7 +215,7 @@ def test_reconciler_removes_leftovers_and_marks_lost_replicas(
     replica = job.replicas.get()
     client = _client(replica)
     client.containers.get(replica.container_name).remove(force=True)  # vanished behind our back
-    report = runner.reconcile()
+    report = repair.reconcile()
     assert report["lost"] == 1
     job = settle_until(job)
     assert job.state == Job.State.FAILED and "was lost" in job.state_reason
@@ -226,7 +226,7 @@ def test_reconciler_removes_leftovers_and_marks_lost_replicas(
         labels={"suanli.job": "999999"},
         name="suanli-stray",
     )
-    assert runner.reconcile()["removed"] == 1
+    assert repair.reconcile()["removed"] == 1
     with pytest.raises(docker.errors.NotFound):
         client.containers.get(stray.id)
 
@@ -330,7 +330,7 @@ def test_a_job_past_its_maximum_runtime_is_stopped(running_cluster, settle_until
 
     job = _submit(running_cluster(1), "exec sleep 60", max_runtime_s=60)
     Job.objects.filter(pk=job.pk).update(running_since=timezone.now() - timedelta(seconds=61))
-    assert runner.reconcile()["timed_out"] == 1
+    assert repair.reconcile()["timed_out"] == 1
     job = settle_until(job)
     assert job.state == Job.State.CANCELLED
     assert job.state_reason == "stopped: ran past its maximum runtime of 1 min"
@@ -346,17 +346,17 @@ def test_a_down_engine_loses_its_replicas_and_the_job_waits_without_using_a_retr
     Host.objects.filter(pk=replica.host_id).update(
         state=Host.State.DOWN
     )  # as a failed check leaves it
-    assert runner.reconcile()["lost"] == 1
+    assert repair.reconcile()["lost"] == 1
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED and job.host_restarts == 1, job.state_reason
     assert job.state_reason.startswith("rank 0 lost to gpu-")
     assert "no retry used" in job.state_reason
     assert job.replicas.get().host_fault
-    assert runner.dispatch(job.cluster_id) is None, "not while its node's host is down"
+    assert dispatch.dispatch(job.cluster_id) is None, "not while its node's host is down"
     job.refresh_from_db()
     assert "node 0 is on gpu-" in job.state_reason and "(down)" in job.state_reason
     Host.objects.filter(pk=replica.host_id).update(state=Host.State.ACTIVE)
-    runner.reconcile()  # the engine is back: the orphaned container is removed
+    repair.reconcile()  # the engine is back: the orphaned container is removed
     with pytest.raises(docker.errors.NotFound):
         _client(replica).containers.get(replica.container_name)
     services.job_cancel(job=job, by="alice")
@@ -371,12 +371,12 @@ def test_a_start_interrupted_by_a_dead_worker_is_finished_by_the_reconciler(
     # kill -9 test cannot hit that instant reliably, so the crash point is cut here):
     from unittest import mock
 
-    with mock.patch.object(runner, "start_replicas"):
-        runner.dispatch(cluster.pk)
+    with mock.patch.object(dispatch, "start_replicas"):
+        dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.STARTING and job.replicas.get().state == Replica.State.CREATING
-    assert runner.reconcile(stuck_after_s=0)["restarted"] == 1  # queued on a worker, once
-    assert runner.reconcile(stuck_after_s=0)["restarted"] == 1
+    assert repair.reconcile(stuck_after_s=0)["restarted"] == 1  # queued on a worker, once
+    assert repair.reconcile(stuck_after_s=0)["restarted"] == 1
     queued = django_rq.get_queue("docker").job_ids
     assert [i for i in queued if i.startswith("start-")] == [f"start-{job.pk}"]
     work_queue("docker")
@@ -390,7 +390,7 @@ def test_resize_is_refused_while_a_job_runs(running_cluster, settle_until):
     with pytest.raises(Exception, match="resize when no job runs"):
         services.cluster_resize(cluster=cluster, nodes=2)
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)
+    stopping.stop(job.pk)
     settle_until(job)
     assert services.cluster_resize(cluster=cluster, nodes=2).nodes == 2
 
@@ -416,7 +416,7 @@ def test_nothing_typed_becomes_a_docker_argument(client, alice, running_cluster,
     )
     assert response.status_code == 302
     job = Job.objects.get()
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     replica = job.replicas.get()
     info = _client(replica).api.inspect_container(replica.container_name)
     host_config = info["HostConfig"]
@@ -428,7 +428,7 @@ def test_nothing_typed_becomes_a_docker_argument(client, alice, running_cluster,
     assert info["Config"]["Cmd"][-1] == "sleep 30 --privileged --cap-add=SYS_ADMIN -v /:/host"
     assert "OPTS=--privileged --device=/dev/mem --pid=host" in info["Config"]["Env"]
     services.job_cancel(job=job, by="alice")
-    runner.kill(job.pk)
+    stopping.kill(job.pk)
 
 
 def test_a_cpu_instance_gets_the_cpus_and_memory_of_its_type(running_cluster, settle_until):
@@ -441,5 +441,5 @@ def test_a_cpu_instance_gets_the_cpus_and_memory_of_its_type(running_cluster, se
     assert host_config["NanoCpus"] == 2 * 10**9
     assert host_config["Memory"] == 4 * 2**30
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)
+    stopping.stop(job.pk)
     assert settle_until(job).state == Job.State.CANCELLED

@@ -10,7 +10,7 @@ import pytest
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.nodes import network
-from jobs.runs import runner
+from jobs.runs import dispatch
 from monitoring import collector
 from monitoring.engine_stats import EngineStats
 from monitoring.models import Sample
@@ -23,7 +23,7 @@ MIB = 1024 * 1024
 
 def _submit(cluster, command, name="j"):
     job = services.job_submit(cluster=cluster, spec=JobSpec(name=name, command=command))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == "running", job.state_reason
     return job

@@ -18,7 +18,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Node
 from jobs.nodes import network
-from jobs.runs import runner
+from jobs.runs import dispatch, stopping
 from monitoring import dcgm, selectors, tasks
 from monitoring.models import Rollup, Sample
 from monitoring.monitor import Monitor
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _submit(cluster, command, name="j"):
     job = services.job_submit(cluster=cluster, spec=JobSpec(name=name, command=command))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == "running", job.state_reason
     return job
@@ -64,7 +64,7 @@ def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(
 
     # The finished job's page shows the finding in words and its stored charts.
     services.job_cancel(job=job, by="alice")
-    runner.stop(job.pk)  # what the queued stop task runs
+    stopping.stop(job.pk)  # what the queued stop task runs
     settle_until(job, states=("cancelled",))
     client.force_login(alice)
     page = client.get(reverse("job_detail", args=[job.pk])).content.decode()

@@ -11,7 +11,7 @@ from jobs.clusters import services
 from jobs.hosts import services as host_services
 from jobs.models import Cluster, GpuSlot, Node
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import exits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -203,7 +203,7 @@ def test_resize_adds_and_removes_nodes(make_host, make_cluster, alice):
     c.refresh_from_db()
     assert c.nodes == 1 and len(_hosts_of(c)) == 1
     assert GpuSlot.objects.filter(node__isnull=False).count() == 16, "held until confirmed"
-    assert runner.free_gpus(cluster_id=c.pk) == 8  # the engine has no container of it
+    assert exits.free_gpus(cluster_id=c.pk) == 8  # the engine has no container of it
     assert GpuSlot.objects.filter(node__isnull=False).count() == 8
     assert [e.kind for e in c.events.all()][-2:] == ["resized", "resized"]
 

@@ -65,7 +65,7 @@ def test_idle_release_spares_a_job_moved_onto_the_cluster_meanwhile(make_pool, m
 
     def read_then_a_dispatch(cluster):
         idle = real(cluster)
-        if not moved:  # the unlocked read; then runner.dispatch commits a job onto it
+        if not moved:  # the unlocked read; then dispatch.dispatch commits a job onto it
             job = services.job_submit(
                 cluster=cluster, spec=JobSpec(name="x", command="true"), pool=pool
             )
@@ -136,7 +136,7 @@ def test_a_prune_racing_the_jobs_end_still_settles_the_trial(
     real_cancel = services.job_cancel
 
     def job_ends_meanwhile(*, job, by):
-        # The job's last container exits (runner._finish in another process, committed).
+        # The job's last container exits (settle.finish in another process, committed).
         def finish():
             Job.objects.filter(pk=job.pk).update(
                 state=Job.State.SUCCEEDED, finished_at=timezone.now()

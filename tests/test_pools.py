@@ -17,7 +17,7 @@ from jobs.events import lifecycle
 from jobs.models import Cluster, Image, Job, Pool
 from jobs.placement import scheduler
 from jobs.pools import autoscaler
-from jobs.runs import runner
+from jobs.runs import dispatch, repair
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,8 +62,8 @@ def drive(pool, until, timeout=60):
     while time.monotonic() < deadline:
         scheduler.place_pending()
         for cluster in live(pool):
-            runner.dispatch(cluster.pk)
-        runner.reconcile()
+            dispatch.dispatch(cluster.pk)
+        repair.reconcile()
         autoscaler.pool_scale(pool.pk)
         if until():
             return

@@ -20,7 +20,7 @@ from jobs.files.storage import VolumeSpec
 from jobs.hosts import services as host_services
 from jobs.models import Cluster, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import repair, stopping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,7 +74,7 @@ def drive(check, *, timeout=60, what="the condition"):
     """What cron does (reconcile, placement), until `check()` is true."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runner.reconcile()
+        repair.reconcile()
         scheduler.place_pending()
         value = check()
         if value:
@@ -499,7 +499,7 @@ def test_a_cancel_during_the_notice_wins_and_a_failure_before_it_stays_a_failure
     drive(lambda: "stopping the other replicas" in (_state(failing) and failing.state_reason),
           what="rank 1 failed, rank 0 being stopped")  # fmt: skip
     host_services.host_reclaim_spot(host=Node.objects.filter(cluster=two).first().host, by="olga")
-    runner.kill(failing.pk)  # the SIGKILL of the grace period, now
+    stopping.kill(failing.pk)  # the SIGKILL of the grace period, now
     failing = drive(lambda: _state(failing) == Job.State.FAILED and failing, what="failed")
     assert failing.exit_code == 7 and failing.preemptions == 0
     assert failing.state_reason == "rank 1 exited with code 7"

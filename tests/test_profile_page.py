@@ -24,7 +24,7 @@ from jobs.clusters.services import JobSpec
 from jobs.files import storage
 from jobs.files.storage import VolumeSpec
 from jobs.models import Job
-from jobs.runs import runner
+from jobs.runs import dispatch
 from monitoring import profiles
 from monitoring.models import TraceSummary
 
@@ -82,7 +82,7 @@ def profiled_job(running_cluster, storage_root, alice, settle_until, work_queue)
 
     def run(command: str, *, summarise: bool = True) -> Job:
         job = services.job_submit(cluster=cluster, spec=JobSpec(name="prof", command=command))
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
         job = settle_until(job, timeout=60)
         assert job.state == Job.State.SUCCEEDED, (job.state_reason, job.replicas.first().log)
         if summarise:

@@ -15,7 +15,7 @@ from jobs.clusters.services import JobSpec
 from jobs.files import pub
 from jobs.files.storage import VolumeSpec
 from jobs.nodes import workspaces
-from jobs.runs import runner
+from jobs.runs import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,7 +77,7 @@ def test_a_cluster_that_asks_reads_pub_on_every_node_and_cannot_write_or_remount
         cluster=cluster,
         spec=JobSpec(name="reads", command="cat /pub/imagenet-mini/hello.txt; touch /pub/x"),
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job)
     for replica in job.replicas.all():
         assert "hello from the operator" in replica.log and "Read-only file system" in replica.log
@@ -121,7 +121,7 @@ def test_an_image_whose_volume_lies_in_pub_is_refused_before_the_engine_makes_it
     try:
         cluster = running_cluster(1, pub=True, workspace=False, image_reference=reference)
         job = services.job_submit(cluster=cluster, spec=JobSpec(name="evil", command="true"))
-        runner.dispatch(cluster.pk)
+        dispatch.dispatch(cluster.pk)
         job = settle_until(job)
         assert job.state == "failed"
         assert "The image declares VOLUME /pub/evil inside /pub" in job.state_reason

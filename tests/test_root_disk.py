@@ -28,7 +28,7 @@ from jobs.clusters.services import JobSpec
 from jobs.models import ClusterEvent, GpuModel, Host, InstanceType, JobEvent
 from jobs.nodes import runtime, workspaces
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import dispatch
 from monitoring import rootdisk
 from monitoring.monitor import Monitor
 
@@ -221,7 +221,7 @@ def test_a_replica_past_its_system_disk_is_stopped_and_its_job_says_why(
     cluster = _debug_cluster(make_cluster, alice, "batch", root_disk_gb=1)
     fill = "dd if=/dev/zero of=/tmp/big bs=1 count=0 seek=1100M && exec sleep 300"
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="fill", command=fill))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     name = until(
         lambda: next(iter(rootdisk.check_host(host).items()), None), what="the replica measured"
     )

@@ -24,7 +24,7 @@ from jobs.hosts import services as host_services
 from jobs.models import Cluster, Host, Node
 from jobs.nodes import registry, workspaces
 from jobs.placement import scheduler
-from jobs.runs import runner
+from jobs.runs import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -268,7 +268,7 @@ def test_the_ranks_of_a_two_node_job_share_one_workspace_folder(running_cluster,
         'echo "rank $RANK read: $(cat /workspace/rank$other)"'
     )
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="share", command=command))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job, timeout=60)
     assert job.state == "succeeded", job.state_reason
     logs = {r.rank: r.log for r in job.replicas.all()}

@@ -22,7 +22,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, GpuSlot, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.nodes import workspaces
-from jobs.placement import fleet, scheduler
+from jobs.placement import fleet, scheduler, slots
 from tests.browsing import login
 from tests.conftest import TEST_IMAGE
 
@@ -172,7 +172,7 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
         services.job_submit(cluster=cluster, spec=JobSpec(name="x", command="true"))
     # Its host coming back after a blip places it again as it was: without GPUs.
     with transaction.atomic():
-        back = scheduler.replace_node(node, host_id=host.pk, now=timezone.now(), same_slots=True)
+        back = slots.replace_node(node, host_id=host.pk, now=timezone.now(), same_slots=True)
     assert back.no_gpu and back.gpu_indices == []
     # No jobs to measure idleness by: the idle policy leaves it alone.
     Cluster.objects.filter(pk=cluster.pk).update(release_policy="idle", idle_minutes=1)

@@ -19,7 +19,7 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.events import webhooks
 from jobs.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
-from jobs.runs import runner
+from jobs.runs import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,7 +85,7 @@ def test_a_job_reports_queued_started_succeeded_signed_per_the_standard(
     endpoint = _endpoint(alice, receiver.url)
     cluster = running_cluster(1)
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="hook", command="echo hi"))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     settle_until(job)
     work_queue("webhooks")
     types = [json.loads(r["body"])["type"] for r in receiver.requests]

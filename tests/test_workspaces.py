@@ -13,7 +13,7 @@ from jobs.clusters.services import JobSpec
 from jobs.files.storage import VolumeSpec
 from jobs.models import Cluster, ClusterEvent
 from jobs.nodes import runtime, workspaces
-from jobs.runs import runner
+from jobs.runs import dispatch, repair
 from monitoring.models import Sample
 from monitoring.monitor import Monitor
 
@@ -91,7 +91,7 @@ def test_a_job_runs_beside_the_workspace_and_sees_its_files(running_cluster, set
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name="reads", command="cat /workspace/note")
     )
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     job = settle_until(job)
     assert job.state == "succeeded", job.state_reason
     assert "from-the-workspace" in job.replicas.get().log
@@ -99,7 +99,7 @@ def test_a_job_runs_beside_the_workspace_and_sees_its_files(running_cluster, set
     assert workspace.status == "running", "the job did not touch it"
     # Together they hold the node's share of the host, no more: 25 % and 75 % by default.
     long = services.job_submit(cluster=cluster, spec=JobSpec(name="long", command="sleep 60"))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     replica = long.replicas.get()
     node = cluster.node_set.select_related("host").get()
     cpus, memory = runtime.node_limits(cluster, node.host)
@@ -128,7 +128,7 @@ def test_the_reconciler_restarts_a_stopped_workspace_and_a_resize_removes_a_node
     until(lambda: node0.reload() or node0.status == "exited", what="the workspace stopped")
     with pytest.raises(workspaces.WorkspaceError, match="exited"):
         workspaces.running(cluster, 0)
-    runner.reconcile()
+    repair.reconcile()
     assert workspaces.running(cluster, 0).id == node0.id, "the same container, files kept"
 
     cluster = services.cluster_resize(cluster=Cluster.objects.get(pk=cluster.pk), nodes=1)
@@ -161,7 +161,7 @@ def test_the_monitor_samples_the_workspace_and_a_job_beside_it_as_one_node(runni
     assert max(s.cpu_pct for s in interactive) > 0.6 * busy_pct, "interactive work shows"
 
     job = services.job_submit(cluster=cluster, spec=JobSpec(name="j", command="sleep 30"))
-    runner.dispatch(cluster.pk)
+    dispatch.dispatch(cluster.pk)
     Sample.objects.all().delete()
     _monitor(4)
     rows = list(Sample.objects.filter(cluster=cluster).values_list("at", "node_index", "job_id"))

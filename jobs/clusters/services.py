@@ -57,7 +57,7 @@ from jobs.models import (
     WorkspaceApp,
 )
 from jobs.nodes import runtime, workspaces
-from jobs.placement import scheduler
+from jobs.placement import capacity, restart, slots
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
             ),
         )
     else:
-        fleet = scheduler.Fleet.load()
+        fleet = capacity.Fleet.load()
         extra = Cluster(
             pk=cluster.pk,
             gpu_model=cluster.gpu_model,
@@ -200,7 +200,7 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
         )
         hosts = fleet.plan(extra)
         if hosts is None:
-            why = show(scheduler.shortage(extra, fleet).as_json())
+            why = show(capacity.shortage(extra, fleet).as_json())
             raise ValidationError(
                 _("No room for %(what)s.") % {"what": why.removeprefix("waiting for ")}
             )
@@ -214,8 +214,8 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
                 % {"nodes": nodes}
             )
         try:
-            added = scheduler.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
-        except scheduler.Conflict:
+            added = slots.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
+        except capacity.Conflict:
             raise ValidationError(
                 _("The capacity was just taken by another request; try again.")
             ) from None
@@ -223,7 +223,7 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
             gettext_noop("%(before)s -> %(nodes)s nodes: %(placed)s"),
             before=before,
             nodes=nodes,
-            placed=scheduler.placed_text(added),
+            placed=slots.placed_text(added),
         )
     cluster.nodes = nodes
     cluster.last_active_at = now
@@ -416,7 +416,7 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
             started = Text(
                 gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
                 by=by,
-                nodes=scheduler.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
+                nodes=slots.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
             )
             _started(cluster, kept, now, no_gpu=True, message=started)
             return cluster
@@ -444,7 +444,7 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
         if blocked:
             # Its hosts have no room: another with its GPU model takes it where its
             # workspaces' root filesystems are saved (its volumes are on every host).
-            hosts = scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept)
+            hosts = restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept)
             if hosts is None:
                 raise StartBlocked(_saving(cluster, kept, blocked), code="gpus_taken")
         # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
@@ -454,11 +454,11 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
         staying = [n for n, host_id in zip(kept, hosts, strict=True) if n.host_id == host_id]
         _own_held(cluster).filter(node__in=staying).update(node=None)
         try:
-            nodes = scheduler.place_nodes(
+            nodes = slots.place_nodes(
                 cluster=cluster, hosts=hosts, first_index=0, now=now,
                 prefer=[n.gpu_indices if n in staying else [] for n in kept],
             )  # fmt: skip
-        except scheduler.Conflict:
+        except capacity.Conflict:
             raise StartBlocked(
                 _("Its capacity there was just taken by another request: wait in line for it.")
                 if cluster.is_cpu_only
@@ -468,9 +468,9 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
                 ),
                 code="gpus_taken",
             ) from None
-        scheduler.carry_saves(kept, nodes)
+        restart.carry_saves(kept, nodes)
         names = dict(Host.objects.filter(id__in=set(hosts)).values_list("id", "name"))
-        elsewhere = scheduler.started_elsewhere(kept, nodes, names)
+        elsewhere = restart.started_elsewhere(kept, nodes, names)
         started = (
             Text(
                 gettext_noop("started by %(by)s: %(nodes)s; your files and system disk came along"),
@@ -481,7 +481,7 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
             else Text(
                 gettext_noop("started by %(by)s: %(nodes)s"),
                 by=by,
-                nodes=scheduler.nodes_text(nodes, names),
+                nodes=slots.nodes_text(nodes, names),
             )
         )
         _started(cluster, kept, now, no_gpu=False, message=started)
@@ -492,9 +492,9 @@ def _saving(cluster: Cluster, kept: list[Node], blocked: str) -> str:
     """The words of a blocked start, with what a start on another host waits for where it
     would fit elsewhere but its workspaces' root filesystems are not saved yet (the save
     is queued again: its first try may have failed)."""
-    if not settings.SUANLI_REGISTRY or scheduler.movable(kept):
+    if not settings.SUANLI_REGISTRY or restart.movable(kept):
         return blocked
-    if scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept, saved=False) is None:
+    if restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept, saved=False) is None:
         return blocked
     enqueue_unique(
         "builds",  # the builder's, as after a stop (tasks.cluster_workspaces_stop)
@@ -585,7 +585,7 @@ def start_blocked(cluster: Cluster) -> str:
         return ""
     kept = _kept(cluster)
     blocked = _why_blocked(cluster, kept)
-    if not blocked or scheduler.plan_elsewhere(cluster, scheduler.Fleet.load(), kept):
+    if not blocked or restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept):
         return ""  # room on its hosts, or on another that its saves start it on
     return blocked
 
@@ -603,7 +603,7 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
         need[node.host_id] = need.get(node.host_id, 0) + (
             cluster.gpus_per_node or (cluster.instance_type.vcpus if cluster.is_cpu_only else 0)
         )
-    fleet = scheduler.Fleet.load(host_ids=need)  # its hosts only: the page asks every poll
+    fleet = capacity.Fleet.load(host_ids=need)  # its hosts only: the page asks every poll
     for node in kept:
         cap = fleet.hosts.get(node.host_id)
         if cap is None:
@@ -659,7 +659,7 @@ def _why_blocked(cluster: Cluster, kept: list[Node]) -> str:
 def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: Text) -> None:
     """A stopped (or waiting) cluster runs again on its kept hosts: the kept time ends, its
     workspaces are started (or made again with their files), its timeline says so."""
-    # Those a start elsewhere moved are not kept already (scheduler.carry_saves).
+    # Those a start elsewhere moved are not kept already (restart.carry_saves).
     Node.objects.filter(pk__in=[n.pk for n in kept], kept_until__isnull=True).update(
         kept_until=now, workspace_container=""
     )

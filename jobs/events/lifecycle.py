@@ -96,7 +96,7 @@ def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Hos
     """Record that a host is down (no answer) or degraded (cannot start containers, or a
     proof of the host check failed): out of placement from now. The first time in a spell,
     its clusters hear of it, and nodes on a down host stop being charged (`Node.lost_at`);
-    placement moves them later (`scheduler.move_stranded`). `words`: the engine's, or a
+    placement moves them later (`stranded.move_stranded`). `words`: the engine's, or a
     Text shown in the reader's language (Host.last_error_text)."""
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)

@@ -27,7 +27,7 @@ addresses (network.overlaps) is a reason; the host check (services.host_check) m
 host with any reason *degraded*, with the reasons as its last error, which takes it out
 of placement.
 
-Layer: proofs (beside the runner), under services; uses runtime (the tenant uid), network
+Layer: proofs (beside runs), under services; uses runtime (the tenant uid), network
 (the protected addresses, the engine's networks), engine, models and text.
 """
 

@@ -2,7 +2,7 @@
 drained, and their spot capacity reclaimed. Keyword-only, atomic where they span rows.
 
 Layer: hosts (beside clusters, which it never uses), above nodes and placement: a host back
-from an outage gets its nodes back through `scheduler.replace_node`.
+from an outage gets its nodes back through `slots.replace_node`.
 """
 
 from django.conf import settings
@@ -35,7 +35,7 @@ from jobs.models import (
     Node,
 )
 from jobs.nodes import engine, network
-from jobs.placement import scheduler
+from jobs.placement import slots
 
 # The lifecycle's host verbs, used through `host_services.` by the console and the admin.
 
@@ -156,7 +156,7 @@ def _host_back(host: Host) -> None:
             cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
             now = timezone.now()
             back = [
-                scheduler.replace_node(node, host_id=host.pk, now=now, same_slots=True)
+                slots.replace_node(node, host_id=host.pk, now=now, same_slots=True)
                 for node in lost.filter(cluster_id=cluster_id)
             ]
             if any(back):

@@ -16,7 +16,7 @@ host's engine confirms that nothing of theirs runs on those GPUs any more (`free
 A stop keeps each workspace, stopped, on its host. Where the fleet has a registry, its
 root filesystem is also pushed there after the stop (`save`): a start that finds that host
 full (or down, draining, degraded) then starts the node on another host with the same GPUs
-(services.cluster_start, scheduler.plan_kept), whose workspace is made from the save
+(services.cluster_start, restart.plan_kept), whose workspace is made from the save
 (`_restore`); the volumes need nothing, being on the fleet's distributed filesystem. Saved
 at the stop rather than when a start needs it: the stop is the owner's "I am done for now"
 (nothing waits on the push: the GPUs went back before it), a start is "I want it now" (a

@@ -226,7 +226,7 @@ class Fit:
     """The largest cluster of one resource that the registered hosts could ever hold.
 
     A node's GPUs (or vCPUs) come from one host, and the nodes of a cluster share one
-    network (jobs/placement/scheduler.py): members of one Docker swarm, or all on one host."""
+    network (jobs/placement/capacity.py): members of one Docker swarm, or all on one host."""
 
     what: str  # "GPUs of A100 80 GB" / "cpu-8c-32g"
     unit: str  # "GPUs" / "vCPUs"

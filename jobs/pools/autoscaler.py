@@ -3,7 +3,7 @@ when its clusters idle (issue 26).
 
 A job submitted to a pool is queued on one of its clusters (a free running one first, else
 the one with the shortest queue; a new one when the pool has none and may have one) and
-runs on whichever of the pool's clusters is free first: `runner.dispatch` of a free pool
+runs on whichever of the pool's clusters is free first: `runs.dispatch.dispatch` of a free pool
 cluster takes the pool's oldest waiting job, moving it from the cluster it waited on.
 
 `pool_scale` is the autoscaler, one round per pool: it counts the jobs that wait against

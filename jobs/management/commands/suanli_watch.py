@@ -2,7 +2,7 @@
 finalise a replica the moment its container dies. One thread per host; a host that stops
 answering is retried with backoff; hosts added later are picked up.
 
-Layer: management, the top of jobs/ (beside tasks and admin); uses runner, services,
+Layer: management, the top of jobs/ (beside tasks and admin); uses runs, services,
 runtime, engine, outage and models."""
 
 import logging
@@ -17,7 +17,7 @@ from jobs.base.outage import DB_DOWN, Outage, close_db_connections
 from jobs.hosts import services as host_services
 from jobs.models import Host, Replica
 from jobs.nodes import engine, runtime
-from jobs.runs import runner
+from jobs.runs import exits
 
 log = logging.getLogger("suanli.watch")
 
@@ -34,14 +34,14 @@ def handle_die(event: dict) -> None:
     if replica is None or replica.state not in (Replica.State.RUNNING, Replica.State.CREATING):
         return
     log.info("%s died with %s", name, exit_code)
-    runner.replica_exited(replica.pk, exit_code=exit_code)
+    exits.replica_exited(replica.pk, exit_code=exit_code)
 
 
 def follow(host_id: int, stop: threading.Event) -> None:
     """Follow one engine's events. The stream only ends when the engine goes (a restart, a
     crash, a lost connection): that is recorded as the start of an outage, and its end when
     the stream is back, so that containers the engine killed meanwhile are not counted as
-    the jobs' failures (`runner._ended_by_engine`)."""
+    the jobs' failures (`exits._ended_by_engine`)."""
     backoff = 1
     following = False
     name = f"host {host_id}"
@@ -63,7 +63,7 @@ def follow(host_id: int, stop: threading.Event) -> None:
             host_services.host_outage_ended(host_id=host_id)
             # Whatever died while no one was watching (this process starting, a lost
             # connection, an engine restart) is finalised now; from here on the stream has it.
-            runner.finalise_exited(host)
+            exits.finalise_exited(host)
             following = True
             log.info("watch %s: following its events", name)
             for event in stream:
