@@ -8,7 +8,7 @@ a price for the GPU model, and 1,000 funded accounts (10 clusters each). A first
 
 Timed, alternately, REPEATS times each, each on its own and with a fresh
 `time.perf_counter()` around the call only:
-- tick: one `billing.services.accrue(now=T + 10 s x k)`, the whole of it (opening meters,
+- tick: one `billing.accrual.accrue(now=T + 10 s x k)`, the whole of it (opening meters,
   loading the rate book, locking and charging every meter in batches, one transaction a
   batch): 10,000 usage entries;
 - bulk_insert: one `LedgerEntry.objects.bulk_create` of 10,000 comparable usage rows
@@ -42,9 +42,10 @@ from django.db import connection, transaction  # noqa: E402
 from django.db.models import Sum  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from billing import accrual  # noqa: E402
 from billing import services as billing  # noqa: E402
+from billing.accrual import ENTRY_FIELDS  # noqa: E402
 from billing.models import Account, LedgerEntry, Price, RateCard  # noqa: E402
-from billing.services import ENTRY_FIELDS  # noqa: E402
 from jobs.base.sql import insert_rows  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Host, Image, Node  # noqa: E402
 from jobs.placement.catalog import seed_catalog  # noqa: E402
@@ -141,7 +142,7 @@ def make_rate_card(model: GpuModel, when) -> None:
 
 
 def usage_rows(tag: str, accounts: list[int], cluster_ids: list[int], model_id: int, start):
-    """Rows like the tick's: the columns of `billing.services.ENTRY_FIELDS`, in order."""
+    """Rows like the tick's: the columns of `billing.accrual.ENTRY_FIELDS`, in order."""
     end = start + timedelta(seconds=TICK_S)
     return [
         (
@@ -187,13 +188,13 @@ def main():
     make_accounts(users, t - timedelta(hours=2))
     make_rate_card(model, t - timedelta(hours=2))
     make_fleet(model, image, users, t - timedelta(hours=1))
-    billing.accrue(now=t)  # opens the meters and bills the first hour: warm-up
+    accrual.accrue(now=t)  # opens the meters and bills the first hour: warm-up
     accounts = list(Account.objects.order_by("pk").values_list("pk", flat=True))
     cluster_ids = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
     ticks, inserts, copies, entries = [], [], [], []
     for k in range(1, REPEATS + 1):
         t0 = time.perf_counter()
-        report = billing.accrue(now=t + timedelta(seconds=TICK_S * k))
+        report = accrual.accrue(now=t + timedelta(seconds=TICK_S * k))
         ticks.append(time.perf_counter() - t0)
         entries.append(report.entries)
         inserts.append(bulk_insert(usage_rows(f"i{k}", accounts, cluster_ids, model.pk, t)))

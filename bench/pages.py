@@ -48,6 +48,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from billing import rollups  # noqa: E402
 from billing import selectors as money  # noqa: E402
+from billing.accrual import ENTRY_FIELDS  # noqa: E402
 from billing.models import (  # noqa: E402
     UNIT,
     Account,
@@ -58,7 +59,6 @@ from billing.models import (  # noqa: E402
     RateCard,
     UsageDay,
 )
-from billing.services import ENTRY_FIELDS  # noqa: E402
 from jobs.base.sql import insert_rows  # noqa: E402
 from jobs.models import Cluster, GpuModel, Host, Image, Job, JobEvent, Node, Replica  # noqa: E402
 from jobs.placement.catalog import seed_catalog  # noqa: E402

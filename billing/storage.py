@@ -42,7 +42,7 @@ from django.db.models import Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing import rollups
+from billing import accrual, rollups
 from billing import services as money
 from billing.models import STORAGE_MEMO, STORAGE_RESOURCE, UNIT, Account, LedgerEntry, StorageMeter
 from billing.pricing import RateBook, to_money
@@ -367,7 +367,7 @@ def accrue(*, now: datetime | None = None, batch: int = 500) -> StorageReport:
     for start in range(0, len(ids), batch):
         _accrue_batch(ids[start : start + batch], until, book, report)
     if report.exhausted:
-        money.stop_exhausted(report.exhausted)
+        accrual.stop_exhausted(report.exhausted)
     return report
 
 
@@ -472,7 +472,7 @@ def _accrue_batch(account_ids: list[int], until: datetime, book: RateBook, repor
             meter.billed_until = until
         # A key charged before cannot recur (the meters moved past it in the same
         # transaction); were it to, the unique constraint rolls the whole batch back.
-        insert_rows(LedgerEntry, money.ENTRY_FIELDS, entries)
+        insert_rows(LedgerEntry, accrual.ENTRY_FIELDS, entries)
         rollups.add_usage(rolled)
         update_rows(
             StorageMeter,

@@ -1,10 +1,10 @@
 """Thin RQ entry points for money."""
 
-from billing import services, storage
+from billing import accrual, services, storage
 
 
 def accrue() -> dict:
-    report = services.accrue()
+    report = accrual.accrue()
     return {
         "clusters": report.clusters,
         "entries": report.entries,

@@ -16,7 +16,7 @@ cron.register(job_tasks.clusters_release_stopped, "default", interval=60)
 cron.register(job_tasks.image_builds_sweep, "default", interval=300)
 cron.register(job_tasks.reconcile, "docker", interval=settings.SUANLI_RECONCILE_INTERVAL)
 cron.register(job_tasks.dispatch_all, "default", interval=settings.SUANLI_RECONCILE_INTERVAL)
-# Money: charge held capacity per second, every few seconds (billing/services.accrue).
+# Money: charge held capacity per second, every few seconds (billing/accrual.accrue).
 cron.register(billing_tasks.accrue, "default", interval=settings.SUANLI_ACCRUAL_INTERVAL)
 # Storage bought above the free part: one line per account and hour, once the hour has
 # ended (billing/storage.py); looked at every minute, so an hour is charged within one.

@@ -3,7 +3,7 @@ rate, amounts to 4 places, balances to 2; the accrual's 10-second pieces one cli
 detail view and a detail CSV); the cluster page's price, live cost and final cost; the
 operators' revenue chart on a numeric axis.
 
-The ledger is written by the real accrual (`billing.services.accrue`, ticked every 10 s as
+The ledger is written by the real accrual (`billing.accrual.accrue`, ticked every 10 s as
 the cron does) on a host registered without an engine (`paper_host`): no container runs.
 """
 
@@ -21,8 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from billing import formatting
-from billing import services as billing
+from billing import accrual, formatting
 from billing.models import Account, Meter
 from jobs.clusters import services as cluster_services
 from jobs.placement import scheduler
@@ -62,11 +61,11 @@ def hours(alice, rate_card, fund, paper_host, make_cluster):
     for t in range(10, 5251, 10):
         if t == 1800:
             pair = _place(alice, make_cluster, "pair", 2, t0 + timedelta(seconds=t))
-        billing.accrue(now=t0 + timedelta(seconds=t))
+        accrual.accrue(now=t0 + timedelta(seconds=t))
     with time_machine.travel(t0 + timedelta(seconds=5250), tick=False):
         cluster_services.cluster_release(cluster=hourly)
         cluster_services.cluster_release(cluster=pair)
-    billing.accrue(now=t0 + timedelta(seconds=5260))
+    accrual.accrue(now=t0 + timedelta(seconds=5260))
     assert Meter.objects.filter(settled=True).count() == 2
     return {"t0": t0, "hourly": hourly, "pair": pair}
 
@@ -194,7 +193,7 @@ def test_the_cluster_page_shows_its_rate_and_live_cost_then_its_final_cost(
     cluster = make_cluster(alice, "live-cost", gpus=2)
     scheduler.place_pending()
     time.sleep(1.2)
-    billing.accrue()  # what the cron's accrual does every 10 s
+    accrual.accrue()  # what the cron's accrual does every 10 s
     meter = Meter.objects.get(cluster=cluster)
     assert meter.charged > 0
     _login(page, live_server, "alice", "alice-pass-123")
@@ -206,7 +205,7 @@ def test_the_cluster_page_shows_its_rate_and_live_cost_then_its_final_cost(
     expect(page.get_by_test_id("cluster-cost-so-far")).to_have_text(str(meter.charged))
     page.screenshot(path=f"{SHOTS}/cluster_live_cost.png", full_page=True)
     time.sleep(1.2)
-    billing.accrue()
+    accrual.accrue()
     meter.refresh_from_db()
     # No reload: the cost block polls while the cluster holds its GPUs.
     expect(page.get_by_test_id("cluster-cost-so-far")).to_have_text(
@@ -215,7 +214,7 @@ def test_the_cluster_page_shows_its_rate_and_live_cost_then_its_final_cost(
     page.on("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Release").click()
     expect(page.get_by_test_id("cluster-state")).to_have_text("released")
-    billing.accrue()  # settles the cluster up to its release second
+    accrual.accrue()  # settles the cluster up to its release second
     meter.refresh_from_db()
     assert meter.settled
     expect(page.get_by_test_id("cluster-final-cost")).to_have_text(
@@ -239,11 +238,11 @@ def test_the_revenue_chart_is_on_a_numeric_axis(
     fund(alice, "100")
     cluster = _place(alice, make_cluster, "revenue", 1, day1)
     with time_machine.travel(day1 + timedelta(seconds=30), tick=False):
-        billing.accrue(now=day1 + timedelta(seconds=30))  # 0.0305, charged on day 1
+        accrual.accrue(now=day1 + timedelta(seconds=30))  # 0.0305, charged on day 1
     with time_machine.travel(day1 + timedelta(seconds=3630), tick=False):
         cluster_services.cluster_release(cluster=cluster)
     with time_machine.travel(day2, tick=False):
-        billing.accrue(now=day2)  # the rest of the hour, 3.6551, charged on day 2
+        accrual.accrue(now=day2)  # the rest of the hour, 3.6551, charged on day 2
     _login(page, live_server, "olga", "olga-pass-123")
     page.goto(f"{live_server.url}/ops/billing/")
     expect(page.locator("#revenue-chart .main-svg").first).to_be_visible()

@@ -21,6 +21,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from billing import accrual
 from billing import services as billing
 from billing.models import LedgerEntry
 from jobs.clusters import services as cluster_services
@@ -51,10 +52,10 @@ def across_months(alice, rate_card, fund, paper_host, make_cluster):
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
     for t in range(10, RUN_S + 1, 10):
-        billing.accrue(now=T0 + timedelta(seconds=t))
+        accrual.accrue(now=T0 + timedelta(seconds=t))
     with time_machine.travel(T0 + timedelta(seconds=RUN_S), tick=False):
         cluster_services.cluster_release(cluster=cluster)
-    billing.accrue(now=T0 + timedelta(seconds=RUN_S + 10))
+    accrual.accrue(now=T0 + timedelta(seconds=RUN_S + 10))
     return cluster
 
 

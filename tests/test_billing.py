@@ -7,6 +7,7 @@ import pytest
 import time_machine
 from django.db.models import Sum
 
+from billing import accrual
 from billing import services as billing
 from billing.models import Account, LedgerEntry, Meter
 from jobs.clusters import services as cluster_services
@@ -62,9 +63,9 @@ def test_two_gpus_for_3601_seconds_at_3_60_cost_exactly_7_2020(
     fund(alice, "100")
     cluster = placed(alice, gpus=2)
     for t in ticks:
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     release(cluster, 3601)
-    billing.accrue(now=at(3700))
+    accrual.accrue(now=at(3700))
     assert usage_of(cluster) == Decimal("7.2020")
     assert Meter.objects.get(cluster=cluster).settled
     account = Account.objects.get(user=alice)
@@ -76,11 +77,11 @@ def test_replaying_an_accrual_changes_nothing(alice, rate_card, fund, placed):
     rate_card({"a100-80gb": "2.50"}, effective_from=at(-60))
     fund(alice, "50")
     cluster = placed(alice, gpus=1)
-    billing.accrue(now=at(100))
+    accrual.accrue(now=at(100))
     before = list(LedgerEntry.objects.values_list("key", "amount", "balance_after"))
     for _ in range(3):
-        billing.accrue(now=at(100))
-        billing.accrue(now=at(50))  # a late, older tick moves nothing back
+        accrual.accrue(now=at(100))
+        accrual.accrue(now=at(50))  # a late, older tick moves nothing back
     assert list(LedgerEntry.objects.values_list("key", "amount", "balance_after")) == before
     entry = LedgerEntry.objects.get(cluster=cluster)
     assert entry.key == f"usage:{cluster.pk}:{int(at(0).timestamp())}:{int(at(100).timestamp())}"
@@ -93,9 +94,9 @@ def test_a_price_change_mid_run_bills_each_second_at_its_price(alice, rate_card,
     rate_card({"a100-80gb": "7.20"}, effective_from=at(1800))
     fund(alice, "100")
     cluster = placed(alice, gpus=1)
-    billing.accrue(now=at(1000))
+    accrual.accrue(now=at(1000))
     release(cluster, 3600)
-    billing.accrue(now=at(3601))
+    accrual.accrue(now=at(3601))
     lines = list(
         LedgerEntry.objects.filter(cluster=cluster)
         .order_by("period_from")
@@ -114,7 +115,7 @@ def test_spot_clusters_pay_the_spot_rate(alice, rate_card, fund, placed):
     fund(alice, "100")
     cluster = placed(alice, gpus=1, spot=True)
     release(cluster, 3600)
-    billing.accrue(now=at(3601))
+    accrual.accrue(now=at(3601))
     assert usage_of(cluster) == Decimal("1.6000")
     assert LedgerEntry.objects.get(cluster=cluster).rate == Decimal("1.6")
 
@@ -132,11 +133,11 @@ def test_running_out_stops_the_clusters_and_bounds_the_overdraft(
     while Account.objects.get(user=alice).balance > 0:
         t += period
         with time_machine.travel(at(t), tick=False):
-            billing.accrue(now=at(t))
+            accrual.accrue(now=at(t))
         assert t < 200
     mine.refresh_from_db()
     theirs.refresh_from_db()
-    assert mine.state == "released" and mine.state_reason == billing.EXHAUSTED
+    assert mine.state == "released" and mine.state_reason == accrual.EXHAUSTED
     assert theirs.state == "running", "another account is not touched"
     account = Account.objects.get(user=alice)
     one_period = Decimal("0.01") * 2 * period

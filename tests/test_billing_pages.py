@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from forms_data import cluster_form
 
+from billing import accrual
 from billing import services as billing
 from billing.catalog import seed_rate_card
 from billing.models import Account, LedgerEntry, RateCard
@@ -78,7 +79,7 @@ def test_billing_page_ledger_costs_and_statement(client, alice, card, fleet, fun
     fund(alice, "100")
     cluster = _running(alice, make_cluster)
     start = cluster.node_set.get().placed_at.replace(microsecond=0)
-    billing.accrue(now=start + timedelta(seconds=60))
+    accrual.accrue(now=start + timedelta(seconds=60))
     client.force_login(alice)
     page = client.get(reverse("billing")).content.decode()
     # 60 s x 2 GPUs x 7.80 / 3600 = 0.2600
@@ -107,7 +108,7 @@ def test_billing_page_ledger_costs_and_statement(client, alice, card, fleet, fun
 def test_another_tenant_sees_none_of_it(client, alice, bob, card, fleet, fund, make_cluster):
     fund(alice, "100")
     cluster = _running(alice, make_cluster, name="alices-secret-run")
-    billing.accrue(now=timezone.now() + timedelta(seconds=30))
+    accrual.accrue(now=timezone.now() + timedelta(seconds=30))
     client.force_login(bob)
     assert client.get(reverse("billing"), {"cluster": cluster.pk}).status_code == 404
     page = client.get(reverse("billing")).content.decode()
@@ -158,7 +159,7 @@ def test_a_rate_card_in_force_is_history(client, operator, card):
 def test_exhausted_accounts_are_marked_for_operators(alice, card, fleet, fund, make_cluster):
     fund(alice, "0.01")
     cluster = _running(alice, make_cluster)
-    billing.accrue(now=timezone.now() + timedelta(seconds=30))
+    accrual.accrue(now=timezone.now() + timedelta(seconds=30))
     cluster.refresh_from_db()
     assert cluster.state == Cluster.State.RELEASED
     assert cluster.state_reason == "stopped: balance exhausted"

@@ -18,8 +18,7 @@ from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import rollups, selectors
-from billing import services as billing
+from billing import accrual, rollups, selectors
 from billing.models import Account, BillLine, LedgerEntry, Meter, RateCard, UsageDay
 from billing.pricing import RateBook, quote
 from jobs.models import Cluster, Node
@@ -152,12 +151,12 @@ def test_gpu_time_until_a_stop_and_nothing_for_free_kept_workspaces(
     rate_card({"a100-80gb": RATE}, effective_from=at(-60))  # stopped_per_hour: 0 (the default)
     fund(alice, "100")
     cluster = gpu_cluster(nodes=2, gpus=2)
-    billing.accrue(now=at(100))
-    billing.accrue(now=at(1000))
+    accrual.accrue(now=at(100))
+    accrual.accrue(now=at(1000))
     assert burn(alice, 1000) == Decimal("14.4000")  # 4 GPUs x 3.60
     stop(cluster, 1800)
     for t in (1500, 2000, 2000, 5000, 9000):
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     # GPU time keeps its keys of old: usage:<cluster>:<from>:<to>, nothing after the stop.
     assert [e.key for e in entries(cluster)] == [
         f"usage:{cluster.pk}:{ts(0)}:{ts(100)}",
@@ -174,7 +173,7 @@ def test_gpu_time_until_a_stop_and_nothing_for_free_kept_workspaces(
     assert cost.mode == "stopped" and cost.per_hour == Decimal("0") and cost.live
     # Released from stopped: the kept time closes and the meter settles, still no line.
     release(cluster, 9500)
-    billing.accrue(now=at(9600))
+    accrual.accrue(now=at(9600))
     meter.refresh_from_db()
     assert meter.settled and meter.billed_until == at(9500)
     assert charged(entries(cluster)) == Decimal("7.2000") and not entries(cluster, "stopped")
@@ -185,16 +184,16 @@ def test_kept_workspaces_are_charged_when_the_card_prices_them(alice, rate_card,
     rate_card({"a100-80gb": RATE}, effective_from=at(-60), stopped_per_hour=Decimal("0.05"))
     fund(alice, "100")
     cluster = gpu_cluster(nodes=2, gpus=2)
-    billing.accrue(now=at(300))
+    accrual.accrue(now=at(300))
     stop(cluster, 600)
-    billing.accrue(now=at(600))
+    accrual.accrue(now=at(600))
     assert burn(alice, 600) == Decimal("0.1000")  # 2 nodes x 0.05
-    billing.accrue(now=at(2000))
+    accrual.accrue(now=at(2000))
     before = list(LedgerEntry.objects.order_by("id").values_list("key", "amount"))
-    billing.accrue(now=at(2000))  # the same tick again
-    billing.accrue(now=at(1000))  # a late, older one
+    accrual.accrue(now=at(2000))  # the same tick again
+    accrual.accrue(now=at(1000))  # a late, older one
     assert list(LedgerEntry.objects.order_by("id").values_list("key", "amount")) == before
-    billing.accrue(now=at(4200))
+    accrual.accrue(now=at(4200))
     kept = entries(cluster, "stopped")
     assert [e.key for e in kept] == [
         f"usage:{cluster.pk}:{ts(600)}:{ts(2000)}:stopped",
@@ -233,16 +232,16 @@ def test_no_gpu_mode_is_billed_per_node_at_its_price_without_gpu_lines(
     rate_card({"a100-80gb": RATE}, effective_from=at(-60), spot_discount_pct=Decimal("60"))
     fund(alice, "100")
     cluster = gpu_cluster(nodes=2, gpus=2, spot=True)
-    billing.accrue(now=at(400))
+    accrual.accrue(now=at(400))
     stop(cluster, 600)
-    billing.accrue(now=at(900))
+    accrual.accrue(now=at(900))
     start(cluster, 1200, no_gpu=True)
-    billing.accrue(now=at(1200))
+    accrual.accrue(now=at(1200))
     assert burn(alice, 1300) == Decimal("0.2000")  # 2 nodes x 0.10, spot or not
     cost = selectors.cluster_cost(Cluster.objects.get(pk=cluster.pk))
     assert cost.mode == "no-gpu" and cost.per_hour == Decimal("0.2000")
     for t in (2000, 3000, 4800):
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     no_gpu = entries(cluster, "no-gpu")
     assert [(e.period_from, e.period_to) for e in no_gpu] == [
         (at(1200), at(2000)),
@@ -273,7 +272,7 @@ def test_no_gpu_mode_at_a_price_of_zero_still_shows_on_the_bill(
     cluster = gpu_cluster(nodes=1, gpus=1)
     stop(cluster, 60)
     start(cluster, 120, no_gpu=True)
-    billing.accrue(now=at(720))
+    accrual.accrue(now=at(720))
     (line,) = entries(cluster, "no-gpu")
     assert line.amount == 0 and line.units == 1 and line.seconds == 600
     assert line.memo == "no-GPU mode"
@@ -287,16 +286,16 @@ def test_a_start_with_gpus_again_bills_each_kind_in_turn_and_settles_after_relea
     fund(alice, "100")
     cluster = gpu_cluster(nodes=2, gpus=2)
     for t in (250, 600):
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     stop(cluster, 600)
-    billing.accrue(now=at(900))
+    accrual.accrue(now=at(900))
     start(cluster, 1200)
     assert burn(alice, 1200) == Decimal("14.4000")
     for t in (1210, 1800):
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     release(cluster, 2400)
     for t in (2410, 2420):
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     spans = [(e.period_from, e.period_to, e.key.rsplit(":", 1)[-1]) for e in entries(cluster)]
     gpu = [(a, b) for a, b, k in spans if k.isdigit()]
     assert gpu == [(at(0), at(250)), (at(250), at(600)), (at(1200), at(1210)),
@@ -322,12 +321,12 @@ def test_a_released_cluster_settles_only_once_its_kept_time_is_closed(
     stop(cluster, 100)
     # Released, but its workspace is still being removed: kept time goes on.
     release(cluster, 1000, close_kept=False)
-    billing.accrue(now=at(2000))
+    accrual.accrue(now=at(2000))
     meter = Meter.objects.get(cluster=cluster)
     assert not meter.settled and meter.billed_until == at(2000)
     Node.objects.filter(cluster=cluster).update(kept_until=at(2500))
-    billing.accrue(now=at(3000))
-    billing.accrue(now=at(4000))
+    accrual.accrue(now=at(3000))
+    accrual.accrue(now=at(4000))
     meter.refresh_from_db()
     assert meter.settled and meter.billed_until == at(2500)
     assert max(e.period_to for e in entries(cluster)) == at(2500)
@@ -351,7 +350,7 @@ def test_one_rounding_across_every_kind_of_time(alice, rate_card, fund, gpu_clus
     for t in range(7, 1600, 7):
         for when in [w for w in plan if w <= t]:
             plan.pop(when)()
-        billing.accrue(now=at(t))
+        accrual.accrue(now=at(t))
     exact = (
         6 * (301 + (1500 - 1203)) * gpu_rate  # 3 nodes x 2 GPUs
         + 3 * (911 - 650) * no_gpu_rate
@@ -378,7 +377,7 @@ def test_the_minimum_charge_counts_gpu_time_only(alice, rate_card, fund, gpu_clu
     stop(cluster, 60)  # a minute on GPUs, then kept for two hours
     start(cluster, 3660, no_gpu=True)
     release(cluster, 7260)
-    billing.accrue(now=at(8000))
+    accrual.accrue(now=at(8000))
     minimum = LedgerEntry.objects.get(key=f"minimum:{cluster.pk}")
     assert minimum.memo == "minimum charge: 600 s, 60 s used"
     assert minimum.amount == Decimal("-1.0800")  # 540 s x 2 GPUs x 0.001
@@ -441,7 +440,7 @@ def test_the_bill_page_shows_no_gpu_lines_per_node(client, alice, rate_card, fun
     cluster = gpu_cluster(nodes=2, gpus=1)
     stop(cluster, 60)
     start(cluster, 120, no_gpu=True)
-    billing.accrue(now=at(720))
+    accrual.accrue(now=at(720))
     client.force_login(alice)
     with time_machine.travel(at(800), tick=False):
         body = client.get(reverse("billing"), {"month": "2026-12"}).content.decode()
@@ -461,12 +460,12 @@ def test_an_exhausted_balance_leaves_a_stopped_cluster_whose_kept_time_is_free(
     running = gpu_cluster("running", nodes=1, gpus=1)
     for t in range(10, 200, 10):
         with time_machine.travel(at(t), tick=False):
-            billing.accrue(now=at(t))
+            accrual.accrue(now=at(t))
         if Account.objects.get(user=alice).exhausted_at:
             break
     running.refresh_from_db()
     kept.refresh_from_db()
-    assert running.state == Cluster.State.RELEASED and running.state_reason == billing.EXHAUSTED
+    assert running.state == Cluster.State.RELEASED and running.state_reason == accrual.EXHAUSTED
     assert kept.state == Cluster.State.STOPPED, "free to keep: kept, its files with it"
     assert Node.objects.filter(cluster=kept, kept_until__isnull=True).exists()
     waiting.refresh_from_db()
@@ -484,11 +483,11 @@ def test_an_exhausted_balance_releases_a_stopped_cluster_whose_kept_time_costs(
     stop(cluster, 10)  # 0.10 of GPU time, then 0.01 a second kept
     for t in range(20, 200, 10):
         with time_machine.travel(at(t), tick=False):
-            billing.accrue(now=at(t))
+            accrual.accrue(now=at(t))
         if Account.objects.get(user=alice).exhausted_at:
             break
     cluster.refresh_from_db()
-    assert cluster.state == Cluster.State.RELEASED and cluster.state_reason == billing.EXHAUSTED
+    assert cluster.state == Cluster.State.RELEASED and cluster.state_reason == accrual.EXHAUSTED
     assert not Node.objects.filter(cluster=cluster, kept_until__isnull=True).exists()
     meter = Meter.objects.get(cluster=cluster)
     assert meter.settled and meter.billed_until == at(t)

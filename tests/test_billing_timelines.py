@@ -14,8 +14,7 @@ from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from billing import rollups
-from billing import services as billing
+from billing import accrual, rollups
 from billing.models import Account, BillLine, LedgerEntry, RateCard, UsageDay
 from jobs.clusters import services as cluster_services
 from jobs.models import Host
@@ -179,15 +178,15 @@ def test_random_timelines_bill_every_second_once_and_exactly(
         now = base + timedelta(seconds=second)
         with time_machine.travel(now, tick=False):
             if what == "tick":
-                billing.accrue(now=now)
+                accrual.accrue(now=now)
             elif what == "crash":
                 try:
                     with transaction.atomic():
-                        billing.accrue(now=now)
+                        accrual.accrue(now=now)
                         raise Crash  # the worker dies before its commit
                 except Crash:
                     pass
-                billing.accrue(now=now)  # the retry
+                accrual.accrue(now=now)  # the retry
             elif what == "resize":
                 cluster.refresh_from_db()
                 if cluster.state == "running":
@@ -198,7 +197,7 @@ def test_random_timelines_bill_every_second_once_and_exactly(
                 exits.free_gpus(cluster_id=cluster.pk)
         _check_periods(cluster, complete=False)
     for late in (t["life"] + 1, t["life"] + 1, t["life"] + 5):  # settle, replayed
-        billing.accrue(now=base + timedelta(seconds=late))
+        accrual.accrue(now=base + timedelta(seconds=late))
     cluster.refresh_from_db()
     assert cluster.meter.settled
     _check_periods(cluster, complete=True)
@@ -217,7 +216,7 @@ def test_concurrent_accrual_workers_lose_no_update(alice, make_host, make_cluste
     def worker(offset: int):
         try:
             for k in range(12):
-                billing.accrue(now=BASE + timedelta(seconds=10 * k + offset))
+                accrual.accrue(now=BASE + timedelta(seconds=10 * k + offset))
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -232,7 +231,7 @@ def test_concurrent_accrual_workers_lose_no_update(alice, make_host, make_cluste
     with time_machine.travel(BASE + timedelta(seconds=200), tick=False):
         for cluster in clusters:
             cluster_services.cluster_release(cluster=cluster)
-    billing.accrue(now=BASE + timedelta(seconds=300))
+    accrual.accrue(now=BASE + timedelta(seconds=300))
     keys = list(LedgerEntry.objects.values_list("key", flat=True))
     assert len(keys) == len(set(keys))
     for cluster in clusters:

@@ -92,7 +92,7 @@ def test_researcher_sees_the_price_the_cost_grow_and_downloads_the_statement(
     import time
     from decimal import Decimal
 
-    from billing import services as billing
+    from billing import accrual
 
     make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
     _login(page, live_server, "alice", "alice-pass-123")
@@ -114,12 +114,12 @@ def test_researcher_sees_the_price_the_cost_grow_and_downloads_the_statement(
     page.get_by_role("button", name="Create cluster").click()
     expect(page.get_by_test_id("cluster-state")).to_have_text("running", timeout=20_000)
 
-    billing.accrue()  # what the cron's accrual tick does
+    accrual.accrue()  # what the cron's accrual tick does
     page.goto(f"{live_server.url}/billing/")
     first = Decimal(page.get_by_test_id("cluster-cost").inner_text())
     expect(page.get_by_test_id("burn")).to_have_text("15.6000")
     time.sleep(2.2)
-    billing.accrue()
+    accrual.accrue()
     page.reload()
     second = Decimal(page.get_by_test_id("cluster-cost").inner_text())
     assert second > first, (first, second)

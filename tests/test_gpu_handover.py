@@ -18,6 +18,7 @@ from django.db.models import Max
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import accrual
 from billing import services as billing
 from billing.models import LedgerEntry
 from jobs import tasks
@@ -219,7 +220,7 @@ def test_billing_of_a_released_cluster_ends_at_its_release_second_while_its_gpus
     released = billing.floor_s(cluster.released_at)
     assert GpuSlot.objects.filter(node__cluster=cluster).count() == 2, "still held"
     # Accrual a minute later, the GPUs still held (the removal task has not run).
-    billing.accrue(now=cluster.released_at + timedelta(seconds=60))
+    accrual.accrue(now=cluster.released_at + timedelta(seconds=60))
     usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage", period_to__isnull=False)
     assert usage.exists()
     assert usage.aggregate(end=Max("period_to"))["end"] == released

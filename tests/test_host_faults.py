@@ -13,6 +13,7 @@ import docker
 import pytest
 from waiting import until as _until
 
+from billing import accrual
 from billing import services as billing
 from billing.models import LedgerEntry
 from jobs.clusters import services
@@ -117,7 +118,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     dispatch.dispatch(cluster.pk)
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING, job.state_reason
-    billing.accrue()
+    accrual.accrue()
 
     _kill_dockerd(victim)
     engines_back.append(victim)
@@ -156,7 +157,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     assert {r.host_id for r in job.replicas.filter(attempt=2)} == {survivor.pk, spare.pk}
 
     # Money: between "seen down" and "placed again" only node 0's 2 GPUs are charged.
-    billing.accrue()
+    accrual.accrue()
     usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage").order_by("period_from")
     gap = [
         e
@@ -332,18 +333,18 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
     rate_card({"a100-80gb": "3.60"})
     cluster = running_cluster(1)
     node = cluster.node_set.select_related("host").get()
-    billing.accrue()
+    accrual.accrue()
     host_services.host_unhealthy(host=node.host, state=Host.State.DOWN, words="connection refused")
     lost_at = Node.objects.get(pk=node.pk).lost_at
     time.sleep(2.2)
-    billing.accrue()  # nothing for the down seconds
+    accrual.accrue()  # nothing for the down seconds
     host = host_services.host_check(host_id=node.host_id)  # the engine answers: it is back
     assert host.state == Host.State.ACTIVE and host.outage_to is not None
     again = cluster.node_set.get(released_at__isnull=True)
     assert again.pk != node.pk and again.host_id == node.host_id
     assert again.gpu_indices == node.gpu_indices and again.slots.count() == 1
     assert ClusterEvent.objects.filter(cluster=cluster, kind="host-back").exists()
-    billing.accrue()
+    accrual.accrue()
     usage = list(LedgerEntry.objects.filter(cluster=cluster, kind="usage"))
     gap_from, gap_to = lost_at.replace(microsecond=0), again.placed_at.replace(microsecond=0)
     assert gap_to - gap_from >= timedelta(seconds=2)

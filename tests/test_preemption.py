@@ -11,6 +11,7 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
 
+from billing import accrual
 from billing import services as billing
 from billing.models import LedgerEntry
 from jobs import tasks
@@ -175,7 +176,7 @@ def test_a_preempted_job_resumes_on_the_other_engine_from_its_last_checkpoint_an
     # again, at the spot rate; none from the notice until it ran again.
     drive(lambda: _state(spot) == Cluster.State.RELEASED, what="spot auto-released")
     services.cluster_release(cluster=on_demand)
-    billing.accrue()
+    accrual.accrue()
     entries = LedgerEntry.objects.filter(cluster=spot, kind="usage")
     billed = sum(e.units * int((e.period_to - e.period_from).total_seconds()) for e in entries)
     held = 0

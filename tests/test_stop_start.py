@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from billing import accrual
 from billing import services as billing
 from billing.models import LedgerEntry
 from jobs import tasks
@@ -75,7 +76,7 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
     before = _workspace(cluster)
     assert _sh(before, "echo kept > /tmp/notes.txt && mkdir -p /tmp/p && echo 1 > /tmp/p/a")[0] == 0
     queued = services.job_submit(cluster=cluster, spec=JobSpec(name="later", command="sleep 60"))
-    billing.accrue()
+    accrual.accrue()
 
     services.cluster_stop(cluster=cluster, by="alice")
     cluster.refresh_from_db()
@@ -131,7 +132,7 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
     assert _sh(after, "cat /tmp/notes.txt /tmp/p/a") == (0, "kept\n1")
 
     started = node.placed_at
-    billing.accrue(now=started + timedelta(seconds=5))
+    accrual.accrue(now=started + timedelta(seconds=5))
     assert _usage_over(cluster, stopped_at, started) == [], "no GPU charge while stopped"
     assert LedgerEntry.objects.filter(
         cluster=cluster, period_from__gte=billing.floor_s(started)
@@ -181,7 +182,7 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
     page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
     assert 'data-testid="no-gpu"' in page
 
-    billing.accrue(now=node.placed_at + timedelta(seconds=30))
+    accrual.accrue(now=node.placed_at + timedelta(seconds=30))
     lines = LedgerEntry.objects.filter(
         cluster=cluster, period_from__gte=billing.floor_s(node.placed_at)
     )

@@ -1,0 +1,451 @@
+"""The accrual tick: every few seconds (console/cron.py, `billing.tasks.accrue`), each open
+meter charges its cluster's held capacity from where it was billed up to now, by the second
+(GPU time, no-GPU time, kept workspaces; a minimum charge per placement), in batches of
+clusters under their accounts' row locks; released clusters are settled up to their release
+second. An account that runs out has its charging clusters stopped (`stop_exhausted`) and
+billed up to that second in the same tick.
+
+Billing observes the jobs app's tables (clusters and their nodes' placed/released seconds,
+whether a node ran without GPUs, how long a stopped node's workspace was kept); the one
+call the other way is the stop for an exhausted balance, through
+`jobs.clusters.services.cluster_release`. The ledger verbs (an operator's entry, an account)
+are in `billing.services`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import NamedTuple
+
+from django.db import transaction
+from django.db.models import Min
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from billing import rollups
+from billing.models import Account, LedgerEntry, Meter
+from billing.pricing import GPU, KINDS, NO_GPU, STOPPED, RateBook, kind_of_key, to_money
+from billing.services import epoch, floor_s
+from jobs.base.sql import insert_rows, update_rows
+from jobs.base.text import Text
+from jobs.clusters import services as cluster_services
+from jobs.models import Cluster, Node
+
+log = logging.getLogger(__name__)
+
+# Stored as the released clusters' reason (English; translated where it is shown).
+EXHAUSTED = gettext_noop("stopped: balance exhausted")
+
+
+@dataclass
+class AccrualReport:
+    now: datetime
+    clusters: int = 0
+    entries: int = 0
+    charged: Decimal = Decimal("0")
+    settled: int = 0
+    exhausted: list[int] = field(default_factory=list)
+
+
+def open_meters(now: datetime) -> int:
+    """A meter for every cluster that has held capacity and has none yet; it starts at the
+    second its first node was placed."""
+    fresh = list(
+        Cluster.objects.filter(meter__isnull=True, node_set__isnull=False)
+        .values("pk", "owner_id")
+        .annotate(first=Min("node_set__placed_at"))
+    )
+    if not fresh:
+        return 0
+    owners = {row["owner_id"] for row in fresh}
+    Account.objects.bulk_create(
+        [Account(user_id=o) for o in owners], ignore_conflicts=True, batch_size=2000
+    )
+    accounts = dict(Account.objects.filter(user_id__in=owners).values_list("user_id", "pk"))
+    Meter.objects.bulk_create(
+        [
+            Meter(
+                cluster_id=row["pk"],
+                account_id=accounts[row["owner_id"]],
+                billed_until=floor_s(row["first"]),
+            )
+            for row in fresh
+        ],
+        ignore_conflicts=True,  # another tick made it meanwhile: same start either way
+        batch_size=2000,
+    )
+    return len(fresh)
+
+
+def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
+    """Charge every open meter from where it was billed up to `now` (whole seconds), and
+    settle released clusters up to their release second. Safe to run twice, or twice at
+    once: each meter is read under its row lock and moves forward only."""
+    now = floor_s(now or timezone.now())
+    report = AccrualReport(now=now)
+    open_meters(now)
+    book = RateBook.load()
+    ids = list(
+        Meter.objects.filter(settled=False)
+        .order_by("account_id", "cluster_id")
+        .values_list("cluster_id", flat=True)
+    )
+    for start in range(0, len(ids), batch):
+        _accrue_batch(ids[start : start + batch], now, book, report)
+    if report.exhausted:
+        stop_exhausted(report.exhausted, report)
+    return report
+
+
+class Interval(NamedTuple):
+    """A stretch of one node's time of one kind: from `start` to `end` (None: open)."""
+
+    start: datetime
+    end: datetime | None
+    units: int  # GPUs (or 1 CPU-only instance) for GPU time; 1 (the node) for the others
+    kind: str  # pricing.GPU, NO_GPU or STOPPED
+
+
+def _nodes_of(units: dict[int, int]) -> dict[int, list[Interval]]:
+    """cluster id -> its nodes' intervals for the clusters in `units` (cluster id -> units a
+    node holds: its GPUs, or 1 for a CPU-only instance).
+
+    A node is GPU time (no-GPU time when it was started without GPUs: one unit, the node)
+    from its placement to its end. A preempted node's billing ends at its preemption
+    notice, not when its GPUs came back; a node on a host that went down, at the second
+    the host was seen down (it is placed again, as a new node, when the host is back or it
+    moves). A node that ended with a stop of its cluster adds its kept workspace: stopped
+    time, one unit, from the stop until it stopped being kept (open while kept)."""
+    out: dict[int, list[Interval]] = {}
+    rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
+        "cluster_id", "no_gpu", "stopped_at", "kept_until", "placed_at",
+        "preempted_at", "lost_at", "released_at",
+    )  # fmt: skip
+    for cluster_id, no_gpu, stopped, kept_until, placed, *ends in rows:
+        released = min((t for t in ends if t is not None), default=None)
+        held = out.setdefault(cluster_id, [])
+        held.append(
+            Interval(
+                floor_s(placed),
+                floor_s(released) if released else None,
+                1 if no_gpu else units[cluster_id],
+                NO_GPU if no_gpu else GPU,
+            )
+        )
+        if stopped is not None:
+            held.append(
+                Interval(floor_s(stopped), floor_s(kept_until) if kept_until else None, 1, STOPPED)
+            )
+    return out
+
+
+@dataclass
+class _Segment:
+    start: datetime
+    end: datetime
+    units: int
+    rate: Decimal | None
+    kind: str = GPU
+
+
+def segments(
+    *, nodes: list[Interval], since: datetime, until: datetime, book: RateBook, cluster
+) -> list[_Segment]:
+    """Split (since, until] per kind of time, and within a kind wherever the number of units
+    held or the price changes. Each kind is split by its own intervals only, so a cluster
+    that only ever held GPUs gets the very segments (and ledger keys) it always got."""
+    out: list[_Segment] = []
+    for kind in KINDS:
+        of_kind = [n for n in nodes if n.kind == kind]
+        if of_kind:
+            out += _segments_of(kind, of_kind, since, until, book, cluster)
+    out.sort(key=lambda s: (s.start, KINDS.index(s.kind)))
+    return out
+
+
+def _segments_of(kind, nodes, since, until, book: RateBook, cluster) -> list[_Segment]:
+    points = {since, until}
+    for placed, released, _units, _kind in nodes:
+        for t in (placed, released):
+            if t is not None and since < t < until:
+                points.add(t)
+    points.update(book.changes_between(since, until))
+    ordered = sorted(points)
+    out: list[_Segment] = []
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        units = sum(
+            u
+            for placed, released, u, _kind in nodes
+            if placed <= a and (released is None or released >= b)
+        )
+        card = book.at(a)
+        rate = (
+            card.rate_of(
+                kind,
+                gpu_model_id=cluster.gpu_model_id,
+                instance_type_id=cluster.instance_type_id,
+                spot=cluster.spot,
+            )
+            if card
+            else None
+        )
+        if out and out[-1].units == units and out[-1].rate == rate and out[-1].end == a:
+            out[-1].end = b
+        else:
+            out.append(_Segment(a, b, units, rate, kind))
+    return [s for s in out if s.units]
+
+
+@dataclass
+class _Meter:
+    """One open meter and the cluster facts accrual needs, read under the meter's lock
+    (plain values: 10,000 of these cost a fraction of as many model instances)."""
+
+    cluster_id: int
+    account_id: int
+    billed_until: datetime
+    exact: Decimal
+    charged: Decimal
+    state: str
+    gpu_model_id: int | None
+    instance_type_id: int | None
+    spot: bool
+    nodes: int
+    gpus_per_node: int
+    settled: bool = False
+
+    FIELDS = (
+        "cluster_id", "account_id", "billed_until", "exact", "charged", "cluster__state",
+        "cluster__gpu_model_id", "cluster__instance_type_id", "cluster__spot",
+        "cluster__nodes", "cluster__gpus_per_node",
+    )  # fmt: skip
+
+
+@dataclass
+class _Account:
+    pk: int
+    balance: Decimal
+    exhausted_at: datetime | None
+    charged: bool = False
+
+
+# The columns accrual writes, in the order of the tuples `_entry` makes.
+ENTRY_FIELDS = (
+    "account", "kind", "amount", "balance_after", "key", "cluster", "period_from",
+    "period_to", "units", "rate", "gpu_model", "memo", "created_at",
+)  # fmt: skip
+
+
+def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report) -> None:
+    entries: list[tuple] = []
+    with transaction.atomic():
+        meters = [
+            _Meter(*row)
+            for row in Meter.objects.select_for_update(of=("self",))
+            .filter(cluster_id__in=cluster_ids, settled=False)
+            .order_by("cluster_id")
+            .values_list(*_Meter.FIELDS)
+        ]
+        if not meters:
+            return
+        nodes = _nodes_of({m.cluster_id: m.gpus_per_node or 1 for m in meters})
+        accounts = {
+            row[0]: _Account(*row)
+            for row in Account.objects.select_for_update()
+            .filter(pk__in={m.account_id for m in meters})
+            .order_by("pk")
+            .values_list("pk", "balance", "exhausted_at")
+        }
+        written = timezone.now()
+        for meter in meters:
+            held = nodes.get(meter.cluster_id, [])
+            # Settled only once every interval is closed, kept workspaces included: a
+            # released cluster's kept time runs until its workspaces are gone.
+            ended = meter.state in (Cluster.State.RELEASED, Cluster.State.FAILED) and all(
+                i.end is not None for i in held
+            )
+            last = max((i.end for i in held if i.end is not None), default=None)
+            until = min(now, last) if ended and last is not None else now
+            account = accounts[meter.account_id]
+            if until > meter.billed_until:
+                for seg in segments(
+                    nodes=held, since=meter.billed_until, until=until, book=book, cluster=meter
+                ):
+                    entry = _usage(meter, account, seg, written)
+                    if entry is not None:
+                        entries.append(entry)
+                meter.billed_until = until
+            if ended and meter.billed_until >= (last or meter.billed_until):
+                minimum = _minimum_charge(meter, account, held, book, written)
+                if minimum is not None:
+                    entries.append(minimum)
+                meter.settled = True
+                report.settled += 1
+        # A key charged before cannot recur (the meters moved past it in the same
+        # transaction); were it to, the unique constraint rolls the whole batch back.
+        insert_rows(LedgerEntry, ENTRY_FIELDS, entries)
+        _roll_up(entries, meters)
+        update_rows(
+            Meter,
+            "cluster",
+            ["billed_until", "exact", "charged", "settled"],
+            [(m.cluster_id, m.billed_until, m.exact, m.charged, m.settled) for m in meters],
+        )
+        changed = [a for a in accounts.values() if a.charged]
+        for account in changed:
+            if account.balance <= 0:
+                account.exhausted_at = account.exhausted_at or now
+                report.exhausted.append(account.pk)
+        update_rows(
+            Account, "id", ["balance", "exhausted_at"],
+            [(a.pk, a.balance, a.exhausted_at) for a in changed],
+        )  # fmt: skip
+    report.clusters += len(meters)
+    report.entries += len(entries)
+    report.charged += sum((-e[2] for e in entries), Decimal("0"))
+
+
+# The memo of each kind's entries: it tells the lines apart on the bill (a bill line is
+# one cluster-hour at one size, rate and memo) and says what the time was.
+# Stored in English (the ledger, the bill and the CSV keep them); marked so that a page can
+# show them translated.
+MEMO = {NO_GPU: gettext_noop("no-GPU mode"), STOPPED: gettext_noop("stopped: workspaces kept")}
+UNPRICED = gettext_noop("no price on the rate card: not charged")
+
+
+def _usage(meter: _Meter, account: _Account, seg: _Segment, written) -> tuple | None:
+    """The entry of one segment. GPU time keeps its key of old; the other kinds' keys end
+    in their kind, so that no key can clash across kinds in one period.
+
+    Free kept workspaces (a stopped price of 0) write nothing: a stopped cluster may be
+    kept for weeks, and a bill of zero lines for it says nothing. No-GPU time at 0 is
+    written as zero lines, as a GPU price of 0 is: the cluster ran (its workspaces held
+    CPU and memory on the hosts), and the bill shows when and for how many nodes."""
+    if seg.kind == STOPPED and not seg.rate:
+        return None
+    key = f"usage:{meter.cluster_id}:{epoch(seg.start)}:{epoch(seg.end)}"
+    if seg.kind == GPU:
+        memo = "" if seg.rate is not None else UNPRICED
+    else:
+        key, memo = f"{key}:{seg.kind}", MEMO[seg.kind]
+    return _entry(
+        meter, account, rate=seg.rate if seg.rate is not None else Decimal("0"),
+        units=seg.units, seconds=int((seg.end - seg.start).total_seconds()), key=key,
+        period=(seg.start, seg.end), written=written, memo=memo,
+        gpu_model_id=meter.gpu_model_id if seg.kind == GPU else None,
+    )  # fmt: skip
+
+
+def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
+    """The bill's hour lines and daily usage for the pieces just written (same transaction)."""
+    if not entries:
+        return
+    by_cluster = {m.cluster_id: m for m in meters}
+    names = rollups.resource_names(
+        gpu_model_ids={m.gpu_model_id for m in meters},
+        instance_type_ids={m.instance_type_id for m in meters},
+    )
+    minimum = [e[4] for e in entries if e[6] is None]
+    minimum_ids = dict(
+        LedgerEntry.objects.filter(key__in=minimum).values_list("cluster_id", "pk")
+    ) if minimum else {}  # fmt: skip
+    pieces = []
+    for account, _kind, amount, _after, key, cluster, *period_to_written in entries:
+        meter = by_cluster[cluster]
+        resource = rollups.resource_of(
+            names, meter.gpu_model_id, meter.instance_type_id, kind=kind_of_key(key)
+        )
+        # (start, end, units, rate, gpu, memo, at): the order of Piece's fields after cluster
+        pieces.append(rollups.Piece(account, amount, cluster, *period_to_written, resource))
+    rollups.add_usage(pieces, minimum_entries=minimum_ids)
+
+
+def _entry(
+    meter: _Meter, account: _Account, *, rate, units, seconds, key, period, written, memo,
+    gpu_model_id,
+):  # fmt: skip
+    """Charge `units x seconds` at `rate` per unit-hour: add it to the meter's exact cost
+    (one for all kinds of time), charge the newly rounded total minus what was charged
+    before, and return the row."""
+    meter.exact += units * seconds * rate
+    total = to_money(meter.exact)
+    amount = total - meter.charged
+    meter.charged = total
+    account.balance -= amount
+    account.charged = True
+    return (
+        account.pk, LedgerEntry.Kind.USAGE.value, -amount, account.balance, key,
+        meter.cluster_id, period[0], period[1], units, rate, gpu_model_id, memo, written,
+    )  # fmt: skip
+
+
+def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, written):
+    """The card's minimum for a short rental of GPUs (or CPU-only instances): it pays for
+    placing the cluster's size on the fleet, so only the seconds it held them count, and at
+    their price. No-GPU time and kept workspaces are charged per second at their own
+    prices; they neither make a GPU rental long enough nor owe a GPU minimum themselves.
+    The seconds used are those the cluster held GPUs (the union of its GPU intervals), what
+    its GPU lines on the bill add up to."""
+    gpu = sorted((i.start, i.end or meter.billed_until) for i in held if i.kind == GPU)
+    if not gpu:
+        return None
+    start = gpu[0][0]
+    card = book.at(start)
+    if card is None or not card.min_charge_s:
+        return None
+    seconds, reach = 0, start
+    for placed, released in gpu:
+        a, b = max(placed, reach), min(released, meter.billed_until)
+        if b > a:
+            seconds += int((b - a).total_seconds())
+            reach = b
+    short = card.min_charge_s - seconds
+    if short <= 0:
+        return None
+    rate = card.rate(
+        gpu_model_id=meter.gpu_model_id, instance_type_id=meter.instance_type_id, spot=meter.spot
+    )
+    if not rate:
+        return None
+    return _entry(
+        meter, account, rate=rate, units=max(meter.nodes, 1) * (meter.gpus_per_node or 1),
+        seconds=short, key=f"minimum:{meter.cluster_id}", period=(None, None), written=written,
+        memo=f"minimum charge: {card.min_charge_s} s, {seconds} s used",
+        gpu_model_id=meter.gpu_model_id,
+    )  # fmt: skip
+
+
+# -- running out -----------------------------------------------------------------------------
+
+
+def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) -> list[int]:
+    """Release every cluster of these accounts that would go on charging, then bill them up
+    to the second they stopped (in this same tick, so the overdraft stays within one period).
+
+    That is every pending, running (no-GPU mode included) or preempting cluster, and the
+    stopped ones too when the card in force charges for kept workspaces (a stopped price
+    above 0). While kept workspaces are free, a stopped cluster costs nothing and stays, its
+    files with it: the stopped-period auto-release (SUANLI_STOPPED_RELEASE_DAYS) ends it if
+    nobody tops up and starts it again; one waiting in line to start again goes back to
+    stopped."""
+    book = RateBook.load()
+    states = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
+    card = book.at(report.now if report else floor_s(timezone.now()))
+    if card is not None and card.stopped > 0:
+        states.append(Cluster.State.STOPPED)
+    stopped = []
+    for cluster in Cluster.objects.filter(owner__account__pk__in=account_ids, state__in=states):
+        if Cluster.State.STOPPED not in states and cluster_services.cluster_stop_waiting(
+            cluster=cluster, reason=Text(EXHAUSTED)
+        ):
+            continue  # waiting to start again from stopped: stopped again, files kept
+        cluster_services.cluster_release(cluster=cluster, reason=Text(EXHAUSTED))
+        stopped.append(cluster.pk)
+    if stopped:
+        later = floor_s(timezone.now())
+        _accrue_batch(stopped, later, book, report or AccrualReport(now=later))
+    log.warning("accounts %s exhausted: stopped clusters %s", account_ids, stopped)
+    return stopped
