@@ -23,6 +23,7 @@ from django.utils.translation import gettext as _
 
 from billing import rollups, selectors
 from billing.models import Account, LedgerEntry
+from jobs.base.text import fit
 from jobs.events import webhooks
 from jobs.models import Cluster
 
@@ -96,7 +97,7 @@ def post_entry(
         amount=amount,
         balance_after=account.balance,
         key=key,
-        memo=memo[:300],
+        memo=fit(LedgerEntry, "memo", memo),
         created_by=by,
     )
     rollups.add_entry(entry)

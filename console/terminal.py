@@ -50,9 +50,9 @@ from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs.access import gateway
+from jobs.access import sessions, streams
 from jobs.base.text import Text
-from jobs.events import lifecycle
+from jobs.events import timeline
 from jobs.nodes import engine, workspaces
 from jobs.placement import fleet
 
@@ -128,7 +128,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 return
             self.session_owner = owner_id
             # On the timeline before the shell opens: nothing to undo when this fails.
-            await database_sync_to_async(lifecycle.cluster_event, thread_sensitive=False)(
+            await database_sync_to_async(timeline.cluster_event, thread_sensitive=False)(
                 self.login.cluster,
                 "terminal",
                 Text(

@@ -30,7 +30,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from jobs.base.queue import enqueue_unique
-from jobs.base.text import Text, json_of, show
+from jobs.base.text import Text, show, twin_fields
 from jobs.files import storage
 from jobs.models import Job
 from monitoring import traces
@@ -192,8 +192,7 @@ def _keep(job, attempt, file, summary, error, seconds: float) -> TraceSummary:
             "mtime": file.mtime,
             "rank": rank,
             "summary": summary,
-            "error": str(message)[:500] if message else "",
-            "error_text": json_of(message) if message else None,
+            **twin_fields(TraceSummary, "error", message),
             "seconds": round(seconds, 3),
         },
     )

@@ -35,7 +35,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
-from jobs.events.lifecycle import cluster_event, job_event
+from jobs.events.timeline import cluster_event, job_event
 from jobs.models import Cluster, ClusterEvent, Host, Job
 from jobs.nodes import engine, runtime, workspaces
 

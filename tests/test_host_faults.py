@@ -334,7 +334,9 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
     cluster = running_cluster(1)
     node = cluster.node_set.select_related("host").get()
     accrual.accrue()
-    host_services.host_unhealthy(host=node.host, state=Host.State.DOWN, words="connection refused")
+    host_services.host_unhealthy(
+        host=node.host, state=Host.State.DOWN, message="connection refused"
+    )
     lost_at = Node.objects.get(pk=node.pk).lost_at
     time.sleep(2.2)
     accrual.accrue()  # nothing for the down seconds

@@ -462,7 +462,7 @@ def test_joining_again_or_leaving_leaves_no_reasons_of_an_earlier_check(client, 
     call(client, step="register", credential=credential)
     host = Host.objects.get()
     reached = proofs.reach_reasons([proofs.Target("172.29.0.1", 6379, Text("Redis"))])
-    lifecycle.host_unhealthy(host=host, state=Host.State.DEGRADED, words=proofs.lines(reached))
+    lifecycle.host_unhealthy(host=host, state=Host.State.DEGRADED, message=proofs.lines(reached))
     assert "a container reached 172.29.0.1:6379" in Host.objects.get().last_error_shown
     again = begin(client, make_token(cora))[1]["credential"]
     assert call(client, step="register", credential=again)[0].status_code == 200
@@ -533,7 +533,7 @@ def test_leave_drains_waits_for_the_clusters_and_removes_the_host(
     GpuSlot.objects.update(node=None)
     assert call(client, step="leave-status", credential=credential)[1]["empty"] == "yes"
     reached = proofs.lines(proofs.reach_reasons([proofs.Target("10.0.0.1", 22, Text("SSH"))]))
-    lifecycle.host_unhealthy(host=Host.objects.get(), state=Host.State.DEGRADED, words=reached)
+    lifecycle.host_unhealthy(host=Host.objects.get(), state=Host.State.DEGRADED, message=reached)
     response, body = call(client, step="left", credential=credential)
     assert response.status_code == 200, body
     assert not Host.objects.exists(), "out of the fleet"

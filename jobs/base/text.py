@@ -109,9 +109,26 @@ def show(data) -> str:
     return _render(data, translate=True)
 
 
-def json_of(message) -> dict | None:
-    """What an event stores in its `text` field: the JSON of a Text, None for plain words."""
-    return message.as_json() if isinstance(message, Text) else None
+def json_of(message, limit: int | None = None) -> dict | None:
+    """What an event stores in its `text` field: the JSON of a Text, None for plain words.
+    With `limit`, each plain argument (an engine's error, a name) keeps at most that many
+    characters: the shown sentence stays about as long as the English beside it."""
+    if not isinstance(message, Text):
+        return None
+    data = message.as_json()
+    return data if limit is None else _bounded(data, limit)
+
+
+def _bounded(data, limit: int, depth: int = 0):
+    if depth > DEPTH or not isinstance(data, dict):
+        return data
+    if "m" not in data:
+        return data  # a Moment
+    args = {
+        name: value[:limit] if isinstance(value, str) else _bounded(value, limit, depth + 1)
+        for name, value in (data.get("a") or {}).items()
+    }
+    return {**data, "a": args}
 
 
 def join(items: list) -> Text | str:
@@ -139,6 +156,30 @@ def load(data) -> Text | str:
         except (TypeError, ValueError):
             return str(data["at"])
     return "" if data is None else str(data)
+
+
+# What a text field without a max_length (a TextField) keeps of a message at most.
+TEXT_LIMIT = 2000
+
+
+def limit_of(model, field: str) -> int:
+    """The most characters `model`'s `field` keeps: its max_length (a CharField), else
+    TEXT_LIMIT. `model`: a model class or instance (this module imports none)."""
+    return model._meta.get_field(field).max_length or TEXT_LIMIT
+
+
+def fit(model, field: str, message) -> str:
+    """The English of `message` (a Text or plain words) as `model`'s `field` keeps it: cut
+    to the field's length (`limit_of`), never a database error for a long engine error."""
+    return ("" if message is None else str(message))[: limit_of(model, field)]
+
+
+def twin_fields(model, field: str, message) -> dict:
+    """A text field and its twin `<field>_text` (the Text's JSON, None for plain words), as
+    `model` keeps them: e.g. `twin_fields(Sweep, "note", why)`. An empty message (or None)
+    clears both."""
+    limit = limit_of(model, field)
+    return {field: fit(model, field, message), f"{field}_text": json_of(message, limit)}
 
 
 def reason_fields(message, limit: int) -> dict:

@@ -2,7 +2,9 @@
 cluster released, preempted or requeued), the timeline entries that say so and the webhook
 events they send, written in the caller's transaction.
 
-- `lifecycle`: the shared state changes and the one writer of timeline events.
+- `timeline`: the one writer of timeline entries and state reasons (cut to the field's
+  length; whether an entry is a webhook decided by `webhooks.SENT_AS`).
+- `lifecycle`: the shared state changes (a host unhealthy, a cluster released or preempted).
 - `webhooks`: signed deliveries of those events to researchers' endpoints (Standard Webhooks).
 - `netguard`: outbound HTTP to a URL a researcher gave, guarded against SSRF.
 

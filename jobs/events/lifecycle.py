@@ -1,9 +1,9 @@
 """State changes of hosts, clusters and jobs that several parts make: a host found
-unhealthy, a cluster released, preempted or back in the queue, and the timeline entries
-(with their webhook events) that say so, written in the caller's transaction.
+unhealthy, a cluster released, preempted or back in the queue, written in the caller's
+transaction with the timeline entries that say so (through `timeline`, the one writer).
 
 Layer: lifecycle, below services, runner and scheduler, which all call it; it uses
-webhooks, models and queue. Work of the parts above (a placement pass, a job's dispatch,
+timeline, models and queue. Work of the parts above (a placement pass, a job's dispatch,
 stop or preemption) is asked for by task name through `queue`, never by importing them.
 """
 
@@ -13,34 +13,9 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs.base.queue import enqueue_by_name, enqueue_unique
-from jobs.base.text import Text, argument, json_of, reason_fields, stored_reason
-from jobs.events import webhooks
-from jobs.models import Cluster, ClusterEvent, Host, Job, JobEvent, Node, WorkspaceApp
-
-# -- timelines ------------------------------------------------------------------------------
-
-
-def cluster_event(cluster: Cluster, kind: str, message: str | Text = "", at=None) -> None:
-    """The cluster's timeline, and its webhook event, in the caller's transaction. A Text
-    message is also kept as its msgid and arguments, shown in the reader's language."""
-    ClusterEvent.objects.create(
-        cluster=cluster,
-        kind=kind,
-        message=str(message)[:300],
-        text=json_of(message),
-        at=at or timezone.now(),
-    )
-    if kind in ("running", "released", "stopped", "release-soon"):
-        webhooks.cluster_changed(Cluster.objects.get(pk=cluster.pk), kind)
-
-
-def job_event(job: Job, kind: str, message: str | Text = "", at=None) -> None:
-    """The job's timeline, and its webhook event, in the caller's transaction."""
-    JobEvent.objects.create(
-        job=job, kind=kind, message=str(message), text=json_of(message), at=at or timezone.now()
-    )
-    webhooks.job_changed(job.pk, kind)
-
+from jobs.base.text import Text, argument, stored_reason, twin_fields
+from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
+from jobs.models import Cluster, Host, Job, Node, WorkspaceApp
 
 # -- work for the parts above, after commit ---------------------------------------------------
 
@@ -81,23 +56,24 @@ def request_stop(job_id: int) -> None:
 # -- hosts ------------------------------------------------------------------------------------
 
 
-def host_error_fields(words: str | Text) -> dict:
-    """A host's last error, both ways it is kept: `last_error` in English (the API, join.sh)
-    and `last_error_text` (a Text's JSON, shown in the reader's language; None for plain
-    words, e.g. the engine's). Every writer of a host's last error uses this, so the Hosts
-    page (Host.last_error_shown) never shows an older reason than the English one."""
-    return {
-        "last_error": str(words)[:2000],
-        "last_error_text": words.as_json() if isinstance(words, Text) else None,
-    }
+def host_error_fields(message: str | Text) -> dict:
+    """A host's last error, both ways it is kept: `last_error` in English (the API, join.sh;
+    cut to what the field keeps) and `last_error_text` (a Text's JSON, shown in the reader's
+    language; None for plain words, e.g. the engine's). Every writer of a host's last error
+    uses this, so the Hosts page (Host.last_error_shown) never shows an older reason than
+    the English one."""
+    return twin_fields(Host, "last_error", message)
 
 
-def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Host:
+def host_unhealthy(
+    *, host: Host, state: str, message: str | Text = "", at=None, words: str | Text = ""
+) -> Host:
     """Record that a host is down (no answer) or degraded (cannot start containers, or a
     proof of the host check failed): out of placement from now. The first time in a spell,
     its clusters hear of it, and nodes on a down host stop being charged (`Node.lost_at`);
-    placement moves them later (`stranded.move_stranded`). `words`: the engine's, or a
-    Text shown in the reader's language (Host.last_error_text)."""
+    placement moves them later (`stranded.move_stranded`). `message`: the engine's words,
+    or a Text shown in the reader's language (Host.last_error_text)."""
+    message = message or words  # TEMP: `words=` until jobs/runs says message=
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
         at = at or timezone.now()
@@ -105,7 +81,7 @@ def host_unhealthy(*, host: Host, state: str, words: str | Text, at=None) -> Hos
         fields = {
             "state": state,
             "last_checked": at,
-            **host_error_fields(words),
+            **host_error_fields(message),
         }
         if was not in Host.UNHEALTHY:
             fields["unhealthy_since"] = at
@@ -189,14 +165,12 @@ def cancel_jobs_of(cluster: Cluster, reason: str | Text) -> None:
     now = timezone.now()
     for job in cluster.jobs.filter(state__in=Job.WAITING):
         Job.objects.filter(pk=job.pk).update(
-            state=Job.State.CANCELLED, finished_at=now, **reason_fields(reason, 500)
+            state=Job.State.CANCELLED, finished_at=now, **reason_fields(Job, reason)
         )
         job_event(job, "cancelled", reason, at=now)
     for job in cluster.jobs.filter(state__in=Job.ACTIVE):
-        Job.objects.filter(pk=job.pk).update(cancel_requested=True, **reason_fields(reason, 500))
-        JobEvent.objects.create(
-            job=job, kind="cancelling", message=str(reason), text=json_of(reason), at=now
-        )
+        Job.objects.filter(pk=job.pk).update(cancel_requested=True, **reason_fields(Job, reason))
+        job_event(job, "cancelling", reason, at=now)
         request_stop(job.pk)
 
 
@@ -233,10 +207,9 @@ def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Clust
         kept_until=now
     )
     cluster.state = Cluster.State.RELEASED
-    cluster.state_reason = str(reason)[:300]
-    cluster.state_reason_text = json_of(reason)
+    said = set_reason(cluster, reason)
     cluster.released_at = now
-    cluster.save(update_fields=["state", "state_reason", "state_reason_text", "released_at"])
+    cluster.save(update_fields=["state", *said, "released_at"])
     cluster_event(
         cluster,
         "released",
@@ -273,7 +246,7 @@ def cluster_preempt(*, cluster: Cluster, reason: str | Text) -> bool:
     now = timezone.now()
     Cluster.objects.filter(pk=cluster.pk).update(
         state=Cluster.State.PREEMPTING,
-        **reason_fields(Text(PREEMPTING, reason=reason), 300),
+        **reason_fields(Cluster, Text(PREEMPTING, reason=reason)),
     )
     Node.objects.filter(cluster=cluster, released_at__isnull=True).update(preempted_at=now)
     cluster_event(
@@ -292,7 +265,7 @@ def cluster_preempt(*, cluster: Cluster, reason: str | Text) -> bool:
         return True
     Job.objects.filter(pk=active.pk).update(
         preempt_requested_at=now,
-        **reason_fields(Text(NOTICE, reason=reason), 500),
+        **reason_fields(Job, Text(NOTICE, reason=reason)),
     )
     notice = Text(
         gettext_noop(
@@ -308,9 +281,7 @@ def cluster_preempt(*, cluster: Cluster, reason: str | Text) -> bool:
         limit=settings.SUANLI_PREEMPT_SCRIPT_S,
         grace=settings.SUANLI_PREEMPT_GRACE_S,
     )
-    JobEvent.objects.create(
-        job=active, kind="notice", message=str(notice), text=json_of(notice), at=now
-    )
+    job_event(active, "notice", notice, at=now)
     job_id = active.pk
     transaction.on_commit(
         lambda: enqueue_unique(
@@ -338,7 +309,7 @@ def cluster_requeue_preempted(*, cluster_id: int) -> bool:
         reason = str(said).removeprefix("preempting: ")
     Cluster.objects.filter(pk=cluster.pk).update(
         state=Cluster.State.PENDING,
-        **reason_fields(Text(PREEMPTED, reason=reason), 300),
+        **reason_fields(Cluster, Text(PREEMPTED, reason=reason)),
         queued_at=now,
         running_since=None,
     )

@@ -34,6 +34,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.base.text import fit
 from jobs.events import netguard
 from jobs.models import (
     Cluster,
@@ -50,14 +51,6 @@ EVENT_TYPES = [value for value, _ in WebhookEndpoint.EVENTS]
 TEST_EVENT = "webhook.test"
 LEASE = timedelta(seconds=60)  # a claimed attempt not recorded by then is tried again
 DELIVER_TASK = "jobs.tasks.webhook_deliver"  # by name: tasks sit above this module
-JOB_KINDS = {
-    "queued": "job.queued",
-    "running": "job.started",
-    "succeeded": "job.succeeded",
-    "failed": "job.failed",
-    "cancelled": "job.cancelled",
-    "preempted": "job.preempted",
-}
 
 
 def new_secret() -> str:
@@ -80,6 +73,50 @@ def _body(event_type: str, data: dict, at) -> str:
         separators=(",", ":"),
         sort_keys=True,
     )
+
+
+# Which timeline entries go out as which webhook type, by timeline and kind: the one place
+# that decides. The timeline's writer (jobs.events.timeline) writes every entry and hands it
+# to `timeline_entry`; a kind not listed is not sent (a pool's entries never are).
+SENT_AS: dict[str, dict[str, str]] = {
+    "cluster": {
+        "running": "cluster.running",
+        "stopped": "cluster.stopped",
+        "release-soon": "cluster.release_soon",
+        "released": "cluster.released",
+    },
+    "job": {
+        "queued": "job.queued",
+        "running": "job.started",
+        "succeeded": "job.succeeded",
+        "failed": "job.failed",
+        "cancelled": "job.cancelled",
+        "preempted": "job.preempted",
+    },
+}
+
+
+def sent_as(timeline: str, kind: str) -> str | None:
+    """The webhook type an entry of this kind on this timeline ("cluster", "job") is sent
+    as, None when it is not sent."""
+    return SENT_AS.get(timeline, {}).get(kind)
+
+
+def timeline_entry(subject: Cluster | Job, kind: str) -> WebhookEvent | None:
+    """The webhook event of an entry just written on `subject`'s timeline (in the caller's
+    transaction), when SENT_AS sends its kind; `subject` as it is now (its state and
+    reason are sent). A stopped cluster's events say when it will be released
+    (`release_at`, ISO 8601)."""
+    event_type = sent_as("job" if isinstance(subject, Job) else "cluster", kind)
+    if event_type is None:
+        return None
+    if isinstance(subject, Job):
+        return emit(owner_id=subject.owner_id, event_type=event_type, data=job_data(subject))
+    data = cluster_data(subject)
+    if subject.stopped_at is not None and kind != "released":
+        release_at = subject.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+        data["cluster"]["release_at"] = release_at.isoformat()
+    return emit(owner_id=subject.owner_id, event_type=event_type, data=data)
 
 
 def emit(*, owner_id: int, event_type: str, data: dict, endpoints=None) -> WebhookEvent | None:
@@ -136,14 +173,6 @@ def job_data(job: Job) -> dict:
     }  # fmt: skip
 
 
-def job_changed(job_id: int, kind: str) -> None:
-    event_type = JOB_KINDS.get(kind)
-    if event_type is None:
-        return
-    job = Job.objects.get(pk=job_id)
-    emit(owner_id=job.owner_id, event_type=event_type, data=job_data(job))
-
-
 def cluster_data(cluster: Cluster) -> dict:
     return {
         "cluster": {
@@ -154,25 +183,13 @@ def cluster_data(cluster: Cluster) -> dict:
     }  # fmt: skip
 
 
-CLUSTER_EVENTS = {
-    "running": "cluster.running",
-    "stopped": "cluster.stopped",
-    "release-soon": "cluster.release_soon",
-    "released": "cluster.released",
-}
+def job_changed(job_id: int, kind: str) -> None:  # TEMP: until runs and placement use timeline
+    if sent_as("job", kind):
+        timeline_entry(Job.objects.get(pk=job_id), kind)
 
 
-def cluster_changed(cluster: Cluster, kind: str) -> None:
-    """The cluster's webhook event for a timeline entry of this kind, if it has one. A
-    stopped cluster's events say when it will be released (`release_at`, ISO 8601)."""
-    event_type = CLUSTER_EVENTS.get(kind)
-    if event_type is None:
-        return
-    data = cluster_data(cluster)
-    if cluster.stopped_at is not None and kind != "released":
-        release_at = cluster.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
-        data["cluster"]["release_at"] = release_at.isoformat()
-    emit(owner_id=cluster.owner_id, event_type=event_type, data=data)
+def cluster_changed(cluster: Cluster, kind: str) -> None:  # TEMP: idem
+    timeline_entry(cluster, kind)
 
 
 def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
@@ -264,7 +281,8 @@ def _record(delivery, *, status, excerpt, error, latency) -> str:
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=delivery.endpoint_id)
     WebhookAttempt.objects.create(
         delivery=delivery, at=now, status_code=status, latency_ms=latency,
-        response_excerpt=excerpt[:1000], error=error[:300],
+        response_excerpt=fit(WebhookAttempt, "response_excerpt", excerpt),
+        error=fit(WebhookAttempt, "error", error),
     )  # fmt: skip
     attempts = delivery.attempts + 1
     fields = {"attempts": attempts, "last_status": status}

@@ -13,20 +13,17 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
-from jobs.events.lifecycle import (
-    cluster_event,
-    host_error_fields,
-    request_dispatch,
-)
 
 # The lifecycle's verbs, used through `services.` by the console, billing and the admin.
 from jobs.events.lifecycle import cluster_preempt as cluster_preempt
 from jobs.events.lifecycle import cluster_release as cluster_release
 from jobs.events.lifecycle import cluster_requeue_preempted as cluster_requeue_preempted
+from jobs.events.lifecycle import host_error_fields, request_dispatch
 from jobs.events.lifecycle import host_outage_began as host_outage_began
 from jobs.events.lifecycle import host_outage_ended as host_outage_ended
 from jobs.events.lifecycle import host_unhealthy as host_unhealthy
 from jobs.events.lifecycle import request_placement as request_placement
+from jobs.events.timeline import cluster_event
 from jobs.hosts import proofs
 from jobs.models import (
     Cluster,
@@ -97,20 +94,20 @@ def host_check(*, host_id: int) -> Host:
         reasons += network.overlaps(host)
         facts["root_disk_enforced"] = _root_disk_enforced(host, facts["storage_driver"], backing_fs)
     except engine.EngineError as exc:
-        return host_unhealthy(host=host, state=Host.State.DOWN, words=str(exc))
+        return host_unhealthy(host=host, state=Host.State.DOWN, message=str(exc))
     except engine.CanaryFailed as exc:
         Host.objects.filter(pk=host.pk).update(
             **facts, emulated_gpu=not nvidia, last_seen=timezone.now()
         )
         return host_unhealthy(
-            host=host, state=Host.State.DEGRADED, words=f"cannot start containers: {exc}"
+            host=host, state=Host.State.DEGRADED, message=f"cannot start containers: {exc}"
         )
     if reasons:
         Host.objects.filter(pk=host.pk).update(
             **facts, emulated_gpu=not nvidia, last_seen=timezone.now()
         )
         return host_unhealthy(
-            host=host, state=Host.State.DEGRADED, words=proofs.lines([*reasons, note])
+            host=host, state=Host.State.DEGRADED, message=proofs.lines([*reasons, note])
         )
     # The time of the outcome, not of the question: accrual may have run meanwhile.
     now = timezone.now()

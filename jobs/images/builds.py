@@ -56,6 +56,7 @@ from django.utils.translation import gettext_noop, ngettext
 
 from jobs.base import logstore, validators
 from jobs.base.queue import enqueue_by_name
+from jobs.base.text import fit
 from jobs.files import storage
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
 from jobs.nodes import engine, registry, workspaces
@@ -1267,7 +1268,7 @@ def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
                     text = chunk["stream"]
                     step = _STEP.match(text.strip())
                     if step:
-                        out.state(step=text.strip()[:300])
+                        out.state(step=fit(ImageBuild, "step", text.strip()))
                     watch.read(text)
                     out.write(text)
                 elif "error" in chunk:
@@ -1577,7 +1578,7 @@ def _push(build: ImageBuild, host: Host, reference: str, out: _Log, layers: list
         "source": OwnImage.Source.SAVE
         if build.kind == ImageBuild.Kind.SAVE
         else OwnImage.Source.BUILD,
-        "source_note": note[:200],
+        "source_note": fit(OwnImage, "source_note", note),
         "updated_at": now,
     }
     before = OwnImage.objects.filter(

@@ -8,7 +8,7 @@ for one pull or push (the engine keeps none). An image of researcher N is
 console's own choice of the owner's images.
 
 Layer: beside network and storage (workspaces and runner pull through it); uses engine,
-models and validators.
+the timeline's writer (events), models and validators.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import docker
 import requests
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs.base.text import Text, json_of
+from jobs.base.text import Text
 from jobs.base.validators import image_repository, registry_refusal
-from jobs.models import Cluster, ClusterEvent
+from jobs.events import timeline
+from jobs.models import Cluster
 from jobs.nodes import engine
 
 log = logging.getLogger(__name__)
@@ -474,8 +474,8 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
     if has_current(client, ref, digest):
         return True
     started = time.monotonic()
-    _note(cluster_id, host.name, state="pulling", done=0, total=0)
-    _event(
+    _pull_state(cluster_id, host.name, state="pulling", done=0, total=0)
+    _cluster_event(
         cluster_id,
         "pulling",
         Text(gettext_noop("pulling %(image)s onto %(host)s"), image=ref, host=host.name),
@@ -485,7 +485,7 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
 
     def progress(done: int, total: int) -> None:
         got["total"] = total
-        _note(cluster_id, host.name, state="pulling", done=done, total=total)
+        _pull_state(cluster_id, host.name, state="pulling", done=done, total=total)
 
     try:
         # A reference by digest alone (a saved workspace, jobs/nodes/workspaces.py) is pulled as
@@ -501,14 +501,14 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
             error=exc,
         )
         message = str(failed)
-        _note(cluster_id, host.name, state="failed", message=message)
-        _event(cluster_id, "pull-failed", failed)
+        _pull_state(cluster_id, host.name, state="failed", message=message)
+        _cluster_event(cluster_id, "pull-failed", failed)
         raise RegistryError(message) from exc
     finally:
         patient.close()
     seconds = time.monotonic() - started
-    _note(cluster_id, host.name, state="pulled", done=got["total"], total=got["total"])
-    _event(
+    _pull_state(cluster_id, host.name, state="pulled", done=got["total"], total=got["total"])
+    _cluster_event(
         cluster_id,
         "pulled",
         Text(
@@ -522,7 +522,9 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
     return True
 
 
-def _note(cluster_id, host_name: str, **state) -> None:
+def _pull_state(cluster_id, host_name: str, **state) -> None:
+    """Keep how the pull onto `host_name` goes on the cluster (`Cluster.image_pulls`, which
+    its page reads)."""
     if cluster_id is None:
         return
     with transaction.atomic():
@@ -534,16 +536,10 @@ def _note(cluster_id, host_name: str, **state) -> None:
         Cluster.objects.filter(pk=cluster_id).update(image_pulls=pulls)
 
 
-def _event(cluster_id, kind: str, message: str | Text) -> None:
-    if cluster_id is None:
-        return
-    ClusterEvent.objects.create(
-        cluster_id=cluster_id,
-        at=timezone.now(),
-        kind=kind,
-        message=str(message)[:300],
-        text=json_of(message),
-    )
+def _cluster_event(cluster_id, kind: str, message: str | Text) -> None:
+    """The pull on the cluster's timeline, when the pull is for a cluster."""
+    if cluster_id is not None:
+        timeline.cluster_event(cluster_id, kind, message)
 
 
 # -- sizes ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
-from jobs.events import lifecycle
+from jobs.events import timeline
 from jobs.models import (
     MAX_GPUS_PER_HOST,
     Cluster,
@@ -491,7 +491,7 @@ def _say_not_saved(node: Node, over: OverQuota) -> None:
         said = said.filter(at__gte=stopped.at)
     if said.exists():
         return
-    lifecycle.cluster_event(
+    timeline.cluster_event(
         cluster,
         NOT_SAVED,
         Text(

@@ -32,9 +32,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from jobs.base.queue import enqueue_unique
-from jobs.base.text import Text, json_of, show
+from jobs.base.text import Text, show
 from jobs.clusters import services
 from jobs.events import lifecycle
+from jobs.events.timeline import pool_event, text_of
 from jobs.files.storage import VolumeSpec
 from jobs.models import Cluster, Job, Pool, PoolEvent, PoolSample
 
@@ -50,16 +51,6 @@ def request_scale(pool_id: int) -> None:
             again_if_running=True, result_ttl=60,
         )
     )  # fmt: skip
-
-
-def event(pool: Pool, kind: str, message: str | Text, figures: dict | None = None) -> PoolEvent:
-    return PoolEvent.objects.create(
-        pool=pool,
-        kind=kind,
-        message=str(message)[:500],
-        text=json_of(message),
-        figures=figures or {},
-    )
 
 
 # -- creating, closing ------------------------------------------------------------------------
@@ -109,7 +100,7 @@ def pool_create(*, owner, spec: PoolSpec, rate_per_hour: Decimal | None = None) 
         budget_total=spec.budget_total,
         rate_per_hour=rate_per_hour,
     )
-    event(
+    pool_event(
         pool,
         "created",
         Text(
@@ -134,7 +125,9 @@ def pool_close(*, pool: Pool) -> Pool:
     reason = Text(gettext_noop("pool %(pool)s closed"), pool=pool.name)
     for job in Job.objects.filter(pool=pool, state__in=Job.WAITING):
         services.job_cancel(job=job, by=reason)
-    event(pool, "closed", Text(gettext_noop("closed: no new jobs; clusters released when idle")))
+    pool_event(
+        pool, "closed", Text(gettext_noop("closed: no new jobs; clusters released when idle"))
+    )
     request_scale(pool.pk)
     return pool
 
@@ -398,7 +391,7 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
         for _i in range(allowed):
             made = services.cluster_create(owner=pool.owner, spec=cluster_spec(pool, _name(pool)))
             clusters.append(made)
-        event(
+        pool_event(
             pool, "grow", Text(gettext_noop("%(situation)s: +%(n)s"), situation=situation, n=allowed),
             numbers,
         )  # fmt: skip
@@ -409,8 +402,8 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
         )  # fmt: skip
         last = pool.events.order_by("-at", "-id").first()
         # Once per change of reason: a pool held back for an hour has one line, not 700.
-        if last is None or last.kind != "held" or last.text != json_of(held):
-            event(pool, "held", held, numbers)
+        if last is None or last.kind != "held" or last.text != text_of(PoolEvent, held):
+            pool_event(pool, "held", held, numbers)
     return allowed
 
 
@@ -500,7 +493,7 @@ def _shrink(
                     gettext_noop("released by pool %(pool)s: %(why)s"), pool=pool.name, why=why
                 ),
             )
-        event(
+        pool_event(
             pool, "shrink",
             Text(gettext_noop("%(cluster)s %(why)s: -1"), cluster=cluster.name, why=why),
             numbers,

@@ -38,7 +38,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from sqlalchemy.pool import NullPool
 
-from jobs.base.text import Text, json_of
+from jobs.base.text import Text, twin_fields
 from jobs.clusters import services
 from jobs.models import Job, Pool, Sweep, Trial
 from jobs.pools import autoscaler
@@ -490,10 +490,9 @@ def advance(sweep_id: int) -> int:
         note = (
             Text(gettext_noop("no trial can start now: %(why)s"), why=waiting) if waiting else None
         )
-        if (str(note) if note else "") != sweep.note:
-            Sweep.objects.filter(pk=sweep.pk).update(
-                note=str(note)[:500] if note else "", note_text=json_of(note) if note else None
-            )
+        said = twin_fields(Sweep, "note", note)
+        if said["note"] != sweep.note:
+            Sweep.objects.filter(pk=sweep.pk).update(**said)
         pool = sweep.pool
         gone = pool.state != Pool.State.ACTIVE or (
             pool.budget_total is not None and pool.spent >= pool.budget_total
@@ -581,7 +580,7 @@ def _report(trial_id: int, points: list, problems: list, seq: int) -> str:
         trial.log_seq = seq
         if problems:
             number, why = problems[-1]
-            _note(
+            _set_trial_note(
                 trial,
                 Text(
                     gettext_noop("log line %(n)s: %(why)s (the line is shown in the trial's log)"),
@@ -665,12 +664,12 @@ def job_ended(job_id: int) -> str:
             elif trial.sweep.state == Sweep.State.CANCELLED:
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 trial.state = Trial.State.CANCELLED
-                _note(trial, Text(gettext_noop("stopped with its sweep")))
+                _set_trial_note(trial, Text(gettext_noop("stopped with its sweep")))
             else:
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 trial.state = Trial.State.FAILED
                 if not trial.note:
-                    _note(
+                    _set_trial_note(
                         trial,
                         Text(
                             gettext_noop(
@@ -707,14 +706,15 @@ def _lost(trial: Trial) -> None:
         )
     except KeyError:
         pass  # the study itself is gone
-    _note(trial, Text(gettext_noop("its job was deleted")))
+    _set_trial_note(trial, Text(gettext_noop("its job was deleted")))
     trial.state = Trial.State.FAILED
     trial.save(update_fields=["state", "note", "note_text"])
 
 
-def _note(trial: Trial, note: Text) -> None:
-    trial.note = str(note)[:500]
-    trial.note_text = json_of(note)
+def _set_trial_note(trial: Trial, note: Text) -> None:
+    """Set the (unsaved) trial's note and its twin, cut to what the field keeps."""
+    for field, value in twin_fields(Trial, "note", note).items():
+        setattr(trial, field, value)
 
 
 def tick() -> int:
