@@ -1,5 +1,19 @@
 """Shared personas and real parts: the PostgreSQL, Redis and two Docker engines that
-`make test` starts (.ci/services.sh). Nothing of ours is mocked."""
+`make test` starts (.ci/services.sh). Nothing of ours is mocked.
+
+Tiers. Every test is marked, at collection, with what it needs (`pytest -m`):
+    unit     nothing: no database, no Redis, no engine
+    db       PostgreSQL (and the test Redis): `db`, `transactional_db`, `live_server`, `django_db`
+    engine   the two Docker engines and the rest of the full services (registry, MooseFS):
+             `engine_urls` in its fixtures (so `make_host`, `running_cluster`...), or an
+             explicit `pytest.mark.engine` where it reaches them another way
+    procs    Procfile processes of its own: `processes`, `rq_worker`
+    browser  Chromium: `browser`, `page`
+    e2e      explicit: real PyTorch across the engines (`make e2e`)
+`make test-fast` runs `not engine and not procs and not browser and not e2e` on PostgreSQL
+and Redis alone; `make test` runs everything. The autouse fixtures below do only what a
+test's tiers need.
+"""
 
 import os
 import shutil
@@ -31,6 +45,47 @@ def procfile_line(process: str) -> str:
 
 def _engine_urls() -> list[str]:
     return [u for u in os.environ.get("SUANLI_TEST_ENGINES", "").split(",") if u]
+
+
+# -- tiers ---------------------------------------------------------------------------------
+
+TIERS = ("unit", "db", "engine", "procs", "browser", "e2e")
+# What puts a test in a tier: a fixture in its closure (item.fixturenames is the whole of it,
+# so a fixture that requests `make_host` puts its tests in the engine tier too).
+TIER_FIXTURES = {
+    "db": {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "live_server",
+    },
+    "engine": {"engine_urls"},
+    "procs": {"processes", "rq_worker"},
+    "browser": {"browser", "page"},
+}
+
+
+def tiers_of(item) -> set[str]:
+    """The tiers a collected test needs: those of its fixtures and its explicit markers."""
+    used = set(getattr(item, "fixturenames", ()))
+    found = {tier for tier, names in TIER_FIXTURES.items() if used & names}
+    if item.get_closest_marker("django_db"):
+        found.add("db")
+    found |= {tier for tier in TIERS if tier != "unit" and item.get_closest_marker(tier)}
+    return found or {"unit"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects on the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for tier in sorted(tiers_of(item)):
+            if not any(m.name == tier for m in item.iter_markers()):
+                item.add_marker(tier)
+
+
+def _in_tier(request, tier: str) -> bool:
+    return request.node.get_closest_marker(tier) is not None
 
 
 def pytest_report_header(config):
@@ -83,9 +138,35 @@ def bob(db):
     return get_user_model().objects.create_user("bob", password="bob-pass-123")
 
 
+# The outcome of one real, full host check per engine (and address and extra fields) in this
+# session, for `make_host(check="reuse")`: the fields `host_services.host_check` writes.
+_PROVEN: dict[tuple, dict] = {}
+_PROOF_FIELDS = (
+    "swarm_state",
+    "swarm_cluster",
+    "swarm_manager",
+    "docker_version",
+    "storage_driver",
+    "operating_system",
+    "cpu_count",
+    "memory_bytes",
+    "root_disk_enforced",
+    "emulated_gpu",
+    "last_error",
+    "last_error_text",
+)
+
+
 @pytest.fixture
 def make_host(catalog, engine_urls):
-    """Register a host through the real service and check it against its real engine."""
+    """Register a host through the real service on a real engine (the engine tier), and:
+    check=True     check it: the real, full host check (the canary, swarm and network proofs);
+    check="reuse"  the first time per engine (address, extra fields) in the session, the same
+                   real check; after that the host gets that proven outcome (the engine's
+                   facts, active or draining, checked now) without a canary. For tests that
+                   need a real engine behind the host but are not about its check (the check
+                   itself is proved by test_host_proofs.py and test_hosts.py);
+    check=False    leave it unchecked, as host_save stores it."""
 
     def make(
         name="gpu-a-01", *, engine=0, zone="zone-a", model="a100-80gb", gpus=8, check=True, **extra
@@ -104,40 +185,94 @@ def make_host(catalog, engine_urls):
             **extra,
         )
         host_services.host_save(host=host)
-        return host_services.host_check(host_id=host.pk) if check else host
+        if not check:
+            return host
+        key = (host.engine_url, host.address, tuple(sorted((k, repr(v)) for k, v in extra.items())))
+        if check == "reuse" and key in _PROVEN:
+            return _as_proven(host, _PROVEN[key])
+        host = host_services.host_check(host_id=host.pk)
+        if host.state in (Host.State.ACTIVE, Host.State.DRAINING):
+            _PROVEN[key] = {field: getattr(host, field) for field in _PROOF_FIELDS}
+        return host
+
+    return make
+
+
+def _as_proven(host: Host, proven: dict) -> Host:
+    """What a good check writes (host_services.host_check), from an earlier one's outcome."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    Host.objects.filter(pk=host.pk).update(
+        **proven,
+        state=Host.State.DRAINING if host.drain_requested else Host.State.ACTIVE,
+        last_checked=now,
+        last_seen=now,
+        unhealthy_since=None,
+    )
+    host_services.request_placement()  # as a check that makes a host active does
+    host.refresh_from_db()
+    return host
+
+
+PAPER_ENGINE = "unix:///run/suanli-no-such-engine.sock"
+
+
+@pytest.fixture
+def make_paper_host(catalog):
+    """Register hosts with no engine behind them (the db tier): active by default, for pages,
+    forms, permissions, placement decisions and bills, anything that never starts a
+    container. `make_paper_host("gpu-paper-02", zone="zone-b", gpus=2)`."""
+
+    def make(
+        name="gpu-paper-01",
+        *,
+        zone="zone-a",
+        model="a100-80gb",
+        gpus=8,
+        state=Host.State.ACTIVE,
+        **extra,
+    ):
+        extra.setdefault("engine_url", PAPER_ENGINE)
+        extra.setdefault("address", "127.0.0.1")
+        host = Host(
+            name=name,
+            zone=zone,
+            gpu_model=catalog[model] if model else None,
+            gpu_count=gpus,
+            state=state,
+            **extra,
+        )
+        return host_services.host_save(host=host)
 
     return make
 
 
 @pytest.fixture
-def paper_host(catalog):
+def paper_host(make_paper_host):
     """An active 8-GPU A100 host registered with no engine behind it: for pages, forms and
     permissions that never start a container."""
-    host = Host(
-        name="gpu-paper-01",
-        engine_url="unix:///run/suanli-no-such-engine.sock",
-        address="127.0.0.1",
-        zone="zone-a",
-        gpu_model=catalog["a100-80gb"],
-        gpu_count=8,
-        state=Host.State.ACTIVE,
-    )
-    return host_services.host_save(host=host)
+    return make_paper_host()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _optuna_lets_go(django_db_setup, django_db_blocker):
-    """Optuna's own connections to the test database (jobs/pools/sweeps.py) are closed before
-    the database is dropped at the end of the run."""
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's test database (made by the first test that needs it, never for a run of
+    unit tests), and Optuna's own connections to it (jobs/pools/sweeps.py) closed before it
+    is dropped at the end of the run."""
     yield
     sweeps.close_storages()
 
 
 @pytest.fixture(autouse=True)
-def _fresh_redis(settings):
-    """Every test starts with empty queues on the test Redis (a dedicated server)."""
+def _fresh_redis(request):
+    """Every test beyond the unit tier starts with empty queues on the test Redis (its own
+    database number: .ci/test.sh). Unit tests use no Redis and need none running."""
     import django_rq
+    from django.conf import settings
 
+    if _in_tier(request, "unit"):
+        return
     try:
         django_rq.get_connection("default").flushdb()
     except Exception as exc:  # the suite needs Redis; say so plainly
@@ -271,13 +406,15 @@ def work_queue():
 
 @pytest.fixture
 def running_cluster(make_host, make_cluster, alice):
-    """A placed cluster on the real engines: `nodes` nodes, one host per engine."""
+    """A placed cluster on the real engines: `nodes` nodes, one host per engine (checked
+    with `check="reuse"`: one real check per engine a session)."""
     from jobs.placement import scheduler
 
     def make(nodes=1, *, gpus=1, owner=None, name=None, **extra):
         if not make_host.__dict__.get("made"):
-            make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
-            make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2)
+            # Real engines; their check proved once a session (test_host_proofs.py proves it).
+            make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
+            make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2, check="reuse")
             make_host.__dict__["made"] = True
         extra.setdefault("release_policy", "never")
         extra.setdefault("volumes", ())
@@ -319,9 +456,11 @@ def settle_until():
 
 @pytest.fixture(autouse=True)
 def _no_leftover_containers(request):
-    """Tests that start containers leave none behind on the engines: no workspace after
-    any test, no replica after those that ran a cluster's jobs."""
+    """Engine tests leave no container behind on the engines: no workspace after any of
+    them, no replica after those that ran a cluster's jobs. Other tiers reach no engine."""
     yield
+    if not _in_tier(request, "engine"):
+        return
     labels = ["suanli.workspace"]
     if {"running_cluster", "make_pool"} & set(request.fixturenames):
         labels.append("suanli.job")
