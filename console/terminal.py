@@ -50,7 +50,7 @@ from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs.access import sessions, streams
+from jobs.access import gateway
 from jobs.base.text import Text
 from jobs.events import timeline
 from jobs.nodes import engine, workspaces

@@ -24,7 +24,6 @@ from django.utils.translation import gettext_noop, ngettext
 from jobs.base import validators
 from jobs.base.queue import enqueue_by_name, enqueue_unique
 from jobs.base.text import Moment, Text, join, show
-from jobs.clusters.spec import ClusterSpec
 from jobs.events.lifecycle import cancel_jobs_of, free_nodes, request_dispatch, request_stop
 
 # The lifecycle's verbs, used through `services.` by the console, billing and the admin.
@@ -34,12 +33,17 @@ from jobs.events.lifecycle import cluster_requeue_preempted as cluster_requeue_p
 from jobs.events.lifecycle import request_placement as request_placement
 from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
 from jobs.files import pub, storage
+from jobs.files.storage import VolumeSpec
 from jobs.models import (
     Cluster,
+    GpuModel,
     GpuSlot,
     Host,
+    Image,
+    InstanceType,
     Job,
     Node,
+    OwnImage,
     Pool,
     SshKey,
     Volume,
@@ -338,182 +342,141 @@ def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_O
         raise ValidationError(
             _("Unknown start mode %(mode)s: gpu, wait or no_gpu.") % {"mode": repr(mode)}
         )
-    return flows[mode](cluster=cluster, by=by)
-
-
-def _startable(cluster: Cluster, *, waiting_too: bool = False) -> tuple[Cluster, list[Node]]:
-    """The first steps of every start, inside its transaction: the cluster locked and read
-    again; refused unless it is stopped (or, `waiting_too`, waiting in line after a stop),
-    while a job of it still stops, or when it keeps no workspace; the filesystem's quota
-    again from what the owner bought (MooseFS), once per start. Returns it and its kept
-    nodes."""
-    cluster = (
-        Cluster.objects.select_for_update(of=("self",))
-        .select_related("gpu_model", "instance_type")
-        .get(pk=cluster.pk)
-    )
-    waiting = cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None
-    if not (cluster.state == Cluster.State.STOPPED or (waiting and waiting_too)):
-        raise ValidationError(
-            _(
-                "Only a stopped cluster can be started; %(name)s is waiting in line for "
-                "its GPUs already."
+    with transaction.atomic():
+        cluster = (
+            Cluster.objects.select_for_update(of=("self",))
+            .select_related("gpu_model", "instance_type")
+            .get(pk=cluster.pk)
+        )
+        waiting = cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None
+        if not (cluster.state == Cluster.State.STOPPED or (waiting and mode == "no_gpu")):
+            raise ValidationError(
+                _(
+                    "Only a stopped cluster can be started; %(name)s is waiting in line for "
+                    "its GPUs already."
+                )
+                % {"name": cluster.name}
+                if waiting
+                else _("Only a stopped cluster can be started; %(name)s is %(state)s.")
+                % {"name": cluster.name, "state": cluster.get_state_display()}
             )
-            % {"name": cluster.name}
-            if waiting
-            else _("Only a stopped cluster can be started; %(name)s is %(state)s.")
-            % {"name": cluster.name, "state": cluster.get_state_display()}
-        )
-    stopping = cluster.jobs.filter(state__in=Job.ACTIVE).first()
-    if stopping is not None:
-        raise ValidationError(
-            _(
-                "Job %(job)s is still stopping (SIGTERM, then SIGKILL after %(grace)s s): "
-                "start the cluster once it has ended."
+        stopping = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+        if stopping is not None:
+            raise ValidationError(
+                _(
+                    "Job %(job)s is still stopping (SIGTERM, then SIGKILL after %(grace)s s): "
+                    "start the cluster once it has ended."
+                )
+                % {"job": stopping.name, "grace": settings.SUANLI_STOP_GRACE_S}
             )
-            % {"job": stopping.name, "grace": settings.SUANLI_STOP_GRACE_S}
-        )
-    kept = _kept(cluster)
-    if not kept:
-        raise ValidationError(
-            _("%(name)s keeps no workspaces; release it.") % {"name": cluster.name}
-        )
-    storage.quota_apply(cluster.owner_id)
-    return cluster, kept
-
-
-@transaction.atomic
-def cluster_start_without_gpus(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
-    """Start a stopped (or waiting) GPU cluster at once without GPUs: its workspaces alone,
-    a small CPU and memory share, billed per node-hour at the no-GPU price; no jobs."""
-    cluster, kept = _startable(cluster, waiting_too=True)
-    now = timezone.now()
-    if cluster.is_cpu_only:
-        raise ValidationError(_("A CPU-only cluster has no GPUs to leave out: start it as it is."))
-    full = _no_gpu_room(cluster, kept)
-    if full:
-        raise ValidationError(full)
-    unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
-    if unhealthy:
-        raise ValidationError(
-            _(
-                "Host %(host)s, which keeps its workspace, is %(state)s: start it when "
-                "the host is back."
+        kept = _kept(cluster)
+        if not kept:
+            raise ValidationError(
+                _("%(name)s keeps no workspaces; release it.") % {"name": cluster.name}
             )
-            % {
-                "host": unhealthy[0],
-                "state": Host.objects.get(name=unhealthy[0]).get_state_display(),
-            }
+        # The filesystem's quota again from what the owner bought (MooseFS), once per start.
+        storage.quota_apply(cluster.owner_id)
+        now = timezone.now()
+        if mode == "no_gpu":
+            if cluster.is_cpu_only:
+                raise ValidationError(
+                    _("A CPU-only cluster has no GPUs to leave out: start it as it is.")
+                )
+            full = _no_gpu_room(cluster, kept)
+            if full:
+                raise ValidationError(full)
+            unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
+            if unhealthy:
+                raise ValidationError(
+                    _(
+                        "Host %(host)s, which keeps its workspace, is %(state)s: start it when "
+                        "the host is back."
+                    )
+                    % {
+                        "host": unhealthy[0],
+                        "state": Host.objects.get(name=unhealthy[0]).get_state_display(),
+                    }
+                )
+            nodes = Node.objects.bulk_create(
+                [
+                    Node(cluster=cluster, index=n.index, host_id=n.host_id, gpu_indices=[],
+                         vcpus=0, no_gpu=True, placed_at=now)
+                    for n in kept
+                ]
+            )  # fmt: skip
+            started = Text(
+                gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
+                by=by,
+                nodes=slots.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
+            )
+            _started(cluster, kept, now, no_gpu=True, message=started)
+            return cluster
+        if mode == "wait":
+            why = Text(gettext_noop("waiting for its GPUs on the hosts that keep its workspaces"))
+            Cluster.objects.filter(pk=cluster.pk).update(
+                state=Cluster.State.PENDING, queued_at=now, no_gpu=False,
+                **reason_fields(Cluster, why),
+            )  # fmt: skip
+            cluster_event(
+                cluster,
+                "waiting",
+                Text(
+                    gettext_noop("%(by)s chose to wait in line for its GPUs on %(hosts)s"),
+                    by=by,
+                    hosts=", ".join(sorted({n.host.name for n in kept})),
+                ),
+                at=now,
+            )
+            request_placement()
+            cluster.refresh_from_db()
+            return cluster
+        hosts = [n.host_id for n in kept]
+        blocked = _why_blocked(cluster, kept)
+        if blocked:
+            # Its hosts have no room: another with its GPU model takes it where its
+            # workspaces' root filesystems are saved (its volumes are on every host).
+            hosts = restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept)
+            if hosts is None:
+                raise StartBlocked(_saving(cluster, kept, blocked), code="gpus_taken")
+        # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
+        # own processes': it takes them back as they are, no other tenant comes between.
+        # Only the kept nodes' own, where they stay: a node a resize or a move left may
+        # still run elsewhere.
+        staying = [n for n, host_id in zip(kept, hosts, strict=True) if n.host_id == host_id]
+        _own_held(cluster).filter(node__in=staying).update(node=None)
+        try:
+            nodes = slots.place_nodes(
+                cluster=cluster, hosts=hosts, first_index=0, now=now,
+                prefer=[n.gpu_indices if n in staying else [] for n in kept],
+            )  # fmt: skip
+        except capacity.Conflict:
+            raise StartBlocked(
+                _("Its capacity there was just taken by another request: wait in line for it.")
+                if cluster.is_cpu_only
+                else _(
+                    "Its capacity there was just taken by another request: wait in line for it "
+                    "or start without GPUs."
+                ),
+                code="gpus_taken",
+            ) from None
+        restart.carry_saves(kept, nodes)
+        names = dict(Host.objects.filter(id__in=set(hosts)).values_list("id", "name"))
+        elsewhere = restart.started_elsewhere(kept, nodes, names)
+        started = (
+            Text(
+                gettext_noop("started by %(by)s: %(nodes)s; your files and system disk came along"),
+                by=by,
+                nodes=elsewhere,
+            )
+            if elsewhere is not None
+            else Text(
+                gettext_noop("started by %(by)s: %(nodes)s"),
+                by=by,
+                nodes=slots.nodes_text(nodes, names),
+            )
         )
-    Node.objects.bulk_create(
-        [
-            Node(cluster=cluster, index=n.index, host_id=n.host_id, gpu_indices=[],
-                 vcpus=0, no_gpu=True, placed_at=now)
-            for n in kept
-        ]
-    )  # fmt: skip
-    started = Text(
-        gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
-        by=by,
-        nodes=slots.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
-    )
-    _started(cluster, kept, now, no_gpu=True, message=started)
+        _started(cluster, kept, now, no_gpu=False, message=started)
     return cluster
-
-
-@transaction.atomic
-def cluster_start_in_line(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
-    """Put a stopped cluster in line for its GPUs on the hosts that keep its workspaces
-    (pending; placement starts it there when they free)."""
-    cluster, kept = _startable(cluster)
-    now = timezone.now()
-    why = Text(gettext_noop("waiting for its GPUs on the hosts that keep its workspaces"))
-    Cluster.objects.filter(pk=cluster.pk).update(
-        state=Cluster.State.PENDING, queued_at=now, no_gpu=False,
-        **reason_fields(Cluster, why),
-    )  # fmt: skip
-    cluster_event(
-        cluster,
-        "waiting",
-        Text(
-            gettext_noop("%(by)s chose to wait in line for its GPUs on %(hosts)s"),
-            by=by,
-            hosts=", ".join(sorted({n.host.name for n in kept})),
-        ),
-        at=now,
-    )
-    request_placement()
-    cluster.refresh_from_db()
-    return cluster
-
-
-@transaction.atomic
-def cluster_start_with_gpus(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
-    """Start a stopped cluster with its GPUs now, or StartBlocked (words for the page) when
-    they are taken. Where the hosts that keep its workspaces have no room (or take no work)
-    and its workspaces' root filesystems are saved in the registry (workspaces.save), it
-    starts on other hosts with its GPU model, its workspaces made there from the saves
-    (its volumes are on every host)."""
-    cluster, kept = _startable(cluster)
-    now = timezone.now()
-    hosts = _start_hosts(cluster, kept)
-    # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
-    # own processes': it takes them back as they are, no other tenant comes between.
-    # Only the kept nodes' own, where they stay: a node a resize or a move left may
-    # still run elsewhere.
-    staying = [n for n, host_id in zip(kept, hosts, strict=True) if n.host_id == host_id]
-    _own_held(cluster).filter(node__in=staying).update(node=None)
-    try:
-        nodes = slots.place_nodes(
-            cluster=cluster, hosts=hosts, first_index=0, now=now,
-            prefer=[n.gpu_indices if n in staying else [] for n in kept],
-        )  # fmt: skip
-    except capacity.Conflict:
-        raise StartBlocked(
-            _("Its capacity there was just taken by another request: wait in line for it.")
-            if cluster.is_cpu_only
-            else _(
-                "Its capacity there was just taken by another request: wait in line for it "
-                "or start without GPUs."
-            ),
-            code="gpus_taken",
-        ) from None
-    restart.carry_saves(kept, nodes)
-    _started(cluster, kept, now, no_gpu=False, message=_started_words(kept, nodes, hosts, by))
-    return cluster
-
-
-def _start_hosts(cluster: Cluster, kept: list[Node]) -> list[int]:
-    """The host of each kept node for a start with GPUs: its own where they have room;
-    else, from the saves of its workspaces, others with its GPU model; else StartBlocked."""
-    hosts = [n.host_id for n in kept]
-    blocked = _why_blocked(cluster, kept)
-    if not blocked:
-        return hosts
-    # Its hosts have no room: another with its GPU model takes it where its workspaces'
-    # root filesystems are saved (its volumes are on every host).
-    hosts = restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept)
-    if hosts is None:
-        raise StartBlocked(_saving(cluster, kept, blocked), code="gpus_taken")
-    return hosts
-
-
-def _started_words(kept: list[Node], nodes: list[Node], hosts: list[int], by) -> Text:
-    """The timeline's words for a start with GPUs: where its nodes run, and whether its
-    files and system disk came along to other hosts."""
-    names = dict(Host.objects.filter(id__in=set(hosts)).values_list("id", "name"))
-    elsewhere = restart.started_elsewhere(kept, nodes, names)
-    if elsewhere is not None:
-        return Text(
-            gettext_noop("started by %(by)s: %(nodes)s; your files and system disk came along"),
-            by=by,
-            nodes=elsewhere,
-        )
-    return Text(
-        gettext_noop("started by %(by)s: %(nodes)s"),
-        by=by,
-        nodes=slots.nodes_text(nodes, names),
-    )
 
 
 def _saving(cluster: Cluster, kept: list[Node], blocked: str) -> str:
