@@ -405,7 +405,7 @@ SFTP_SERVER_BIN="${SFTP_SERVER_BIN:-/usr/lib/openssh/sftp-server}"
 # build_sftp_rootfs TARBALL: the smallest root filesystem that runs OpenSSH's
 # sftp-server (Debian's openssh-sftp-server): the binary, the shared libraries
 # ldd names, and an empty /etc (the gateway adds the tenant's passwd line per
-# session, jobs/access/gateway.py). No shell, no /tmp: nothing in it is the tenant's
+# session, jobs/access/sftp.py). No shell, no /tmp: nothing in it is the tenant's
 # to write. Rebuilt when missing or older than the binary.
 build_sftp_rootfs() {
     local tarball="$1" root lib

@@ -439,7 +439,7 @@ cmd_start() {
     for e in "${ENGINES[@]}"; do start_engine "$e"; done
     form_swarm
     build_busybox_rootfs "$BUSYBOX_TAR" # once, before the engines use it
-    build_sftp_rootfs "$SFTP_TAR"       # the SSH gateway's sftp sessions (jobs/access/gateway.py)
+    build_sftp_rootfs "$SFTP_TAR"       # the SSH gateway's sftp sessions (jobs/access/sftp.py)
     for e in "${ENGINES[@]}"; do
         ensure_busybox_image "$(engine_host "$e")" "$BUSYBOX_TAR" &
         jobs+=($!)

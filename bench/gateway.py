@@ -1,4 +1,4 @@
-"""bench/gateway: the SSH gateway (jobs/access/gateway.py) as the Procfile runs it, against a 1-node
+"""bench/gateway: the SSH gateway (jobs/access/ssh.py) as the Procfile runs it, against a 1-node
 cluster's workspace on a test engine, beside `docker exec` on the same engine in
 the same run.
 

@@ -5,7 +5,8 @@ both say it from here, so they never disagree.
 
 The host is `SUANLI_SSH_HOST` where the operator exposes the gateway under another name;
 else the name the researcher reached the console by (the request's host, without its
-port). The port and fingerprint are the gateway's own (jobs/access/gateway.py).
+port). The port and fingerprint are the gateway's own (jobs/access/sessions.py,
+jobs/access/hostkey.py).
 """
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.http.request import split_domain_port
 
-from jobs.access import gateway
+from jobs.access import hostkey, sessions
 from jobs.models import Cluster
 from jobs.nodes import workspaces
 
@@ -55,9 +56,9 @@ def ssh_logins(cluster: Cluster, request) -> list[Login]:
     node keeps its index), so this reads no rows."""
     if cluster.state != Cluster.State.RUNNING or not cluster.workspace:
         return []
-    host, port = ssh_host(request), gateway.ssh_port()
+    host, port = ssh_host(request), sessions.ssh_port()
     try:
-        fingerprint = gateway.host_key_fingerprint()
+        fingerprint = hostkey.host_key_fingerprint()
     except (OSError, ValueError):  # SUANLI_SSH_HOST_KEY unreadable from this process
         fingerprint = "unknown here (ask the operator)"
     return [

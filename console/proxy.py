@@ -11,8 +11,8 @@ under the apps' domain here, before Django and the console's websockets, so that
 console URL (pages, /api/, /admin/, /login/, static files, /ws/) is ever served on an app
 origin; and the console's origin proxies no app. Nothing listens on the GPU host for
 this: each request or websocket is one exec of the gateway's relay (`nc 127.0.0.1 PORT`,
-else python3, else bash; jobs/access/gateway.py) in the workspace as the tenant's uid, bridged to
-the event loop by the gateway's EngineStream (two threads per exec, TLS-safe, bounded
+else python3, else bash; jobs/access/streams.py) in the workspace as the tenant's uid, bridged
+to the event loop by the gateway's EngineStream (two threads per exec, TLS-safe, bounded
 buffers both ways). The relay's target is always the workspace's loopback and the port is
 the app's row's, checked again to be in webapps.PORTS: no URL, header or body chooses
 where it goes.
@@ -92,7 +92,7 @@ from websockets.uri import parse_uri
 
 from console import app_origin
 from console.preferences import ScopeLocale
-from jobs.access import gateway, webapps
+from jobs.access import sessions, streams, webapps
 from jobs.base import outage
 from jobs.models import WorkspaceApp
 from jobs.nodes import engine, workspaces
@@ -206,7 +206,7 @@ def owner_of(scope, route: Route):
 class Upstream:
     """The app a request of its owner reaches: a port of the workspace's loopback."""
 
-    login: gateway.Login
+    login: sessions.Login
     port: int
     token: str
     kind: str
@@ -263,7 +263,7 @@ def resolve(user, route: Route) -> Upstream:
             },
             back,
         )
-    login = gateway.Login(
+    login = sessions.Login(
         name=workspaces.login_name(cluster.pk, index), cluster=cluster, index=index,
         host=node.host, container_id=node.workspace_container, fingerprint="", key_data=b"",
         exec_base=workspaces.exec_kwargs(cluster, [], tty=False),
@@ -462,17 +462,17 @@ class Relay:
         self.drained.set()
         self.ended = asyncio.Event()
         self.closed = False
-        self.stream = gateway.EngineStream(
+        self.stream = streams.EngineStream(
             asyncio.get_running_loop(), on_output=self._output, on_end=self._on_end,
             on_backlog=self._on_backlog, multiplexed=True,
         )  # fmt: skip
 
     async def open(self) -> None:
         login, index = self.upstream.login, self.upstream.login.index
-        cmd = ["/bin/sh", "-c", gateway.RELAY, "relay", str(self.upstream.port), gateway.RELAY_PY]
+        cmd = ["/bin/sh", "-c", streams.RELAY, "relay", str(self.upstream.port), streams.RELAY_PY]
         env = {MARKER: self.marker.partition("=")[2]}
         opening = asyncio.ensure_future(
-            asyncio.to_thread(gateway.exec_open, login, cmd, tty=False, env=env)
+            asyncio.to_thread(streams.exec_open, login, cmd, tty=False, env=env)
         )
         try:
             self.exec_id, hijacked = await asyncio.shield(opening)
@@ -587,7 +587,7 @@ class Relay:
         if self.exec_id:
             with contextlib.suppress(*_ENGINE_ERRORS):
                 await asyncio.to_thread(
-                    gateway.exec_hang_up, self.upstream.login, self.exec_id, self.marker
+                    streams.exec_hang_up, self.upstream.login, self.exec_id, self.marker
                 )
 
     def words(self) -> str:

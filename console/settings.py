@@ -449,7 +449,7 @@ SUANLI_MAX_STOPPED_CLUSTERS = envint("SUANLI_MAX_STOPPED_CLUSTERS", 10)
 # Logging in (console/logins.py): the host name the cluster page, the API and `suanli ssh`
 # give for the SSH gateway; empty: the name the console was reached by, without its port.
 SUANLI_SSH_HOST = envstr("SUANLI_SSH_HOST", "")
-# The SSH gateway (jobs/access/gateway.py, Procfile `gateway`): ssh, scp/sftp and `ssh -L` into the
+# The SSH gateway (jobs/access/ssh.py, Procfile `gateway`): ssh, scp/sftp and `ssh -L` into the
 # workspaces. Bound to this machine unless the operator binds it elsewhere. Its host key
 # is made once (ed25519, 0600) and kept: researchers' known_hosts remember it.
 SUANLI_SSH_PORT = envint("SUANLI_SSH_PORT", 2222)

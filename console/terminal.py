@@ -1,6 +1,7 @@
 """The web terminal: a websocket (ws/clusters/<id>/nodes/<index>/terminal/) to a shell with a
-TTY in a node's workspace, the same way in as the SSH gateway's shell (jobs/access/gateway.py: its
-admission, its exec as the tenant's uid, its engine stream and its hang-up). The page is
+TTY in a node's workspace, the same way in as the SSH gateway's shell (jobs/access/sessions.py: its
+admission and session count; jobs/access/streams.py: its exec as the tenant's uid, its engine
+stream and its hang-up). The page is
 templates/console/terminal.html with static/js/terminal.js (xterm.js).
 
 Frames: binary from the browser are keystrokes (UTF-8, or raw bytes), binary to it are the
@@ -22,7 +23,7 @@ browser (uvicorn reads one message ahead); a single message over MAX_FRAME close
 socket (4413) with a line saying why (terminal.js sends pastes in smaller pieces).
 
 A terminal is one of the researcher's `SUANLI_SSH_MAX_SESSIONS` sessions, counted in Redis
-with the gateway's (gateway.session_claim): one over is refused in words (4429). The count
+with the gateway's (sessions.session_claim): one over is refused in words (4429). The count
 is refreshed while the terminal is open and released when it closes. A terminal with no
 input and no output for `SUANLI_SSH_IDLE_S` closes (4408) with a line saying so.
 
@@ -50,7 +51,7 @@ from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs.access import gateway
+from jobs.access import sessions, streams
 from jobs.base.text import Text
 from jobs.events import timeline
 from jobs.nodes import engine, workspaces
@@ -74,8 +75,8 @@ def _words(text: str) -> bytes:
 class TerminalConsumer(AsyncWebsocketConsumer):
     channel_layer_alias = None  # no groups: a Redis outage leaves open terminals alone
 
-    login: gateway.Login | None = None
-    stream: gateway.EngineStream | None = None
+    login: sessions.Login | None = None
+    stream: streams.EngineStream | None = None
     sender: asyncio.Task | None = None
     watcher: asyncio.Task | None = None
     finishing: asyncio.Future | None = None
@@ -110,12 +111,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.session_id = f"web-{secrets.token_hex(8)}"
         try:
             # Not thread-sensitive: a slow engine must not hold the shared sync thread.
-            self.login = await database_sync_to_async(gateway.admit, thread_sensitive=False)(
+            self.login = await database_sync_to_async(sessions.admit, thread_sensitive=False)(
                 name, cluster_id, index, "", b""
             )
-            await asyncio.to_thread(gateway.workspace_up, self.login)  # the engine's say
+            await asyncio.to_thread(sessions.workspace_up, self.login)  # the engine's say
             owner_id, limit = self.login.cluster.owner_id, settings.SUANLI_SSH_MAX_SESSIONS
-            if not await asyncio.to_thread(gateway.session_claim, owner_id, self.session_id, limit):
+            if not await asyncio.to_thread(
+                sessions.session_claim, owner_id, self.session_id, limit
+            ):
                 await self._say_and_close(
                     _(
                         "Suanli: you have as many SSH sessions and terminals open as one "
@@ -137,7 +140,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                     who=str(user),
                 ),
             )
-        except gateway.Refused as exc:
+        except sessions.Refused as exc:
             await self._say_and_close(str(exc))
             return
         except Exception:
@@ -150,14 +153,14 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.output: asyncio.Queue = asyncio.Queue()
         self.drained = asyncio.Event()
         self.drained.set()
-        self.stream = gateway.EngineStream(
+        self.stream = streams.EngineStream(
             asyncio.get_running_loop(), on_output=self._output, on_end=self._on_end,
             on_backlog=self._on_backlog, multiplexed=False,
         )  # fmt: skip
         env = {"TERM": "xterm-256color", MARKER: self.marker.partition("=")[2]}
         try:
             self.exec_id, hijacked = await asyncio.to_thread(
-                gateway.exec_open, self.login, gateway.LOGIN_SHELL, tty=True, env=env
+                streams.exec_open, self.login, streams.LOGIN_SHELL, tty=True, env=env
             )
             self.stream.start(hijacked)
         except _ENGINE_ERRORS as exc:
@@ -214,7 +217,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def _watch(self) -> None:
         """Close the terminal once idle; keep its session counted meanwhile."""
-        limit, beat = settings.SUANLI_SSH_IDLE_S, gateway.HEARTBEAT_S
+        limit, beat = settings.SUANLI_SSH_IDLE_S, sessions.HEARTBEAT_S
         refreshed = time.monotonic()
         while True:
             now = time.monotonic()
@@ -230,7 +233,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                 refreshed = now
                 try:
                     live = {self.session_id: self.session_owner}
-                    await asyncio.to_thread(gateway.sessions_refresh, live)
+                    await asyncio.to_thread(sessions.sessions_refresh, live)
                 except Exception:  # the next beat tries again; the count expires meanwhile
                     log.exception("refreshing the session count failed")
             wake = min(self.active + limit, refreshed + beat) - time.monotonic()
@@ -265,7 +268,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         except (ValueError, TypeError, KeyError):
             return  # not a control message we know: ignored, never typed
         if all(isinstance(n, int) and 0 < n <= MAX_SIZE for n in (cols, rows)):
-            await asyncio.to_thread(gateway.exec_resize, self.login, self.exec_id, cols, rows)
+            await asyncio.to_thread(streams.exec_resize, self.login, self.exec_id, cols, rows)
 
     async def disconnect(self, code):
         await asyncio.shield(self._finish())
@@ -288,13 +291,13 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         try:
             if self.session_owner is not None:  # first: the engine may be slow
                 owner_id, self.session_owner = self.session_owner, None
-                await asyncio.to_thread(gateway.session_release, owner_id, self.session_id)
+                await asyncio.to_thread(sessions.session_release, owner_id, self.session_id)
             if self.stream is not None:
                 ended = self.stream.ended
                 self.stream.close()
                 if not ended and self.exec_id:  # the socket closed first: end what runs
                     await asyncio.to_thread(
-                        gateway.exec_hang_up, self.login, self.exec_id, self.marker
+                        streams.exec_hang_up, self.login, self.exec_id, self.marker
                     )
         except Exception:
             log.exception("%s: closing a web terminal failed", getattr(self.login, "name", "?"))

@@ -395,7 +395,7 @@ def test_the_docs_page_runs_a_call_with_a_token_from_our_own_files(
 def test_a_running_cluster_says_how_to_ssh_to_each_node(
     make_cluster, paper_host, alice, token_of, settings
 ):
-    from console.logins import gateway
+    from jobs.access import hostkey, sessions
     from jobs.placement import scheduler
 
     cluster = make_cluster(alice, "shell", nodes=2, release_policy="never", volumes=())
@@ -405,7 +405,7 @@ def test_a_running_cluster_says_how_to_ssh_to_each_node(
     settings.SUANLI_SSH_HOST = "ssh.gpu.example.edu"
     status, body = api("GET", f"clusters/{cluster.pk}")
     assert status == 200 and body["state"] == "running"
-    port, fingerprint = gateway.ssh_port(), gateway.host_key_fingerprint()
+    port, fingerprint = sessions.ssh_port(), hostkey.host_key_fingerprint()
     assert body["ssh"] == [
         {
             "node": n, "user": f"c{cluster.pk}-{n}", "host": "ssh.gpu.example.edu", "port": port,

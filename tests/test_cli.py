@@ -220,7 +220,7 @@ def test_the_command_line_installs_alone_with_pip(console_url, alice, tmp_path):
 def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
     console_url, alice, bob, make_cluster, tmp_path
 ):
-    from console.logins import gateway
+    from jobs.access import hostkey, sessions
     from jobs.placement import scheduler
 
     cluster = make_cluster(alice, "shell", release_policy="never", volumes=())
@@ -232,7 +232,7 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
     cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
     done = cli("ssh", waits.pk, ok=False)
     assert done.returncode == 1 and f"cluster {waits.pk} (waits) is pending" in done.stderr
-    port, user = gateway.ssh_port(), f"c{cluster.pk}-0"
+    port, user = sessions.ssh_port(), f"c{cluster.pk}-0"
 
     assert cli("ssh", cluster.pk, "--print").stdout == f"ssh -p {port} {user}@127.0.0.1\n"
     forward = cli("ssh", cluster.pk, 0, "-L", "6006:localhost:6006", "--print").stdout
@@ -241,7 +241,7 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
     assert login == {
         "node": 0, "user": user, "host": "127.0.0.1", "port": port,
         "command": f"ssh -p {port} {user}@127.0.0.1",
-        "host_key_fingerprint": gateway.host_key_fingerprint(),
+        "host_key_fingerprint": hostkey.host_key_fingerprint(),
     }  # fmt: skip
     done = cli("ssh", cluster.pk, 1, ok=False)
     assert done.returncode == 1 and "has no node 1 (its nodes: 0)" in done.stderr

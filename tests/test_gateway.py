@@ -1,4 +1,4 @@
-"""The SSH gateway (jobs/access/gateway.py), driven by the real OpenSSH client against the Procfile's
+"""The SSH gateway (jobs/access/ssh.py), driven by the real OpenSSH client against the Procfile's
 `gateway` process and the real engines: a researcher's notebook of what works, then an
 attacker's of what must not (another researcher's key, a key not attached, a cluster
 that is over, a node that is not there, a link out of the storage, forwarding anywhere
@@ -27,7 +27,7 @@ from waiting import until
 
 from console.forms import CUSTOM_IMAGE, ClusterForm
 from jobs import tasks
-from jobs.access import gateway as gateway_module
+from jobs.access import hostkey, sessions, sftp, ssh
 from jobs.base import validators
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
@@ -194,8 +194,8 @@ def test_an_interactive_shell_with_a_tty_runs_as_the_tenant(
     listed = subprocess.run(
         ["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True, text=True
     )
-    assert gateway_module.host_key_fingerprint() == listed.stdout.split()[1]
-    assert gateway_module.ssh_port() == settings.SUANLI_SSH_PORT
+    assert hostkey.host_key_fingerprint() == listed.stdout.split()[1]
+    assert sessions.ssh_port() == settings.SUANLI_SSH_PORT
     public = gw.host_key.with_name(gw.host_key.name + ".pub")
     assert stat.S_IMODE(public.stat().st_mode) == 0o644, "the console reads its .pub"
 
@@ -294,7 +294,7 @@ def test_sftp_lists_the_volumes_from_a_hardened_container_that_goes_with_the_ses
     client = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
     try:
         (container,) = until(
-            lambda: client.containers.list(filters={"label": gateway_module.LABEL}),
+            lambda: client.containers.list(filters={"label": sftp.LABEL}),
             what="the sftp container",
         )
         host_config = container.attrs["HostConfig"]
@@ -313,7 +313,7 @@ def test_sftp_lists_the_volumes_from_a_hardened_container_that_goes_with_the_ses
     finally:
         proc.communicate(b"bye\n", timeout=30)
     until(
-        lambda: not client.containers.list(all=True, filters={"label": gateway_module.LABEL}),
+        lambda: not client.containers.list(all=True, filters={"label": sftp.LABEL}),
         what="the sftp container removed",
     )
 
@@ -580,7 +580,7 @@ def test_one_connection_opens_a_bounded_number_of_channels_and_sftp_counts_as_se
     engine = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
 
     def sftp_containers() -> int:
-        return len(engine.api.containers(filters={"label": gateway_module.LABEL}))
+        return len(engine.api.containers(filters={"label": sftp.LABEL}))
 
     async def session():
         async with _connect(gw, login, alice_key) as conn:  # one connection, as ControlMaster
@@ -758,12 +758,17 @@ def test_window_sizes_and_the_clients_environment_are_bounded(
 def test_the_console_reads_the_host_key_and_never_makes_it(settings, tmp_path):
     key = tmp_path / "gateway" / "ssh_host_ed25519_key"
     settings.SUANLI_SSH_HOST_KEY = key
-    assert gateway_module.host_key_fingerprint() == gateway_module.NO_HOST_KEY
+    assert hostkey.host_key_fingerprint() == hostkey.NO_HOST_KEY
     assert not key.parent.exists(), "nothing made"
-    made = gateway_module.host_key_fingerprint(create=True)  # the gateway's own start
+    made = ssh.host_key().get_fingerprint("sha256")  # the gateway's own start
     assert made.startswith("SHA256:") and key.exists()
+    public = hostkey.public_path(key)
+    saved = public.read_bytes()
+    public.unlink()  # a console that may read the private key only (no .pub yet)
+    assert hostkey.host_key_fingerprint() == made
+    public.write_bytes(saved)
     key.unlink()  # a console that may read the .pub only
-    assert gateway_module.host_key_fingerprint() == made
+    assert hostkey.host_key_fingerprint() == made
 
 
 def test_a_cluster_may_not_run_the_sftp_image_and_sftp_runs_only_the_operators(
@@ -783,9 +788,9 @@ def test_a_cluster_may_not_run_the_sftp_image_and_sftp_runs_only_the_operators(
 
     # On the engine: the operator's image, made there, is used; one pulled is not.
     found = docker.APIClient(base_url=engine_urls[0]).inspect_image("suanli/sftp:latest")
-    assert gateway_module.sftp_image_problem(found) is None
+    assert sftp.sftp_image_problem(found) is None
     pulled = {**found, "RepoDigests": [f"suanli/sftp@sha256:{'1' * 64}"]}
-    assert "pulled from a registry" in gateway_module.sftp_image_problem(pulled)
+    assert "pulled from a registry" in sftp.sftp_image_problem(pulled)
 
 
 def test_thirty_failed_logins_lock_the_address_on_every_gateway_until_the_cool_off(

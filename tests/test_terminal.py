@@ -22,8 +22,8 @@ from playwright.sync_api import expect
 from waiting import until
 
 from console.asgi import application
-from console.logins import gateway
 from jobs import tasks
+from jobs.access import hostkey, sessions
 from jobs.clusters import services
 from jobs.clusters.services import VolumeSpec
 from jobs.models import ClusterEvent, Node
@@ -130,7 +130,7 @@ def test_the_terminal_runs_a_shell_in_the_workspace_in_chromium(
         browser_login(page, SimpleNamespace(url=url), "alice", "alice-pass-123")
         page.goto(f"{url}{reverse('cluster_detail', args=[cluster.pk])}")
         expect(page.get_by_test_id("ssh-command")).to_have_text(
-            f"ssh -p {gateway.ssh_port()} c{cluster.pk}-0@127.0.0.1"
+            f"ssh -p {sessions.ssh_port()} c{cluster.pk}-0@127.0.0.1"
         )
         with context.expect_page() as opened:
             page.get_by_test_id("terminal-0").click()
@@ -231,7 +231,7 @@ def test_the_cluster_page_says_how_to_log_in(make_cluster, paper_host, alice, bo
     poll = owner.get(reverse("cluster_status", args=[cluster.pk]), {"shown": "pending"}).content
     assert b'id="cluster-login" hx-swap-oob="true"' in poll and b"Terminal" in poll
 
-    port, fingerprint = gateway.ssh_port(), gateway.host_key_fingerprint()
+    port, fingerprint = sessions.ssh_port(), hostkey.host_key_fingerprint()
     body = owner.get(page).content.decode()
     for node in (0, 1):
         user = f"c{cluster.pk}-{node}"
@@ -272,8 +272,8 @@ def test_a_terminal_is_a_session_and_closes_when_idle(
     session."""
     settings.SUANLI_SSH_MAX_SESSIONS = 1
     settings.SUANLI_SSH_IDLE_S = 5
-    monkeypatch.setattr(gateway, "SESSION_TTL_S", 2)  # gone in 2 s unless refreshed
-    monkeypatch.setattr(gateway, "HEARTBEAT_S", 0.5)
+    monkeypatch.setattr(sessions, "SESSION_TTL_S", 2)  # gone in 2 s unless refreshed
+    monkeypatch.setattr(sessions, "HEARTBEAT_S", 0.5)
     cluster = _with_workspace(running_cluster)
     workspace = _workspace(cluster)
 

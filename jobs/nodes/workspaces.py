@@ -1,6 +1,6 @@
 """Workspaces (DESIGN.md, Vocabulary): one long-lived container per live node of a running
 cluster, from placement to release, that the researcher logs in to through the SSH gateway
-(jobs/access/gateway.py) and the web terminal. Jobs still run as replicas of their own beside it.
+(jobs/access/ssh.py) and the web terminal. Jobs still run as replicas of their own beside it.
 
 A workspace is a node's container like a replica (runtime.node_container_kwargs: the
 tenant's uid, no capabilities, the node's GPUs and limits, the cluster's volumes and
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 LABEL = "suanli.workspace"  # value: the node's index
 LABEL_NODE = "suanli.node"  # the node row's id: a workspace of an earlier node is not reused
-LABEL_SFTP = "suanli.sftp"  # the gateway's sftp containers (jobs/access/gateway.py)
+LABEL_SFTP = "suanli.sftp"  # the gateway's sftp containers (jobs/access/sftp.py)
 # What the container was made for (GPUs, limits, network): one made for other GPUs or for
 # no-GPU mode is made again from its own filesystem (`_remake`), never reused as it is.
 LABEL_SHAPE = "suanli.shape"
