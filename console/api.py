@@ -18,6 +18,7 @@ import math
 import re
 import time
 from datetime import datetime, timedelta
+from functools import partial
 
 import django_rq
 from django.conf import settings
@@ -74,10 +75,10 @@ from console.errors import too_big_words
 from console.forms import (
     CUSTOM_IMAGE,
     OWN_IMAGE,
-    ClusterForm,
     JobForm,
     PoolForm,
     ResizeForm,
+    check_funds,
     start_refusal,
 )
 from console.forms_sweeps import SweepForm, space_field_text
@@ -85,6 +86,7 @@ from console.models import ApiToken, digest_of
 from console.views_monitoring import trace_download
 from jobs.base.text import Text
 from jobs.clusters import services as cluster_services
+from jobs.clusters.spec import ClusterRequest, Offer, image_by_reference
 from jobs.images import builds
 from jobs.models import Image, Job, OwnImage, Pool, Replica, Sweep, Trial
 from jobs.placement import fleet
@@ -277,9 +279,15 @@ def _rule_broken(request, exc):
 
 def _fields_error(form, names: dict[str, str] | None = None) -> JsonResponse:
     """The form's errors under the API's field names (`names`: form field -> API field)."""
+    return _refusals(form.errors.items(), names)
+
+
+def _refusals(errors, names: dict[str, str] | None = None) -> JsonResponse:
+    """(field, messages) pairs under the API's field names (`names`: field -> API field);
+    "__all__" is the error itself."""
     fields: dict[str, list[str]] = {}
-    for name, errors in form.errors.items():
-        fields.setdefault((names or {}).get(name, name), []).extend(str(e) for e in errors)
+    for name, said in errors:
+        fields.setdefault((names or {}).get(name, name), []).extend(str(e) for e in said)
     general = fields.pop("__all__", [])
     return _error(400, " ".join(general) or "Invalid input.", fields)
 
@@ -319,8 +327,15 @@ class Pages(PaginationBase):
 
 # -- clusters ---------------------------------------------------------------------------
 
-# The cluster form's fields that the API names otherwise.
+# The cluster spec's (and form's) fields that the API names otherwise.
 _CLUSTER_NAMES = {"resource": "gpu_model", "custom_image": "image"}
+
+
+def _cluster_names(body: NewCluster) -> dict[str, str]:
+    names = dict(_CLUSTER_NAMES)
+    if body.instance_type and not body.gpu_model:
+        names["resource"] = "instance_type"
+    return names
 
 
 def _as_text(value, sep="\n") -> str:
@@ -331,6 +346,36 @@ def _as_text(value, sep="\n") -> str:
     if isinstance(value, dict):
         return sep.join(f"{k}={v}" for k, v in value.items())
     return str(value)
+
+
+def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
+    """The API's fields as the cluster spec's request, checked there as given. An image is
+    a reference: a catalog image's, one of the owner's own images', or any other (a custom
+    image, which may not be another researcher's)."""
+    resource = None
+    if body.instance_type:
+        resource = f"cpu:{body.instance_type}"
+    elif body.gpu_model:
+        resource = f"gpu:{body.gpu_model}"
+    image = image_by_reference(owner, body.image) if body.image else None
+    return ClusterRequest(
+        owner=owner,
+        name=body.name,
+        resource=resource,
+        nodes=body.nodes,
+        gpus_per_node=body.gpus_per_node,
+        image=image,
+        custom_image=body.image if image == CUSTOM_IMAGE else None,
+        network=body.network or "standard",
+        zone=body.zone,
+        spot=bool(body.spot),
+        volumes=_as_text(body.volumes),
+        pub=body.pub is not False,
+        ssh_keys=body.ssh_keys or (),
+        workspace=body.workspace is not False,
+        release_policy=body.release_policy or "after_last_job",
+        idle_minutes=body.idle_minutes,
+    )
 
 
 def _cluster_form_data(body: NewCluster, owner) -> dict:
@@ -390,15 +435,16 @@ def clusters(request):
     summary="Request a cluster",
 )
 def cluster_create(request, payload: NewCluster):
-    """The same checks as the form, the balance included. The cluster is placed when
-    capacity allows; poll it until `state` is `running`."""
-    form = ClusterForm(_cluster_form_data(payload, request.auth.user), owner=request.auth.user)
-    if not form.is_valid():
-        names = dict(_CLUSTER_NAMES)
-        if payload.instance_type and not payload.gpu_model:
-            names["resource"] = "instance_type"
-        return _fields_error(form, names)
-    return Status(201, cluster_services.cluster_create(owner=request.auth.user, spec=form.spec()))
+    """The same checks as the form (the cluster spec's), the balance included. The cluster
+    is placed when capacity allows; poll it until `state` is `running`."""
+    user = request.auth.user
+    try:
+        spec = _cluster_request(payload, user).validate(
+            Offer.of(user), funds=partial(check_funds, user)
+        )
+    except ValidationError as exc:
+        return _refusals(exc.message_dict.items(), _cluster_names(payload))
+    return Status(201, cluster_services.cluster_create(owner=user, spec=spec))
 
 
 @api.get(
@@ -738,10 +784,7 @@ def pool_create(request, payload: NewPool):
     user = request.auth.user
     form = PoolForm(_pool_form_data(payload, user), owner=user)
     if not form.is_valid():
-        names = dict(_CLUSTER_NAMES)
-        if payload.instance_type and not payload.gpu_model:
-            names["resource"] = "instance_type"
-        return _fields_error(form, names)
+        return _fields_error(form, _cluster_names(payload))
     created = autoscaler.pool_create(owner=user, spec=form.spec(), rate_per_hour=form.rate_per_hour)
     return Status(201, _pool_of(user, created.pk))
 

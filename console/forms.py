@@ -2,23 +2,26 @@
 
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from functools import partial
 
 from django import forms
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing import formatting
 from billing import selectors as money
 from jobs.base import validators
+from jobs.clusters import spec as cluster_spec
 from jobs.clusters.services import ClusterSpec, JobSpec
+from jobs.clusters.spec import KeyChoices, max_nodes_message
 from jobs.files import pub, storage
-from jobs.models import Cluster, GpuModel, Image, InstanceType, Job, OwnImage, Pool, SshKey
+from jobs.models import Cluster, Image, InstanceType, Job, Pool, SshKey
 from jobs.placement import fleet
 from jobs.pools.autoscaler import PoolSpec
 
-CUSTOM_IMAGE = "custom"
+CUSTOM_IMAGE = cluster_spec.CUSTOM
 OWN_IMAGE = "own:"  # + the OwnImage's pk: one of the researcher's own images
 ZONE_SPREAD_NOTE = gettext_lazy(
     "Spreading nodes over zones costs about 5 % more communication time."
@@ -80,10 +83,6 @@ def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> F
     )
 
 
-def max_nodes_message() -> str:
-    return _("At most %(most)s nodes per cluster.") % {"most": settings.SUANLI_MAX_NODES}
-
-
 def start_refusal(cluster, mode: str) -> str:
     """Why the owner's balance cannot start a stopped cluster in this mode ("" when it
     can): the same minutes of balance as creating one of its shape (no-GPU mode: at its
@@ -120,26 +119,15 @@ def start_refusal(cluster, mode: str) -> str:
     return funds.refusal(message)
 
 
-class KeyChoices(forms.ModelMultipleChoiceField):
-    """Ids are ASCII digits within the 64-bit keys: anything else ("²", an id past 2**63)
-    is an invalid choice before the database sees it, which SQLite would answer with
-    OverflowError (a 500)."""
-
-    def _check_values(self, value):
-        for pk in value:
-            text = str(pk)
-            if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) >= 2**63:
-                raise ValidationError(
-                    self.error_messages["invalid_choice"],
-                    code="invalid_choice",
-                    params={"value": pk},
-                )
-        return super()._check_values(value)
-
-
 class ClusterForm(forms.Form):
+    """A new cluster on the page: its fields parse what the browser sent (and offer the
+    choices); the rules are the cluster spec's (jobs/clusters/spec.py), whose refusals
+    land on the fields of the same names."""
+
+    unique_name = True  # a pool's clusters take the pool's name: PoolForm checks its own
+
     name = forms.CharField(
-        max_length=63,
+        max_length=cluster_spec.NAME_MAX,
         label=gettext_lazy("Name"),
         help_text=gettext_lazy("Lower-case letters, digits and dashes, e.g. llama-ft-1."),
     )
@@ -150,7 +138,8 @@ class ClusterForm(forms.Form):
     )
     image = forms.ChoiceField(label=gettext_lazy("Image"))
     custom_image = forms.CharField(
-        label=gettext_lazy("Custom image reference"), required=False, max_length=255,
+        label=gettext_lazy("Custom image reference"), required=False,
+        max_length=cluster_spec.CUSTOM_IMAGE_MAX,
         help_text=gettext_lazy("Only with 'Custom image', e.g. nvcr.io/nvidia/pytorch:24.05-py3."),
     )  # fmt: skip
     network = forms.ChoiceField(
@@ -207,17 +196,31 @@ class ClusterForm(forms.Form):
         widget=forms.RadioSelect,
     )
     idle_minutes = forms.IntegerField(
-        min_value=1, max_value=7 * 24 * 60, required=False, label=gettext_lazy("Idle minutes")
+        min_value=1,
+        max_value=cluster_spec.IDLE_MINUTES_MAX,
+        required=False,
+        label=gettext_lazy("Idle minutes"),
     )
 
     def __init__(self, *args, owner, **kwargs):
         super().__init__(*args, **kwargs)
         self.owner = owner
         self.funds_short = None
-        self.capacity = fleet.gpu_capacity_by_model()
-        self.rooms = fleet.host_rooms()  # every registered host: what could ever fit
-        self.gpu_models = {m.slug: m for m in GpuModel.objects.all()}
-        self.instance_types = {t.name: t for t in InstanceType.objects.all()}
+        self.checked: cluster_spec.Checked | None = None
+        self.offer = cluster_spec.Offer.of(owner)
+        self.capacity = self.offer.capacity
+        self.rooms = self.offer.rooms  # every registered host: what could ever fit
+        self.gpu_models = self.offer.gpu_models
+        self.instance_types = self.offer.instance_types
+        self._resource_choices()
+        self._image_choices()
+        self._place_choices()
+        self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+        self._pub_note()
+
+    def _resource_choices(self) -> None:
+        """The GPU models, each with what is free where (or why none can be placed), and
+        the CPU-only types; preselected: a model that can be had now."""
         registered = {r.gpu_model_id for r in self.rooms if r.gpus}
         choices = []
         for slug, model in self.gpu_models.items():
@@ -247,7 +250,6 @@ class ClusterForm(forms.Form):
             else:
                 label = _("%(model)s — no host now") % {"model": model.name}
             choices.append((f"gpu:{slug}", label))
-        # Preselect a model that can be had now, not merely the first of the catalog.
         available = [
             f"gpu:{slug}" for slug, m in self.gpu_models.items() if self.capacity.get(m.pk)
         ]
@@ -259,11 +261,10 @@ class ClusterForm(forms.Form):
             (_("CPU-only (for debugging)"), cpu),
         ]
         self.fields["resource"].help_text = self._system_disk_note()
-        self.images = {str(i.pk): i for i in Image.objects.filter(active=True)}
-        self.own_images = {
-            f"{OWN_IMAGE}{i.pk}": i
-            for i in OwnImage.objects.filter(owner=owner).order_by("name", "tag")
-        }
+
+    def _image_choices(self) -> None:
+        self.images = self.offer.images
+        self.own_images = {f"{OWN_IMAGE}{i.pk}": i for i in self.offer.own_images}
         choices = [(pk, f"{i.name} ({i.reference})") for pk, i in self.images.items()]
         if self.own_images:
             choices.append(
@@ -273,9 +274,12 @@ class ClusterForm(forms.Form):
                 )
             )
         self.fields["image"].choices = [*choices, (CUSTOM_IMAGE, _("Custom image…"))]
-        self.zones = fleet.active_zones()
+
+    def _place_choices(self) -> None:
+        """Zones, networks and the most nodes, as the fleet offers them now."""
+        self.zones = self.offer.zones
         self.fields["zone"].choices = [("", _("Any zone"))] + [(z, z) for z in self.zones]
-        self.rdma = fleet.rdma_available()
+        self.rdma = self.offer.rdma
         if not self.rdma:
             self.fields["network"].choices = [
                 (Cluster.Network.STANDARD, Cluster.Network.STANDARD.label)
@@ -287,7 +291,8 @@ class ClusterForm(forms.Form):
             self.fields["network"].help_text = _("RDMA clusters stay within one zone.")
         self.fields["nodes"].max_value = settings.SUANLI_MAX_NODES
         self.fields["nodes"].widget.attrs["max"] = settings.SUANLI_MAX_NODES
-        self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+
+    def _pub_note(self) -> None:
         names = list(pub.published().values_list("name", flat=True)[:11])
         if names:
             shown = ", ".join(names[:10]) + (", …" if len(names) > 10 else "")
@@ -325,207 +330,44 @@ class ClusterForm(forms.Form):
             "type": itype
         }
 
-    def clean_name(self):
-        name = self.cleaned_data["name"]
-        try:
-            validators.validate_host_name(name)
-        except ValidationError:
-            raise ValidationError(
-                _("Use lower-case letters, digits and dashes, e.g. llama-ft-1.")
-            ) from None
-        if Cluster.objects.filter(
-            owner=self.owner,
-            name=name,
-            state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING],
-        ).exists():
-            raise ValidationError(_("You have an active cluster with this name already."))
-        return name
-
-    def clean_nodes(self):
-        nodes = self.cleaned_data["nodes"]
-        if nodes > settings.SUANLI_MAX_NODES:
-            raise ValidationError(max_nodes_message())
-        return nodes
-
-    def clean_volumes(self):
-        return storage.parse_volumes(
-            self.cleaned_data.get("volumes", ""), root=storage.tenant_root(self.owner.pk)
-        )
-
     def clean(self):
+        """The cluster spec's rules on the parsed fields; its refusals on the fields they
+        name (the balance above the form)."""
         data = super().clean()
-        kind, _sep, key = (data.get("resource") or "").partition(":")
-        gpu_model = instance_type = None
-        if kind == "gpu":
-            gpu_model = self.gpu_models.get(key)
-        elif kind == "cpu":
-            instance_type = self.instance_types.get(key)
-        if data.get("resource") and gpu_model is None and instance_type is None:
-            self.add_error("resource", _("Unknown GPU model or instance type."))
-        zone = data.get("zone") or ""
-        network = data.get("network") or Cluster.Network.STANDARD
-        nodes = data.get("nodes")
-        if gpu_model is not None:
-            gpus = data.get("gpus_per_node")
-            cap = self.capacity.get(gpu_model.pk)
-            # What the registered hosts could ever hold (down ones may come back); a
-            # request beyond it would wait for ever at the head of its line.
-            fit = fleet.largest_fit(
-                gpu_model=gpu_model, network=network, zone=zone, rooms=self.rooms
-            )
-            any_host = fleet.largest_fit(gpu_model=gpu_model, rooms=self.rooms)
-            if not any_host.largest:
-                self.add_error(
-                    "resource",
-                    _("No host offers %(model)s; pick another model.") % {"model": gpu_model.name},
-                )
-            elif gpus is None:
-                self.add_error("gpus_per_node", _("How many GPUs per node?"))
-            elif cap and zone and zone not in cap["zones"]:
-                self.add_error(
-                    "zone",
-                    _("No %(model)s host in %(zone)s; offered in: %(zones)s.")
-                    % {
-                        "model": gpu_model.name,
-                        "zone": zone,
-                        "zones": ", ".join(sorted(cap["zones"])),
-                    },
-                )
-            elif not fit.largest:
-                if not (cap and network == Cluster.Network.RDMA):  # said below
-                    values = {"model": gpu_model.name, "zone": zone}
-                    if network == Cluster.Network.RDMA and zone:
-                        why = _("No %(model)s host with RDMA in %(zone)s.") % values
-                    elif network == Cluster.Network.RDMA:
-                        why = _("No %(model)s host with RDMA.") % values
-                    elif zone:
-                        why = _("No %(model)s host in %(zone)s.") % values
-                    else:
-                        why = _("No %(model)s host.") % values
-                    self.add_error("zone" if zone else "network", why)
-            elif nodes and (why := fit.refusal(nodes=nodes, per_node=gpus)):
-                self.add_error("gpus_per_node" if gpus > fit.largest else "nodes", why)
-            if cap and network == Cluster.Network.RDMA:
-                rdma_zones = cap["rdma_zones"]
-                if not rdma_zones:
-                    self.add_error(
-                        "network",
-                        _("No RDMA host offers %(model)s; choose standard networking.")
-                        % {"model": gpu_model.name},
-                    )
-                elif zone and zone not in rdma_zones:
-                    self.add_error(
-                        "zone",
-                        _("RDMA %(model)s hosts are in %(zones)s only.")
-                        % {"model": gpu_model.name, "zones": ", ".join(sorted(rdma_zones))},
-                    )
-        elif instance_type is not None:
-            fit = fleet.largest_fit(instance_type=instance_type, zone=zone, rooms=self.rooms)
-            if network == Cluster.Network.RDMA:
-                self.add_error("network", _("CPU-only instances use standard networking."))
-            elif nodes and (why := fit.refusal(nodes=nodes, per_node=instance_type.vcpus)):
-                too_big = instance_type.vcpus > fit.largest
-                self.add_error("resource" if too_big else "nodes", why)
-        if network == Cluster.Network.RDMA and not self.rdma:
-            self.add_error("network", _("No RDMA host exists; choose standard networking."))
-        image = own = None
-        reference = ""
-        if data.get("image") == CUSTOM_IMAGE:
-            reference = (data.get("custom_image") or "").strip()
-            if not reference:
-                self.add_error(
-                    "custom_image",
-                    _(
-                        "Give the image reference, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime."
-                    ),
-                )
-            elif validators.names_registry(reference):
-                # Suanli's registry holds researchers' own images: a reference into it is
-                # one of this researcher's, or nothing (another's is as if it did not exist).
-                own = next((i for i in self.own_images.values() if i.reference == reference), None)
-                if own is None:
-                    self.add_error(
-                        "custom_image",
-                        _("No image %(reference)s among your images.") % {"reference": reference},
-                    )
-            else:
-                try:
-                    validators.validate_image_reference(reference)
-                except ValidationError as exc:
-                    self.add_error("custom_image", exc.messages[0])
-        elif (data.get("image") or "").startswith(OWN_IMAGE):
-            own = self.own_images.get(data["image"])
-            reference = own.reference if own else ""
-        elif data.get("image"):
-            image = self.images.get(data["image"])
-            reference = image.reference if image else ""
-        policy = data.get("release_policy")
-        if policy == Cluster.ReleasePolicy.IDLE and not data.get("idle_minutes"):
-            self.add_error(
-                "idle_minutes", _("After how many idle minutes should the cluster be released?")
-            )
-        if data.get("pub") and (why := pub.volumes_refusal(data.get("volumes") or ())):
-            self.add_error("volumes", why)
-        self._check_funds(data, gpu_model, instance_type)
+        self.checked = self._request(data).check(self.offer, funds=partial(check_funds, self.owner))
+        for name, errors in self.checked.errors.items():
+            field = None if name == NON_FIELD_ERRORS or name not in self.fields else name
+            self.add_error(field, errors)
+        self.funds_short = self.checked.funds_short or self.funds_short
+        c = self.checked
         data.update(
-            gpu_model=gpu_model, instance_type=instance_type, image_obj=image, reference=reference,
-            own_image=own,
+            gpu_model=c.gpu_model, instance_type=c.instance_type, image_obj=c.image,
+            reference=c.reference, own_image=c.own_image,
         )  # fmt: skip
         return data
 
-    def _check_funds(self, data, gpu_model, instance_type) -> None:
-        """The cluster must have a price, and the balance must cover a few minutes of it."""
-        if gpu_model is None and instance_type is None:
-            return
-        units = (data.get("nodes") or 0) * ((data.get("gpus_per_node") or 0) if gpu_model else 1)
-        if not units:
-            return
-        funds = check_funds(
-            self.owner,
-            gpu_model=gpu_model,
-            instance_type=instance_type,
-            units=units,
-            spot=bool(data.get("spot")),
+    def _request(self, data: dict) -> cluster_spec.ClusterRequest:
+        """The parsed fields as the spec's request: those the fields refused are left out
+        (a PoolForm's clusters have no ssh_keys, workspace or release_policy fields)."""
+        choice = data.get("image")
+        if choice == CUSTOM_IMAGE:
+            image = cluster_spec.CUSTOM
+        elif (choice or "").startswith(OWN_IMAGE):
+            image = self.own_images.get(choice)
+        else:
+            image = self.images.get(choice) if choice else None
+        given = {**data, "image": image}
+        names = cluster_spec.ClusterRequest.FIELDS
+        return cluster_spec.ClusterRequest(
+            owner=self.owner,
+            parsed=True,
+            refused=frozenset(name for name in names if name in self.errors),
+            unique_name=self.unique_name,
+            **{name: given[name] for name in names if name in data},
         )
-        if funds is None:
-            self.add_error(
-                "resource",
-                _(
-                    "%(resource)s has no price on the rate card yet; pick another or ask an "
-                    "operator."
-                )
-                % {"resource": (gpu_model or instance_type).name},
-            )
-        elif funds.short:
-            self.funds_short = funds.as_context()
-            message = _(
-                "This cluster costs %(per_hour)s/h; creating it needs a balance for "
-                "%(minutes)s minutes (%(needed)s). Your balance is %(balance)s: "
-                "top up on the billing page."
-            )
-            self.add_error(None, funds.refusal(message))
 
     def spec(self) -> ClusterSpec:
-        d = self.cleaned_data
-        return ClusterSpec(
-            name=d["name"],
-            nodes=d["nodes"],
-            gpu_model=d["gpu_model"],
-            gpus_per_node=d.get("gpus_per_node") or 0 if d["gpu_model"] else 0,
-            instance_type=d["instance_type"],
-            image=d["image_obj"],
-            image_reference=d["reference"],
-            own_image=d["own_image"],
-            network=d["network"],
-            zone=d.get("zone") or "",
-            spot=d.get("spot", False),
-            volumes=tuple(d["volumes"]),
-            pub=d.get("pub", False),
-            ssh_keys=tuple(d["ssh_keys"]),
-            workspace=d.get("workspace", False),
-            release_policy=d["release_policy"],
-            idle_minutes=d.get("idle_minutes"),
-        )
+        return self.checked.spec
 
 
 class PoolForm(ClusterForm):
@@ -535,6 +377,7 @@ class PoolForm(ClusterForm):
     the pool adds and releases them."""
 
     MOST_CLUSTERS = 100
+    unique_name = False  # its own rule (clean_name): no active pool of the owner's with it
 
     min_clusters = forms.IntegerField(
         label=gettext_lazy("Minimum clusters"), min_value=0, max_value=MOST_CLUSTERS, initial=0,
@@ -664,7 +507,13 @@ class PoolForm(ClusterForm):
         d = self.cleaned_data
         return PoolSpec(
             name=d["name"],
-            cluster=replace(super().spec(), idle_minutes=None),
+            cluster=replace(
+                super().spec(),
+                idle_minutes=None,
+                ssh_keys=(),
+                workspace=False,
+                release_policy=Cluster.ReleasePolicy.NEVER,
+            ),  # fmt: skip
             min_clusters=d["min_clusters"],
             max_clusters=d["max_clusters"],
             idle_minutes=d["idle_minutes"],

@@ -24,6 +24,7 @@ from django.utils.translation import gettext_noop, ngettext
 from jobs.base import validators
 from jobs.base.queue import enqueue_by_name, enqueue_unique
 from jobs.base.text import Moment, Text, join, show
+from jobs.clusters.spec import ClusterSpec
 from jobs.events.lifecycle import cancel_jobs_of, free_nodes, request_dispatch, request_stop
 
 # The lifecycle's verbs, used through `services.` by the console, billing and the admin.
@@ -33,17 +34,12 @@ from jobs.events.lifecycle import cluster_requeue_preempted as cluster_requeue_p
 from jobs.events.lifecycle import request_placement as request_placement
 from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
 from jobs.files import pub, storage
-from jobs.files.storage import VolumeSpec
 from jobs.models import (
     Cluster,
-    GpuModel,
     GpuSlot,
     Host,
-    Image,
-    InstanceType,
     Job,
     Node,
-    OwnImage,
     Pool,
     SshKey,
     Volume,
@@ -51,28 +47,6 @@ from jobs.models import (
 )
 from jobs.nodes import runtime, workspaces
 from jobs.placement import capacity, restart, slots
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    name: str
-    nodes: int
-    gpu_model: GpuModel | None = None
-    gpus_per_node: int = 0
-    instance_type: InstanceType | None = None
-    image: Image | None = None
-    image_reference: str = ""
-    own_image: OwnImage | None = None  # one of the owner's own images: image_reference is its
-    network: str = Cluster.Network.STANDARD
-    zone: str = ""
-    spot: bool = False
-    volumes: tuple[VolumeSpec, ...] = ()
-    pub: bool = False  # the public datasets read-only at /pub (jobs/files/pub.py)
-    ssh_keys: tuple[SshKey, ...] = ()
-    workspace: bool = True
-    release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
-    idle_minutes: int | None = None
-    pool: Pool | None = None  # one of a pool's clusters (jobs/pools/autoscaler.py)
 
 
 @transaction.atomic
@@ -130,6 +104,24 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
 @transaction.atomic
 def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
     """Add or remove nodes of a running cluster. Added nodes are placed now or not at all."""
+    cluster, live = _resizable(cluster, nodes)
+    now = timezone.now()
+    if nodes < len(live):
+        message = _shrink(live, nodes, now)
+    else:
+        message = _grow(cluster, live, nodes, now)
+    cluster.nodes = nodes
+    cluster.last_active_at = now
+    cluster.save(update_fields=["nodes", "last_active_at"])
+    cluster_event(cluster, "resized", message, at=now)
+    # The network may change (one host to several) and new nodes need their workspaces.
+    enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
+    return cluster
+
+
+def _resizable(cluster: Cluster, nodes: int) -> tuple[Cluster, list[Node]]:
+    """The cluster locked and read again, refused unless it runs with its GPUs, no job of
+    it is active and `nodes` is another count within the most; with its live nodes."""
     cluster = (
         Cluster.objects.select_for_update(of=("self",))
         .select_related("gpu_model", "instance_type")
@@ -165,66 +157,63 @@ def cluster_resize(*, cluster: Cluster, nodes: int) -> Cluster:
             )
             % {"n": nodes}
         )
-    now = timezone.now()
+    return cluster, live
+
+
+def _shrink(live: list[Node], nodes: int, now) -> Text:
+    """The nodes past `nodes` released; the timeline's words for it."""
+    free_nodes(live[nodes:], now)
+    request_placement()
+    return Text(
+        gettext_noop("%(before)s -> %(nodes)s nodes: released %(released)s"),
+        before=len(live),
+        nodes=nodes,
+        released=join([Text(gettext_noop("node %(index)s"), index=n.index) for n in live[nodes:]]),
+    )
+
+
+def _grow(cluster: Cluster, live: list[Node], nodes: int, now) -> Text:
+    """The added nodes placed now, on hosts that share a network with the cluster's, or
+    ValidationError saying why not; the timeline's words for it."""
     before = len(live)
-    if nodes < before:
-        free_nodes(live[nodes:], now)
-        request_placement()
-        message = Text(
-            gettext_noop("%(before)s -> %(nodes)s nodes: released %(released)s"),
-            before=before,
-            nodes=nodes,
-            released=join(
-                [Text(gettext_noop("node %(index)s"), index=n.index) for n in live[nodes:]]
-            ),
+    fleet = capacity.Fleet.load()
+    extra = Cluster(
+        pk=cluster.pk,
+        gpu_model=cluster.gpu_model,
+        instance_type=cluster.instance_type,
+        gpus_per_node=cluster.gpus_per_node,
+        nodes=nodes - before,
+        network=cluster.network,
+        # RDMA clusters stay in their zone; others prefer it but may not need to.
+        zone=cluster.zone or (live[0].host.zone if cluster.network == Cluster.Network.RDMA else ""),
+    )
+    hosts = fleet.plan(extra)
+    if hosts is None:
+        why = show(capacity.shortage(extra, fleet).as_json())
+        raise ValidationError(
+            _("No room for %(what)s.") % {"what": why.removeprefix("waiting for ")}
         )
-    else:
-        fleet = capacity.Fleet.load()
-        extra = Cluster(
-            pk=cluster.pk,
-            gpu_model=cluster.gpu_model,
-            instance_type=cluster.instance_type,
-            gpus_per_node=cluster.gpus_per_node,
-            nodes=nodes - before,
-            network=cluster.network,
-            # RDMA clusters stay in their zone; others prefer it but may not need to.
-            zone=cluster.zone
-            or (live[0].host.zone if cluster.network == Cluster.Network.RDMA else ""),
-        )
-        hosts = fleet.plan(extra)
-        if hosts is None:
-            why = show(capacity.shortage(extra, fleet).as_json())
-            raise ValidationError(
-                _("No room for %(what)s.") % {"what": why.removeprefix("waiting for ")}
+    if not fleet.one_network([n.host_id for n in live] + hosts):
+        raise ValidationError(
+            _(
+                "The room for the new nodes is on hosts that cannot share a network with "
+                "this cluster's (they are not in one Docker swarm); release it and create "
+                "one of %(nodes)s nodes instead."
             )
-        if not fleet.one_network([n.host_id for n in live] + hosts):
-            raise ValidationError(
-                _(
-                    "The room for the new nodes is on hosts that cannot share a network with "
-                    "this cluster's (they are not in one Docker swarm); release it and create "
-                    "one of %(nodes)s nodes instead."
-                )
-                % {"nodes": nodes}
-            )
-        try:
-            added = slots.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
-        except capacity.Conflict:
-            raise ValidationError(
-                _("The capacity was just taken by another request; try again.")
-            ) from None
-        message = Text(
-            gettext_noop("%(before)s -> %(nodes)s nodes: %(placed)s"),
-            before=before,
-            nodes=nodes,
-            placed=slots.placed_text(added),
+            % {"nodes": nodes}
         )
-    cluster.nodes = nodes
-    cluster.last_active_at = now
-    cluster.save(update_fields=["nodes", "last_active_at"])
-    cluster_event(cluster, "resized", message, at=now)
-    # The network may change (one host to several) and new nodes need their workspaces.
-    enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
-    return cluster
+    try:
+        added = slots.place_nodes(cluster=cluster, hosts=hosts, first_index=before, now=now)
+    except capacity.Conflict:
+        raise ValidationError(
+            _("The capacity was just taken by another request; try again.")
+        ) from None
+    return Text(
+        gettext_noop("%(before)s -> %(nodes)s nodes: %(placed)s"),
+        before=before,
+        nodes=nodes,
+        placed=slots.placed_text(added),
+    )
 
 
 # -- stop and start (关机 / 开机) ------------------------------------------------------------
@@ -327,156 +316,202 @@ def _kept(cluster: Cluster) -> list[Node]:
     )
 
 
-def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_OWNER) -> Cluster:
-    """Start a stopped cluster on the hosts that keep its workspaces. `mode`:
+START_MODES = ("gpu", "wait", "no_gpu")
 
-    * "gpu": with its GPUs now, or StartBlocked (words for the page) when they are taken;
-      where those hosts have no room (or take no work) and its workspaces' root
-      filesystems are saved in the registry (workspaces.save), on other hosts with its GPU
-      model, its workspaces made there from the saves (its volumes are on every host);
-    * "wait": in line for those GPUs (pending; placement starts it there when they free);
-    * "no_gpu": at once without GPUs (GPU clusters only): its workspaces alone, a small
-      CPU and memory share, billed per node-hour at the no-GPU price; no jobs.
+
+def cluster_start(*, cluster: Cluster, mode: str = "gpu", by: str | Text = ITS_OWNER) -> Cluster:
+    """Start a stopped cluster on the hosts that keep its workspaces, in one of the
+    `START_MODES` (the page's and the API's word for it):
+
+    * "gpu": `cluster_start_with_gpus`;
+    * "wait": `cluster_start_in_line`;
+    * "no_gpu": `cluster_start_without_gpus`.
     """
-    if mode not in ("gpu", "wait", "no_gpu"):
+    flows = {
+        "gpu": cluster_start_with_gpus,
+        "wait": cluster_start_in_line,
+        "no_gpu": cluster_start_without_gpus,
+    }
+    if mode not in flows:
         raise ValidationError(
             _("Unknown start mode %(mode)s: gpu, wait or no_gpu.") % {"mode": repr(mode)}
         )
-    with transaction.atomic():
-        cluster = (
-            Cluster.objects.select_for_update(of=("self",))
-            .select_related("gpu_model", "instance_type")
-            .get(pk=cluster.pk)
+    return flows[mode](cluster=cluster, by=by)
+
+
+def _startable(cluster: Cluster, *, waiting_too: bool = False) -> tuple[Cluster, list[Node]]:
+    """The first steps of every start, inside its transaction: the cluster locked and read
+    again; refused unless it is stopped (or, `waiting_too`, waiting in line after a stop),
+    while a job of it still stops, or when it keeps no workspace; the filesystem's quota
+    again from what the owner bought (MooseFS), once per start. Returns it and its kept
+    nodes."""
+    cluster = (
+        Cluster.objects.select_for_update(of=("self",))
+        .select_related("gpu_model", "instance_type")
+        .get(pk=cluster.pk)
+    )
+    waiting = cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None
+    if not (cluster.state == Cluster.State.STOPPED or (waiting and waiting_too)):
+        raise ValidationError(
+            _(
+                "Only a stopped cluster can be started; %(name)s is waiting in line for "
+                "its GPUs already."
+            )
+            % {"name": cluster.name}
+            if waiting
+            else _("Only a stopped cluster can be started; %(name)s is %(state)s.")
+            % {"name": cluster.name, "state": cluster.get_state_display()}
         )
-        waiting = cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None
-        if not (cluster.state == Cluster.State.STOPPED or (waiting and mode == "no_gpu")):
-            raise ValidationError(
-                _(
-                    "Only a stopped cluster can be started; %(name)s is waiting in line for "
-                    "its GPUs already."
-                )
-                % {"name": cluster.name}
-                if waiting
-                else _("Only a stopped cluster can be started; %(name)s is %(state)s.")
-                % {"name": cluster.name, "state": cluster.get_state_display()}
+    stopping = cluster.jobs.filter(state__in=Job.ACTIVE).first()
+    if stopping is not None:
+        raise ValidationError(
+            _(
+                "Job %(job)s is still stopping (SIGTERM, then SIGKILL after %(grace)s s): "
+                "start the cluster once it has ended."
             )
-        stopping = cluster.jobs.filter(state__in=Job.ACTIVE).first()
-        if stopping is not None:
-            raise ValidationError(
-                _(
-                    "Job %(job)s is still stopping (SIGTERM, then SIGKILL after %(grace)s s): "
-                    "start the cluster once it has ended."
-                )
-                % {"job": stopping.name, "grace": settings.SUANLI_STOP_GRACE_S}
-            )
-        kept = _kept(cluster)
-        if not kept:
-            raise ValidationError(
-                _("%(name)s keeps no workspaces; release it.") % {"name": cluster.name}
-            )
-        # The filesystem's quota again from what the owner bought (MooseFS), once per start.
-        storage.quota_apply(cluster.owner_id)
-        now = timezone.now()
-        if mode == "no_gpu":
-            if cluster.is_cpu_only:
-                raise ValidationError(
-                    _("A CPU-only cluster has no GPUs to leave out: start it as it is.")
-                )
-            full = _no_gpu_room(cluster, kept)
-            if full:
-                raise ValidationError(full)
-            unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
-            if unhealthy:
-                raise ValidationError(
-                    _(
-                        "Host %(host)s, which keeps its workspace, is %(state)s: start it when "
-                        "the host is back."
-                    )
-                    % {
-                        "host": unhealthy[0],
-                        "state": Host.objects.get(name=unhealthy[0]).get_state_display(),
-                    }
-                )
-            nodes = Node.objects.bulk_create(
-                [
-                    Node(cluster=cluster, index=n.index, host_id=n.host_id, gpu_indices=[],
-                         vcpus=0, no_gpu=True, placed_at=now)
-                    for n in kept
-                ]
-            )  # fmt: skip
-            started = Text(
-                gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
-                by=by,
-                nodes=slots.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
-            )
-            _started(cluster, kept, now, no_gpu=True, message=started)
-            return cluster
-        if mode == "wait":
-            why = Text(gettext_noop("waiting for its GPUs on the hosts that keep its workspaces"))
-            Cluster.objects.filter(pk=cluster.pk).update(
-                state=Cluster.State.PENDING, queued_at=now, no_gpu=False,
-                **reason_fields(Cluster, why),
-            )  # fmt: skip
-            cluster_event(
-                cluster,
-                "waiting",
-                Text(
-                    gettext_noop("%(by)s chose to wait in line for its GPUs on %(hosts)s"),
-                    by=by,
-                    hosts=", ".join(sorted({n.host.name for n in kept})),
-                ),
-                at=now,
-            )
-            request_placement()
-            cluster.refresh_from_db()
-            return cluster
-        hosts = [n.host_id for n in kept]
-        blocked = _why_blocked(cluster, kept)
-        if blocked:
-            # Its hosts have no room: another with its GPU model takes it where its
-            # workspaces' root filesystems are saved (its volumes are on every host).
-            hosts = restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept)
-            if hosts is None:
-                raise StartBlocked(_saving(cluster, kept, blocked), code="gpus_taken")
-        # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
-        # own processes': it takes them back as they are, no other tenant comes between.
-        # Only the kept nodes' own, where they stay: a node a resize or a move left may
-        # still run elsewhere.
-        staying = [n for n, host_id in zip(kept, hosts, strict=True) if n.host_id == host_id]
-        _own_held(cluster).filter(node__in=staying).update(node=None)
-        try:
-            nodes = slots.place_nodes(
-                cluster=cluster, hosts=hosts, first_index=0, now=now,
-                prefer=[n.gpu_indices if n in staying else [] for n in kept],
-            )  # fmt: skip
-        except capacity.Conflict:
-            raise StartBlocked(
-                _("Its capacity there was just taken by another request: wait in line for it.")
-                if cluster.is_cpu_only
-                else _(
-                    "Its capacity there was just taken by another request: wait in line for it "
-                    "or start without GPUs."
-                ),
-                code="gpus_taken",
-            ) from None
-        restart.carry_saves(kept, nodes)
-        names = dict(Host.objects.filter(id__in=set(hosts)).values_list("id", "name"))
-        elsewhere = restart.started_elsewhere(kept, nodes, names)
-        started = (
-            Text(
-                gettext_noop("started by %(by)s: %(nodes)s; your files and system disk came along"),
-                by=by,
-                nodes=elsewhere,
-            )
-            if elsewhere is not None
-            else Text(
-                gettext_noop("started by %(by)s: %(nodes)s"),
-                by=by,
-                nodes=slots.nodes_text(nodes, names),
-            )
+            % {"job": stopping.name, "grace": settings.SUANLI_STOP_GRACE_S}
         )
-        _started(cluster, kept, now, no_gpu=False, message=started)
+    kept = _kept(cluster)
+    if not kept:
+        raise ValidationError(
+            _("%(name)s keeps no workspaces; release it.") % {"name": cluster.name}
+        )
+    storage.quota_apply(cluster.owner_id)
+    return cluster, kept
+
+
+@transaction.atomic
+def cluster_start_without_gpus(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
+    """Start a stopped (or waiting) GPU cluster at once without GPUs: its workspaces alone,
+    a small CPU and memory share, billed per node-hour at the no-GPU price; no jobs."""
+    cluster, kept = _startable(cluster, waiting_too=True)
+    now = timezone.now()
+    if cluster.is_cpu_only:
+        raise ValidationError(_("A CPU-only cluster has no GPUs to leave out: start it as it is."))
+    full = _no_gpu_room(cluster, kept)
+    if full:
+        raise ValidationError(full)
+    unhealthy = [n.host.name for n in kept if n.host.state in Host.UNHEALTHY]
+    if unhealthy:
+        raise ValidationError(
+            _(
+                "Host %(host)s, which keeps its workspace, is %(state)s: start it when "
+                "the host is back."
+            )
+            % {
+                "host": unhealthy[0],
+                "state": Host.objects.get(name=unhealthy[0]).get_state_display(),
+            }
+        )
+    Node.objects.bulk_create(
+        [
+            Node(cluster=cluster, index=n.index, host_id=n.host_id, gpu_indices=[],
+                 vcpus=0, no_gpu=True, placed_at=now)
+            for n in kept
+        ]
+    )  # fmt: skip
+    started = Text(
+        gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
+        by=by,
+        nodes=slots.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
+    )
+    _started(cluster, kept, now, no_gpu=True, message=started)
     return cluster
+
+
+@transaction.atomic
+def cluster_start_in_line(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
+    """Put a stopped cluster in line for its GPUs on the hosts that keep its workspaces
+    (pending; placement starts it there when they free)."""
+    cluster, kept = _startable(cluster)
+    now = timezone.now()
+    why = Text(gettext_noop("waiting for its GPUs on the hosts that keep its workspaces"))
+    Cluster.objects.filter(pk=cluster.pk).update(
+        state=Cluster.State.PENDING, queued_at=now, no_gpu=False,
+        **reason_fields(Cluster, why),
+    )  # fmt: skip
+    cluster_event(
+        cluster,
+        "waiting",
+        Text(
+            gettext_noop("%(by)s chose to wait in line for its GPUs on %(hosts)s"),
+            by=by,
+            hosts=", ".join(sorted({n.host.name for n in kept})),
+        ),
+        at=now,
+    )
+    request_placement()
+    cluster.refresh_from_db()
+    return cluster
+
+
+@transaction.atomic
+def cluster_start_with_gpus(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
+    """Start a stopped cluster with its GPUs now, or StartBlocked (words for the page) when
+    they are taken. Where the hosts that keep its workspaces have no room (or take no work)
+    and its workspaces' root filesystems are saved in the registry (workspaces.save), it
+    starts on other hosts with its GPU model, its workspaces made there from the saves
+    (its volumes are on every host)."""
+    cluster, kept = _startable(cluster)
+    now = timezone.now()
+    hosts = _start_hosts(cluster, kept)
+    # GPUs its own stop still holds (its workspaces not confirmed stopped yet) are its
+    # own processes': it takes them back as they are, no other tenant comes between.
+    # Only the kept nodes' own, where they stay: a node a resize or a move left may
+    # still run elsewhere.
+    staying = [n for n, host_id in zip(kept, hosts, strict=True) if n.host_id == host_id]
+    _own_held(cluster).filter(node__in=staying).update(node=None)
+    try:
+        nodes = slots.place_nodes(
+            cluster=cluster, hosts=hosts, first_index=0, now=now,
+            prefer=[n.gpu_indices if n in staying else [] for n in kept],
+        )  # fmt: skip
+    except capacity.Conflict:
+        raise StartBlocked(
+            _("Its capacity there was just taken by another request: wait in line for it.")
+            if cluster.is_cpu_only
+            else _(
+                "Its capacity there was just taken by another request: wait in line for it "
+                "or start without GPUs."
+            ),
+            code="gpus_taken",
+        ) from None
+    restart.carry_saves(kept, nodes)
+    _started(cluster, kept, now, no_gpu=False, message=_started_words(kept, nodes, hosts, by))
+    return cluster
+
+
+def _start_hosts(cluster: Cluster, kept: list[Node]) -> list[int]:
+    """The host of each kept node for a start with GPUs: its own where they have room;
+    else, from the saves of its workspaces, others with its GPU model; else StartBlocked."""
+    hosts = [n.host_id for n in kept]
+    blocked = _why_blocked(cluster, kept)
+    if not blocked:
+        return hosts
+    # Its hosts have no room: another with its GPU model takes it where its workspaces'
+    # root filesystems are saved (its volumes are on every host).
+    hosts = restart.plan_elsewhere(cluster, capacity.Fleet.load(), kept)
+    if hosts is None:
+        raise StartBlocked(_saving(cluster, kept, blocked), code="gpus_taken")
+    return hosts
+
+
+def _started_words(kept: list[Node], nodes: list[Node], hosts: list[int], by) -> Text:
+    """The timeline's words for a start with GPUs: where its nodes run, and whether its
+    files and system disk came along to other hosts."""
+    names = dict(Host.objects.filter(id__in=set(hosts)).values_list("id", "name"))
+    elsewhere = restart.started_elsewhere(kept, nodes, names)
+    if elsewhere is not None:
+        return Text(
+            gettext_noop("started by %(by)s: %(nodes)s; your files and system disk came along"),
+            by=by,
+            nodes=elsewhere,
+        )
+    return Text(
+        gettext_noop("started by %(by)s: %(nodes)s"),
+        by=by,
+        nodes=slots.nodes_text(nodes, names),
+    )
 
 
 def _saving(cluster: Cluster, kept: list[Node], blocked: str) -> str:
