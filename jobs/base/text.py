@@ -182,14 +182,6 @@ def twin_fields(model, field: str, message) -> dict:
     return {field: fit(model, field, message), f"{field}_text": json_of(message, limit)}
 
 
-def reason_fields(message, limit: int) -> dict:
-    """The fields of a state reason (Cluster and Job): `state_reason`, its English (at most
-    `limit` characters), and `state_reason_text`, its twin (the Text's JSON, None for plain
-    words), e.g. `.update(state=..., **reason_fields(why, 500))`. An empty message clears
-    both."""
-    return {"state_reason": str(message)[:limit], "state_reason_text": json_of(message)}
-
-
 def stored_reason(obj) -> Text | str:
     """A Cluster's or Job's state reason as it was written: the Text its twin keeps, else
     its English (older rows, plain words)."""

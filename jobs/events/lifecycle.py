@@ -65,15 +65,12 @@ def host_error_fields(message: str | Text) -> dict:
     return twin_fields(Host, "last_error", message)
 
 
-def host_unhealthy(
-    *, host: Host, state: str, message: str | Text = "", at=None, words: str | Text = ""
-) -> Host:
+def host_unhealthy(*, host: Host, state: str, message: str | Text, at=None) -> Host:
     """Record that a host is down (no answer) or degraded (cannot start containers, or a
     proof of the host check failed): out of placement from now. The first time in a spell,
     its clusters hear of it, and nodes on a down host stop being charged (`Node.lost_at`);
     placement moves them later (`stranded.move_stranded`). `message`: the engine's words,
     or a Text shown in the reader's language (Host.last_error_text)."""
-    message = message or words  # TEMP: `words=` until jobs/runs says message=
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
         at = at or timezone.now()

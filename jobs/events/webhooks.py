@@ -183,15 +183,6 @@ def cluster_data(cluster: Cluster) -> dict:
     }  # fmt: skip
 
 
-def job_changed(job_id: int, kind: str) -> None:  # TEMP: until runs and placement use timeline
-    if sent_as("job", kind):
-        timeline_entry(Job.objects.get(pk=job_id), kind)
-
-
-def cluster_changed(cluster: Cluster, kind: str) -> None:  # TEMP: idem
-    timeline_entry(cluster, kind)
-
-
 def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
     with transaction.atomic():
         return emit(

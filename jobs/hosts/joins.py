@@ -68,7 +68,7 @@ from django.utils.translation import gettext_noop
 
 from jobs.base import validators
 from jobs.base.queue import enqueue_by_name
-from jobs.base.text import Moment, Text, show
+from jobs.base.text import Moment, Text, fit, show
 from jobs.events import lifecycle
 from jobs.files import storage
 from jobs.hosts import pki, proofs
@@ -485,10 +485,10 @@ def join_report(*, token: object = None, credential: object = None, step: object
     """A step of join.sh failed (or, with an empty error, went on): kept for the Hosts
     page. A token is not used up by reporting with it."""
     join = by_token(token) if token else by_credential(credential)
-    step = str(step or "")[:20]
+    step = fit(HostJoin, "step", step or "")
     HostJoin.objects.filter(pk=join.pk).update(
         step=step if step in STEPS else "other",
-        error=str(error or "").replace("\x00", "")[:2000],
+        error=fit(HostJoin, "error", str(error or "").replace("\x00", "")),
         updated_at=timezone.now(),
     )
 

@@ -870,14 +870,18 @@ def run(build_id: int) -> str:
     except BuildFailed as exc:
         out.line(f"ERROR: {exc}")
         _tidy(left, out)
-        out.state(state=ImageBuild.State.FAILED, error=str(exc)[:2000], finished_at=timezone.now())
+        out.state(
+            state=ImageBuild.State.FAILED,
+            error=fit(ImageBuild, "error", exc),
+            finished_at=timezone.now(),
+        )
     except Exception as exc:
         log.exception("build %s", build.pk)
         out.line(f"ERROR: {exc}")
         _tidy(left, out)
         out.state(
             state=ImageBuild.State.FAILED,
-            error=f"the build stopped on an error of the platform: {exc}"[:2000],
+            error=fit(ImageBuild, "error", f"the build stopped on an error of the platform: {exc}"),
             finished_at=timezone.now(),
         )
     finally:

@@ -34,8 +34,8 @@ written with their slots locked), `restart` (stopped clusters starting again), `
 This module is the pass (`place_pending`) and the writing of its plans (`_commit_batch`).
 
 Layer: placement, under runs. Uses lifecycle (a victim's preemption, a placed cluster's
-dispatch), webhooks, models, queue and sql; the network of a placed cluster is made by task
-name ("jobs.tasks.cluster_network_ensure").
+dispatch), timeline (its lines and their webhooks), models, queue and sql; the network of a
+placed cluster is made by task name ("jobs.tasks.cluster_network_ensure").
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ from django.utils.translation import gettext_noop
 
 from jobs.base.queue import enqueue_by_name
 from jobs.base.text import Text, argument, stored_reason
-from jobs.events import lifecycle, webhooks
-from jobs.models import Cluster, ClusterEvent, Job, Node
+from jobs.events import lifecycle, timeline
+from jobs.events.timeline import reason_fields, set_reason
+from jobs.models import Cluster, Job, Node
 from jobs.placement.capacity import Fleet, PassReport, resource_key, shortage
 from jobs.placement.reclaim import reclaim_spot
 from jobs.placement.restart import carry_saves, plan_kept, started_elsewhere
@@ -104,7 +105,7 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             [(slot, node.pk) for node, ids in zip(nodes, slots_of, strict=True) for slot in ids]
         )
         Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]).update(
-            state=Cluster.State.RUNNING, state_reason="", state_reason_text=None,
+            state=Cluster.State.RUNNING, **reason_fields(Cluster, ""),
             running_since=now, last_active_at=now, stopped_at=None, release_warned_at=None,
             no_gpu=False,
         )  # fmt: skip
@@ -183,15 +184,10 @@ def _say_placed(
                     gettext_noop("placed: %(nodes)s; your files and system disk came along"),
                     nodes=moved,
                 )
-    ClusterEvent.objects.bulk_create(
-        [
-            ClusterEvent(cluster=c, at=now, kind="running", message=str(t)[:300], text=t.as_json())
-            for c, mine in placed
-            for t in [texts.get(c.pk) or placed_text(mine, names)]
-        ]
+    timeline.cluster_events(
+        [(c, "running", texts.get(c.pk) or placed_text(mine, names)) for c, mine in placed],
+        at=now,
     )
-    for cluster in Cluster.objects.filter(pk__in=[c.pk for c, _ in placed]):
-        webhooks.cluster_changed(cluster, "running")  # in the placement's transaction
 
 
 # A preempted cluster waiting again keeps saying why it was preempted, before where it is.
@@ -211,10 +207,9 @@ def _preempted_for(cluster: Cluster) -> Text | str:
 def _say(cluster: Cluster, reason: Text, *, always: bool = False) -> bool:
     """Set the (unsaved) cluster's state reason and its twin; False when it said that
     already (unless `always`)."""
-    said = str(reason)[:300]
-    if cluster.state_reason == said and not always:
+    if cluster.state_reason == reason_fields(Cluster, reason)["state_reason"] and not always:
         return False
-    cluster.state_reason, cluster.state_reason_text = said, reason.as_json()
+    set_reason(cluster, reason)
     return True
 
 

@@ -131,10 +131,6 @@ def preferring(free: list[tuple[int, int]], indices: list[int]) -> list[tuple[in
     return [p for p in free if p[1] in want] + [p for p in free if p[1] not in want]
 
 
-def describe_nodes(nodes: list[Node], names: dict[int, str] | None = None) -> str:
-    return str(placed_text(nodes, names))[:300]
-
-
 def nodes_text(nodes: list[Node], names: dict[int, str] | None = None) -> Text | str:
     """ "node 0 on host-a GPU 0-7, node 1 on host-b GPU 0-7", in the reader's language."""
     if names is None:

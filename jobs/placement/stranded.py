@@ -17,7 +17,8 @@ from django.utils.translation import gettext_noop
 from jobs.base.queue import enqueue_by_name
 from jobs.base.text import Moment, Text, join
 from jobs.events import lifecycle
-from jobs.models import Cluster, ClusterEvent, Host, Job, Node
+from jobs.events.timeline import cluster_event, reason_fields
+from jobs.models import Cluster, Host, Job, Node
 from jobs.placement.capacity import Conflict, Fleet, PassReport, host_state, shortage
 from jobs.placement.slots import format_indices, replace_node
 
@@ -124,22 +125,16 @@ def _say_waiting(cluster: Cluster, nodes: list[Node], why: Text, now) -> None:
         nodes=where,
         why=why,
     )
-    reason = str(waiting)[:300]
+    said = reason_fields(Cluster, waiting)
     with transaction.atomic():
         # Waiting for room is not charged (a down host's nodes are not already).
         Node.objects.filter(pk__in=[n.pk for n in nodes], lost_at__isnull=True).update(lost_at=now)
         if (
             Cluster.objects.filter(pk=cluster.pk)
-            .exclude(state_reason=reason)
-            .update(state_reason=reason, state_reason_text=waiting.as_json())
+            .exclude(state_reason=said["state_reason"])
+            .update(**said)
         ):
-            ClusterEvent.objects.create(
-                cluster=cluster,
-                at=now,
-                kind="waiting",
-                message=reason,
-                text=waiting.as_json(),
-            )
+            cluster_event(cluster, "waiting", waiting, at=now)
 
 
 def _move(cluster: Cluster, nodes: list[Node], hosts: list[int], fleet: Fleet, now) -> bool:
@@ -170,15 +165,9 @@ def _move(cluster: Cluster, nodes: list[Node], hosts: list[int], fleet: Fleet, n
         for move in reversed(moves[:-1]):
             message = Text(gettext_noop("%(first)s; %(rest)s"), first=move, rest=message)
         Cluster.objects.filter(pk=cluster.pk).update(
-            state_reason="", state_reason_text=None, last_active_at=now
+            **reason_fields(Cluster, ""), last_active_at=now
         )
-        ClusterEvent.objects.create(
-            cluster=cluster,
-            at=now,
-            kind="moved",
-            message=str(message)[:300],
-            text=message.as_json(),
-        )
+        cluster_event(cluster, "moved", message, at=now)
         lifecycle.request_dispatch(cluster.pk)
     return True
 

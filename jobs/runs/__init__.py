@@ -14,7 +14,8 @@ sends SIGTERM then schedules the SIGKILL.
 - `preemption`: a preemption notice followed (the job's script, then the stop).
 - `stopping`: SIGTERM now, SIGKILL after the grace period.
 - `repair`: the reconciler, comparing the database with the engines and mending.
-- `shared`: the timeline event and the follow-up task (by name) every step writes.
+- `shared`: the follow-up task (by name) every step queues; timeline entries are written by
+  `jobs.events.timeline`.
 - `livelogs`: live logs, one follower per replica.
 
 Inside, each imports only those listed after it (repair > dispatch > preemption > exits >

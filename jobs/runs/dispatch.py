@@ -16,15 +16,16 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from jobs.base.text import Text, join, reason_fields
+from jobs.base.text import Text, join
 from jobs.events import lifecycle
+from jobs.events.timeline import job_event, reason_fields
 from jobs.files import storage
 from jobs.models import Cluster, Host, Job, Node, Replica
 from jobs.nodes import engine, network, registry, runtime
 from jobs.placement import capacity
 from jobs.runs.preemption import preempt
 from jobs.runs.settle import finish, settle
-from jobs.runs.shared import enqueue, event
+from jobs.runs.shared import enqueue
 from jobs.runs.stopping import stop
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ def _wait_for_hosts(job: Job, stranded: list[Node]) -> None:
         ]
     )
     waiting = reason_fields(
+        Job,
         Text(
             gettext_noop(
                 "waiting for its cluster: %(where)s; starts when the host is back or the "
@@ -82,7 +84,6 @@ def _wait_for_hosts(job: Job, stranded: list[Node]) -> None:
             ),
             where=where,
         ),
-        500,
     )
     Job.objects.filter(pk=job.pk).exclude(state_reason=waiting["state_reason"]).update(**waiting)
 
@@ -99,8 +100,7 @@ def _claim(job: Job, cluster: Cluster, nodes: list[Node]) -> bool:
         state=Job.State.STARTING,
         attempt=attempt,
         started_at=now,
-        state_reason="",
-        state_reason_text=None,
+        **reason_fields(Job, ""),
         master_port=settings.SUANLI_MASTER_PORT_BASE if nodes else None,
         stop_requested_at=None,
         preempt_requested_at=None,
@@ -124,7 +124,7 @@ def _claim(job: Job, cluster: Cluster, nodes: list[Node]) -> bool:
     )
     cluster.last_active_at = now
     cluster.save(update_fields=["last_active_at"])
-    event(
+    job_event(
         job.pk,
         "starting",
         Text(
@@ -149,7 +149,7 @@ def _say_resuming(job: Job, attempt: int, resume: str, volumes) -> None:
             gettext_noop("from scratch: no checkpoint in %(dir)s (it is not on a volume)"),
             dir=job.checkpoint_dir,
         )
-    event(
+    job_event(
         job.pk,
         "resuming",
         Text(
@@ -176,7 +176,7 @@ def _take_from_pool(cluster: Cluster, own: Job | None) -> Job | None:
         cluster_id=cluster.pk
     ):
         return own
-    event(
+    job_event(
         job.pk,
         "moved",
         Text(
@@ -197,13 +197,13 @@ def _resume_point(job: Job, volumes) -> str:
 
 
 def _pull(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
-    event(
+    job_event(
         job.pk,
         "pulling",
         Text(gettext_noop("pulling %(image)s on %(host)s"), image=image, host=host.name),
     )
     registry.pull_public(client, image)
-    event(
+    job_event(
         job.pk,
         "pulled",
         Text(gettext_noop("%(image)s is on %(host)s"), image=image, host=host.name),
@@ -344,7 +344,7 @@ def _mark_running(job: Job, replicas: list[Replica]) -> bool:
                     for r in replicas
                 ]
             )
-            event(job.pk, "running", hosts)
+            job_event(job.pk, "running", hosts)
             return True
     return False
 
@@ -385,8 +385,8 @@ def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) ->
     with the engine's words; the researcher reads a plain sentence; the attempt ends
     without using a retry, and placement moves the cluster off that host."""
     for replica, exc in faults:
-        words = engine.describe(exc)
-        log.warning("job %s: rank %s on %s: %s", job.pk, replica.rank, replica.host.name, words)
+        error = engine.describe(exc)
+        log.warning("job %s: rank %s on %s: %s", job.pk, replica.rank, replica.host.name, error)
         if engine.unreachable(exc):
             # One timeout is not a dead host: its check decides (and says so).
             enqueue(
@@ -396,7 +396,7 @@ def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) ->
             lifecycle.host_unhealthy(
                 host=replica.host,
                 state=Host.State.DEGRADED,
-                words=f"cannot start containers: {words}",
+                message=f"cannot start containers: {error}",
             )
     Replica.objects.filter(pk__in=[r.pk for r, _ in faults]).update(
         state=Replica.State.LOST, host_fault=True, finished_at=timezone.now()
@@ -409,8 +409,8 @@ def _host_failed_start(job: Job, faults: list[tuple[Replica, BaseException]]) ->
         ),
         host=names,
     )
-    Job.objects.filter(pk=job.pk).update(**reason_fields(message, 500))
-    event(job.pk, "host-failed", message)
+    Job.objects.filter(pk=job.pk).update(**reason_fields(Job, message))
+    job_event(job.pk, "host-failed", message)
     _drop_unstarted(job)
     stop(job.pk)
     settle(job.pk)
@@ -523,9 +523,9 @@ COULD_NOT_START = gettext_noop("could not start: %(reason)s")
 
 def _fail_start(job: Job, message: str | Text) -> None:
     Job.objects.filter(pk=job.pk).update(
-        **reason_fields(Text(COULD_NOT_START, reason=message), 500)
+        **reason_fields(Job, Text(COULD_NOT_START, reason=message))
     )
-    event(job.pk, "error", message)
+    job_event(job.pk, "error", message)
     _drop_unstarted(job)
     stop(job.pk)
     settle(job.pk)

@@ -15,10 +15,10 @@ from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
 from jobs.events import lifecycle
+from jobs.events.timeline import job_event
 from jobs.models import Host, Job, Node, Replica
 from jobs.nodes import engine, runtime, workspaces
 from jobs.runs.settle import settle
-from jobs.runs.shared import event
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
             state=state, exit_code=exit_code, finished_at=finished, log=text, host_fault=host_fault
         )
         if updated and host_fault:
-            event(
+            job_event(
                 replica.job_id,
                 "host-lost",
                 Text(
@@ -128,7 +128,7 @@ def replica_lost(replica_id: int, reason: str | Text, *, host_fault: bool = Fals
     if Replica.objects.filter(
         pk=replica.pk, state__in=[Replica.State.RUNNING, Replica.State.CREATING]
     ).update(state=Replica.State.LOST, finished_at=timezone.now(), host_fault=host_fault):
-        event(
+        job_event(
             replica.job_id,
             "lost",
             Text(gettext_noop("rank %(rank)s: %(reason)s"), rank=replica.rank, reason=reason),

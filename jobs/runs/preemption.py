@@ -11,10 +11,11 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
+from jobs.events.timeline import job_event
 from jobs.models import Job, Replica
 from jobs.nodes import engine, runtime
 from jobs.runs.settle import settle
-from jobs.runs.shared import enqueue, event
+from jobs.runs.shared import enqueue
 from jobs.runs.stopping import stop
 
 
@@ -35,7 +36,7 @@ def _start_scripts(job: Job) -> None:
             api.exec_start(exec_id, detach=True)
         except (docker.errors.DockerException, engine.EngineError, OSError) as exc:
             # Not running any more, or the engine is gone: nothing to save there.
-            event(
+            job_event(
                 job.pk,
                 "notice",
                 Text(
@@ -105,8 +106,8 @@ def preempt(job_id: int) -> None:
         ):
             return
         for line in results:
-            event(job_id, "notice", line)
-        event(
+            job_event(job_id, "notice", line)
+        job_event(
             job_id,
             "stopping",
             Text(

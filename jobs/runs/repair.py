@@ -16,14 +16,15 @@ from django.utils.translation import gettext_noop
 from rq.registry import StartedJobRegistry
 
 from jobs.base.queue import enqueue_unique
-from jobs.base.text import Text, reason_fields
+from jobs.base.text import Text
 from jobs.events import lifecycle
+from jobs.events.timeline import job_event, reason_fields
 from jobs.models import Cluster, Host, Job, Node, Replica
 from jobs.nodes import engine, network, runtime, workspaces
 from jobs.runs.dispatch import adopt
 from jobs.runs.exits import free_gpus, replica_exited, replica_lost
 from jobs.runs.settle import settle
-from jobs.runs.shared import enqueue, event
+from jobs.runs.shared import enqueue
 from jobs.runs.stopping import grace, send_signal, stop
 
 log = logging.getLogger(__name__)
@@ -157,9 +158,9 @@ def _stop_overdue_jobs(now, report: dict) -> None:
                 minutes=job.max_runtime_s // 60,
             )
             if Job.objects.filter(pk=job.pk, cancel_requested=False).update(
-                cancel_requested=True, **reason_fields(reason, 500)
+                cancel_requested=True, **reason_fields(Job, reason)
             ):
-                event(job.pk, "timeout", reason)
+                job_event(job.pk, "timeout", reason)
                 report["timed_out"] = report.get("timed_out", 0) + 1
                 stop(job.pk)
 

@@ -10,10 +10,10 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs.base.queue import enqueue_unique
-from jobs.base.text import Moment, Text, argument, join, reason_fields, stored_reason
+from jobs.base.text import Moment, Text, argument, join, stored_reason
 from jobs.events import lifecycle
+from jobs.events.timeline import job_event, reason_fields
 from jobs.models import Cluster, Job, Replica
-from jobs.runs.shared import event
 from jobs.runs.stopping import stop
 
 # Attempts ended by hosts before a job is failed after all: a job that breaks every host it
@@ -148,9 +148,9 @@ def _stop_the_rest(job: Job, cause: str | Text) -> None:
     """One replica ended the attempt: stop the others, once (a second settle finds the
     reason already said)."""
     reason = Text(gettext_noop("%(cause)s; stopping the other replicas"), cause=cause)
-    said = reason_fields(reason, 500)
+    said = reason_fields(Job, reason)
     if Job.objects.filter(pk=job.pk).exclude(state_reason=said["state_reason"]).update(**said):
-        event(job.pk, "stopping", reason)
+        job_event(job.pk, "stopping", reason)
         stop(job.pk)
 
 
@@ -187,10 +187,10 @@ def _requeue_after_host(job: Job, cause: str | Text) -> None:
     with transaction.atomic():
         if Job.objects.filter(pk=job.pk, state__in=Job.ACTIVE).update(
             state=Job.State.QUEUED,
-            **reason_fields(reason, 500),
+            **reason_fields(Job, reason),
             host_restarts=models.F("host_restarts") + 1,
         ):
-            event(job.pk, "requeued", reason)
+            job_event(job.pk, "requeued", reason)
             lifecycle.request_dispatch(job.cluster_id)
             lifecycle.request_placement()  # the pass that moves its nodes off a failed host
     lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
@@ -199,9 +199,9 @@ def _requeue_after_host(job: Job, cause: str | Text) -> None:
 def _requeue(job: Job, reason: str | Text) -> None:
     with transaction.atomic():
         if Job.objects.filter(pk=job.pk, state__in=Job.ACTIVE).update(
-            state=Job.State.QUEUED, **reason_fields(reason, 500)
+            state=Job.State.QUEUED, **reason_fields(Job, reason)
         ):
-            event(job.pk, "retrying", reason)
+            job_event(job.pk, "retrying", reason)
             lifecycle.request_dispatch(job.cluster_id)
     lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)  # no-op unless preempting
 
@@ -246,6 +246,7 @@ def preempted(job: Job) -> None:
                 state=Job.State.PREEMPTED,
                 preemptions=count,
                 **reason_fields(
+                    Job,
                     Text(
                         gettext_noop(
                             "preempted at %(at)s: %(reason)s; resumes when its cluster is placed "
@@ -254,10 +255,9 @@ def preempted(job: Job) -> None:
                         at=at,
                         reason=reason,
                     ),
-                    500,
                 ),
             )
-            event(
+            job_event(
                 job.pk,
                 "preempted",
                 Text(
@@ -288,11 +288,11 @@ def finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | None
             not Job.objects.filter(pk=job_id)
             .exclude(state__in=Job.ENDED)
             .update(
-                state=state, exit_code=exit_code, finished_at=ended, **reason_fields(reason, 500)
+                state=state, exit_code=exit_code, finished_at=ended, **reason_fields(Job, reason)
             )
         ):
             return
-        event(job_id, state, reason)
+        job_event(job_id, state, reason)
         if job.pool_id:
             # The pool may shrink now; a sweep's trial makes room for the next (by name:
             # both are above the runner).
