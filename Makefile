@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml cli/pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test e2e lint format bench venv services-up services-down clean
+.PHONY: run test e2e lint format bench docs venv services-up services-down clean
 
 $(STAMP): pyproject.toml cli/pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ services-down:
 clean:
 	bash .ci/services.sh stop --clean || true
 	rm -rf .run staticfiles db.sqlite3
+
+## make docs: the manual (docs/, MkDocs Material) into site/; regenerates docs/packages.md
+## and docs/operator/settings.md from the code first (commit them with the change).
+docs: venv
+	$(VENV)/bin/python docs/gen_packages.py
+	$(VENV)/bin/python docs/gen_settings.py
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 ## make bench: the benchmarks, one JSON line per case.
 bench: venv
