@@ -218,7 +218,8 @@ _SHAPES = {
 }
 
 
-def _words(err: dict) -> str:
+def _field_message(err: dict) -> str:
+    """A field's validation error (pydantic's) as a sentence for the API's `fields`."""
     kind, ctx = err.get("type"), err.get("ctx") or {}
     if kind == "greater_than_equal":
         return f"Give {ctx.get('ge')} or more."
@@ -235,9 +236,9 @@ def _schema_error(request, exc):
         if loc[:1] == ["body"] and len(loc) <= 2:
             return _error(400, "The body must be a JSON object.")
         name = loc[2] if loc[:1] == ["body"] else loc[-1] if loc else ""
-        words = _SHAPES.get(name) or _words(err)
-        if words not in fields.setdefault(name, []):
-            fields[name].append(words)
+        message = _SHAPES.get(name) or _field_message(err)
+        if message not in fields.setdefault(name, []):
+            fields[name].append(message)
     return _error(400, "Invalid input.", fields)
 
 

@@ -67,7 +67,7 @@ _ENDED = object()
 _ENGINE_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
 
 
-def _words(text: str) -> bytes:
+def _console_line(text: str) -> bytes:
     """A line of the console's own (not the shell's), in yellow, on a line of its own."""
     return f"\r\n\x1b[33m{text}\x1b[0m\r\n".encode()
 
@@ -179,7 +179,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             return
         self.closed = True
         with contextlib.suppress(OSError, RuntimeError):  # the browser went meanwhile
-            await self.send(bytes_data=_words(text))
+            await self.send(bytes_data=_console_line(text))
             await self.close(code=code)
         await asyncio.shield(self._finish())
 
@@ -209,7 +209,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
                     self.stream.hold("browser", False)
             if not self.closed:  # the shell ended (exit): say so, and close
                 self.closed = True
-                await self.send(bytes_data=_words(_("The shell ended.")))
+                await self.send(bytes_data=_console_line(_("The shell ended.")))
                 await self.close(code=1000)
         except (OSError, RuntimeError):  # the browser went meanwhile: disconnect() follows
             pass

@@ -204,7 +204,7 @@ def _preempted_for(cluster: Cluster) -> Text | str:
     return str(said).split("); ", 1)[0].removeprefix("preempted (")  # plain words
 
 
-def _say(cluster: Cluster, reason: Text, *, always: bool = False) -> bool:
+def _set_reason_if_new(cluster: Cluster, reason: Text, *, always: bool = False) -> bool:
     """Set the (unsaved) cluster's state reason and its twin; False when it said that
     already (unless `always`)."""
     if cluster.state_reason == reason_fields(Cluster, reason)["state_reason"] and not always:
@@ -237,7 +237,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
             hosts, why = plan_kept(cluster, fleet)
             if hosts is None:
                 report.waiting += 1
-                if why and _say(cluster, why):
+                if why and _set_reason_if_new(cluster, why):
                     reasons.append(cluster)
                 continue
         else:
@@ -258,7 +258,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         report.waiting += 1
         if not cluster.spot and key not in on_demand_heads:
             on_demand_heads[key] = cluster
-        if _say(cluster, _in_line(cluster, fleet, heads, key)):
+        if _set_reason_if_new(cluster, _in_line(cluster, fleet, heads, key)):
             reasons.append(cluster)
     if batch:
         _commit_batch(batch, fleet, report)
@@ -308,6 +308,6 @@ def _reclaim_for(
     listed = {c.pk for c in reasons}
     for cluster in heads:
         if cluster.pk in notes:
-            _say(cluster, notes[cluster.pk], always=True)
+            _set_reason_if_new(cluster, notes[cluster.pk], always=True)
             if cluster.pk not in listed:
                 reasons.append(cluster)
