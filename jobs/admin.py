@@ -4,8 +4,8 @@ preempt_cluster, release_cluster; checking an engine needs change_host. Staff wh
 view see no such action, and posting one anyway is refused with 403. Jobs are read-only
 here (view_job): their owners start and stop them.
 
-Layer: admin, the top of jobs/ (beside tasks and management). Uses services for every
-write, and forms, models and sql."""
+Layer: admin, the top of jobs/ (beside tasks, management and apps). Uses the clusters' and
+hosts' services for every write, the hosts' form, files (pub) and models."""
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model

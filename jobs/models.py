@@ -1,6 +1,6 @@
 """The engine's state: the fleet (hosts and their GPU slots) and the catalogs it offers.
 
-Layer: models, under every part of jobs/ but validators and crypto, which are all it uses.
+Layer: models (beside migrations), under every package of jobs/ but base, which is all it uses.
 """
 
 from django.conf import settings

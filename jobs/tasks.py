@@ -1,8 +1,9 @@
 """Thin RQ entry points: take ids, call a part below.
 
-Layer: tasks, the top of jobs/ (beside admin and management). Uses services, runs,
-scheduler, webhooks, network, models and queue. The parts below queue these by their dotted
-name ("jobs.tasks.cluster_dispatch") through `jobs.base.queue`, never by importing this module.
+Layer: tasks, the top of jobs/ (beside admin, management and apps). Uses pools, clusters,
+hosts, images, runs, nodes, placement, events, files, models and base. The packages below queue
+these by their dotted name ("jobs.tasks.cluster_dispatch") through `jobs.base.queue`, never by
+importing this module.
 """
 
 from jobs.base.queue import enqueue_later, enqueue_unique

@@ -6,7 +6,7 @@ judge an address here, so that a range refused to one is refused to the other.
 The reasons are English (webhook errors and logs) and marked for translation, so that a
 form can show them in the researcher's language: `gettext(why)`.
 
-Layer: the bottom of jobs/ (under validators); uses no other part.
+Layer: base, the bottom of jobs/ (validators and netguard use it); uses no other part.
 """
 
 from __future__ import annotations

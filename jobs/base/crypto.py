@@ -11,7 +11,7 @@ that encrypts them can run on a live table; it leaves none behind.
 
 This module is the lowest layer: jobs and billing models may both use it.
 
-Layer: crypto, the bottom of jobs/ (beside validators); uses no other part.
+Layer: base, the bottom of jobs/; uses no other part.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ written by the follower threads of its replicas (`append`), which number them in
 atomically with the push, so that the list is always in order and a restarted follower
 goes on from the last number.
 
-Layer: beside queue, sql and outage; uses no other part."""
+Layer: base (beside queue, sql and outage); uses no other part."""
 
 import redis
 from django.conf import settings

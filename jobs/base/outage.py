@@ -6,7 +6,7 @@ tries, and logs once when the service answers again. `Outage` keeps that bookkee
 one loop; the loop decides what to retry. The errors that mean "the service is away" (as
 opposed to a bug, which must still surface) are named here for the callers to catch.
 
-Layer: outage, beside queue and sql; uses no other part (the long-running commands use it).
+Layer: base (beside queue and sql); uses no other part (the long-running commands use it).
 """
 
 import logging

@@ -2,8 +2,8 @@
 ("jobs.tasks.cluster_dispatch"), which RQ imports when the task runs, never by importing
 it here (DESIGN.md, "Apps and their layers").
 
-Layer: queue, beside sql and outage, under every part that queues work; uses no other
-part (django_rq and rq only). The one place that knows RQ's deduplication and delays.
+Layer: base, under every package that queues work; uses no other part (django_rq and rq only).
+The one place that knows RQ's deduplication and delays.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Django's `bulk_update` builds one `CASE WHEN pk = ... THEN ...` expression per r
 field, resolved in Python: about 2 ms a row on this machine. One `UPDATE ... FROM (VALUES
 ...)` per chunk does the same in one statement whose SQL is a plain string.
 
-Layer: sql, beside queue and outage; uses no other part (models are passed in).
+Layer: base (beside queue and outage); uses no other part (models are passed in).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checks on what operators and researchers type, with messages that say what to write.
 
-Layer: validators, the bottom of jobs/ (beside crypto). Uses only addresses (which addresses
-are public): models (and the migrations) use it, so it must not use them.
+Layer: base, the bottom of jobs/. Uses only addresses (which addresses are public): models (and
+the migrations) use it, so it must not use them.
 """
 
 import base64

@@ -2,10 +2,11 @@
 drained; clusters created, resized and released; jobs submitted and cancelled; SSH keys).
 Keyword-only, atomic where they span rows.
 
-Layer: services, under tasks, admin and management. Uses scheduler (room for a resize, a
-host's nodes back), lifecycle, runtime, storage, engine, validators, models; never runner
-(a job is started or stopped by task name, through lifecycle). The verbs that parts below
-it share live in `lifecycle` and are re-exported here, so callers keep
+Layer: clusters, under pools, tasks, admin and management. Uses spec (what a request may ask),
+placement (capacity for a resize, slots, restart for a start), nodes (runtime, workspaces),
+events (lifecycle, timeline), files (storage, pub), models and base; never runs (a job is
+started or stopped by task name, through lifecycle). The verbs that packages below it share
+live in `jobs.events.lifecycle` and are re-exported here, so callers keep
 `services.cluster_release(...)`.
 """
 

@@ -2,9 +2,10 @@
 unhealthy, a cluster released, preempted or back in the queue, written in the caller's
 transaction with the timeline entries that say so (through `timeline`, the one writer).
 
-Layer: lifecycle, below services, runner and scheduler, which all call it; it uses
-timeline, models and queue. Work of the parts above (a placement pass, a job's dispatch,
-stop or preemption) is asked for by task name through `queue`, never by importing them.
+Layer: events, under every package that changes a cluster's, a job's or a host's state
+(clusters, hosts, runs, placement, pools); uses timeline, models and base (queue, text). Work
+of the packages above (a placement pass, a job's dispatch, stop or preemption) is asked for by
+task name through `jobs.base.queue`, never by importing them.
 """
 
 from django.conf import settings

@@ -9,7 +9,7 @@ the whole exchange is bounded by one deadline.
 Operators may allow named internal receivers: `SUANLI_WEBHOOK_ALLOW_HOSTS` (exact host
 names) and `SUANLI_WEBHOOK_ALLOW_NETS` (CIDRs), both empty by default and read at call time.
 
-Layer: netguard, beside engine, under webhooks (which sends through it); uses no other part.
+Layer: events, under webhooks (which sends through it); uses only base (addresses).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ secret's signature too for 24 h after a rotation). Retries: `SUANLI_WEBHOOK_RETR
 disables the endpoint; an endpoint failing for `SUANLI_WEBHOOK_DISABLE_AFTER_S` (5 days)
 is disabled and its owner told on the dashboard.
 
-Layer: webhooks (the event outbox and its signed delivery), under lifecycle, scheduler and
-runner, which report state changes through it. Uses netguard and models; a delivery is
-queued by task name ("jobs.tasks.webhook_deliver") on the "webhooks" queue.
+Layer: events (the event outbox and its signed delivery), under timeline, which reports state
+changes through it. Uses netguard, models and base (text); a delivery is queued by task name
+("jobs.tasks.webhook_deliver") on the "webhooks" queue.
 """
 
 from __future__ import annotations

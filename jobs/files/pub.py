@@ -33,7 +33,8 @@ non-root uid), so `mount -o remount,rw /pub` is refused. A volume of the tenant'
 under /pub is refused wherever /pub is asked for (the form, the service, the start): its
 mount point would be made inside the operator's folder.
 
-Layer: pub, under runtime (which mounts it) and over storage; uses models and validators.
+Layer: files, over storage, under nodes (runtime mounts it); uses storage, models and base
+(validators).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ reports the filesystem's sustained space to the operators when it passes
 SUANLI_STORAGE_SUSTAINED_MAX_GB. With "local" (`make run`: a folder of one machine) nothing
 enforces it and usage is a walk of the folder, stopped after SUANLI_STORAGE_WALK_MAX entries.
 
-Layer: storage (beside network), under runtime; uses models (the bought storage) only.
+Layer: files, under nodes (runtime mounts its folders); uses models (the bought storage) and
+base (validators).
 """
 
 import logging

@@ -1,6 +1,6 @@
 """The operator's host form (the admin's).
 
-Layer: forms, beside engine, netguard, selectors and catalog; uses models only.
+Layer: hosts; uses models only.
 """
 
 from django import forms

@@ -43,8 +43,8 @@ The security model, in full:
   leaves its host through NAT with the host's address, so the address check alone would
   not stop it; the token and the host's credential (root-only on the host) do.
 
-Layer: joins, beside pools; uses services, lifecycle, proofs, engine, pki, queue, validators,
-text and models.
+Layer: hosts, over services, proofs and pki; uses them, nodes (engine), events (lifecycle),
+files (storage), models and base (queue, validators, text).
 """
 
 from __future__ import annotations

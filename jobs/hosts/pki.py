@@ -15,7 +15,7 @@ Who holds what:
 - The console's client key for an engine is made here, per host, and stored with the Host
   (encrypted at rest, jobs/base/crypto.py); its certificate says *clientAuth* only.
 
-Layer: pki, the bottom of jobs/ (beside validators and crypto); uses no other part.
+Layer: hosts, the bottom of it; uses no other part.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ addresses (network.overlaps) is a reason; the host check (services.host_check) m
 host with any reason *degraded*, with the reasons as its last error, which takes it out
 of placement.
 
-Layer: proofs (beside runs), under services; uses runtime (the tenant uid), network
-(the protected addresses, the engine's networks), engine, models and text.
+Layer: hosts, under services and joins; uses nodes (runtime: the tenant uid; network: the
+protected addresses, the engine's networks; engine), files (storage), models and base (text,
+validators).
 """
 
 from __future__ import annotations

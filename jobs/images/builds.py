@@ -18,7 +18,8 @@ no copy of what a build made or pulled once it ends, and a deleted image goes fr
 engine. Its log goes line by line to Redis and to the build's Channels group (the build
 page's websocket), and its end is kept on the row.
 
-Layer: beside gateway, runs and webapps; uses registry, storage, engine, queue, models.
+Layer: images (beside access and runs); uses engine_build, nodes (registry, engine,
+workspaces), files (storage), models and base (queue, logstore, text, validators).
 """
 
 from __future__ import annotations

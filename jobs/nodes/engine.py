@@ -1,6 +1,7 @@
 """Talking to Docker engines through the SDK. The only module that builds a client.
 
-Layer: engine, under network and runtime; uses models only.
+Layer: nodes, the bottom of it (network, registry, runtime and workspaces use it); uses models
+only.
 """
 
 import hashlib

@@ -18,8 +18,8 @@ MASTER_ADDR; eth0 is the cluster network in every replica (NCCL/GLOO_SOCKET_IFNA
 Reads: hosts and nodes. Talks to: the engines. Called by the runner (before a job starts),
 its tasks (after placement, after release) and the reconciler (removal sweep).
 
-Layer: network (beside storage), under runtime; uses engine, models, validators and
-addresses.
+Layer: nodes, over engine and under runtime; uses engine, models and base (validators,
+addresses).
 
 The host check asks it (`overlaps`) whether any of an engine's networks covers the hosts'
 own addresses: the host's, its peers', the registry's, the control plane's.

@@ -7,8 +7,8 @@ for one pull or push (the engine keeps none). An image of researcher N is
 `<registry>/u<N>/<name>:<tag>`; jobs/base/validators.py refuses those names to anyone but the
 console's own choice of the owner's images.
 
-Layer: beside network and storage (workspaces and runner pull through it); uses engine,
-the timeline's writer (events), models and validators.
+Layer: nodes, over engine (workspaces and the builds pull through it); uses engine, events (the
+timeline's writer), models and base (validators, text).
 """
 
 from __future__ import annotations

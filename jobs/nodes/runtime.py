@@ -6,7 +6,7 @@ researcher typed arrives here as data (environment
 values, a command run by the container's own shell, volume paths already checked) and
 never as a Docker argument of its own.
 
-Layer: runtime, under webhooks and above network and storage, which it uses with models.
+Layer: nodes, over network and under workspaces; uses network, files (storage, pub) and models.
 """
 
 from __future__ import annotations

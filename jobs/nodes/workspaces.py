@@ -25,7 +25,8 @@ counts against its owner's image quota (the layers its cluster's image does not 
 their size on a host's disk: `Node.saved_layers`); one that would take the owner past it
 is not pushed, and the cluster's timeline says so (it can start only on its own host).
 
-Layer: workspaces, under the gateway; uses runtime, network, engine and models.
+Layer: nodes, the top of it (access, runs and images use it); uses runtime, network, registry,
+engine, events (timeline), models and base (text).
 """
 
 from __future__ import annotations

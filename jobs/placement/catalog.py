@@ -3,7 +3,7 @@ descriptions are stored in English and marked for the catalogue, so pages show t
 ones in the reader's language (`{% translate it.description %}`); one an operator types
 shows as typed.
 
-Layer: catalog, beside engine, netguard, selectors and forms; uses models only.
+Layer: placement; uses models only.
 """
 
 from django.db import transaction

@@ -1,6 +1,6 @@
 """Reads of the fleet that pages and other apps reuse.
 
-Layer: selectors, beside engine and netguard; it writes nothing and uses models only.
+Layer: placement; it writes nothing and uses models only.
 """
 
 from dataclasses import dataclass

@@ -15,7 +15,8 @@ or a job's end asks for a round. The money figures it uses (one cluster's price 
 what the pool has spent) are written on the pool row by the console from billing
 (`console.pools.refresh`), since jobs does not read billing.
 
-Layer: pools, above services (uses services, lifecycle, models, queue, text)."""
+Layer: pools, under sweeps; uses clusters (services), events (lifecycle, timeline), files
+(storage), models and base (queue, text)."""
 
 from __future__ import annotations
 

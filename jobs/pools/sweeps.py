@@ -15,7 +15,8 @@ trial. When the pruner says stop, the trial is told pruned, the next trial is qu
 pool at once, and the job gets SIGTERM with its grace period (so it can checkpoint): its
 cluster, free a moment later, takes the next trial without a new placement.
 
-Layer: sweeps, above pools (uses pools, services, livelogs, models, text)."""
+Layer: pools, over the autoscaler; uses it, clusters (services), runs (livelogs), models and
+base (text)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ line at or before that timestamp is dropped, so nothing is kept twice. A replica
 ends or disappears has its stream closed. A restarted process takes up each replica from
 the timestamp kept in Redis. An ended job's page reads the replicas' stored logs.
 
-Layer: beside network, storage and registry; uses engine, selectors, logstore, outage and
-models."""
+Layer: runs; uses nodes (engine), placement (fleet), models and base (logstore, outage, queue)."""
 
 import asyncio
 import calendar

@@ -7,7 +7,8 @@ progress printed, and appear under /pub in one step at the end, never half-copie
 `--draft` stops before publishing (publish it later in the admin); `--unpublish NAME`
 takes one off /pub again.
 
-Layer: management, the top of jobs/ (beside tasks and admin); uses pub and models.
+Layer: management, the top of jobs/ (beside tasks, admin and apps); uses files (pub) and
+models.
 """
 
 from pathlib import Path

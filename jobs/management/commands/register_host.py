@@ -1,6 +1,7 @@
 """`register_host`: add (or update) a Docker host from the command line, and check it.
 
-Layer: management, the top of jobs/ (beside tasks and admin); uses services and models.
+Layer: management, the top of jobs/ (beside tasks, admin and apps); uses hosts (services) and
+models.
 """
 
 from django.core.exceptions import ValidationError

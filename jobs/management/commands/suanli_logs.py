@@ -3,7 +3,7 @@ lines numbered per job in Redis and sent to the job's Channels group (jobs/runs/
 Replicas that start later are picked up; streams an engine drops are opened again from
 where they were.
 
-Layer: management, the top of jobs/; uses livelogs."""
+Layer: management, the top of jobs/; uses runs (livelogs)."""
 
 import logging
 

@@ -2,8 +2,8 @@
 finalise a replica the moment its container dies. One thread per host; a host that stops
 answering is retried with backoff; hosts added later are picked up.
 
-Layer: management, the top of jobs/ (beside tasks and admin); uses runs, services,
-runtime, engine, outage and models."""
+Layer: management, the top of jobs/ (beside tasks, admin and apps); uses runs (exits), hosts
+(services), nodes (runtime, engine), base (outage) and models."""
 
 import logging
 import threading
