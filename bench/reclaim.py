@@ -2,8 +2,9 @@
 
 A fleet of 1,000 hosts x 8 GPUs is full of 1-GPU spot clusters (8,000 of them, placed in
 a random order over the hosts). One on-demand request (1 node x 8 GPUs, then 2 x 8) comes
-in: the pass must find the fewest, youngest spot clusters that make it fit and send them
-their notices. Compared, in the same run: the pass that places the same request on an
+in, having waited its SUANLI_RECLAIM_AFTER_S in line: the timed pass must find the fewest,
+youngest spot clusters that make it fit and send them their notices, and the next pass
+places it on what they give back (it fails when either did not happen). Compared, in the same run: the pass that places the same request on an
 empty fleet of the same size. Prints one JSON line per request shape.
 """
 
@@ -21,6 +22,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
@@ -58,9 +60,12 @@ def fill_with_spot(owner, model, image) -> None:
 
 
 def one_pass(owner, model, image, *, nodes, gpus) -> tuple[float, capacity.PassReport]:
+    # A request reclaims only once it has waited SUANLI_RECLAIM_AFTER_S in line: this one
+    # has, so the timed pass is the one that preempts (not one that only says it waits).
+    waited = timezone.now() - timedelta(seconds=settings.SUANLI_RECLAIM_AFTER_S + 1)
     Cluster.objects.bulk_create(
         [_cluster(owner, model, image, "on-demand", nodes=nodes, gpus=gpus, spot=False,
-                  at=timezone.now())]
+                  at=waited)]
     )  # fmt: skip
     t0 = time.perf_counter()
     report = scheduler.place_pending()
@@ -74,6 +79,7 @@ def main():
     owner, _ = get_user_model().objects.get_or_create(username="bench")
     model = GpuModel.objects.get(slug="a100-80gb")
     image = Image.objects.get(reference="suanli/busybox:latest")
+    failed = []
     for nodes, gpus in ((1, 8), (2, 8)):
         reset()
         make_fleet(HOSTS, model)
@@ -109,8 +115,13 @@ def main():
             ),
             flush=True,
         )
+        if not report.preempted or not placed:
+            # Then the pass above measured no reclaim at all: a figure that says nothing.
+            failed.append(f"{nodes} x {gpus}: {len(report.preempted)} preempted, placed: {placed}")
     reset()
     Node.objects.all().delete()
+    if failed:
+        sys.exit(f"bench/reclaim measured no reclaim: {'; '.join(failed)}")
 
 
 if __name__ == "__main__":
