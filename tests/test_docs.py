@@ -107,3 +107,17 @@ def test_every_module_and_name_the_docs_name_exists():
             if not re.search(defined, source, re.M):
                 wrong.append(f"{page.relative_to(ROOT)}: {ref}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_name_after_a_file_is_defined_in_it():
+    """`jobs/hosts/services.py` `host_check`: the function (or class, or setting) named right
+    after a file is defined in that file."""
+    named = re.compile(r"`((?:console|jobs|billing|monitoring|cli|bench)/[\w/]+\.py)`\s*\(?`(\w+)")
+    wrong = []
+    for page in _pages():
+        for path, name in sorted(set(named.findall(page.read_text()))):
+            source = (ROOT / path).read_text() if (ROOT / path).exists() else ""
+            defined = rf"^\s*(?:async\s+def|def|class)\s+{name}\b|^\s*{name}\s*[:=]"
+            if not re.search(defined, source, re.M):
+                wrong.append(f"{page.relative_to(ROOT)}: {path} {name}")
+    assert not wrong, "\n".join(wrong)
