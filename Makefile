@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml cli/pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test e2e lint format bench docs venv services-up services-down clean
+.PHONY: run test test-fast e2e lint format bench docs venv services-up services-down clean
 
 $(STAMP): pyproject.toml cli/pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -18,11 +18,21 @@ venv: $(STAMP)
 run: venv
 	@bash .ci/dev-run.sh
 
-## make test: installs what is missing, starts PostgreSQL, Redis and two Docker engines, runs everything.
+## make test-fast: what a developer runs first: PostgreSQL and Redis only (reused when they
+## run, else started and stopped), lint, and every test that needs no engine, Procfile process
+## or browser (`-m "not engine and not procs and not browser and not e2e"`). Under 2 minutes.
+## Narrow it: make test-fast ARGS='tests/test_netguard.py -k redirect'
+test-fast:
+	@bash .ci/install.sh postgresql redis-server gettext
+	@$(MAKE) --no-print-directory venv
+	@TIER=fast bash .ci/test.sh $(ARGS)
+
+## make test: installs what is missing, starts PostgreSQL, Redis, two Docker engines, the
+## registry and MooseFS, runs everything (what CI runs; the fast tier beside the rest).
 test:
 	@bash .ci/install.sh
 	@$(MAKE) --no-print-directory venv
-	@bash .ci/test.sh
+	@bash .ci/test.sh $(ARGS)
 
 ## make e2e: real 2-node PyTorch DDP across the two engines (builds the torch image once).
 e2e:

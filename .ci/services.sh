@@ -6,6 +6,9 @@
 #   .ci/services.sh stop [--clean]    # stop what start started; --clean also
 #                                     # deletes the run dir (image cache too)
 #   .ci/services.sh restart-engine b  # bring back an engine a test killed
+#   eval "$(.ci/services.sh start db)"  # PostgreSQL and Redis only (`make test-fast`)
+#   .ci/services.sh status db         # exit 0 when both answer
+#   .ci/services.sh stop db           # stop them, unless the full set is running
 #
 # start brings up:
 #   - PostgreSQL (system cluster; role+db suanli/suanli, password auth on
@@ -452,6 +455,53 @@ cmd_start() {
     print_env
 }
 
+# ---------------------------------------------------------- db only ----
+# The fast tier (`make test-fast`) needs PostgreSQL and Redis, nothing else: the same ones
+# (same port, password and role) as the full set, so either reuses what the other started.
+
+print_env_db() {
+    secret_file "$SECRETS_KEY_FILE" fernet >/dev/null
+    write_env "$RUN_DIR/env-db.sh" \
+        "DATABASE_URL=postgres://suanli:suanli@127.0.0.1:${PG_PORT:-$(pg_port)}/suanli" \
+        "REDIS_URL=redis://:$(redis_password)@127.0.0.1:$REDIS_PORT/0" \
+        "SUANLI_SECRETS_KEY_FILE=$SECRETS_KEY_FILE"
+}
+
+cmd_start_db() {
+    is_root || die "services.sh start db needs root (pg_ctlcluster)"
+    "$CI_DIR/install.sh" postgresql redis-server
+    REDIS_PASSWORD="$(redis_password)"
+    export REDIS_PASSWORD
+    start_postgres
+    start_redis "$REDIS_PORT" "$REDIS_DIR" --save '' --appendonly no --requirepass "$REDIS_PASSWORD"
+    log "PostgreSQL and Redis up (no engines, registry or MooseFS)"
+    print_env_db
+}
+
+db_up() {
+    local v
+    v="$(pg_version 2>/dev/null)" || return 1
+    [[ "$(pg_field "$v" 4)" == online* ]] &&
+        pg_isready -q -h 127.0.0.1 -p "$(pg_field "$v" 3)" &&
+        REDIS_PASSWORD="$(redis_password)" redis_up "$REDIS_PORT"
+}
+
+# stop db: Redis, and PostgreSQL where a `start` of ours started it; nothing while any engine
+# of the full set answers (a `make test` or `make services-up` is using them).
+cmd_stop_db() {
+    is_root || die "services.sh stop db needs root"
+    local e
+    for e in "${ENGINES[@]}"; do
+        if docker_up "$(engine_host "$e")"; then
+            log "the full set of services is running: PostgreSQL and Redis stay for it"
+            return 0
+        fi
+    done
+    REDIS_PASSWORD="$(redis_password)" stop_redis "$REDIS_PORT" "$REDIS_DIR"
+    stop_postgres
+    log "PostgreSQL and Redis stopped"
+}
+
 # restart-engine E: start engine E again after a test killed it (kill -9 of its dockerd),
 # with its network store and swarm membership as they were; a no-op when it runs.
 cmd_restart_engine() {
@@ -504,14 +554,18 @@ if [[ "${_SUANLI_SERVICES_LOCK:-}" != "$RUN_DIR" ]]; then
     exec flock -o "$RUN_DIR/.lock" "${BASH:-bash}" "$0" "$@"
 fi
 
-case "${1:-}" in
-start) cmd_start ;;
-stop) cmd_stop "${2:-}" ;;
-restart-engine) cmd_restart_engine "${2:-}" ;;
-remount-storage) cmd_remount_storage "${2:-}" ;;
-env) print_env ;;
+case "${1:-} ${2:-}" in
+"start db") cmd_start_db ;;
+"stop db") cmd_stop_db ;;
+"status db") db_up ;;
+"env db") print_env_db ;;
+start*) cmd_start ;;
+stop*) cmd_stop "${2:-}" ;;
+restart-engine*) cmd_restart_engine "${2:-}" ;;
+remount-storage*) cmd_remount_storage "${2:-}" ;;
+env*) print_env ;;
 *)
-    echo "usage: $0 start | stop [--clean] | restart-engine a|b | remount-storage a|b | env" >&2
+    echo "usage: $0 start [db] | stop [db|--clean] | status db | restart-engine a|b | remount-storage a|b | env [db]" >&2
     exit 2
     ;;
 esac

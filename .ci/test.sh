@@ -1,20 +1,75 @@
 #!/usr/bin/env bash
-# `make test`: start the real parts, run lint, layering and the suite, stop what we started.
+# The suite, in tiers (tests/conftest.py marks each test with what it needs).
+#
+#   bash .ci/test.sh              `make test`: the full services, lint, the whole suite (CI)
+#   bash .ci/test.sh ARGS...      the full services, lint, `pytest ARGS...` (`make e2e`: -m e2e)
+#   TIER=fast bash .ci/test.sh    `make test-fast`: PostgreSQL and Redis only, lint, the tests
+#                                 that need no engine, process or browser; ARGS narrow it
+#   eval "$(bash .ci/test.sh env [fast])"
+#                                 the suite's settings for this shell (services not started):
+#                                 then `pytest -m db tests/test_x.py -k name` runs as `make` does
+#
+# Services: what this run started is stopped at its end; what was running is left running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-started=0
-cleanup() { if [ "$started" = 1 ]; then bash .ci/services.sh stop >&2 || true; fi; }
-trap cleanup EXIT
-started=1  # a half-finished start is cleaned up too
-env_out="$(bash .ci/services.sh start)"
-eval "$env_out"
+TIER="${TIER:-all}"
+FAST='not engine and not procs and not browser and not e2e'
+# The full services' settings the fast tier must not see: without them an engine test that
+# is not marked as one fails in `make test-fast` instead of quietly using the engines.
+NOT_FAST=(SUANLI_TEST_ENGINES SUANLI_TEST_ENGINE_ADDRS SUANLI_TEST_ENGINE_NETNS
+    SUANLI_TEST_ENGINE_MNTNS SUANLI_TEST_HOSTS_GATEWAY SUANLI_STORAGE_ROOT SUANLI_STORAGE_FS
+    SUANLI_STORAGE_MASTER SUANLI_REGISTRY SUANLI_REGISTRY_USERNAME SUANLI_REGISTRY_PASSWORD
+    SUANLI_REGISTRY_CA)
 
-export PATH="$PWD/.venv/bin:$PATH"
 # Production-like settings, but plain HTTP for the live test server.
-export DEBUG=0 SUANLI_HTTPS=0 SUANLI_STATIC_MANIFEST=0 SECRET_KEY="test-only-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-export ALLOWED_HOSTS="localhost,127.0.0.1,testserver"  # SUANLI_STORAGE_ROOT: the env above (MooseFS)
-export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
+suite_env() {
+    export PATH="$PWD/.venv/bin:$PATH"
+    export DEBUG=0 SUANLI_HTTPS=0 SUANLI_STATIC_MANIFEST=0
+    export SECRET_KEY="test-only-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+    export ALLOWED_HOSTS="localhost,127.0.0.1,testserver" # SUANLI_STORAGE_ROOT: the services' (MooseFS)
+    export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
+}
+
+# fast_env: the fast tier's own test database and Redis database number, so that it runs
+# beside a full run (`make test`, a helper's pytest) on the same servers.
+fast_env() {
+    unset "${NOT_FAST[@]}"
+    export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
+}
+
+if [ "${1:-}" = env ]; then
+    if [ "${2:-}" = fast ]; then bash .ci/services.sh env db; else bash .ci/services.sh env; fi
+    suite_env
+    printf 'export PATH=%q DEBUG=0 SUANLI_HTTPS=0 SUANLI_STATIC_MANIFEST=0 SECRET_KEY=%q\n' "$PATH" "$SECRET_KEY"
+    printf 'export ALLOWED_HOSTS=%q SUANLI_SCREENSHOTS=%q SUANLI_TLS_DIR=%q\n' \
+        "$ALLOWED_HOSTS" "$SUANLI_SCREENSHOTS" "$SUANLI_TLS_DIR"
+    if [ "${2:-}" = fast ]; then
+        printf 'unset %s\n' "${NOT_FAST[*]}"
+        printf 'export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%%/*}/1"\n'
+    fi
+    exit 0
+fi
+
+stop="" # what to stop at the end: "full" (the services this run started), "db", or nothing
+cleanup() {
+    case "$stop" in
+    full) bash .ci/services.sh stop >&2 || true ;;
+    db) bash .ci/services.sh stop db >&2 || true ;;
+    esac
+}
+trap cleanup EXIT
+if [ "$TIER" = fast ]; then
+    # PostgreSQL and Redis: reused when they answer (the full set may be running), else
+    # started now and stopped at the end.
+    bash .ci/services.sh status db 2>/dev/null || stop=db
+    env_out="$(bash .ci/services.sh start db)"
+else
+    stop=full # a half-finished start is cleaned up too
+    env_out="$(bash .ci/services.sh start)"
+fi
+eval "$env_out"
+suite_env
 mkdir -p "$SUANLI_SCREENSHOTS" staticfiles
 
 if [ "${E2E:-0}" = 1 ]; then
@@ -31,5 +86,38 @@ ruff check .
 ruff format --check .
 lint-imports
 
-echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES"
-python -m pytest "$@"
+if [ "$TIER" = fast ]; then
+    fast_env
+    echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines"
+    python -m pytest -m "$FAST" --durations=15 "$@"
+    exit
+fi
+
+if [ $# -gt 0 ] || [ "${SUANLI_TEST_SPLIT:-1}" = 0 ]; then
+    echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES"
+    python -m pytest --durations=30 "$@"
+    exit
+fi
+
+# The whole suite in two processes at once: the fast tier (CPU-bound, on its own test
+# database and Redis number) beside the rest (mostly waiting on the engines). Then the
+# tests that stop PostgreSQL and Redis themselves, alone. Every test runs exactly once:
+# the -m expressions split `not e2e`.
+FAULTS=tests/test_fault_services.py
+fast_log=.run/test/fast-tier.log
+echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the fast tier beside the rest (log: $fast_log)"
+(
+    unset SUANLI_TEST_ENGINES SUANLI_TEST_ENGINE_ADDRS SUANLI_TEST_ENGINE_NETNS SUANLI_TEST_ENGINE_MNTNS
+    export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
+    exec python -m pytest -p no:cacheprovider -m "$FAST" --ignore="$FAULTS" --durations=30
+) >"$fast_log" 2>&1 &
+fast_pid=$!
+rc=0
+python -m pytest -m "not ($FAST) and not e2e" --ignore="$FAULTS" --durations=30 || rc=$?
+fast_rc=0
+wait "$fast_pid" || fast_rc=$?
+echo "== the fast tier (it ran beside the above):"
+cat "$fast_log"
+echo "== $FAULTS (stops PostgreSQL and Redis: alone)"
+python -m pytest "$FAULTS" --durations=5 || rc=$?
+for r in "$rc" "$fast_rc"; do if [ "$r" != 0 ]; then exit "$r"; fi; done

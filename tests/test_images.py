@@ -184,6 +184,7 @@ def test_run_false_fails_with_its_output_and_leaves_no_image(hosts, alice):
         registry.manifest(f"u{alice.pk}/broken", "v1")
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, catalog, settings):
     cases = {
         "FROM docker.io/library/ubuntu:24.04\nRUN true\n": "none of them",
@@ -344,6 +345,7 @@ def test_one_researchers_build_cache_is_never_anothers(hosts, alice, bob):
     assert "Using cache" not in logs[theirs.pk], logs[theirs.pk]
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_a_researcher_has_at_most_two_builds_at_a_time_and_crlf_is_a_line_end(alice, bob, catalog):
     """No one fills the build hosts' queue for everyone else (SUANLI_BUILDS_PER_RESEARCHER);
     a browser's CRLF line ends are plain line ends, while a lone CR, another space or a

@@ -67,6 +67,7 @@ def _api(user):
 # -- the Images page --------------------------------------------------------------------
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_images_page_lists_ones_own_images_quota_builds_and_users(
     alice, bob, paper_host, make_cluster, priced, django_assert_max_num_queries
 ):
@@ -111,6 +112,7 @@ def test_without_a_registry_the_page_says_the_operator_configured_none(alice, se
     assert not ImageBuild.objects.exists()
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_build_form_says_what_is_wrong_per_field(alice, catalog, storage_root):
     client = _client(alice)
     url = reverse("image_list")
@@ -142,6 +144,7 @@ def test_the_build_form_says_what_is_wrong_per_field(alice, catalog, storage_roo
     assert build.build_args == {"TORCH": "2.4", "CUDA": "12.1"} and build.dockerfile == DOCKERFILE
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_add_of_a_url_is_refused_by_the_form_and_the_api_with_how_to_download(alice, catalog):
     """The engine would fetch it from the build host's own networks (tests/
     test_images_attacks.py has the canaries): the form and the API answer with the
@@ -163,6 +166,7 @@ def test_add_of_a_url_is_refused_by_the_form_and_the_api_with_how_to_download(al
     assert not ImageBuild.objects.exists()
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_build_form_needs_csrf(alice, catalog):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(alice)
@@ -274,6 +278,7 @@ def test_the_build_socket_is_the_owners_and_sends_each_line_once(alice, bob):
 # -- the API ----------------------------------------------------------------------------
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_api_lists_builds_follows_and_deletes_ones_own_only(
     alice, bob, paper_host, make_cluster, priced
 ):
@@ -328,6 +333,7 @@ def test_the_api_lists_builds_follows_and_deletes_ones_own_only(
 # -- the cluster form: "Your images" ----------------------------------------------------------
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_cluster_form_offers_ones_own_images_and_refuses_anothers(
     alice, bob, paper_host, priced
 ):
@@ -368,6 +374,7 @@ def test_the_cluster_form_offers_ones_own_images_and_refuses_anothers(
     assert not Cluster.objects.filter(name="theirs").exists()
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_api_maps_an_own_reference_and_refuses_anothers(alice, bob, paper_host, priced):
     torch = _own(alice)
     request = {"name": "from-api", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
@@ -381,6 +388,7 @@ def test_the_api_maps_an_own_reference_and_refuses_anothers(alice, bob, paper_ho
     assert Cluster.objects.get(pk=body["id"]).own_image == torch
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_no_typed_reference_and_no_catalog_image_names_a_researchers_image(alice, settings):
     from jobs.base.validators import validate_image_reference
 
@@ -396,6 +404,7 @@ def test_no_typed_reference_and_no_catalog_image_names_a_researchers_image(alice
 # -- the cluster page: pulls and "Save as image" ----------------------------------------------
 
 
+@pytest.mark.engine  # the registry's configuration (own images)
 def test_the_cluster_page_shows_image_pulls_and_saves_a_node_as_an_image(
     alice, bob, paper_host, make_cluster, priced
 ):

@@ -15,6 +15,9 @@ from pathlib import Path
 import docker
 import pytest
 
+# The hosts of the full services and MooseFS, reached without an engine fixture.
+pytestmark = pytest.mark.engine
+
 TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 
 

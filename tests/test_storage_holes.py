@@ -126,6 +126,7 @@ def test_files_past_her_file_limit_fail_in_her_container(
 
 
 @real
+@pytest.mark.engine  # MooseFS (small_quota)
 def test_a_deleted_file_frees_its_room_at_once_not_after_a_day_in_the_trash(
     small_quota, settings, alice
 ):
@@ -202,6 +203,7 @@ def test_a_file_she_deleted_but_holds_open_is_named_to_the_operators(
 
 
 @real
+@pytest.mark.engine  # MooseFS (small_quota)
 def test_a_start_racing_a_lowering_writes_the_lowered_quota(small_quota, bob):
     from billing import storage as bought
 
@@ -239,6 +241,7 @@ def test_a_start_racing_a_lowering_writes_the_lowered_quota(small_quota, bob):
 
 
 @real
+@pytest.mark.engine  # MooseFS (small_quota)
 def test_a_containers_create_writes_no_quota_the_hourly_upkeep_does(
     small_quota, settings, make_cluster, alice
 ):

@@ -43,6 +43,7 @@ def _page(client) -> str:
     return response.content.decode()
 
 
+@pytest.mark.engine  # MooseFS: what enforces her quota
 def test_the_page_shows_what_her_files_take_of_her_quota_and_what_it_costs(client, alice, files):
     client.force_login(alice)
     body = _page(client)

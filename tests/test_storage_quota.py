@@ -69,6 +69,7 @@ def test_a_write_past_the_quota_fails_in_her_container_until_she_buys_more(
     assert 'data-testid="storage-quota">1.01 GB<' in page
 
 
+@pytest.mark.engine  # MooseFS (small_quota)
 def test_her_posts_never_reach_bobs_quota(small_quota, alice, bob, client, storage_root):
     from billing import storage as bought
 
