@@ -82,16 +82,23 @@ echo "== messages: locale/*.po -> .mo"
 python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0
 
 echo "== lint: ruff check, ruff format --check, import-linter layers"
+if [ "$TIER" = fast ]; then
+    # A developer's first run: the tests run even when the lint fails; both decide the exit.
+    lint=0
+    ruff check . || lint=$?
+    ruff format --check . || lint=$?
+    lint-imports || lint=$?
+    fast_env
+    echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines"
+    tests=0
+    python -m pytest -m "$FAST" --durations=15 "$@" || tests=$?
+    if [ "$lint" != 0 ]; then echo "== the lint failed (above)"; fi
+    if [ "$tests" != 0 ]; then exit "$tests"; fi
+    exit "$lint"
+fi
 ruff check .
 ruff format --check .
 lint-imports
-
-if [ "$TIER" = fast ]; then
-    fast_env
-    echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines"
-    python -m pytest -m "$FAST" --durations=15 "$@"
-    exit
-fi
 
 if [ $# -gt 0 ] || [ "${SUANLI_TEST_SPLIT:-1}" = 0 ]; then
     echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES"
