@@ -31,11 +31,12 @@ suite_env() {
     export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
 }
 
-# fast_env: the fast tier's own test database and Redis database number, so that it runs
-# beside a full run (`make test`, a helper's pytest) on the same servers.
+# fast_env: the fast tier's own test database, Redis database number and TLS folder (its
+# CA), so that it runs beside a full run (`make test`, a helper's pytest) on the same servers.
 fast_env() {
     unset "${NOT_FAST[@]}"
     export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
+    export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
 }
 
 if [ "${1:-}" = env ]; then
@@ -47,6 +48,7 @@ if [ "${1:-}" = env ]; then
     if [ "${2:-}" = fast ]; then
         printf 'unset %s\n' "${NOT_FAST[*]}"
         printf 'export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%%/*}/1"\n'
+        printf 'export SUANLI_TLS_DIR=%q\n' "$PWD/.run/test/tls-fast"
     fi
     exit 0
 fi
@@ -116,6 +118,7 @@ echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the fast tier bes
 (
     unset SUANLI_TEST_ENGINES SUANLI_TEST_ENGINE_ADDRS SUANLI_TEST_ENGINE_NETNS SUANLI_TEST_ENGINE_MNTNS
     export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
+    export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
     exec python -m pytest -p no:cacheprovider -m "$FAST" --ignore="$FAULTS" --durations=30
 ) >"$fast_log" 2>&1 &
 fast_pid=$!
