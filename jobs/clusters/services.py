@@ -35,6 +35,7 @@ from jobs.events.lifecycle import cluster_requeue_preempted as cluster_requeue_p
 from jobs.events.lifecycle import request_placement as request_placement
 from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
 from jobs.files import pub, storage
+from jobs.files.storage import VolumeSpec as VolumeSpec  # callers' name for a volume
 from jobs.models import (
     Cluster,
     GpuSlot,
