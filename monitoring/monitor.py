@@ -268,27 +268,52 @@ class Monitor:
             self.pids[target.container_id] = (pid, own_net)
 
     async def tick(self) -> TickReport:
+        """One second: the targets read again (every 2 s), each replica and workspace
+        sampled, one row per node (its replica's and workspace's use added up) published
+        to the live charts, then stored."""
         report = TickReport()
         cpu0 = time.process_time()
         now = time.monotonic()
-        if (now - self.refreshed >= 2 or not self.targets) and not self._away("database", now):
-            try:
-                self.targets, self.hosts = await self._db(load_targets, self.shard)
-            except DB_DOWN as exc:  # go on with the replicas known before
-                self._failed("database", exc)
-            else:
-                self.database.ok()
-                self.refreshed = now
-                live = {t.container_id for t in self.targets}
-                self.previous = {k: v for k, v in self.previous.items() if k in live}
-                self.pids = {k: v for k, v in self.pids.items() if k in live}
-                self.kernel_failed &= live
+        await self._refresh_targets(now)
         targets = self.targets
         report.targets = len(targets)
         self._measure_disks(now)
         gpu_by_host = await self._gpu_sources()
         results = await self._readings(targets)
         failed_hosts: set[int] = set()
+        nodes = self._per_node(targets, results, failed_hosts)
+        rows, by_cluster = self._rows(nodes, gpu_by_host)
+        self._note_engines(failed_hosts, report)
+        # Publish first: a live chart need not wait for the insert.
+        await self._publish(by_cluster, now)
+        await self._store(rows, now)
+        report.samples = len(rows)
+        report.cpu_s = time.process_time() - cpu0
+        return report
+
+    async def _refresh_targets(self, now: float) -> None:
+        """The replicas and workspaces to sample, read again every 2 s (the database
+        allowing); what is known of those gone is forgotten."""
+        if (now - self.refreshed < 2 and self.targets) or self._away("database", now):
+            return
+        try:
+            self.targets, self.hosts = await self._db(load_targets, self.shard)
+        except DB_DOWN as exc:  # go on with the replicas known before
+            self._failed("database", exc)
+        else:
+            self.database.ok()
+            self.refreshed = now
+            live = {t.container_id for t in self.targets}
+            self.previous = {k: v for k, v in self.previous.items() if k in live}
+            self.pids = {k: v for k, v in self.pids.items() if k in live}
+            self.kernel_failed &= live
+
+    def _per_node(
+        self, targets: list[Target], results: list, failed_hosts: set[int]
+    ) -> dict[tuple[int, int], tuple[Target, float, dict]]:
+        """Each reading made a rate against the one before, one per node: a job's replica
+        and the node's workspace share the node (and its GPUs), so their use adds up; the
+        row names the job. The hosts whose engine did not answer join `failed_hosts`."""
         nodes: dict[tuple[int, int], tuple[Target, float, dict]] = {}
         for target, result in zip(targets, results, strict=True):
             if isinstance(result, Gone):
@@ -307,8 +332,6 @@ class Monitor:
             rate = collector.rates(prev, result) if prev else None
             if rate is None:
                 continue
-            # One row per node per second: a job's replica and the node's workspace share
-            # the node (and its GPUs), so their use adds up; the row names the job.
             key = (target.cluster_id, target.node_index)
             if key in nodes:
                 other, read_at, summed = nodes[key]
@@ -318,6 +341,10 @@ class Monitor:
             else:
                 result_at = result.read_at
             nodes[key] = (target, result_at, rate)
+        return nodes
+
+    def _rows(self, nodes: dict, gpu_by_host: dict) -> tuple[list[tuple], dict[int, list]]:
+        """The rows to store and, per cluster, the samples for its live charts."""
         rows, by_cluster = [], {}
         for target, read_at, rate in nodes.values():
             host = self.hosts[target.host_id]
@@ -335,30 +362,32 @@ class Monitor:
                 {"t": int(read_at), "ts": round(read_at, 3), "node": target.node_index, "job": target.job_id,
                  "gpu": util, "gmem": mem, **{k: round(v, 1) for k, v in rate.items()}}
             )  # fmt: skip
-        self._note_engines(failed_hosts, report)
-        # Publish first: a live chart need not wait for the insert.
-        if self.layer is not None and by_cluster and not self._away("redis", now):
-            try:
-                for cluster_id, samples in by_cluster.items():
-                    await self.layer.group_send(
-                        group_for(cluster_id), {"type": "metrics.batch", "samples": samples}
-                    )
-            except REDIS_DOWN as exc:
-                self._failed("redis", exc)
-            else:
-                self.redis.ok()
-        if rows and not self._away("database", now):
-            try:
-                await self._db(write_samples, rows)
-            except DB_DOWN as exc:  # the database away for a moment: these seconds are lost
-                self._failed("database", exc)
-            except Exception:
-                log.exception("storing %d samples", len(rows))
-            else:
-                self.database.ok()
-        report.samples = len(rows)
-        report.cpu_s = time.process_time() - cpu0
-        return report
+        return rows, by_cluster
+
+    async def _publish(self, by_cluster: dict[int, list], now: float) -> None:
+        if self.layer is None or not by_cluster or self._away("redis", now):
+            return
+        try:
+            for cluster_id, samples in by_cluster.items():
+                await self.layer.group_send(
+                    group_for(cluster_id), {"type": "metrics.batch", "samples": samples}
+                )
+        except REDIS_DOWN as exc:
+            self._failed("redis", exc)
+        else:
+            self.redis.ok()
+
+    async def _store(self, rows: list[tuple], now: float) -> None:
+        if not rows or self._away("database", now):
+            return
+        try:
+            await self._db(write_samples, rows)
+        except DB_DOWN as exc:  # the database away for a moment: these seconds are lost
+            self._failed("database", exc)
+        except Exception:
+            log.exception("storing %d samples", len(rows))
+        else:
+            self.database.ok()
 
     def _measure_disks(self, now: float) -> None:
         busy = self.disk_round is not None and not self.disk_round.done()

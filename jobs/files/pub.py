@@ -571,7 +571,8 @@ def copy_tree(
     opened: a folder swapped for a link while the copy runs is refused, never followed;
     a folder another user or a group can write is refused (its entries could be swapped).
     Refused too: device nodes, fifos, sockets. `report` is called at most every `every_s`
-    seconds and once at the end."""
+    seconds and once at the end. Long because its two steps, a file and a folder, are
+    closures sharing the progress counters; each is short."""
     total_bytes, total_files = _measure_source(src_fd, where)
     done = [0, 0]
     last = [0.0]

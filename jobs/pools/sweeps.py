@@ -91,6 +91,15 @@ def parse_space(text_or_list) -> list[dict]:
     1e-1`, `layers: int 1 8`, `opt: categorical adam sgd`) or a JSON list of
     {"name", "type", "low", "high"} / {"name", "type": "categorical", "choices"}. Raises
     ValidationError with one sentence per problem."""
+    items = _space_items(text_or_list)
+    out, seen = [], set()
+    for i, item in enumerate(items, 1):
+        out.append(_parameter(i, item, seen))
+    return out
+
+
+def _space_items(text_or_list) -> list:
+    """The space's items, from JSON or the form's lines, and their count within bounds."""
     if isinstance(text_or_list, str):
         text = text_or_list.strip()
         if text.startswith(("[", "{")):
@@ -118,76 +127,77 @@ def parse_space(text_or_list) -> list[dict]:
         raise ValidationError(_("The search space needs at least one parameter."))
     if len(items) > MAX_PARAMS:
         raise ValidationError(_("A search space has at most %(n)s parameters.") % {"n": MAX_PARAMS})
-    out, seen = [], set()
-    for i, item in enumerate(items, 1):
-        if not isinstance(item, dict):
-            raise ValidationError(
-                _("Parameter %(n)s is not an object with a name and a type.") % {"n": i}
+    return items
+
+
+def _parameter(i: int, item, seen: set[str]) -> dict:
+    """The `i`th parameter checked (its name not among `seen`, which it joins)."""
+    if not isinstance(item, dict):
+        raise ValidationError(
+            _("Parameter %(n)s is not an object with a name and a type.") % {"n": i}
+        )
+    name = item.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValidationError(
+            _(
+                "Parameter %(n)s: the name must be letters, digits and _ (not starting with a digit), up to 40."
             )
-        name = item.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
+            % {"n": i}
+        )
+    if name.upper() in seen:
+        raise ValidationError(_("Parameter %(name)s is named twice.") % {"name": name})
+    seen.add(name.upper())
+    kind = item.get("type")
+    if kind not in TYPES:
+        raise ValidationError(
+            _("Parameter %(name)s: the type must be one of %(types)s.")
+            % {"name": name, "types": ", ".join(TYPES)}
+        )
+    if kind == "categorical":
+        return {"name": name, "type": kind, "choices": _choices(name, item.get("choices"))}
+    low = _number(item.get("low"), _("%(name)s's low") % {"name": name})
+    high = _number(item.get("high"), _("%(name)s's high") % {"name": name})
+    if not low < high:
+        raise ValidationError(_("Parameter %(name)s: low must be below high.") % {"name": name})
+    if kind == "log_uniform" and low <= 0:
+        raise ValidationError(
+            _("Parameter %(name)s: a log-uniform range must be above 0.") % {"name": name}
+        )
+    if kind == "int":
+        if low != int(low) or high != int(high):
+            raise ValidationError(
+                _("Parameter %(name)s: an integer range needs whole numbers.") % {"name": name}
+            )
+        low, high = int(low), int(high)
+    return {"name": name, "type": kind, "low": low, "high": high}
+
+
+def _choices(name: str, choices) -> list:
+    """A categorical parameter's choices: words or numbers, each once."""
+    if not isinstance(choices, list) or not choices or len(choices) > MAX_CHOICES:
+        raise ValidationError(
+            _("Parameter %(name)s: categorical needs 1 to %(n)s choices.")
+            % {"name": name, "n": MAX_CHOICES}
+        )
+    for choice in choices:
+        if (
+            not isinstance(choice, str | int | float | bool)
+            or (isinstance(choice, float) and not math.isfinite(choice))
+            or (isinstance(choice, float) and abs(choice) > MAX_BOUND)
+            or (
+                isinstance(choice, int) and not isinstance(choice, bool) and abs(choice) > MAX_BOUND
+            )
+            or (isinstance(choice, str) and (len(choice) > 100 or _control(choice)))
+        ):
             raise ValidationError(
                 _(
-                    "Parameter %(n)s: the name must be letters, digits and _ (not starting with a digit), up to 40."
+                    "Parameter %(name)s: each choice must be a word (up to 100 characters, no control characters) or a number (at most 2^53 either way)."
                 )
-                % {"n": i}
+                % {"name": name}
             )
-        if name.upper() in seen:
-            raise ValidationError(_("Parameter %(name)s is named twice.") % {"name": name})
-        seen.add(name.upper())
-        kind = item.get("type")
-        if kind not in TYPES:
-            raise ValidationError(
-                _("Parameter %(name)s: the type must be one of %(types)s.")
-                % {"name": name, "types": ", ".join(TYPES)}
-            )
-        if kind == "categorical":
-            choices = item.get("choices")
-            if not isinstance(choices, list) or not choices or len(choices) > MAX_CHOICES:
-                raise ValidationError(
-                    _("Parameter %(name)s: categorical needs 1 to %(n)s choices.")
-                    % {"name": name, "n": MAX_CHOICES}
-                )
-            for choice in choices:
-                if (
-                    not isinstance(choice, str | int | float | bool)
-                    or (isinstance(choice, float) and not math.isfinite(choice))
-                    or (isinstance(choice, float) and abs(choice) > MAX_BOUND)
-                    or (
-                        isinstance(choice, int)
-                        and not isinstance(choice, bool)
-                        and abs(choice) > MAX_BOUND
-                    )
-                    or (isinstance(choice, str) and (len(choice) > 100 or _control(choice)))
-                ):
-                    raise ValidationError(
-                        _(
-                            "Parameter %(name)s: each choice must be a word (up to 100 characters, no control characters) or a number (at most 2^53 either way)."
-                        )
-                        % {"name": name}
-                    )
-            if len({json.dumps(c) for c in choices}) != len(choices):
-                raise ValidationError(
-                    _("Parameter %(name)s: a choice is given twice.") % {"name": name}
-                )
-            out.append({"name": name, "type": kind, "choices": choices})
-            continue
-        low = _number(item.get("low"), _("%(name)s's low") % {"name": name})
-        high = _number(item.get("high"), _("%(name)s's high") % {"name": name})
-        if not low < high:
-            raise ValidationError(_("Parameter %(name)s: low must be below high.") % {"name": name})
-        if kind == "log_uniform" and low <= 0:
-            raise ValidationError(
-                _("Parameter %(name)s: a log-uniform range must be above 0.") % {"name": name}
-            )
-        if kind == "int":
-            if low != int(low) or high != int(high):
-                raise ValidationError(
-                    _("Parameter %(name)s: an integer range needs whole numbers.") % {"name": name}
-                )
-            low, high = int(low), int(high)
-        out.append({"name": name, "type": kind, "low": low, "high": high})
-    return out
+    if len({json.dumps(c) for c in choices}) != len(choices):
+        raise ValidationError(_("Parameter %(name)s: a choice is given twice.") % {"name": name})
+    return choices
 
 
 def _control(text: str) -> bool:
