@@ -23,7 +23,8 @@ released (lifecycle and services own those; they call it). This module is in the
 of the gateway and the runner: it may be called from services and tasks, not from
 lifecycle (below it), which deletes the rows itself in the release's transaction.
 
-Layer: webapps, beside gateway and runs; uses workspaces, runtime, engine and models.
+Layer: access, beside ssh at its top (the console's apps' proxy and the cluster services use
+it); uses nodes (workspaces, engine) and models.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ and its arguments: `str(t)` is the English (the event's `message`, which the API
 keep), `t.as_json()` is stored beside it, and `show(data)` renders that JSON later with
 `gettext` in the language active then. An argument may itself be a Text (a reason inside a
 sentence); anything else is rendered with str() and never translated (Docker's errors, a
-container's exit message, names)."""
+container's exit message, names).
+
+Layer: base, the bottom of jobs/; uses no other part (Django's translation only).
+"""
 
 from __future__ import annotations
 

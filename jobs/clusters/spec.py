@@ -18,6 +18,10 @@ name>"), nodes, gpus_per_node, image (a catalog `Image`, an `OwnImage` of the ow
 or `CUSTOM`), custom_image (the reference typed with `CUSTOM`), network, zone, spot,
 volumes (lines of storage-folder:/container/path[:ro]), pub, ssh_keys, workspace,
 release_policy, idle_minutes; "__all__" for the cluster as a whole (the balance).
+
+Layer: clusters, under services (which makes what it returns); uses placement (fleet: what the
+hosts offer), files (storage, pub), models and base (validators). The balance is asked through
+`funds=`, since billing sits above jobs.
 """
 
 from collections.abc import Callable

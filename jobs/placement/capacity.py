@@ -2,7 +2,11 @@
 plan of one cluster on it: gang, best fit, one zone first, RDMA never spread, one network
 (members of one Docker swarm, or one host), a fair head of line per resource
 (`Fleet.reserve_for`). Also why a cluster does not fit now (`shortage`) and a host's state
-in a sentence. Reads the database once per pass (`Fleet.load`); writes nothing."""
+in a sentence. Reads the database once per pass (`Fleet.load`); writes nothing.
+
+Layer: placement, the bottom of it (slots, restart, stranded, reclaim and scheduler plan with
+it); uses models and base (text).
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 resource that does not fit (and has waited `SUANLI_RECLAIM_AFTER_S`) preempts running spot
 clusters, youngest first, until it fits, then spares those it turns out not to need
 (greedy, so not always the smallest set). Spot clusters placed less than
-`SUANLI_SPOT_MIN_RUN_S` ago are spared."""
+`SUANLI_SPOT_MIN_RUN_S` ago are spared.
+
+Layer: placement, over capacity, under scheduler; uses capacity, events (lifecycle), models and
+base (text).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Stopped clusters starting again: on the hosts that keep their workspaces
 (`plan_kept`), or elsewhere when those have no room and every node's system disk is saved
-(`plan_elsewhere`), carrying the saves to the nodes that moved (`carry_saves`)."""
+(`plan_elsewhere`), carrying the saves to the nodes that moved (`carry_saves`).
+
+Layer: placement, over slots; uses slots, capacity, models and base (text).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Nodes written with their GPU slots (and vCPUs) locked: a running cluster's new nodes
 (`place_nodes`), a live node given a new row on another or its own host (`replace_node`),
-the slot locks a pass takes before it writes, and the sentences that say where nodes are."""
+the slot locks a pass takes before it writes, and the sentences that say where nodes are.
+
+Layer: placement, over capacity; uses capacity, models and base (sql, text).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """Nodes stranded on a failed host moved: off hosts that are degraded, or down for longer
 than `SUANLI_HOST_DOWN_MOVE_S`, to active hosts with room (same shape, one network with the
 cluster's other nodes); a cluster whose nodes fit nowhere keeps them, uncharged, and says
-why. Runs first in every placement pass."""
+why. Runs first in every placement pass.
+
+Layer: placement, over slots, under scheduler; uses slots, capacity, events (lifecycle,
+timeline), models and base (queue, text).
+"""
 
 from __future__ import annotations
 

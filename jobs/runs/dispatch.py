@@ -1,7 +1,12 @@
 """Starting a job: claim the cluster's next job (`dispatch`), then create and start one
 container per node side by side (`start_replicas`). A start that fails says why: the
 job's own failure (a bad image, a spec the engine refuses) ends the attempt; an engine's
-own failure marks the host and moves the job without using a retry."""
+own failure marks the host and moves the job without using a retry.
+
+Layer: runs, over preemption; uses preemption, settle, stopping, shared, nodes (engine,
+network, registry, runtime), placement (capacity), files (storage), events (lifecycle,
+timeline), models and base (text).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """Following containers to their end: a replica's exit recorded (its code, its log, whether
 its engine ended it) and its container removed, a lost replica, a host caught up on what
-its watcher missed, and the lines of a running replica's log."""
+its watcher missed, and the lines of a running replica's log.
+
+Layer: runs, over settle; uses settle, nodes (engine, runtime, workspaces), events (lifecycle,
+timeline), models and base (text).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """A preemption notice followed: the job's preemption script run in every running replica,
 then the replicas stopped once the scripts end or their time is up (`settle` then puts
-the job back to wait for its cluster)."""
+the job back to wait for its cluster).
+
+Layer: runs, over settle, stopping and shared; uses them, nodes (engine, runtime), events
+(timeline), models and base (text).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
 """Repair after a crash (`reconcile`, every minute): compare the database with what the
 engines report, by label, and mend what a dead worker, a lost task or a down engine left
 behind: replicas adopted, finalised or lost, leftovers removed, stuck starts run again,
-overdue jobs and stops killed, preemptions and settles followed up."""
+overdue jobs and stops killed, preemptions and settles followed up.
+
+Layer: runs, the top of it (the reconciler); uses dispatch, exits, settle, stopping, shared,
+nodes (engine, network, runtime, workspaces), events (lifecycle, timeline), models and base
+(queue, text).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """Settling an attempt's outcome: from its replicas' ends (level-triggered, so any caller
 may ask again), the job succeeds, fails, is retried, waits again after a host failed it
 or after a preemption, or is cancelled; `finish` ends it and frees or releases its
-cluster."""
+cluster.
+
+Layer: runs, over stopping; uses stopping, events (lifecycle, timeline), models and base
+(queue, text).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """What every step of a run queues: a follow-up task of `jobs.tasks`, by name. (A job's
-timeline entries are written by `jobs.events.timeline.job_event`.)"""
+timeline entries are written by `jobs.events.timeline.job_event`.)
+
+Layer: runs, the bottom of it; uses base (queue) only.
+"""
 
 from __future__ import annotations
 

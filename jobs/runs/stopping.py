@@ -1,5 +1,8 @@
 """Stopping a job's containers: SIGTERM now, SIGKILL after the grace period (a delayed
-task of this attempt only), and the signals themselves."""
+task of this attempt only), and the signals themselves.
+
+Layer: runs, over shared; uses shared, nodes (engine) and models.
+"""
 
 from __future__ import annotations
 
