@@ -259,9 +259,30 @@ def paper_host(make_paper_host):
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):
     """pytest-django's test database (made by the first test that needs it, never for a run of
-    unit tests), and Optuna's own connections to it (jobs/pools/sweeps.py) closed before it
-    is dropped at the end of the run."""
+    unit tests), emptied after each transactional test by DELETE rather than TRUNCATE, and
+    Optuna's own connections to it (jobs/pools/sweeps.py) closed before it is dropped at the
+    end of the run."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        """Django's flush after a transactional test: the same empty tables, but a DELETE of
+        each (its foreign keys checked at commit: Django makes them all deferrable) takes
+        ~0.03 s where one TRUNCATE of the ~55 tables takes ~0.3 s, a new file per table and
+        index each time."""
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        return ["SET CONSTRAINTS ALL DEFERRED"] + [
+            f"DELETE FROM {self.quote_name(table)}"  # noqa: S608 (Django's own table names)
+            for table in tables
+        ]
+
+    DatabaseOperations.sql_flush = sql_flush
     yield
+    DatabaseOperations.sql_flush = truncate
     sweeps.close_storages()
 
 
