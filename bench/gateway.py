@@ -83,8 +83,21 @@ def setup(folder: Path):
     scheduler.place_pending()
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
-    assert tasks.cluster_network_ensure(cluster.pk)
-    return cluster, key
+    return cluster, running_workspace(cluster), key
+
+
+def running_workspace(cluster, timeout_s: float = 60):
+    """Node 0's workspace once it runs: the placement's task starts it (and, as the
+    reconciler does, again while it is not up yet); what it last said when it never does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        said = tasks.cluster_network_ensure(cluster.pk)
+        try:
+            return workspaces.running(cluster, 0)
+        except workspaces.WorkspaceError as exc:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench/gateway: no workspace: {exc} ({said})") from None
+        time.sleep(0.5)
 
 
 def start_gateway(folder: Path) -> tuple[subprocess.Popen, int]:
@@ -185,11 +198,10 @@ def sessions(argv: list[str], gateway_pid: int) -> dict:
 
 def main():
     folder = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    cluster, key = setup(folder)
+    cluster, container, key = setup(folder)
     gateway, port = start_gateway(folder)
     try:
         login = workspaces.login_name(cluster.pk, 0)
-        container = workspaces.running(cluster, 0)
         engine_url = cluster.node_set.select_related("host").get(index=0).host.engine_url
         uid = runtime.tenant_uid(cluster.owner_id)
         through_ssh = ssh_argv(key, port, login, "echo ready")
