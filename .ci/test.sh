@@ -53,7 +53,7 @@ if [ "${1:-}" = env ]; then
     exit 0
 fi
 
-stop="" # what to stop at the end: "full" (the services this run started), "db", or nothing
+stop="" # what to stop at the end: "full" (all of them, as `make test` always did), "db", or nothing
 cleanup() {
     case "$stop" in
     full) bash .ci/services.sh stop >&2 || true ;;
