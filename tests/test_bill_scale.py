@@ -17,6 +17,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -27,7 +28,7 @@ from billing.models import LedgerEntry
 from jobs.clusters import services as cluster_services
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 RATE = "3.6920"  # per GPU-hour
 T0 = datetime(2026, 1, 31, 23, 40, tzinfo=UTC)

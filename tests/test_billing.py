@@ -5,6 +5,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db.models import Sum
 
 from billing import accrual
@@ -13,7 +14,7 @@ from billing.models import Account, LedgerEntry, Meter
 from jobs.clusters import services as cluster_services
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 12, 1, 8, 0, 0, tzinfo=UTC)
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from django.utils import timezone
 from forms_data import cluster_form
@@ -18,7 +19,7 @@ from billing.models import Account, LedgerEntry, RateCard
 from jobs.models import Cluster
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _form(**fields):
@@ -32,7 +33,7 @@ def card(catalog):
 
 @pytest.fixture
 def fleet(make_host):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
 
 
 def test_the_form_shows_prices_and_balance(client, alice, card, fleet, fund):

@@ -14,6 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import time_machine
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
@@ -23,7 +24,7 @@ from billing.models import Account, BillLine, LedgerEntry, Meter, RateCard, Usag
 from billing.pricing import RateBook, quote
 from jobs.models import Cluster, Node
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 12, 1, 8, 0, 0, tzinfo=UTC)
 RATE = "3.60"  # per GPU-hour: 0.001 per GPU-second

@@ -10,6 +10,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import time_machine
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from jobs.models import Host
 from jobs.placement import scheduler
 from jobs.runs import exits
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 BASE = datetime(2026, 6, 1, tzinfo=UTC)
 _examples = itertools.count()
@@ -206,6 +207,7 @@ def test_random_timelines_bill_every_second_once_and_exactly(
     _check_accounts()
 
 
+@pytest.mark.django_db(transaction=True)  # threads, their own connections
 def test_concurrent_accrual_workers_lose_no_update(alice, make_host, make_cluster, rate_card, fund):
     make_host("gpu-a-01", engine=0, gpus=8, check=False)
     rate_card({"a100-80gb": "3.33"}, effective_from=BASE - timedelta(seconds=60))

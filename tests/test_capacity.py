@@ -4,6 +4,7 @@ API, with the largest size that fits; it never waits at the head of its line for
 import json
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from forms_data import cluster_form
@@ -13,7 +14,7 @@ from jobs.hosts import services as host_services
 from jobs.models import Cluster, Host
 from jobs.placement import fleet, scheduler
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("priced")]
 
 
 def _host(catalog, name, *, gpus=8, model="a100-80gb", state="active", cpus=None, swarm=""):

@@ -12,6 +12,7 @@ real scheduler."""
 import re
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.urls import reverse
@@ -20,7 +21,7 @@ from jobs.clusters import services
 from jobs.models import Cluster, Job
 from jobs.placement import scheduler
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("priced")]
 
 ENDED = 30
 

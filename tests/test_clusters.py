@@ -1,6 +1,7 @@
 """Researchers create, watch, resize and release clusters from the console."""
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from django.urls import reverse
@@ -11,7 +12,7 @@ from jobs.clusters import services
 from jobs.models import Cluster, ClusterEvent, GpuSlot, Volume
 from jobs.placement import scheduler
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("priced")]
 
 
 def _form(**fields):
@@ -28,8 +29,8 @@ def _ssh_line(key) -> str:
 
 @pytest.fixture
 def fleet(make_host):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
-    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=8, check="reuse")
 
 
 def test_form_shows_free_gpus_per_zone_and_the_zone_note(client, alice, fleet):
@@ -150,8 +151,8 @@ def test_symlink_escape_from_storage_is_refused(client, alice, fleet, storage_ro
 
 
 def test_rdma_is_offered_where_rdma_hosts_exist(client, alice, make_host):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
-    make_host("ib-b-01", engine=1, zone="zone-b", gpus=8, rdma=True)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
+    make_host("ib-b-01", engine=1, zone="zone-b", gpus=8, rdma=True, check="reuse")
     client.force_login(alice)
     response = client.post(reverse("cluster_new"), _form(network="rdma", zone="zone-a"))
     assert "RDMA A100 80 GB hosts are in zone-b only" in " ".join(
@@ -253,7 +254,7 @@ def test_operator_queue_page_lists_pending_with_reasons(
 def test_operator_drains_from_the_hosts_page_and_sees_occupancy(
     client, operator, alice, make_host, make_cluster
 ):
-    host = make_host("gpu-a-01", engine=0, gpus=8)
+    host = make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
     make_cluster(alice, "three", gpus=3)
     scheduler.place_pending()
     client.force_login(operator)

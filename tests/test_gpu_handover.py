@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection
 from django.db.models import Max
 from django.urls import reverse
@@ -30,7 +31,7 @@ from jobs.placement import scheduler
 from jobs.runs import dispatch, exits, repair, stopping
 from tests.waiting import until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +49,7 @@ def _names_of_our_own():
 @pytest.fixture
 def host(make_host):
     """One host of 2 GPUs on engine b: alice's cluster takes all of it."""
-    return make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2)
+    return make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2, check="reuse")
 
 
 def _engine(host) -> docker.DockerClient:

@@ -5,12 +5,13 @@ with the network named on the operators' pages, until it is gone."""
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 
 from jobs.hosts import services as host_services
 from jobs.placement import capacity
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

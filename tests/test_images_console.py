@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
@@ -23,7 +24,7 @@ from jobs.models import Cluster, Image, ImageBuild, OwnImage
 from jobs.nodes import registry
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 DOCKERFILE = "FROM suanli/busybox:latest\nRUN echo hi > /hi\nENV A=1\nWORKDIR /workspace\n"
 
@@ -233,6 +234,7 @@ def _socket(build, user, query=""):
     return socket
 
 
+@pytest.mark.django_db(transaction=True)  # the consumer reads through its own connection
 def test_the_build_socket_is_the_owners_and_sends_each_line_once(alice, bob):
     build = _build(alice, state="running", step="Step 2/3 : RUN make", log="one\ntwo")
     group = builds.group_for(build.pk)

@@ -14,6 +14,7 @@ import uuid
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from docker.types import Mount
 
 from jobs.clusters import services
@@ -23,7 +24,7 @@ from jobs.models import Job, Replica, Volume
 from jobs.nodes import runtime
 from jobs.runs import dispatch, stopping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 TEST_IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
 STARTS = 50

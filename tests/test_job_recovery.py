@@ -8,6 +8,7 @@ from unittest import mock
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from django.utils import timezone
 
@@ -18,7 +19,7 @@ from jobs.models import Cluster, Job, Replica
 from jobs.nodes import network, runtime
 from jobs.runs import dispatch, exits, repair, stopping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _submit(cluster, command, name="j", **extra):

@@ -5,6 +5,7 @@ import time
 import django_rq
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 
 from jobs.clusters import services
@@ -13,7 +14,7 @@ from jobs.models import Cluster, Job, Replica
 from jobs.nodes import runtime
 from jobs.runs import dispatch, repair, stopping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _submit(cluster, command, **extra):

@@ -8,6 +8,7 @@ clusters are placed on them by the real scheduler."""
 from decimal import Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.urls import reverse
@@ -17,7 +18,7 @@ from billing.models import Account, LedgerEntry
 from jobs.models import Cluster, Host
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 VIEW = ["jobs.view_host", "jobs.view_cluster", "billing.view_account", "billing.view_ledgerentry"]
 

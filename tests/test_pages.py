@@ -1,13 +1,14 @@
 """Researchers log in (or sign up) and see the fleet's real availability."""
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import override_settings
 from django.urls import reverse
 
 from jobs.hosts import services as host_services
 from jobs.models import Host
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def test_pages_need_a_login(client):
@@ -32,11 +33,11 @@ def test_wrong_password_says_so(client, alice):
 def test_dashboard_counts_free_gpus_per_model_and_zone_from_active_hosts(
     client, alice, make_host, django_assert_max_num_queries
 ):
-    make_host("gpu-a-01", engine=0, zone="zone-a", model="a100-80gb", gpus=8)
-    make_host("gpu-a-02", engine=1, zone="zone-a", model="a100-80gb", gpus=4)
-    make_host("gpu-b-01", engine=1, zone="zone-b", model="a100-80gb", gpus=2)
-    make_host("gpu-b-t4", engine=0, zone="zone-b", model="t4-16gb", gpus=4)
-    drained = make_host("gpu-b-02", engine=0, zone="zone-b", model="t4-16gb", gpus=4)
+    make_host("gpu-a-01", engine=0, zone="zone-a", model="a100-80gb", gpus=8, check="reuse")
+    make_host("gpu-a-02", engine=1, zone="zone-a", model="a100-80gb", gpus=4, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-b", model="a100-80gb", gpus=2, check="reuse")
+    make_host("gpu-b-t4", engine=0, zone="zone-b", model="t4-16gb", gpus=4, check="reuse")
+    drained = make_host("gpu-b-02", engine=0, zone="zone-b", model="t4-16gb", gpus=4, check="reuse")
     host_services.host_set_draining(host=drained, draining=True)
     make_host(
         "gpu-dead",

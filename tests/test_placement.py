@@ -4,6 +4,7 @@ import threading
 from collections import Counter
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection, connections
 
 from jobs import tasks
@@ -13,7 +14,7 @@ from jobs.models import Cluster, GpuSlot, Node
 from jobs.placement import scheduler
 from jobs.runs import exits
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _place():
@@ -34,8 +35,8 @@ def _hosts_of(cluster):
 
 
 def test_gang_placement_places_all_nodes_or_none(make_host, make_cluster, alice):
-    make_host("gpu-a-01", engine=0, gpus=8)
-    make_host("gpu-a-02", engine=1, gpus=8)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    make_host("gpu-a-02", engine=1, gpus=8, check="reuse")
     big = make_cluster(alice, "three-nodes", nodes=3, gpus=8)
     two = make_cluster(alice, "two-nodes", nodes=2, gpus=8)
     report = _place()
@@ -50,8 +51,8 @@ def test_gang_placement_places_all_nodes_or_none(make_host, make_cluster, alice)
 
 
 def test_nodes_get_whole_gpus_from_one_host_and_best_fit_packs(make_host, make_cluster, alice):
-    make_host("gpu-a-01", engine=0, gpus=8)
-    make_host("gpu-a-02", engine=1, gpus=4)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    make_host("gpu-a-02", engine=1, gpus=4, check="reuse")
     small = make_cluster(alice, "small", nodes=1, gpus=4)
     _place()
     assert _hosts_of(small) == ["gpu-a-02"], "best fit: the 4-GPU request fills the 4-GPU host"
@@ -65,9 +66,9 @@ def test_nodes_get_whole_gpus_from_one_host_and_best_fit_packs(make_host, make_c
 
 
 def test_zone_rdma_and_model_constraints(make_host, make_cluster, alice):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
-    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=8, rdma=True)
-    make_host("t4-a-01", engine=0, zone="zone-a", model="t4-16gb", gpus=4)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=8, rdma=True, check="reuse")
+    make_host("t4-a-01", engine=0, zone="zone-a", model="t4-16gb", gpus=4, check="reuse")
     in_b = make_cluster(alice, "in-b", zone="zone-b", gpus=2)
     rdma = make_cluster(alice, "rdma", network=Cluster.Network.RDMA, gpus=2)
     t4 = make_cluster(alice, "t4", model="t4-16gb", gpus=4)
@@ -86,21 +87,21 @@ def test_zone_rdma_and_model_constraints(make_host, make_cluster, alice):
 
 
 def test_standard_cluster_prefers_one_zone_but_spreads_when_it_must(make_host, make_cluster, alice):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
-    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=8)
-    make_host("gpu-b-02", engine=1, zone="zone-b", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=8, check="reuse")
+    make_host("gpu-b-02", engine=1, zone="zone-b", gpus=8, check="reuse")
     together = make_cluster(alice, "together", nodes=2, gpus=8)
     _place()
     assert sorted(_hosts_of(together)) == ["gpu-b-01", "gpu-b-02"]
     _release(together)
-    make_host("gpu-c-01", engine=0, zone="zone-c", gpus=8)
+    make_host("gpu-c-01", engine=0, zone="zone-c", gpus=8, check="reuse")
     spread = make_cluster(alice, "spread", nodes=4, gpus=8)
     _place()
     assert len(set(_hosts_of(spread))) == 4
 
 
 def test_cpu_only_clusters_take_vcpus_not_gpus(make_host, make_cluster, alice):
-    host = make_host("gpu-a-01", engine=0, gpus=8)
+    host = make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
     debug = make_cluster(alice, "debug", cpu="cpu-2c-4g", nodes=1)
     _place()
     debug.refresh_from_db()
@@ -117,7 +118,7 @@ def test_cpu_only_clusters_take_vcpus_not_gpus(make_host, make_cluster, alice):
 def test_draining_and_down_hosts_take_no_new_placements(
     make_host, make_cluster, alice, engine_urls
 ):
-    a = make_host("gpu-a-01", engine=0, gpus=8)
+    a = make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
     running = make_cluster(alice, "running", gpus=8)
     _place()
     make_host("gpu-dead", engine="unix:///run/suanli-no-such-engine.sock", gpus=8)
@@ -142,8 +143,8 @@ def test_draining_and_down_hosts_take_no_new_placements(
 def test_head_of_queue_is_not_starved_by_a_stream_of_small_requests(
     make_host, make_cluster, alice, bob
 ):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
-    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=4)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-b", gpus=4, check="reuse")
     hog = make_cluster(bob, "hog", gpus=4, zone="zone-a")
     _place()
     head = make_cluster(alice, "head", gpus=8, zone="zone-a")
@@ -162,7 +163,7 @@ def test_head_of_queue_is_not_starved_by_a_stream_of_small_requests(
 def test_release_gives_gpus_back_once_the_engine_confirms_and_places_the_next(
     make_host, make_cluster, alice, bob
 ):
-    make_host("gpu-a-01", engine=0, gpus=8)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
     first = make_cluster(alice, "first", gpus=8)
     _place()
     second = make_cluster(bob, "second", gpus=8)
@@ -191,8 +192,8 @@ def test_release_gives_gpus_back_once_the_engine_confirms_and_places_the_next(
 
 
 def test_resize_adds_and_removes_nodes(make_host, make_cluster, alice):
-    make_host("gpu-a-01", engine=0, gpus=8)
-    make_host("gpu-a-02", engine=1, gpus=8)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    make_host("gpu-a-02", engine=1, gpus=8, check="reuse")
     c = make_cluster(alice, "grow", nodes=1, gpus=8)
     _place()
     services.cluster_resize(cluster=c, nodes=2)
@@ -213,7 +214,7 @@ def test_idle_policy_releases_and_never_policy_keeps(make_host, make_cluster, al
 
     from django.utils import timezone
 
-    make_host("gpu-a-01", engine=0, gpus=8)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
     idle = make_cluster(alice, "idle", release_policy=Cluster.ReleasePolicy.IDLE, idle_minutes=30)
     keep = make_cluster(alice, "keep", release_policy=Cluster.ReleasePolicy.NEVER)
     _place()
@@ -232,7 +233,7 @@ def test_placement_runs_as_an_rq_task_after_create(make_host, make_cluster, alic
     import django_rq
     from rq import SimpleWorker
 
-    make_host("gpu-a-01", engine=0, gpus=8)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
     c = make_cluster(alice, "via-rq", gpus=2)
     queue = django_rq.get_queue("default")
     assert queue.count == 1, "create enqueued one placement pass (after commit)"
@@ -241,10 +242,11 @@ def test_placement_runs_as_an_rq_task_after_create(make_host, make_cluster, alic
     assert c.state == Cluster.State.RUNNING
 
 
+@pytest.mark.django_db(transaction=True)  # four threads, four connections
 def test_concurrent_schedulers_never_double_book(make_host, make_cluster, alice):
     assert connection.vendor == "postgresql", "row locks are proven on PostgreSQL: run `make test`"
     for i in range(6):
-        make_host(f"gpu-{i:02}", engine=i % 2, zone=f"zone-{'ab'[i % 2]}", gpus=8)
+        make_host(f"gpu-{i:02}", engine=i % 2, zone=f"zone-{'ab'[i % 2]}", gpus=8, check="reuse")
     shapes = [(1, 1), (1, 2), (2, 4), (1, 8), (2, 2), (3, 1), (1, 3), (4, 2)]
     clusters = [
         make_cluster(alice, f"c{i}", nodes=n, gpus=g) for i, (n, g) in enumerate(shapes * 5)
@@ -292,8 +294,8 @@ def test_hosts_outside_a_swarm_take_multi_node_clusters_only_whole(make_host, ma
     cluster cannot grow onto it from a swarm member."""
     from jobs.models import Host
 
-    make_host("gpu-a-01", engine=0, gpus=8)
-    outside = make_host("gpu-b-01", engine=1, gpus=8)
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    outside = make_host("gpu-b-01", engine=1, gpus=8, check="reuse")
     Host.objects.filter(pk=outside.pk).update(swarm_state="inactive", swarm_cluster="")
     grow = make_cluster(alice, "grow", nodes=1, gpus=8)
     _place()

@@ -8,6 +8,7 @@ hers lands in the operator's folder. A cluster that does not ask has no /pub at 
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 
 from jobs import tasks
 from jobs.clusters import services
@@ -17,7 +18,7 @@ from jobs.files.storage import VolumeSpec
 from jobs.nodes import workspaces
 from jobs.runs import dispatch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 ATTACK = (
     "cat /pub/imagenet-mini/hello.txt; "

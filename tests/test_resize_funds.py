@@ -10,6 +10,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -20,7 +21,7 @@ from console.models import ApiToken
 from jobs.models import Cluster, Image
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 SHORT_FOR_TWO = "growing it needs a balance for 10 minutes (¥2.6000). Your balance is ¥2.0000"
 

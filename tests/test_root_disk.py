@@ -18,6 +18,7 @@ import os
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.urls import reverse
 from waiting import until
@@ -32,7 +33,7 @@ from jobs.runs import dispatch
 from monitoring import rootdisk
 from monitoring.monitor import Monitor
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 MiB = 2**20
 
@@ -150,6 +151,7 @@ def _monitor_round() -> dict:
         monitor.close()
 
 
+@pytest.mark.django_db(transaction=True)  # the monitor reads through its executor's connections
 def test_where_the_engine_cannot_enforce_it_the_monitor_warns_at_90_and_pauses_at_the_limit(
     make_host, make_cluster, measuring_engine, alice, bob
 ):

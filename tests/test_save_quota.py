@@ -9,6 +9,7 @@ builder's queue, with a job timeout of at least SUANLI_WORKSPACE_SAVE_S."""
 import django_rq
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 
 from jobs import tasks
 from jobs.clusters import services
@@ -18,7 +19,7 @@ from jobs.models import Host, Node
 from jobs.nodes import registry, workspaces
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 MB = 2**20
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import FieldError, ImproperlyConfigured
 from django.db import connection
 from django.urls import reverse
@@ -22,7 +23,7 @@ from jobs.hosts import services as host_services
 from jobs.hosts.forms import HostForm
 from jobs.models import Host, WebhookEndpoint, WebhookEvent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -17,6 +17,7 @@ import django_rq
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -32,7 +33,7 @@ from console.routing import websocket_urlpatterns
 from jobs.models import Cluster, ImageBuild, Job
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 # Operator pages: the permissions each needs (all of them). Staff without: 403.
 OPERATOR_PAGES = {
@@ -297,6 +298,7 @@ def _socket_paths(job, cluster, build) -> dict[str, str]:
     return {k: v for k, v in paths.items() if any(r.startswith(k) for r in routes)}
 
 
+@pytest.mark.django_db(transaction=True)  # the consumers read through their own connections
 @pytest.mark.parametrize("followers", [True, False], ids=["fed-log", "polled-log"])
 def test_every_websocket_refuses_staff_without_the_permission(
     settings, staff, job, cluster, alice, followers

@@ -13,6 +13,7 @@ import json
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 
@@ -26,7 +27,7 @@ from jobs.nodes import registry, workspaces
 from jobs.placement import scheduler
 from jobs.runs import dispatch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 WORK = (VolumeSpec("work", "/workspace"),)
 

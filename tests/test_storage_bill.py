@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db.models import Sum
 from django.urls import reverse
 
@@ -20,7 +21,7 @@ from billing import storage as bought
 from billing.models import Account, BillLine, LedgerEntry, StorageMeter, UsageDay
 from jobs.files import storage
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 RATE = "0.000713"  # per GB-hour: 10 GB-hours are 0.00713, which the ledger rounds
 H0 = datetime(2026, 12, 1, 8, 0, 0, tzinfo=UTC)  # a whole hour
@@ -167,6 +168,7 @@ def test_the_burn_rate_counts_the_storage_bought(alice, priced_storage):
     assert storage.extra_gb(alice.pk, at=at(1)) == 40
 
 
+@pytest.mark.django_db(transaction=True)  # two threads, two connections
 def test_two_bills_run_at_once_charge_each_hour_once(alice, bob, fund, priced_storage):
     """Two cron runs that overlap (two workers): the meters' row locks let one bill each
     hour and the other find nothing left to do."""

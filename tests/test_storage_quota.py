@@ -8,6 +8,7 @@ import os
 from decimal import Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 
 from jobs import tasks
@@ -15,7 +16,7 @@ from jobs.files import storage
 from jobs.files.storage import VolumeSpec
 from jobs.nodes import workspaces
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 FREE = "0.01"  # GB: 10.7 MB, so that a 20 MB write is past it
 WRITE = "dd if=/dev/zero of=/workspace/big bs=1M count=20 2>&1; echo rc=$?"

@@ -9,6 +9,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
@@ -21,7 +22,7 @@ from jobs.events import webhooks
 from jobs.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
 from jobs.runs import dispatch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 class Receiver:

@@ -5,6 +5,7 @@ import asyncio
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from waiting import until
 
 from jobs import tasks
@@ -17,7 +18,7 @@ from jobs.runs import dispatch, repair
 from monitoring.models import Sample
 from monitoring.monitor import Monitor
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _monitor(ticks: int) -> None:
@@ -148,6 +149,7 @@ def test_login_names_are_short_and_exact():
         assert workspaces.parse_login(bad) is None, bad
 
 
+@pytest.mark.django_db(transaction=True)  # the monitor reads through its executor's connections
 def test_the_monitor_samples_the_workspace_and_a_job_beside_it_as_one_node(running_cluster):
     cluster = running_cluster(1)
     tasks.cluster_network_ensure(cluster.pk)
