@@ -486,13 +486,20 @@ def rq_worker(processes):
 
 @pytest.fixture
 def work_queue():
-    """Run what is queued on a real RQ queue, in this process, until it is empty."""
+    """Run what is queued on a real RQ queue, in this process, until it is empty. The worker
+    does not subscribe to the workers' command channel (nothing sends it a command): with
+    redis-py 8 the end of that subscription (PubSubWorkerThread.stop) can wait out the
+    thread's 60 s poll, when its unsubscribe reply is read before the stop."""
     import django_rq
     from rq import SimpleWorker
 
+    class BurstWorker(SimpleWorker):
+        def subscribe(self):
+            pass
+
     def work(name="docker"):
         queue = django_rq.get_queue(name)
-        SimpleWorker([queue], connection=queue.connection, serializer=queue.serializer).work(
+        BurstWorker([queue], connection=queue.connection, serializer=queue.serializer).work(
             burst=True
         )
 
