@@ -15,7 +15,6 @@ and Redis alone; `make test` runs everything. The autouse fixtures below do only
 test's tiers need.
 """
 
-import logging
 import os
 import shutil
 import uuid
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401 (autouse: rollback tests run on_commit hooks)
 from django.contrib.auth import get_user_model
 
 from jobs.hosts import services as host_services
@@ -305,66 +305,6 @@ def _fresh_redis(request):
         pytest.fail(
             f"Redis at {settings.REDIS_URL} does not answer ({exc}); run the suite with `make test`."
         )
-
-
-@pytest.fixture(autouse=True)
-def _commit_hooks_as_in_production(request):
-    """Under a rollback test (plain `django_db`) the test's wrapping transaction never commits,
-    so `transaction.on_commit` hooks (queued tasks, webhooks, django_rq's on_db_commit) would
-    never run: run them as production does, when the code's own outermost atomic block ends
-    (or at once outside any), the test's own blocks left out. A no-op in transactional tests
-    (every open block is the code's) and unit tests. A savepoint rolled back drops its hooks,
-    as Django does."""
-    if _in_tier(request, "unit"):
-        yield
-        return
-    from django.db import connections
-    from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.transaction import Atomic
-
-    def only_test_blocks(conn):
-        return all(getattr(b, "_from_testcase", False) for b in conn.atomic_blocks)
-
-    def run_hooks(conn):
-        while conn.run_on_commit and only_test_blocks(conn) and not conn.needs_rollback:
-            _, func, robust = conn.run_on_commit.pop(0)
-            if robust:
-                try:
-                    func()
-                except Exception as exc:  # as Django does for a robust hook
-                    logging.getLogger("django.db.backends.base").exception(
-                        "Error calling %s in on_commit() (%s).", func.__qualname__, exc
-                    )
-            else:
-                func()
-
-    original_on_commit = BaseDatabaseWrapper.on_commit
-    original_exit = Atomic.__exit__
-
-    def on_commit(self, func, robust=False):
-        original_on_commit(self, func, robust)
-        if self.in_atomic_block and self.atomic_blocks and only_test_blocks(self):
-            run_hooks(self)
-
-    def exit(self, exc_type, exc_value, traceback):
-        result = original_exit(self, exc_type, exc_value, traceback)
-        conn = connections[self.using or "default"]
-        if (
-            not getattr(self, "_from_testcase", False)
-            and conn.in_atomic_block
-            and conn.atomic_blocks
-            and only_test_blocks(conn)
-        ):
-            run_hooks(conn)
-        return result
-
-    BaseDatabaseWrapper.on_commit = on_commit
-    Atomic.__exit__ = exit
-    try:
-        yield
-    finally:
-        BaseDatabaseWrapper.on_commit = original_on_commit
-        Atomic.__exit__ = original_exit
 
 
 @pytest.fixture(autouse=True)
