@@ -5,13 +5,14 @@ import os
 from decimal import Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from billing import services as billing
 from billing.models import Account
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db]
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 

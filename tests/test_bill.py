@@ -17,6 +17,7 @@ from decimal import Decimal
 import pytest
 import time_machine
 from browsing import login as _login
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -26,7 +27,7 @@ from billing.models import Account, Meter
 from jobs.clusters import services as cluster_services
 from jobs.placement import scheduler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 RATE = "3.6920"  # per GPU-hour: 450 s of one GPU is 0.4615

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import requests
 from browsing import free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from waiting import until
 
 from console.models import ApiToken
 from jobs.models import Cluster, Job, Node
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +59,7 @@ class Cli:
 @pytest.fixture
 def console_url(processes, make_host, priced):
     """The web process (ASGI, as the Procfile runs it), a worker and the watch process."""
-    host = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    host = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
     assert host.state == "active", host.last_error  # its canary ran: clusters can be placed
     port = free_port()
     processes.start("web", env={"PORT": str(port)})

@@ -20,6 +20,7 @@ import asyncssh
 import docker
 import pytest
 from browsing import free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from forms_data import cluster_form
 from test_fault_services import PostgresServer, RedisServer
@@ -36,7 +37,7 @@ from jobs.models import ClusterEvent
 from jobs.nodes import runtime, workspaces
 from jobs.runs import dispatch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 VOLUMES = (VolumeSpec("work", "/workspace"), VolumeSpec("data", "/data"))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 
 from jobs.base.text import Text
@@ -121,7 +122,7 @@ def test_the_canary_tries_addresses_as_arguments_never_as_script():
 
 # -- on the real engines ----------------------------------------------------------------------
 
-real = pytest.mark.django_db(transaction=True)
+real = pytest.mark.django_db
 
 
 def _netns(i: int) -> str:

@@ -2,6 +2,7 @@
 
 import django_rq
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from pki import pem_pair
 from rq import SimpleWorker
@@ -10,7 +11,7 @@ from jobs import tasks
 from jobs.hosts import services as host_services
 from jobs.models import GpuSlot, Host
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _admin_add(client, **fields):

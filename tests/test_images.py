@@ -13,6 +13,7 @@ import docker
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.db import connection
 
@@ -27,7 +28,7 @@ from jobs.placement import scheduler
 from jobs.runs import dispatch
 from tests.conftest import TEST_IMAGE
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 RUN_ID = uuid.uuid4().hex[:12]  # engines keep build caches across runs of the suite
 SEED_STYLE = f"""\
@@ -43,8 +44,8 @@ RUN echo "cwd is $(pwd)"
 
 @pytest.fixture
 def hosts(make_host):
-    a = make_host("gpu-a-01", engine=0, gpus=2, build_host=True)
-    b = make_host("gpu-b-01", engine=1, gpus=2)
+    a = make_host("gpu-a-01", engine=0, gpus=2, build_host=True, check="reuse")
+    b = make_host("gpu-b-01", engine=1, gpus=2, check="reuse")
     return a, b
 
 
@@ -96,6 +97,7 @@ def _run_job(cluster, command, settle_until):
     return job, "".join(r.log for r in job.replicas.all())
 
 
+@pytest.mark.django_db(transaction=True)  # the build runs on a thread, its own connection
 def test_a_seed_style_dockerfile_builds_live_is_pushed_and_pulled_where_a_cluster_lands(
     hosts, alice, settle_until
 ):

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from browsing import free_port as _free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from playwright.sync_api import expect
@@ -23,7 +24,7 @@ from jobs.runs import dispatch
 from monitoring.models import Sample
 from monitoring.monitor import Monitor
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 BUSY_4S = 'timeout 4 sh -c "while :; do :; done"; true'
@@ -117,7 +118,7 @@ def test_pages_opened_while_waiting_start_their_charts_when_the_job_runs(
     processes.start("web", env={"PORT": str(port)})
     processes.start("monitor")
     # Its host drains: the cluster waits in the queue (a size its host can hold).
-    host = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    host = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
     Host.objects.filter(pk=host.pk).update(state=Host.State.DRAINING)
     cluster = make_cluster(alice, "later")
     scheduler.place_pending()
@@ -211,6 +212,7 @@ def test_the_job_status_part_is_the_owners(make_cluster, paper_host, alice, bob,
     assert "hx-get" not in answer.content.decode()
 
 
+@pytest.mark.django_db(transaction=True)  # the monitor reads through its executor's connections
 def test_a_jobs_stored_samples_are_its_own(running_cluster, settle_until, alice, client):
     """Samples of the cluster outside the job's time range, or of another job, are not on
     its page; the page's samples carry their job."""

@@ -15,6 +15,7 @@ import requests
 import time_machine
 from axes.models import AccessAttempt
 from browsing import free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -23,7 +24,7 @@ from waiting import until
 
 from console.models import ApiToken
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 LOCKED = "Too many failed log-ins from your address"
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,6 +247,7 @@ def test_a_person_logs_in_and_is_then_told_about_the_lock(page, live_server, ali
     expect(page.locator(".errorlist")).to_contain_text("or ask an operator to unlock it")
 
 
+@pytest.mark.django_db(transaction=True)  # the ASGI stack's threads, their own connections
 def test_the_lock_page_is_served_by_the_asgi_stack_too(alice, settings):
     """Production runs ASGI (uvicorn), where axes' middleware takes its async path."""
     import asyncio

@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from browsing import free_port as _free_port
 from channels.testing import WebsocketCommunicator
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 
 from console.asgi import application
@@ -23,7 +24,7 @@ from monitoring import dcgm, selectors, tasks
 from monitoring.models import Rollup, Sample
 from monitoring.monitor import Monitor
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _submit(cluster, command, name="j"):
@@ -43,6 +44,7 @@ def _monitor(ticks: int, *, publish=False) -> Monitor:
     return monitor
 
 
+@pytest.mark.django_db(transaction=True)  # the monitor reads through its executor's connections
 def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(
     running_cluster, settle_until, client, alice, bob
 ):
@@ -75,6 +77,7 @@ def test_busy_3s_sleep_2s_is_a_data_loading_bottleneck_near_5s(
     assert client.get(reverse("job_detail", args=[job.pk])).status_code == 404
 
 
+@pytest.mark.django_db(transaction=True)  # the monitor reads through its executor's connections
 def test_writes_and_network_traffic_show_as_rates(running_cluster):
     writer = _submit(
         running_cluster(1, name="writer"),
@@ -116,6 +119,7 @@ def test_writes_and_network_traffic_show_as_rates(running_cluster):
     assert max(s.disk_write_bps for s in sent) < max(s.disk_write_bps for s in wrote)
 
 
+@pytest.mark.django_db(transaction=True)  # the monitor, the consumer: their own connections
 def test_live_samples_reach_the_owner_and_not_another_researcher(running_cluster, alice, bob):
     cluster = running_cluster(1)
     _submit(cluster, "while :; do :; done")

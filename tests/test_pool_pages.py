@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 from browsing import free_port, login
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.test import Client
 from django.urls import reverse
@@ -25,15 +26,15 @@ from jobs.clusters.services import ClusterSpec, JobSpec
 from jobs.models import Image, Job, Pool, PoolSample
 from jobs.pools import autoscaler
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def hosts(make_host):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
-    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2, check="reuse")
 
 
 @pytest.fixture

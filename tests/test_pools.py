@@ -6,6 +6,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.core.exceptions import ValidationError
 from django.utils import timezone
@@ -19,13 +20,13 @@ from jobs.placement import scheduler
 from jobs.pools import autoscaler
 from jobs.runs import dispatch, repair
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def hosts(make_host):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
-    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=2, check="reuse")
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
@@ -23,7 +24,7 @@ from jobs.models import Cluster, Job, Node, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
 from jobs.runs import repair, stopping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 # A training loop that saves a checkpoint each step (written aside, then renamed, as real
 # scripts do) and continues from SUANLI_RESUME_FROM when it is set.
@@ -90,8 +91,8 @@ def _state(obj):
 
 
 def _two_zone_hosts(make_host):
-    a = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
-    b = make_host("gpu-b-01", engine=1, zone="zone-b", gpus=2)
+    a = make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
+    b = make_host("gpu-b-01", engine=1, zone="zone-b", gpus=2, check="reuse")
     return a, b
 
 
@@ -211,7 +212,7 @@ def _holders(make_cluster, owner, sizes):
 def test_an_on_demand_request_preempts_only_what_it_needs_youngest_first(
     make_host, make_cluster, alice, bob, settings
 ):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=4)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=4, check="reuse")
     s1, s2, s3 = _holders(make_cluster, alice, [2, 1, 1])  # the host is full
 
     one = make_cluster(bob, "od-one", nodes=1, gpus=1, volumes=())
@@ -262,7 +263,7 @@ def test_throw_away_requests_released_before_placement_preempt_nobody(
     """bob harasses alice's spot job: on-demand requests that cannot fit, released before
     they are placed. None of them waited long enough to reclaim; one that waits does."""
     settings.SUANLI_RECLAIM_AFTER_S = 60
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
     (spot,) = _holders(make_cluster, alice, [2])
     for i in range(5):
         request = make_cluster(bob, f"throw-away-{i}", nodes=1, gpus=1, volumes=())

@@ -12,6 +12,7 @@ import os
 import pytest
 import requests
 from browsing import free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from test_cli import Cli
@@ -28,7 +29,7 @@ from jobs.runs import dispatch
 from monitoring import profiles
 from monitoring.models import TraceSummary
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 T0 = 5_608_258_569_889.0
 DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
@@ -26,7 +27,7 @@ from console.models import ApiToken
 from jobs.files import pub
 from jobs.models import Cluster, Image, PublicDataset
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 AS_ROOT = os.geteuid() == 0
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.test import Client
@@ -29,7 +30,7 @@ from tests.conftest import TEST_IMAGE
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _client(node: Node) -> docker.DockerClient:

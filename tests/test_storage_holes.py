@@ -20,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.urls import reverse
@@ -93,7 +94,7 @@ def test_sustained_space_is_over_only_past_the_threshold(settings):
 
 # -- on MooseFS, in her container ---------------------------------------------------------------
 
-real = pytest.mark.django_db(transaction=True)
+real = pytest.mark.django_db
 
 
 @real
@@ -202,7 +203,7 @@ def test_a_file_she_deleted_but_holds_open_is_named_to_the_operators(
             _run(workspace, "kill $(cat /tmp/holder)")
 
 
-@real
+@pytest.mark.django_db(transaction=True)  # a racing thread, its own connection
 @pytest.mark.engine  # MooseFS (small_quota)
 def test_a_start_racing_a_lowering_writes_the_lowered_quota(small_quota, bob):
     from billing import storage as bought

@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 from browsing import login
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from playwright.sync_api import expect
 
@@ -17,7 +18,7 @@ from jobs.files import storage
 from jobs.files.storage import VolumeSpec
 from jobs.models import StorageGrant
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 FREE = "0.05"  # GB: 51.2 MiB
