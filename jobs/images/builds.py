@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import socket
 import stat
 import tarfile
 import tempfile
@@ -59,6 +58,7 @@ from jobs.base import logstore, validators
 from jobs.base.queue import enqueue_by_name
 from jobs.base.text import fit
 from jobs.files import storage
+from jobs.images import engine_build
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
 from jobs.nodes import engine, registry, workspaces
 
@@ -1239,27 +1239,15 @@ def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
             f"{settings.SUANLI_BUILD_MEMORY_MB} MB, {timeout} s, "
             f"{registry.human(limit)} written)"
         )
-        api = client.api
         try:
-            response = api._post(
-                api._url("/build"),
-                data=context,
-                params=params,
-                headers={"Content-Type": "application/x-tar"},
-                stream=True,
-                timeout=timeout + 60,
-            )
-            api._raise_for_status(response)
+            started = engine_build.start_build(client.api, context, params, timeout=timeout + 60)
         except docker.errors.APIError as exc:
             raise BuildFailed(f"the engine refused the build: {engine.describe(exc)}") from None
         over = threading.Event()
 
         def cut_off():  # the engine cancels a build whose client went (and kills its step)
             over.set()
-            try:
-                response.raw._connection.sock.shutdown(socket.SHUT_RDWR)
-            except (AttributeError, OSError):
-                response.close()
+            started.cut_off()
 
         timer = threading.Timer(max(1.0, deadline - time.monotonic()), cut_off)
         timer.daemon = True
@@ -1268,7 +1256,7 @@ def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
         built = ""
         error = ""
         try:
-            for chunk in api._stream_helper(response, decode=True):
+            for chunk in started.messages():
                 if "stream" in chunk:
                     text = chunk["stream"]
                     step = _STEP.match(text.strip())
@@ -1386,19 +1374,12 @@ class _Watch:
         running = 0
         for container in named_containers:
             try:
-                got = self.client.api._result(
-                    self.client.api._get(
-                        self.client.api._url("/containers/{0}/json", container),
-                        params={"size": 1},
-                    ),
-                    json=True,
-                )
+                running += engine_build.container_size_rw(self.client.api, container)
             except docker.errors.NotFound:
                 with self.lock:  # committed and removed: its image is counted instead
                     if container in self.containers:
                         self.containers.remove(container)
                 continue
-            running += int(got.get("SizeRw") or 0)
         self.written = committed + running
         return self.written
 
