@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The suite, in tiers (tests/conftest.py marks each test with what it needs).
 #
-#   bash .ci/test.sh              `make test`: the full services, lint, the whole suite (CI)
+#   bash .ci/test.sh              `make test`: the full services, lint, the whole suite (CI):
+#                                 the fast tier beside the rest (SUANLI_TEST_SPLIT=0: one pytest)
 #   bash .ci/test.sh ARGS...      the full services, lint, `pytest ARGS...` (`make e2e`: -m e2e)
 #   TIER=fast bash .ci/test.sh    `make test-fast`: PostgreSQL and Redis only, lint, the tests
-#                                 that need no engine, process or browser; ARGS narrow it
+#                                 that need no engine, process or browser (two processes, one a
+#                                 core); ARGS narrow it (one process)
 #   eval "$(bash .ci/test.sh env [fast])"
 #                                 the suite's settings for this shell (services not started):
 #                                 then `pytest -m db tests/test_x.py -k name` runs as `make` does
@@ -91,9 +93,33 @@ if [ "$TIER" = fast ]; then
     ruff format --check . || lint=$?
     lint-imports || lint=$?
     fast_env
-    echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines"
     tests=0
-    python -m pytest -m "$FAST" --durations=15 "$@" || tests=$?
+    if [ $# -gt 0 ] || [ "${SUANLI_TEST_SPLIT:-1}" = 0 ]; then
+        echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines"
+        python -m pytest -m "$FAST" --durations=15 "$@" || tests=$?
+    else
+        # Two processes, one a core: the test files taken in turn, each half on a test database,
+        # Redis number and TLS folder of its own; the second one's output follows the first's.
+        mapfile -t files < <(ls tests/test_*.py)
+        half_a=() half_b=()
+        for i in "${!files[@]}"; do
+            if ((i % 2)); then half_b+=("${files[$i]}"); else half_a+=("${files[$i]}"); fi
+        done
+        log_b=.run/test/fast-tier-b.log
+        echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines: two processes (log: $log_b)"
+        (
+            export SUANLI_TEST_DATABASE=test_suanli_fast_b REDIS_URL="${REDIS_URL%/*}/15"
+            export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast-b"
+            exec python -m pytest -p no:cacheprovider -m "$FAST" --durations=10 "${half_b[@]}"
+        ) >"$log_b" 2>&1 &
+        pid_b=$!
+        python -m pytest -m "$FAST" --durations=10 "${half_a[@]}" || tests=$?
+        tests_b=0
+        wait "$pid_b" || tests_b=$?
+        echo "== the fast tier's other half (it ran beside the above):"
+        cat "$log_b"
+        if [ "$tests" = 0 ]; then tests="$tests_b"; fi
+    fi
     if [ "$lint" != 0 ]; then echo "== the lint failed (above)"; fi
     if [ "$tests" != 0 ]; then exit "$tests"; fi
     exit "$lint"
