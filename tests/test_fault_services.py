@@ -1,5 +1,6 @@
-"""Faults of the backing services under the Procfile's processes: Redis shut down for 20 s
-and started again, PostgreSQL stopped and started, while clusters accrue and jobs run.
+"""Faults of the backing services under the Procfile's processes: Redis shut down until every
+loop has met the outage and started again, PostgreSQL stopped and started, while clusters
+accrue and jobs run.
 
 Every process lives on and goes on with its work without a restart by hand: the cron
 still enqueues (accrual catches up, no second billed twice or missed), the worker and its
@@ -265,7 +266,16 @@ def test_every_process_outlives_a_redis_restart(
     _until(lambda: _billed_past(training, started), 15, "accrual before the restart")
 
     redis_server.shutdown()
-    time.sleep(20)  # an outage, not a blip: every loop meets it
+    # An outage, not a blip: it lasts until every loop has met it (each says so).
+    _until(
+        lambda: all(
+            _once(_logs(processes)[name], rf"Redis \({what}\) is unreachable")
+            for name, what in (("cron", "cron"), ("worker", "RQ scheduler"), ("worker", "worker"))
+        ),
+        60,
+        "every loop to meet the Redis outage",
+        every=0.5,
+    )
     redis_server.start()
     back = datetime.now(UTC)
 
@@ -321,7 +331,13 @@ def test_every_process_outlives_a_postgresql_restart(
     _until(lambda: _get(healthz) == 200, 15, "the web to answer")
 
     postgres_server.stop()
-    time.sleep(6)  # every loop meets the outage (the watch looks every 2 s)
+    # Every loop meets the outage: the watch, which looks every 2 s, last.
+    _until(
+        lambda: _once(_logs(processes)["watch"], r"PostgreSQL \(watch\) is unreachable"),
+        30,
+        "the watch to meet the PostgreSQL outage",
+        every=0.5,
+    )
     postgres_server.start()
     connection.close()  # ours died with the server too
     back = datetime.now(UTC)

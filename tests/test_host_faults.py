@@ -11,6 +11,7 @@ from unittest import mock
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from waiting import until as _until
 
 from billing import accrual
@@ -25,7 +26,7 @@ from jobs.nodes import engine, network, runtime
 from jobs.placement import capacity, scheduler
 from jobs.runs import dispatch, repair, stopping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,7 +143,7 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     assert dispatch.dispatch(cluster.pk) is None
 
     # Room appears (a new host on engine a): the node moves there, the job runs again.
-    spare = make_host("gpu-a-02", engine=0, zone="zone-a", gpus=2)
+    spare = make_host("gpu-a-02", engine=0, zone="zone-a", gpus=2, check="reuse")
     report = scheduler.place_pending()
     assert report.moved == 1
     moved = ClusterEvent.objects.filter(cluster=cluster, kind="moved").get()
@@ -315,8 +316,12 @@ def test_the_reconciler_adopts_a_started_container_of_a_dead_worker(running_clus
     assert job.state == Job.State.RUNNING
 
     # It ends while nobody watches; finalised later, it keeps the container's own end.
-    time.sleep(3.5)
-    container.reload()
+    _until(
+        lambda: container.reload() or container.status == "exited",
+        30,
+        "the adopted container to end",
+        every=0.2,
+    )
     ended = engine.container_time(container.attrs["State"]["FinishedAt"])
     time.sleep(1.5)
     job = _reconciled_until(job, Job.ENDED)

@@ -6,6 +6,7 @@ No trial runs here: the metric lines are handed to `sweeps.observe` as the log w
 import json
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.core.exceptions import ValidationError
 from django.test import Client
@@ -19,7 +20,7 @@ from jobs.clusters.services import ClusterSpec, JobSpec
 from jobs.models import Cluster, Image, Pool, Sweep, Trial
 from jobs.pools import autoscaler, sweeps
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import optuna
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
@@ -20,7 +21,7 @@ from jobs.models import Job, Pool, Sweep, Trial
 from jobs.pools import autoscaler, sweeps
 from jobs.runs import livelogs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _sweep(alice, pool, **kw):
@@ -120,6 +121,7 @@ def test_a_starting_cluster_whose_job_ran_elsewhere_goes_at_once(make_pool):  # 
 # -- sweeps -------------------------------------------------------------------------------------
 
 
+@pytest.mark.django_db(transaction=True)  # a racing thread, its own connection
 def test_a_prune_racing_the_jobs_end_still_settles_the_trial(
     make_pool,  # noqa: F811
     alice,

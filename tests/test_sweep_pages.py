@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from browsing import login
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.test import Client
 from django.utils import timezone
@@ -20,7 +21,7 @@ from jobs.clusters.services import ClusterSpec
 from jobs.models import Image, Job, Sweep, Trial
 from jobs.pools import autoscaler, sweeps
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 SPACE = "lr: log_uniform 1e-4 1e-1\nlayers: int 1 8\nopt: categorical adam sgd"

@@ -186,7 +186,10 @@ def test_successive_halving_stops_bad_trials_and_finds_x_near_3(
     assert len(clusters) == 2
     assert {t.job.cluster_id for t in trials} == {c.pk for c in clusters}
     # ...and they are charged like any cluster.
-    time.sleep(3)  # an accrual round after the last trial
+    until(  # an accrual round after the last trial (the cron's, every 2 s)
+        lambda: all(LedgerEntry.objects.filter(cluster=c, kind="usage").exists() for c in clusters),
+        what="both clusters charged",
+    )
     for cluster in clusters:
         usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage")
         assert usage.exists()
