@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import schemathesis
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.wsgi import get_wsgi_application
 from django.db import connection
 from django.test import Client
@@ -27,7 +28,7 @@ from console.models import ApiToken, digest_of
 from jobs.models import Cluster, Job
 from jobs.runs import dispatch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 
@@ -59,7 +60,7 @@ def token_of(db):
 def test_a_script_creates_a_cluster_runs_a_job_and_reads_its_log(
     make_host, alice, priced, token_of, settle_until
 ):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
     api = _api(token_of(alice))
     status, cluster = api(
         "POST", "clusters",
@@ -104,7 +105,7 @@ def test_a_script_follows_a_running_jobs_log_with_its_cursor(
 ):
     """Live lines while the job runs; `?since=<cursor>` gives only the lines after an
     earlier answer's, each once, from the engine or the stored log alike."""
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
     api = _api(token_of(alice))
     status, cluster = api(
         "POST", "clusters",
@@ -241,6 +242,7 @@ def test_the_twenty_first_live_token_is_refused_with_a_sentence(alice, client, s
     assert response.status_code == 200 and response.context["new_token"]
 
 
+@pytest.mark.django_db(transaction=True)  # threads, their own connections
 def test_twenty_tokens_asked_for_at_once_past_the_cap_make_none_too_many(alice, settings):
     """Ten requests at once with five places left: exactly five tokens are made."""
     for n in range(15):
@@ -278,6 +280,7 @@ def fuzz_token(alice, priced, make_host):
     return token
 
 
+@pytest.mark.django_db(transaction=True)  # a WSGI handler: it closes old connections
 @schema.parametrize()
 @hsettings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(
@@ -322,6 +325,7 @@ def test_the_schema_has_every_path_and_method_the_api_serves(client):
             }
 
 
+@pytest.mark.django_db(transaction=True)  # threads, their own connections
 def test_tokens_are_limited_atomically_under_concurrent_requests(alice, token_of, settings):
     """20 requests at once with 5 left in the minute: exactly 5 are served."""
     settings.SUANLI_API_RATE_PER_MIN = 5
