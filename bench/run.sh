@@ -9,8 +9,8 @@
 # names them (`source .run/test/env.sh` of a checkout whose services run), else this
 # checkout's when they answer, else it starts them and stops them after. Its data goes to
 # a database of its own (BENCH_DATABASE, default suanli_bench, made and migrated here) and
-# a Redis database of its own (BENCH_REDIS_DB, default 15), so that it disturbs neither
-# the suite's data nor a developer's.
+# a Redis database of its own (BENCH_REDIS_DB, default 15, emptied before each bench), so
+# that it disturbs neither the suite's data nor a developer's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -87,5 +87,8 @@ with psycopg.connect(sys.argv[1], autocommit=True) as db:
 EOF
 python manage.py migrate --no-input -v0
 for bench in "${BENCHES[@]}"; do
+    # Each bench starts with empty queues (what an earlier one queued and no worker ran
+    # would otherwise be run by the next one's worker, against rows that are gone).
+    python -c 'import os, redis; redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()'
     python "$bench"
 done
