@@ -42,6 +42,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from bench.common import register_host  # noqa: E402
+from jobs import tasks  # noqa: E402
 from jobs.clusters import services
 from jobs.images import builds  # noqa: E402
 from jobs.models import Cluster, GpuModel, Host, Image, ImageBuild, OwnImage  # noqa: E402
@@ -245,6 +246,7 @@ def pull(owner, host_b: Host) -> dict:
             forget(client, image[0])
         client.close()
         services.cluster_release(cluster=cluster)
+        tasks.cluster_network_remove(cluster.pk)  # what a worker does after a release
     return {
         "bench": "image_pull", "runs": RUNS,
         # Downloaded per run: the image's own layer (engine b has the base's already).
@@ -271,6 +273,7 @@ def main():
     owner, _ = get_user_model().objects.get_or_create(username="bench-images")
     for old in owner.clusters.exclude(state__in=["released", "failed"]):  # an interrupted run
         services.cluster_release(cluster=old)
+        tasks.cluster_network_remove(old.pk)
     for own in OwnImage.objects.filter(owner=owner):
         builds.delete(owner=owner, image=own)
     try:

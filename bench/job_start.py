@@ -30,7 +30,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from bench.common import register_host  # noqa: E402
 from jobs import tasks  # noqa: E402
 from jobs.clusters import services
-from jobs.models import GpuModel, Image, Job  # noqa: E402
+from jobs.models import GpuModel, GpuSlot, Image, Job  # noqa: E402
 from jobs.nodes import network, workspaces
 from jobs.placement import scheduler
 from jobs.placement.catalog import seed_catalog  # noqa: E402
@@ -39,6 +39,7 @@ from jobs.runs import dispatch, exits, stopping
 RUNS = int(os.environ.get("BENCH_RUNS", 15))
 ENGINES = [u for u in os.environ["SUANLI_TEST_ENGINES"].split(",") if u]
 IMAGE = os.environ.get("SUANLI_TEST_IMAGE", "suanli/busybox:latest")
+HOSTS = [f"bench-{i}" for i in range(len(ENGINES))]
 
 
 def pct(values, p):
@@ -80,11 +81,16 @@ def bare_docker_run(urls: list[str], net_driver: str | None = None) -> list[floa
 def setup():
     seed_catalog()
     model = GpuModel.objects.get(slug="a100-80gb")
-    for i, url in enumerate(ENGINES):
-        register_host(f"bench-{i}", url, gpus=8)
+    for name, url in zip(HOSTS, ENGINES, strict=False):
+        register_host(name, url, gpus=8)
     owner, _ = get_user_model().objects.get_or_create(username="bench-jobs")
     for cluster in owner.clusters.exclude(state="released"):  # an earlier, interrupted run
         teardown(cluster)
+    # GPUs of released clusters that another bench (or an interrupted run) left held on
+    # these hosts: what the worker's task after a release does, so both cases fit.
+    left = GpuSlot.objects.filter(host__name__in=HOSTS, node__released_at__isnull=False)
+    for cluster_id in set(left.values_list("node__cluster_id", flat=True)):
+        tasks.cluster_network_remove(cluster_id)
     return owner, model, Image.objects.get(reference=IMAGE)
 
 

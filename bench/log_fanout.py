@@ -36,7 +36,6 @@ from console.consumers import JobLogConsumer, JobLogPollingConsumer  # noqa: E40
 from jobs import tasks  # noqa: E402
 from jobs.clusters import services
 from jobs.models import GpuModel, Image, Job  # noqa: E402
-from jobs.nodes import network
 from jobs.placement import scheduler
 from jobs.placement.catalog import seed_catalog  # noqa: E402
 from jobs.runs import dispatch, exits, livelogs, stopping
@@ -74,7 +73,7 @@ def setup():
         end_job(job)
     for cluster in owner.clusters.exclude(state="released"):
         services.cluster_release(cluster=cluster)
-        network.remove(cluster.pk)
+        tasks.cluster_network_remove(cluster.pk)  # what a worker does after a release
     spec = services.ClusterSpec(
         name="bench-logs", nodes=4, gpu_model=GpuModel.objects.get(slug="a100-80gb"),
         gpus_per_node=4 if len(ENGINES) > 1 else 2, image=Image.objects.get(reference=IMAGE),
@@ -179,7 +178,7 @@ def main():
         case("followers", owner, cluster)
     finally:
         services.cluster_release(cluster=cluster)
-        network.remove(cluster.pk)
+        tasks.cluster_network_remove(cluster.pk)  # what a worker does after a release
 
 
 if __name__ == "__main__":
