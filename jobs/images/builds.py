@@ -1014,7 +1014,8 @@ def _context_tar(build: ImageBuild, deadline: float | None = None):
     The folder is walked through directory descriptors without following a link (a link
     goes in as a link: the researcher writes this folder from inside a container and
     could swap a name for a link at any moment); only folders, files and links; at most
-    SUANLI_BUILD_CONTEXT_MB."""
+    SUANLI_BUILD_CONTEXT_MB. Long because the walk, its size limit and each kind's tar
+    entry share one stack of open folder descriptors, closed on every way out."""
     limit = settings.SUANLI_BUILD_CONTEXT_MB * 1024 * 1024
     spool = io.BytesIO() if not build.context else _spooled()
     total = 0
@@ -1197,7 +1198,9 @@ _BUILD_PARAMS = frozenset(
 
 def _build(build: ImageBuild, host: Host, out: _Log, left: _Leftovers) -> str:
     """The image built on `host`, tagged with its registry reference; its log streamed,
-    its disk use watched (`_Watch`). What it leaves on the host is noted in `left`."""
+    its disk use watched (`_Watch`). What it leaves on the host is noted in `left`.
+    Long because its steps (bases, cache, context, the engine's stream, the watch) share
+    one client, one deadline and the try/finally that ends the watch and closes the client."""
     check_bases(build.owner_id, build.dockerfile)  # again: the catalog may have changed
     try:
         build_args = check_build_args(build.build_args)
@@ -1507,7 +1510,9 @@ def _check_real_size(build: ImageBuild, host: Host, reference: str, out: _Log) -
 
 def _push(build: ImageBuild, host: Host, reference: str, out: _Log, layers: list) -> OwnImage:
     """Pushes the image to the registry with progress, then records it with its layers
-    at their size on disk (`_check_real_size`)."""
+    at their size on disk (`_check_real_size`). Long because the record must follow the
+    push in one piece: the quota is checked on the stored image, which is taken back from
+    the registry when over."""
     repository, tag = reference.rsplit(":", 1)
     client = engine.client_for(host, timeout=settings.SUANLI_IMAGE_PULL_S)
     out.state(state=ImageBuild.State.PUSHING, step=f"Pushing {reference}")
