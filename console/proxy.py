@@ -755,38 +755,44 @@ class HttpProxy:
                 ) % {"most": MAX_OPEN},
                 upstream.back,
             )  # fmt: skip
-        chunked = b"chunked" in incoming.get(b"transfer-encoding", b"").lower()
-        has_body = chunked or int(length or 0) > 0
-        keep = method in SAFE_METHODS and not has_body
-        key = (upstream.login.host.pk, upstream.login.container_id, upstream.port)
-        state = {"too_big": False, "done": False, "read_all": False}
         try:
-            kept = _pool.take(key) if keep else None
-            if kept is not None:
-                relay, conn = kept
-                outcome = await self._forward(scope, receive, send, route, upstream, relay,
-                                              conn, keep=True, pooled=True, state=state)  # fmt: skip
-                if outcome != STALE:
-                    return await self._done(key, relay, conn, outcome)
-                await relay.close(END_GRACE_S)
-            relay = Relay(upstream)
-            try:
-                await relay.open()
-            except RelayError as exc:
-                await relay.close()
-                words = _("%(app)s cannot be reached: %(error)s.") % {
-                    "app": upstream.label, "error": exc,
-                }  # fmt: skip
-                return await _page(send, 503, words, upstream.back)
-            conn = h11.Connection(our_role=h11.CLIENT)
-            outcome = DONE
-            try:
-                outcome = await self._forward(scope, receive, send, route, upstream, relay,
-                                              conn, keep=keep, pooled=False, state=state)  # fmt: skip
-            finally:
-                await self._done(key, relay, conn, outcome)
+            await self._relay(scope, receive, send, route, upstream)
         finally:
             _give_back(user.pk)
+
+    async def _relay(self, scope, receive, send, route: Route, upstream) -> None:
+        """The admitted request to the app: over a kept relay where one is free (a safe
+        method without a body), else over a new one."""
+        incoming = dict(scope.get("headers", []))
+        chunked = b"chunked" in incoming.get(b"transfer-encoding", b"").lower()
+        has_body = chunked or int(incoming.get(b"content-length") or 0) > 0
+        keep = scope["method"] in SAFE_METHODS and not has_body
+        key = (upstream.login.host.pk, upstream.login.container_id, upstream.port)
+        state = {"too_big": False, "done": False, "read_all": False}
+        kept = _pool.take(key) if keep else None
+        if kept is not None:
+            relay, conn = kept
+            outcome = await self._forward(scope, receive, send, route, upstream, relay,
+                                          conn, keep=True, pooled=True, state=state)  # fmt: skip
+            if outcome != STALE:
+                return await self._done(key, relay, conn, outcome)
+            await relay.close(END_GRACE_S)
+        relay = Relay(upstream)
+        try:
+            await relay.open()
+        except RelayError as exc:
+            await relay.close()
+            words = _("%(app)s cannot be reached: %(error)s.") % {
+                "app": upstream.label, "error": exc,
+            }  # fmt: skip
+            return await _page(send, 503, words, upstream.back)
+        conn = h11.Connection(our_role=h11.CLIENT)
+        outcome = DONE
+        try:
+            outcome = await self._forward(scope, receive, send, route, upstream, relay,
+                                          conn, keep=keep, pooled=False, state=state)  # fmt: skip
+        finally:
+            await self._done(key, relay, conn, outcome)
 
     @staticmethod
     async def _enter(scope, send, route: Route) -> None:
@@ -891,6 +897,12 @@ class HttpProxy:
             return DONE
         if pooled and not answered and not relay.closed:
             return STALE
+        return await self._unanswered(send, upstream, relay, state)
+
+    @staticmethod
+    async def _unanswered(send, upstream, relay: Relay, state: dict) -> str:
+        """The page for a request the app gave no response to: its body was too big, or
+        the app does not answer."""
         if state["too_big"]:
             await _page(send, 413, _too_big(), upstream.back)
         else:
