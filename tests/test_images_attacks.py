@@ -12,6 +12,7 @@ import types
 import uuid
 
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 
 from jobs.images import builds
@@ -19,14 +20,14 @@ from jobs.models import ImageBuild, OwnImage
 from jobs.nodes import registry
 from tests.conftest import TEST_IMAGE
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 RUN_ID = uuid.uuid4().hex[:12]
 
 
 @pytest.fixture
 def build_host(make_host):
-    return make_host("gpu-a-01", engine=0, gpus=2, build_host=True)
+    return make_host("gpu-a-01", engine=0, gpus=2, build_host=True, check="reuse")
 
 
 def _alices_secret_image(alice) -> tuple[str, str]:
@@ -96,6 +97,7 @@ def test_an_onbuild_trigger_of_ones_own_image_does_not_reach_anothers(build_host
     assert secret not in said, f"bob read alice's image through ONBUILD ({first}, {second})"
 
 
+@pytest.mark.django_db(transaction=True)  # the context is read on a thread, its own connection
 def test_a_fifo_swapped_into_the_context_does_not_hang_the_build_worker(
     bob, storage_root, monkeypatch
 ):

@@ -19,6 +19,7 @@ import time
 
 import docker
 import pytest
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
@@ -26,7 +27,7 @@ from jobs.models import Job
 from jobs.nodes import network
 from jobs.runs import dispatch, stopping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 HOST_PORT = 18001  # a host service on each engine host, bound to 0.0.0.0
 CONTROL_PORT = 18002  # the "control plane" on the hosts' network

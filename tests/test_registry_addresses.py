@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 from browsing import free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from forms_data import cluster_form
 from waiting import until
@@ -23,7 +24,7 @@ from console.models import ApiToken
 from jobs.models import Cluster, Image
 from jobs.nodes import registry
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 # Records every request line it gets, and answers as a registry would (so that an engine
 # that reached it would go on to ask for manifests).
