@@ -18,6 +18,7 @@ import pytest
 import requests
 from axes.models import AccessAttempt
 from browsing import free_port
+from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.conf import settings as django_settings
 from django.core import mail
 from django.test import Client
@@ -35,7 +36,7 @@ from jobs.pools import autoscaler
 from tests.conftest import TEST_IMAGE
 from tests.forms_data import cluster_form
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
 
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl a@b"
