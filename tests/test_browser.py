@@ -14,8 +14,8 @@ pytestmark = [
 
 
 def test_researcher_sees_the_fleets_free_gpus(page, live_server, alice, make_host):
-    make_host("gpu-a-01", engine=0, zone="zone-a", model="a100-80gb", gpus=8)
-    make_host("gpu-b-01", engine=1, zone="zone-b", model="t4-16gb", gpus=4)
+    make_host("gpu-a-01", engine=0, zone="zone-a", model="a100-80gb", gpus=8, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-b", model="t4-16gb", gpus=4, check="reuse")
     _login(page, live_server, "alice", "alice-pass-123")
     expect(page.get_by_test_id("free-gpus")).to_have_text("12")
     table = page.locator("#availability")
@@ -52,8 +52,8 @@ def test_operator_adds_a_host_in_the_admin_and_sees_it_healthy(
 def test_researcher_creates_a_two_node_cluster_with_a_volume(
     page, live_server, alice, make_host, storage_root, rq_worker
 ):
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
-    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
+    make_host("gpu-b-01", engine=1, zone="zone-a", gpus=8, check="reuse")
     _login(page, live_server, "alice", "alice-pass-123")
     page.goto(f"{live_server.url}/clusters/new/")
     page.fill("#id_name", "ddp-run")
@@ -94,7 +94,7 @@ def test_researcher_sees_the_price_the_cost_grow_and_downloads_the_statement(
 
     from billing import accrual
 
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
     _login(page, live_server, "alice", "alice-pass-123")
     page.goto(f"{live_server.url}/clusters/new/")
     page.fill("#id_name", "priced-run")

@@ -67,7 +67,7 @@ def test_a_chinese_researcher_works_in_chinese_and_english_sticks_once_chosen(
     zh_page, live_server, alice, make_host, storage_root, rq_worker, settle_until
 ):
     page = zh_page
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
     with translation.override("zh-hans"):
         running = str(Cluster.State.RUNNING.label)
         succeeded = str(Job.State.SUCCEEDED.label)
@@ -143,7 +143,7 @@ def test_every_page_of_the_console_reads_chinese(
 ):
     """Each page a researcher or an operator reaches from the navigation, with something on
     it: Chinese words only, nothing wider than the window."""
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=8, check="reuse")
     cluster = make_cluster(alice, "zh-pages")
     user, password = (
         ("alice", "alice-pass-123") if who == "researcher" else ("olga", "olga-pass-123")

@@ -43,7 +43,7 @@ def counting() -> str:
 @pytest.fixture
 def console(processes, make_host):
     """A build host on engine a, and the web process; the builder starts when a test says."""
-    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, build_host=True)
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, build_host=True, check="reuse")
     port = free_port()
     processes.start("web", env={"PORT": str(port)})
     for _ in range(100):  # the web process takes a moment to listen

@@ -161,7 +161,7 @@ def test_the_worker_and_cron_stay_quiet_while_all_is_well(make_host, processes):
     them away (RQ logs every job at INFO)."""
     from jobs.models import Host
 
-    host = make_host("gpu-quiet-01", engine=0, gpus=1)
+    host = make_host("gpu-quiet-01", engine=0, gpus=1, check="reuse")
     checked = host.last_checked
     env = {"SUANLI_HOST_CHECK_INTERVAL": "1", "SUANLI_ACCRUAL_INTERVAL": "1"}
     processes.start("worker", env=env)
