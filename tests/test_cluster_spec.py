@@ -42,7 +42,11 @@ def _as_given(data: dict, owner) -> ClusterRequest:
 
 
 def _words(errors: dict) -> dict[str, list[str]]:
-    return {name: [str(m) for m in messages] for name, messages in errors.items()}
+    """Each field's messages as text (a ValidationError as its own words)."""
+    return {
+        name: [w for m in messages for w in (m.messages if hasattr(m, "messages") else [str(m)])]
+        for name, messages in errors.items()
+    }
 
 
 @pytest.mark.parametrize(
@@ -96,7 +100,7 @@ def test_a_good_request_is_the_spec_the_form_makes(alice, hosts):
 def test_the_balance_is_the_callers_and_its_refusal_is_the_clusters_as_a_whole(alice, hosts):
     """A balance too short: one sentence for the cluster as a whole, the amounts kept for
     the page's top-up note; a shape with no price: on the resource."""
-    request = _as_given(cluster_form(nodes="2", gpus_per_node="8"), alice)
+    request = _as_given(cluster_form(nodes="1", gpus_per_node="8"), alice)
     checked = request.check(Offer.of(alice), funds=lambda **kw: _Funds(short=True))
     assert list(checked.errors) == ["__all__"] and checked.spec is None
     assert "creating it needs a balance for" in checked.errors["__all__"][0]
