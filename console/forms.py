@@ -340,6 +340,8 @@ class ClusterForm(forms.Form):
             self.add_error(field, errors)
         self.funds_short = self.checked.funds_short or self.funds_short
         c = self.checked
+        if "volumes" in data:  # parsed by the spec
+            data["volumes"] = c.volumes or []
         data.update(
             gpu_model=c.gpu_model, instance_type=c.instance_type, image_obj=c.image,
             reference=c.reference, own_image=c.own_image,

@@ -170,6 +170,7 @@ class Checked:
     image: Image | None = None
     own_image: OwnImage | None = None
     reference: str = ""
+    volumes: list[VolumeSpec] | None = None  # parsed, unless refused
     funds_short: dict | None = None  # the amounts, when the balance is short
 
     def error(self) -> ValidationError:
@@ -248,6 +249,7 @@ class ClusterRequest:
         checked = Checked(
             spec=None, errors=self._errors, gpu_model=gpu_model, instance_type=instance_type,
             image=image, own_image=own, reference=reference, funds_short=funds_short,
+            volumes=self._values.get("volumes"),
         )  # fmt: skip
         if not self._errors and not self.refused:
             checked.spec = self._spec(gpu_model, instance_type, image, own, reference)
