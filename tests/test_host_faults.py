@@ -12,6 +12,7 @@ from unittest import mock
 import docker
 import pytest
 from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
+from django.utils import timezone
 from waiting import until as _until
 
 from billing import accrual
@@ -142,7 +143,10 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     assert f"node {rank} on {victim.name} (down): to be moved" in cluster.state_reason
     assert dispatch.dispatch(cluster.pk) is None
 
-    # Room appears (a new host on engine a): the node moves there, the job runs again.
+    # A billing second passes with the node waiting (the ledger counts whole seconds), then
+    # room appears (a new host on engine a): the node moves there, the job runs again.
+    a_second_on = down_at.replace(microsecond=0) + timedelta(seconds=1)
+    _until(lambda: timezone.now() >= a_second_on, what="a billing second with the node waiting")
     spare = make_host("gpu-a-02", engine=0, zone="zone-a", gpus=2, check="reuse")
     report = scheduler.place_pending()
     assert report.moved == 1
