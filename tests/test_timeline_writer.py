@@ -56,9 +56,7 @@ def _api(user):
     return lambda path: client.get(f"/api/v1/{path}").json()
 
 
-def test_an_engine_error_of_5000_characters_is_kept_to_each_fields_length(
-    client, alice, placed
-):
+def test_an_engine_error_of_5000_characters_is_kept_to_each_fields_length(client, alice, placed):
     job = services.job_submit(cluster=placed, spec=JobSpec(name="train", command="echo hi"))
     assert services.cluster_preempt(cluster=placed, reason=ENGINE_ERROR)
     placed.refresh_from_db()  # back in the queue, saying why it was preempted
