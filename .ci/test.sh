@@ -33,12 +33,14 @@ suite_env() {
     export SUANLI_SCREENSHOTS="$PWD/.run/test/screenshots" SUANLI_TLS_DIR="$PWD/.run/test/tls"
 }
 
-# fast_env: the fast tier's own test database, Redis database number and TLS folder (its
-# CA), so that it runs beside a full run (`make test`, a helper's pytest) on the same servers.
+# fast_env: `make test-fast`'s own test databases, Redis database numbers and TLS folders
+# (its CA), none of them a full run's, so that it runs beside one (`make test`) on the same
+# servers. Redis numbers: 0 the suite, 1 the suite's fast half, 2 and 3 `make test-fast`'s
+# two processes, 14 the bench smoke tier (tests/test_bench_smoke.py), 15 `make bench`.
 fast_env() {
     unset "${NOT_FAST[@]}"
-    export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
-    export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
+    export SUANLI_TEST_DATABASE=test_suanli_dev_fast REDIS_URL="${REDIS_URL%/*}/2"
+    export SUANLI_TLS_DIR="$PWD/.run/test/tls-dev-fast"
 }
 
 if [ "${1:-}" = env ]; then
@@ -49,8 +51,8 @@ if [ "${1:-}" = env ]; then
         "$ALLOWED_HOSTS" "$SUANLI_SCREENSHOTS" "$SUANLI_TLS_DIR"
     if [ "${2:-}" = fast ]; then
         printf 'unset %s\n' "${NOT_FAST[*]}"
-        printf 'export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%%/*}/1"\n'
-        printf 'export SUANLI_TLS_DIR=%q\n' "$PWD/.run/test/tls-fast"
+        printf 'export SUANLI_TEST_DATABASE=test_suanli_dev_fast REDIS_URL="${REDIS_URL%%/*}/2"\n'
+        printf 'export SUANLI_TLS_DIR=%q\n' "$PWD/.run/test/tls-dev-fast"
     fi
     exit 0
 fi
@@ -108,8 +110,8 @@ if [ "$TIER" = fast ]; then
         log_b=.run/test/fast-tier-b.log
         echo "== the fast tier ($FAST) on $DATABASE_URL and Redis, no engines: two processes (log: $log_b)"
         (
-            export SUANLI_TEST_DATABASE=test_suanli_fast_b REDIS_URL="${REDIS_URL%/*}/15"
-            export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast-b"
+            export SUANLI_TEST_DATABASE=test_suanli_dev_fast_b REDIS_URL="${REDIS_URL%/*}/3"
+            export SUANLI_TLS_DIR="$PWD/.run/test/tls-dev-fast-b"
             exec python -m pytest -p no:cacheprovider -m "$FAST" --durations=10 "${half_b[@]}"
         ) >"$log_b" 2>&1 &
         pid_b=$!

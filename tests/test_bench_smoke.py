@@ -19,8 +19,8 @@ from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The Redis database of the benches run here (the suite's are 0 and a developer's 2-13;
-# `make bench` uses 15).
+# The Redis database of the benches run here (the numbers are listed once, in .ci/test.sh's
+# fast_env: 0 and 1 the suite, 2 and 3 `make test-fast`, 15 `make bench`).
 REDIS_DB = 14
 
 # bench file -> the cases it prints ("bench" of a line) -> (lines, the keys each has).
