@@ -1,4 +1,4 @@
-"""Money (DESIGN.md): a rate card with history, one prepaid account per researcher, an
+"""Money (docs/architecture.md, "Money"): a rate card with history, one prepaid account per researcher, an
 immutable ledger whose entries each carry a unique idempotency key and the balance after
 them, and one meter per cluster that says up to which second it has been billed.
 

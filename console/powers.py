@@ -1,5 +1,5 @@
 """Operators' powers are Django permissions, checked on every page, action, websocket and
-admin view alike; staff status alone grants nothing (DESIGN.md). This module gates the
+admin view alike; staff status alone grants nothing (docs/operator/permissions.md). This module gates the
 console's operator pages and django-rq's queue pages; other researchers' jobs are gated
 where they are looked up (jobs.placement.fleet.job_for_user, cluster_charts_for_user), the
 admin's actions by their `permissions` (jobs/admin.py, billing/admin.py).

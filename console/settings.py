@@ -255,7 +255,7 @@ SUANLI_WEB_PORT = envint("PORT", 8000)
 # fit); a degraded one loses them at once. Down nodes are not charged meanwhile.
 SUANLI_HOST_DOWN_MOVE_S = envint("SUANLI_HOST_DOWN_MOVE_S", 60)
 # Researchers' storage: the same path on the console and on every host. "moosefs": the
-# researchers' distributed filesystem (MooseFS, README "Researchers' storage") is mounted
+# researchers' distributed filesystem (MooseFS, docs/operator/storage.md) is mounted
 # there everywhere, quotas are the filesystem's (mfssetquota) and each host check proves its
 # mount; "local": a folder of one machine (`make run`), no quotas enforced.
 SUANLI_STORAGE_ROOT = Path(envstr("SUANLI_STORAGE_ROOT", str(BASE_DIR / "storage")))

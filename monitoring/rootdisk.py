@@ -17,7 +17,7 @@ and acts:
 What this bounds is honest about itself: a container may write for up to one interval
 past its limit before it is seen (at most the host's write speed times the interval),
 and files are counted at their apparent size (a sparse file counts in full). Hosts that
-must never exceed it run a driver that enforces it (README, "The system disk").
+must never exceed it run a driver that enforces it (docs/operator/storage.md, "The system disk").
 
 Reads: clusters, hosts. Writes: the clusters' and jobs' timelines. Talks to: the engines.
 """

@@ -121,3 +121,23 @@ def test_a_name_after_a_file_is_defined_in_it():
             if not re.search(defined, source, re.M):
                 wrong.append(f"{page.relative_to(ROOT)}: {path} {name}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_code_cites_only_documents_inside_the_repository():
+    """Comments and docstrings point at the docs/ pages, never at a design document outside
+    the repository or at a README section (the manual left the README)."""
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", "*.sh", "*.html", "*.toml", "Procfile", "Makefile"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    stale = re.compile(r"DESIGN\.md|README[ ,]+\"")
+    here = Path(__file__).name
+    found = [
+        f"{name}:{n}"
+        for name in tracked
+        if Path(name).name != here
+        for n, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1)
+        if stale.search(line)
+    ]
+    assert not found, found

@@ -1,4 +1,4 @@
-"""Attacks on own images by another researcher (DESIGN.md, "The tenant threat model"):
+"""Attacks on own images by another researcher (docs/threat-model.md):
 bob knows the name of alice's image and writes Dockerfiles, context folders and build
 output meant to reach it, hang the build worker or flood Redis. Real engines, the real
 registry, the real worker code (jobs/images/builds.py)."""

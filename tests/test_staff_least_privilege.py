@@ -1,4 +1,4 @@
-"""Staff status alone grants nothing (DESIGN.md): every operator power is a permission of
+"""Staff status alone grants nothing (docs/operator/permissions.md): every operator power is a permission of
 its own, checked the same on pages, POST actions, the API, websockets, the admin and
 django-rq's queue pages. The notebook of an attacker who is staff:
 

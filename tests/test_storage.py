@@ -1,4 +1,4 @@
-"""Researchers' storage as a tenant attacks it (jobs/files/storage.py, DESIGN.md "Mounts").
+"""Researchers' storage as a tenant attacks it (jobs/files/storage.py, docs/architecture.md, "The Docker contract": mounts).
 
 Alice is the tenant: a shell in her containers, running as her uid, and whatever her
 volumes mount. In the layout before this one her storage root was hers, so she could swap

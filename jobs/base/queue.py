@@ -1,6 +1,6 @@
 """Queueing work of a higher part from a lower one: by the task's dotted name
 ("jobs.tasks.cluster_dispatch"), which RQ imports when the task runs, never by importing
-it here (DESIGN.md, "Apps and their layers").
+it here (docs/architecture.md, "Apps and their layers").
 
 Layer: base, under every package that queues work; uses no other part (django_rq and rq only).
 The one place that knows RQ's deduplication and delays.

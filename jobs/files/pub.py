@@ -2,7 +2,7 @@
 filesystem, read-only at /pub in every container of the clusters that ask for them (the
 cluster form's "Public datasets and models at /pub", the API's and the CLI's `pub`).
 
-Layout, the same on every host (DESIGN.md "Mounts"):
+Layout, the same on every host (docs/architecture.md, "The Docker contract": mounts):
 
     SUANLI_STORAGE_ROOT/pub/               the console's (root:root 0755); the bind source
     SUANLI_STORAGE_ROOT/pub/<name>/        a published one: owned by root, readable by all

@@ -1,7 +1,7 @@
 """Researchers' storage: one root per tenant (a shared filesystem in production), the
 folders in it that volumes mount, and the checks that keep a mount inside it.
 
-Layout (DESIGN.md, "Mounts"): `SUANLI_STORAGE_ROOT/u<id>/` belongs to the console (root,
+Layout (docs/architecture.md, "The Docker contract": mounts): `SUANLI_STORAGE_ROOT/u<id>/` belongs to the console (root,
 0711) and is never writable by the tenant; in it the console makes the tenant's storage
 folders (`workspace`, `datasets`, ... : one simple name each), owned by the tenant's
 container uid (0700). A volume mounts exactly one such folder. So every component of a bind

@@ -1,4 +1,4 @@
-"""Cluster networks (DESIGN.md, "The Docker contract" and "The tenant threat model").
+"""Cluster networks (docs/architecture.md, "The Docker contract", and docs/threat-model.md).
 
 Every cluster has a network of its own, made when it is placed and removed after it is
 released; no tenant container ever uses host networking or an engine's default bridge.

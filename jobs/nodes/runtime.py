@@ -1,4 +1,4 @@
-"""The Docker contract (DESIGN.md): how one replica becomes one hardened container.
+"""The Docker contract (docs/architecture.md, "The Docker contract"): how one replica becomes one hardened container.
 
 `container_spec` reads and checks, writing nothing but the tenant's storage folders it
 must mount (created, or their old layout repaired, by `volume_mounts`). Everything a

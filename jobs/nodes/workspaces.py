@@ -1,4 +1,4 @@
-"""Workspaces (DESIGN.md, Vocabulary): one long-lived container per live node of a running
+"""Workspaces (docs/glossary.md): one long-lived container per live node of a running
 cluster, from placement to release, that the researcher logs in to through the SSH gateway
 (jobs/access/ssh.py) and the web terminal. Jobs still run as replicas of their own beside it.
 

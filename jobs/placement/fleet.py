@@ -351,7 +351,7 @@ def job_for_user(user, job_id: int, *, power: str = "jobs.view_job_logs") -> Job
     """The job, for its owner, or for whoever holds `power` over other researchers' jobs
     (`jobs.view_job_logs` to read its page, log, charts and profile; `jobs.cancel_job` to
     cancel it). Anyone else, staff or not, gets the 404 of a job that does not exist: staff
-    status alone grants nothing (DESIGN.md)."""
+    status alone grants nothing (docs/operator/permissions.md)."""
     jobs = Job.objects.select_related("cluster", "cluster__gpu_model", "cluster__instance_type")
     if not user.has_perm(power):
         jobs = jobs.filter(owner=user)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The tenant firewall of a Suanli Docker host (DESIGN.md, "The tenant threat model").
+# The tenant firewall of a Suanli Docker host (docs/threat-model.md).
 # Run as root on every host, after dockerd has started, and again after a reboot:
 #
 #   sh host-firewall.sh apply [PROTECTED_CIDR ...]
