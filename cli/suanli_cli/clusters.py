@@ -7,13 +7,13 @@ import click
 from suanli_cli.core import (
     Api,
     Failure,
-    _all_pages,
-    _emit_json,
-    _fields,
-    _table,
-    _wants_json,
-    _when,
+    all_pages,
+    emit_json,
     json_option,
+    print_fields,
+    table,
+    wants_json,
+    when,
 )
 from suanli_cli.main import cli
 
@@ -39,17 +39,17 @@ def _cluster_row(c: dict) -> dict:
     return {
         **c,
         "size": size + (" spot" if c.get("spot") else ""),
-        "created": _when(c.get("created_at")),
+        "created": when(c.get("created_at")),
     }
 
 
 def _show_cluster(c: dict, as_json: bool) -> None:
-    if _wants_json(as_json):
-        _emit_json(c)
+    if wants_json(as_json):
+        emit_json(c)
         return
-    _fields(
-        {**_cluster_row(c), "created_at": _when(c.get("created_at")),
-         "running_since": _when(c.get("running_since")), "released_at": _when(c.get("released_at"))},
+    print_fields(
+        {**_cluster_row(c), "created_at": when(c.get("created_at")),
+         "running_since": when(c.get("running_since")), "released_at": when(c.get("released_at"))},
         ["id", "name", "state", "state_reason", "size", "image", "network", "zone",
          "release_policy", "pub", "created_at", "running_since", "released_at", "url"],
     )  # fmt: skip
@@ -92,8 +92,8 @@ def clusters_create(name, gpu_model, instance_type, image, volumes, pub, ssh_key
         body["ssh_keys"] = list(ssh_keys)
     body.update({k: v for k, v in rest.items() if v is not None and v is not False})
     c = Api.from_config().post("clusters", "the cluster", body)
-    if _wants_json(as_json):
-        _emit_json(c)
+    if wants_json(as_json):
+        emit_json(c)
         return
     click.echo(f"Cluster {c['id']} ({c['name']}) is {c['state']}: {c.get('url', '')}")
 
@@ -102,11 +102,11 @@ def clusters_create(name, gpu_model, instance_type, image, volumes, pub, ssh_key
 @json_option
 def clusters_list(as_json):
     """Your clusters, newest first."""
-    rows = _all_pages(Api.from_config(), "clusters", "clusters")
-    if _wants_json(as_json):
-        _emit_json({"clusters": rows, "count": len(rows)})
+    rows = all_pages(Api.from_config(), "clusters", "clusters")
+    if wants_json(as_json):
+        emit_json({"clusters": rows, "count": len(rows)})
         return
-    _table([_cluster_row(c) for c in rows], _CLUSTER_COLUMNS)
+    table([_cluster_row(c) for c in rows], _CLUSTER_COLUMNS)
 
 
 @clusters.command("show")
@@ -123,8 +123,8 @@ def clusters_show(cluster_id, as_json):
 def clusters_release(cluster_id, as_json):
     """Give the cluster's capacity back now (its running job is stopped)."""
     c = Api.from_config().post(f"clusters/{cluster_id}/release", f"cluster {cluster_id}")
-    if _wants_json(as_json):
-        _emit_json(c)
+    if wants_json(as_json):
+        emit_json(c)
         return
     click.echo(f"Cluster {c['id']} ({c['name']}) is {c['state']}.")
 
@@ -136,11 +136,11 @@ def clusters_stop(cluster_id, as_json):
     """Stop a running cluster, keeping its files: its jobs are cancelled, its GPUs given
     back (not charged from now), its workspaces stopped and kept until you start it."""
     c = Api.from_config().post(f"clusters/{cluster_id}/stop", f"cluster {cluster_id}")
-    if _wants_json(as_json):
-        _emit_json(c)
+    if wants_json(as_json):
+        emit_json(c)
         return
     click.echo(
-        f"Cluster {c['id']} ({c['name']}) is {c['state']}; released at {_when(c.get('release_at'))} unless started."
+        f"Cluster {c['id']} ({c['name']}) is {c['state']}; released at {when(c.get('release_at'))} unless started."
     )
 
 
@@ -168,8 +168,8 @@ def clusters_start(cluster_id, mode, as_json):
             raise
         words = exc.format_message().split(" (API: ")[0]
         raise Failure(f"{words} Run it again with --wait or --no-gpu.", 409) from None
-    if _wants_json(as_json):
-        _emit_json(c)
+    if wants_json(as_json):
+        emit_json(c)
         return
     how = " without GPUs" if c.get("no_gpu") else ""
     click.echo(
@@ -187,7 +187,7 @@ def clusters_resize(cluster_id, nodes, as_json):
     c = Api.from_config().post(
         f"clusters/{cluster_id}/resize", f"cluster {cluster_id}", {"nodes": nodes}
     )
-    if _wants_json(as_json):
-        _emit_json(c)
+    if wants_json(as_json):
+        emit_json(c)
         return
     click.echo(f"Cluster {c['id']} ({c['name']}) has {c['nodes']} node(s); it is {c['state']}.")

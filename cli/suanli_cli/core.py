@@ -52,7 +52,7 @@ def config_path() -> Path:
     return Path(base) / "suanli" / "config.json"
 
 
-def _read_config() -> dict:
+def read_config() -> dict:
     path = config_path()
     try:
         data = json.loads(path.read_text())
@@ -63,7 +63,7 @@ def _read_config() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write_config(data: dict) -> Path:
+def write_config(data: dict) -> Path:
     """Written whole or not at all, readable by its owner only (it holds the token)."""
     path = config_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ class Api:
 
     @classmethod
     def from_config(cls) -> Api:
-        config = _read_config()
+        config = read_config()
         url = os.environ.get("SUANLI_URL") or config.get("url")
         token = os.environ.get("SUANLI_TOKEN") or config.get("token")
         if not url or not token:
@@ -194,11 +194,11 @@ def _error_words(status: int, body: dict, what: str, headers) -> str:
 # -- output -----------------------------------------------------------------------------------
 
 
-def _emit_json(data) -> None:
+def emit_json(data) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
     if not rows:
         click.echo("(none)")
         return
@@ -213,7 +213,7 @@ def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
         )
 
 
-def _fields(data: dict, keys: list[str]) -> None:
+def print_fields(data: dict, keys: list[str]) -> None:
     width = max(len(k) for k in keys)
     for key in keys:
         value = data.get(key)
@@ -225,7 +225,7 @@ def _fields(data: dict, keys: list[str]) -> None:
         click.echo(f"{key.replace('_', ' ')}:".ljust(width + 2) + text)
 
 
-def _when(value: str | None) -> str:
+def when(value: str | None) -> str:
     return value.replace("T", " ")[:19] if value else ""
 
 
@@ -236,12 +236,12 @@ def json_option(command):
     )(command)
 
 
-def _wants_json(as_json: bool) -> bool:
+def wants_json(as_json: bool) -> bool:
     ctx = click.get_current_context()
     return as_json or bool((ctx.find_root().obj or {}).get("json"))
 
 
-def _all_pages(api: Api, path: str, key: str, **params) -> list[dict]:
+def all_pages(api: Api, path: str, key: str, **params) -> list[dict]:
     rows, page = [], 1
     while True:
         body = api.get(path, **params, page=page)

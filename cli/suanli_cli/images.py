@@ -14,11 +14,11 @@ from suanli_cli.core import (
     POLL_S,
     Api,
     Failure,
-    _emit_json,
-    _table,
-    _wants_json,
-    _when,
+    emit_json,
     json_option,
+    table,
+    wants_json,
+    when,
 )
 from suanli_cli.main import cli
 
@@ -48,18 +48,18 @@ def _size(n) -> str:
 def images_list(as_json):
     """Your images, the clusters using them, and your quota."""
     data = Api.from_config().get("images")
-    if _wants_json(as_json):
-        _emit_json(data)
+    if wants_json(as_json):
+        emit_json(data)
         return
     rows = [
         {
             **i, "image": f"{i.get('name')}:{i.get('tag')}", "size": _size(i.get("size_bytes")),
-            "created": _when(i.get("created_at")),
+            "created": when(i.get("created_at")),
             "used_by": ", ".join(str(c) for c in i.get("clusters") or []) or "-",
         }
         for i in data.get("images", [])
     ]  # fmt: skip
-    _table(
+    table(
         rows,
         [("id", "ID"), ("image", "IMAGE"), ("size", "SIZE"), ("created", "CREATED"),
          ("used_by", "CLUSTERS"), ("reference", "REFERENCE")],
@@ -115,10 +115,10 @@ def images_build(directory, name, tag, context, build_args, no_follow, as_json):
         body["context"] = context
     api = Api.from_config()
     build = api.post("images/builds", "the build", body)
-    as_json = _wants_json(as_json)
+    as_json = wants_json(as_json)
     if no_follow:
         if as_json:
-            _emit_json(build)
+            emit_json(build)
         else:
             click.echo(
                 f"Build {build['id']} of {name}:{tag} is {build['state']}: {build.get('url', '')}"

@@ -10,13 +10,13 @@ from suanli_cli.core import (
     JOB_ENDED,
     Api,
     Failure,
-    _all_pages,
-    _emit_json,
-    _fields,
-    _table,
-    _wants_json,
-    _when,
+    all_pages,
+    emit_json,
     json_option,
+    print_fields,
+    table,
+    wants_json,
+    when,
 )
 from suanli_cli.main import cli
 
@@ -46,7 +46,7 @@ def _env_pair(ctx, param, values):
 
 def _pool_by_ref(api: Api, ref: str) -> dict:
     """One of your pools by its name (an active one first) or its id."""
-    rows = _all_pages(api, "pools", "pools")
+    rows = all_pages(api, "pools", "pools")
     named = [p for p in rows if p["name"] == ref]
     named.sort(key=lambda p: p["state"] != "active")
     if named:
@@ -115,8 +115,8 @@ def jobs_submit(
     else:
         job = api.post("jobs", f"cluster {cluster_id}", {**body, "cluster": cluster_id})
         where = f"on cluster {job['cluster']}"
-    if _wants_json(as_json):
-        _emit_json(job)
+    if wants_json(as_json):
+        emit_json(job)
         return
     click.echo(f"Job {job['id']} ({job['name']}) is {job['state']} {where}.")
     click.echo(f"Follow it: suanli logs -f {job['id']}")
@@ -128,19 +128,19 @@ def jobs_submit(
 def jobs_list(cluster_id, as_json):
     """Your jobs, newest first."""
     params = {"cluster": cluster_id} if cluster_id else {}
-    rows = _all_pages(Api.from_config(), "jobs", "jobs", **params)
-    if _wants_json(as_json):
-        _emit_json({"jobs": rows, "count": len(rows)})
+    rows = all_pages(Api.from_config(), "jobs", "jobs", **params)
+    if wants_json(as_json):
+        emit_json({"jobs": rows, "count": len(rows)})
         return
-    _table([{**j, "created": _when(j.get("created_at"))} for j in rows], _JOB_COLUMNS)
+    table([{**j, "created": when(j.get("created_at"))} for j in rows], _JOB_COLUMNS)
 
 
 def _show_job(j: dict, as_json: bool) -> None:
-    if _wants_json(as_json):
-        _emit_json(j)
+    if wants_json(as_json):
+        emit_json(j)
         return
-    _fields(
-        {**j, **{k: _when(j.get(k)) for k in ("created_at", "started_at", "finished_at")}},
+    print_fields(
+        {**j, **{k: when(j.get(k)) for k in ("created_at", "started_at", "finished_at")}},
         ["id", "name", "cluster", "state", "state_reason", "exit_code", "attempt", "launcher",
          "command", "created_at", "started_at", "finished_at", "preemptions", "max_preemptions",
          "resume_from", "preemption_script", "url"],
@@ -165,8 +165,8 @@ def jobs_profile(job_id, as_json):
     """The job's profiler traces (SUANLI_PROFILE_DIR) summarised: where each rank's step
     goes, the slowest rank, advice, and the files."""
     p = Api.from_config().get(f"jobs/{job_id}/profile", f"job {job_id}")
-    if _wants_json(as_json):
-        _emit_json(p)
+    if wants_json(as_json):
+        emit_json(p)
         return
     if not p["files"]:
         folder = p["folders"][0]["path"] if p["folders"] else "SUANLI_PROFILE_DIR"
@@ -184,7 +184,7 @@ def jobs_profile(job_id, as_json):
     ]  # fmt: skip
     if rows:
         click.echo("Per step, ms:")
-        _table(rows, [("rank", "RANK"), ("steps", "STEPS"), ("step_ms", "STEP"),
+        table(rows, [("rank", "RANK"), ("steps", "STEPS"), ("step_ms", "STEP"),
                       *((k, k.upper()) for k in PARTS), ("overlap", "OVERLAP")])  # fmt: skip
     if p["slowest"]:
         rank = "?" if p["slowest"]["rank"] is None else p["slowest"]["rank"]
@@ -192,7 +192,7 @@ def jobs_profile(job_id, as_json):
     for advice in p["advice"]:
         click.echo(f"- {advice['title']}: {advice['text']}")
     click.echo("Files:")
-    _table(
+    table(
         [{**f, "rank": "?" if f["rank"] is None else f["rank"],
           "state": f["error"] if f["state"] == "error" else f["state"]} for f in p["files"]],
         [("attempt", "ATTEMPT"), ("rank", "RANK"), ("name", "NAME"), ("size", "BYTES"),
@@ -208,8 +208,8 @@ def jobs_profile(job_id, as_json):
 def jobs_cancel(job_id, as_json):
     """Cancel a queued job, or stop a running one (SIGTERM, then SIGKILL)."""
     j = Api.from_config().post(f"jobs/{job_id}/cancel", f"job {job_id}")
-    if _wants_json(as_json):
-        _emit_json(j)
+    if wants_json(as_json):
+        emit_json(j)
         return
     if j["state"] in JOB_ENDED:
         click.echo(f"Job {j['id']} ({j['name']}) is {j['state']}.")

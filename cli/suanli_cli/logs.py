@@ -12,9 +12,9 @@ from suanli_cli.core import (
     POLL_S,
     Api,
     Failure,
-    _emit_json,
-    _wants_json,
+    emit_json,
     json_option,
+    wants_json,
 )
 from suanli_cli.main import cli
 
@@ -39,11 +39,11 @@ def logs(job_id, follow, ranks, as_json):
     """
     api = Api.from_config()
     what = f"job {job_id}"
-    as_json = _wants_json(as_json)
+    as_json = wants_json(as_json)
     if not follow:
         body = api.get(f"jobs/{job_id}/log", what)
         if as_json:
-            _emit_json(body)
+            emit_json(body)
             return
         prefix = _wants_ranks(api, job_id, ranks)
         for line in body.get("lines", []):

@@ -8,15 +8,15 @@ import click
 
 from suanli_cli.core import (
     Api,
-    _emit_json,
-    _read_config,
-    _table,
-    _wants_json,
-    _when,
-    _write_config,
     config_path,
+    emit_json,
     json_option,
     normalise_url,
+    read_config,
+    table,
+    wants_json,
+    when,
+    write_config,
 )
 
 # -- commands ---------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def cli(ctx, as_json):
 @json_option
 def login(url, token, as_json):
     """Check a console URL and API token, and save them for the other commands."""
-    saved = _read_config()
+    saved = read_config()
     if not url:
         url = click.prompt("Console URL", default=saved.get("url") or None)
     url = normalise_url(url)
@@ -54,9 +54,9 @@ def login(url, token, as_json):
         token = click.prompt("API token", hide_input=True)
     token = token.strip()
     balance = Api(url, token).get("balance")  # refused or unreachable: nothing is saved
-    path = _write_config({"url": url, "token": token})
-    if _wants_json(as_json):
-        _emit_json({"url": url, "config": str(path), "balance": balance})
+    path = write_config({"url": url, "token": token})
+    if wants_json(as_json):
+        emit_json({"url": url, "config": str(path), "balance": balance})
         return
     click.echo(
         f"Logged in to {url}: balance {balance.get('balance')} {balance.get('currency', '')}."
@@ -77,20 +77,18 @@ def logout():
 def balance(as_json):
     """Your balance, burn rate and recent ledger entries."""
     data = Api.from_config().get("balance")
-    if _wants_json(as_json):
-        _emit_json(data)
+    if wants_json(as_json):
+        emit_json(data)
         return
     currency = data.get("currency", "")
     click.echo(f"Balance:    {data.get('balance')} {currency}")
     click.echo(f"Burn rate:  {data.get('burn_per_hour')} {currency}/hour")
     if data.get("hours_left") is not None:
         click.echo(f"Hours left: {data['hours_left']}")
-    entries = [
-        {**e, "created_at": _when(e.get("created_at"))} for e in data.get("entries", [])[:10]
-    ]
+    entries = [{**e, "created_at": when(e.get("created_at"))} for e in data.get("entries", [])[:10]]
     if entries:
         click.echo("")
-        _table(
+        table(
             entries,
             [("created_at", "WHEN"), ("kind", "KIND"), ("amount", "AMOUNT"),
              ("balance_after", "BALANCE"), ("cluster", "CLUSTER"), ("memo", "MEMO")],

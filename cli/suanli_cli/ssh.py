@@ -10,9 +10,9 @@ import click
 from suanli_cli.core import (
     Api,
     Failure,
-    _emit_json,
-    _wants_json,
+    emit_json,
     json_option,
+    wants_json,
 )
 from suanli_cli.main import cli
 
@@ -44,8 +44,8 @@ def ssh(cluster_id, node, forwards, print_only, as_json):
     if login is None:
         have = ", ".join(str(n) for n in sorted(logins)) or "none"
         raise Failure(f"{label} has no node {node} (its nodes: {have}).")
-    if _wants_json(as_json):
-        _emit_json(login)
+    if wants_json(as_json):
+        emit_json(login)
         return
     argv = ["ssh", "-p", str(login["port"])]
     for forward in forwards:
