@@ -3,8 +3,8 @@
 Under `django_db` without `transaction=True` the test runs inside a transaction that is rolled
 back at its end and never commits, so every `transaction.on_commit` hook (RQ tasks queued
 through django_rq's COMMIT_MODE "on_db_commit" and jobs.base.queue, webhooks, timeline
-follow-ups) would silently never run. Importing `run_commit_hooks` into a test module makes it
-autouse there: a hook runs at once when no atomic block of the code is open, or when the
+follow-ups) would silently never run. `run_commit_hooks` is autouse for every test (imported by
+tests/conftest.py; a test module need not import it): a hook runs at once when no atomic block of the code is open, or when the
 code's own outermost block ends, as after a real COMMIT; a block that is rolled back (or a
 savepoint) drops its hooks, as Django does. The test's own wrapping blocks do not count.
 django_rq's own "am I in a transaction?" (COMMIT_MODE "on_db_commit") sees them the same way:

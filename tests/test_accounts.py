@@ -5,7 +5,6 @@ import os
 from decimal import Decimal
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 

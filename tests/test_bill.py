@@ -17,7 +17,6 @@ from decimal import Decimal
 import pytest
 import time_machine
 from browsing import login as _login
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect

@@ -10,7 +10,6 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import time_machine
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

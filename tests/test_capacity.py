@@ -4,7 +4,6 @@ API, with the largest size that fits; it never waits at the head of its line for
 import json
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from forms_data import cluster_form

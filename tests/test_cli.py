@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import requests
 from browsing import free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from waiting import until
 

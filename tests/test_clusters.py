@@ -1,7 +1,6 @@
 """Researchers create, watch, resize and release clusters from the console."""
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from django.urls import reverse

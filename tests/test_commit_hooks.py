@@ -1,7 +1,6 @@
 """The rollback tests' commit hooks (tests/commit_hooks.py) run as after a real COMMIT."""
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401
 from django.db import transaction
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,6 @@ import asyncssh
 import docker
 import pytest
 from browsing import free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from forms_data import cluster_form
 from test_fault_services import PostgresServer, RedisServer

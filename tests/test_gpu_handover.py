@@ -13,7 +13,6 @@ from datetime import timedelta
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection
 from django.db.models import Max
 from django.urls import reverse

@@ -11,7 +11,6 @@ from unittest import mock
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.utils import timezone
 from waiting import until as _until
 

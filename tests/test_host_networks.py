@@ -5,7 +5,6 @@ with the network named on the operators' pages, until it is gone."""
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 
 from jobs.hosts import services as host_services

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 
 from jobs.base.text import Text

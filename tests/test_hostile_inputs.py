@@ -18,7 +18,6 @@ import pytest
 import requests
 from axes.models import AccessAttempt
 from browsing import free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.conf import settings as django_settings
 from django.core import mail
 from django.test import Client

@@ -2,7 +2,6 @@
 
 import django_rq
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from pki import pem_pair
 from rq import SimpleWorker

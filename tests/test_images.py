@@ -13,7 +13,6 @@ import docker
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.db import connection
 

@@ -12,7 +12,6 @@ import types
 import uuid
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 
 from jobs.images import builds

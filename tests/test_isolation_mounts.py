@@ -14,7 +14,6 @@ import uuid
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from docker.types import Mount
 
 from jobs.clusters import services

@@ -19,7 +19,6 @@ import time
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec

@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import pytest
 from browsing import free_port as _free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from playwright.sync_api import expect

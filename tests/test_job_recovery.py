@@ -8,7 +8,6 @@ from unittest import mock
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from django.utils import timezone
 

@@ -5,7 +5,6 @@ import time
 import django_rq
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 
 from jobs.clusters import services

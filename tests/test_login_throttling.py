@@ -15,7 +15,6 @@ import requests
 import time_machine
 from axes.models import AccessAttempt
 from browsing import free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone

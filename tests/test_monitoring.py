@@ -11,7 +11,6 @@ import pytest
 from asgiref.sync import async_to_sync
 from browsing import free_port as _free_port
 from channels.testing import WebsocketCommunicator
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 
 from console.asgi import application

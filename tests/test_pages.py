@@ -1,7 +1,6 @@
 """Researchers log in (or sign up) and see the fleet's real availability."""
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import override_settings
 from django.urls import reverse
 

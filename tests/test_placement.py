@@ -4,7 +4,6 @@ import threading
 from collections import Counter
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db import connection, connections
 
 from jobs import tasks

@@ -6,7 +6,6 @@ No trial runs here: the metric lines are handed to `sweeps.observe` as the log w
 import json
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.core.exceptions import ValidationError
 from django.test import Client

@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import optuna
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone

@@ -6,7 +6,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.core.exceptions import ValidationError
 from django.utils import timezone

@@ -7,7 +7,6 @@ from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone

@@ -12,7 +12,6 @@ import os
 import pytest
 import requests
 from browsing import free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from test_cli import Cli

@@ -8,7 +8,6 @@ hers lands in the operator's folder. A cluster that does not ask has no /pub at 
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 
 from jobs import tasks
 from jobs.clusters import services

@@ -14,7 +14,6 @@ from pathlib import Path
 import docker
 import pytest
 from browsing import free_port
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from forms_data import cluster_form
 from waiting import until

@@ -10,7 +10,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone

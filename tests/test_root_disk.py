@@ -18,7 +18,6 @@ import os
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.urls import reverse
 from waiting import until

@@ -9,7 +9,6 @@ builder's queue, with a job timeout of at least SUANLI_WORKSPACE_SAVE_S."""
 import django_rq
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 
 from jobs import tasks
 from jobs.clusters import services

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import FieldError, ImproperlyConfigured
 from django.db import connection
 from django.urls import reverse

@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.test import Client

@@ -12,7 +12,6 @@ from decimal import Decimal
 
 import pytest
 import time_machine
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.db.models import Sum
 from django.urls import reverse
 

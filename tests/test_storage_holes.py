@@ -20,7 +20,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.urls import reverse

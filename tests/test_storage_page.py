@@ -10,7 +10,6 @@ from decimal import Decimal
 
 import pytest
 from browsing import login
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.urls import reverse
 from playwright.sync_api import expect
 

@@ -10,7 +10,6 @@ from datetime import timedelta
 
 import pytest
 from browsing import login
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from conftest import TEST_IMAGE
 from django.test import Client
 from django.utils import timezone

@@ -5,7 +5,6 @@ form and through the API, with the normalised path in the message."""
 import json
 
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from django.test import Client
 
 from console.forms import ClusterForm, JobForm

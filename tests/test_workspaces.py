@@ -5,7 +5,6 @@ import asyncio
 
 import docker
 import pytest
-from commit_hooks import run_commit_hooks  # noqa: F401  (on_commit hooks, as committed)
 from waiting import until
 
 from jobs import tasks
