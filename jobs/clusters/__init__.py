@@ -1,6 +1,11 @@
-"""The console's verbs on clusters and jobs: created, resized, stopped, started, released;
-jobs submitted and cancelled; SSH keys (`services`). Keyword-only, atomic where they span rows.
-A job is started or stopped by task name (jobs.base.queue), never by importing runs.
+"""The console's verbs on clusters and jobs.
+
+- `spec`: what a cluster request may ask, checked in one place (`ClusterRequest.check` /
+  `validate` against an `Offer` of what the fleet and catalog offer its owner now), giving a
+  `ClusterSpec`; the HTML form and the API both build from it.
+- `services`: clusters created from a spec, resized, stopped, started (one function per
+  flow) and released; jobs submitted and cancelled; SSH keys. Keyword-only, atomic where they
+  span rows. A job is started or stopped by task name (jobs.base.queue), never by importing runs.
 
 Layer: clusters, beside hosts; uses nodes, placement, events, files, models and base.
 """

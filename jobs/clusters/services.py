@@ -1,6 +1,6 @@
-"""Writes that concern the fleet: the console's verbs (hosts registered, checked and
-drained; clusters created, resized and released; jobs submitted and cancelled; SSH keys).
-Keyword-only, atomic where they span rows.
+"""The console's verbs on clusters and jobs: clusters created (from a checked spec,
+jobs/clusters/spec.py), resized, stopped, started and released; jobs submitted and cancelled;
+SSH keys. Keyword-only, atomic where they span rows. The host verbs are jobs/hosts/services.py.
 
 Layer: clusters, under pools, tasks, admin and management. Uses spec (what a request may ask),
 placement (capacity for a resize, slots, restart for a start), nodes (runtime, workspaces),
@@ -31,7 +31,6 @@ from jobs.events.lifecycle import cancel_jobs_of, free_nodes, request_dispatch, 
 # The lifecycle's verbs, used through `services.` by the console, billing and the admin.
 from jobs.events.lifecycle import cluster_preempt as cluster_preempt
 from jobs.events.lifecycle import cluster_release as cluster_release
-from jobs.events.lifecycle import cluster_requeue_preempted as cluster_requeue_preempted
 from jobs.events.lifecycle import request_placement as request_placement
 from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
 from jobs.files import pub, storage

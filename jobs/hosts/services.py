@@ -13,12 +13,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
+from jobs.events.lifecycle import cluster_preempt, host_error_fields, request_dispatch
 
-# The lifecycle's verbs, used through `services.` by the console, billing and the admin.
-from jobs.events.lifecycle import cluster_preempt as cluster_preempt
-from jobs.events.lifecycle import cluster_release as cluster_release
-from jobs.events.lifecycle import cluster_requeue_preempted as cluster_requeue_preempted
-from jobs.events.lifecycle import host_error_fields, request_dispatch
+# The lifecycle's host verbs, used through `host_services.` by the console, the watch and the
+# admin.
 from jobs.events.lifecycle import host_outage_began as host_outage_began
 from jobs.events.lifecycle import host_outage_ended as host_outage_ended
 from jobs.events.lifecycle import host_unhealthy as host_unhealthy
@@ -33,8 +31,6 @@ from jobs.models import (
 )
 from jobs.nodes import engine, network
 from jobs.placement import slots
-
-# The lifecycle's host verbs, used through `host_services.` by the console and the admin.
 
 
 @transaction.atomic
