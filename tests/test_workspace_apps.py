@@ -541,7 +541,7 @@ def test_jupyterlab_and_tensorboard_start_as_the_tenant_behind_the_proxy_and_sto
 
     page = _run(stopped)
     assert page["status"] == 503 and "TensorBoard is not started on node 0" in page["text"]
-    assert webapps.forget(cluster.pk) == 1  # the stop's and the release's hook
+    assert webapps.forget(cluster.pk) == 1  # the stop's hook
     assert not cluster.apps.exists()
 
 

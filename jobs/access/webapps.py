@@ -18,10 +18,9 @@ only recorded: the researcher's own server listens there.
 Whether an app answers is read from the workspace's /proc/net/tcp (a socket listening on
 its port), so that a tile can say "not answering" once its process is gone.
 
-Rows go with the cluster's workspaces: `forget(cluster_id)` when a cluster stops or is
-released (lifecycle and services own those; they call it). This module is in the layer
-of the gateway and the runner: it may be called from services and tasks, not from
-lifecycle (below it), which deletes the rows itself in the release's transaction.
+Rows go with the cluster's workspaces: `forget(cluster_id)` when a cluster stops
+(jobs.clusters.services calls it). A release deletes the rows itself, in the release's
+transaction in jobs.events.lifecycle, which is below this package and may not call it.
 
 Layer: access, beside ssh at its top (the console's apps' proxy and the cluster services use
 it); uses nodes (workspaces, engine) and models.

@@ -7,5 +7,6 @@
   flow) and released; jobs submitted and cancelled; SSH keys. Keyword-only, atomic where they
   span rows. A job is started or stopped by task name (jobs.base.queue), never by importing runs.
 
-Layer: clusters, beside hosts; uses nodes, placement, events, files, models and base.
+Layer: clusters, beside hosts; uses access (webapps), nodes, placement, events, files, models
+and base.
 """

@@ -3,7 +3,8 @@ jobs/clusters/spec.py), resized, stopped, started and released; jobs submitted a
 SSH keys. Keyword-only, atomic where they span rows. The host verbs are jobs/hosts/services.py.
 
 Layer: clusters, under pools, tasks, admin and management. Uses spec (what a request may ask),
-placement (capacity for a resize, slots, restart for a start), nodes (runtime, workspaces),
+placement (capacity for a resize, slots, restart for a start), access (webapps: a stop
+forgets its apps), nodes (runtime, workspaces),
 events (lifecycle, timeline), files (storage, pub), models and base; never runs (a job is
 started or stopped by task name, through lifecycle). The verbs that packages below it share
 live in `jobs.events.lifecycle` and are re-exported here, so callers keep
@@ -22,6 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
+from jobs.access import webapps
 from jobs.base import validators
 from jobs.base.queue import enqueue_by_name, enqueue_unique
 from jobs.base.text import Moment, Text, join, show
@@ -44,7 +46,6 @@ from jobs.models import (
     Pool,
     SshKey,
     Volume,
-    WorkspaceApp,
 )
 from jobs.nodes import runtime, workspaces
 from jobs.placement import capacity, restart, slots
@@ -280,7 +281,7 @@ def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
                 "running_since",
             ]
         )
-        WorkspaceApp.objects.filter(cluster=cluster).delete()  # they stop with the workspaces
+        webapps.forget(cluster.pk)  # the apps stop with the workspaces
         gpus = (
             Text(gettext_noop("%(n)s GPUs returned"), n=cluster.total_gpus)
             if cluster.total_gpus and not cluster.no_gpu
