@@ -768,6 +768,45 @@ def extra_gbs(owner_ids, *, at: datetime | None = None) -> dict[int, int]:
     return out
 
 
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_folder_nofollow(root: Path, name: str) -> int:
+    """A descriptor of the folder `name` under `root` (both opened without following a
+    link); OSError when either is not a folder or is a link."""
+    base = os.open(str(root), _FOLDER)
+    try:
+        return os.open(name, _FOLDER, dir_fd=base)
+    finally:
+        os.close(base)
+
+
+def walk_nofollow(top: int):
+    """Every entry under the folder open at `top` (a descriptor this takes over), folders
+    before what they hold, names in order: yields `(dir_fd, name, path, lstat)` with `path`
+    relative to `top`. A link is never followed: folders are entered through descriptors
+    opened with O_NOFOLLOW, so a name a tenant swaps for a link while the walk runs cannot
+    lead it out. `dir_fd` stays open while the caller handles the entry (open `name` at it,
+    never the path). Every descriptor is closed on every way out: the walk's end, an
+    OSError, the caller's exception or `close()` (use `contextlib.closing`)."""
+    stack = [(top, "")]
+    try:
+        while stack:
+            dir_fd, prefix = stack.pop()
+            try:
+                for name in sorted(os.listdir(dir_fd)):
+                    found = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    path = f"{prefix}{name}"
+                    yield dir_fd, name, path, found
+                    if stat.S_ISDIR(found.st_mode):
+                        stack.append((os.open(name, _FOLDER, dir_fd=dir_fd), path + "/"))
+            finally:
+                os.close(dir_fd)
+    finally:
+        for dir_fd, _prefix in stack:
+            os.close(dir_fd)
+
+
 def _walk(root: Path, most: int) -> Usage:
     """The lengths of the regular files under `root`, links not followed, at most `most`
     entries looked at; folders it may not read are skipped."""

@@ -24,6 +24,7 @@ workspaces), files (storage), models and base (queue, logstore, text, validators
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -1011,84 +1012,25 @@ def _context_dir(owner_id: int, folder: str) -> None:
 
 def _context_tar(build: ImageBuild, deadline: float | None = None):
     """The build context: the storage folder (when named) and the Dockerfile, as a tar.
-    The folder is walked through directory descriptors without following a link (a link
-    goes in as a link: the researcher writes this folder from inside a container and
-    could swap a name for a link at any moment); only folders, files and links; at most
-    SUANLI_BUILD_CONTEXT_MB. Long because the walk, its size limit and each kind's tar
-    entry share one stack of open folder descriptors, closed on every way out."""
-    limit = settings.SUANLI_BUILD_CONTEXT_MB * 1024 * 1024
+    The folder is walked without following a link (`storage.walk_nofollow`: a link goes in
+    as a link: the researcher writes this folder from inside a container and could swap a
+    name for a link at any moment); only folders, files and links; at most
+    SUANLI_BUILD_CONTEXT_MB."""
     spool = io.BytesIO() if not build.context else _spooled()
-    total = 0
     with tarfile.open(fileobj=spool, mode="w") as tar:
         if build.context:
-            root = storage.tenant_root(build.owner_id)
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
-                base = os.open(str(root), flags)
-                try:
-                    top = os.open(build.context, flags, dir_fd=base)
-                finally:
-                    os.close(base)
+                top = storage.open_folder_nofollow(
+                    storage.tenant_root(build.owner_id), build.context
+                )
             except OSError:
                 raise BuildFailed(
                     f"the context folder '{build.context}' is not a folder of your storage"
                 ) from None
-            stack = [(top, "")]
             try:
-                while stack:
-                    dfd, prefix = stack.pop()
-                    if deadline is not None and time.monotonic() > deadline:
-                        os.close(dfd)
-                        raise BuildFailed(
-                            "stopped: the build ran over its time limit while its context was read"
-                        )
-                    try:
-                        for name in sorted(os.listdir(dfd)):
-                            path = f"{prefix}{name}"
-                            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                            total += 512
-                            if total > limit:
-                                raise BuildFailed(
-                                    f"the context folder '{build.context}' holds more than "
-                                    f"{settings.SUANLI_BUILD_CONTEXT_MB} MB"
-                                )
-                            info = tarfile.TarInfo(path)
-                            info.mode = stat.S_IMODE(st.st_mode)
-                            info.mtime = int(st.st_mtime)
-                            if stat.S_ISDIR(st.st_mode):
-                                info.type = tarfile.DIRTYPE
-                                tar.addfile(info)
-                                child = os.open(name, flags, dir_fd=dfd)
-                                stack.append((child, path + "/"))
-                            elif stat.S_ISLNK(st.st_mode):
-                                info.type = tarfile.SYMTYPE
-                                info.linkname = os.readlink(name, dir_fd=dfd)
-                                tar.addfile(info)
-                            elif stat.S_ISREG(st.st_mode):
-                                # O_NONBLOCK: a FIFO swapped in since the stat opens at
-                                # once (and is skipped) instead of waiting for a writer.
-                                fd = os.open(
-                                    name,
-                                    os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                                    dir_fd=dfd,
-                                )
-                                with os.fdopen(fd, "rb") as fh:
-                                    real = os.fstat(fh.fileno())
-                                    if not stat.S_ISREG(real.st_mode):
-                                        continue
-                                    total += real.st_size + 512  # and its tar header
-                                    if total > limit:
-                                        raise BuildFailed(
-                                            f"the context folder '{build.context}' holds more "
-                                            f"than {settings.SUANLI_BUILD_CONTEXT_MB} MB"
-                                        )
-                                    info.size = real.st_size
-                                    tar.addfile(info, _Exact(fh, real.st_size))
-                    finally:
-                        os.close(dfd)
+                with contextlib.closing(storage.walk_nofollow(top)) as entries:
+                    _add_context(tar, entries, build.context, deadline)
             except OSError as exc:
-                for dfd, _ in stack:
-                    os.close(dfd)
                 raise BuildFailed(f"the context folder could not be read: {exc}") from None
         data = build.dockerfile.encode()
         info = tarfile.TarInfo(_DOCKERFILE_NAME)
@@ -1097,6 +1039,48 @@ def _context_tar(build: ImageBuild, deadline: float | None = None):
         tar.addfile(info, io.BytesIO(data))
     spool.seek(0)
     return spool
+
+
+def _add_context(tar, entries, context: str, deadline: float | None) -> None:
+    """The walked entries into the tar: folders, links (as links) and regular files, each
+    file opened at its folder's descriptor without following a link; past the size limit or
+    the deadline the build fails."""
+    limit = settings.SUANLI_BUILD_CONTEXT_MB * 1024 * 1024
+    too_big = (
+        f"the context folder '{context}' holds more than {settings.SUANLI_BUILD_CONTEXT_MB} MB"
+    )
+    total = 0
+    for dir_fd, name, path, st in entries:
+        if deadline is not None and time.monotonic() > deadline:
+            raise BuildFailed(
+                "stopped: the build ran over its time limit while its context was read"
+            )
+        total += 512
+        if total > limit:
+            raise BuildFailed(too_big)
+        info = tarfile.TarInfo(path)
+        info.mode = stat.S_IMODE(st.st_mode)
+        info.mtime = int(st.st_mtime)
+        if stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+        elif stat.S_ISLNK(st.st_mode):
+            info.type = tarfile.SYMTYPE
+            info.linkname = os.readlink(name, dir_fd=dir_fd)
+            tar.addfile(info)
+        elif stat.S_ISREG(st.st_mode):
+            # O_NONBLOCK: a FIFO swapped in since the stat opens at once (and is skipped)
+            # instead of waiting for a writer.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            with os.fdopen(os.open(name, flags, dir_fd=dir_fd), "rb") as fh:
+                real = os.fstat(fh.fileno())
+                if not stat.S_ISREG(real.st_mode):
+                    continue
+                total += real.st_size + 512  # and its tar header
+                if total > limit:
+                    raise BuildFailed(too_big)
+                info.size = real.st_size
+                tar.addfile(info, _Exact(fh, real.st_size))
 
 
 def _spooled():
