@@ -22,7 +22,7 @@ from jobs.models import Cluster, ClusterEvent, Job, JobEvent, WebhookEndpoint
 from jobs.placement import scheduler
 from tests.test_webhooks import Receiver
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("priced")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("priced")]
 
 # What an engine says when it cannot make a container, padded to 5,000 characters.
 HEAD = "500 Server Error for http+docker://localhost/v1.45/containers/create: "
