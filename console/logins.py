@@ -32,6 +32,15 @@ class Login:
         return f"ssh -p {self.port} {self.user}@{self.host}"
 
     @property
+    def host_key_state(self) -> str:
+        """ "known" (a fingerprint to check), "none" (the gateway has not made its key yet) or
+        "unknown" (unreadable here): the page says the last two in the reader's language, the
+        API keeps the English words."""
+        if self.host_key_fingerprint.startswith("SHA256:"):
+            return "known"
+        return "none" if self.host_key_fingerprint == hostkey.NO_HOST_KEY else "unknown"
+
+    @property
     def alias(self) -> str:
         """The `Host` of the node's `~/.ssh/config` block (VS Code Remote-SSH lists it)."""
         return f"suanli-{self.user}"
