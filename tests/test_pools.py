@@ -55,18 +55,16 @@ def live(pool):
 
 
 def drive(pool, until, timeout=60):
-    """What the processes would do: settle, scale and dispatch the free clusters (the tasks
-    a settled job queues at once), then a placement pass (a preempted cluster is placed again
-    only after its GPUs are given back, never before the pool's free cluster is asked)."""
+    """What the processes would do: place, dispatch free clusters, settle, scale."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        repair.reconcile()
-        autoscaler.pool_scale(pool.pk)
+        scheduler.place_pending()
         for cluster in live(pool):
             dispatch.dispatch(cluster.pk)
-        scheduler.place_pending()
+        repair.reconcile()
+        autoscaler.pool_scale(pool.pk)
         if until():
             return
         time.sleep(0.3)

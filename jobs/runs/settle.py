@@ -271,7 +271,11 @@ def preempted(job: Job) -> None:
                     reason=reason,
                 ),
             )
-        lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
+        requeued = lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
+        if requeued and job.pool_id:
+            # A pool's cluster back in the placement queue: its waiting jobs (this one) wait
+            # on a sibling instead, a free running one first, which takes them at once.
+            lifecycle.rehome_pool_jobs(Cluster.objects.get(pk=job.cluster_id))
 
 
 def cancelled(job: Job) -> Text | str:
