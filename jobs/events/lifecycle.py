@@ -317,6 +317,10 @@ def cluster_requeue_preempted(*, cluster_id: int) -> bool:
         Text(gettext_noop("capacity returned; back in the queue, placed again when it fits")),
         at=now,
     )
+    if cluster.pool_id:
+        # A pool's cluster back in the queue: its waiting jobs wait on a sibling instead, a
+        # free running one first, which takes them at once.
+        rehome_pool_jobs(cluster)
     request_placement()
     # Its GPUs go to others once its workspaces are gone (free_nodes).
     enqueue_by_name("jobs.tasks.cluster_nodes_ended", cluster.pk, job_id=f"ended-{cluster.pk}")

@@ -271,11 +271,7 @@ def preempted(job: Job) -> None:
                     reason=reason,
                 ),
             )
-        requeued = lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
-        if requeued and job.pool_id:
-            # A pool's cluster back in the placement queue: its waiting jobs (this one) wait
-            # on a sibling instead, a free running one first, which takes them at once.
-            lifecycle.rehome_pool_jobs(Cluster.objects.get(pk=job.cluster_id))
+        lifecycle.cluster_requeue_preempted(cluster_id=job.cluster_id)
 
 
 def cancelled(job: Job) -> Text | str:
