@@ -440,7 +440,8 @@ class GpuSlot(models.Model):
 
 
 class SshKey(models.Model):
-    """A researcher's public key, installed on the nodes of the clusters that name it."""
+    """A researcher's public key. The SSH gateway lets it log in to the clusters it is
+    attached to (Cluster.ssh_keys, read at each login: attached or detached any time)."""
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys"
@@ -451,6 +452,9 @@ class SshKey(models.Model):
     bits = models.PositiveIntegerField()
     fingerprint = models.CharField(max_length=80)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Ticked for every new cluster its owner requests (the form pre-ticks it; the API
+    # attaches the defaults when a request names no keys).
+    is_default = models.BooleanField(default=False)
 
     class Meta:
         verbose_name = gettext_lazy("ssh key")
