@@ -665,6 +665,13 @@ class Node(models.Model):
     gpu_indices = models.JSONField(default=list, help_text="Indices of the host's GPUs it holds.")
     vcpus = models.PositiveSmallIntegerField(default=0, help_text="CPU-only nodes: reserved vCPUs.")
     placed_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When it first ran: its workspace started (in a cluster without "
+        "workspaces, its first job replica). Billing starts here; a node that never ran is "
+        "never charged.",
+    )
     preempted_at = models.DateTimeField(
         null=True,
         blank=True,
