@@ -98,6 +98,14 @@ class Image(models.Model):
     cuda_version = models.CharField("CUDA version", max_length=20, blank=True)
     description = models.TextField(blank=True)
     active = models.BooleanField(default=True, help_text="Offered on the cluster form.")
+    pullable = models.BooleanField(
+        default=True,
+        help_text="Hosts pull it from its registry when they lack it. Off for an image built "
+        "on the hosts themselves: it is offered only where a host has it.",
+    )
+    # Percent done while this machine builds it for its own engine (`make run`,
+    # jobs/management/commands/catalog_prepare.py); None otherwise.
+    preparing = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = gettext_lazy("image")
@@ -190,6 +198,9 @@ class Host(models.Model):
         "under the build limits of the settings.",
     )
     docker_version = models.CharField(max_length=40, blank=True)
+    # The catalog images (their references) the engine had at its last check: the cluster
+    # form says where each can run without asking any engine (jobs/placement/catalog.py).
+    images = models.JSONField(default=list, blank=True, editable=False)
     storage_driver = models.CharField(max_length=40, blank=True)
     root_disk_enforced = models.BooleanField(
         "system disk enforced",
@@ -530,7 +541,7 @@ class Cluster(models.Model):
         "log in to (ssh, scp/sftp, the web terminal). Off: jobs only (pure batch).",
     )
     release_policy = models.CharField(
-        max_length=20, choices=ReleasePolicy.choices, default=ReleasePolicy.AFTER_LAST_JOB
+        max_length=20, choices=ReleasePolicy.choices, default=ReleasePolicy.NEVER
     )
     idle_minutes = models.PositiveIntegerField(null=True, blank=True)
     no_gpu = models.BooleanField(
