@@ -37,6 +37,8 @@ KINDS = {
     "pulled": gettext_lazy("pulled"),
     "pull-failed": gettext_lazy("pull failed"),
     "ssh": gettext_lazy("SSH"),
+    "key-attached": gettext_lazy("key attached"),
+    "key-detached": gettext_lazy("key detached"),
     "terminal": gettext_lazy("terminal"),
     "host-failed": gettext_lazy("host failed"),
     "host-lost": gettext_lazy("host lost"),

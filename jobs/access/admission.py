@@ -15,6 +15,16 @@ the cool-off the address is locked (address_locked) and told so (lockout_words).
 
 A database outage becomes a refusal in words and is logged once (jobs.base.outage).
 
+Refusals are in the researcher's language where the console knows it (the language they
+chose in the console, console.models.Preferences, read through the user's `preferences`
+relation: no import of the console): a key not attached gets the words of the language
+of the account that registered that key (first registered, if several did), the same
+whatever the cluster named (another's, none, a stranger's), and says what to do: attach
+it on the cluster's page (SUANLI_PUBLIC_URL/clusters/<id>/, built from the name typed).
+What is told only to the holder of an attached key (the cluster is not running, ...) is
+in the cluster owner's language (admit, still_admitted). A key unknown to the console, or
+an account with no choice, reads LANGUAGE_CODE.
+
 Layer: access, over sessions; uses timeline, workspaces and models.
 """
 
@@ -28,16 +38,20 @@ import asyncssh
 from axes.handlers.proxy import AxesProxyHandler
 from axes.helpers import get_cool_off
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_login_failed
 from django.db import close_old_connections
+from django.db.models import F
 from django.http import HttpRequest
-from django.utils.translation import gettext_noop
+from django.utils import translation
+from django.utils.translation import gettext, gettext_noop
 
+from jobs.access import sessions
 from jobs.access.sessions import Login, Refused, workspace_node
 from jobs.base.outage import DB_DOWN, Outage, close_db_connections
 from jobs.base.text import Text
 from jobs.events import timeline
-from jobs.models import Cluster, Node
+from jobs.models import Cluster, Node, SshKey
 
 log = logging.getLogger("suanli.gateway")
 
@@ -90,13 +104,91 @@ def key_attached(cluster_id: int, fingerprint: str, public_data: bytes) -> bool:
     return False
 
 
+# -- the researcher's language -------------------------------------------------------------
+
+
+def language_of(user_id: int | None) -> str:
+    """The language the person chose in the console, else LANGUAGE_CODE."""
+    chosen = ""
+    if user_id is not None:
+        chosen = (
+            get_user_model()
+            .objects.filter(pk=user_id)
+            .values_list("preferences__language", flat=True)
+            .first()
+        )
+    known = {code for code, _ in settings.LANGUAGES}
+    return chosen if chosen in known else settings.LANGUAGE_CODE
+
+
+def key_holder(fingerprint: str, public_data: bytes) -> int | None:
+    """The active account that registered this very key first (None: nobody did)."""
+    rows = SshKey.objects.filter(fingerprint=fingerprint, owner__is_active=True).order_by(
+        "created_at", "pk"
+    )
+    for owner_id, text in rows.values_list("owner_id", "public_key"):
+        try:
+            if asyncssh.import_public_key(text).public_data == public_data:
+                return owner_id
+        except (asyncssh.KeyImportError, ValueError):
+            continue
+    return None
+
+
+def cluster_url(cluster_id: int) -> str:
+    """The cluster's page, from its number alone (the gateway imports no views)."""
+    return f"{settings.SUANLI_PUBLIC_URL.rstrip('/')}/clusters/{cluster_id}/"
+
+
+def not_attached_words(cluster_id: int, fingerprint: str, public_data: bytes, typed: str) -> str:
+    """Why a proven key may not log in as `typed` (c<cluster_id>-<node>), and what to do, in
+    its holder's language: the same words whether that cluster is another's, does not
+    exist or is the holder's own."""
+    holder = key_holder(fingerprint, public_data)
+    args = {"key": fingerprint, "login": typed, "url": cluster_url(cluster_id),
+            "keys_url": f"{settings.SUANLI_PUBLIC_URL.rstrip('/')}/keys/"}  # fmt: skip
+    with translation.override(language_of(holder)):
+        if holder is None:
+            return (
+                gettext(
+                    "Suanli: the key %(key)s may not log in as %(login)s: it is on no account "
+                    "here. Add it on the SSH keys page, %(keys_url)s, then attach it on the "
+                    "cluster's page, %(url)s (it logs in at once, no restart)."
+                )
+                % args
+            )
+        return (
+            gettext(
+                "Suanli: the key %(key)s may not log in as %(login)s: it is not attached to "
+                "this cluster. Attach it on the cluster's page, %(url)s (it logs in at once, no "
+                "restart); keys are added on the SSH keys page, %(keys_url)s."
+            )
+            % args
+        )
+
+
+def admit(name: str, cluster_id: int, index: int, fingerprint: str, key_data: bytes) -> Login:
+    """sessions.admit, its refusals in the cluster owner's language."""
+    owner_id = Cluster.objects.filter(pk=cluster_id).values_list("owner_id", flat=True).first()
+    with translation.override(language_of(owner_id)):
+        return sessions.admit(name, cluster_id, index, fingerprint, key_data)
+
+
 def still_admitted(login: Login) -> str | None:
     """None while a login may open another channel: its cluster runs, its node is live with
     the same workspace, its key is still attached and the account on. Else why not, in
-    words for the researcher."""
+    words for the researcher, in their language."""
+    with translation.override(language_of(login.cluster.owner_id)):
+        return _still_admitted(login)
+
+
+def _still_admitted(login: Login) -> str | None:
     name = login.name
     if not key_attached(login.cluster.pk, login.fingerprint, login.key_data):
-        return f"Suanli: the key {login.fingerprint} may not log in as {name} any more."
+        return gettext(
+            "Suanli: the key %(key)s may not log in as %(login)s any more: it was detached "
+            "from the cluster or removed. Attach it again on the cluster's page, %(url)s."
+        ) % {"key": login.fingerprint, "login": name, "url": cluster_url(login.cluster.pk)}
     cluster = Cluster.objects.filter(pk=login.cluster.pk).first()
     if cluster is None:
         return f"Suanli: {name}: there is no such cluster."
@@ -110,6 +202,16 @@ def still_admitted(login: Login) -> str | None:
             "connection logged in; log in again."
         )
     return None
+
+
+def attached_keys(cluster_ids: set[int]) -> set[tuple[int, str]]:
+    """(cluster, key fingerprint) of the keys attached to those clusters by their owners:
+    the heartbeat ends a connection whose key is no longer among them."""
+    return set(
+        Cluster.ssh_keys.through.objects.filter(
+            cluster_id__in=cluster_ids, sshkey__owner_id=F("cluster__owner_id")
+        ).values_list("cluster_id", "sshkey__fingerprint")
+    )
 
 
 def live_workspaces(cluster_ids: set[int]) -> set[tuple[int, int, int, str]]:

@@ -20,7 +20,8 @@ client's unsigned "would this key do?" query gets the same yes for every well-fo
 name and every key, so it tells nothing (not even by its timing): the key is looked up
 only once the client signed with it. A key that is not attached to the named cluster
 (another researcher's key, an unknown key, a cluster that does not exist, an account that
-is off) then gets the same words, which name nothing but what the client typed. What is
+is off) then gets the same words, which name nothing but what the client typed, in the
+language of the key's holder where the console knows it (jobs/access/admission.py). What is
 told only to the holder of an attached key's private half: the cluster is not running,
 the node does not exist, the workspace is not up, the researcher has
 `SUANLI_SSH_MAX_SESSIONS` sessions open already (sessions.session_claim). A connection may
@@ -43,7 +44,7 @@ commands, sftp, -L relays) open at once, and the next channel open is refused in
 Every channel open checks again that the cluster still runs, the node is still live with
 the same workspace, the key is still attached and the account is on; when that no longer
 holds the channel is refused and the connection ends, and the heartbeat ends the
-connections of clusters that stopped running meanwhile. What a client asks of a channel
+connections of clusters that stopped running meanwhile, and those whose key was detached. What a client asks of a channel
 is bounded too: window sizes (1..1000, one resize in flight, the latest wins) and its
 environment (LANG and LC_* only, at most ENV_NAMES names of at most ENV_VALUE bytes).
 
@@ -187,17 +188,19 @@ class Gateway:
                 log.exception("checking the connections' clusters failed")
 
     async def end_stopped(self) -> None:
-        """End the connections whose cluster stopped running, whose node went or whose
-        workspace was made again (one query for all, then the words for those)."""
+        """End the connections whose cluster stopped running, whose node went, whose
+        workspace was made again or whose key was detached (two queries for all, then the
+        words for those)."""
         admitted = [c for c in self.connections if c.login is not None and not c.lost]
         if not admitted:
             return
-        live = await admission.in_db(
-            admission.live_workspaces, {c.login.cluster.pk for c in admitted}
-        )
+        ids = {c.login.cluster.pk for c in admitted}
+        live = await admission.in_db(admission.live_workspaces, ids)
+        attached = await admission.in_db(admission.attached_keys, ids)  # detached: ended
         for connection in admitted:
             login = connection.login
-            if (login.cluster.pk, login.index, login.host.pk, login.container_id) in live:
+            where = (login.cluster.pk, login.index, login.host.pk, login.container_id)
+            if where in live and (login.cluster.pk, login.fingerprint) in attached:
                 continue
             problem = await admission.in_db(admission.still_admitted, login)
             if problem is not None:
@@ -447,15 +450,18 @@ class Connection(asyncssh.SSHServer):
             return False
         self.proved = bool(attached)
         if not attached:
-            self._banner(
-                f"Suanli: the key {fingerprint} may not log in as {_shown(self.username)}. Add "
-                "it on the SSH keys page of the console and pick it when you request the "
-                "cluster; the cluster's page also has a Terminal for each node."
-            )
+            try:
+                words = await admission.in_db(
+                    admission.not_attached_words, cluster_id, fingerprint, key.public_data,
+                    _shown(self.username),
+                )  # fmt: skip
+            except sessions.Refused as exc:
+                words = str(exc)
+            self._banner(words)
             return False
         try:
             login = await admission.in_db(
-                sessions.admit, name, cluster_id, index, fingerprint, key.public_data
+                admission.admit, name, cluster_id, index, fingerprint, key.public_data
             )
             await asyncio.get_running_loop().run_in_executor(None, sessions.workspace_up, login)
             owner_id = login.cluster.owner_id

@@ -862,8 +862,17 @@ def _release_after_last_job(cluster_id: int, job_name: str) -> None:
 # -- SSH keys -------------------------------------------------------------------------------
 
 
+# The gateway reads a cluster's keys at every login and every channel it opens
+# (jobs/access/admission.py): a key attached to a running cluster logs in at once, a
+# detached or removed one is refused at the next login, and a connection already open with
+# it gets no new channel and is ended at the gateway's next heartbeat. Nothing is written
+# into the containers, so no restart is needed either way.
+
+CLUSTER_OVER = (Cluster.State.RELEASING, Cluster.State.RELEASED, Cluster.State.FAILED)
+
+
 @transaction.atomic
-def ssh_key_add(*, owner, name: str, public_key: str) -> SshKey:
+def ssh_key_add(*, owner, name: str, public_key: str, is_default: bool = False) -> SshKey:
     parsed = validators.parse_ssh_public_key(public_key)
     if SshKey.objects.filter(owner=owner, fingerprint=parsed["fingerprint"]).exists():
         raise ValidationError({"public_key": _("You have added this key already.")})
@@ -874,7 +883,77 @@ def ssh_key_add(*, owner, name: str, public_key: str) -> SshKey:
         key_type=parsed["key_type"],
         bits=parsed["bits"],
         fingerprint=parsed["fingerprint"],
+        is_default=is_default,
     )
+
+
+def ssh_key_set_default(*, key: SshKey, is_default: bool) -> None:
+    """Whether the key is ticked for every new cluster its owner requests."""
+    SshKey.objects.filter(pk=key.pk).update(is_default=is_default)
+    key.is_default = is_default
+
+
+def ssh_keys_default(owner) -> list[SshKey]:
+    """The owner's keys ticked for every new cluster."""
+    return list(SshKey.objects.filter(owner=owner, is_default=True))
+
+
+def _key_words(key: SshKey) -> str:
+    return f"{key.name} ({key.fingerprint})"
+
+
+@transaction.atomic
+def ssh_key_attach(*, cluster: Cluster, key: SshKey) -> bool:
+    """Let the key log in to the cluster from its next login on (no restart). Only the
+    cluster owner's own keys; not to a cluster that is over. False when it was attached
+    already (nothing written)."""
+    if key.owner_id != cluster.owner_id:
+        raise ValidationError(_("Only your own keys can be attached to your clusters."))
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if cluster.state in CLUSTER_OVER:
+        raise ValidationError(
+            _("Cluster %(cluster)s is %(state)s: keys can no longer be attached to it.")
+            % {"cluster": cluster.name, "state": cluster.get_state_display()}
+        )
+    if cluster.ssh_keys.filter(pk=key.pk).exists():
+        return False
+    cluster.ssh_keys.add(key)
+    cluster_event(
+        cluster,
+        "key-attached",
+        Text(
+            gettext_noop("ssh key %(key)s attached: it may log in from now on"), key=_key_words(key)
+        ),
+    )
+    return True
+
+
+@transaction.atomic
+def ssh_key_detach(*, cluster: Cluster, key: SshKey) -> bool:
+    """The key logs in to the cluster no more: its next login is refused, and a connection
+    open with it gets no new channel and ends at the gateway's next heartbeat. False when
+    it was not attached."""
+    if key.owner_id != cluster.owner_id:
+        raise ValidationError(_("Only your own keys can be attached to your clusters."))
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if not cluster.ssh_keys.filter(pk=key.pk).exists():
+        return False
+    cluster.ssh_keys.remove(key)
+    cluster_event(
+        cluster,
+        "key-detached",
+        Text(gettext_noop("ssh key %(key)s detached: it logs in no more"), key=_key_words(key)),
+    )
+    return True
+
+
+@transaction.atomic
+def ssh_key_delete(*, key: SshKey) -> None:
+    """Remove the key: detached from every cluster it was attached to (each one's timeline
+    says so while the cluster is not over), so it logs in nowhere any more."""
+    for cluster in key.clusters.exclude(state__in=CLUSTER_OVER):
+        ssh_key_detach(cluster=cluster, key=key)
+    key.delete()
 
 
 # -- jobs ---------------------------------------------------------------------------------
