@@ -103,6 +103,12 @@ class Image(models.Model):
         help_text="Hosts pull it from its registry when they lack it. Off for an image built "
         "on the hosts themselves: it is offered only where a host has it.",
     )
+    apps = models.CharField(
+        max_length=80,
+        blank=True,
+        help_text="The workspace apps it carries, by name: jupyter, tensorboard (space between). "
+        "The cluster page's tiles name the images that have them.",
+    )
     # Percent done while this machine builds it for its own engine (`make run`,
     # jobs/management/commands/catalog_prepare.py); None otherwise.
     preparing = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
