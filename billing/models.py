@@ -334,9 +334,10 @@ class BillLine(models.Model):
             return self.cluster.instance_type.name
         return ""
 
-    @property
-    def balance_after(self) -> Decimal | None:
-        return self.entry.balance_after if self.entry_id and not self.is_usage else None
+    # The account's balance right after this line in the bill's order (at, then id): set by
+    # billing.selectors (`balances_after` for a page, `with_running_balance` for a
+    # statement); None where no one worked it out.
+    balance_after: Decimal | None = None
 
     @property
     def key(self) -> str:

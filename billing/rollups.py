@@ -183,9 +183,13 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
         for key, (p, amount, seconds, count, first, last, charged) in sums.items():
             old = existing.get(key)
             if old is None:
+                # A line's `at` (its place in the bill's time order) is when its first
+                # piece began, not the top of its hour: a cluster started at 10:50 comes
+                # after a top-up posted at 10:40. Pieces arrive in time order, so the
+                # first batch holds the earliest.
                 fresh.append(
                     (
-                        p.account_id, USAGE, p.hour, amount, p.cluster_id, p.hour, p.units,
+                        p.account_id, USAGE, first, amount, p.cluster_id, p.hour, p.units,
                         p.rate, p.gpu_model_id, seconds, count, first, last, charged, None, p.memo,
                     )
                 )  # fmt: skip

@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import DecimalField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -282,8 +283,8 @@ def first_month(user) -> tuple[int, int] | None:
 def bill(
     user, year: int, month: int, *, kind: str = "", cluster_id: int | None = None
 ) -> QuerySet[BillLine]:
-    """One month's lines, newest first (usage by its hour, other entries by when they were
-    posted). Served by an index whatever the filter: (account, at), (account, kind, at) or
+    """One month's lines, newest first (usage by when its first piece began, other entries
+    by when they were posted). Served by an index whatever the filter: (account, at), (account, kind, at) or
     (cluster, at)."""
     start, end = month_bounds(year, month)
     qs = BillLine.objects.filter(account_id=account_id_of(user), at__gte=start, at__lt=end)
@@ -292,6 +293,74 @@ def bill(
     if cluster_id:
         qs = qs.filter(cluster_id=cluster_id)
     return qs.select_related("cluster__instance_type", "gpu_model", "entry").order_by("-at", "-id")
+
+
+# -- the balance after each line ---------------------------------------------------------
+#
+# A bill line is a sum (an hour of one cluster's pieces, charged all through the hour and
+# interleaved with other clusters'), so no ledger row holds "the balance after" it. The
+# bill's balance column is the account's balance walked back line by line in the bill's
+# own order (`at`, then id): the newest line's is the balance now, each older one's is the
+# next one's less the next one's amount. Exact Decimal arithmetic, so the column always adds
+# up and a month's last line shows the balance its statement ends on. Each figure comes
+# from one statement (the balance and the sums read in one snapshot).
+
+
+def _balance_and_sums_after(account_id: int, since: datetime, marks: list[tuple]) -> tuple:
+    """(the balance now, [sum of the account's lines after (at, id) for each mark]), read in
+    one statement by the account's (account, at) index from `since` on."""
+    sums = ", ".join(
+        "COALESCE(SUM(CASE WHEN l.at > %s OR (l.at = %s AND l.id > %s) THEN l.amount END), 0)"
+        for _mark in marks
+    )
+    params: list = [account_id]
+    for at, pk in marks:
+        params += [at, at, pk]
+    # Only placeholders are joined in: every value travels as a parameter.
+    sql = (
+        'SELECT (SELECT a.balance FROM "billing_account" a WHERE a.id = %s)'  # noqa: S608
+        + (", " + sums if sums else "")
+        + ' FROM "billing_billline" l WHERE l.account_id = %s AND l.at >= %s'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, account_id, since])
+        row = cursor.fetchone()
+    return (row[0] if row[0] is not None else ZERO), list(row[1:])
+
+
+def balances_after(user, lines: list[BillLine]) -> list[BillLine]:
+    """Set each line's `balance_after` (a page of lines, any filter, newest first): the
+    account's balance right after it in the whole bill's order."""
+    account_id = account_id_of(user)
+    if account_id is None or not lines:
+        return lines
+    oldest = min(lines, key=lambda line: (line.at, line.pk))
+    balance, sums = _balance_and_sums_after(
+        account_id, oldest.at, [(line.at, line.pk) for line in lines]
+    )
+    for line, later in zip(lines, sums, strict=True):
+        line.balance_after = balance - later
+    return lines
+
+
+def opening_balance(user, start: datetime) -> Decimal:
+    """The balance before the first line at or after `start` (a statement's first row's
+    balance less its amount): the balance now less every line since."""
+    account_id = account_id_of(user)
+    if account_id is None:
+        return ZERO.quantize(UNIT)
+    balance, (since,) = _balance_and_sums_after(account_id, start, [(start, 0)])
+    return balance - since
+
+
+def with_running_balance(lines, opening: Decimal):
+    """Lines oldest first (an iterator: a statement streamed), each given the balance after
+    it, from the balance before the first."""
+    balance = opening
+    for line in lines:
+        balance += line.amount
+        line.balance_after = balance
+        yield line
 
 
 @dataclass(frozen=True)

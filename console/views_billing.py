@@ -112,6 +112,7 @@ def billing(request):
     year, month = _month_param(request)
     lines = money.bill(user, year, month, kind=kind, cluster_id=cluster.pk if cluster else None)
     page = money.keyset(lines, request.GET.get("cursor", ""))
+    money.balances_after(user, page.items)
     standing = money.standing(user)
     daily = money.daily_cost(user, days=30)
     chart = _chart(
@@ -188,8 +189,15 @@ def billing_detail(request):
     )
 
 
-def _iso(dt: datetime | None) -> str:
-    return dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if dt else ""
+def _stamp(zone):
+    """A statement's times in the reader's zone, each with its offset
+    ("2026-12-06 22:21:10+08:00"). The zone is taken while the view runs: the rows are
+    written after the request's zone is gone."""
+
+    def stamp(dt: datetime | None) -> str:
+        return dt.astimezone(zone).isoformat(sep=" ", timespec="seconds") if dt else ""
+
+    return stamp
 
 
 class _Echo:
@@ -199,12 +207,16 @@ class _Echo:
         return value
 
 
+BOM = "\ufeff"
+
+
 def _csv_stream(name: str, header: list[str], rows) -> StreamingHttpResponse:
     """A CSV download written as it is read: the first byte leaves at once and memory stays
-    flat however long the month."""
+    flat however long the month. It starts with a UTF-8 byte-order mark, by which Excel
+    on Windows knows the file is UTF-8 (else the Chinese in memos and names is garbled)."""
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(
-        itertools.chain([writer.writerow(header)], (writer.writerow(row) for row in rows)),
+        itertools.chain([BOM + writer.writerow(header)], (writer.writerow(row) for row in rows)),
         content_type="text/csv; charset=utf-8",
     )
     response["Content-Disposition"] = f'attachment; filename="{name}"'
@@ -215,22 +227,30 @@ def _csv_value(value) -> str:
     return "" if value is None else str(value)
 
 
+# Times ("time", "from", "to") are in the reader's zone, each with its UTC offset.
 STATEMENT_HEADER = [
-    "time (UTC)", "kind", "amount", "currency", "balance after", "cluster", "resource",
-    "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "pieces", "memo", "key",
+    "time", "kind", "amount", "currency", "balance after", "cluster", "resource",
+    "from", "to", "seconds", "units", "rate per unit-hour", "pieces", "memo", "key",
 ]  # fmt: skip
 
 
 @login_required
 def billing_statement(request, year: int, month: int):
-    """One month's bill as CSV, streamed from the bill lines: usage per cluster and hour
-    with its exact seconds, units and rate; every other entry on a line of its own."""
+    """One month's bill as CSV, streamed from the bill lines in time order (usage by the
+    start of its hour, every other entry when it was posted), each with the balance after
+    it: usage per cluster and hour with its exact seconds, units and rate; every other entry
+    on a line of its own. The month is a UTC month, as the page's."""
     _check_month(year, month)
     currency = money.standing(request.user).currency
-    lines = money.bill(request.user, year, month).order_by("at", "id").iterator(chunk_size=2000)
+    _iso = _stamp(timezone.get_current_timezone())
+    opening = money.opening_balance(request.user, money.month_bounds(year, month)[0])
+    lines = money.with_running_balance(
+        money.bill(request.user, year, month).order_by("at", "id").iterator(chunk_size=2000),
+        opening,
+    )
     rows = (
         [
-            _iso(line.charged_at if line.is_usage else line.at),
+            _iso(line.at),
             line.kind,
             formatting.amount(line.amount),
             currency,
@@ -256,6 +276,7 @@ def billing_statement_detail(request, year: int, month: int):
     """One month of the ledger as written, a row per entry (every accrual piece), streamed."""
     _check_month(year, month)
     currency = money.standing(request.user).currency
+    _iso = _stamp(timezone.get_current_timezone())
     entries = money.statement(request.user, year, month).iterator(chunk_size=5000)
     rows = (
         [
@@ -276,8 +297,8 @@ def billing_statement_detail(request, year: int, month: int):
         for e in entries
     )
     header = [
-        "time (UTC)", "kind", "amount", "currency", "balance after", "cluster",
-        "from (UTC)", "to (UTC)", "seconds", "units", "rate per unit-hour", "memo", "key",
+        "time", "kind", "amount", "currency", "balance after", "cluster",
+        "from", "to", "seconds", "units", "rate per unit-hour", "memo", "key",
     ]  # fmt: skip
     return _csv_stream(f"suanli-ledger-{year:04}-{month:02}.csv", header, rows)
 

@@ -19,6 +19,7 @@ import time_machine
 from browsing import login as _login
 from django.urls import reverse
 from django.utils import timezone
+from node_start import ran
 from playwright.sync_api import expect
 
 from billing import accrual, formatting
@@ -44,6 +45,7 @@ def _place(owner, make_cluster, name, gpus, when):
     with time_machine.travel(when, tick=False):
         cluster = make_cluster(owner, name, gpus=gpus)
         scheduler.place_pending()
+        ran(cluster)  # its workspace started as it was placed (billing starts there)
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
     return cluster
@@ -72,7 +74,9 @@ def hours(alice, rate_card, fund, paper_host, make_cluster):
 
 def _csv(response) -> list[dict]:
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
-    return list(csv.DictReader(io.StringIO(response.getvalue().decode())))
+    body = response.getvalue().decode("utf-8")
+    assert body.startswith("\ufeff")  # Excel on Windows reads it as UTF-8
+    return list(csv.DictReader(io.StringIO(body.removeprefix("\ufeff"))))
 
 
 def test_one_line_per_cluster_and_hour_with_seconds_gpus_and_rate(client, alice, hours):
@@ -119,19 +123,20 @@ def test_the_monthly_csv_is_the_bill_and_the_detail_csv_every_piece(client, alic
     client.force_login(alice)
     now = timezone.now()
     rows = _csv(client.get(reverse("billing_statement", args=[now.year, now.month])))
-    # In the order it happened: the hours of usage (funded beforehand), then the top-up.
+    # In time order: the hours of usage (yesterday's, travelled back to), then the top-up
+    # (posted now); the balance after each line walks to the balance now.
     assert [r["kind"] for r in rows] == ["usage"] * 5 + ["topup"]
-    assert rows[-1]["amount"] == "100.0000" and rows[-1]["balance after"] == "100.0000"
+    assert rows[-1]["amount"] == "100.0000" and rows[-1]["balance after"] == "87.5395"
     hourly = [r for r in rows if r["cluster"] == "hourly"]
     t0 = hours["t0"]
     assert [
-        (r["from (UTC)"], r["seconds"], r["units"], r["rate per unit-hour"], r["amount"])
+        (r["from"], r["seconds"], r["units"], r["rate per unit-hour"], r["amount"])
         for r in hourly
     ] == [
-        (t0.strftime("%Y-%m-%d %H:%M:%S"), "1200", "1", RATE, "-1.2307"),
-        ((t0 + timedelta(seconds=1200)).strftime("%Y-%m-%d %H:%M:%S"), "3600", "1", RATE,
+        (t0.strftime("%Y-%m-%d %H:%M:%S+00:00"), "1200", "1", RATE, "-1.2307"),
+        ((t0 + timedelta(seconds=1200)).strftime("%Y-%m-%d %H:%M:%S+00:00"), "3600", "1", RATE,
          "-3.6920"),
-        ((t0 + timedelta(seconds=4800)).strftime("%Y-%m-%d %H:%M:%S"), "450", "1", RATE,
+        ((t0 + timedelta(seconds=4800)).strftime("%Y-%m-%d %H:%M:%S+00:00"), "450", "1", RATE,
          "-0.4615"),
     ]  # fmt: skip
     assert all(r["currency"] == "CNY" and r["resource"] == "A100 80 GB" for r in rows[:-1])
@@ -192,6 +197,7 @@ def test_the_cluster_page_shows_its_rate_and_live_cost_then_its_final_cost(
     fund(alice, "100")
     cluster = make_cluster(alice, "live-cost", gpus=2)
     scheduler.place_pending()
+    ran(cluster)  # no engine on the paper host: its workspace started as it was placed
     time.sleep(1.2)
     accrual.accrue()  # what the cron's accrual does every 10 s
     meter = Meter.objects.get(cluster=cluster)

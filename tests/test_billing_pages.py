@@ -10,6 +10,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 from forms_data import cluster_form
+from node_start import ran
 
 from billing import accrual
 from billing import services as billing
@@ -71,6 +72,7 @@ def test_a_model_without_a_price_cannot_be_rented(client, alice, catalog, fleet,
 def _running(alice, make_cluster, name="c1", gpus=2):
     cluster = make_cluster(alice, name, gpus=gpus)
     scheduler.place_pending()
+    ran(cluster)  # its workspace started as it was placed (billing starts there)
     cluster.refresh_from_db()
     return cluster
 
@@ -95,13 +97,13 @@ def test_billing_page_ledger_costs_and_statement(client, alice, card, fleet, fun
     now = timezone.now()
     response = client.get(reverse("billing_statement", args=[now.year, now.month]))
     assert response["Content-Type"].startswith("text/csv")
-    rows = list(csv.DictReader(io.StringIO(response.getvalue().decode())))
+    rows = list(csv.DictReader(io.StringIO(response.getvalue().decode("utf-8-sig"))))
     usage = [r for r in rows if r["kind"] == "usage"]
     assert usage[0]["amount"] == "-0.2600" and usage[0]["seconds"] == "60"
     assert usage[0]["units"] == "2" and usage[0]["rate per unit-hour"] == "7.8000"
     assert usage[0]["cluster"] == cluster.name
     detail = client.get(reverse("billing_statement_detail", args=[now.year, now.month]))
-    rows = list(csv.DictReader(io.StringIO(detail.getvalue().decode())))
+    rows = list(csv.DictReader(io.StringIO(detail.getvalue().decode("utf-8-sig"))))
     assert sum(Decimal(r["amount"]) for r in rows) == Decimal(rows[-1]["balance after"])
 
 
@@ -114,7 +116,11 @@ def test_another_tenant_sees_none_of_it(client, alice, bob, card, fleet, fund, m
     page = client.get(reverse("billing")).content.decode()
     assert cluster.name not in page and "No ledger entries" in page
     now = timezone.now()
-    body = client.get(reverse("billing_statement", args=[now.year, now.month])).getvalue().decode()
+    body = (
+        client.get(reverse("billing_statement", args=[now.year, now.month]))
+        .getvalue()
+        .decode("utf-8-sig")
+    )
     assert cluster.name not in body and len(body.strip().splitlines()) == 1
     assert client.get(reverse("ops_billing")).status_code == 302  # operators only
 
