@@ -197,13 +197,17 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where collectstatic writes and whitenoise serves from (a test collects into a folder of its own).
+STATIC_ROOT = Path(envstr("SUANLI_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        # Hashed, compressed files after `collectstatic` in production; plain names in
-        # development and in the live-server tests, which serve straight from the finders.
+        # Hashed, compressed files after `collectstatic` in production and `make run`:
+        # whitenoise sends each under its hashed name cached for ten years (immutable), and
+        # its .br or .gz beside it to a browser that accepts one (brotli writes the .br).
+        # Plain names in `DEBUG=1` development and the live-server tests, which serve straight
+        # from the finders.
         "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
         if envbool("SUANLI_STATIC_MANIFEST", not DEBUG)
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
@@ -331,7 +335,6 @@ SUANLI_WORKER_LOG_LEVEL = envstr("SUANLI_WORKER_LOG_LEVEL", "WARNING")
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "console.staticfinders.PlotlyFinder",
 ]
 
 SUANLI_MAX_NODES = envint("SUANLI_MAX_NODES", 16)

@@ -100,7 +100,7 @@ def test_static_vendor_files_are_served_locally(client, alice):
     assert "/static/vendor/htmx.min.js" in body and "cdn" not in body.lower()
     from django.contrib.staticfiles import finders
 
-    assert finders.find("vendor/plotly.min.js").endswith("plotly/package_data/plotly.min.js")
+    assert finders.find("vendor/plotly.min.js").endswith("static/vendor/plotly.min.js")
     assert finders.find("vendor/htmx.min.js")
 
 
