@@ -47,8 +47,10 @@ from billing import selectors as money
 from console import auth, views_pools
 from console import pools as console_pools
 from console.api_schema import (
+    AttachKey,
     Balance,
     BuildOut,
+    ClusterKeysOut,
     ClusterOut,
     Error,
     Id,
@@ -60,6 +62,7 @@ from console.api_schema import (
     NewCluster,
     NewJob,
     NewPool,
+    NewSshKey,
     NewSweep,
     NodeIndex,
     PoolDetailOut,
@@ -67,6 +70,8 @@ from console.api_schema import (
     ProfileOut,
     Resize,
     SaveImage,
+    SshKeyChange,
+    SshKeyOut,
     Start,
     SweepDetailOut,
     SweepOut,
@@ -78,6 +83,7 @@ from console.forms import (
     JobForm,
     PoolForm,
     ResizeForm,
+    SshKeyForm,
     check_funds,
     start_refusal,
 )
@@ -88,7 +94,7 @@ from jobs.base.text import Text
 from jobs.clusters import services as cluster_services
 from jobs.clusters.spec import ClusterRequest, Offer, image_by_reference
 from jobs.images import builds
-from jobs.models import Image, Job, OwnImage, Pool, Replica, Sweep, Trial
+from jobs.models import Image, Job, OwnImage, Pool, Replica, SshKey, Sweep, Trial
 from jobs.placement import fleet
 from jobs.pools import autoscaler, sweeps
 from jobs.runs import exits
@@ -372,11 +378,19 @@ def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
         spot=bool(body.spot),
         volumes=_as_text(body.volumes),
         pub=body.pub is not False,
-        ssh_keys=body.ssh_keys or (),
+        ssh_keys=_keys_asked(body, owner),
         workspace=body.workspace is not False,
         release_policy=body.release_policy or "after_last_job",
         idle_minutes=body.idle_minutes,
     )
+
+
+def _keys_asked(body: NewCluster, owner) -> list:
+    """The keys a request names; when it names none (the field left out), the owner's
+    default keys, as the form ticks them. `[]` asks for none."""
+    if body.ssh_keys is not None:
+        return list(body.ssh_keys)
+    return [k.pk for k in cluster_services.ssh_keys_default(owner)]
 
 
 def _cluster_form_data(body: NewCluster, owner) -> dict:
@@ -522,6 +536,85 @@ def cluster_resize(request, payload: Resize, cluster_id: Id):
     if not form.is_valid():
         return _fields_error(form)
     return cluster_services.cluster_resize(cluster=c, nodes=form.cleaned_data["nodes"])
+
+
+# -- SSH keys ----------------------------------------------------------------------------
+
+
+def _key_of(user, key_id: int) -> SshKey:
+    """One of the user's keys; another researcher's is 404, as one that does not exist."""
+    return get_object_or_404(SshKey, pk=key_id, owner=user)
+
+
+def _cluster_keys(cluster) -> dict:
+    keys = cluster.ssh_keys.filter(owner_id=cluster.owner_id).order_by("pk")
+    return {"cluster": cluster.pk, "ssh_keys": list(keys)}
+
+
+@api.get("/ssh-keys", tags=["ssh keys"], response=_responses(200, list[SshKeyOut]),
+         summary="Your SSH keys")  # fmt: skip
+@paginate(Pages, items="ssh_keys")
+def ssh_keys(request):
+    """Oldest first, 50 a page."""
+    return SshKey.objects.filter(owner=request.auth.user).order_by("created_at", "pk")
+
+
+@api.post("/ssh-keys", tags=["ssh keys"], response=_responses(201, SshKeyOut),
+          summary="Add an SSH key")  # fmt: skip
+def ssh_key_add(request, payload: NewSshKey):
+    """The page's checks: a well-formed ed25519, ecdsa or rsa (2048 bits or more) key,
+    not one you added already. `is_default`: attached to every new cluster."""
+    form = SshKeyForm({"name": payload.name or "", "public_key": payload.public_key})
+    if not form.is_valid():
+        return _fields_error(form)
+    key = cluster_services.ssh_key_add(
+        owner=request.auth.user, name=form.cleaned_data["name"],
+        public_key=form.cleaned_data["public_key"], is_default=bool(payload.is_default),
+    )  # fmt: skip
+    return Status(201, key)
+
+
+@api.patch("/ssh-keys/{key_id}", tags=["ssh keys"], response=_responses(200, SshKeyOut),
+           summary="Make a key a default, or not")  # fmt: skip
+def ssh_key_change(request, key_id: Id, payload: SshKeyChange):
+    key = _key_of(request.auth.user, key_id)
+    cluster_services.ssh_key_set_default(key=key, is_default=payload.is_default)
+    return key
+
+
+@api.delete("/ssh-keys/{key_id}", tags=["ssh keys"], response={204: None, **ERRORS},
+            summary="Remove an SSH key")  # fmt: skip
+def ssh_key_delete(request, key_id: Id):
+    """Detached from every cluster: its next login is refused everywhere."""
+    cluster_services.ssh_key_delete(key=_key_of(request.auth.user, key_id))
+    return Status(204, None)
+
+
+@api.get("/clusters/{cluster_id}/ssh-keys", tags=["ssh keys"],
+         response=_responses(200, ClusterKeysOut), summary="The keys attached to a cluster")  # fmt: skip
+def cluster_keys(request, cluster_id: Id):
+    return _cluster_keys(fleet.cluster_for_user(request.auth.user, cluster_id))
+
+
+@api.post("/clusters/{cluster_id}/ssh-keys", tags=["ssh keys"],
+          response=_responses(200, ClusterKeysOut), summary="Attach an SSH key")  # fmt: skip
+def cluster_key_attach(request, cluster_id: Id, payload: AttachKey):
+    """`{"key": <id>}`: it logs in from its next login on, no restart (a running, pending
+    or stopped cluster; not one released). Attached already: nothing changes."""
+    cluster = fleet.cluster_for_user(request.auth.user, cluster_id)
+    key = _key_of(request.auth.user, payload.key)
+    cluster_services.ssh_key_attach(cluster=cluster, key=key)
+    return _cluster_keys(cluster)
+
+
+@api.delete("/clusters/{cluster_id}/ssh-keys/{key_id}", tags=["ssh keys"],
+            response=_responses(200, ClusterKeysOut), summary="Detach an SSH key")  # fmt: skip
+def cluster_key_detach(request, cluster_id: Id, key_id: Id):
+    """Its next login is refused, and its open connections end within a minute. Not
+    attached: nothing changes."""
+    cluster = fleet.cluster_for_user(request.auth.user, cluster_id)
+    cluster_services.ssh_key_detach(cluster=cluster, key=_key_of(request.auth.user, key_id))
+    return _cluster_keys(cluster)
 
 
 # -- jobs -------------------------------------------------------------------------------

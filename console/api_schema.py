@@ -141,6 +141,48 @@ class ClusterOut(Schema):
         return [login.as_dict() for login in ssh_logins(obj, context["request"])]
 
 
+class SshKeyOut(Schema):
+    id: int
+    name: str
+    key_type: str = Field(description="e.g. ssh-ed25519, ecdsa-sha2-nistp256, ssh-rsa")
+    bits: int
+    fingerprint: str = Field(description="SHA256:... as ssh-keygen -l shows it")
+    public_key: str = Field(description="the key as one authorized_keys line")
+    is_default: bool = Field(
+        description="attached to every new cluster whose request names no ssh_keys (the "
+        "console's form ticks it)"
+    )
+    created_at: Stamp
+
+
+class NewSshKey(Schema):
+    public_key: str = Field(
+        min_length=1,
+        max_length=16384,
+        description="the contents of your .pub file: ed25519, ecdsa, or rsa with at least "
+        "2048 bits",
+    )
+    name: str | None = Field(None, max_length=80, description="defaults to the key's comment")
+    is_default: bool | None = Field(
+        None, strict=True, description="attach it to every new cluster (default false)"
+    )
+
+
+class SshKeyChange(Schema):
+    is_default: bool = Field(strict=True, description="attach it to every new cluster")
+
+
+class AttachKey(Schema):
+    key: Id = Field(description="the id of one of your SSH keys")
+
+
+class ClusterKeysOut(Schema):
+    cluster: int = Field(description="the cluster's id")
+    ssh_keys: list[SshKeyOut] = Field(
+        description="the keys attached to it: each may log in from its next login on"
+    )
+
+
 class NewCluster(Schema):
     name: str | None = Field(None, description="lower-case letters, digits and dashes")
     gpu_model: str | None = Field(None, description="a GPU model's slug, e.g. a100-80gb")
@@ -158,7 +200,11 @@ class NewCluster(Schema):
         None, description="after_last_job (default), when_idle or never"
     )
     idle_minutes: Whole | None = Field(None, description="with release_policy when_idle")
-    ssh_keys: list[Whole] | None = Field(None, description="ids of your SSH keys")
+    ssh_keys: list[Whole] | None = Field(
+        None,
+        description="ids of your SSH keys to attach; left out: your default keys "
+        "(is_default), [] for none. Keys can be attached and detached later too",
+    )
     workspace: bool | None = Field(
         None, strict=True, description="a workspace on each node to log in to (default true)"
     )

@@ -216,6 +216,10 @@ class ClusterForm(forms.Form):
         self._image_choices()
         self._place_choices()
         self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
+        # The owner's default keys come ticked on a new form (SshKey.is_default).
+        self.fields["ssh_keys"].initial = [
+            k.pk for k in SshKey.objects.filter(owner=owner, is_default=True)
+        ]
         self._pub_note()
 
     def _resource_choices(self) -> None:
@@ -598,6 +602,10 @@ class SshKeyForm(forms.Form):
         help_text=gettext_lazy(
             "The contents of your .pub file: ed25519, ecdsa, or rsa with at least 2048 bits."
         ),
+    )
+    is_default = forms.BooleanField(
+        required=False,
+        label=gettext_lazy("Default for new clusters (ticked on the new-cluster form)"),
     )
 
     def clean_public_key(self):

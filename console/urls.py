@@ -41,6 +41,16 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/release/", views.cluster_release, name="cluster_release"),
     path("clusters/<int:cluster_id>/resize/", views.cluster_resize, name="cluster_resize"),
     path("clusters/<int:cluster_id>/stop/", views.cluster_stop, name="cluster_stop"),
+    path(
+        "clusters/<int:cluster_id>/keys/attach/",
+        views.cluster_key_attach,
+        name="cluster_key_attach",
+    ),
+    path(
+        "clusters/<int:cluster_id>/keys/<int:key_id>/detach/",
+        views.cluster_key_detach,
+        name="cluster_key_detach",
+    ),
     path("clusters/<int:cluster_id>/start/", views.cluster_start, name="cluster_start"),
     path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
     path("pools/", views_pools.pool_list, name="pool_list"),
@@ -112,6 +122,7 @@ urlpatterns = [
     ),
     path("keys/", views.ssh_keys, name="ssh_keys"),
     path("keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh_key_delete"),
+    path("keys/<int:key_id>/default/", views.ssh_key_default, name="ssh_key_default"),
     path("billing/", views_billing.billing, name="billing"),
     path("billing/ledger/", views_billing.billing_detail, name="billing_detail"),
     path(

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Prefetch
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
@@ -218,10 +219,19 @@ def _cluster_context(cluster: Cluster) -> dict:
     return {
         **_cluster_status_context(cluster),
         "volumes": cluster.volumes.all(),
-        "ssh_keys": cluster.ssh_keys.all(),
+        **_keys_context(cluster),
         **_metrics_context(cluster),
         **_save_image_context(cluster),
     }
+
+
+def _keys_context(cluster: Cluster) -> dict:
+    """The keys attached to the cluster, and its owner's others (to attach)."""
+    attached = list(cluster.ssh_keys.filter(owner_id=cluster.owner_id))
+    others = SshKey.objects.filter(owner_id=cluster.owner_id).exclude(
+        pk__in=[k.pk for k in attached]
+    )
+    return {"ssh_keys": attached, "other_keys": list(others)}
 
 
 def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
@@ -272,7 +282,7 @@ def cluster_status(request, cluster_id: int):
     if changed:  # the login card comes (or goes) with the state, like the actions
         context.update(
             logins=ssh_logins(cluster, request),
-            ssh_keys=cluster.ssh_keys.all(),
+            **_keys_context(cluster),
             volumes=cluster.volumes.all(),
             **_save_image_context(cluster),
         )
@@ -413,6 +423,7 @@ def ssh_keys(request):
                 owner=request.user,
                 name=form.cleaned_data["name"],
                 public_key=form.cleaned_data["public_key"],
+                is_default=form.cleaned_data["is_default"],
             )
         except ValidationError as exc:
             form.add_error("public_key", exc.messages[0])
@@ -431,13 +442,72 @@ def ssh_keys(request):
 @require_POST
 def ssh_key_delete(request, key_id: int):
     key = get_object_or_404(SshKey, pk=key_id, owner=request.user)
-    key.delete()
+    cluster_services.ssh_key_delete(key=key)
     messages.success(
         request,
-        _("Key %(name)s removed. Running clusters keep the keys they started with.")
+        _("Key %(name)s removed: it logs in to none of your clusters any more.")
         % {"name": key.name},
     )
     return redirect("ssh_keys")
+
+
+@login_required
+@require_POST
+def ssh_key_default(request, key_id: int):
+    """Tick or untick the key for every new cluster ("default for new clusters")."""
+    key = get_object_or_404(SshKey, pk=key_id, owner=request.user)
+    is_default = request.POST.get("is_default") == "1"
+    cluster_services.ssh_key_set_default(key=key, is_default=is_default)
+    message = (
+        _("Key %(name)s is now ticked for every new cluster.")
+        if is_default
+        else _("Key %(name)s is no longer ticked for new clusters.")
+    )
+    messages.success(request, message % {"name": key.name})
+    return redirect("ssh_keys")
+
+
+def _own_key(user, raw) -> SshKey:
+    """One of the user's own keys by its id as posted; anything else (another's key, no
+    such key, not a number) is 404 alike."""
+    try:
+        return SshKey.objects.get(pk=int(raw), owner=user)
+    except (TypeError, ValueError, SshKey.DoesNotExist):
+        raise Http404("No such key.") from None
+
+
+@login_required
+@require_POST
+def cluster_key_attach(request, cluster_id: int):
+    """Attach one of the owner's keys: it logs in from the next login on, no restart."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    key = _own_key(request.user, request.POST.get("key"))
+    try:
+        cluster_services.ssh_key_attach(cluster=cluster, key=key)
+    except ValidationError as exc:
+        messages.error(request, exc.messages[0])
+    else:
+        messages.success(
+            request,
+            _("Key %(key)s attached to cluster %(cluster)s: it logs in from now on.")
+            % {"key": key.name, "cluster": cluster.name},
+        )
+    return redirect(reverse("cluster_detail", args=[cluster.pk]) + "#cluster-login")
+
+
+@login_required
+@require_POST
+def cluster_key_detach(request, cluster_id: int, key_id: int):
+    """Detach a key: its next login is refused, its open connections end."""
+    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    key = _own_key(request.user, key_id)
+    if cluster_services.ssh_key_detach(cluster=cluster, key=key):
+        messages.success(
+            request,
+            _("Key %(key)s detached from cluster %(cluster)s: it logs in no more.")
+            % {"key": key.name, "cluster": cluster.name},
+        )
+    return redirect(reverse("cluster_detail", args=[cluster.pk]) + "#cluster-login")
 
 
 # -- operator pages ---------------------------------------------------------------------------
