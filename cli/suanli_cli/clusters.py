@@ -9,8 +9,10 @@ from suanli_cli.core import (
     Failure,
     all_pages,
     emit_json,
+    group_json,
     json_option,
     print_fields,
+    size_words,
     table,
     wants_json,
     when,
@@ -21,8 +23,11 @@ from suanli_cli.main import cli
 
 
 @cli.group()
-def clusters():
+@json_option
+@click.pass_context
+def clusters(ctx, as_json):
     """Request, list, resize, stop, start and release GPU clusters."""
+    group_json(ctx, as_json)
 
 
 _CLUSTER_COLUMNS = [
@@ -32,13 +37,9 @@ _CLUSTER_COLUMNS = [
 
 
 def _cluster_row(c: dict) -> dict:
-    if c.get("gpu_model"):
-        size = f"{c.get('nodes')} x {c.get('gpus_per_node')} {c['gpu_model']}"
-    else:
-        size = f"{c.get('nodes')} x {c.get('instance_type')}"
     return {
         **c,
-        "size": size + (" spot" if c.get("spot") else ""),
+        "size": size_words(c) + (" spot" if c.get("spot") else ""),
         "created": when(c.get("created_at")),
     }
 
@@ -73,8 +74,9 @@ def _show_cluster(c: dict, as_json: bool) -> None:
 )
 @click.option(
     "--release-policy",
-    help="When the console gives the nodes back on its own: after_last_job (default), idle "
-    "(see --idle-minutes) or never.",
+    help="When the console gives the nodes back on its own: never (the default: they stay, "
+    "with your files, until you stop or release the cluster), after_last_job or idle (see "
+    "--idle-minutes).",
 )  # fmt: skip
 @click.option("--idle-minutes", type=int, help="With --release-policy idle.")
 @click.option("--ssh-key", "ssh_keys", type=int, multiple=True, metavar="ID", help="Repeatable.")

@@ -36,12 +36,27 @@ CLI_OPTION = {  # the API's field names as this command's options, in error mess
 class Failure(click.ClickException):
     """An error said in words: printed as one message, exit status 1."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, fields: dict | None = None):
         super().__init__(message)
         self.status = status  # the API's HTTP status, if it answered
+        self.fields = fields or {}  # the API's per-field refusals, as it names the fields
 
     def show(self, file=None) -> None:
         click.echo(f"suanli: {self.format_message()}", err=True)
+
+
+def error_json(exc: click.ClickException) -> dict:
+    """An error as `--json` prints it: `{"error": "...", ...}` (with the API's HTTP status
+    and per-field refusals when it answered)."""
+    out: dict = {"error": exc.format_message()}
+    if isinstance(exc, click.UsageError):
+        out["usage"] = True
+    status = getattr(exc, "status", None)
+    if status is not None:
+        out["status"] = status
+    if getattr(exc, "fields", None):
+        out["fields"] = exc.fields
+    return out
 
 
 # -- configuration ----------------------------------------------------------------------------
@@ -155,9 +170,11 @@ class Api:
             )
         if response.status_code < 400:
             return body
+        fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
         raise Failure(
             _error_words(response.status_code, body, what, response.headers),
             response.status_code,
+            fields,
         )
 
 
@@ -236,9 +253,31 @@ def json_option(command):
     )(command)
 
 
-def wants_json(as_json: bool) -> bool:
+def json_asked(args: list[str]) -> bool:
+    """`--json` anywhere among the words before `--` (after it they are a command's own)."""
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+def group_json(ctx: click.Context, as_json: bool) -> None:
+    """`suanli clusters --json list`: a group's `--json` holds for its commands."""
+    if as_json:
+        ctx.ensure_object(dict)["json"] = True
+
+
+def wants_json(as_json: bool = False) -> bool:
     ctx = click.get_current_context()
     return as_json or bool((ctx.find_root().obj or {}).get("json"))
+
+
+def size_words(row: dict) -> str:
+    """A cluster's (or pool's) nodes in words: `2 x 8 a100-80gb`, `1 x cpu-8`; a node
+    without GPUs (a CPU-only type, or a cluster started without its GPUs) never names a GPU."""
+    nodes = row.get("nodes")
+    if row.get("no_gpu"):
+        return f"{nodes} x no GPU"
+    if row.get("gpu_model"):
+        return f"{nodes} x {row.get('gpus_per_node')} {row['gpu_model']}"
+    return f"{nodes} x {row.get('instance_type')}"
 
 
 def all_pages(api: Api, path: str, key: str, **params) -> list[dict]:
@@ -249,3 +288,16 @@ def all_pages(api: Api, path: str, key: str, **params) -> list[dict]:
         if page >= int(body.get("pages") or 1):
             return rows
         page += 1
+
+
+def pool_by_ref(api: Api, ref: str) -> dict:
+    """One of your pools by its name (an active one first) or its id."""
+    rows = all_pages(api, "pools", "pools")
+    named = [p for p in rows if p["name"] == ref]
+    named.sort(key=lambda p: p["state"] != "active")
+    if named:
+        return named[0]
+    by_id = [p for p in rows if str(p["id"]) == ref]
+    if by_id:
+        return by_id[0]
+    raise Failure(f"you have no pool named {ref!r} (nor one with that id).")

@@ -15,6 +15,7 @@ from suanli_cli.core import (
     Api,
     Failure,
     emit_json,
+    group_json,
     json_option,
     table,
     wants_json,
@@ -26,8 +27,11 @@ from suanli_cli.main import cli
 
 
 @cli.group()
-def images():
+@json_option
+@click.pass_context
+def images(ctx, as_json):
     """Your own images: list, build from a Dockerfile, delete."""
+    group_json(ctx, as_json)
 
 
 def _size(n) -> str:
@@ -155,7 +159,11 @@ def images_build(directory, name, tag, context, build_args, no_follow, as_json):
 
 @images.command("delete")
 @click.argument("image_id", type=int, metavar="ID")
-def images_delete(image_id):
+@json_option
+def images_delete(image_id, as_json):
     """Delete one of your images from the registry (refused while a cluster uses it)."""
     Api.from_config().delete(f"images/{image_id}", f"image {image_id}")
+    if wants_json(as_json):
+        emit_json({"deleted": image_id})
+        return
     click.echo(f"Image {image_id} deleted.")

@@ -12,7 +12,9 @@ from suanli_cli.core import (
     Failure,
     all_pages,
     emit_json,
+    group_json,
     json_option,
+    pool_by_ref,
     print_fields,
     table,
     wants_json,
@@ -24,8 +26,11 @@ from suanli_cli.main import cli
 
 
 @cli.group()
-def jobs():
+@json_option
+@click.pass_context
+def jobs(ctx, as_json):
     """Submit, list and cancel jobs."""
+    group_json(ctx, as_json)
 
 
 _JOB_COLUMNS = [
@@ -42,19 +47,6 @@ def _env_pair(ctx, param, values):
             raise click.BadParameter(f"{value!r} is not KEY=VALUE.")
         env[key] = val
     return env
-
-
-def _pool_by_ref(api: Api, ref: str) -> dict:
-    """One of your pools by its name (an active one first) or its id."""
-    rows = all_pages(api, "pools", "pools")
-    named = [p for p in rows if p["name"] == ref]
-    named.sort(key=lambda p: p["state"] != "active")
-    if named:
-        return named[0]
-    by_id = [p for p in rows if str(p["id"]) == ref]
-    if by_id:
-        return by_id[0]
-    raise Failure(f"you have no pool named {ref!r} (nor one with that id).")
 
 
 @jobs.command("submit", context_settings={"allow_interspersed_args": False})
@@ -109,7 +101,7 @@ def jobs_submit(
     body.update({k: v for k, v in rest.items() if v is not None})
     api = Api.from_config()
     if pool_ref is not None:
-        pool = _pool_by_ref(api, pool_ref)
+        pool = pool_by_ref(api, pool_ref)
         job = api.post(f"pools/{pool['id']}/jobs", f"pool {pool['name']}", body)
         where = f"in pool {pool['name']} (on cluster {job['cluster']} for now)"
     else:

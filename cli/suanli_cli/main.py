@@ -10,6 +10,8 @@ from suanli_cli.core import (
     Api,
     config_path,
     emit_json,
+    error_json,
+    json_asked,
     json_option,
     normalise_url,
     read_config,
@@ -18,16 +20,35 @@ from suanli_cli.core import (
     when,
     write_config,
 )
+from suanli_cli.version import VERSION
 
 # -- commands ---------------------------------------------------------------------------------
 
 
+def _version(ctx, param, value) -> None:
+    """The version this copy was built as (no installed metadata needed)."""
+    if not value or ctx.resilient_parsing:
+        return
+    if json_asked(sys.argv[1:]):
+        emit_json({"name": "suanli", "version": VERSION})
+    else:
+        click.echo(f"suanli, version {VERSION}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts).")
-@click.version_option(package_name="suanli-cli", prog_name="suanli")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_version,
+    help="Show the version and exit.",
+)
 @click.pass_context
 def cli(ctx, as_json):
-    """Suanli's GPU clusters, jobs, images and balance from the command line.
+    """Suanli's GPU clusters, jobs, pools, sweeps, images and balance from the command line.
 
     Start with `suanli login`; SUANLI_URL and SUANLI_TOKEN override the saved login.
     """
@@ -65,10 +86,14 @@ def login(url, token, as_json):
 
 
 @cli.command()
-def logout():
+@json_option
+def logout(as_json):
     """Forget the saved URL and token."""
     path = config_path()
     path.unlink(missing_ok=True)
+    if wants_json(as_json):
+        emit_json({"removed": str(path)})
+        return
     click.echo(f"Removed {path}.")
 
 
@@ -96,8 +121,25 @@ def balance(as_json):
 
 
 def main() -> None:
+    """`suanli`: errors are one sentence on stderr, or with `--json` anywhere before `--`
+    the JSON `{"error": ...}` on stdout; either way a non-zero exit status."""
+    args = sys.argv[1:]
+    as_json = json_asked(args)
     try:
-        cli.main(prog_name="suanli")
+        code = cli.main(args=args, prog_name="suanli", standalone_mode=False)
     except KeyboardInterrupt:
         click.echo("", err=True)
         sys.exit(130)
+    except click.Abort:
+        if as_json:
+            emit_json({"error": "Aborted."})
+        else:
+            click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        if as_json:
+            emit_json(error_json(exc))
+        else:
+            exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
