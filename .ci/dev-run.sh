@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cleanup() { bash .ci/dev-services.sh stop >&2 || true; }
+prepare_pid=""
+cleanup() {
+    if [ -n "$prepare_pid" ]; then kill -- "-$prepare_pid" 2>/dev/null || true; fi
+    bash .ci/dev-services.sh stop >&2 || true
+}
 trap cleanup EXIT
 env_out="$(bash .ci/dev-services.sh start)"  # a failed start stops here (set -e)
 eval "$env_out"
@@ -31,6 +35,17 @@ fi
 python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0  # locale/*.po -> .mo (gettext)
 python manage.py migrate --no-input -v0
 python manage.py seed_demo --local-engine "$SUANLI_LOCAL_ENGINE" | tee .run/dev/logins.txt
+# The catalog's PyTorch + JupyterLab image for the local engine, built in the background from
+# what .ci/jupyter-image.sh does (minutes the first time: it needs root and Debian's and PyPI's
+# mirrors); the new-cluster form shows its progress, then where it runs, or "not available
+# here" when it could not be built (the log says why). SUANLI_JUPYTER_IMAGE_BUILD=0 skips it.
+jupyter_note="not built (SUANLI_JUPYTER_IMAGE_BUILD=0)"
+if [ "${SUANLI_JUPYTER_IMAGE_BUILD:-1}" != 0 ]; then
+    setsid python manage.py catalog_prepare suanli/jupyter:2.13-cpu -- \
+        bash .ci/jupyter-image.sh "$SUANLI_LOCAL_ENGINE" >.run/dev/jupyter-image.log 2>&1 &
+    prepare_pid=$!
+    jupyter_note="being built in the background: .run/dev/jupyter-image.log"
+fi
 cat <<MSG
 
   Suanli is starting on  http://127.0.0.1:${PORT}/
@@ -38,6 +53,7 @@ cat <<MSG
   SSH gateway:           ssh -p ${SUANLI_SSH_PORT:-2222} c<cluster>-<node>@127.0.0.1 (add a key, attach it to a cluster)
   API docs:              http://127.0.0.1:${PORT}/api/v1/docs
   Workspace apps:        http://c<cluster>-n<node>-<kind>.${SUANLI_APPS_DOMAIN}:${PORT}/ (open them from a cluster's tiles)
+  JupyterLab image:      ${jupyter_note}
   Errors are plain pages (DEBUG off, as in production); DEBUG=1 make run shows Django's.
   Ctrl-C stops every Procfile process and the services started for it.
 

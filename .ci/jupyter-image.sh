@@ -13,6 +13,8 @@
 # It is rebuilt when missing or older than the torch tarball (delete it after changing the
 # pins). An engine gets it by `docker cp` into a container of the torch image and
 # `docker commit`, and gets it again when its torch image or the tarball changed.
+# Its steps' lines (and torch-image.sh's) carry "(NN%)": `make run` builds it in the
+# background through `manage.py catalog_prepare`, which shows that progress on the form.
 set -euo pipefail
 LOG_TAG=jupyter-image
 # shellcheck source=.ci/lib.sh
@@ -44,17 +46,17 @@ if [[ ! -s "$TARBALL" || "$BASE_TARBALL" -nt "$TARBALL" ]]; then
     build="$root/tmp/build"
     rm -rf "$root"
     mkdir -p "$root"
-    log "unpacking $(basename "$BASE_TARBALL")"
+    log "unpacking $(basename "$BASE_TARBALL") (58%)"
     tar -C "$root" -xf "$BASE_TARBALL"
     python_version=$(chroot "$root" python3 -c 'import platform; print(platform.python_version())')
-    log "downloading jupyterlab==$JUPYTERLAB_VERSION, tensorboard==$TENSORBOARD_VERSION for Python $python_version"
+    log "downloading jupyterlab==$JUPYTERLAB_VERSION, tensorboard==$TENSORBOARD_VERSION for Python $python_version (62%)"
     # --python-version: wheels for the rootfs's Python, not the venv's (a dependency's
     # newest release may need a later 3.11.x than bookworm has).
     "$PIP" download --quiet --only-binary=:all: --python-version "$python_version" -d "$build/wheels" \
         "jupyterlab==$JUPYTERLAB_VERSION" "tensorboard==$TENSORBOARD_VERSION" 2>&1 | grep -v '^WARNING: Location' >&2 || true
     ls "$build"/wheels/jupyterlab-"$JUPYTERLAB_VERSION"-*.whl >/dev/null 2>&1 || die "pip download failed"
     cp -r "$("$REPO_ROOT/.venv/bin/python" -c 'import os, pip; print(os.path.dirname(pip.__file__))')" "$build/pip"
-    log "installing them over the torch rootfs"
+    log "installing them over the torch rootfs (70%)"
     chroot "$root" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root PYTHONPATH=/tmp/build \
         python3 -m pip install --quiet --no-index --find-links /tmp/build/wheels --root /tmp/build/layer \
         --break-system-packages --root-user-action=ignore --disable-pip-version-check --no-warn-script-location \
@@ -73,7 +75,7 @@ JSON
     # numpy's test suites and man pages; the .pyc files stay: a tenant's uid cannot write
     # them into /usr/local, so without them every server and kernel compiles its imports.
     rm -rf "$layer"/usr/local/share/man "$layer"/usr/local/lib/python3.11/dist-packages/numpy/*/tests
-    log "packing the layer ($(du -sh "$layer" | cut -f1))"
+    log "packing the layer ($(du -sh "$layer" | cut -f1)) (80%)"
     tar --numeric-owner --owner=0 --group=0 -C "$layer" -cf "$TARBALL.part" . && mv "$TARBALL.part" "$TARBALL"
     rm -rf "$root"
 fi
@@ -95,7 +97,7 @@ for engine in "${ENGINES[@]}"; do
     if [ "$(made_from "$engine" "$IMAGE")" = "$base_layer $layer_sum" ]; then
         log "$IMAGE is on $engine already"
     else
-        log "adding the layer to $BASE on $engine"
+        log "adding the layer to $BASE on $engine (90%)"
         old=$("$DOCKER_CLI" -H "$engine" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null) || old=""
         container="suanli-jupyter-build-$$"
         "$DOCKER_CLI" -H "$engine" create --name "$container" --network none "$BASE" true >/dev/null
@@ -115,4 +117,4 @@ for engine in "${ENGINES[@]}"; do
     [[ "$out" == *"$JUPYTERLAB_VERSION"* && "$out" == *"$TENSORBOARD_VERSION"* ]] \
         || die "unexpected versions from $IMAGE on $engine: $out"
 done
-log "$IMAGE ready on ${#ENGINES[@]} engine(s)"
+log "$IMAGE ready on ${#ENGINES[@]} engine(s) (99%)"

@@ -380,7 +380,7 @@ def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
         pub=body.pub is not False,
         ssh_keys=_keys_asked(body, owner),
         workspace=body.workspace is not False,
-        release_policy=body.release_policy or "after_last_job",
+        release_policy=body.release_policy or "never",
         idle_minutes=body.idle_minutes,
     )
 
@@ -404,7 +404,7 @@ def _cluster_form_data(body: NewCluster, owner) -> dict:
         if name in given
     }
     data["network"] = body.network or "standard"
-    data["release_policy"] = body.release_policy or "after_last_job"
+    data["release_policy"] = body.release_policy or "never"
     if body.instance_type:
         data["resource"] = f"cpu:{body.instance_type}"
     elif body.gpu_model:

@@ -189,10 +189,33 @@ class ClusterForm(forms.Form):
             "Untick for pure batch use (jobs only)."
         ),
     )
+    # Kept by default (AutoDL's instance: it stays until its owner stops or releases it);
+    # a release on its own is the researcher's choice, and says what goes with it.
     release_policy = forms.ChoiceField(
         label=gettext_lazy("Release policy"),
-        choices=Cluster.ReleasePolicy.choices,
-        initial=Cluster.ReleasePolicy.AFTER_LAST_JOB,
+        choices=[
+            (
+                Cluster.ReleasePolicy.NEVER,
+                gettext_lazy(
+                    "Keep it until I stop or release it: the workspace and its files stay"
+                ),
+            ),
+            (
+                Cluster.ReleasePolicy.AFTER_LAST_JOB,
+                gettext_lazy(
+                    "Release it when its last job ends: the workspace goes, with every file "
+                    "outside your volumes"
+                ),
+            ),
+            (
+                Cluster.ReleasePolicy.IDLE,
+                gettext_lazy(
+                    "Release it after N idle minutes: the workspace goes, with every file "
+                    "outside your volumes"
+                ),
+            ),
+        ],
+        initial=Cluster.ReleasePolicy.NEVER,
         widget=forms.RadioSelect,
     )
     idle_minutes = forms.IntegerField(
@@ -267,9 +290,19 @@ class ClusterForm(forms.Form):
         self.fields["resource"].help_text = self._system_disk_note()
 
     def _image_choices(self) -> None:
+        """The catalog's images, each with where it can run now (catalog.availability:
+        on hosts, pulled on first use, being prepared, not available), then the owner's
+        own; preselected: the first that can run."""
         self.images = self.offer.images
         self.own_images = {f"{OWN_IMAGE}{i.pk}": i for i in self.offer.own_images}
-        choices = [(pk, f"{i.name} ({i.reference})") for pk, i in self.images.items()]
+        where = self.offer.availability
+        choices = [
+            (pk, f"{i.name} ({i.reference}) — {where[i.pk]}") for pk, i in self.images.items()
+        ]
+        runnable = [pk for pk, i in self.images.items() if where[i.pk].runnable]
+        if runnable and not self.is_bound:
+            self.initial.setdefault("image", runnable[0])
+        self.image_availability = [(i, where[i.pk]) for i in self.images.values()]
         if self.own_images:
             choices.append(
                 (

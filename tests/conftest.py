@@ -147,6 +147,7 @@ _PROOF_FIELDS = (
     "swarm_cluster",
     "swarm_manager",
     "docker_version",
+    "images",
     "storage_driver",
     "operating_system",
     "cpu_count",
@@ -223,7 +224,8 @@ PAPER_ENGINE = "unix:///run/suanli-no-such-engine.sock"
 def make_paper_host(catalog):
     """Register hosts with no engine behind them (the db tier): active by default, for pages,
     forms, permissions, placement decisions and bills, anything that never starts a
-    container. `make_paper_host("gpu-paper-02", zone="zone-b", gpus=2)`."""
+    container. `make_paper_host("gpu-paper-02", zone="zone-b", gpus=2)`; they have the test
+    image (`images=[...]` says which catalog images instead)."""
 
     def make(
         name="gpu-paper-01",
@@ -236,6 +238,9 @@ def make_paper_host(catalog):
     ):
         extra.setdefault("engine_url", PAPER_ENGINE)
         extra.setdefault("address", "127.0.0.1")
+        # The catalog images its check would have recorded: the test image, as the test
+        # engines have it; no other unless the test says so.
+        extra.setdefault("images", [TEST_IMAGE])
         host = Host(
             name=name,
             zone=zone,

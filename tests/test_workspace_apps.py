@@ -565,10 +565,10 @@ def test_starting_says_plainly_what_will_not_do_and_others_get_404(running_clust
     start = {k: reverse("app_start", args=[cluster.pk, 0, k]) for k in webapps.KINDS}
 
     said = _messages(owner.post(start["jupyter"], follow=True))
-    assert (
-        "This image has no JupyterLab (jupyter is not on its PATH): pick the PyTorch + "
-        "JupyterLab image from the catalog, or pip install jupyterlab in the workspace."
-    ) in said
+    # Which image has it is named only where a host has it (the engines have the JupyterLab
+    # image once .ci/jupyter-image.sh ran); the way in the workspace always.
+    assert "This image has no JupyterLab (jupyter is not on its PATH)." in said
+    assert "pip install jupyterlab in the workspace" in said
     said = _messages(owner.post(start["tensorboard"], follow=True))
     assert "This image has no TensorBoard (tensorboard is not on its PATH)" in said
     for port in ("80", "1023", "65536", "abc", "6006; rm -rf /", "-1", "６００６"):

@@ -41,6 +41,7 @@ from django.utils.translation import gettext_lazy
 
 from jobs.models import Cluster, WorkspaceApp
 from jobs.nodes import engine, workspaces
+from jobs.placement import catalog
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,11 @@ SERVICE_PORT = 6006  # the default a researcher's own server is asked for
 LOGDIR_MAX = 255  # WorkspaceApp.logdir's length
 MARKER = "SUANLI_APP"
 PROGRAMS = {Kind.JUPYTER: "jupyter", Kind.TENSORBOARD: "tensorboard"}
+PACKAGES = {Kind.JUPYTER: "jupyterlab", Kind.TENSORBOARD: "tensorboard"}
 MISSING = {
-    Kind.JUPYTER: gettext_lazy(
-        "This image has no JupyterLab (jupyter is not on its PATH): pick the PyTorch + "
-        "JupyterLab image from the catalog, or pip install jupyterlab in the workspace."
-    ),
+    Kind.JUPYTER: gettext_lazy("This image has no JupyterLab (jupyter is not on its PATH)."),
     Kind.TENSORBOARD: gettext_lazy(
-        "This image has no TensorBoard (tensorboard is not on its PATH): pick the PyTorch + "
-        "JupyterLab image from the catalog, or pip install tensorboard in the workspace."
+        "This image has no TensorBoard (tensorboard is not on its PATH)."
     ),
 }
 CHECKPOINT_WORDS = ("checkpoint", "ckpt")
@@ -275,7 +273,7 @@ def start(*, cluster: Cluster, index: int, kind: str, port=None, logdir=None) ->
             found = _exec(container, cluster, ["/bin/sh", "-c", PREPARE, "prepare", mark,
                                                PROGRAMS[kind]])  # fmt: skip
             if found.exit_code == 127:
-                raise AppError(str(MISSING[kind]))
+                raise AppError(f"{MISSING[kind]} {where_to_get(kind)}")
             if found.exit_code != 0:
                 raise AppError(
                     _("%(app)s could not be started: the workspace said %(output)s.")
@@ -369,16 +367,51 @@ class NodeApps:
     logdir: str  # the log folder field's value
     port: int  # the port field's value
     home: str  # where JupyterLab starts
+    jupyter_note: str = ""  # the image has no JupyterLab: which has (image_note)
+    tensorboard_note: str = ""
 
     @property
     def any_started(self) -> bool:
         return any((self.jupyter, self.tensorboard, self.service))
 
 
+def where_to_get(kind: str, *, besides: int | None = None) -> str:
+    """Which image to choose for the app `kind`, naming only catalog images that can run
+    here (catalog.with_app: never one no host has and none can pull), else how to get it
+    in the workspace; in the reader's language."""
+    names = [i.name for i in catalog.with_app(kind) if i.pk != besides]
+    values = {"package": PACKAGES[kind], "images": ", ".join(names)}
+    if names:
+        return (
+            _(
+                "Create a cluster with an image that has it (%(images)s), or pip install %(package)s in the workspace."
+            )
+            % values
+        )
+    return (
+        _("No image offered here has it: pip install %(package)s in the workspace first.") % values
+    )
+
+
+def image_note(cluster: Cluster, kind: str) -> str:
+    """What a JupyterLab or TensorBoard tile says of the cluster's image: nothing when it
+    is a catalog image that carries the app (Image.apps); else that it needs one, and
+    which to choose (`where_to_get`)."""
+    image = cluster.image
+    if image is not None and kind in image.apps.split():
+        return ""
+    if image is not None:
+        first = _("%(image)s has no %(app)s.") % {"image": image.name, "app": Kind(kind).label}
+    else:
+        first = _("%(app)s runs only where the image has it.") % {"app": Kind(kind).label}
+    return f"{first} {where_to_get(kind, besides=cluster.image_id)}"
+
+
 def tiles(cluster: Cluster, indexes) -> list[NodeApps]:
-    """The tiles of the cluster's nodes `indexes` (three queries, whatever the count)."""
+    """The tiles of the cluster's nodes `indexes` (five queries, whatever the count)."""
     found = {(a.node_index, a.kind): a for a in cluster.apps.all()}
     logdir, home = default_logdir(cluster), workspaces.home(cluster)
+    notes = {kind: image_note(cluster, kind) for kind in PROGRAMS} if indexes else {}
     rows = []
     for index in indexes:
         tb, svc = found.get((index, Kind.TENSORBOARD)), found.get((index, Kind.SERVICE))
@@ -392,6 +425,8 @@ def tiles(cluster: Cluster, indexes) -> list[NodeApps]:
                 logdir=tb.logdir if tb else logdir,
                 port=svc.port if svc else SERVICE_PORT,
                 home=home,
+                jupyter_note=notes.get(Kind.JUPYTER, ""),
+                tensorboard_note=notes.get(Kind.TENSORBOARD, ""),
             )
         )
     return rows

@@ -8,8 +8,10 @@ Every rule of a new cluster is here: the name (format; no active cluster of the 
 with it), the GPU model or CPU-only type and whether the registered hosts could ever
 hold the shape (nodes, GPUs per node, network, zone), the image (a catalog image, one of
 the owner's own, or another reference, never one of another researcher's in Suanli's
-registry), volumes and /pub, SSH keys, the release policy, and the balance (through the
-caller's `funds`, since billing sits above jobs). The HTML form parses its fields itself
+registry; a catalog image only where a host has it or can pull it: catalog.availability),
+volumes and /pub, SSH keys, the release policy (never, by default: a cluster stays until
+its owner stops or releases it), and the balance (through the caller's `funds`, since
+billing sits above jobs). The HTML form parses its fields itself
 and asks for the rest (`parsed=True`); the API gives its JSON as it came and the
 request checks each field's shape too, with the same words Django's form fields use.
 
@@ -37,7 +39,7 @@ from jobs.base import validators
 from jobs.files import pub, storage
 from jobs.files.storage import VolumeSpec
 from jobs.models import Cluster, GpuModel, Image, InstanceType, OwnImage, Pool, SshKey
-from jobs.placement import fleet
+from jobs.placement import catalog, fleet
 
 CUSTOM = "custom"  # the image is the reference in custom_image
 NAME_MAX = 63
@@ -66,7 +68,7 @@ class ClusterSpec:
     pub: bool = False  # the public datasets read-only at /pub (jobs/files/pub.py)
     ssh_keys: tuple[SshKey, ...] = ()
     workspace: bool = True
-    release_policy: str = Cluster.ReleasePolicy.AFTER_LAST_JOB
+    release_policy: str = Cluster.ReleasePolicy.NEVER
     idle_minutes: int | None = None
     pool: Pool | None = None  # one of a pool's clusters (jobs/pools/autoscaler.py)
 
@@ -118,16 +120,20 @@ class Offer:
     rdma: bool  # an active RDMA host exists
     images: dict[str, Image]  # active catalog images by id (as text)
     own_images: list[OwnImage]  # the owner's, by name and tag
+    # Where each catalog image can run now (catalog.availability), by image id.
+    availability: dict[int, catalog.Availability] = field(default_factory=dict)
 
     @classmethod
     def of(cls, owner) -> "Offer":
+        images = {str(i.pk): i for i in Image.objects.filter(active=True)}
         return cls(
             owner=owner,
             capacity=fleet.gpu_capacity_by_model(),
             rooms=fleet.host_rooms(),
             gpu_models={m.slug: m for m in GpuModel.objects.all()},
             instance_types={t.name: t for t in InstanceType.objects.all()},
-            images={str(i.pk): i for i in Image.objects.filter(active=True)},
+            images=images,
+            availability=catalog.availability(images.values()),
             own_images=list(OwnImage.objects.filter(owner=owner).order_by("name", "tag")),
             zones=fleet.active_zones(),
             rdma=fleet.rdma_available(),
@@ -196,7 +202,7 @@ class ClusterRequest:
     pub: bool = True
     ssh_keys: Any = ()  # the owner's SshKey rows (parsed) or their ids
     workspace: bool = True
-    release_policy: str | None = Cluster.ReleasePolicy.AFTER_LAST_JOB
+    release_policy: str | None = Cluster.ReleasePolicy.NEVER
     idle_minutes: int | None = None
     # The caller parsed each field already (the HTML form: required, lengths, ranges,
     # choices) and `refused` names those it refused: their values are not used.
@@ -407,6 +413,9 @@ class ClusterRequest:
         nothing (another's is as if it did not exist)."""
         chosen = self._values.get("image")
         if isinstance(chosen, Image):
+            where = offer.availability.get(chosen.pk) or catalog.availability([chosen])[chosen.pk]
+            if not where.runnable:
+                self._refuse("image", where.refusal(chosen))
             return chosen, None, chosen.reference
         if isinstance(chosen, OwnImage):
             return None, chosen, chosen.reference
@@ -490,7 +499,7 @@ class ClusterRequest:
             pub=bool(v.get("pub")),
             ssh_keys=tuple(v.get("ssh_keys") or ()),
             workspace=bool(v.get("workspace")),
-            release_policy=v.get("release_policy") or Cluster.ReleasePolicy.AFTER_LAST_JOB,
+            release_policy=v.get("release_policy") or Cluster.ReleasePolicy.NEVER,
             idle_minutes=v.get("idle_minutes"),
         )
 

@@ -30,7 +30,7 @@ from jobs.models import (
     Node,
 )
 from jobs.nodes import engine, network
-from jobs.placement import slots
+from jobs.placement import catalog, slots
 
 
 @transaction.atomic
@@ -83,6 +83,7 @@ def host_check(*, host_id: int) -> Host:
         facts = engine.engine_facts(host)
         nvidia = facts.pop("nvidia")
         backing_fs = facts.pop("backing_fs")
+        facts["images"] = catalog.on_engine(facts.pop("image_tags"))
         note, reasons = proofs.run(host)
         reasons += proofs.swarm_reasons(host, facts)
         # An engine network over the hosts' own addresses: the engine would route them

@@ -86,6 +86,8 @@ def engine_facts(host: Host) -> dict:
         try:
             info = client.info()
             version = client.version()
+            # The tags of its images: the host check records the catalog's among them.
+            tags = [t for image in client.api.images() for t in image.get("RepoTags") or ()]
         finally:
             client.close()
     except EngineError:
@@ -110,6 +112,7 @@ def engine_facts(host: Host) -> dict:
         "cpu_count": info.get("NCPU"),
         "memory_bytes": info.get("MemTotal"),
         "nvidia": "nvidia" in runtimes,
+        "image_tags": tags,
     }
 
 

@@ -1,0 +1,70 @@
+"""`catalog_prepare`: build a catalog image for this machine's engines by running the
+script that builds it, its progress kept on the image (`Image.preparing`) so that the
+cluster form says "being prepared: 40%" meanwhile. `make run` starts it in the background
+for the JupyterLab image (.ci/jupyter-image.sh):
+
+    manage.py catalog_prepare suanli/jupyter:2.13-cpu -- bash .ci/jupyter-image.sh ENGINE
+
+The script's lines go to this command's output; a line with "(NN%)" in it moves the
+progress on. When the script ends the image is no longer "being prepared": its hosts are
+checked again at once, so the form says where it is (on the host that now has it) or,
+when the script failed, that it is not available here.
+
+Layer: management, the top of jobs/ (beside tasks, admin and apps); uses hosts (services) and
+models.
+"""
+
+import re
+import subprocess
+
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs.hosts import services as host_services
+from jobs.models import Host, Image
+
+PERCENT = re.compile(r"\((\d{1,3})%\)")
+
+
+def percent_of(line: str) -> int | None:
+    """The progress a script's line gives ("[jupyter-image 3.1s] packing (88%)": 88)."""
+    found = PERCENT.search(line)
+    return min(int(found.group(1)), 100) if found else None
+
+
+class Command(BaseCommand):
+    help = "Build a catalog image with the given command, its progress shown on the cluster form."
+
+    def add_arguments(self, parser):
+        parser.add_argument("reference", help="the catalog image's reference")
+        parser.add_argument("command", nargs="+", help="the command that builds it (after --)")
+
+    def handle(self, *args, **opts):
+        images = Image.objects.filter(reference=opts["reference"])
+        if not images.exists():
+            raise CommandError(f"no catalog image {opts['reference']}")
+        images.update(preparing=0)
+        try:
+            code = self._run(images, opts["command"])
+        finally:
+            images.update(preparing=None)
+        for host_id in Host.objects.values_list("pk", flat=True):
+            host_services.host_check(host_id=host_id)  # records the images its engine has now
+        if code != 0:
+            raise CommandError(
+                f"{opts['command'][0]} exited with {code}: {opts['reference']} is not available here"
+            )
+        self.stdout.write(f"{opts['reference']} is ready")
+
+    def _run(self, images, command: list[str]) -> int:
+        """Run the build, its lines to our output and its progress onto the image."""
+        shown = 0
+        with subprocess.Popen(  # noqa: S603 (the operator's own command line)
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        ) as proc:
+            for line in proc.stdout:
+                self.stdout.write(line.rstrip("\n"))
+                percent = percent_of(line)
+                if percent is not None and percent > shown:
+                    shown = percent
+                    images.update(preparing=min(percent, 99))
+        return proc.returncode
