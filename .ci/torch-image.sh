@@ -31,15 +31,15 @@ if [[ ! -s "$TARBALL" || "$(cat "$RECIPE_FILE" 2>/dev/null)" != "$RECIPE" ]]; th
     command -v debootstrap >/dev/null || bash .ci/install.sh debootstrap
     root="$CACHE/torch-rootfs"
     rm -rf "$root" "$CACHE/wheels"
-    log "debootstrap bookworm (minbase + $PACKAGES) from $MIRROR"
+    log "debootstrap bookworm (minbase + $PACKAGES) from $MIRROR (2%)"
     debootstrap --variant=minbase --include="$PACKAGES" bookworm "$root" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
         || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
-    log "downloading torch==2.13.0 (CPU) and its dependencies"
+    log "downloading torch==2.13.0 (CPU) and its dependencies (25%)"
     "$REPO_ROOT/.venv/bin/pip" download --quiet torch==2.13.0 -d "$CACHE/wheels" 2>&1 | grep -v '^WARNING: Location' >&2 || true
     wheel=$(ls "$CACHE"/wheels/torch-2.13.0*.whl)
     size=$(stat -c %s "$wheel")
     [ "$size" -lt 400000000 ] || die "$wheel is $((size / 1000000)) MB: that is a CUDA build, not the CPU wheel"
-    log "installing $(basename "$wheel") into the rootfs"
+    log "installing $(basename "$wheel") into the rootfs (35%)"
     "$REPO_ROOT/.venv/bin/pip" install --quiet --no-index --find-links "$CACHE/wheels" --no-compile \
         --target "$root/usr/local/lib/python3.11/dist-packages" torch==2.13.0 2>&1 | grep -v '^WARNING: Location' >&2 || true
     chroot "$root" python3 -c "import torch; assert torch.__version__.startswith('2.13.0')" \
@@ -49,7 +49,7 @@ if [[ ! -s "$TARBALL" || "$(cat "$RECIPE_FILE" 2>/dev/null)" != "$RECIPE" ]]; th
     chmod 755 "$root/usr/local/bin/torchrun"
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc "$root"/usr/share/man
     chmod 1777 "$root/tmp"
-    log "packing the rootfs"
+    log "packing the rootfs (42%)"
     tar -C "$root" -cf "$TARBALL.part" . && mv "$TARBALL.part" "$TARBALL"
     printf '%s\n' "$RECIPE" >"$RECIPE_FILE"
     rm -rf "$root" "$CACHE/wheels"
@@ -62,7 +62,7 @@ for engine in "${ENGINES[@]}"; do
         log "$IMAGE is on $engine already"
         continue
     fi
-    log "importing $IMAGE into $engine"
+    log "importing $IMAGE into $engine (48%)"
     old=$("$DOCKER_CLI" -H "$engine" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null) || old=""
     "$DOCKER_CLI" -H "$engine" import --change 'CMD ["python3"]' --change 'ENV HOME=/tmp' \
         --change "LABEL suanli.tarball=$tarball_sum" "$TARBALL" "$IMAGE" >/dev/null
@@ -72,4 +72,4 @@ for engine in "${ENGINES[@]}"; do
         'python3 -c "import torch, torch.distributed as d; assert d.is_available()" && rsync --version >/dev/null && bash -c true' \
         || die "$IMAGE does not run torch, rsync and bash on $engine"
 done
-log "$IMAGE ready on ${#ENGINES[@]} engine(s)"
+log "$IMAGE ready on ${#ENGINES[@]} engine(s) (55%)"
