@@ -129,6 +129,7 @@ def make_fleet(model: GpuModel, image: Image, users: list[int], placed_at) -> No
             Node(
                 cluster=c, index=0, host=hosts[i % n_hosts],
                 gpu_indices=list(range(c.gpus_per_node)), placed_at=placed_at,
+                started_at=placed_at,
             )
             for i, c in enumerate(clusters)
         ],

@@ -177,6 +177,7 @@ def make_clusters(owner, plans, model, image, hosts) -> list[Cluster]:
             Node(
                 cluster=c, index=0, host=hosts[i % len(hosts)],
                 gpu_indices=list(range(p["units"])), placed_at=at(p["start"]),
+                started_at=at(p["start"]),
                 released_at=None if p["running"] else at(p["end"] + 5),
             )
             for i, (c, p) in enumerate(zip(clusters, plans, strict=True))

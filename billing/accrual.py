@@ -5,7 +5,7 @@ clusters under their accounts' row locks; released clusters are settled up to th
 second. An account that runs out has its charging clusters stopped (`stop_exhausted`) and
 billed up to that second in the same tick.
 
-Billing observes the jobs app's tables (clusters and their nodes' placed/released seconds,
+Billing observes the jobs app's tables (clusters and their nodes' started/released seconds,
 whether a node ran without GPUs, how long a stopped node's workspace was kept); the one
 call the other way is the stop for an exhausted balance, through
 `jobs.clusters.services.cluster_release`. The ledger verbs (an operator's entry, an account)
@@ -51,12 +51,14 @@ class AccrualReport:
 
 
 def open_meters(now: datetime) -> int:
-    """A meter for every cluster that has held capacity and has none yet; it starts at the
-    second its first node was placed."""
+    """A meter for every cluster that has run and has none yet; it starts at the second
+    its first node started running (`Node.started_at`: its workspace, or its first job
+    replica). A cluster whose nodes were placed but never ran (its image could not be
+    pulled, its workspace not started) has no meter: nothing is charged for it."""
     fresh = list(
-        Cluster.objects.filter(meter__isnull=True, node_set__isnull=False)
+        Cluster.objects.filter(meter__isnull=True, node_set__started_at__isnull=False)
         .values("pk", "owner_id")
-        .annotate(first=Min("node_set__placed_at"))
+        .annotate(first=Min("node_set__started_at"))
     )
     if not fresh:
         return 0
@@ -114,22 +116,29 @@ def _nodes_of(units: dict[int, int]) -> dict[int, list[Interval]]:
     node holds: its GPUs, or 1 for a CPU-only instance).
 
     A node is GPU time (no-GPU time when it was started without GPUs: one unit, the node)
-    from its placement to its end. A preempted node's billing ends at its preemption
-    notice, not when its GPUs came back; a node on a host that went down, at the second
-    the host was seen down (it is placed again, as a new node, when the host is back or it
-    moves). A node that ended with a stop of its cluster adds its kept workspace: stopped
-    time, one unit, from the stop until it stopped being kept (open while kept)."""
+    from the second it started running (`Node.started_at`, not its placement: the time
+    its image took to pull is not charged) to its end; a node that never ran is no time
+    at all, nor is its stop (it kept no workspace). A preempted node's billing ends at
+    its preemption notice, not when its GPUs came back; a node on a host that went down,
+    at the second the host was seen down (it is placed again, as a new node, when the
+    host is back or it moves; billed again once its workspace runs there). A node that
+    ended with a stop of its cluster adds its kept workspace: stopped time, one unit,
+    from the stop until it stopped being kept (open while kept)."""
     out: dict[int, list[Interval]] = {}
     rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
-        "cluster_id", "no_gpu", "stopped_at", "kept_until", "placed_at",
+        "cluster_id", "no_gpu", "stopped_at", "kept_until", "started_at",
         "preempted_at", "lost_at", "released_at",
     )  # fmt: skip
-    for cluster_id, no_gpu, stopped, kept_until, placed, *ends in rows:
-        released = min((t for t in ends if t is not None), default=None)
+    for cluster_id, no_gpu, stopped, kept_until, started, *ends in rows:
         held = out.setdefault(cluster_id, [])
+        if started is None:
+            continue  # never ran: never charged
+        released = min((t for t in ends if t is not None), default=None)
+        if released is not None and released < started:
+            released = started  # ended (a notice, a lost host) before its start was seen
         held.append(
             Interval(
-                floor_s(placed),
+                floor_s(started),
                 floor_s(released) if released else None,
                 1 if no_gpu else units[cluster_id],
                 NO_GPU if no_gpu else GPU,

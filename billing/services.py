@@ -2,7 +2,7 @@
 idempotency key), accounts, and the low-balance notice. The accrual tick that turns
 clusters' held capacity into usage is `billing.accrual`.
 
-Billing observes the jobs app's tables (clusters and their nodes' placed/released
+Billing observes the jobs app's tables (clusters and their nodes' started/released
 seconds, whether a node ran without GPUs, and how long a stopped node's workspace was
 kept); the jobs app never calls billing. The one call the other way is the stop for an
 exhausted balance, which releases clusters through `jobs.clusters.services.cluster_release`.

@@ -206,6 +206,10 @@ def _cluster_status_context(cluster: Cluster) -> dict:
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}, cluster=cluster),
         "jobs": cluster.jobs.all()[:50],
         "pulls": fleet.image_pulls(cluster),
+        # Running, but a node has not run yet (its workspace starting, its image pulled
+        # first; a cluster without workspaces: no job ran yet): not charged until it does.
+        "not_started": cluster.state == Cluster.State.RUNNING
+        and any(n.started_at is None for n in fleet.live_nodes(cluster)),
     }
 
 

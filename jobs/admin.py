@@ -359,7 +359,16 @@ class ReadOnlyInline(admin.TabularInline):
 
 class NodeInline(ReadOnlyInline):
     model = Node
-    fields = ["index", "host", "gpu_indices", "vcpus", "placed_at", "preempted_at", "released_at"]
+    fields = [
+        "index",
+        "host",
+        "gpu_indices",
+        "vcpus",
+        "placed_at",
+        "started_at",
+        "preempted_at",
+        "released_at",
+    ]
     readonly_fields = fields
 
 

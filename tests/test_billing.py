@@ -6,6 +6,7 @@ from decimal import Decimal
 import pytest
 import time_machine
 from django.db.models import Sum
+from node_start import ran
 
 from billing import accrual
 from billing import services as billing
@@ -36,6 +37,7 @@ def placed(make_host, make_cluster):
             Host.objects.update(state=Host.State.ACTIVE)
             cluster = make_cluster(owner, name, nodes=nodes, gpus=gpus, **extra)
             scheduler.place_pending()
+        ran(cluster)  # its workspace started as it was placed (billing starts there)
         cluster.refresh_from_db()
         assert cluster.state == "running", cluster.state_reason
         return cluster

@@ -58,7 +58,7 @@ def _place(cluster, t, *, host=None, no_gpu=False):
     per_node = 0 if no_gpu else cluster.gpus_per_node
     for i in range(cluster.nodes):
         Node.objects.create(
-            cluster=cluster, index=i, host=host, placed_at=at(t), no_gpu=no_gpu,
+            cluster=cluster, index=i, host=host, placed_at=at(t), started_at=at(t), no_gpu=no_gpu,
             gpu_indices=list(range(i * per_node, (i + 1) * per_node)),
         )  # fmt: skip
 

@@ -13,6 +13,7 @@ import time_machine
 from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from node_start import ran
 
 from billing import accrual, rollups
 from billing.models import Account, BillLine, LedgerEntry, RateCard, UsageDay
@@ -36,6 +37,7 @@ def _place(make_cluster, owner, name, gpus, when):
         Host.objects.update(state=Host.State.ACTIVE)
         cluster = make_cluster(owner, name, gpus=gpus)
         scheduler.place_pending()
+        ran(cluster)  # its workspace started as it was placed (billing starts there)
     cluster.refresh_from_db()
     assert cluster.state == "running", cluster.state_reason
     return cluster
@@ -191,6 +193,7 @@ def test_random_timelines_bill_every_second_once_and_exactly(
                 cluster.refresh_from_db()
                 if cluster.state == "running":
                     cluster_services.cluster_resize(cluster=cluster, nodes=2)
+                    ran(cluster)  # the new node's workspace started as it was placed
             elif what == "release":
                 cluster_services.cluster_release(cluster=cluster)
                 # Its GPUs back for the next example once the engine confirms (none made).

@@ -211,9 +211,9 @@ def test_billing_of_a_released_cluster_ends_at_its_release_second_while_its_gpus
     host, make_cluster, alice, priced
 ):
     cluster = _alices_running_workspace(make_cluster, alice, host)
-    # Placed a minute ago (not in the second of its release, which would bill nothing).
+    # Placed and run a minute ago (not in the second of its release: that bills nothing).
     a_minute_ago = timezone.now() - timedelta(minutes=1)
-    Node.objects.filter(cluster=cluster).update(placed_at=a_minute_ago)
+    Node.objects.filter(cluster=cluster).update(placed_at=a_minute_ago, started_at=a_minute_ago)
     Cluster.objects.filter(pk=cluster.pk).update(running_since=a_minute_ago)
     services.cluster_release(cluster=cluster)
     cluster.refresh_from_db()

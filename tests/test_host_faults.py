@@ -12,6 +12,7 @@ from unittest import mock
 import docker
 import pytest
 from django.utils import timezone
+from node_start import ran
 from waiting import until as _until
 
 from billing import accrual
@@ -340,6 +341,7 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
 ):
     rate_card({"a100-80gb": "3.60"})
     cluster = running_cluster(1)
+    ran(cluster)  # its workspace started as it was placed (billing starts there)
     node = cluster.node_set.select_related("host").get()
     accrual.accrue()
     host_services.host_unhealthy(
@@ -354,6 +356,7 @@ def test_a_host_back_before_its_nodes_moved_charges_them_again_from_then(
     assert again.pk != node.pk and again.host_id == node.host_id
     assert again.gpu_indices == node.gpu_indices and again.slots.count() == 1
     assert ClusterEvent.objects.filter(cluster=cluster, kind="host-back").exists()
+    ran(cluster)  # its workspace seen running again (workspaces.ensure, the reconciler's)
     accrual.accrue()
     usage = list(LedgerEntry.objects.filter(cluster=cluster, kind="usage"))
     gap_from, gap_to = lost_at.replace(microsecond=0), again.placed_at.replace(microsecond=0)

@@ -172,8 +172,8 @@ def test_a_preempted_job_resumes_on_the_other_engine_from_its_last_checkpoint_an
     cluster_kinds = [e.kind for e in spot.events.all()]
     assert cluster_kinds.count("running") == 2 and "preempting" in cluster_kinds
 
-    # Billing: every second the cluster held GPUs before the notice and after it ran
-    # again, at the spot rate; none from the notice until it ran again.
+    # Billing: every second the cluster ran (from its workspace's start) before the notice
+    # and after it ran again, at the spot rate; none from the notice until it ran again.
     drive(lambda: _state(spot) == Cluster.State.RELEASED, what="spot auto-released")
     services.cluster_release(cluster=on_demand)
     accrual.accrue()
@@ -183,10 +183,10 @@ def test_a_preempted_job_resumes_on_the_other_engine_from_its_last_checkpoint_an
     for node in Node.objects.filter(cluster=spot).annotate(
         end=Coalesce("preempted_at", "released_at")
     ):
-        end, start = node.end.replace(microsecond=0), node.placed_at.replace(microsecond=0)
+        end, start = node.end.replace(microsecond=0), node.started_at.replace(microsecond=0)
         held += len(node.gpu_indices) * int((end - start).total_seconds())
     assert billed == held > 0
-    gap = (notice_at.replace(microsecond=0), nodes[1].placed_at.replace(microsecond=0))
+    gap = (notice_at.replace(microsecond=0), nodes[1].started_at.replace(microsecond=0))
     assert gap[1] - gap[0] >= timedelta(seconds=2), "the notice window (the script's 2 s)"
     assert not [e for e in entries if e.period_from < gap[1] and e.period_to > gap[0]]
     spot_rate = Decimal("3.60") * Decimal("0.40")

@@ -131,7 +131,8 @@ def test_a_file_outside_the_volumes_survives_stop_and_start_and_the_gpus_serve_o
     assert after.status == "running"
     assert _sh(after, "cat /tmp/notes.txt /tmp/p/a") == (0, "kept\n1")
 
-    started = node.placed_at
+    node.refresh_from_db()
+    started = node.started_at  # its workspace's start again: billed from there
     accrual.accrue(now=started + timedelta(seconds=5))
     assert _usage_over(cluster, stopped_at, started) == [], "no GPU charge while stopped"
     assert LedgerEntry.objects.filter(

@@ -185,15 +185,19 @@ BY_OWNER = Text(gettext_noop("released by its owner"))
 
 
 @transaction.atomic
-def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Cluster:
+def cluster_release(
+    *, cluster: Cluster, reason: str | Text = BY_OWNER, failed: bool = False
+) -> Cluster:
     """Release the cluster: its charge stops at this second, its GPUs go back once its
-    containers are gone (`free_nodes`; the removal task queued here). Idempotent."""
+    containers are gone (`free_nodes`; the removal task queued here). Idempotent. With
+    `failed`, it could not run (its image could not be pulled, its workspace not started):
+    it ends as failed, `reason` its state reason and its timeline's last word."""
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
         return cluster
     now = timezone.now()
     was_pending = cluster.state == Cluster.State.PENDING and cluster.stopped_at is None
-    if not was_pending:
+    if not was_pending and not failed:
         cluster_event(cluster, "releasing", reason, at=now)
     if cluster.pool_id:
         rehome_pool_jobs(cluster)
@@ -204,14 +208,14 @@ def cluster_release(*, cluster: Cluster, reason: str | Text = BY_OWNER) -> Clust
     kept = cluster.node_set.filter(stopped_at__isnull=False, kept_until__isnull=True).update(
         kept_until=now
     )
-    cluster.state = Cluster.State.RELEASED
+    cluster.state = Cluster.State.FAILED if failed else Cluster.State.RELEASED
     said = set_reason(cluster, reason)
     cluster.released_at = now
     cluster.save(update_fields=["state", *said, "released_at"])
     cluster_event(
         cluster,
-        "released",
-        reason if was_pending else Text(gettext_noop("capacity returned")),
+        "failed" if failed else "released",
+        reason if was_pending or failed else Text(gettext_noop("capacity returned")),
         at=now,
     )
     WorkspaceApp.objects.filter(cluster=cluster).delete()  # they die with the workspaces

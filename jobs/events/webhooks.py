@@ -84,6 +84,7 @@ SENT_AS: dict[str, dict[str, str]] = {
         "stopped": "cluster.stopped",
         "release-soon": "cluster.release_soon",
         "released": "cluster.released",
+        "failed": "cluster.released",  # it could not run: ended, its state says failed
     },
     "job": {
         "queued": "job.queued",

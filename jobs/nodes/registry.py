@@ -371,9 +371,8 @@ def pull(
     sizes: dict[str, int] = {}
     total = 0
     if not in_registry(ref) and (why := registry_refusal(ref)):
-        raise RegistryError(
-            why
-        )  # a build's base too: the engine contacts no registry of ours to choose
+        # A build's base too: the engine contacts no registry of ours to choose.
+        raise RegistryError(why, status=403)
     if in_registry(ref):
         repo, tag = split(ref)
         _digest, man = manifest(repo, tag)
@@ -439,8 +438,37 @@ def pull_public(client: docker.DockerClient, ref: str) -> None:
     that rule, or a name that resolves elsewhere since it was checked, never has the engine
     contact the hosts' own networks. RegistryError says why not."""
     if why := registry_refusal(ref):
-        raise RegistryError(why)
+        raise RegistryError(why, status=403)  # refused before asking: final (`unavailable`)
     client.images.pull(ref)
+
+
+# Words of an engine or a registry that says the image is not there, or not for us: a
+# retry finds it no more than this try did. Lower case; matched in the error's text.
+_IMAGE_GONE = (
+    "pull access denied",
+    "manifest unknown",
+    "name unknown",
+    "repository does not exist",
+    "no such image",
+    "not found: manifest",
+    "manifest for",
+    "invalid reference format",
+    "requested access to the resource is denied",
+)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a pull (or a make from an image) failed for good: the image does not exist,
+    we may not pull it (a registry that refuses it, or one our rules refuse), or its
+    reference is not one; as opposed to an engine or a registry that did not answer this
+    time (tried again). Its engine's or registry's words say which."""
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return True
+    for err in (exc, exc.__cause__):
+        if isinstance(err, RegistryError) and err.status in (403, 404):
+            return True
+    text = engine.describe(exc).lower()
+    return any(words in text for words in _IMAGE_GONE)
 
 
 def _repo_tag(name: str) -> tuple[str, str]:

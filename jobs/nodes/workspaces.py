@@ -39,11 +39,12 @@ import docker
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Text
-from jobs.events import timeline
+from jobs.events import lifecycle, timeline
 from jobs.models import (
     MAX_GPUS_PER_HOST,
     Cluster,
@@ -166,7 +167,13 @@ def _live_nodes(cluster_id: int) -> list[Node]:
 def ensure(cluster_id: int) -> dict[int, str]:
     """A running workspace on every live node of a running cluster that wants them, and
     none on its released nodes. Returns node index -> why it is not running, for those
-    that failed (empty: all up). Idempotent and safe to race."""
+    that failed (empty: all up). Idempotent and safe to race.
+
+    A node's billing starts when its workspace first runs (`Node.started_at`, set in
+    `_up`). A failure no retry mends (`final`: its image cannot be pulled, or a container
+    of it cannot start) fails a cluster that never ran (`fail_never_ran`): nothing was charged,
+    and its GPUs go back. Any other (an engine or a registry that did not answer) is
+    tried again by the reconciler."""
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None or cluster.state != Cluster.State.RUNNING or not cluster.workspace:
         return {}
@@ -184,6 +191,8 @@ def ensure(cluster_id: int) -> dict[int, str]:
         except _ERRORS as exc:
             failed[node.index] = f"{node.host.name}: {engine.describe(exc)}"
             log.warning("workspace of %s not started: %s", node, failed[node.index])
+            if final(exc) and fail_never_ran(cluster, node, exc):
+                return failed
             continue
         if node.workspace_container != container.id:
             Node.objects.filter(pk=node.pk).update(workspace_container=container.id)
@@ -246,7 +255,69 @@ def _up(cluster: Cluster, node: Node, network_name: str):
             )
             if live.exists():
                 container.start()
+                _started(node)
+    else:
+        _started(node)
     return container
+
+
+def _started(node: Node) -> None:
+    """The node runs from now on (its workspace started): its billing starts here, once."""
+    Node.objects.filter(pk=node.pk, started_at__isnull=True).update(started_at=timezone.now())
+
+
+# A container's start that fails for its image's own reason (no /bin/sh in it, an
+# entrypoint that is not there): a retry fails the same. Lower case, in the engine's words.
+_IMAGE_FAULTS = (
+    "executable file not found",
+    "no such file or directory",
+    "unable to start container process",
+)
+
+
+def final(exc: BaseException) -> bool:
+    """Whether a workspace's (or a replica's) start failed for good: its image cannot be
+    pulled (registry.unavailable: it does not exist, or may not be pulled), or the
+    engine cannot start a container of it for the image's own reason. An engine that did
+    not answer, or failed for reasons of its own, is not final (tried again)."""
+    if engine.unreachable(exc) or engine.engine_fault(exc):
+        return False
+    if registry.unavailable(exc):
+        return True
+    text = engine.describe(exc).lower()
+    return "mount" not in text and any(words in text for words in _IMAGE_FAULTS)
+
+
+# The state reason of a cluster that never ran (English kept; shown in the reader's).
+NEVER_RAN = gettext_noop("could not start (nothing was charged): %(reason)s")
+
+
+def fail_never_ran(cluster: Cluster, node: Node, exc: BaseException) -> bool:
+    """The cluster fails with the engine's (or registry's) words, if it never ran: no
+    node of it started, ever (a cluster that ran keeps its files in its workspaces and
+    saves; a failure of a later start is not worth them). Its GPUs go back as at a
+    release. True when it failed."""
+    if Node.objects.filter(cluster_id=cluster.pk, started_at__isnull=False).exists():
+        return False
+    cause = exc.__cause__ if isinstance(exc.__cause__, registry.RegistryError) else exc
+    if registry.unavailable(exc):
+        why = Text(
+            gettext_noop("the image %(image)s could not be pulled onto %(host)s: %(error)s"),
+            image=cluster.image_reference,
+            host=node.host.name,
+            error=engine.describe(cause),
+        )
+    else:
+        why = Text(
+            gettext_noop("the workspace of node %(index)s could not start on %(host)s: %(error)s"),
+            index=node.index,
+            host=node.host.name,
+            error=engine.describe(cause),
+        )
+    done = lifecycle.cluster_release(
+        cluster=cluster, reason=Text(NEVER_RAN, reason=why), failed=True
+    )
+    return done.state == Cluster.State.FAILED
 
 
 def _restore(client, cluster: Cluster, node: Node, name: str) -> None:
@@ -697,7 +768,8 @@ def sweep(host: Host, client: docker.DockerClient) -> int:
             elif container.status not in ("running", "paused") and want == "running":
                 # Stopped from inside (`kill 1`). A paused one stays: its system disk is
                 # full (monitoring.rootdisk); the owner stops and starts the cluster.
-                _quietly(container.start, container.name)
+                if _quietly(container.start, container.name):
+                    _started_by_label(container)
             continue
         if _remove_one(host, container.id):
             removed += 1
@@ -725,11 +797,23 @@ def kept_nodes_on(host: Host):
     )
 
 
-def _quietly(call, name: str, **kwargs) -> None:
+def _quietly(call, name: str, **kwargs) -> bool:
     try:
         call(**kwargs)
     except _ERRORS as exc:
         log.warning("workspace %s: %s failed: %s", name, call.__name__, exc)
+        return False
+    return True
+
+
+def _started_by_label(container) -> None:
+    """A live node's workspace the sweep started: its node runs (billed) from now, if it
+    had not run before (a start cut short after its make)."""
+    node_id = container.labels.get(LABEL_NODE, "")
+    if node_id.isdigit():
+        Node.objects.filter(
+            pk=int(node_id), released_at__isnull=True, started_at__isnull=True
+        ).update(started_at=timezone.now())
 
 
 def live_node(cluster: Cluster, index: int) -> Node:

@@ -26,7 +26,7 @@ from jobs.events import lifecycle
 from jobs.events.timeline import job_event, reason_fields
 from jobs.files import storage
 from jobs.models import Cluster, Host, Job, Node, Replica
-from jobs.nodes import engine, network, registry, runtime
+from jobs.nodes import engine, network, registry, runtime, workspaces
 from jobs.placement import capacity
 from jobs.runs.preemption import preempt
 from jobs.runs.settle import finish, settle
@@ -323,17 +323,41 @@ def _launch_all(
         if isinstance(outcome, Exception):
             failed.append((replica, outcome))
             continue
-        Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
+        if Replica.objects.filter(pk=replica.pk, state=Replica.State.CREATING).update(
             container_id=outcome.id, state=Replica.State.RUNNING, started_at=timezone.now()
-        )
+        ):
+            _node_started(replica.node_id)
     if failed:
         faults = [(r, exc) for r, exc in failed if engine.engine_fault(exc)]
         if faults:
             _host_failed_start(job, faults)
         else:
             _fail_replicas(job, [r for r, _ in failed], _where(*failed[0]))
+            _fail_cluster_never_ran(job, *failed[0])
         return False
     return True
+
+
+def _node_started(node_id: int) -> None:
+    """A replica of the node runs: the node has run from now on, if it had not (a cluster
+    without workspaces; with one, its workspace's start said so first). Billing of a
+    node starts here or there (`Node.started_at`), never at its placement."""
+    Node.objects.filter(pk=node_id, started_at__isnull=True).update(started_at=timezone.now())
+
+
+def _fail_cluster_never_ran(job: Job, replica: Replica, exc: BaseException) -> None:
+    """A cluster without workspaces whose first job could not start from the cluster's
+    image, for good (workspaces.final: it cannot be pulled, or not started): it fails as
+    a cluster with a workspace of that image does (nothing charged, its GPUs back). One
+    that ran before keeps its place; the job alone fails."""
+    cluster = job.cluster
+    if (
+        cluster.workspace
+        or not workspaces.final(exc)
+        or Node.objects.filter(cluster_id=cluster.pk, started_at__isnull=False).exists()
+    ):
+        return
+    workspaces.fail_never_ran(cluster, replica.node, exc)
 
 
 def _mark_running(job: Job, replicas: list[Replica]) -> bool:
@@ -363,6 +387,9 @@ def adopt(replica: Replica, container) -> None:
         state=Replica.State.RUNNING, container_id=container.id, started_at=started or timezone.now()
     ):
         return
+    Node.objects.filter(pk=replica.node_id, started_at__isnull=True).update(
+        started_at=started or timezone.now()
+    )
     replicas = list(
         Replica.objects.filter(job_id=replica.job_id, attempt=replica.attempt).select_related(
             "host"

@@ -1,0 +1,160 @@
+"""Nothing is billed that never ran: a node is charged from the second its workspace (in a
+cluster without workspaces, its first job's replica) starts, not from its placement; a
+cluster whose image cannot be pulled fails with the engine's words, its GPUs back, and
+is charged nothing. On the real scheduler, engines, registry and the worker's tasks."""
+
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+from waiting import until
+
+from billing import accrual
+from billing import services as billing
+from billing.models import LedgerEntry, Meter
+from jobs.clusters import services
+from jobs.clusters.services import JobSpec
+from jobs.models import Cluster, GpuSlot, Job, Node
+from jobs.nodes import registry
+from jobs.placement import scheduler
+from jobs.runs import dispatch
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def placed(make_host, make_cluster, alice, rate_card, fund):
+    """A priced, funded cluster of 1 GPU placed on engine a (its workspace not started:
+    the worker's tasks have not run)."""
+    rate_card({"a100-80gb": "3.60"}, effective_from=timezone.now() - timedelta(hours=1))
+    fund(alice, "100")
+    make_host("gpu-a-01", engine=0, zone="zone-a", gpus=2, check="reuse")
+
+    def make(name, *, image=None, **extra):
+        cluster = make_cluster(alice, name, gpus=1, release_policy="never", volumes=(), **extra)
+        if image is not None:
+            # The catalog's image as the cluster asked for it; on no host, not pullable.
+            Cluster.objects.filter(pk=cluster.pk).update(image_reference=image)
+        scheduler.place_pending()
+        cluster.refresh_from_db()
+        assert cluster.state == "running", cluster.state_reason
+        return cluster
+
+    return make
+
+
+def _missing_in_registry() -> str:
+    return f"{registry.host()}/library/never-pushed-{uuid.uuid4().hex[:8]}:1.0"
+
+
+@pytest.mark.parametrize(
+    "image, words",
+    [
+        (_missing_in_registry, "404"),  # our registry has no such image
+        (lambda: "localhost:1/none:x", "localhost:1"),  # a registry the hosts may not pull from
+    ],
+    ids=["not-in-registry", "not-pullable"],
+)
+def test_a_cluster_whose_image_cannot_be_pulled_fails_with_the_reason_and_costs_nothing(
+    placed, client, alice, work_queue, image, words
+):
+    missing = image()
+    cluster = placed("never-ran", image=missing)
+    client.force_login(alice)
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert 'data-testid="not-started"' in page, "running is not claimed before it runs"
+    assert "You are charged from the second it runs" in page
+
+    work_queue()  # the worker: the workspace's start (the pull fails), then the clean-up
+
+    cluster.refresh_from_db()
+    assert cluster.state == Cluster.State.FAILED, cluster.state_reason
+    assert cluster.state_reason.startswith("could not start (nothing was charged): ")
+    assert missing in cluster.state_reason and words in cluster.state_reason
+    failed = cluster.events.get(kind="failed")
+    assert failed.message == cluster.state_reason
+    assert not Node.objects.filter(cluster=cluster, started_at__isnull=False).exists()
+
+    # The page says so, in the reader's language.
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert "could not start (nothing was charged)" in page and missing in page
+    assert 'data-testid="not-started"' not in page
+    zh = client.get(
+        reverse("cluster_detail", args=[cluster.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN"
+    ).content.decode()
+    assert "无法启动（未收取任何费用）" in zh and f"无法将镜像 {missing} 拉取到 gpu-a-01" in zh
+    assert "could not start" not in zh
+
+    # No charge, now or ever; the GPU back for others.
+    accrual.accrue(now=timezone.now() + timedelta(minutes=5))
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists()
+    assert not Meter.objects.filter(cluster=cluster).exists()
+    assert billing.account_for(alice).balance == Decimal("100")
+    until(
+        lambda: not GpuSlot.objects.filter(node__cluster=cluster).exists(),
+        what="its GPU given back",
+    )
+
+
+def test_a_workspace_that_starts_late_is_billed_from_its_start_only(
+    placed, client, alice, work_queue
+):
+    cluster = placed("late")
+    node = cluster.node_set.get()
+    # A billing second passes before the worker starts its workspace (a pull takes
+    # minutes; a second shows it as well).
+    later = node.placed_at.replace(microsecond=0) + timedelta(seconds=2)
+    until(lambda: timezone.now() >= later, what="two billing seconds before the start")
+    accrual.accrue()
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists(), "placed, not running"
+
+    work_queue()  # its workspace starts now
+    node.refresh_from_db()
+    assert node.started_at is not None and node.workspace_container
+    started = billing.floor_s(node.started_at)
+    assert started >= later
+    client.force_login(alice)
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert 'data-testid="not-started"' not in page
+
+    accrual.accrue(now=started + timedelta(seconds=60))
+    usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage").order_by("period_from")
+    assert usage.first().period_from == started
+    assert sum(e.seconds for e in usage) == 60
+    assert Meter.objects.get(cluster=cluster).billed_until == started + timedelta(seconds=60)
+    services.cluster_release(cluster=cluster)
+    work_queue()
+
+
+def test_a_cluster_without_workspaces_is_billed_from_its_first_jobs_start(
+    placed, alice, work_queue
+):
+    cluster = placed("jobs-only", workspace=False)
+    work_queue()  # its network; no workspace
+    node = cluster.node_set.get()
+    assert node.started_at is None and not node.workspace_container
+    later = node.placed_at.replace(microsecond=0) + timedelta(seconds=2)
+    until(lambda: timezone.now() >= later, what="two billing seconds before its first job")
+    accrual.accrue()
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists(), "no job ran yet"
+
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="j", command="exec sleep 60"))
+    dispatch.dispatch(cluster.pk)
+    job.refresh_from_db()
+    assert job.state == Job.State.RUNNING, job.state_reason
+    node.refresh_from_db()
+    replica = job.replicas.get()
+    assert node.started_at is not None and node.started_at >= replica.started_at - timedelta(
+        seconds=1
+    )
+    started = billing.floor_s(node.started_at)
+    assert started >= later
+    accrual.accrue(now=started + timedelta(seconds=30))
+    usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage")
+    assert min(e.period_from for e in usage) == started
+    assert sum(e.seconds for e in usage) == 30
+    services.cluster_release(cluster=cluster)
+    work_queue()
