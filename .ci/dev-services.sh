@@ -21,7 +21,7 @@
 #   and we are root, start the system dockerd in the background (log and
 #   pidfile in .run/dev/) and remember that we did.
 # - The engine gets the image suanli/busybox:latest when it lacks it, and the SSH
-#   gateway's suanli/sftp:latest (OpenSSH's sftp-server alone).
+#   gateway's suanli/sftp:latest (OpenSSH's sftp-server, rsync and scp alone).
 # - The image registry (docker-registry) on 127.0.0.1:5444 with TLS from a CA made once in
 #   .run/dev/registry and a password; the engine trusts the CA (as root only).
 # Prints `export` lines on stdout (also written to .run/dev/env.sh); progress
@@ -87,8 +87,8 @@ apply_firewall() {
 }
 
 ensure_packages() {
-    local needed=(docker.io busybox-static iptables openssh-sftp-server docker-registry apache2-utils curl openssl
-        gettext)
+    local needed=(docker.io busybox-static iptables openssh-sftp-server rsync docker-registry apache2-utils
+        curl openssl gettext)
     [[ -n "${REDIS_URL:-}" ]] || needed+=(redis-server)
     # As root this installs what is missing; otherwise it lists what is
     # missing with the apt-get command to run, and fails.

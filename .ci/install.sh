@@ -15,7 +15,7 @@ LOG_TAG=install
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ALL_PACKAGES=(postgresql redis-server docker.io busybox-static chromium iproute2 iptables
-    openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl gettext
+    openssh-client openssh-sftp-server rsync docker-registry apache2-utils curl openssl gettext
     fonts-wqy-microhei btrfs-progs moosefs-master moosefs-chunkserver moosefs-client
     moosefs-cli)
 if (($#)); then

@@ -401,51 +401,70 @@ ensure_busybox_image() {
 
 SFTP_IMAGE="${SUANLI_SFTP_IMAGE:-suanli/sftp:latest}"
 SFTP_SERVER_BIN="${SFTP_SERVER_BIN:-/usr/lib/openssh/sftp-server}"
+RSYNC_BIN="${RSYNC_BIN:-/usr/bin/rsync}"
+SCP_BIN="${SCP_BIN:-/usr/bin/scp}"
+# What the image holds, as its label suanli.transfer says (jobs/access/sftp.py reads it: an
+# engine whose image predates rsync is told to an operator, not run). Change it when the
+# image's contents change: ensure_sftp_image imports again where the label differs.
+SFTP_TOOLS="sftp-server rsync scp"
 
 # build_sftp_rootfs TARBALL: the smallest root filesystem that runs OpenSSH's
-# sftp-server (Debian's openssh-sftp-server): the binary, the shared libraries
-# ldd names, and an empty /etc (the gateway adds the tenant's passwd line per
-# session, jobs/access/sftp.py). No shell, no /tmp: nothing in it is the tenant's
-# to write. Rebuilt when missing or older than the binary.
+# sftp-server (Debian's openssh-sftp-server), rsync (`rsync --server`) and scp (`scp -t`/`-f`,
+# the legacy protocol of `scp -O`) for a workspace whose image has none: the binaries, the shared libraries ldd names, and an empty
+# /etc (the gateway adds the tenant's passwd line per session, jobs/access/sftp.py). No
+# shell, no /tmp: nothing in it is the tenant's to write, and nothing in it runs but the
+# one program the gateway names. Rebuilt when missing, older than a binary or without rsync and scp.
 build_sftp_rootfs() {
-    local tarball="$1" root lib
-    if [[ -s "$tarball" && "$tarball" -nt "$SFTP_SERVER_BIN" ]]; then
+    local tarball="$1" root lib bin
+    if [[ -s "$tarball" && "$tarball" -nt "$SFTP_SERVER_BIN" && "$tarball" -nt "$RSYNC_BIN" ]] &&
+        tar -tf "$tarball" ./usr/bin/rsync ./usr/bin/scp >/dev/null 2>&1; then
         return 0
     fi
     [[ -x "$SFTP_SERVER_BIN" ]] || die "$SFTP_SERVER_BIN missing (run .ci/install.sh openssh-sftp-server)"
+    [[ -x "$RSYNC_BIN" ]] || die "$RSYNC_BIN missing (run .ci/install.sh rsync)"
+    [[ -x "$SCP_BIN" ]] || die "$SCP_BIN missing (run .ci/install.sh openssh-client)"
     log "building sftp rootfs $tarball"
     mkdir -p "$(dirname "$tarball")"
     rm -rf "$(dirname "$tarball")"/.sftp-rootfs.*
     root="$(mktemp -d "$(dirname "$tarball")/.sftp-rootfs.XXXXXX")"
     chmod 0755 "$root"
-    mkdir -p "$root"/{etc,proc,sys,dev,usr/lib/openssh}
+    mkdir -p "$root"/{etc,proc,sys,dev,usr/lib/openssh,usr/bin}
     install -m 0755 "$SFTP_SERVER_BIN" "$root/usr/lib/openssh/sftp-server"
+    install -m 0755 "$RSYNC_BIN" "$root/usr/bin/rsync"
+    install -m 0755 "$SCP_BIN" "$root/usr/bin/scp"
     # `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` and the loader's own line.
-    while IFS= read -r lib; do
-        [[ -n "$lib" ]] || continue
-        mkdir -p "$root$(dirname "$lib")"
-        cp -L "$lib" "$root$lib"
-    done < <(ldd "$SFTP_SERVER_BIN" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+    for bin in "$SFTP_SERVER_BIN" "$RSYNC_BIN" "$SCP_BIN"; do
+        while IFS= read -r lib; do
+            [[ -n "$lib" ]] || continue
+            mkdir -p "$root$(dirname "$lib")"
+            cp -L "$lib" "$root$lib"
+        done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+    done
     tar --numeric-owner --owner=0 --group=0 -C "$root" -cf "$tarball.tmp" . \
         && mv -f "$tarball.tmp" "$tarball"
     rm -rf "$root"
 }
 
 # ensure_sftp_image HOST TARBALL: `docker import` the rootfs as $SFTP_IMAGE
-# unless the engine has it, then check that sftp-server starts (it answers an
-# empty input by exiting; "No user found" means it ran but has no passwd line,
-# which the gateway supplies).
+# unless the engine has it with today's contents (its label suanli.transfer), then check
+# that sftp-server starts (it answers an empty input by exiting; "No user found" means it
+# ran but has no passwd line, which the gateway supplies) and that rsync runs.
 ensure_sftp_image() {
-    local host="$1" tarball="$2" out
-    if ! "$DOCKER_CLI" -H "$host" image inspect "$SFTP_IMAGE" >/dev/null 2>&1; then
+    local host="$1" tarball="$2" out tools
+    tools="$("$DOCKER_CLI" -H "$host" image inspect -f '{{index .Config.Labels "suanli.transfer"}}' \
+        "$SFTP_IMAGE" 2>/dev/null)" || tools=""
+    if [[ "$tools" != "$SFTP_TOOLS" ]]; then
         build_sftp_rootfs "$tarball"
-        log "importing $SFTP_IMAGE into $host"
+        log "importing $SFTP_IMAGE into $host${tools:+ (it held: $tools)}"
         "$DOCKER_CLI" -H "$host" import --change 'CMD ["/usr/lib/openssh/sftp-server"]' \
-            "$tarball" "$SFTP_IMAGE" >/dev/null
+            --change "LABEL suanli.transfer=\"$SFTP_TOOLS\"" "$tarball" "$SFTP_IMAGE" >/dev/null
     fi
     out="$("$DOCKER_CLI" -H "$host" run --rm --network none --user 4242:4242 "$SFTP_IMAGE" 2>&1 </dev/null)" || true
     [[ "$out" == *"No user found for uid 4242"* ]] ||
         die "$SFTP_IMAGE does not run sftp-server on $host: $out"
+    out="$("$DOCKER_CLI" -H "$host" run --rm --network none --user 4242:4242 --read-only \
+        "$SFTP_IMAGE" /usr/bin/rsync --version 2>&1 </dev/null)" || true
+    [[ "$out" == "rsync "*"version"* ]] || die "$SFTP_IMAGE does not run rsync on $host: $out"
     log "$SFTP_IMAGE runs on $host"
 }
 

@@ -23,7 +23,7 @@
 #     (docker-E/data.btrfs, the storage driver btrfs, quotas on: root filesystem sizes
 #     are enforced), the tenant firewall and host set-up
 #     (jobs/hosts/scripts/host-firewall.sh), the image suanli/busybox:latest and the SSH
-#     gateway's suanli/sftp:latest (OpenSSH's sftp-server alone). The two
+#     gateway's suanli/sftp:latest (OpenSSH's sftp-server, rsync and scp alone). The two
 #     form a swarm (a manages) that carries the clusters' overlay networks.
 #   - the researchers' distributed filesystem: MooseFS (Debian's packages), a master and one
 #     chunkserver on 172.29.0.1 (ports 19419-19422), fresh each start, mounted by this
@@ -425,7 +425,7 @@ cmd_start() {
     local e
     # No-op (dpkg-query only) when everything is already installed.
     "$CI_DIR/install.sh" postgresql redis-server docker.io busybox-static iproute2 iptables \
-        openssh-client openssh-sftp-server docker-registry apache2-utils curl openssl btrfs-progs \
+        openssh-client openssh-sftp-server rsync docker-registry apache2-utils curl openssl btrfs-progs \
         moosefs-master moosefs-chunkserver moosefs-client moosefs-cli
     # PostgreSQL takes ~2 s to start and shares nothing with the rest: run it
     # alongside. The engines start one after the other on purpose: a starting

@@ -739,6 +739,10 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         self.kind = ""
         self.command = ""
         self.env: dict[str, str] = {}
+        self.watch: sftp.WriteWatch | None = None  # sftp: a refused write, said in words
+        self.transfer: sftp.Transfer | None = None  # rsync or scp -O's server side
+        self.helper = False  # ... run in our container (the image has no such program)
+        self.places: list[str] = []  # where that transfer may write
 
     def connection_made(self, chan) -> None:
         super().connection_made(chan)
@@ -779,7 +783,21 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             return False
         self.kind = "sftp"
         self.term = ""  # sftp-server speaks its protocol, never to a terminal
+        # From the first byte on (its packets are framed from there); places come in _start.
+        self.watch = sftp.WriteWatch(self.login.exec_base["workdir"], [])
         return True
+
+    def data_received(self, data: bytes, datatype) -> None:
+        if self.watch is not None:
+            self.watch.client_sent(data)
+        super().data_received(data, datatype)
+
+    def _output(self, data: bytes, stderr: bool) -> None:
+        if self.watch is not None and not stderr and not self.closed:
+            said = self.watch.server_sent(data)
+            if said:
+                self.chan.write_stderr(f"Suanli: {said}.\n".encode())
+        super()._output(data, stderr)
 
     def session_started(self) -> None:
         self.stream.multiplexed = not self.term  # a TTY's output comes as one stream
@@ -824,24 +842,20 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         return env
 
     async def _start(self) -> None:
-        limit = settings.SUANLI_SSH_MAX_SESSIONS
         try:
-            if self.kind == "sftp":
-                if not await self.connection.sftp_claim():
-                    self.fail(
-                        f"you have {limit} SSH sessions open, the most one researcher may have "
-                        "at a time (an sftp session beyond the first of a connection counts "
-                        "as one); end one and try again"
-                    )
-                    return
-                self.sftp_counted = True
-                if self.closed:  # the client left meanwhile
-                    return
-                mounts = await admission.in_db(sftp.sftp_mounts, self.login.cluster)
-                self.container_id, hijacked = await asyncio.to_thread(
-                    sftp.sftp_open, self.login, mounts
+            transfer = None if self.term else sftp.transfer_command(self.command)
+            if self.kind == "exec" and transfer is not None:
+                self.transfer = transfer
+                self.helper = not await asyncio.to_thread(
+                    sftp.workspace_has, self.login, transfer.program
                 )
+            if self.kind == "sftp" or self.helper:
+                hijacked = await self._start_helper()
+                if hijacked is None:
+                    return
             else:
+                if self.transfer is not None and not await self._may_write():
+                    return
                 cmd = (
                     streams.LOGIN_SHELL if self.kind == "shell" else ["/bin/sh", "-c", self.command]
                 )
@@ -863,6 +877,57 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         if self._started(hijacked) and self.term:
             await self._resize()
 
+    async def _start_helper(self):
+        """sftp, or rsync/scp for an image without them, in our container
+        (sftp.helper_open): counted as a session beyond a connection's first, refused in
+        words when it would write outside the cluster's writable volumes. Its hijacked
+        socket, or None when it was refused (said) or the client left."""
+        if not await self.connection.sftp_claim():
+            limit = settings.SUANLI_SSH_MAX_SESSIONS
+            self.fail(
+                f"you have {limit} SSH sessions open, the most one researcher may have "
+                "at a time (an sftp, rsync or scp session beyond the first of a connection "
+                "counts as one); end one and try again"
+            )
+            return None
+        self.sftp_counted = True
+        if self.closed:  # the client left meanwhile
+            return None
+        mounts = await admission.in_db(sftp.sftp_mounts, self.login.cluster)
+        self.places = sftp.writable_places(mounts)
+        home = self.login.exec_base["workdir"]
+        if self.watch is not None:
+            self.watch.places = self.places
+        if self.transfer is None:
+            argv, tool = [sftp.SFTP_SERVER, "-d", home], "sftp"
+        else:
+            tool = self.transfer.tool
+            argv = [sftp.PROGRAMS[tool], *self.transfer.args]
+            for path in self.transfer.written:
+                if not sftp.is_inside(path, home, self.places):
+                    self.fail(sftp.not_writable_words(path, self.places, workspace=False))
+                    return None
+        self.container_id, hijacked = await asyncio.to_thread(
+            sftp.helper_open, self.login, mounts, argv, tool=tool
+        )
+        return hijacked
+
+    async def _may_write(self) -> bool:
+        """A transfer in the workspace (its image has the program) that would write outside
+        the volumes and /tmp: asked of the workspace first, since its image may let the
+        tenant write there; refused in words naming those places when it does not (the
+        program's own error reaches a client that is gone by the time it exits)."""
+        home = self.login.exec_base["workdir"]
+        self.places = await admission.in_db(sftp.volume_places, self.login.cluster)
+        places = [*self.places, "/tmp"]  # noqa: S108 (the workspace's own)
+        for path in self.transfer.written:
+            if sftp.is_inside(path, home, places):
+                continue
+            if not await asyncio.to_thread(sftp.workspace_may_write, self.login, path):
+                self.fail(sftp.not_writable_words(path, self.places, workspace=True))
+                return False
+        return True
+
     def fail(self, text: str) -> None:
         log.info("%s: %s not started: %s", self.login.name, self.kind, text)
         if not self.closed:
@@ -878,6 +943,8 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
                 status = await asyncio.to_thread(streams.exec_exit_code, self.login, self.exec_id)
             except sessions.ENGINE_ERRORS:
                 status = 255
+        elif self.container_id and self.transfer is not None:
+            status = await asyncio.to_thread(sftp.helper_exit_code, self.login, self.container_id)
         if not self.closed:
             self.closed = True
             self.connection.channels.discard(self)
