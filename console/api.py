@@ -189,7 +189,14 @@ class TokenRate(BaseThrottle):
         return 60 - time.time() % 60
 
 
-api = NinjaAPI(
+class SuanliApi(NinjaAPI):
+    def get_openapi_operation_id(self, operation) -> str:
+        """The view's own name (`cluster_create`), not `console_api_cluster_create`: what a
+        generated client names its functions."""
+        return operation.view_func.__name__
+
+
+api = SuanliApi(
     title="Suanli API",
     version="1",
     description="GPU clusters, jobs, own images and balance of the token's owner. Another "
@@ -231,6 +238,8 @@ def _field_message(err: dict) -> str:
         return f"Give {ctx.get('ge')} or more."
     if kind == "less_than_equal":
         return f"Give at most {ctx.get('le')}."
+    if kind == "literal_error":
+        return f"Give {ctx.get('expected')}."
     return _WORDS.get(kind, err.get("msg", "Invalid."))
 
 
@@ -299,7 +308,9 @@ def _refusals(errors, names: dict[str, str] | None = None) -> JsonResponse:
     return _error(400, " ".join(general) or "Invalid input.", fields)
 
 
-ERRORS = {400: Error, 401: Error, 404: Error, 413: Error, 429: Error}
+# 405: a method the path does not take (its Allow header says which), as console/api_urls.py
+# answers it.
+ERRORS = {400: Error, 401: Error, 404: Error, 405: Error, 413: Error, 429: Error}
 
 
 def _responses(ok: int, schema) -> dict:
@@ -846,7 +857,8 @@ POOL_EVENTS = 50
 def _pool_form_data(body: NewPool, owner) -> dict:
     """The API's fields as the pool form's: the clusters' shape as the cluster API reads
     it, then the pool's own (counts, idle minutes, budgets)."""
-    data = _cluster_form_data(NewCluster(**body.dict(include=_POOL_SHAPE)), owner)
+    shape = body.dict(include=_POOL_SHAPE, exclude_none=True)
+    data = _cluster_form_data(NewCluster(**shape), owner)
     defaults = {"min_clusters": 0, "max_clusters": 1, "idle_minutes": 10}
     for name, default in defaults.items():
         value = getattr(body, name)

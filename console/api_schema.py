@@ -27,7 +27,11 @@ def iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-Stamp = Annotated[datetime, PlainSerializer(iso, return_type=str)]
+Stamp = Annotated[
+    datetime,
+    PlainSerializer(iso, return_type=str),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
 # Money leaves as its exact decimal digits, never a float.
 Money = Annotated[
     Decimal,
@@ -64,6 +68,34 @@ def _lines_shape(value):
 
 def _choices(choices) -> type:
     return Literal.__getitem__(tuple(value for value, _ in choices))
+
+
+def _default_of(model, field: str) -> str:
+    """The model's default for a new row: the API's default is the model's, never a copy."""
+    return model._meta.get_field(field).default
+
+
+def _one_of(choices, default: str | None = None, words: dict[str, str] | None = None) -> str:
+    """`a (default), b or c` from the enum itself, so a description never names a value the
+    API does not take (nor a default the model does not have)."""
+    values = [value for value, _ in choices]
+    if default in values:
+        values.remove(default)
+        values.insert(0, default)
+    said = []
+    for value in values:
+        notes = ["default"] if value == default else []
+        notes += [words[value]] if words and value in words else []
+        said.append(f"{value} ({': '.join(notes)})" if notes else value)
+    return ", ".join(said[:-1]) + f" or {said[-1]}" if len(said) > 1 else said[0]
+
+
+RELEASE_POLICY_DEFAULT = _default_of(Cluster, "release_policy")
+_RELEASE_WORDS = {
+    Cluster.ReleasePolicy.NEVER: "the cluster and its files stay until you stop or release it",
+    Cluster.ReleasePolicy.AFTER_LAST_JOB: "released with its workspace when its last job ends",
+    Cluster.ReleasePolicy.IDLE: "released after idle_minutes without a job",
+}
 
 
 class Error(Schema):
@@ -184,22 +216,29 @@ class ClusterKeysOut(Schema):
 
 
 class NewCluster(Schema):
-    name: str | None = Field(None, description="lower-case letters, digits and dashes")
+    name: str = Field(description="lower-case letters, digits and dashes")
     gpu_model: str | None = Field(None, description="a GPU model's slug, e.g. a100-80gb")
     instance_type: str | None = Field(None, description="a CPU-only type (instead of gpu_model)")
     nodes: Whole | None = None
     gpus_per_node: Whole | None = None
     image: str | None = Field(None, description="a catalog image's reference, or any other")
-    network: str | None = Field(None, description="standard (default) or rdma")
+    network: _choices(Cluster.Network.choices) = Field(
+        _default_of(Cluster, "network"),
+        description=_one_of(Cluster.Network.choices, _default_of(Cluster, "network")),
+    )
     zone: str | None = Field(None, description="empty: any zone")
     spot: bool | None = Field(None, strict=True, description="a cheaper, preemptible cluster")
     volumes: Annotated[list[str] | str | None, BeforeValidator(_lines_shape)] = Field(
         None, description="storage-folder:/container/path[:ro], one per item"
     )
-    release_policy: str | None = Field(
-        None, description="after_last_job (default), when_idle or never"
+    release_policy: _choices(Cluster.ReleasePolicy.choices) = Field(
+        RELEASE_POLICY_DEFAULT,
+        description="when the console releases the cluster on its own: "
+        + _one_of(Cluster.ReleasePolicy.choices, RELEASE_POLICY_DEFAULT, _RELEASE_WORDS),
     )
-    idle_minutes: Whole | None = Field(None, description="with release_policy when_idle")
+    idle_minutes: Whole | None = Field(
+        None, description=f"with release_policy {Cluster.ReleasePolicy.IDLE}"
+    )
     ssh_keys: list[Whole] | None = Field(
         None,
         description="ids of your SSH keys to attach; left out: your default keys "
@@ -218,7 +257,7 @@ class NewCluster(Schema):
 class Start(Schema):
     mode: Literal["gpu", "wait", "no_gpu"] = Field(
         "gpu",
-        description="gpu: with its GPUs now (409 when they are taken); wait: in line for "
+        description="gpu (default): with its GPUs now (409 when they are taken); wait: in line for "
         "them on the hosts that keep its workspaces; no_gpu: at once without GPUs",
     )
 
@@ -264,9 +303,12 @@ class JobOut(Schema):
 class JobBody(Schema):
     """A job as submitted: to a cluster (NewJob) or to a pool."""
 
-    name: str | None = None
-    command: str | None = Field(None, description="run with /bin/sh -c in every replica")
-    launcher: str | None = Field(None, description="plain (default) or torchrun")
+    name: str = Field(description="e.g. train")
+    command: str = Field(description="run with /bin/sh -c in every replica")
+    launcher: _choices(Job.Launcher.choices) = Field(
+        _default_of(Job, "launcher"),
+        description=_one_of(Job.Launcher.choices, _default_of(Job, "launcher")),
+    )
     env: Annotated[
         dict[str, str | int | float] | list[str] | str | None, BeforeValidator(_env_shape)
     ] = Field(None, description='{"NAME": "value"} or ["NAME=value", ...]')
@@ -289,7 +331,9 @@ class NewJob(JobBody):
 
 
 class LogLine(Schema):
-    ts: str = Field(description="the engine's RFC 3339 timestamp of the line")
+    ts: Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})] = Field(
+        description="the engine's RFC 3339 timestamp of the line (to the nanosecond)"
+    )
     rank: int
     text: str
 
@@ -419,10 +463,10 @@ class ImagesOut(Schema):
 
 
 class NewBuild(Schema):
-    name: str | None = Field(None, description="lower-case letters and digits, e.g. my-torch")
+    name: str = Field(description="lower-case letters and digits, e.g. my-torch")
     tag: str | None = Field(None, description="default latest")
-    dockerfile: str | None = Field(
-        None, description="its text: FROM a catalog image, one of yours, or one the operator allows"
+    dockerfile: str = Field(
+        description="its text: FROM a catalog image, one of yours, or one the operator allows"
     )
     context: str | None = Field(
         None, description="one of your storage folders, sent as the build context (optional)"
@@ -483,13 +527,16 @@ class BuildOut(Schema):
 
 
 class NewPool(Schema):
-    name: str | None = Field(None, description="lower-case letters, digits and dashes")
+    name: str = Field(description="lower-case letters, digits and dashes")
     gpu_model: str | None = Field(None, description="a GPU model's slug, e.g. a100-80gb")
     instance_type: str | None = Field(None, description="a CPU-only type (instead of gpu_model)")
     nodes: Whole | None = Field(None, description="nodes of each cluster")
     gpus_per_node: Whole | None = None
     image: str | None = Field(None, description="a catalog image's reference, or any other")
-    network: str | None = Field(None, description="standard (default) or rdma")
+    network: _choices(Cluster.Network.choices) = Field(
+        _default_of(Cluster, "network"),
+        description=_one_of(Cluster.Network.choices, _default_of(Cluster, "network")),
+    )
     zone: str | None = Field(None, description="empty: any zone")
     spot: bool | None = Field(None, strict=True, description="cheaper, preemptible clusters")
     volumes: Annotated[list[str] | str | None, BeforeValidator(_lines_shape)] = Field(
@@ -621,24 +668,29 @@ class PoolDetailOut(PoolOut):
 class NewSweep(Schema):
     name: str | None = None
     pool: Id = Field(description="the id of one of your active pools")
-    command: str | None = Field(None, description="run with /bin/sh -c, once per trial")
+    command: str = Field(description="run with /bin/sh -c, once per trial")
     env: Annotated[
         dict[str, str | int | float] | list[str] | str | None, BeforeValidator(_env_shape)
     ] = Field(None, description='{"NAME": "value"} or ["NAME=value", ...], for every trial')
     workdir: str | None = Field(None, description="default /workspace")
-    space: list[dict] | str | None = Field(
-        None,
+    space: list[dict] | str = Field(
         description='[{"name": "lr", "type": "log_uniform", "low": 1e-5, "high": 0.1}, '
         '{"name": "opt", "type": "categorical", "choices": ["adam", "sgd"]}] (types: uniform, '
         "log_uniform, int, categorical), or the form's lines ('lr: log_uniform 1e-5 1e-1')",
     )
-    metric: str | None = Field(
-        None, description='the name the trials print: SUANLI_METRIC {"step": 100, "val_loss": 0.41}'
+    metric: str = Field(
+        description='the name the trials print: SUANLI_METRIC {"step": 100, "val_loss": 0.41}'
     )
-    direction: str | None = Field(None, description="minimize (default) or maximize")
+    direction: _choices(Sweep.Direction.choices) = Field(
+        Sweep.Direction.MINIMIZE,
+        description=_one_of(Sweep.Direction.choices, Sweep.Direction.MINIMIZE),
+    )
     trials: Whole | None = Field(None, description="how many trials in all (default 20)")
     parallel: Whole | None = Field(None, description="trials at a time (default 1)")
-    pruner: str | None = Field(None, description="asha (default), median or none")
+    pruner: _choices(Sweep.Pruner.choices) = Field(
+        _default_of(Sweep, "pruner"),
+        description=_one_of(Sweep.Pruner.choices, _default_of(Sweep, "pruner")),
+    )
     min_steps: Whole | None = Field(None, description="steps before a trial may be pruned")
 
 
