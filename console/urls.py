@@ -137,6 +137,7 @@ urlpatterns = [
     ),
     path("clusters/<int:cluster_id>/cost/", views_billing.cluster_cost, name="cluster_cost"),
     path("ops/billing/", views_billing.ops_billing, name="ops_billing"),
+    path("ops/billing/topup/", views_billing.ops_topup, name="ops_topup"),
     path("ops/queue/", views.ops_queue, name="ops_queue"),
     path("ops/hosts/<int:host_id>/drain/", views.ops_host_drain, name="ops_host_drain"),
     path("ops/hosts/<int:host_id>/reclaim/", views.ops_host_reclaim, name="ops_host_reclaim"),

@@ -8,21 +8,30 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import re
+import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import plotly.graph_objects as go
+from django import forms
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import Http404, StreamingHttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from billing import formatting
 from billing import selectors as money
+from billing import services as ledger
 from billing import storage as bought
-from billing.models import LedgerEntry
+from billing.models import Account, BillLine, LedgerEntry
 from billing.pricing import RateBook
 from console.powers import operator_required
 from jobs.models import Cluster
@@ -98,6 +107,13 @@ def _month_param(request) -> tuple[int, int]:
     return year, month
 
 
+def _zone() -> str:
+    """The reader's zone as the tables' headings name it: "UTC+08:00" (an abbreviation such
+    as "CST" means China or Central time, and is English on a Chinese page)."""
+    offset = timezone.localtime().strftime("%z")
+    return "UTC" if offset == "+0000" else f"UTC{offset[:3]}:{offset[3:]}"
+
+
 def _query(request) -> str:
     filters = request.GET.copy()
     filters.pop("cursor", None)
@@ -143,6 +159,7 @@ def billing(request):
             "months": _months(user),
             "month": (year, month),
             "filter_query": _query(request),
+            "zone": _zone(),
         },
     )
 
@@ -185,6 +202,7 @@ def billing_detail(request):
             "month": month,
             "months": _months(user),
             "filter_query": _query(request),
+            "zone": _zone(),
         },
     )
 
@@ -370,3 +388,166 @@ def cluster_form_prices(form) -> str:
         if itype.pk in table["cpu"]:
             out[f"cpu:{name}"] = table["cpu"][itype.pk]
     return json.dumps({"currency": table["currency"], "prices": out})
+
+
+# -- the operator's top-up page ------------------------------------------------------------
+
+POST_ENTRIES = "billing.post_ledgerentry"
+TOPUP_KINDS = (LedgerEntry.Kind.TOPUP, LedgerEntry.Kind.REFUND, LedgerEntry.Kind.ADJUSTMENT)
+MOST = Decimal("1000000.00")  # one entry, either way: a typo of three zeros is refused
+TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+
+class TopUpForm(forms.Form):
+    """A top-up, refund or adjustment of one account. `token` is the form's one-time
+    idempotency key: the same form sent twice posts once."""
+
+    kind = forms.ChoiceField(
+        label=gettext_lazy("Kind"),
+        choices=[(k.value, k.label) for k in TOPUP_KINDS],
+    )
+    amount = forms.DecimalField(
+        label=gettext_lazy("Amount"),
+        max_digits=9,
+        decimal_places=2,
+        help_text=gettext_lazy(
+            "To the cent. Top-ups and refunds add money; an adjustment may be negative "
+            "(it takes money off)."
+        ),
+        error_messages={
+            "invalid": gettext_lazy("Give an amount such as 100 or 12.50."),
+            "max_decimal_places": gettext_lazy("Give the amount to the cent at most."),
+            "max_digits": gettext_lazy("Give an amount up to 1,000,000.00."),
+            "max_whole_digits": gettext_lazy("Give an amount up to 1,000,000.00."),
+        },
+    )
+    memo = forms.CharField(
+        label=gettext_lazy("Reason"),
+        max_length=300,
+        help_text=gettext_lazy(
+            "Kept with the entry and shown on the researcher's bill, e.g. invoice 2026-117."
+        ),
+        error_messages={"required": gettext_lazy("Say why: the reason is kept with the entry.")},
+    )
+    token = forms.CharField(widget=forms.HiddenInput)
+
+    def clean_token(self) -> str:
+        token = self.cleaned_data["token"]
+        if not TOKEN.match(token):
+            raise ValidationError(_("The form has expired: open the page again."))
+        return token
+
+    def clean_memo(self) -> str:
+        memo = self.cleaned_data["memo"].strip()
+        if not memo:
+            raise ValidationError(_("Say why: the reason is kept with the entry."))
+        return memo
+
+    def clean(self):
+        data = super().clean()
+        kind, amount = data.get("kind"), data.get("amount")
+        if kind is None or amount is None:
+            return data
+        if abs(amount) > MOST:
+            self.add_error(
+                "amount",
+                _("One entry moves at most %(most)s; post several for more.")
+                % {"most": f"{MOST:,}"},
+            )
+        elif kind == LedgerEntry.Kind.ADJUSTMENT and amount == 0:
+            self.add_error("amount", _("An adjustment of 0 changes nothing."))
+        elif kind != LedgerEntry.Kind.ADJUSTMENT and amount <= 0:
+            self.add_error(
+                "amount",
+                _("A top-up or a refund adds money: give a positive amount. To take money "
+                  "off, post an adjustment with a negative amount."),
+            )  # fmt: skip
+        return data
+
+
+def _may_post(user) -> bool:
+    return bool(user.is_staff and user.has_perm(POST_ENTRIES))
+
+
+def _find_accounts(query: str):
+    """Accounts whose researcher's name, full name or e-mail holds `query` (any case)."""
+    words = Q(user__username__icontains=query) | Q(user__email__icontains=query)
+    words |= Q(user__first_name__icontains=query) | Q(user__last_name__icontains=query)
+    return Account.objects.select_related("user").filter(words).order_by("user__username")[:20]
+
+
+def _recent_lines(account: Account, n: int = 20) -> list[BillLine]:
+    lines = list(
+        BillLine.objects.filter(account=account)
+        .select_related("cluster__instance_type", "gpu_model", "entry")
+        .order_by("-at", "-id")[:n]
+    )
+    return money.balances_after(account.user, lines)
+
+
+@login_required
+def ops_topup(request):
+    """Find an account by name or e-mail, see its balance and newest lines, and post a
+    top-up, refund or adjustment with its reason. Staff holding billing.post_ledgerentry
+    only: anyone else signed in gets 403 (staff status alone grants nothing)."""
+    if not _may_post(request.user):
+        raise PermissionDenied(_("Posting ledger entries needs billing.post_ledgerentry."))
+    ledger.accounts_ensure()  # users made in the admin or by createsuperuser can be found
+    query = request.GET.get("q", "").strip()[:100]
+    account = None
+    if request.method == "POST" or request.GET.get("account"):
+        raw = request.POST.get("account") or request.GET.get("account", "")
+        if not raw.isdigit():
+            raise Http404("No such account.")
+        account = get_object_or_404(Account.objects.select_related("user"), pk=int(raw))
+    form = TopUpForm(initial={"token": uuid.uuid4().hex, "kind": LedgerEntry.Kind.TOPUP})
+    status = 200
+    if request.method == "POST":
+        form = TopUpForm(request.POST)
+        if form.is_valid():
+            posted = _post(request, account, form.cleaned_data)
+            if posted:
+                return redirect(reverse("ops_topup") + f"?account={account.pk}")
+        status = 400
+    currency = RateBook.load().currency
+    return render(
+        request,
+        "console/ops_topup.html",
+        {
+            "query": query,
+            "found": _find_accounts(query) if query else None,
+            "account": account,
+            "lines": _recent_lines(account) if account else [],
+            "form": form,
+            "currency": currency,
+            "zone": _zone(),
+        },
+        status=status,
+    )
+
+
+def _post(request, account: Account, data: dict) -> bool:
+    key = f"op:{data['token']}"
+    replay = LedgerEntry.objects.filter(key=key).exists()
+    try:
+        entry = ledger.post_entry(
+            account=account, kind=data["kind"], amount=data["amount"], key=key,
+            by=request.user, memo=data["memo"],
+        )  # fmt: skip
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return False
+    if replay:
+        messages.info(request, _("This form was already sent: it was posted once, not again."))
+    else:
+        messages.success(
+            request,
+            _("%(kind)s of %(amount)s for %(who)s: balance now %(balance)s.")
+            % {
+                "kind": entry.get_kind_display(),
+                "amount": formatting.total(entry.amount),
+                "who": account.user.username,
+                "balance": formatting.total(entry.balance_after),
+            },
+        )
+    return True

@@ -41,6 +41,7 @@ OPERATOR_PAGES = {
     "ops_fleet_data": ("GET", ["jobs.view_host", "jobs.view_cluster"]),
     "ops_queue": ("GET", ["jobs.view_cluster"]),
     "ops_billing": ("GET", ["billing.view_account", "billing.view_ledgerentry"]),
+    "ops_topup": ("GET", ["billing.post_ledgerentry"]),
     "ops_host_drain": ("POST", ["jobs.drain_host"]),
     "ops_host_reclaim": ("POST", ["jobs.reclaim_spot"]),
     "ops_host_check": ("POST", ["jobs.change_host"]),

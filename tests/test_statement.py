@@ -11,6 +11,7 @@ registered without an engine (`paper_host`).
 
 import csv
 import io
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -18,8 +19,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import time_machine
+from browsing import login as _login
 from django.urls import reverse
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from billing import accrual
 from billing import services as billing
@@ -31,6 +34,7 @@ from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db
 
+SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 RATE = "3.6920"
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 
@@ -168,3 +172,28 @@ def test_the_billing_page_shows_the_balance_after_every_line(client, alice, bob,
     assert _page_lines(client, month=f"{t0.year}-{t0.month:02}") == [
         (Decimal("7.0000"), Decimal("7.0000"))
     ]
+
+
+@pytest.mark.browser
+def test_the_billing_page_in_chinese_at_desk_and_phone_widths(browser, live_server, alice, month):
+    preferences.save(alice, language="zh-hans", time_zone="Asia/Shanghai")
+    t0 = month["t0"]
+    for width, height in ((1366, 900), (390, 844)):
+        context = browser.new_context(
+            viewport={"width": width, "height": height}, locale="zh-CN",
+            timezone_id="Asia/Shanghai",
+        )  # fmt: skip
+        page = context.new_page()
+        _login(page, live_server, "alice", "alice-pass-123")
+        page.goto(f"{live_server.url}/billing/?month={t0.year}-{t0.month:02}")
+        expect(page.get_by_test_id("bill-line")).to_have_count(6)
+        balances = page.get_by_test_id("bill-balance").all_inner_texts()
+        assert balances[0] == "113.2120" and all(balances), balances
+        expect(page.locator("#ledger thead")).to_contain_text("UTC+08:00")
+        expect(page.locator("#ledger")).to_contain_text(
+            t0.astimezone(SHANGHAI).strftime("%Y-%m-%d 10:40:00")
+        )
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= width, wide
+        page.screenshot(path=f"{SHOTS}/billing_zh_{width}.png", full_page=True)
+        context.close()
