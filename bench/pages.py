@@ -18,6 +18,22 @@ small researcher alternately. Each page prints one JSON line with p50 and p95 pe
 researcher and ratio_p95 = large / small; a page that is not 200 stops the bench.
 The statement CSV is streamed: `ttfb` is the time to its first chunk, `total` to its
 last byte. Operator pages have large data only. Query counts are from one more request.
+
+First visit (`first_visit` lines, one per page: the large researcher's running cluster,
+finished job and a finished sweep of theirs): what a browser with an empty cache fetches
+and how soon the page is ready, in Debian's Chromium through a real web process (the
+Procfile's uvicorn line) on this database. Each visit is a fresh browser context (empty
+cache, the researcher's session cookie); BENCH_FIRST_VISITS (5) visits a page, the
+median is printed. Twice per page, each on its own web process and collectstatic:
+- now: the static files as production and `make run` serve them (hashed, gzip and brotli,
+  cached for good), plotly.js the partial bundle of static/vendor/;
+- before (the `before_` keys): plain names, uncompressed, and the full plotly.js of the
+  `plotly` package in its place, as `make run` served them until issue 40.
+`bytes` is every response of the visit as sent (headers and compressed bodies, Chromium's
+encodedDataLength) until the network is idle; `plotly_bytes` the plotly.js part of it;
+`dcl_ms` DOMContentLoaded after the navigation started (plotly.js is a deferred script:
+it is fetched and run before it), `load_ms` the load event, `ttfb_ms` and `html_ms` the
+page's first and last byte, `plotly_ms` plotly.js's last byte.
 """
 
 import heapq
@@ -25,9 +41,15 @@ import json
 import math
 import os
 import random
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -40,6 +62,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.cache import caches  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -68,6 +91,8 @@ LEDGER = int(os.environ.get("BENCH_LEDGER", 1_000_000))
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", 20_000))
 REPEAT = int(os.environ.get("BENCH_REPEAT", 20))
 KEEP = os.environ.get("BENCH_KEEP", "") == "1"  # leave the data for EXPLAIN afterwards
+FIRST_VISITS = int(os.environ.get("BENCH_FIRST_VISITS", 5))
+ROOT = Path(__file__).resolve().parent.parent
 DAYS = 100
 TICK_S = 10
 PER_HOUR = Decimal("3.6000")  # per GPU-hour: a ten-second piece of one GPU is 0.0100
@@ -495,6 +520,172 @@ def logged_in(u) -> Client:
     return client
 
 
+# -- the first visit -------------------------------------------------------------------------
+
+
+def seed_sweep(owner, cluster: Cluster) -> int:
+    """A finished sweep of four trials on a pool of `cluster`'s shape (no cluster of its
+    own: nothing is placed); returns its id."""
+    from jobs.clusters.services import ClusterSpec
+    from jobs.models import Pool, Sweep, Trial
+    from jobs.pools import autoscaler, sweeps
+
+    Sweep.objects.filter(owner=owner).delete()
+    Pool.objects.filter(owner=owner).delete()
+    shape = ClusterSpec(
+        name="", nodes=1, gpu_model=cluster.gpu_model, gpus_per_node=1, image=cluster.image
+    )
+    pool = autoscaler.pool_create(owner=owner, spec=autoscaler.PoolSpec(name="lr", cluster=shape))
+    spec = sweeps.SweepSpec(
+        name="lr-search", command="python train.py",
+        space=sweeps.parse_space("lr: log_uniform 1e-4 1e-1\nlayers: int 1 8\nopt: categorical adam sgd"),
+        metric="val_loss", trials=4, parallel=4, min_steps=5,
+    )  # fmt: skip
+    sweep = sweeps.sweep_create(owner=owner, pool=pool, spec=spec)
+    for n, trial in enumerate(sweep.trial_set.order_by("number")):
+        curve = [[10 * k, 1.0 - n / 10 - k / 50] for k in range(1, 41)]
+        Trial.objects.filter(pk=trial.pk).update(
+            state=Trial.State.COMPLETE, curve=curve, last_step=400, last_value=curve[-1][1],
+            best_value=curve[-1][1],
+        )  # fmt: skip
+    Sweep.objects.filter(pk=sweep.pk).update(state=Sweep.State.FINISHED)
+    return sweep.pk
+
+
+def collect(root: Path, *, manifest: bool) -> None:
+    """collectstatic into `root`; before: plain names and the plotly package's full bundle."""
+    env = {**os.environ, "SUANLI_STATIC_ROOT": str(root), "SUANLI_STATIC_FINDERS": "0",
+           "SUANLI_STATIC_MANIFEST": "1" if manifest else "0"}  # fmt: skip
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--no-input", "-v0"], cwd=ROOT, env=env,
+        check=True,
+    )  # fmt: skip
+    if not manifest:
+        import plotly
+
+        full = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+        shutil.copyfile(full, root / "vendor" / "plotly.min.js")
+
+
+@contextmanager
+def serving(root: Path, *, manifest: bool):
+    """The web process as the Procfile runs it, on this database, serving `root`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    line = next(
+        x.split(":", 1)[1].strip() for x in (ROOT / "Procfile").read_text().splitlines()
+        if x.startswith("web:")
+    )  # fmt: skip
+    env = {**os.environ, "PORT": str(port), "ALLOWED_HOSTS": "127.0.0.1",
+           "SUANLI_STATIC_ROOT": str(root), "SUANLI_STATIC_FINDERS": "0",
+           "SUANLI_STATIC_MANIFEST": "1" if manifest else "0"}  # fmt: skip
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", f"exec {line}"], cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    sys.exit("bench/pages: the web process did not answer")
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ms after the navigation started: the first byte and the last of the page, the last of
+# plotly.js, DOMContentLoaded and load.
+TIMES = ("ttfb_ms", "html_ms", "plotly_ms", "dcl_ms", "load_ms")
+
+
+def visit(browser, url: str, session: str) -> dict:
+    """One first visit: a fresh context (empty cache) with the session cookie."""
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    origin = "/".join(url.split("/", 3)[:3])  # http://127.0.0.1:port
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": origin}])
+    page = context.new_page()
+    cdp = context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    sent: dict[str, int] = {}
+    names: dict[str, str] = {}
+    cdp.on(
+        "Network.requestWillBeSent",
+        lambda e: names.__setitem__(e["requestId"], e["request"]["url"]),
+    )
+    cdp.on(
+        "Network.loadingFinished",
+        lambda e: sent.__setitem__(e["requestId"], e["encodedDataLength"]),
+    )
+    try:
+        response = page.goto(url, wait_until="load")
+        if response is None or response.status != 200:
+            sys.exit(f"bench/pages: {url} answered {response and response.status}")
+        page.wait_for_load_state("networkidle")
+        times = page.evaluate(
+            """() => {
+              const n = performance.getEntriesByType('navigation')[0];
+              const p = performance.getEntriesByType('resource').find((r) => r.name.includes('/plotly'));
+              return {ttfb_ms: n.responseStart, html_ms: n.responseEnd,
+                      plotly_ms: p ? p.responseEnd : 0, dcl_ms: n.domContentLoadedEventEnd,
+                      load_ms: n.loadEventEnd};
+            }"""
+        )
+    finally:
+        context.close()
+    plotly = sum(n for rid, n in sent.items() if "/plotly" in names.get(rid, ""))
+    return {"bytes": sum(sent.values()), "plotly_bytes": plotly, "requests": len(sent), **times}
+
+
+def first_visits(r: Researcher) -> None:
+    """Prints a `first_visit` line per page: now, and before (the `before_` keys)."""
+    from playwright.sync_api import sync_playwright
+
+    cluster = Cluster.objects.filter(owner=r.user, state=Cluster.State.RUNNING).first()
+    pages = {"cluster": f"/clusters/{cluster.pk}/", "job": f"/jobs/{r.job_id}/",
+             "sweep": f"/sweeps/{seed_sweep(r.user, cluster)}/"}  # fmt: skip
+    client = logged_in(r.user)
+    session = client.cookies[settings.SESSION_COOKIE_NAME].value
+    results: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-static-") as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ.get("SUANLI_CHROMIUM", "/usr/bin/chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        for when, manifest in (("before", False), ("now", True)):
+            root = Path(tmp) / when
+            collect(root, manifest=manifest)
+            with serving(root, manifest=manifest) as url:
+                visit(
+                    browser, url + pages["cluster"], session
+                )  # warm-up: the server's first request
+                for page, path in pages.items():
+                    runs = [visit(browser, url + path, session) for _ in range(FIRST_VISITS)]
+                    results.setdefault(page, {})[when] = {
+                        "bytes": runs[-1]["bytes"], "plotly_bytes": runs[-1]["plotly_bytes"],
+                        "requests": runs[-1]["requests"],
+                        **{k: round(statistics.median(x[k] for x in runs)) for k in TIMES},
+                    }  # fmt: skip
+        browser.close()
+    for page, got in results.items():
+        line = {"bench": "first_visit", "page": page, "visits": FIRST_VISITS, **got["now"],
+                **{f"before_{k}": v for k, v in got["before"].items()}}  # fmt: skip
+        line["bytes_ratio"] = round(line["bytes"] / line["before_bytes"], 3)
+        print(json.dumps(line), flush=True)
+
+
 def main():
     if connection.vendor != "postgresql":
         sys.exit("bench/pages runs on PostgreSQL: use `make bench`.")
@@ -513,6 +704,7 @@ def main():
     for page, url in OPERATOR_PAGES.items():
         line = {"bench": "pages", "page": page, "repeat": REPEAT, **measure(staff, {"large": url})}
         print(json.dumps(line), flush=True)
+    first_visits(large)
     if not KEEP:
         reset()
 

@@ -38,6 +38,7 @@ if [ "${BENCH_SMOKE:-0}" = 1 ]; then
     smoke BENCH_CONTAINERS 4;  smoke BENCH_TICKS 2;   smoke BENCH_CLIENTS 3  # monitor
     smoke BENCH_FANOUT_S 2;    smoke BENCH_NODES_PER_CLUSTER 2;  smoke BENCH_BASELINE_CALLS 3
     smoke BENCH_LEDGER 2000;   smoke BENCH_SAMPLES 200;  smoke BENCH_REPEAT 1  # pages
+    smoke BENCH_FIRST_VISITS 1                                               # pages
     smoke BENCH_SESSIONS 2;    smoke BENCH_SECONDS 1                         # gateway
     smoke BENCH_IMAGE_RUNS 1;  smoke BENCH_PULL_MB 1                         # images
     smoke BENCH_VIEWERS 3;     smoke BENCH_WINDOW_S 1                        # log_fanout
@@ -73,7 +74,7 @@ fi
 
 export DEBUG=0 SUANLI_HTTPS=0 SECRET_KEY=bench-only ALLOWED_HOSTS=localhost,testserver
 # bench/pages renders pages in-process (django.test.Client: host "testserver") without
-# collectstatic, so no static manifest.
+# collectstatic, so no static manifest (its first visits collect and serve their own).
 BENCH_DATABASE="${BENCH_DATABASE:-suanli_bench}"
 [[ "$BENCH_DATABASE" =~ ^[a-z_][a-z0-9_]*$ ]] || { echo "bench: BENCH_DATABASE=$BENCH_DATABASE" >&2; exit 2; }
 SERVICES_DATABASE_URL="$DATABASE_URL"

@@ -55,6 +55,8 @@ CASES: dict[str, dict[str, tuple[int, set[str]]]] = {
     },
     "bench/pages.py": {
         "pages": (None, {"repeat"}),  # a line per page, and the seed's
+        "first_visit": (3, {"page", "bytes", "plotly_bytes", "dcl_ms", "load_ms", "before_bytes",
+                            "before_plotly_bytes", "before_dcl_ms", "bytes_ratio"}),
     },
     "bench/gateway.py": {
         "gateway_first_byte": (1, {"runs", "ssh_median_s", "docker_exec_median_s", "ratio"}),
