@@ -463,7 +463,8 @@ SUANLI_SSH_HOST_KEY = Path(
 SUANLI_SSH_IDLE_S = envint("SUANLI_SSH_IDLE_S", 3600)  # no data either way: closed
 SUANLI_SSH_MAX_SESSIONS = envint("SUANLI_SSH_MAX_SESSIONS", 10)  # per researcher, all gateways
 SUANLI_SSH_MAX_CHANNELS = envint("SUANLI_SSH_MAX_CHANNELS", 10)  # per connection (shells, -L, sftp)
-# OpenSSH's sftp-server alone (.ci/lib.sh builds it on every engine); never pulled.
+# OpenSSH's sftp-server, rsync and scp alone (.ci/lib.sh builds it on every engine); never
+# pulled. Runs sftp, and rsync or scp -O for a workspace whose image has none.
 SUANLI_SFTP_IMAGE = envstr("SUANLI_SFTP_IMAGE", "suanli/sftp:latest")
 
 # Researchers' own images (jobs/images/builds.py, jobs/nodes/registry.py). The registry they live in, as

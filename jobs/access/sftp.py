@@ -339,11 +339,16 @@ def not_writable_words(path: str, places: list[str], *, workspace: bool) -> str:
     """Why `path` could not be written, naming where a transfer writes instead. `workspace`:
     the transfer ran in the workspace (its own /tmp too), else in our container."""
     shown = "".join(ch if ch.isprintable() else "?" for ch in path[:200])
+    if workspace and not places:
+        return _(
+            "%(path)s is not writable by you in the workspace: only /tmp (the workspace's "
+            "own, gone with it) is yours to write, as this cluster has no volume"
+        ) % {"path": shown}
     if workspace:
         return _(
             "%(path)s is not writable by you in the workspace: only your volumes "
             "(%(places)s) and /tmp (the workspace's own, gone with it) are yours to write"
-        ) % {"path": shown, "places": ", ".join(places) or _("none")}
+        ) % {"path": shown, "places": ", ".join(places)}
     if not places:
         return _(
             "%(path)s is not writable: this image has no rsync or scp of its own and scp, sftp "
