@@ -25,6 +25,7 @@ from test_gateway import (
 )
 from waiting import until
 
+from console import preferences
 from jobs.access import sftp
 from jobs.nodes import runtime, workspaces
 
@@ -161,6 +162,25 @@ def test_scp_outside_the_writable_folders_says_where_to_write_in_both_modes(
         assert done.returncode == 0, done.stderr
     seen = gw.ssh(alice_key, login, "cat /data/f0.txt /data/f1.txt")
     assert seen.stdout == b"x\nx\n", seen.stderr
+
+
+def test_the_words_are_in_the_researchers_language(
+    start_gateway, workspace_cluster, alice_key, alice, tmp_path
+):
+    """Needs /tmp/h/po-rsync.po merged into locale/ (zh_Hans)."""
+    preferences.save(alice, language="zh-hans")
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    f = tmp_path / "f.txt"
+    f.write_text("x\n")
+    for legacy in ((), ("-O",)):
+        done = gw.scp(alice_key, *legacy, f, f"{login}@127.0.0.1:/etc/x")
+        err = done.stderr.decode()
+        assert done.returncode != 0
+        assert (
+            "/etc/x 不可写入：scp、sftp 和 rsync 只能写入您的存储卷（/data, /workspace）" in err
+        ), err
 
 
 def test_an_attacker_reads_nothing_outside_the_volumes_through_rsync(

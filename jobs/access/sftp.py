@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import docker
 from django.conf import settings
+from django.utils import translation
 from django.utils.translation import gettext as _
 from docker.types import LogConfig, Mount
 
@@ -335,9 +336,17 @@ def is_inside(path: str, home: str, places: list[str]) -> bool:
     return any(normal == place or normal.startswith(place.rstrip("/") + "/") for place in places)
 
 
-def not_writable_words(path: str, places: list[str], *, workspace: bool) -> str:
-    """Why `path` could not be written, naming where a transfer writes instead. `workspace`:
-    the transfer ran in the workspace (its own /tmp too), else in our container."""
+def not_writable_words(
+    path: str, places: list[str], *, workspace: bool, language: str | None = None
+) -> str:
+    """Why `path` could not be written, naming where a transfer writes instead, in
+    `language` (the researcher's: admission.language_of). `workspace`: the transfer ran in
+    the workspace (its own /tmp too), else in our container."""
+    with translation.override(language):
+        return _not_writable_words(path, places, workspace=workspace)
+
+
+def _not_writable_words(path: str, places: list[str], *, workspace: bool) -> str:
     shown = "".join(ch if ch.isprintable() else "?" for ch in path[:200])
     if workspace and not places:
         return _(
@@ -419,6 +428,7 @@ class WriteWatch:
 
     def __init__(self, home: str, places: list[str]):
         self.home, self.places = home, places
+        self.language: str | None = None  # the researcher's, once known
         self.pending: dict[int, str] = {}
         self.said: str | None = None
         self.told = False
@@ -455,4 +465,6 @@ class WriteWatch:
             return
         if int.from_bytes(body[5:9], "big") != 0 and not is_inside(path, self.home, self.places):
             self.told = True
-            self.said = not_writable_words(path, self.places, workspace=False)
+            self.said = not_writable_words(
+                path, self.places, workspace=False, language=self.language
+            )

@@ -743,6 +743,7 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
         self.transfer: sftp.Transfer | None = None  # rsync or scp -O's server side
         self.helper = False  # ... run in our container (the image has no such program)
         self.places: list[str] = []  # where that transfer may write
+        self.language: str | None = None  # the researcher's, for the words of a transfer
 
     def connection_made(self, chan) -> None:
         super().connection_made(chan)
@@ -895,9 +896,10 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             return None
         mounts = await admission.in_db(sftp.sftp_mounts, self.login.cluster)
         self.places = sftp.writable_places(mounts)
+        self.language = await admission.in_db(admission.language_of, self.login.cluster.owner_id)
         home = self.login.exec_base["workdir"]
         if self.watch is not None:
-            self.watch.places = self.places
+            self.watch.places, self.watch.language = self.places, self.language
         if self.transfer is None:
             argv, tool = [sftp.SFTP_SERVER, "-d", home], "sftp"
         else:
@@ -905,7 +907,11 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             argv = [sftp.PROGRAMS[tool], *self.transfer.args]
             for path in self.transfer.written:
                 if not sftp.is_inside(path, home, self.places):
-                    self.fail(sftp.not_writable_words(path, self.places, workspace=False))
+                    self.fail(
+                        sftp.not_writable_words(
+                            path, self.places, workspace=False, language=self.language
+                        )
+                    )
                     return None
         self.container_id, hijacked = await asyncio.to_thread(
             sftp.helper_open, self.login, mounts, argv, tool=tool
@@ -924,7 +930,10 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             if sftp.is_inside(path, home, places):
                 continue
             if not await asyncio.to_thread(sftp.workspace_may_write, self.login, path):
-                self.fail(sftp.not_writable_words(path, self.places, workspace=True))
+                language = await admission.in_db(admission.language_of, self.login.cluster.owner_id)
+                self.fail(
+                    sftp.not_writable_words(path, self.places, workspace=True, language=language)
+                )
                 return False
         return True
 
