@@ -43,6 +43,7 @@ from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, W
 from jobs.placement import fleet
 from monitoring import keyavg, profiles
 from monitoring import selectors as metrics
+from monitoring.diagnosis import verdict
 
 
 @login_required
@@ -636,6 +637,12 @@ def job_detail(request, job_id: int):
             ),
             "findings": metrics.diagnosis(job) if job.started_at else [],
             "profile_findings": profiles.diagnosis(job) if job.started_at else [],
+            # What the card says when nothing was found: too short to judge, or no GPU.
+            "diagnosis_verdict": verdict(
+                charts["metrics_history"],
+                step_s=charts["metrics_step"],
+                period_s=60 if charts["metrics_resolution"] == "minute" else 1,
+            ),
             **charts,
         },
     )

@@ -11,7 +11,7 @@ themselves are served by console/proxy.py, each on an origin of its own
     GET  /clusters/<id>/nodes/<n>/apps/<kind>/open/        next (a path of the app)
 
 Each POST (with the CSRF token) answers with a redirect to the cluster page, which says
-what happened (or why not, in words) in its messages. `open` hands the owner over to the
+what happened (or why not, in words) in the tile of that app. `open` hands the owner over to the
 app's origin with a single-use ticket (a redirect; making a ticket changes nothing of the
 owner's, so a GET will do).
 """
@@ -31,6 +31,12 @@ from jobs.models import WorkspaceApp
 from jobs.placement import fleet
 
 STARTING_S = 300  # an app that does not answer yet is "starting" this long, then "not answering"
+
+
+def _tile(index: int, kind: str) -> str:
+    """The message's tag: the page shows it in that tile, next to the button that made it
+    (templates/console/_cluster_apps.html), not at the top of a page scrolled to the tiles."""
+    return f"app-{index}-{str(kind)}"
 
 
 def _back(cluster, index: int):
@@ -61,7 +67,11 @@ def app_start(request, cluster_id: int, index: int, kind: str):
             logdir=request.POST.get("logdir"),
         )
     except webapps.AppError as exc:
-        messages.error(request, _("Node %(index)s: %(error)s") % {"index": index, "error": exc})
+        messages.error(
+            request,
+            _("Node %(index)s: %(error)s") % {"index": index, "error": exc},
+            extra_tags=_tile(index, kind),
+        )
         return _back(cluster, index)
     if kind == WorkspaceApp.Kind.SERVICE:
         messages.success(
@@ -71,6 +81,7 @@ def app_start(request, cluster_id: int, index: int, kind: str):
                 "only). Your server must listen on 127.0.0.1:%(port)s or 0.0.0.0:%(port)s there."
             )
             % {"index": index, "port": app.port, "prefix": _origin(request, cluster, index, kind)},
+            extra_tags=_tile(index, kind),
         )
     else:
         values = {
@@ -87,7 +98,7 @@ def app_start(request, cluster_id: int, index: int, kind: str):
                 "Node %(index)s: %(app)s is starting; open it once its tile says it answers. "
                 "Its output goes to %(log)s in the workspace."
             )
-        messages.success(request, text % values)
+        messages.success(request, text % values, extra_tags=_tile(index, kind))
     return _back(cluster, index)
 
 
@@ -98,12 +109,15 @@ def app_stop(request, cluster_id: int, index: int, kind: str):
     kind = _kind(kind)
     if webapps.stop(cluster=cluster, index=index, kind=kind):
         messages.success(
-            request, _("Node %(index)s: %(app)s stopped.") % {"index": index, "app": kind.label}
+            request,
+            _("Node %(index)s: %(app)s stopped.") % {"index": index, "app": kind.label},
+            extra_tags=_tile(index, kind),
         )
     else:
         messages.info(
             request,
             _("Node %(index)s: %(app)s was not started.") % {"index": index, "app": kind.label},
+            extra_tags=_tile(index, kind),
         )
     return _back(cluster, index)
 

@@ -116,6 +116,24 @@ def diagnose_seconds(
     return sorted(findings, key=lambda f: (f.severity != "warning", f.start))
 
 
+def verdict(series: list[dict], *, step_s: int = 0, period_s: int = 1) -> str:
+    """What the job page says when no finding was made, from the samples its charts show
+    (`monitoring.selectors.as_series`; `step_s` > 0: decimated, `period_s` 60: minute
+    rows): a run with fewer than MIN_GPU_SECONDS seconds of GPU samples is too short to
+    judge (never "the GPUs were kept busy"), a run without GPU samples has no GPU to judge."""
+    if step_s:
+        return _("No bottleneck found in this run's samples: the GPUs were kept busy.")
+    seconds = period_s * len({s["t"] for s in series if s.get("gpu")})
+    if not seconds:
+        return _("No GPU samples in this run: there is no GPU use to judge.")
+    if seconds < MIN_GPU_SECONDS:
+        return _(
+            "Too short to judge: %(seconds)s s of samples (the diagnosis needs at least "
+            "%(least)s s)."
+        ) % {"seconds": seconds, "least": MIN_GPU_SECONDS}
+    return _("No bottleneck found in this run's samples: the GPUs were kept busy.")
+
+
 def _per_second(points: Iterable[Point]) -> list[_Second]:
     latest: dict[tuple[datetime, int], Point] = {}
     for p in points:

@@ -214,10 +214,13 @@ def _min_max(bucket: list[dict]) -> list[dict]:
 
 
 def as_series(rows: list[dict]) -> list[dict]:
-    """Rows as the charts' JSON: epoch seconds and plain numbers."""
+    """Rows as the charts' JSON: epoch seconds, the time in the reader's zone with its
+    offset (`at`: what the axes show; the zone active for the request), plain numbers."""
+    zone = timezone.get_current_timezone()
     return [
         {
-            "t": int(r["at"].timestamp()), "job": r["job_id"], "node": r["node_index"],
+            "t": int(r["at"].timestamp()), "at": r["at"].astimezone(zone).isoformat(),
+            "job": r["job_id"], "node": r["node_index"],
             "gpu": r["gpu_util"], "gmem": r["gpu_mem_mib"], "cpu_pct": round(r["cpu_pct"], 1),
             "mem_bytes": r["mem_bytes"], "net_rx_bps": round(r["net_rx_bps"]),
             "net_tx_bps": round(r["net_tx_bps"]), "disk_read_bps": round(r["disk_read_bps"]),

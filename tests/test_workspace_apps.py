@@ -278,14 +278,18 @@ def test_the_owner_opens_a_server_of_the_workspace_in_chromium_and_no_one_else_c
         expect(page.get_by_test_id("logdir-0")).to_have_value("/checkpoints")  # its default
         page.get_by_test_id("port-0").fill("6006")
         page.get_by_test_id("start-service-0").click()
-        expect(page.locator(".msg-success")).to_contain_text(
+        # Said in the tile, next to its button, and on screen (the page scrolled to the tiles).
+        said = page.get_by_test_id("app-service-0").locator(".msg-success")
+        expect(said).to_contain_text(
             f"port 6006 of the workspace is served at {app_url} (to you only)"
         )
+        expect(said).to_be_in_viewport()
+        expect(page.locator("ul.messages .msg-success")).to_have_count(0)
         expect(page.get_by_test_id("app-state-service-0")).to_have_text("answering")
         page.get_by_test_id("start-jupyter-0").click()  # busybox: says what is missing
-        expect(page.locator(".msg-error")).to_contain_text(
-            "This image has no JupyterLab (jupyter is not on its PATH)"
-        )
+        refused = page.get_by_test_id("app-jupyter-0").locator(".msg-error")
+        expect(refused).to_contain_text("This image has no JupyterLab (jupyter is not on its PATH)")
+        expect(refused).to_be_in_viewport()
         expect(page.get_by_test_id("app-state-service-0")).to_have_text("answering")
         tiles.screenshot(path=f"{SHOTS}/workspace_apps.png")
         page.screenshot(path=f"{SHOTS}/workspace_apps_page.png", full_page=True)

@@ -283,7 +283,12 @@ def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
         )
         webapps.forget(cluster.pk)  # the apps stop with the workspaces
         gpus = (
-            Text(gettext_noop("%(n)s GPUs returned"), n=cluster.total_gpus)
+            Text(
+                gettext_noop("%(n)s GPU returned")
+                if cluster.total_gpus == 1
+                else gettext_noop("%(n)s GPUs returned"),
+                n=cluster.total_gpus,
+            )
             if cluster.total_gpus and not cluster.no_gpu
             else Text(gettext_noop("capacity returned"))
         )
@@ -405,7 +410,7 @@ def cluster_start_without_gpus(*, cluster: Cluster, by: str | Text = ITS_OWNER) 
                 "state": Host.objects.get(name=unhealthy[0]).get_state_display(),
             }
         )
-    Node.objects.bulk_create(
+    fresh = Node.objects.bulk_create(
         [
             Node(cluster=cluster, index=n.index, host_id=n.host_id, gpu_indices=[],
                  vcpus=0, no_gpu=True, placed_at=now)
@@ -415,7 +420,8 @@ def cluster_start_without_gpus(*, cluster: Cluster, by: str | Text = ITS_OWNER) 
     started = Text(
         gettext_noop("started without GPUs by %(by)s: %(nodes)s"),
         by=by,
-        nodes=slots.nodes_text(kept, {n.host_id: n.host.name for n in kept}),
+        # The new nodes (no GPU), not the kept ones: the timeline names no GPU they lack.
+        nodes=slots.nodes_text(fresh, {n.host_id: n.host.name for n in kept}),
     )
     _started(cluster, kept, now, no_gpu=True, message=started)
     return cluster

@@ -6,6 +6,9 @@
 // A stored job's charts hold a decimated overview (the lowest and highest of each bucket
 // of `data-step` seconds); dragging across one fetches that range at full resolution
 // (data-zoom: the job's metrics.json) and redraws every chart; a double-click goes back.
+// Times on the axes are the reader's (data-tz, the zone the page's text uses), not the
+// browser's: a sample's `at` is its time there already (with the offset, which Plotly
+// ignores); a live sample's epoch `t` is written there (wall).
 (function () {
   const box = document.getElementById("metrics");
   if (!box || typeof Plotly === "undefined") return;
@@ -20,6 +23,27 @@
     gapS = Math.max(5 * period, 2 * (Number(step) || 0));
   }
   spacing(box.dataset.resolution, box.dataset.step);
+  const zone = box.dataset.tz || undefined;
+  const clock = new Intl.DateTimeFormat("en-GB", { timeZone: zone, hourCycle: "h23",
+    year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  // Epoch seconds as the reader's wall time, "2026-12-06 22:21:10" (what Plotly draws).
+  function wall(t) {
+    const p = Object.fromEntries(clock.formatToParts(new Date(t * 1000)).map((x) => [x.type, x.value]));
+    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second}`;
+  }
+  const xOf = (s) => (s.at ? s.at.slice(0, 19).replace("T", " ") : wall(s.t));
+  // The reader's wall time (as Plotly gives an axis' range) back to an instant.
+  function instant(text) {
+    const m = /^(\d{4})-(\d\d)-(\d\d)(?:[ T](\d\d):(\d\d)(?::(\d\d(?:\.\d+)?))?)?/.exec(text);
+    if (!m) return new Date(NaN);
+    const asUtc = Date.UTC(+m[1], m[2] - 1, +m[3], +(m[4] || 0), +(m[5] || 0)) + Number(m[6] || 0) * 1000;
+    let guess = asUtc;
+    for (let i = 0; i < 2; i++) {  // twice: right across a change of the zone's offset too
+      const shown = Date.parse(wall(Math.floor(guess / 1000)).replace(" ", "T") + "Z") + (guess % 1000);
+      guess = asUtc - (shown - guess);
+    }
+    return new Date(guess);
+  }
   const gib = (b) => b / 2 ** 30;
   const refLine = (y, text) => ({
     shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: { dash: "dot", width: 1.5, color: "#c2410c" } }],
@@ -60,13 +84,15 @@
     c.div = document.getElementById(c.id);
     c.index = new Map();
     c.last = new Map(); // trace name -> epoch seconds of its newest point
-    // Until the first point: the last minute on the axis, not Plotly's year 2000. A zoomed
-    // chart keeps its range: no autorange when its points come.
-    const now = Date.now();
+    // Until the first point: the last minute on the axis (not Plotly's year 2000) and 0 to
+    // 1 up the side (not -1 to 6). A zoomed chart keeps its range: no autorange when its
+    // points come.
+    const now = Math.floor(Date.now() / 1000);
     c.empty = !range;
+    const own = (c.layout || {}).yaxis || {};
     Plotly.newPlot(c.div, [], { ...base, ...(c.layout || {}), title: { text: c.title, font: { size: 12 } },
-      xaxis: { ...base.xaxis, range: range || [new Date(now - 60000), new Date(now)] },
-      yaxis: { rangemode: "tozero", ...((c.layout || {}).yaxis || {}) } }, config);
+      xaxis: { ...base.xaxis, range: range ? range.map((d) => wall(d.getTime() / 1000)) : [wall(now - 60), wall(now)] },
+      yaxis: { rangemode: "tozero", ...(range || own.range || own.type ? {} : { range: [0, 1] }), ...own } }, config);
     c.div.on("plotly_relayout", relayout); // newPlot drops a div's listeners: again each time
   }
   function draw() {
@@ -81,13 +107,13 @@
     for (const c of charts) {
       const grouped = new Map();
       for (const s of samples) {
-        const x = new Date(s.t * 1000);
+        const x = xOf(s);
         for (const [name, y] of c.traces(s)) {
           if (!grouped.has(name)) grouped.set(name, { x: [], y: [] });
           const trace = grouped.get(name);
           const last = c.last.get(name);
           if (last !== undefined && s.t - last > gapS) {
-            trace.x.push(new Date((last + period) * 1000));
+            trace.x.push(wall(last + period));
             trace.y.push(null);
           }
           if (last === undefined || s.t > last) c.last.set(name, s.t);
@@ -103,7 +129,8 @@
       const names = [...grouped.keys()];
       if (c.empty && names.length) {
         c.empty = false;
-        Plotly.relayout(c.div, { "xaxis.autorange": true });
+        const own = (c.layout || {}).yaxis || {};
+        Plotly.relayout(c.div, { "xaxis.autorange": true, ...(own.range || own.type ? {} : { "yaxis.autorange": true }) });
       }
       Plotly.extendTraces(
         c.div,
@@ -130,10 +157,10 @@
   const overviewNote = note.textContent;
   let zoomed = null; // [from, to] as Dates while zoomed in
   function axisDate(value) {
-    // Plotly gives a date axis' range as local wall time, "2026-01-05 10:00:00.5".
-    if (typeof value === "number") return new Date(value + new Date(value).getTimezoneOffset() * 60000);
-    const text = String(value);
-    return new Date(text.length <= 10 ? `${text}T00:00` : text.replace(" ", "T"));
+    // Plotly gives a date axis' range as the reader's wall time, "2026-01-05 10:00:00.5"
+    // (or as milliseconds of that wall time taken as UTC).
+    if (typeof value === "number") return instant(new Date(value).toISOString());
+    return instant(String(value));
   }
   function redraw(samples, range, resolution, step) {
     spacing(resolution, step);
