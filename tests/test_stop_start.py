@@ -176,6 +176,8 @@ def test_start_without_gpus_has_no_gpus_small_limits_its_price_and_no_jobs(
     with transaction.atomic():
         back = slots.replace_node(node, host_id=host.pk, now=timezone.now(), same_slots=True)
     assert back.no_gpu and back.gpu_indices == []
+    tasks.cluster_network_ensure(cluster.pk)  # its workspace found running: billed again
+    assert Node.objects.get(pk=back.pk).started_at is not None
     # No jobs to measure idleness by: the idle policy leaves it alone.
     Cluster.objects.filter(pk=cluster.pk).update(release_policy="idle", idle_minutes=1)
     assert services.clusters_release_idle(now=timezone.now() + timedelta(hours=1)) == []
