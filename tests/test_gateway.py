@@ -386,7 +386,9 @@ def test_refusals_are_in_words_and_tell_a_stranger_nothing(
     missing = refused(alice_key, "c999999-0", "may not log in as c999999-0")
     assert stranger.replace(bob_key.fingerprint, "K") == missing.replace(
         alice_key.fingerprint, "K"
-    ).replace("c999999-0", login), "a cluster that exists reads as one that does not"
+    ).replace("c999999-0", login).replace(  # the page to attach it on: from the name typed
+        "/clusters/999999/", f"/clusters/{cluster.pk}/"
+    ), "a cluster that exists reads as one that does not"
     assert "SSH keys page" in unattached
     refused(alice_key, "root", "'root' is not a login here", "c42-0")
 
