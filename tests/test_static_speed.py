@@ -64,6 +64,7 @@ def served(tmp_path_factory):
         procs.stop_all()
 
 
+@pytest.mark.procs  # the web process of its own
 def test_make_run_sends_hashed_plotly_compressed_and_cached_for_a_year(served):
     url, root = served
     import json
