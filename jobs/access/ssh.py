@@ -12,6 +12,10 @@ gets, every part through the node's engine, so remote engines and any image work
   an exec in the workspace as the tenant's uid (workspaces.exec_kwargs, streams.exec_open);
 - sftp, and so OpenSSH's `scp`: per session a short-lived container on the node's host,
   confined by the kernel (jobs/access/sftp.py);
+- `rsync` and `scp -O` (their server side, as their clients send it: sftp.transfer_command):
+  the image's own in the workspace when it has one, else ours in such a container (each
+  beyond a connection's first counts as a session); a write outside the places they may
+  write is refused in words that name those places, in the researcher's language;
 - local forwarding to localhost of the workspace: an exec of a relay (nc, else python3,
   else bash's /dev/tcp) inside it. No remote forwarding, agent or X11 forwarding.
 
