@@ -240,6 +240,7 @@ def test_the_forms_in_chinese_at_desktop_and_phone_widths(
 ):
     make_paper_host("gpu-paper-01")
     going = make_cluster(alice, "going", release_policy=Cluster.ReleasePolicy.AFTER_LAST_JOB)
+    scheduler.place_pending()  # running on the paper host: its page shows the app tiles
     for width in (1366, 390):
         context = browser.new_context(
             viewport={"width": width, "height": 900}, locale="zh-CN", timezone_id="Asia/Shanghai"
@@ -251,10 +252,19 @@ def test_the_forms_in_chinese_at_desktop_and_phone_widths(
         expect(where).to_contain_text("此处不可用")
         page.select_option("#id_image", str(_image(JUPYTER).pk))
         page.fill("#id_name", f"zh-{width}")
-        page.click("button[type=submit]")
-        expect(page.locator("#id_image").locator("xpath=..")).to_contain_text("此处不可用")
+        page.click(".cluster-form button[type=submit]")
+        expect(page.locator(".cluster-form")).to_contain_text("在此处不可用：没有主机有这个镜像")
         page.screenshot(path=f"{SHOTS}/catalog_cluster_new-zh-{width}.png", full_page=True)
         page.goto(f"{live_server.url}{reverse('job_new', args=[going.pk])}")
         expect(page.get_by_test_id("release-warning")).to_be_visible()
         page.screenshot(path=f"{SHOTS}/catalog_job_new-zh-{width}.png", full_page=True)
+        page.goto(f"{live_server.url}{reverse('cluster_detail', args=[going.pk])}")
+        note = page.get_by_test_id("app-image-note-jupyter-0")
+        expect(note).to_have_text(
+            "Busybox (local test image) 不含 JupyterLab。此处提供的镜像都不含它：请先在工作区中 "
+            "pip install jupyterlab。"
+        )
+        page.get_by_test_id("cluster-apps").screenshot(
+            path=f"{SHOTS}/catalog_cluster_apps-zh-{width}.png"
+        )
         context.close()

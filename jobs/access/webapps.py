@@ -273,7 +273,7 @@ def start(*, cluster: Cluster, index: int, kind: str, port=None, logdir=None) ->
             found = _exec(container, cluster, ["/bin/sh", "-c", PREPARE, "prepare", mark,
                                                PROGRAMS[kind]])  # fmt: skip
             if found.exit_code == 127:
-                raise AppError(f"{MISSING[kind]} {where_to_get(kind)}")
+                raise AppError(_sentences(str(MISSING[kind]), where_to_get(kind)))
             if found.exit_code != 0:
                 raise AppError(
                     _("%(app)s could not be started: the workspace said %(output)s.")
@@ -404,7 +404,13 @@ def image_note(cluster: Cluster, kind: str) -> str:
         first = _("%(image)s has no %(app)s.") % {"image": image.name, "app": Kind(kind).label}
     else:
         first = _("%(app)s runs only where the image has it.") % {"app": Kind(kind).label}
-    return f"{first} {where_to_get(kind, besides=cluster.image_id)}"
+    return _sentences(first, where_to_get(kind, besides=cluster.image_id))
+
+
+def _sentences(first: str, second: str) -> str:
+    """Two sentences, with a space between them where the language puts one (none after
+    a Chinese full stop)."""
+    return first + ("" if first.endswith(("。", "！", "？")) else " ") + second
 
 
 def tiles(cluster: Cluster, indexes) -> list[NodeApps]:
