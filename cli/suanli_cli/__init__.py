@@ -16,6 +16,7 @@ from suanli_cli import (  # noqa: F401 (each registers its commands)
     clusters,
     images,
     jobs,
+    keys,
     logs,
     pools,
     ssh,

@@ -48,7 +48,8 @@ def _version(ctx, param, value) -> None:
 )
 @click.pass_context
 def cli(ctx, as_json):
-    """Suanli's GPU clusters, jobs, pools, sweeps, images and balance from the command line.
+    """Suanli's GPU clusters, jobs, pools, sweeps, SSH keys, images and balance from the
+    command line.
 
     Start with `suanli login`; SUANLI_URL and SUANLI_TOKEN override the saved login.
     """
