@@ -363,6 +363,36 @@ def with_running_balance(lines, opening: Decimal):
         yield line
 
 
+def bill_line_of(user, line_id: int) -> BillLine | None:
+    """One of the user's own bill lines; None for another account's or none at all."""
+    return (
+        BillLine.objects.filter(pk=line_id, account_id=account_id_of(user))
+        .select_related("cluster__instance_type", "gpu_model", "entry")
+        .first()
+    )
+
+
+def pieces_of(line: BillLine) -> QuerySet[LedgerEntry]:
+    """The ledger entries a line sums, newest first: a usage hour's pieces (its cluster, or
+    the account's storage; its hour, size, rate and memo), or the one entry of any other."""
+    if line.hour is None:
+        return LedgerEntry.objects.filter(pk=line.entry_id).select_related("cluster")
+    qs = LedgerEntry.objects.filter(
+        account_id=line.account_id,
+        kind=LedgerEntry.Kind.USAGE,
+        period_from__gte=line.hour,
+        period_from__lt=line.hour + timedelta(hours=1),
+        units=line.units,
+        rate=line.rate,
+        memo=line.memo,
+    )
+    if line.cluster_id:
+        qs = qs.filter(cluster_id=line.cluster_id)
+    else:
+        qs = qs.filter(cluster__isnull=True)
+    return qs.select_related("cluster").order_by("-created_at", "-id")
+
+
 @dataclass(frozen=True)
 class Keyset:
     """One page of a list ordered newest first by (at, id), found from a cursor rather

@@ -17,7 +17,7 @@ import json
 import math
 import re
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import django_rq
@@ -49,6 +49,8 @@ from console import pools as console_pools
 from console.api_schema import (
     AttachKey,
     Balance,
+    BillFilter,
+    BillOut,
     BuildOut,
     ClusterKeysOut,
     ClusterOut,
@@ -65,6 +67,8 @@ from console.api_schema import (
     NewSshKey,
     NewSweep,
     NodeIndex,
+    PiecesFilter,
+    PiecesOut,
     PoolDetailOut,
     PoolOut,
     ProfileOut,
@@ -1057,6 +1061,59 @@ def balance(request):
         "hours_left": round(hours_left, 2) if hours_left is not None else None,
         "entries": list(money.entries_of(request.auth.user)[:PAGE]),
     }
+
+
+def _page_of(queryset, page: int) -> tuple[list, dict]:
+    count = queryset.count()
+    start = (page - 1) * PAGE
+    return list(queryset[start : start + PAGE]), {
+        "page": page, "pages": max(1, math.ceil(count / PAGE)), "count": count,
+    }  # fmt: skip
+
+
+@api.get("/bill", tags=["money"], response=_responses(200, BillOut), summary="Your bill")
+def bill(request, filters: Query[BillFilter]):
+    """One UTC month's bill, newest first, 50 lines a page (`?page=`): usage summed per
+    cluster and hour, every other entry a line of its own, each with the balance after it.
+    `?kind=`, `?cluster=` narrow it; a line's pieces are at /bill/{id}/pieces."""
+    user = request.auth.user
+    now = timezone.now().astimezone(UTC)
+    year, month = now.year, now.month
+    if filters.month:
+        year, month = (int(part) for part in filters.month.split("-"))
+        if not 1 <= month <= 12 or not 2000 <= year <= 2200:
+            words = "Give the month as YYYY-MM (a month from 2000-01 to 2200-12)."
+            return _error(400, words, {"month": [words]})
+    cluster_id = None
+    if filters.cluster:
+        cluster_id = fleet.cluster_for_user(user, filters.cluster).pk  # another's: 404
+    lines, pages = _page_of(
+        money.bill(user, year, month, kind=filters.kind or "", cluster_id=cluster_id),
+        filters.page,
+    )
+    money.balances_after(user, lines)
+    return {
+        "currency": money.standing(user).currency, "month": f"{year:04}-{month:02}",
+        "lines": lines, **pages,
+    }  # fmt: skip
+
+
+@api.get(
+    "/bill/{line_id}/pieces",
+    tags=["money"],
+    response=_responses(200, PiecesOut),
+    summary="The pieces of a bill line",
+)
+def bill_line_pieces(request, line_id: Id, filters: Query[PiecesFilter]):
+    """The ledger entries one line sums (a usage hour's pieces, every few seconds), newest
+    first, 50 a page; a line of another account is a 404."""
+    user = request.auth.user
+    line = money.bill_line_of(user, line_id)
+    if line is None:
+        raise Http404("No such bill line.")
+    money.balances_after(user, [line])
+    pieces, pages = _page_of(money.pieces_of(line), filters.page)
+    return {"currency": money.standing(user).currency, "line": line, "pieces": pieces, **pages}
 
 
 # -- sweeps (issue 26) ------------------------------------------------------------------

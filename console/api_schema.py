@@ -16,6 +16,7 @@ from ninja import Field, Schema
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from billing import formatting
 from console.logins import ssh_logins
 from jobs.models import Cluster, ImageBuild, Job, OwnImage, Pool, Sweep, Trial
 
@@ -425,6 +426,79 @@ class Balance(Schema):
     burn_per_hour: Money = Field(description="what your running clusters cost an hour")
     hours_left: Money | None = Field(description="at that rate; null when nothing runs")
     entries: list[Entry] = Field(description="the newest 50 ledger entries")
+
+
+BILL_KINDS = ("topup", "usage", "refund", "adjustment", "credit")  # billing's LedgerEntry.Kind
+
+
+class BillFilter(Schema):
+    month: str | None = Field(
+        None,
+        pattern=r"^\d{4}-\d{2}$",
+        description="`2026-12` (a UTC month); this month if left out",
+    )
+    kind: Literal[BILL_KINDS] | None = Field(None, description="only lines of this kind")  # type: ignore[valid-type]
+    cluster: Id | None = Field(None, description="only this cluster's lines")
+    page: int = Field(1, ge=1, le=100_000)
+
+
+class PiecesFilter(Schema):
+    page: int = Field(1, ge=1, le=100_000)
+
+
+class BillLineOut(Schema):
+    """One line of the bill: a usage line is one cluster's pieces whose period began in one
+    UTC hour, at one size and rate; every other entry (a top-up, refund, adjustment,
+    credit, a minimum charge) is a line of its own."""
+
+    id: int
+    kind: Literal[BILL_KINDS]  # type: ignore[valid-type]
+    at: Stamp = Field(
+        description="its place in time: usage, when its first piece began; any other "
+        "entry, when it was posted"
+    )
+    amount: Money = Field(description="signed, in the bill's currency: usage is negative")
+    balance_after: Money = Field(
+        description="the account's balance after this line, in the bill's order (`at`, "
+        "then `id`): the newest line's is the balance now"
+    )
+    cluster: int | None
+    cluster_name: str
+    resource: str = Field(description="the GPU model, the CPU-only instance type, or storage")
+    hour: Stamp | None = Field(description="usage: the UTC hour its pieces began in")
+    period_from: Stamp | None
+    period_to: Stamp | None
+    seconds: int | None = Field(description="usage: the seconds its pieces cover")
+    units: int = Field(description="GPUs (or nodes, or GB of storage) held")
+    rate: Money | None = Field(description="per unit-hour, after any spot discount")
+    pieces: int = Field(description="how many ledger entries it sums (GET its /pieces)")
+    memo: str
+
+    @staticmethod
+    def resolve_cluster(obj) -> int | None:
+        return obj.cluster_id
+
+    @staticmethod
+    def resolve_rate(obj) -> Decimal | None:
+        return formatting.rate(obj.rate)  # "3.6920", not the ledger's "3.69200000"
+
+
+class BillOut(Schema):
+    currency: str
+    month: str = Field(description="`2026-12`")
+    lines: list[BillLineOut] = Field(description="newest first, 50 a page")
+    page: int
+    pages: int
+    count: int
+
+
+class PiecesOut(Schema):
+    currency: str
+    line: BillLineOut
+    pieces: list[Entry] = Field(description="the ledger entries it sums, newest first, 50 a page")
+    page: int
+    pages: int
+    count: int
 
 
 # -- own images -------------------------------------------------------------------------------

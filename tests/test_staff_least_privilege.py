@@ -88,7 +88,8 @@ API_OWN = {
     "openapi-json", "openapi-view", "api-root", "clusters", "cluster_create", "cluster",
     "cluster_release", "cluster_stop", "cluster_start", "cluster_resize", "jobs", "job_submit",
     "pool_list", "pool_create", "pool", "pool_job_submit", "pool_close", "image_list",
-    "image_build_create", "image_build", "image_delete", "node_save_image", "balance",
+    "image_build_create", "image_build", "image_delete", "node_save_image", "balance", "bill",
+    "bill_line_pieces",
     "sweep_list", "sweep_create", "sweep", "sweep_cancel",
 }  # fmt: skip
 # The websockets, by the route's first words: the permission that opens another

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import time_machine
 from browsing import login as _login
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -28,6 +29,7 @@ from billing import accrual
 from billing import services as billing
 from billing.models import Account
 from console import preferences
+from console.models import ApiToken
 from jobs.clusters import services as cluster_services
 from jobs.models import Node
 from jobs.placement import scheduler
@@ -197,3 +199,83 @@ def test_the_billing_page_in_chinese_at_desk_and_phone_widths(browser, live_serv
         assert wide <= width, wide
         page.screenshot(path=f"{SHOTS}/billing_zh_{width}.png", full_page=True)
         context.close()
+
+
+def _api(user):
+    _, token = ApiToken.issue(user=user, name="script")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def get(path, **query):
+        response = client.get(f"/api/v1/{path}", query)
+        return response.status_code, response.json()
+
+    return get
+
+
+def test_the_api_gives_the_bill_lines_paged_with_their_pieces(alice, bob, month):
+    t0, cluster = month["t0"], month["cluster"]
+    get = _api(alice)
+    status, bill = get("bill", month=f"{t0.year}-{t0.month:02}")
+    assert status == 200, bill
+    assert (bill["month"], bill["currency"], bill["count"], bill["page"], bill["pages"]) == (
+        f"{t0.year}-{t0.month:02}",
+        "CNY",
+        6,
+        1,
+        1,
+    )
+    lines = bill["lines"]
+    assert [line["kind"] for line in lines] == [
+        "topup", "usage", "adjustment", "usage", "usage", "topup"
+    ]  # fmt: skip
+    assert lines[0]["balance_after"] == "113.2120" and lines[-1]["balance_after"] == "100.0000"
+    for newer, older in zip(lines, lines[1:], strict=False):
+        assert Decimal(older["balance_after"]) == Decimal(newer["balance_after"]) - Decimal(
+            newer["amount"]
+        )
+    hour = next(line for line in lines if line["seconds"] == 3600)
+    assert (hour["cluster"], hour["cluster_name"], hour["resource"]) == (
+        cluster.pk,
+        "训练",
+        "A100 80 GB",
+    )
+    assert (hour["amount"], hour["rate"], hour["units"], hour["pieces"]) == (
+        "-3.6920",
+        RATE,
+        1,
+        360,
+    )
+    assert hour["period_from"].endswith("Z") and hour["at"] == hour["hour"]
+    # The hour's 360 pieces, 50 a page; together they are the line, to the last digit.
+    got, total = [], None
+    for page in range(1, 9):
+        status, pieces = get(f"bill/{hour['id']}/pieces", page=page)
+        assert status == 200 and pieces["line"]["id"] == hour["id"]
+        got += pieces["pieces"]
+        total = pieces["count"]
+    assert total == 360 and len(got) == 360 and pieces["pages"] == 8
+    assert sum(Decimal(p["amount"]) for p in got) == Decimal("-3.6920")
+    assert {p["kind"] for p in got} == {"usage"} and {p["cluster"] for p in got} == {cluster.pk}
+    # A top-up's one piece is itself.
+    status, one = get(f"bill/{lines[0]['id']}/pieces")
+    assert status == 200 and [p["memo"] for p in one["pieces"]] == ["第二次充值"]
+    # Narrowed to a kind; paged past the end is an empty page.
+    assert [
+        x["kind"] for x in get("bill", month=f"{t0.year}-{t0.month:02}", kind="usage")[1]["lines"]
+    ] == ["usage"] * 3
+    assert get("bill", month=f"{t0.year}-{t0.month:02}", page=2)[1]["lines"] == []
+    assert get("bill", month="2026-13")[0] == 400
+    # Bob sees his own line only; Alice's lines, their pieces and her cluster are 404 to him.
+    bob_get = _api(bob)
+    status, his = bob_get("bill", month=f"{t0.year}-{t0.month:02}")
+    assert status == 200 and [(x["kind"], x["memo"]) for x in his["lines"]] == [
+        ("topup", "bob's own")
+    ]
+    assert bob_get(f"bill/{hour['id']}/pieces")[0] == 404
+    assert bob_get("bill", cluster=cluster.pk)[0] == 404
+    # The schema names both, money as strings and times as date-time.
+    schema = Client().get("/api/v1/schema").json()
+    assert "/api/v1/bill" in schema["paths"] and "/api/v1/bill/{line_id}/pieces" in schema["paths"]
+    line = schema["components"]["schemas"]["BillLineOut"]
+    assert line["properties"]["amount"]["type"] == "string"
+    assert {"id", "kind", "at", "amount", "balance_after", "pieces"} <= set(line["required"])
