@@ -176,17 +176,17 @@ def _billed_past(cluster, moment: datetime) -> bool:
 
 
 def _assert_billed_once_each_second(cluster):
-    """The cluster's usage entries tile its meter's span: from the second its node was
-    placed up to where it is billed, with no gap and no overlap."""
+    """The cluster's usage entries tile its meter's span: from the second its node first
+    ran (its workspace started) up to where it is billed, with no gap and no overlap."""
     meter = Meter.objects.get(cluster=cluster)
     periods = list(
         LedgerEntry.objects.filter(cluster=cluster, kind="usage", period_to__lte=meter.billed_until)
         .order_by("period_from")
         .values_list("period_from", "period_to")
     )
-    placed = min(n.placed_at for n in cluster.node_set.all()).replace(microsecond=0)
+    ran = min(n.started_at for n in cluster.node_set.exclude(started_at=None))
     assert periods, "nothing billed"
-    assert periods[0][0] == placed, "the first seconds were not billed"
+    assert periods[0][0] == ran.replace(microsecond=0), "the first seconds were not billed"
     assert periods[-1][1] == meter.billed_until
     for (_, a_end), (b_start, _) in itertools.pairwise(periods):
         assert a_end <= b_start, f"a second billed twice at {b_start}"
