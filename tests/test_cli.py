@@ -4,6 +4,7 @@ the real engines."""
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -54,6 +55,12 @@ class Cli:
     def json(self, *args):
         return json.loads(self(*args, "--json").stdout)
 
+    def json_error(self, *args) -> dict:
+        """A command that fails, with --json: its error as JSON on stdout, exit status 1."""
+        done = self(*args, "--json", ok=False)
+        assert done.returncode == 1 and done.stderr == "", (args, done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
 
 @pytest.fixture
 def console_url(processes, make_host, priced):
@@ -68,8 +75,8 @@ def console_url(processes, make_host, priced):
 
     def answers():
         try:
-            return requests.get(f"{url}/api/v1/schema", timeout=2).status_code == 200
-        except requests.ConnectionError:
+            return requests.get(f"{url}/api/v1/schema", timeout=10).status_code == 200
+        except requests.RequestException:  # not listening yet, or busy starting (a loaded CI)
             return False
 
     until(answers, timeout=20, what="the web process listens")
@@ -194,8 +201,10 @@ def test_the_command_line_loads_no_django_and_is_installed():
 def test_the_command_line_installs_alone_with_pip(console_url, alice, tmp_path):
     """`pip install ./cli` into an environment with no Django and no console gives
     a `suanli` that works against the console."""
-    source = tmp_path / "cli"
-    shutil.copytree(ROOT / "cli", source, ignore=shutil.ignore_patterns("__pycache__"))
+    source, copy = tmp_path / "cli", tmp_path / "copy"
+    shutil.copytree(
+        ROOT / "cli", source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
     install = subprocess.run(
@@ -215,6 +224,28 @@ def test_the_command_line_installs_alone_with_pip(console_url, alice, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["balance"] == "1000.0000"
+
+    # --version, installed alone, and from a copy of the package with no installed metadata
+    # at all (a vendored copy, a zipapp): the version it was built as, never a traceback.
+    from suanli_cli.version import VERSION
+
+    for where, env in [("installed", alone), ("a copy", {**alone, "PYTHONPATH": str(copy)})]:
+        if where == "a copy":
+            subprocess.run([venv / "bin" / "pip", "uninstall", "-q", "-y", "suanli-cli"],
+                           check=True, timeout=120)  # fmt: skip
+            shutil.copytree(source / "suanli_cli", copy / "suanli_cli")
+        done = subprocess.run(
+            [venv / "bin" / "python", "-m", "suanli_cli", "--version"],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert (done.returncode, done.stdout, done.stderr) == (
+            0, f"suanli, version {VERSION}\n", ""
+        ), where  # fmt: skip
+        done = subprocess.run(
+            [venv / "bin" / "python", "-m", "suanli_cli", "--version", "--json"],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert json.loads(done.stdout) == {"name": "suanli", "version": VERSION}, where
 
 
 def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
@@ -242,7 +273,22 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
         "node": 0, "user": user, "host": "127.0.0.1", "port": port,
         "command": f"ssh -p {port} {user}@127.0.0.1",
         "host_key_fingerprint": hostkey.host_key_fingerprint(),
+        "argv": ["ssh", "-p", str(port), f"{user}@127.0.0.1"],
     }  # fmt: skip
+    # -i KEY and a remote command after -- go to ssh as they are (the words after -- are
+    # never NODE or our options, --json included).
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read by suanli\n")
+    remote = cli("ssh", cluster.pk, "-i", key, "--print", "--", "python", "-c", "print('a b')",
+                 "--json").stdout  # fmt: skip
+    assert shlex.split(remote) == [
+        "ssh", "-p", str(port), "-i", str(key), f"{user}@127.0.0.1",
+        "python", "-c", "print('a b')", "--json",
+    ]  # fmt: skip
+    done = cli("ssh", cluster.pk, 0, "--print", "--", "ls", "-la")
+    assert done.stdout == f"ssh -p {port} {user}@127.0.0.1 ls -la\n"
+    done = cli("ssh", cluster.pk, "-i", tmp_path / "no-such-key", ok=False)
+    assert done.returncode == 2 and "no-such-key" in done.stderr
     done = cli("ssh", cluster.pk, 1, ok=False)
     assert done.returncode == 1 and "has no node 1 (its nodes: 0)" in done.stderr
 
@@ -256,6 +302,10 @@ def test_suanli_ssh_prints_or_runs_the_nodes_ssh_command(
     done = cli("ssh", cluster.pk)
     assert done.stdout.splitlines() == ["-p", str(port), f"{user}@127.0.0.1"]
     assert login["host_key_fingerprint"] in done.stderr
+    done = cli("ssh", cluster.pk, "-i", key, "--", "echo", "$HOME", "two words")
+    assert done.stdout.splitlines() == [
+        "-p", str(port), "-i", str(key), f"{user}@127.0.0.1", "echo", "$HOME", "two words"
+    ]  # fmt: skip
 
     _, bobs = ApiToken.issue(user=bob, name="bob")
     cli.env["SUANLI_TOKEN"] = bobs
@@ -301,4 +351,186 @@ def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_t
     assert done.stdout == f"Cluster {cluster.pk} (keep) is running without GPUs.\n"
     shown = cli.json("clusters", "show", cluster.pk)
     assert shown["no_gpu"] is True and shown["state"] == "running"
+    # Its nodes run without GPUs: no line of ours names one.
+    for args in [("clusters", "show", cluster.pk), ("clusters", "list")]:
+        out = cli(*args).stdout
+        assert "1 x no GPU" in out and "a100" not in out.lower() and "GPUs" not in out, out
     assert shown["stopped_at"] is None and shown["release_at"] is None
+
+
+def _commands(command, path=()):
+    """Every command and group of `suanli`, as the words that name it."""
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_group_takes_json_after_it():
+    from suanli_cli import cli
+
+    for path, command in _commands(cli):
+        options = [opt for param in command.params for opt in getattr(param, "opts", [])]
+        assert "--json" in options, path
+
+
+def test_every_command_prints_json_under_json_and_its_errors_too(console_url, alice, tmp_path):
+    """Each command with --json after it: JSON on stdout, success or not; an error is
+    `{"error": ...}` (with the API's status and fields when it answered) and a non-zero
+    exit status, and nothing on stderr."""
+    from suanli_cli import cli as suanli
+
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    folder = tmp_path / "image"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text("FROM scratch\n")
+    missing = 999999
+    rows = {  # the words of each command: (arguments, exit status)
+        ("login",): (["--url", console_url, "--token", token], 0),
+        ("logout",): ([], 0),
+        ("balance",): ([], 0),
+        ("clusters", "list"): ([], 0),
+        ("clusters", "show"): ([missing], 1),
+        ("clusters", "create"): (["Bad Name!", "--gpu", "a100-80gb", "--image", TEST_IMAGE], 1),
+        ("clusters", "release"): ([missing], 1),
+        ("clusters", "stop"): ([missing], 1),
+        ("clusters", "start"): ([missing], 1),
+        ("clusters", "resize"): ([missing, "--nodes", 2], 1),
+        ("jobs", "list"): ([], 0),
+        ("jobs", "show"): ([missing], 1),
+        ("jobs", "submit"): (["--cluster", missing, "--", "true"], 1),
+        ("jobs", "profile"): ([missing], 1),
+        ("jobs", "cancel"): ([missing], 1),
+        ("logs",): ([missing, "-f"], 1),
+        ("ssh",): ([missing], 1),
+        ("images", "list"): ([], 0),
+        ("images", "build"): ([folder, "--name", "Bad Name!", "--no-follow"], 1),
+        ("images", "delete"): ([missing], 1),
+        ("pools", "list"): ([], 0),
+        ("pools", "show"): (["nope"], 1),
+        ("pools", "create"): (["Bad Name!", "--gpu", "a100-80gb", "--image", TEST_IMAGE], 1),
+        ("pools", "close"): (["nope"], 1),
+        ("sweeps", "list"): ([], 0),
+        ("sweeps", "show"): ([missing], 1),
+        ("sweeps", "create"): (
+            ["--pool", "nope", "--param", "x: uniform 0 1", "--metric", "loss", "--", "true"],
+            1,
+        ),  # fmt: skip
+        ("sweeps", "cancel"): ([missing], 1),
+        ("keys", "list"): ([], 0),
+        ("keys", "add"): ([folder / "Dockerfile"], 1),  # not a public key
+        ("keys", "default"): ([missing], 1),
+        ("keys", "delete"): ([missing], 1),
+        ("keys", "attached"): ([missing], 1),
+        ("keys", "attach"): ([missing, missing], 1),
+        ("keys", "detach"): ([missing, missing], 1),
+    }
+    leaves = {path for path, c in _commands(suanli) if path and not hasattr(c, "commands")}
+    assert leaves == set(rows), "a command without a row here"
+    for path, (args, status) in rows.items():
+        cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
+        # --json after the command's own words (before `--`, where there is one)
+        words = [*path, *args]
+        at = words.index("--") if "--" in words else len(words)
+        done = cli(*words[:at], "--json", *words[at:], ok=False)
+        assert done.returncode == status and done.stderr == "", (path, done.stdout, done.stderr)
+        answer = json.loads(done.stdout)
+        if status:
+            assert isinstance(answer, dict) and answer["error"], (path, answer)
+    shown = cli.json_error("clusters", "show", missing)
+    assert shown["status"] == 404 and "not found" in shown["error"]
+    bad = cli.json_error("clusters", "create", "Bad Name!", "--gpu", "a100-80gb",
+                         "--image", TEST_IMAGE)  # fmt: skip
+    assert bad["status"] == 400 and "name" in bad["fields"]
+    # A misused command (exit status 2) and a group's --json, the same way.
+    done = cli("clusters", "show", "seven", "--json", ok=False)
+    assert done.returncode == 2 and json.loads(done.stdout)["usage"] is True
+    assert "seven" in json.loads(done.stdout)["error"]
+    assert cli("clusters", "--json", "list").stdout.startswith("{")
+    cli.env.pop("SUANLI_TOKEN")
+    cli.env.pop("SUANLI_URL")
+    done = cli("balance", "--json", ok=False)
+    assert done.returncode == 1 and "not logged in" in json.loads(done.stdout)["error"]
+
+
+def test_pools_and_sweeps_from_the_command_line(console_url, alice, bob, tmp_path):
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
+    pool = cli.json("pools", "create", "cli-pool", "--gpu", "a100-80gb", "--nodes", 1,
+                    "--gpus-per-node", 1, "--image", TEST_IMAGE, "--max", 1)  # fmt: skip
+    assert pool["name"] == "cli-pool" and pool["state"] == "active" and pool["max_clusters"] == 1
+    listed = cli("pools", "list").stdout.splitlines()
+    assert listed[0].split()[:4] == ["ID", "NAME", "STATE", "EACH"]
+    assert listed[1].split()[:7] == [str(pool["id"]), "cli-pool", "active", "1", "x", "1",
+                                     "a100-80gb"]  # fmt: skip
+    shown = cli("pools", "show", "cli-pool").stdout
+    assert "name:" in shown and "cli-pool" in shown and pool["url"] in shown
+    assert cli.json("pools", "show", pool["id"])["id"] == pool["id"]
+
+    sweep = json.loads(cli(
+        "sweeps", "create", "--pool", "cli-pool", "--name", "lr", "--param",
+        "lr: log_uniform 1e-5 1e-1", "--metric", "loss", "--trials", 2, "--json",
+        "--", 'echo "SUANLI_METRIC {\\"step\\": 1, \\"loss\\": $SUANLI_PARAM_LR}"',
+    ).stdout)  # fmt: skip
+    assert sweep["pool"] == pool["id"] and sweep["trials"] == 2 and sweep["metric"] == "loss"
+    assert sweep["command"].startswith('echo "SUANLI_METRIC')
+    assert [s["id"] for s in cli.json("sweeps", "list")["sweeps"]] == [sweep["id"]]
+    row = cli("sweeps", "list").stdout.splitlines()[1].split()
+    assert row[:5] == [str(sweep["id"]), "lr", str(pool["id"]), "running", "0/2"]
+    assert "metric:" in cli("sweeps", "show", sweep["id"]).stdout
+    cancelled = cli.json("sweeps", "cancel", sweep["id"])
+    assert cancelled["state"] == "cancelled"
+    assert cli("sweeps", "show", sweep["id"]).stdout.count("cancelled") >= 1
+
+    # Another researcher: neither exists for them.
+    _, bobs = ApiToken.issue(user=bob, name="bob")
+    other = Cli(tmp_path / "bob")
+    other.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=bobs)
+    assert "not found" in other("sweeps", "show", sweep["id"], ok=False).stderr
+    assert "no pool named 'cli-pool'" in other("pools", "close", "cli-pool", ok=False).stderr
+    assert "no pool named" in other("pools", "show", str(pool["id"]), ok=False).stderr
+
+    done = cli("pools", "close", "cli-pool")
+    assert done.stdout == f"Pool {pool['id']} (cli-pool) is closed.\n"
+    assert cli.json("pools", "list")["pools"][0]["state"] == "closed"
+
+
+def test_ssh_keys_from_the_command_line(console_url, alice, bob, make_cluster, tmp_path):
+    """Add a key, make it a default, attach it to a cluster and detach it again; another
+    researcher sees none of it."""
+    cluster = make_cluster(alice, "keys", release_policy="never", volumes=())
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    cli.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=token)
+    private = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "lab", "-f", private],
+                   check=True)  # fmt: skip
+    done = cli("keys", "add", private, ok=False)
+    assert done.returncode == 1 and "is a private key: give its .pub file" in done.stderr
+    key = cli.json("keys", "add", f"{private}.pub")
+    assert key["name"] == "lab" and key["fingerprint"].startswith("SHA256:")
+    assert not key["is_default"]
+    listed = cli("keys", "list").stdout.splitlines()
+    assert listed[1].split()[:4] == [str(key["id"]), "lab", "ssh-ed25519", key["fingerprint"]]
+    assert cli("keys", "default", key["id"]).stdout == f"Key {key['id']} (lab) is a default.\n"
+    assert cli.json("keys", "list")["ssh_keys"][0]["is_default"] is True
+
+    done = cli("keys", "attach", cluster.pk, key["id"])
+    assert done.stdout.startswith(f"Key {key['id']} is attached to cluster {cluster.pk}:")
+    assert [k.pk for k in Cluster.objects.get(pk=cluster.pk).ssh_keys.all()] == [key["id"]]
+    attached = cli.json("keys", "attached", cluster.pk)
+    assert [k["id"] for k in attached["ssh_keys"]] == [key["id"]]
+
+    _, bobs = ApiToken.issue(user=bob, name="bob")
+    other = Cli(tmp_path / "bob")
+    other.env.update(SUANLI_URL=console_url, SUANLI_TOKEN=bobs)
+    for args in [("keys", "detach", cluster.pk, key["id"]), ("keys", "delete", key["id"]),
+                 ("keys", "attached", cluster.pk)]:  # fmt: skip
+        done = other(*args, ok=False)
+        assert done.returncode == 1 and "not found" in done.stderr, args
+    assert other.json("keys", "list")["ssh_keys"] == []
+
+    assert cli.json("keys", "detach", cluster.pk, key["id"])["ssh_keys"] == []
+    assert cli("keys", "delete", key["id"]).stdout == f"Key {key['id']} deleted.\n"
+    assert cli.json("keys", "list")["count"] == 0
