@@ -4,11 +4,13 @@ and refuse what cannot run, on the form and on the API alike, in words; the app 
 only an image that can run here; a new cluster is kept (with its workspace) after its jobs
 end unless its owner chose otherwise, and the job form warns when a job will release it."""
 
+import io
 import json
 import os
 
 import pytest
 from browsing import login
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 from playwright.sync_api import expect
@@ -138,6 +140,20 @@ def test_a_build_scripts_lines_give_its_progress():
     assert percent_of("[torch-image 0.1s] downloading torch==2.13.0 (CPU) (25%)") == 25
     assert percent_of("Collecting numpy (from 1.2%)") is None
     assert percent_of("no progress here") is None
+
+
+@pytest.mark.django_db
+def test_a_build_that_fails_leaves_the_image_not_available_and_says_why(catalog):
+    """make run's background build (manage.py catalog_prepare): its lines go to the log, and
+    when it fails the form says "not available here", not "being prepared" for ever."""
+    out = io.StringIO()
+    script = "echo '[jupyter-image 0.1s] unpacking (58%)'; echo 'needs root' >&2; exit 3"
+    with pytest.raises(CommandError, match="exited with 3: suanli/jupyter:2.13-cpu is not"):
+        call_command("catalog_prepare", JUPYTER, "--", "sh", "-c", script, stdout=out)
+    assert "unpacking (58%)" in out.getvalue() and "needs root" in out.getvalue()
+    image = _image(JUPYTER)
+    assert image.preparing is None
+    assert str(catalog_mod.availability([image])[image.pk]) == "not available here"
 
 
 # -- the app tiles --------------------------------------------------------------------------
