@@ -283,8 +283,8 @@ class InstanceTypeAdmin(admin.ModelAdmin):
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
-    list_display = ["name", "reference", "framework", "cuda_version", "active"]
-    list_filter = ["active", "framework"]
+    list_display = ["name", "reference", "framework", "cuda_version", "active", "pullable", "apps"]
+    list_filter = ["active", "pullable", "framework"]
     search_fields = ["name", "reference"]
 
 
