@@ -113,15 +113,18 @@ class Account(models.Model):
     transaction as the ledger entry that explains the change."""
 
     user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="account"
-    )
-    balance = models.DecimalField(default=Decimal("0"), **MONEY)
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="account",
+        verbose_name=gettext_lazy("user"),
+    )  # fmt: skip
+    balance = models.DecimalField(gettext_lazy("balance"), default=Decimal("0"), **MONEY)
     low_notified_at = models.DateTimeField(
-        null=True, blank=True, help_text="When balance.low was last sent (cleared by a top-up)."
-    )
+        gettext_lazy("low balance told at"), null=True, blank=True,
+        help_text=gettext_lazy("When balance.low was last sent (cleared by a top-up)."),
+    )  # fmt: skip
     exhausted_at = models.DateTimeField(
-        null=True, blank=True, help_text="When its clusters were stopped for balance."
-    )
+        gettext_lazy("stopped for balance at"), null=True, blank=True,
+        help_text=gettext_lazy("When its clusters were stopped for balance."),
+    )  # fmt: skip
 
     class Meta:
         verbose_name = gettext_lazy("account")
@@ -141,11 +144,19 @@ class LedgerEntry(models.Model):
         ADJUSTMENT = "adjustment", gettext_lazy("adjustment")
         CREDIT = "credit", gettext_lazy("credit")
 
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
-    kind = models.CharField(max_length=10, choices=Kind.choices)
-    amount = models.DecimalField(help_text="Signed: usage is negative.", **MONEY)
-    balance_after = models.DecimalField(**MONEY)
-    key = models.CharField(max_length=120, unique=True, help_text="Idempotency key.")
+    account = models.ForeignKey(
+        Account, on_delete=models.PROTECT, related_name="entries",
+        verbose_name=gettext_lazy("account"),
+    )  # fmt: skip
+    kind = models.CharField(gettext_lazy("kind"), max_length=10, choices=Kind.choices)
+    amount = models.DecimalField(
+        gettext_lazy("amount"), help_text=gettext_lazy("Signed: usage is negative."), **MONEY
+    )
+    balance_after = models.DecimalField(gettext_lazy("balance after"), **MONEY)
+    key = models.CharField(
+        gettext_lazy("idempotency key"), max_length=120, unique=True,
+        help_text=gettext_lazy("Idempotency key."),
+    )  # fmt: skip
     cluster = models.ForeignKey(
         Cluster, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
@@ -161,11 +172,12 @@ class LedgerEntry(models.Model):
     gpu_model = models.ForeignKey(
         GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
-    memo = models.CharField(max_length=300, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
+    memo = models.CharField(gettext_lazy("reason"), max_length=300, blank=True)
+    created_at = models.DateTimeField(gettext_lazy("posted at"), default=timezone.now)
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
-    )
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        verbose_name=gettext_lazy("posted by"),
+    )  # fmt: skip
 
     class Meta:
         verbose_name = gettext_lazy("ledger entry")
