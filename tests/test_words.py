@@ -8,11 +8,14 @@ Pages of rows written here (paper hosts, no container) through Django's test cli
 Chromium (Playwright) for what only a browser shows: the chart's axes and the confirmation.
 """
 
+import os
 import re
+import zoneinfo
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from browsing import login
 from django.urls import reverse
 from django.utils import timezone
 
@@ -168,3 +171,58 @@ def test_an_image_saved_from_a_workspace_reads_in_the_readers_language(
         f.write(page)
     assert "saved from train-1 node 0" not in page
     assert "train-1" in page
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)  # the live server reads the rows from its own thread
+def test_in_chinese_the_charts_keep_the_readers_zone_and_the_cancel_asks(
+    browser, live_server, alice, paper_host, catalog, priced
+):
+    """The browser says UTC, the researcher chose Asia/Shanghai: the empty chart of a job
+    waiting for samples spans the last minute of Shanghai's clock (not the year 2000) and 0
+    to 1 (not -1 to 6); the cancel asks, and a "no" keeps the job. Screenshots of the pages
+    changed, in Chinese, at 1366 and 390 px."""
+    cluster = _cluster(alice, paper_host, catalog)
+    Cluster.objects.filter(pk=cluster.pk).update(running_since=timezone.now())
+    running = _job(cluster, 0, state=Job.State.RUNNING)
+    short = _job(_cluster(alice, paper_host, catalog, name="short-run"), 13)
+    preferences.save(alice, language="zh-hans", time_zone="Asia/Shanghai")
+    shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
+    for width in (1366, 390):
+        context = browser.new_context(
+            viewport={"width": width, "height": 844}, locale="zh-CN", timezone_id="UTC"
+        )
+        page = context.new_page()
+        login(page, live_server, "alice", "alice-pass-123")
+        page.goto(live_server.url + reverse("job_detail", args=[running.pk]))
+        page.wait_for_function("document.getElementById('chart-cpu')?.layout !== undefined")
+        axes = page.evaluate(
+            "() => { const l = document.getElementById('chart-cpu').layout;"
+            " return [l.xaxis.range, l.yaxis.range]; }"
+        )
+        shanghai = (
+            timezone.now().astimezone(zoneinfo.ZoneInfo("Asia/Shanghai")).strftime("%Y-%m-%d %H:")
+        )
+        (start, end), y = axes
+        assert str(end).startswith(shanghai[:13]), (axes, shanghai)  # Shanghai's hour, not UTC's
+        assert not str(start).startswith("2000") and list(y) == [0, 1], axes
+        asked: list[str] = []
+
+        def say_no(dialog, asked=asked):
+            asked.append(dialog.message)
+            dialog.dismiss()
+
+        page.once("dialog", say_no)
+        page.get_by_test_id("cancel-job").click()
+        assert asked and "short" in asked[0], asked  # the job's name, in the question
+        assert Job.objects.get(pk=running.pk).state == Job.State.RUNNING, "a no keeps it"
+        page.screenshot(path=f"{shots}/words_job_running_{width}.png", full_page=True)
+        page.goto(live_server.url + reverse("job_detail", args=[short.pk]))
+        expect_text = page.get_by_test_id("diagnosis-verdict").inner_text()
+        assert "13" in expect_text, expect_text
+        page.screenshot(path=f"{shots}/words_job_short_{width}.png", full_page=True)
+        for name, args in (("cluster_detail", [cluster.pk]), ("billing", []), ("image_list", [])):
+            page.goto(live_server.url + reverse(name, args=args))
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=f"{shots}/words_{name}_{width}.png", full_page=True)
+        context.close()
