@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
+from django.utils.translation import gettext_lazy
 
 from console import (
     api,
@@ -22,9 +23,10 @@ from console.powers import queue_pages
 # A body Django refuses before any view runs is answered with a sentence (console/errors.py).
 handler400 = "console.errors.bad_request"
 
-admin.site.site_header = "Suanli operations"
-admin.site.site_title = "Suanli admin"
-admin.site.index_title = "Fleet, catalogs and accounts"
+# In the reader's language, as the rest of the admin (console.preferences.UserLocale).
+admin.site.site_header = gettext_lazy("Suanli operations")
+admin.site.site_title = gettext_lazy("Suanli admin")
+admin.site.index_title = gettext_lazy("Fleet, catalogs and accounts")
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),

@@ -4,8 +4,9 @@ Layer: apps, the top of jobs/ (beside tasks, admin and management); uses no othe
 """
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy
 
 
 class JobsConfig(AppConfig):
     name = "jobs"
-    verbose_name = "Engine: hosts, GPUs, images"
+    verbose_name = gettext_lazy("Engine: hosts, GPUs, images")
