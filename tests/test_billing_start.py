@@ -3,13 +3,16 @@ cluster without workspaces, its first job's replica) starts, not from its placem
 cluster whose image cannot be pulled fails with the engine's words, its GPUs back, and
 is charged nothing. On the real scheduler, engines, registry and the worker's tasks."""
 
+import os
 import uuid
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from browsing import login
 from django.urls import reverse
 from django.utils import timezone
+from playwright.sync_api import expect
 from waiting import until
 
 from billing import accrual
@@ -158,3 +161,35 @@ def test_a_cluster_without_workspaces_is_billed_from_its_first_jobs_start(
     assert sum(e.seconds for e in usage) == 30
     services.cluster_release(cluster=cluster)
     work_queue()
+
+
+def _shoot(browser, live_server, cluster, state: str, name: str) -> None:
+    """The cluster page in Chinese at 1366 and 390 px: its state badge reads `state`, and
+    nothing sticks out sideways; a picture of each (SUANLI_SCREENSHOTS)."""
+    for width in (1366, 390):
+        context = browser.new_context(
+            viewport={"width": width, "height": 900}, locale="zh-CN", timezone_id="Asia/Shanghai"
+        )
+        page = context.new_page()
+        login(page, live_server, "alice", "alice-pass-123")
+        page.goto(f"{live_server.url}/clusters/{cluster.pk}/")
+        expect(page.get_by_test_id("cluster-state")).to_have_text(state)
+        wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert wide <= 0, f"{wide}px wider than the window"
+        shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
+        page.screenshot(path=os.path.join(shots, f"{name}-zh-hans-{width}.png"), full_page=True)
+        context.close()
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)  # the live server's thread reads the cluster
+def test_the_chinese_cluster_page_says_starting_then_why_it_failed(
+    placed, browser, live_server, work_queue
+):
+    missing = _missing_in_registry()
+    cluster = placed("zh-never-ran", image=missing)
+    _shoot(browser, live_server, cluster, "启动中", "cluster-starting")
+    work_queue()
+    cluster.refresh_from_db()
+    assert cluster.state == Cluster.State.FAILED
+    _shoot(browser, live_server, cluster, "失败", "cluster-failed-image")
