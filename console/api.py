@@ -388,14 +388,14 @@ def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
         gpus_per_node=body.gpus_per_node,
         image=image,
         custom_image=body.image if image == CUSTOM_IMAGE else None,
-        network=body.network or "standard",
+        network=body.network,
         zone=body.zone,
         spot=bool(body.spot),
         volumes=_as_text(body.volumes),
         pub=body.pub is not False,
         ssh_keys=_keys_asked(body, owner),
         workspace=body.workspace is not False,
-        release_policy=body.release_policy or "never",
+        release_policy=body.release_policy,  # NewCluster defaults both to the model's
         idle_minutes=body.idle_minutes,
     )
 
@@ -418,8 +418,8 @@ def _cluster_form_data(body: NewCluster, owner) -> dict:
         for name in ("name", "nodes", "gpus_per_node", "zone", "idle_minutes")
         if name in given
     }
-    data["network"] = body.network or "standard"
-    data["release_policy"] = body.release_policy or "never"
+    data["network"] = body.network
+    data["release_policy"] = body.release_policy  # the model's default when not given
     if body.instance_type:
         data["resource"] = f"cpu:{body.instance_type}"
     elif body.gpu_model:
