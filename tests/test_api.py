@@ -304,7 +304,7 @@ def _served() -> dict[str, set[str]]:
         if route in ("schema", "docs", ""):
             continue
         path = "/api/v1/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)
-        probe = client.generic("PATCH", re.sub(r"\{\w+\}", "1", path))
+        probe = client.generic("TRACE", re.sub(r"\{\w+\}", "1", path))  # no path takes it
         assert probe.status_code == 405, path
         served[path] = {m.lower() for m in probe["Allow"].split(", ")}
     return served
