@@ -222,6 +222,11 @@ def test_suanli_images_builds_follows_lists_and_deletes(console, processes, alic
     (project / "Dockerfile").write_text("FROM suanli/busybox:latest\nRUN false\n")
     done = cli("images", "build", project, "--name", "fails", ok=False, timeout=120)
     assert done.returncode == 1 and "--- build" in done.stderr and "failed:" in done.stderr
+    done = cli("images", "build", project, "--name", "fails", "--json", ok=False, timeout=120)
+    last = json.loads(done.stdout.splitlines()[-1])  # one JSON object a line, the error last
+    assert (
+        done.returncode == 1 and last["error"].startswith("build ") and "failed:" in last["error"]
+    )
     queued = cli("images", "build", project, "--name", "later", "--no-follow").stdout
     assert queued.startswith("Build ") and " of later:latest is " in queued
 

@@ -152,7 +152,10 @@ def images_build(directory, name, tag, context, build_args, no_follow, as_json):
         if not as_json:
             click.echo(f"--- build {build['id']} succeeded: {build.get('image')} ---", err=True)
         return
-    if not as_json:
+    if as_json:  # the stream's last object says so, as every error under --json does
+        words = f"build {build['id']} failed: {build.get('error')}"
+        click.echo(json.dumps({"error": words, "build": build["id"]}, ensure_ascii=False))
+    else:
         click.echo(f"--- build {build['id']} failed: {build.get('error')} ---", err=True)
     sys.exit(1)
 
