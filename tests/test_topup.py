@@ -218,3 +218,22 @@ def test_the_top_up_page_in_chinese_at_desk_and_phone_widths(
         page.screenshot(path=f"{SHOTS}/ops_topup_zh_{width}.png", full_page=True)
         context.close()
     assert LedgerEntry.objects.filter(account__user=researcher).count() == 2
+
+
+def test_the_admin_reads_in_chinese_where_django_allows(client, operator, researcher):
+    """The admin stays for everything else, in the reader's language: its titles, the
+    apps' and models' names and the account and ledger fields."""
+    preferences.save(operator, language="zh-hans")
+    client.force_login(operator)
+    index = client.get("/admin/").content.decode()
+    assert "Suanli 运维" in index and "机群、目录与账户" in index
+    assert "Fleet, catalogs" not in index and "Engine: hosts" not in index
+    assert ">费用<" in index or "费用</a>" in index
+    billing.post_entry(
+        account=billing.account_for(researcher), kind="topup", amount=Decimal("5"),
+        key="admin:1", memo="首次充值", by=operator,
+    )  # fmt: skip
+    ledger = client.get("/admin/billing/ledgerentry/").content.decode()
+    assert "记入后余额" in ledger and "Balance after" not in ledger
+    accounts = client.get("/admin/billing/account/").content.decode()
+    assert "余额" in accounts and "Exhausted at" not in accounts
