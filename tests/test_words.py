@@ -22,7 +22,7 @@ from django.utils import timezone
 from billing import accrual
 from console import preferences
 from jobs.clusters import services
-from jobs.models import Cluster, Job, Node, OwnImage
+from jobs.models import Cluster, Job, Node, OwnImage, Replica
 from monitoring.models import Sample
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def _cluster(owner, host, catalog, *, name="words", state=Cluster.State.RUNNING,
 def _job(cluster, seconds, *, state=Job.State.SUCCEEDED, gpu=True):
     ended = state in (Job.State.SUCCEEDED, Job.State.FAILED, Job.State.CANCELLED)
     job = Job.objects.create(
-        cluster=cluster, owner=cluster.owner, name="short", command="python train.py",
+        cluster=cluster, owner=cluster.owner, name="short", command="python train.py", attempt=1,
         state=state, started_at=T0, finished_at=T0 + timedelta(seconds=seconds) if ended else None,
     )  # fmt: skip
     host = cluster.node_set.get(index=0).host
@@ -171,6 +171,41 @@ def test_an_image_saved_from_a_workspace_reads_in_the_readers_language(
         f.write(page)
     assert "saved from train-1 node 0" not in page
     assert "train-1" in page
+
+
+BAD = ("网络网络", "Rank", "saved from", "node 0", "1 GPUs", "kept busy")
+
+
+def _text(html: str) -> str:
+    """What a reader sees of a page: no scripts, no tags, no attributes."""
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def test_the_chinese_pages_hold_none_of_the_english_or_doubled_words(
+    client, alice, paper_host, catalog
+):
+    cluster = _cluster(alice, paper_host, catalog, name="zh-words")
+    job = _job(cluster, 13)
+    Replica.objects.create(
+        job=job, rank=0, node=cluster.node_set.get(), host=paper_host,
+        container_name="suanli-words-r0", state="exited", exit_code=0,
+    )  # fmt: skip
+    OwnImage.objects.create(
+        owner=alice, name="mine", tag="v1", reference="r/u1/mine:v1", digest="sha256:" + "b" * 64,
+        size_bytes=1, source=OwnImage.Source.SAVE, source_note="saved from zh-words node 0",
+    )  # fmt: skip
+    preferences.save(alice, language="zh-hans")
+    client.force_login(alice)
+    for name, args in (
+        ("job_detail", [job.pk]),
+        ("cluster_detail", [cluster.pk]),
+        ("image_list", []),
+        ("billing", []),
+    ):
+        text = _text(client.get(reverse(name, args=args)).content.decode())
+        found = [bad for bad in BAD if bad in text]
+        assert not found, (name, found)
 
 
 @pytest.mark.browser
