@@ -183,10 +183,8 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
         for key, (p, amount, seconds, count, first, last, charged) in sums.items():
             old = existing.get(key)
             if old is None:
-                # A line's `at` (its place in the bill's time order) is when its first
-                # piece began, not the top of its hour: a cluster started at 10:50 comes
-                # after a top-up posted at 10:40. Pieces arrive in time order, so the
-                # first batch holds the earliest.
+                # `at` (its place in time) is when its first piece began, not its hour's
+                # top: a start at 10:50 follows a top-up at 10:40 (pieces come in order).
                 fresh.append(
                     (
                         p.account_id, USAGE, first, amount, p.cluster_id, p.hour, p.units,
