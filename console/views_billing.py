@@ -497,7 +497,7 @@ def ops_topup(request):
     account = None
     if request.method == "POST" or request.GET.get("account"):
         raw = request.POST.get("account") or request.GET.get("account", "")
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):  # "²".isdigit()
             raise Http404("No such account.")
         account = get_object_or_404(Account.objects.select_related("user"), pk=int(raw))
     form = TopUpForm(initial={"token": uuid.uuid4().hex, "kind": LedgerEntry.Kind.TOPUP})
