@@ -85,7 +85,9 @@ def test_a_finished_jobs_charts_hold_its_own_samples_and_break_between_jobs(
     page.goto(f"{live_server.url}{reverse('job_detail', args=[first.pk])}")
     page.wait_for_function(f"({POINTS})() > 0", timeout=15_000)
     xs = page.evaluate(
-        "() => document.getElementById('chart-gpu').data.flatMap((t) => t.x.map((x) => +new Date(x)))"
+        # The axis holds the reader's wall time (alice reads in UTC): back to epoch ms.
+        "() => document.getElementById('chart-gpu').data.flatMap((t) => t.x.map("
+        "(x) => +new Date(String(x).replace(' ', 'T') + 'Z')))"
     )
     assert xs and start <= min(xs) and max(xs) <= end, (start, xs, end)
     assert page.evaluate("() => document.getElementById('chart-cpu').data[0].x.length") > 0
@@ -98,7 +100,8 @@ def test_a_finished_jobs_charts_hold_its_own_samples_and_break_between_jobs(
     page.wait_for_function(f"({POINTS})() > 0", timeout=15_000)
     trace = page.evaluate(
         "() => { const t = document.getElementById('chart-gpu').data[0];"
-        " return {x: t.x.map((x) => +new Date(x)), y: t.y, connectgaps: t.connectgaps}; }"
+        " return {x: t.x.map((x) => +new Date(String(x).replace(' ', 'T') + 'Z')), y: t.y,"
+        " connectgaps: t.connectgaps}; }"
     )
     assert trace["connectgaps"] is False
     breaks = [i for i, y in enumerate(trace["y"]) if y is None]
