@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import NamedTuple
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Min
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -39,6 +40,27 @@ log = logging.getLogger(__name__)
 # Stored as the released clusters' reason (English; translated where it is shown).
 EXHAUSTED = gettext_noop("stopped: balance exhausted")
 
+# The ends of a node's billing, whichever comes first.
+_ENDS = ("preempted_at", "lost_at", "released_at")
+
+
+def billing_start(
+    workspace: bool, started: datetime | None, placed: datetime, ends, now: datetime
+) -> datetime | None:
+    """The second a node's billing starts, or None (not yet, or never): the second it
+    started running; but a node of a cluster without workspaces (its first job starts it)
+    that held its GPUs `SUANLI_START_GRACE_S` without starting, up to now or to its end,
+    is charged from its placement, so that GPUs held idle are never free. A workspace
+    node is charged only from its start (its pull is ours: one that never starts fails,
+    `jobs.runs.repair`)."""
+    grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
+    if started is not None and (workspace or started < placed + grace):
+        return started
+    if workspace:
+        return None
+    end = min((t for t in ends if t is not None), default=now)
+    return placed if end >= placed + grace else started
+
 
 @dataclass
 class AccrualReport:
@@ -53,13 +75,25 @@ class AccrualReport:
 def open_meters(now: datetime) -> int:
     """A meter for every cluster that has run and has none yet; it starts at the second
     its first node started running (`Node.started_at`: its workspace, or its first job
-    replica). A cluster whose nodes were placed but never ran (its image could not be
-    pulled, its workspace not started) has no meter: nothing is charged for it."""
-    fresh = list(
-        Cluster.objects.filter(meter__isnull=True, node_set__started_at__isnull=False)
-        .values("pk", "owner_id")
-        .annotate(first=Min("node_set__started_at"))
+    replica), or, for a node of a cluster without workspaces held `SUANLI_START_GRACE_S`
+    without a job, at its placement (`billing_start`). A cluster whose nodes were placed
+    but never ran (its image could not be pulled, its workspace not started) has no
+    meter: nothing is charged for it."""
+    grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
+    held_past = Q(cluster__workspace=False, started_at=None, placed_at__lte=now - grace)
+    for end in _ENDS:  # each end, if any, past placement + grace (else never charged)
+        held_past &= Q(**{f"{end}__isnull": True}) | Q(**{f"{end}__gte": F("placed_at") + grace})
+    rows = Node.objects.filter(
+        Q(started_at__isnull=False) | held_past, cluster__meter__isnull=True
+    ).values_list(
+        "cluster_id", "cluster__owner_id", "cluster__workspace", "started_at", "placed_at", *_ENDS
     )
+    firsts: dict[int, tuple[int, datetime]] = {}
+    for cluster_id, owner_id, workspace, started, placed, *ends in rows:
+        start = billing_start(workspace, started, placed, ends, now)
+        if start is not None and (cluster_id not in firsts or start < firsts[cluster_id][1]):
+            firsts[cluster_id] = (owner_id, start)
+    fresh = [{"pk": pk, "owner_id": o, "first": t} for pk, (o, t) in firsts.items()]
     if not fresh:
         return 0
     owners = {row["owner_id"] for row in fresh}
@@ -111,14 +145,14 @@ class Interval(NamedTuple):
     kind: str  # pricing.GPU, NO_GPU or STOPPED
 
 
-def _nodes_of(units: dict[int, int]) -> dict[int, list[Interval]]:
+def _nodes_of(units: dict[int, int], now: datetime) -> dict[int, list[Interval]]:
     """cluster id -> its nodes' intervals for the clusters in `units` (cluster id -> units a
     node holds: its GPUs, or 1 for a CPU-only instance).
 
     A node is GPU time (no-GPU time when it was started without GPUs: one unit, the node)
     from the second it started running (`Node.started_at`, not its placement: the time
-    its image took to pull is not charged) to its end; a node that never ran is no time
-    at all, nor is its stop (it kept no workspace). A preempted node's billing ends at
+    its image took to pull is not charged; but see `billing_start` for a cluster without
+    workspaces held idle) to its end; a node that never ran is no time at all, nor is its stop (it kept no workspace). A preempted node's billing ends at
     its preemption notice, not when its GPUs came back; a node on a host that went down,
     at the second the host was seen down (it is placed again, as a new node, when the
     host is back or it moves; billed again once its workspace runs there). A node that
@@ -127,12 +161,13 @@ def _nodes_of(units: dict[int, int]) -> dict[int, list[Interval]]:
     out: dict[int, list[Interval]] = {}
     rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
         "cluster_id", "no_gpu", "stopped_at", "kept_until", "started_at",
-        "preempted_at", "lost_at", "released_at",
+        "cluster__workspace", "placed_at", *_ENDS,
     )  # fmt: skip
-    for cluster_id, no_gpu, stopped, kept_until, started, *ends in rows:
+    for cluster_id, no_gpu, stopped, kept_until, started, workspace, placed, *ends in rows:
         held = out.setdefault(cluster_id, [])
+        started = billing_start(workspace, started, placed, ends, now)
         if started is None:
-            continue  # never ran: never charged
+            continue  # never ran (nor held idle past the grace): never charged
         released = min((t for t in ends if t is not None), default=None)
         if released is not None and released < started:
             released = started  # ended (a notice, a lost host) before its start was seen
@@ -260,7 +295,7 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
         ]
         if not meters:
             return
-        nodes = _nodes_of({m.cluster_id: m.gpus_per_node or 1 for m in meters})
+        nodes = _nodes_of({m.cluster_id: m.gpus_per_node or 1 for m in meters}, now)
         accounts = {
             row[0]: _Account(*row)
             for row in Account.objects.select_for_update()

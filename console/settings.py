@@ -378,6 +378,13 @@ SUANLI_STORAGE_FILES_MAX = envint("SUANLI_STORAGE_FILES_MAX", 2_000_000)
 SUANLI_STORAGE_SUSTAINED_MAX_GB = envint("SUANLI_STORAGE_SUSTAINED_MAX_GB", 100)
 SUANLI_NCCL_IB_HCA = envstr("SUANLI_NCCL_IB_HCA", "mlx5")
 SUANLI_STOP_GRACE_S = envint("SUANLI_STOP_GRACE_S", 10)
+# Billing starts when a node runs (its workspace, or its first job). A node of a cluster
+# without workspaces that has held its GPUs this long without a job is charged anyway, from
+# its placement (GPUs held idle are not free). A never-ran cluster with workspaces whose
+# node has not started this long after its placement, its pull making no progress, fails
+# (nothing charged).
+SUANLI_START_GRACE_S = envint("SUANLI_START_GRACE_S", 600)
+SUANLI_START_DEADLINE_S = envint("SUANLI_START_DEADLINE_S", 1800)
 # Spot preemption: the preemption script's time limit, then SIGTERM, then SIGKILL after
 # the grace period.
 SUANLI_PREEMPT_SCRIPT_S = envint("SUANLI_PREEMPT_SCRIPT_S", 60)

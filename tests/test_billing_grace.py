@@ -1,0 +1,100 @@
+"""GPUs held idle are not free: a node of a cluster without workspaces (a batch or pool
+cluster; its first job starts it) that holds its GPUs `SUANLI_START_GRACE_S` without a job
+is charged from its placement; one whose first job comes within the grace is charged from
+that job. A workspace node is charged only from its start. On paper hosts (the db tier):
+accrual reads placement and start seconds only."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from billing import accrual
+from billing import services as billing
+from billing.models import LedgerEntry, Meter
+from jobs.clusters import services
+from jobs.models import Node
+from jobs.placement import scheduler
+
+pytestmark = pytest.mark.django_db
+
+GRACE = timedelta(seconds=settings.SUANLI_START_GRACE_S)
+
+
+@pytest.fixture
+def cluster_of(make_paper_host, make_cluster, alice, rate_card, fund):
+    rate_card({"a100-80gb": "3.60"}, effective_from=timezone.now() - timedelta(hours=1))
+    fund(alice, "100")
+    make_paper_host("gpu-paper-01", gpus=8)
+
+    def make(name, **extra):
+        cluster = make_cluster(alice, name, gpus=2, release_policy="never", volumes=(), **extra)
+        scheduler.place_pending()
+        cluster.refresh_from_db()
+        assert cluster.state == "running", cluster.state_reason
+        node = cluster.node_set.get()
+        assert node.started_at is None
+        return cluster, billing.floor_s(node.placed_at)
+
+    return make
+
+
+def _seconds(cluster) -> int:
+    return sum(e.seconds for e in LedgerEntry.objects.filter(cluster=cluster, kind="usage"))
+
+
+def test_a_cluster_without_workspaces_held_idle_past_the_grace_is_charged_from_placement(
+    cluster_of, alice
+):
+    cluster, placed = cluster_of("idle-batch", workspace=False)
+
+    accrual.accrue(now=placed + GRACE - timedelta(seconds=60))
+    assert not Meter.objects.filter(cluster=cluster).exists(), "within the grace: nothing"
+    assert billing.account_for(alice).balance == Decimal("100")
+
+    accrual.accrue(now=placed + GRACE + timedelta(seconds=60))
+    usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage")
+    assert min(e.period_from for e in usage) == placed
+    assert _seconds(cluster) == GRACE.total_seconds() + 60
+    assert billing.account_for(alice).balance < Decimal("100")
+
+
+def test_its_first_job_within_the_grace_starts_its_billing(cluster_of):
+    cluster, placed = cluster_of("quick-batch", workspace=False)
+    job_at = placed + timedelta(seconds=120)
+    Node.objects.filter(cluster=cluster).update(started_at=job_at)  # its first replica ran
+
+    accrual.accrue(now=placed + GRACE + timedelta(seconds=60))
+    usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage")
+    assert min(e.period_from for e in usage) == job_at
+    assert _seconds(cluster) == (GRACE + timedelta(seconds=60) - timedelta(seconds=120)).seconds
+
+
+def test_released_within_the_grace_without_a_job_costs_nothing(cluster_of):
+    cluster, placed = cluster_of("short-batch", workspace=False)
+    Node.objects.filter(cluster=cluster).update(released_at=placed + timedelta(seconds=30))
+    services.cluster_release(cluster=cluster)
+    accrual.accrue(now=placed + GRACE * 3)
+    assert not Meter.objects.filter(cluster=cluster).exists()
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists()
+
+
+def test_released_past_the_grace_without_a_job_pays_for_its_holding(cluster_of):
+    cluster, placed = cluster_of("held-batch", workspace=False)
+    end = placed + GRACE + timedelta(seconds=300)
+    Node.objects.filter(cluster=cluster).update(released_at=end)
+    accrual.accrue(now=end + timedelta(hours=1))
+    assert _seconds(cluster) == (end - placed).total_seconds()
+    assert (
+        min(e.period_from for e in LedgerEntry.objects.filter(cluster=cluster, kind="usage"))
+        == placed
+    )
+
+
+def test_a_workspace_node_that_never_started_is_not_charged_past_the_grace(cluster_of):
+    cluster, placed = cluster_of("slow-pull")  # workspace=True: its pull is ours
+    accrual.accrue(now=placed + GRACE + timedelta(seconds=60))
+    assert not Meter.objects.filter(cluster=cluster).exists()
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists()
