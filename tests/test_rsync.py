@@ -11,6 +11,7 @@ import os
 import shlex
 import subprocess
 import tarfile
+import time
 
 import docker
 import pytest
@@ -230,6 +231,37 @@ def test_an_attacker_reads_nothing_outside_the_volumes_through_rsync(
     assert done.returncode != 0 and "owned" in done.stderr and "not found" in done.stderr, done
 
 
+def _helpers_made(engine, cluster, since: float) -> list[dict]:
+    """The engine's record of the transfer containers made for `cluster` since then (one
+    that already went included)."""
+    filters = {"type": "container", "event": "create",
+               "label": [sftp.LABEL, f"{runtime.LABEL_CLUSTER}={cluster.pk}"]}  # fmt: skip
+    return list(engine.api.events(since=since, until=time.time(), filters=filters, decode=True))
+
+
+def test_rsyncs_daemon_behind_its_paths_never_runs_in_our_container(
+    start_gateway, workspace_cluster, alice_key
+):
+    """rsync reads options after its paths too: `--daemon` after the `.` would run rsync's
+    daemon over the channel in our container, reading the tenant's ./rsyncd.conf."""
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
+    engine = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+    conf = "[all]\n path = /\n read only = false\n use chroot = false\n"
+    made = gw.ssh(alice_key, login, f"printf '{conf}' > /workspace/rsyncd.conf")
+    assert made.returncode == 0, made.stderr
+    since = time.time() - 1
+    for command in ("x/rsync --server . --daemon", "x/rsync --server -v . dest/ --config=x",
+                    "x/rsync --server -v . dest/ -- --daemon"):  # fmt: skip
+        done = gw.ssh(alice_key, login, command)
+        # The workspace's shell runs it as any command: there is no x/rsync there.
+        assert done.returncode != 0 and b"not found" in done.stderr, (command, done)
+        assert b"@RSYNCD" not in done.stdout, (command, done.stdout)
+    assert _helpers_made(engine, cluster, since) == []
+
+
 def test_transfers_on_one_connection_count_as_sessions(start_gateway, workspace_cluster, alice_key):
     gw = start_gateway(SUANLI_SSH_MAX_SESSIONS=2)
     cluster = workspace_cluster()
@@ -279,6 +311,7 @@ def test_only_the_shapes_rsync_and_scp_send_run_in_our_container():
         "scp -t /etc/x": ["/etc/x"],
         "scp -v -r -p -d -t -- -x": ["-x"],
         "scp -f weights.bin": [],
+        "rsync --server -v . ./-x": ["./-x"],  # how rsync sends a name starting with -
     }
     for command, written in shapes.items():
         transfer = sftp.transfer_command(command)
@@ -288,6 +321,10 @@ def test_only_the_shapes_rsync_and_scp_send_run_in_our_container():
         "sh -c 'rsync --server -v . x'",
         "rsync --server --daemon .",
         "rsync --server --config=/x --daemon .",
+        "rsync --server . --daemon",
+        "rsync --server -v . dest/ --config=x",
+        "rsync --server --sender -v . x -- --daemon",
+        "rsync --server -v . -x",
         "rsync --server -v dest/",
         "rsync -v . dest/",
         "scp -t a b",

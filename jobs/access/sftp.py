@@ -180,6 +180,7 @@ def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str
             argv,
             user=f"{uid}:{uid}",
             working_dir=home if home in mounted else "/",
+            environment=["HOME=/etc"],  # not the tenant's home: no ~/.popt of hers is read
             stdin_open=True,  # and StdinOnce: the attach's end is the container's
             host_config=host_config,
             labels={
@@ -259,6 +260,10 @@ def transfer_command(command: str) -> Transfer | None:
         for option in options:
             if not option.startswith("-") or option.split("=", 1)[0] in RSYNC_REFUSED:
                 return None
+        # rsync reads options after its paths too (`. --daemon` runs its daemon, reading
+        # ./rsyncd.conf); its client sends a name starting with - as ./-x.
+        if any(path.startswith("-") for path in paths):
+            return None
         receiving = "--sender" not in options
         return Transfer("rsync", program, words[1:], paths if receiving else [])
     if tool == "scp":
