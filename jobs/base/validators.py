@@ -8,6 +8,7 @@ import base64
 import hashlib
 import ipaddress
 import re
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -254,6 +255,26 @@ def validate_image_reference(value: str) -> None:
         )
     if why := registry_refusal(value):
         raise ValidationError(why)
+
+
+def validate_custom_image_reference(value: str, *, not_pulled: Iterable[str] = ()) -> None:
+    """An image reference a researcher types (the cluster form's custom image, the API):
+    `validate_image_reference`, and neither Suanli's own `suanli/` namespace on Docker Hub
+    nor a catalog image that hosts never pull (`not_pulled`: their references). Those are
+    put on hosts by an operator; typed, the engine would pull whatever Docker Hub has under
+    that name, and the pulled tag would pass for the catalog's on that host."""
+    validate_image_reference(value)
+    repository = image_repository(value)
+    if repository.startswith("docker.io/suanli/") or any(
+        image_repository(ref) == repository for ref in not_pulled
+    ):
+        raise ValidationError(
+            _(
+                "%(repository)s is a name of Suanli's own images (suanli/...), which are never "
+                "pulled from a registry: pick it from the image list, or name another image."
+            )
+            % {"repository": repository}
+        )
 
 
 _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")

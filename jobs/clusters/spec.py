@@ -437,7 +437,12 @@ class ClusterRequest:
                 )
         else:
             try:
-                validators.validate_image_reference(reference)
+                validators.validate_custom_image_reference(
+                    reference,
+                    not_pulled=Image.objects.filter(pullable=False).values_list(
+                        "reference", flat=True
+                    ),
+                )
             except ValidationError as exc:
                 self._refuse("custom_image", exc.messages[0])
         return None, own, reference

@@ -30,7 +30,7 @@ from django.utils.translation import gettext_noop
 from jobs.base.text import Text
 from jobs.base.validators import image_repository, registry_refusal
 from jobs.events import timeline
-from jobs.models import Cluster
+from jobs.models import Cluster, Image
 from jobs.nodes import engine
 
 log = logging.getLogger(__name__)
@@ -432,14 +432,38 @@ def push(client: docker.DockerClient, ref: str) -> str:
     return digest or manifest(*split(ref))[0]
 
 
-def pull_public(client: docker.DockerClient, ref: str) -> None:
+def pull_public(client: docker.DockerClient, ref: str, *, host: str = "") -> None:
     """Pull `ref` (not one of our registry's: see `pull`) from the registry it names, only
     when that registry is public (validators.registry_refusal): a reference stored before
     that rule, or a name that resolves elsewhere since it was checked, never has the engine
-    contact the hosts' own networks. RegistryError says why not."""
+    contact the hosts' own networks. Never a catalog image that is not pullable, nor one of
+    Suanli's own namespace on Docker Hub (`suanli/`): those are put on hosts by an operator
+    (built on the machine); whoever owns that name on Docker Hub is not us, and the pulled
+    tag would pass for the catalog's on that host. RegistryError says why not."""
+    if not_pulled(ref):
+        raise RegistryError(
+            _(
+                "%(image)s is not on host %(host)s and is never pulled: an operator puts it "
+                "on hosts; pick another image or ask for it on this host."
+            )
+            % {"image": ref, "host": host or "?"},
+            status=404,
+        )  # final (`unavailable`)
     if why := registry_refusal(ref):
         raise RegistryError(why, status=403)  # refused before asking: final (`unavailable`)
     client.images.pull(ref)
+
+
+def not_pulled(ref: str) -> bool:
+    """Whether `ref` names a catalog image that is not pullable (`Image.pullable`), or any
+    image of Suanli's own `suanli/` namespace on Docker Hub: hosts never pull those."""
+    repository = image_repository(ref)
+    if repository.startswith("docker.io/suanli/"):
+        return True
+    return any(
+        image_repository(other) == repository
+        for other in Image.objects.filter(pullable=False).values_list("reference", flat=True)
+    )
 
 
 # Words of an engine or a registry that says the image is not there, or not for us: a

@@ -228,7 +228,7 @@ def _up(cluster: Cluster, node: Node, network_name: str):
     except docker.errors.ImageNotFound:
         if made.image.startswith(KEEP_REPOSITORY + "/"):
             raise  # a save is never pulled from anywhere: only this engine has it
-        registry.pull_public(client, made.image)
+        registry.pull_public(client, made.image, host=node.host.name)
         container = client.containers.create(
             made.image,
             name=made.name,
