@@ -150,35 +150,7 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
             line[5] = max(line[5], p.period_to)
             line[6] = max(line[6], p.charged_at)
     if sums:
-        clusters = {k[1] for k in sums if k[1] is not None}
-        storage = {k[0] for k in sums if k[1] is None}
-        whose = Q(cluster_id__in=clusters)
-        if storage:
-            whose |= Q(cluster__isnull=True, account_id__in=storage)
-        existing = {
-            (row[12], row[1], row[2], row[3], row[4], row[5]): row
-            for row in BillLine.objects.filter(
-                whose,
-                hour__in={k[2] for k in sums},
-                kind=USAGE,
-            )
-            .order_by()
-            .values_list(
-                "pk",
-                "cluster_id",
-                "hour",
-                "units",
-                "rate",
-                "memo",
-                "amount",
-                "seconds",
-                "pieces",
-                "period_from",
-                "period_to",
-                "charged_at",
-                "account_id",
-            )  # fmt: skip
-        }
+        existing = _existing_lines(sums)
         updates = []
         for key, (p, amount, seconds, count, first, last, charged) in sums.items():
             old = existing.get(key)
@@ -203,6 +175,40 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
             ["amount", "seconds", "pieces", "period_from", "period_to", "charged_at"], updates,
         )  # fmt: skip
     insert_rows(BillLine, LINE_FIELDS, fresh)
+
+
+def _existing_lines(sums: dict[tuple, list]) -> dict[tuple, tuple]:
+    """The usage lines already written for the keys of `sums` (account, cluster, hour,
+    units, rate, memo), by that key."""
+    clusters = {k[1] for k in sums if k[1] is not None}
+    storage = {k[0] for k in sums if k[1] is None}
+    whose = Q(cluster_id__in=clusters)
+    if storage:
+        whose |= Q(cluster__isnull=True, account_id__in=storage)
+    return {
+        (row[12], row[1], row[2], row[3], row[4], row[5]): row
+        for row in BillLine.objects.filter(
+            whose,
+            hour__in={k[2] for k in sums},
+            kind=USAGE,
+        )
+        .order_by()
+        .values_list(
+            "pk",
+            "cluster_id",
+            "hour",
+            "units",
+            "rate",
+            "memo",
+            "amount",
+            "seconds",
+            "pieces",
+            "period_from",
+            "period_to",
+            "charged_at",
+            "account_id",
+        )  # fmt: skip
+    }
 
 
 def _add_days(pieces: list[Piece]) -> None:

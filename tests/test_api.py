@@ -379,8 +379,11 @@ def test_the_docs_page_runs_a_call_with_a_token_from_our_own_files(
         "request",
         lambda r: None if r.url.startswith((live_server.url, "data:")) else elsewhere.append(r.url),
     )
+    schema = page.request.get(f"{live_server.url}/api/v1/schema").json()
+    operations = sum(len(ops) for ops in schema["paths"].values())
+    assert operations >= 29
     page.goto(f"{live_server.url}/api/v1/docs")
-    expect(page.locator(".opblock")).to_have_count(29)
+    expect(page.locator(".opblock")).to_have_count(operations)
     page.get_by_role("button", name="Authorize").first.click()
     page.locator(".modal-ux input").fill(token)
     page.locator(".modal-ux button.authorize").click()

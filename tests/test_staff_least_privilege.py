@@ -75,7 +75,8 @@ OWN = {
     "pool_detail", "pool_status", "pool_samples", "pool_job_new", "pool_close", "sweep_list",
     "sweep_new", "sweep_detail", "sweep_live", "sweep_data", "sweep_cancel", "node_terminal",
     "app_status", "app_start", "app_stop", "node_save_image", "image_list", "image_delete",
-    "image_build", "ssh_keys", "ssh_key_delete", "billing", "billing_detail",
+    "image_build", "ssh_keys", "ssh_key_delete", "ssh_key_default", "cluster_key_attach",
+    "cluster_key_detach", "billing", "billing_detail",
     "billing_statement", "billing_statement_detail", "cluster_cost", "webhooks",
     "webhook_detail", "webhook_test", "webhook_rotate", "webhook_delete", "webhook_redeliver",
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
@@ -89,7 +90,8 @@ API_OWN = {
     "cluster_release", "cluster_stop", "cluster_start", "cluster_resize", "jobs", "job_submit",
     "pool_list", "pool_create", "pool", "pool_job_submit", "pool_close", "image_list",
     "image_build_create", "image_build", "image_delete", "node_save_image", "balance", "bill",
-    "bill_line_pieces",
+    "bill_line_pieces", "ssh_keys", "ssh_key_add", "ssh_key_change", "ssh_key_delete",
+    "cluster_keys", "cluster_key_attach", "cluster_key_detach",
     "sweep_list", "sweep_create", "sweep", "sweep_cancel",
 }  # fmt: skip
 # The websockets, by the route's first words: the permission that opens another

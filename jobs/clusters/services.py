@@ -235,32 +235,7 @@ def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
     on their hosts (every file of theirs stays) until it is started or released."""
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
-        if cluster.state != Cluster.State.RUNNING:
-            raise ValidationError(
-                _("Only a running cluster can be stopped; %(name)s is %(state)s.")
-                % {"name": cluster.name, "state": cluster.get_state_display()}
-            )
-        if not cluster.workspace:
-            raise ValidationError(
-                _(
-                    "%(name)s has no workspaces (it was created for jobs only), so a stop "
-                    "would keep nothing: release it instead."
-                )
-                % {"name": cluster.name}
-            )
-        kept = (
-            Cluster.objects.filter(owner_id=cluster.owner_id, stopped_at__isnull=False)
-            .filter(state__in=[Cluster.State.STOPPED, Cluster.State.PENDING])
-            .count()
-        )
-        if kept >= settings.SUANLI_MAX_STOPPED_CLUSTERS:
-            raise ValidationError(
-                _(
-                    "You keep %(kept)s stopped clusters already, the most one researcher may "
-                    "(their workspaces take disk on the hosts): release one, then stop this one."
-                )
-                % {"kept": kept}
-            )
+        _check_stoppable(cluster)
         now = timezone.now()
         reason = Text(gettext_noop("stopped by %(by)s"), by=by)
         cancel_jobs_of(cluster, reason)
@@ -282,16 +257,7 @@ def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
             ]
         )
         webapps.forget(cluster.pk)  # the apps stop with the workspaces
-        gpus = (
-            Text(
-                gettext_noop("%(n)s GPU returned")
-                if cluster.total_gpus == 1
-                else gettext_noop("%(n)s GPUs returned"),
-                n=cluster.total_gpus,
-            )
-            if cluster.total_gpus and not cluster.no_gpu
-            else Text(gettext_noop("capacity returned"))
-        )
+        gpus = _returned(cluster)
         cluster_event(
             cluster,
             "stopped",
@@ -313,6 +279,51 @@ def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
             )
         )
     return cluster
+
+
+def _check_stoppable(cluster: Cluster) -> None:
+    """Refuse, in words, a stop that cannot be: not running, no workspaces to keep, or one
+    stopped cluster too many for its owner."""
+    if cluster.state != Cluster.State.RUNNING:
+        raise ValidationError(
+            _("Only a running cluster can be stopped; %(name)s is %(state)s.")
+            % {"name": cluster.name, "state": cluster.get_state_display()}
+        )
+    if not cluster.workspace:
+        raise ValidationError(
+            _(
+                "%(name)s has no workspaces (it was created for jobs only), so a stop "
+                "would keep nothing: release it instead."
+            )
+            % {"name": cluster.name}
+        )
+    kept = (
+        Cluster.objects.filter(owner_id=cluster.owner_id, stopped_at__isnull=False)
+        .filter(state__in=[Cluster.State.STOPPED, Cluster.State.PENDING])
+        .count()
+    )
+    if kept >= settings.SUANLI_MAX_STOPPED_CLUSTERS:
+        raise ValidationError(
+            _(
+                "You keep %(kept)s stopped clusters already, the most one researcher may "
+                "(their workspaces take disk on the hosts): release one, then stop this one."
+            )
+            % {"kept": kept}
+        )
+
+
+def _returned(cluster: Cluster) -> Text:
+    """What a stop gives back, for its timeline event: its GPUs, or its capacity."""
+    return (
+        Text(
+            gettext_noop("%(n)s GPU returned")
+            if cluster.total_gpus == 1
+            else gettext_noop("%(n)s GPUs returned"),
+            n=cluster.total_gpus,
+        )
+        if cluster.total_gpus and not cluster.no_gpu
+        else Text(gettext_noop("capacity returned"))
+    )
 
 
 def _kept(cluster: Cluster) -> list[Node]:
