@@ -98,3 +98,27 @@ def test_a_workspace_node_that_never_started_is_not_charged_past_the_grace(clust
     accrual.accrue(now=placed + GRACE + timedelta(seconds=60))
     assert not Meter.objects.filter(cluster=cluster).exists()
     assert not LedgerEntry.objects.filter(cluster=cluster).exists()
+
+
+def test_a_workspace_is_failed_past_its_deadline_only_while_its_pull_does_not_move(cluster_of):
+    """`stalled`: a slow pull that still moves is waited for past the 30 minutes; one whose
+    progress has not moved for 5 minutes, or none running, is not."""
+    from jobs.nodes import workspaces
+
+    cluster, placed = cluster_of("big-image")
+    node = cluster.node_set.select_related("host").get()
+    assert not workspaces.stalled(cluster, node), "within the deadline"
+    now = timezone.now()
+    node.placed_at = now - timedelta(seconds=settings.SUANLI_START_DEADLINE_S + 60)
+    assert workspaces.stalled(cluster, node), "no pull running"
+
+    def pulling(moved):
+        cluster.image_pulls = {
+            node.host.name: {"state": "pulling", "done": 5, "total": 9, "moved_at": moved}
+        }
+        cluster.save(update_fields=["image_pulls"])
+
+    pulling((now - timedelta(seconds=60)).isoformat())
+    assert not workspaces.stalled(cluster, node), "a pull that moved a minute ago"
+    pulling((now - timedelta(seconds=360)).isoformat())
+    assert workspaces.stalled(cluster, node), "a pull that has not moved for 6 minutes"

@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 from browsing import login
+from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -193,3 +194,40 @@ def test_the_chinese_cluster_page_says_starting_then_why_it_failed(
     cluster.refresh_from_db()
     assert cluster.state == Cluster.State.FAILED
     _shoot(browser, live_server, cluster, "失败", "cluster-failed-image")
+
+
+def test_a_workspace_that_cannot_start_for_30_minutes_fails_and_costs_nothing(
+    placed, alice, work_queue
+):
+    """A pull that keeps failing with words a retry might mend (here: a registry this
+    machine cannot reach; in life Docker Hub's rate limit, a full disk) is tried again,
+    holding the GPUs; past SUANLI_START_DEADLINE_S from its placement, with no pull moving,
+    the cluster fails (nothing charged) instead of holding them for ever."""
+    from jobs.nodes import workspaces
+
+    image = f"docker.io/library/never-pushed-{uuid.uuid4().hex[:8]}:1"
+    cluster = placed("stuck", image=image)
+    work_queue()  # its workspace's start: the pull fails, to be tried again
+    cluster.refresh_from_db()
+    assert cluster.state == Cluster.State.RUNNING, cluster.state_reason  # within the deadline
+
+    deadline = timedelta(seconds=settings.SUANLI_START_DEADLINE_S)
+    Node.objects.filter(cluster=cluster).update(
+        placed_at=timezone.now() - deadline - timedelta(seconds=60)
+    )
+    failed = workspaces.ensure(cluster.pk)  # the reconciler's next try
+    assert failed
+    cluster.refresh_from_db()
+    assert cluster.state == Cluster.State.FAILED, cluster.state_reason
+    assert cluster.state_reason.startswith(
+        "could not start within 30 minutes (nothing was charged): "
+    ), cluster.state_reason
+    assert "gpu-a-01" in cluster.state_reason
+    accrual.accrue(now=timezone.now() + timedelta(hours=1))
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists()
+    assert billing.account_for(alice).balance == Decimal("100")
+    work_queue()
+    until(
+        lambda: not GpuSlot.objects.filter(node__cluster=cluster).exists(),
+        what="its GPU given back",
+    )

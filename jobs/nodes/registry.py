@@ -24,6 +24,7 @@ import docker
 import requests
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
@@ -584,7 +585,17 @@ def _pull_state(cluster_id, host_name: str, **state) -> None:
         if row is None:
             return
         pulls = dict(row.image_pulls or {})
-        pulls[host_name] = {"state": "pulling", "done": 0, "total": 0, "message": "", **state}
+        was = pulls.get(host_name) or {}
+        now = {"state": "pulling", "done": 0, "total": 0, "message": "", **state}
+        # When it last moved (another state, or more bytes): a pull that has not moved
+        # for minutes is not one to wait for (jobs/nodes/workspaces.py `stalled`).
+        moved = (
+            was.get("moved_at")
+            if (was.get("state"), was.get("done")) == (now["state"], now["done"])
+            else None
+        )
+        now["moved_at"] = moved or timezone.now().isoformat()
+        pulls[host_name] = now
         Cluster.objects.filter(pk=cluster_id).update(image_pulls=pulls)
 
 

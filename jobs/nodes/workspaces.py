@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import datetime, timedelta
 
 import docker
 from django.conf import settings
@@ -193,6 +194,8 @@ def ensure(cluster_id: int) -> dict[int, str]:
             log.warning("workspace of %s not started: %s", node, failed[node.index])
             if final(exc) and fail_never_ran(cluster, node, exc):
                 return failed
+            if stalled(cluster, node) and fail_never_ran(cluster, node, exc, late=True):
+                return failed
             continue
         if node.workspace_container != container.id:
             Node.objects.filter(pk=node.pk).update(workspace_container=container.id)
@@ -292,11 +295,36 @@ def final(exc: BaseException) -> bool:
 NEVER_RAN = gettext_noop("could not start (nothing was charged): %(reason)s")
 
 
-def fail_never_ran(cluster: Cluster, node: Node, exc: BaseException) -> bool:
+# ...and of one whose workspace did not start within SUANLI_START_DEADLINE_S.
+NEVER_RAN_LATE = gettext_noop(
+    "could not start within %(minutes)s minutes (nothing was charged): %(reason)s"
+)
+STALLED_PULL_S = 300  # a pull whose progress has not moved this long is not waited for
+
+
+def stalled(cluster: Cluster, node: Node) -> bool:
+    """Whether a node that has not started is past `SUANLI_START_DEADLINE_S` from its
+    placement with its image's pull not moving (none running, or its progress unchanged
+    for 5 minutes): its failures are transient in name only (Docker Hub's rate limit, a
+    full disk), and its GPUs are held for nothing. It is never charged (a workspace node
+    is charged from its start only: billing.accrual `billing_start`), so it fails."""
+    now = timezone.now()
+    if node.started_at is not None or now < node.placed_at + timedelta(
+        seconds=settings.SUANLI_START_DEADLINE_S
+    ):
+        return False
+    pull = (Cluster.objects.filter(pk=cluster.pk).values_list("image_pulls", flat=True).first()
+            or {}).get(node.host.name) or {}  # fmt: skip
+    if pull.get("state") != "pulling" or not pull.get("moved_at"):
+        return True
+    return now - datetime.fromisoformat(pull["moved_at"]) >= timedelta(seconds=STALLED_PULL_S)
+
+
+def fail_never_ran(cluster: Cluster, node: Node, exc: BaseException, *, late: bool = False) -> bool:
     """The cluster fails with the engine's (or registry's) words, if it never ran: no
     node of it started, ever (a cluster that ran keeps its files in its workspaces and
     saves; a failure of a later start is not worth them). Its GPUs go back as at a
-    release. True when it failed."""
+    release. `late`: a failure tried again until `stalled`. True when it failed."""
     if Node.objects.filter(cluster_id=cluster.pk, started_at__isnull=False).exists():
         return False
     cause = exc.__cause__ if isinstance(exc.__cause__, registry.RegistryError) else exc
@@ -314,9 +342,12 @@ def fail_never_ran(cluster: Cluster, node: Node, exc: BaseException) -> bool:
             host=node.host.name,
             error=engine.describe(cause),
         )
-    done = lifecycle.cluster_release(
-        cluster=cluster, reason=Text(NEVER_RAN, reason=why), failed=True
+    reason = (
+        Text(NEVER_RAN_LATE, minutes=settings.SUANLI_START_DEADLINE_S // 60, reason=why)
+        if late
+        else Text(NEVER_RAN, reason=why)
     )
+    done = lifecycle.cluster_release(cluster=cluster, reason=reason, failed=True)
     return done.state == Cluster.State.FAILED
 
 
