@@ -6,6 +6,7 @@ writable folders says where to write), then an attacker's (links out of the volu
 `--rsync-path` tricks, many transfers on one connection)."""
 
 import asyncio
+import contextlib
 import io
 import os
 import shlex
@@ -15,6 +16,7 @@ import time
 
 import docker
 import pytest
+from django.conf import settings
 from test_gateway import (
     Gateway,
     Key,
@@ -28,6 +30,7 @@ from waiting import until
 
 from console import preferences
 from jobs.access import sftp
+from jobs.access.sessions import Login
 from jobs.nodes import runtime, workspaces
 
 pytestmark = pytest.mark.django_db
@@ -260,6 +263,39 @@ def test_rsyncs_daemon_behind_its_paths_never_runs_in_our_container(
         assert done.returncode != 0 and b"not found" in done.stderr, (command, done)
         assert b"@RSYNCD" not in done.stdout, (command, done.stdout)
     assert _helpers_made(engine, cluster, since) == []
+
+
+def test_the_sweep_leaves_a_container_whose_image_carries_our_label(workspace_cluster, monkeypatch):
+    """A tenant's image may carry `LABEL suanli.transfer` (containers inherit their image's
+    labels): its exited containers are not our leftovers."""
+    cluster = workspace_cluster()
+    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
+    engine = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+    name = f"fixr-labelled-{cluster.pk}"
+    workspaces.running(cluster, 0).commit(
+        repository=name, tag="t", changes=[f"LABEL {sftp.LABEL_TOOL}=x {sftp.LABEL}=x"]
+    )
+    theirs = engine.containers.create(f"{name}:t", [], entrypoint=["true"], name=name)
+    image = engine.api.inspect_image(settings.SUANLI_SFTP_IMAGE)["Id"]
+    ours = engine.containers.create(image, ["/usr/bin/rsync", "--version"],
+                                    labels={sftp.LABEL: "c", sftp.LABEL_TOOL: "rsync"})  # fmt: skip
+    try:
+        for container in (theirs, ours):
+            container.start()
+            container.wait(timeout=30)
+        monkeypatch.setattr(sftp, "EXITED_LEFTOVER_S", -60)  # both count as left long ago
+        login = Login(name="c", cluster=cluster, index=0, host=node.host, container_id="",
+                      fingerprint="", key_data=b"", exec_base={})  # fmt: skip
+        sftp.sftp_sweep(engine.api, login, image)
+        theirs.reload()
+        assert theirs.status == "exited", "the tenant's container is still there"
+        with pytest.raises(docker.errors.NotFound):
+            ours.reload()
+    finally:
+        for container in (theirs, ours):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+        engine.images.remove(f"{name}:t")
 
 
 def test_transfers_on_one_connection_count_as_sessions(start_gateway, workspace_cluster, alice_key):

@@ -114,10 +114,12 @@ def _sftp_image(api, login: Login, tool: str = "sftp") -> str:
     return found["Id"]
 
 
-def sftp_sweep(api, login: Login) -> None:
+def sftp_sweep(api, login: Login, image: str) -> None:
     """Remove the sftp containers of this engine left only created for more than
     SFTP_LEFTOVER_S (a gateway killed between create and start; one that started goes by
-    itself when its attach ends)."""
+    itself when its attach ends), and the rsync and scp ones exited EXITED_LEFTOVER_S ago.
+    Only containers of `image` (the helper image's id): a container inherits its image's
+    labels, so a tenant's container of an image labelled as ours is never one."""
     try:
         found = api.containers(all=True, filters={"label": LABEL, "status": "created"})
     except ENGINE_ERRORS as exc:
@@ -129,6 +131,8 @@ def sftp_sweep(api, login: Login) -> None:
         log.info("%s: transfer leftovers on %s not listed: %s", login.name, login.host.name, exc)
     now = time.time()
     for container in found:
+        if container.get("ImageID") != image:
+            continue
         exited = container.get("State") == "exited"
         before = now - (EXITED_LEFTOVER_S if exited else SFTP_LEFTOVER_S)
         if container.get("Created", before) < before:
@@ -155,8 +159,8 @@ def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str
     little memory. An sftp one is removed by the engine when it ends; an rsync or scp one
     once helper_exit_code read its status. Returns (id, hijacked socket)."""
     api = client(login).api
-    sftp_sweep(api, login)
     image = _sftp_image(api, login, tool)
+    sftp_sweep(api, login, image)
     uid = runtime.tenant_uid(login.cluster.owner_id)
     home = login.exec_base["workdir"]
     mounted = {m["Target"] for m in mounts}
