@@ -340,6 +340,40 @@ def test_transfers_on_one_connection_count_as_sessions(start_gateway, workspace_
     until(lambda: not helpers(), what="the rsync containers removed")
 
 
+def test_two_transfers_at_once_per_cluster_each_half_a_core(
+    start_gateway, workspace_cluster, alice_key
+):
+    gw = start_gateway()
+    cluster = workspace_cluster()
+    login = workspaces.login_name(cluster.pk, 0)
+    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
+    engine = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+
+    def helpers() -> list:
+        return engine.api.containers(filters={"label": sftp.LABEL})
+
+    async def session():
+        async with _connect(gw, login, alice_key) as conn:
+            command = "rsync --server --sender -vlogDtpre.iLsfxCIvu . /workspace/"
+            held = [await conn.create_process(command, encoding=None) for _ in range(2)]
+            await asyncio.to_thread(until, lambda: len(helpers()) == 2, what="two rsync")
+            third = await conn.create_process(command, encoding=None)
+            err = await asyncio.wait_for(third.stderr.read(), 30)
+            assert b"two copies are already running on this cluster; wait for one" in err, err
+            assert len(helpers()) == 2
+            for container in helpers():
+                found = engine.api.inspect_container(container["Id"])
+                assert found["HostConfig"]["NanoCpus"] == 5 * 10**8
+            for process in held:
+                process.stdin.write_eof()
+                process.close()
+                await process.wait_closed()
+
+    asyncio.run(session())
+    until(lambda: not engine.api.containers(all=True, filters={"label": sftp.LABEL}),
+          what="the rsync containers removed")  # fmt: skip
+
+
 def test_only_the_shapes_rsync_and_scp_send_run_in_our_container():
     shapes = {
         "rsync --server -vlogDtpre.iLsfxCIvu . dest/": ["dest/"],

@@ -51,6 +51,7 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 PROGRAMS = {"rsync": "/usr/bin/rsync", "scp": "/usr/bin/scp"}  # in the image, by client name
 SFTP_LEFTOVER_S = 60  # an sftp container still only created after this was left behind
 EXITED_LEFTOVER_S = 3600  # an rsync/scp one exited and created this long ago: left behind
+PER_CLUSTER = 2  # transfer containers running at once for one cluster (each half a core)
 
 
 def sftp_mounts(cluster: Cluster) -> list[Mount]:
@@ -174,7 +175,7 @@ def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str
         pids_limit=16,
         mem_limit=256 * 2**20,
         memswap_limit=256 * 2**20,
-        nano_cpus=10**9,
+        nano_cpus=5 * 10**8,  # outside the cluster's reservation: half a core, PER_CLUSTER
         auto_remove=tool == "sftp",
         log_config=LogConfig(type=LogConfig.types.NONE),
     )
@@ -200,6 +201,8 @@ def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str
         ) from None
     container_id = made["Id"]
     try:
+        if not _among_first(api, login, image, container_id):
+            raise Refused("two copies are already running on this cluster; wait for one to finish")
         api.put_archive(container_id, "/etc", _etc_archive(uid, home))
         attached = api.attach_socket(
             container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
@@ -209,6 +212,28 @@ def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str
         sftp_remove(login, container_id)
         raise
     return container_id, attached
+
+
+def _created_ns(created: str) -> tuple[str, int]:
+    """An engine's `Created` (RFC 3339, nanoseconds with trailing zeros cut) as sortable."""
+    head, _dot, rest = created.partition(".")
+    digits = "".join(ch for ch in rest if ch.isdigit())
+    return head, int((digits + "0" * 9)[:9])
+
+
+def _among_first(api, login: Login, image: str, container_id: str) -> bool:
+    """Whether the container just made is among the cluster's first PER_CLUSTER transfer
+    containers on this engine (created or running, of the helper image), by when each was
+    made: counted after making it, so two gateways making one at once never both pass."""
+    filters = {"label": [LABEL, f"{runtime.LABEL_CLUSTER}={login.cluster.pk}"],
+               "status": ["created", "running"]}  # fmt: skip
+    made = []
+    for found in api.containers(all=True, filters=filters):
+        if found.get("ImageID") != image:
+            continue
+        with contextlib.suppress(*ENGINE_ERRORS):
+            made.append((_created_ns(api.inspect_container(found["Id"])["Created"]), found["Id"]))
+    return container_id in [ident for _when, ident in sorted(made)[:PER_CLUSTER]]
 
 
 def helper_exit_code(login: Login, container_id: str) -> int:
