@@ -196,6 +196,17 @@ def test_the_chinese_cluster_page_says_starting_then_why_it_failed(
     _shoot(browser, live_server, cluster, "失败", "cluster-failed-image")
 
 
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)  # the live server's thread reads the cluster
+def test_the_chinese_page_of_a_cluster_without_jobs_says_when_it_is_charged(
+    placed, browser, live_server, work_queue
+):
+    cluster = placed("zh-jobs-only", workspace=False)
+    _shoot(browser, live_server, cluster, "运行中", "cluster-jobs-only-waiting")
+    services.cluster_release(cluster=cluster)
+    work_queue()
+
+
 def test_a_workspace_that_cannot_start_for_30_minutes_fails_and_costs_nothing(
     placed, alice, work_queue
 ):
