@@ -151,7 +151,9 @@ def sftp_open(login: Login, mounts: list[Mount]) -> tuple[str, object]:
     return helper_open(login, mounts, [SFTP_SERVER, "-d", home], tool="sftp")
 
 
-def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str):
+def helper_open(
+    login: Login, mounts: list[Mount], argv: list[str], *, tool: str, language: str | None = None
+):
     """`argv` (sftp-server, or an rsync or scp server of transfer_command) in a container
     of its own on the node's host, confined by the kernel: the tenant's uid, the cluster's
     volumes where the workspace has them and nothing else of the host's, no network, no
@@ -202,7 +204,10 @@ def helper_open(login: Login, mounts: list[Mount], argv: list[str], *, tool: str
     container_id = made["Id"]
     try:
         if not _among_first(api, login, image, container_id):
-            raise Refused("two copies are already running on this cluster; wait for one to finish")
+            with translation.override(language):
+                raise Refused(
+                    _("two copies are already running on this cluster; wait for one to finish")
+                )
         api.put_archive(container_id, "/etc", _etc_archive(uid, home))
         attached = api.attach_socket(
             container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}

@@ -918,7 +918,7 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
                     )
                     return None
         self.container_id, hijacked = await asyncio.to_thread(
-            sftp.helper_open, self.login, mounts, argv, tool=tool
+            sftp.helper_open, self.login, mounts, argv, tool=tool, language=self.language
         )
         return hijacked
 
