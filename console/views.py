@@ -207,11 +207,20 @@ def _cluster_status_context(cluster: Cluster) -> dict:
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}, cluster=cluster),
         "jobs": cluster.jobs.all()[:50],
         "pulls": fleet.image_pulls(cluster),
-        # Running, but a node has not run yet (its workspace starting, its image pulled
-        # first; a cluster without workspaces: no job ran yet): not charged until it does.
+        # Running, but no node has run yet (its workspaces starting, their image pulled
+        # first; a cluster without workspaces: no job ran yet): not charged until one does.
+        # A node added by a resize or a re-placement starts on its own: its row says so, the
+        # cluster (running, charged) does not read as starting.
         "not_started": cluster.state == Cluster.State.RUNNING
-        and any(n.started_at is None for n in fleet.live_nodes(cluster)),
+        and _none_started(fleet.live_nodes(cluster)),
+        "grace_minutes": getattr(settings, "SUANLI_START_GRACE_S", 600) // 60,
     }
+
+
+def _none_started(nodes) -> bool:
+    """Whether the cluster has nodes and none of them has run yet."""
+    nodes = list(nodes)
+    return bool(nodes) and all(n.started_at is None for n in nodes)
 
 
 def _save_image_context(cluster: Cluster) -> dict:

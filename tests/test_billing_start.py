@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 from browsing import login
 from django.conf import settings
+from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -160,6 +161,46 @@ def test_a_cluster_without_workspaces_is_billed_from_its_first_jobs_start(
     usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage")
     assert min(e.period_from for e in usage) == started
     assert sum(e.seconds for e in usage) == 30
+    services.cluster_release(cluster=cluster)
+    work_queue()
+
+
+def test_a_running_cluster_whose_added_node_starts_does_not_read_as_starting(
+    placed, client, alice, work_queue
+):
+    """After a resize (or a re-placement) one node is new and starting: the cluster runs and
+    is charged, so it is not "starting" nor "not charged before"; that node's row says it."""
+    cluster = placed("grown", nodes=2)
+    first, second = cluster.node_set.order_by("index")
+    Node.objects.filter(pk=first.pk).update(started_at=timezone.now())
+    client.force_login(alice)
+    url = reverse("cluster_detail", args=[cluster.pk])
+    page = client.get(url).content.decode()
+    assert 'data-testid="not-started"' not in page
+    assert "You are charged from the second it runs" not in page
+    assert 'badge-running big" data-testid="cluster-state"' in page
+    row = page.split(f'data-node="{second.index}"', 1)[1].split("</tr>", 1)[0]
+    assert "starting" in row
+    zh = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-CN").content.decode()
+    assert "启动中" not in zh.split('id="nodes"', 1)[0]
+
+    Node.objects.filter(cluster=cluster).update(started_at=None)  # none ran: starting
+    page = client.get(url).content.decode()
+    assert 'data-testid="not-started"' in page and "badge-starting big" in page
+    services.cluster_release(cluster=cluster)
+    work_queue()
+
+
+@override_settings(SUANLI_START_GRACE_S=900)
+def test_a_cluster_without_workspaces_says_its_node_waits_for_its_first_job(
+    placed, client, alice, work_queue
+):
+    cluster = placed("jobs-only-page", workspace=False)
+    client.force_login(alice)
+    page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    row = page.split('data-node="0"', 1)[1].split("</tr>", 1)[0]
+    assert "waiting for its first job" in row and "starting" not in row
+    assert "held its GPUs 15 minutes without one" in page, "the grace the platform uses"
     services.cluster_release(cluster=cluster)
     work_queue()
 
