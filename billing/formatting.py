@@ -70,3 +70,13 @@ def text(value: Decimal | None, currency: str = "") -> str:
     if sign is None:
         return f"{shown} {currency}"
     return f"-{sign}{shown[1:]}" if shown.startswith("-") else f"{sign}{shown}"
+
+
+def zone(at=None) -> str:
+    """The reader's zone (the active one) at `at` (default now), as the bill's tables and
+    the cluster's cost name it: "UTC+08:00", "UTC" (an abbreviation such as "CST" means
+    China or Central time, and is English on a Chinese page)."""
+    from django.utils import timezone
+
+    offset = timezone.localtime(at).strftime("%z")
+    return "UTC" if offset == "+0000" else f"UTC{offset[:3]}:{offset[3:]}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import calendar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -245,16 +244,19 @@ def daily_cost(user, *, days: int = 30, today: date | None = None) -> list[tuple
     return [(d, formatting.amount(rows.get(d, ZERO))) for d in _days(days, today)]
 
 
-def month_bounds(year: int, month: int) -> tuple[datetime, datetime]:
-    start = datetime(year, month, 1, tzinfo=UTC)
-    days = calendar.monthrange(year, month)[1]
-    return start, start + timedelta(days=days)
+def month_bounds(year: int, month: int, zone=UTC) -> tuple[datetime, datetime]:
+    """The month's first and next month's first instant in `zone` (the reader's, on the
+    pages and statements: a Shanghai reader's December is 12-01 00:00+08:00 up to 01-01
+    00:00+08:00; UTC for the API)."""
+    start = datetime(year, month, 1, tzinfo=zone)
+    end = datetime(year + 1, 1, 1, tzinfo=zone) if month == 12 else start.replace(month=month + 1)
+    return start, end
 
 
-def statement(user, year: int, month: int) -> QuerySet[LedgerEntry]:
-    """One month of the ledger as written (the audit CSV), oldest first, by the account's
-    index."""
-    start, end = month_bounds(year, month)
+def statement(user, year: int, month: int, zone=UTC) -> QuerySet[LedgerEntry]:
+    """One month (in `zone`) of the ledger as written (the audit CSV), oldest first, by the
+    account's index."""
+    start, end = month_bounds(year, month, zone)
     return (
         LedgerEntry.objects.filter(
             account_id=account_id_of(user), created_at__gte=start, created_at__lt=end
@@ -264,7 +266,7 @@ def statement(user, year: int, month: int) -> QuerySet[LedgerEntry]:
     )
 
 
-def first_month(user) -> tuple[int, int] | None:
+def first_month(user, zone=UTC) -> tuple[int, int] | None:
     first = (
         BillLine.objects.filter(account_id=account_id_of(user))
         .order_by("at", "id")
@@ -273,7 +275,7 @@ def first_month(user) -> tuple[int, int] | None:
     )
     if first is None:
         return None
-    first = first.astimezone(UTC)
+    first = first.astimezone(zone)
     return first.year, first.month
 
 
@@ -281,12 +283,18 @@ def first_month(user) -> tuple[int, int] | None:
 
 
 def bill(
-    user, year: int, month: int, *, kind: str = "", cluster_id: int | None = None
+    user,
+    year: int,
+    month: int,
+    *,
+    kind: str = "",
+    cluster_id: int | None = None,
+    zone=UTC,
 ) -> QuerySet[BillLine]:
-    """One month's lines, newest first (usage by when its first piece began, other entries
-    by when they were posted). Served by an index whatever the filter: (account, at), (account, kind, at) or
-    (cluster, at)."""
-    start, end = month_bounds(year, month)
+    """One month's lines (the month in `zone`), newest first (usage by when its first piece
+    began, other entries by when they were posted). Served by an index whatever the filter:
+    (account, at), (account, kind, at) or (cluster, at)."""
+    start, end = month_bounds(year, month, zone)
     qs = BillLine.objects.filter(account_id=account_id_of(user), at__gte=start, at__lt=end)
     if kind:
         qs = qs.filter(kind=kind)

@@ -64,9 +64,10 @@ def _chart(traces: list, *, currency: str, stacked: bool = False) -> str:
 
 
 def _months(user) -> list[tuple[int, int]]:
-    """Months with a bill, newest first (up to 36): from the first line's month to now."""
-    now = timezone.now().astimezone(UTC)
-    first = money.first_month(user) or (now.year, now.month)
+    """Months with a bill, newest first (up to 36): from the first line's month to now, in
+    the reader's zone."""
+    now = timezone.localtime()
+    first = money.first_month(user, timezone.get_current_timezone()) or (now.year, now.month)
     months, y, m = [], now.year, now.month
     while (y, m) >= first and len(months) < 36:
         months.append((y, m))
@@ -94,8 +95,8 @@ def _check_month(year: int, month: int) -> None:
 
 
 def _month_param(request) -> tuple[int, int]:
-    """`?month=2026-12`, or this month (UTC)."""
-    now = timezone.now().astimezone(UTC)
+    """`?month=2026-12`, or this month (in the reader's zone)."""
+    now = timezone.localtime()
     value = request.GET.get("month", "")
     if not value:
         return now.year, now.month
@@ -110,8 +111,7 @@ def _month_param(request) -> tuple[int, int]:
 def _zone() -> str:
     """The reader's zone as the tables' headings name it: "UTC+08:00" (an abbreviation such
     as "CST" means China or Central time, and is English on a Chinese page)."""
-    offset = timezone.localtime().strftime("%z")
-    return "UTC" if offset == "+0000" else f"UTC{offset[:3]}:{offset[3:]}"
+    return formatting.zone()
 
 
 def _query(request) -> str:
@@ -126,7 +126,14 @@ def billing(request):
     user = request.user
     kind, cluster = _filters(request)
     year, month = _month_param(request)
-    lines = money.bill(user, year, month, kind=kind, cluster_id=cluster.pk if cluster else None)
+    lines = money.bill(
+        user,
+        year,
+        month,
+        kind=kind,
+        cluster_id=cluster.pk if cluster else None,
+        zone=timezone.get_current_timezone(),
+    )
     page = money.keyset(lines, request.GET.get("cursor", ""))
     money.balances_after(user, page.items)
     standing = money.standing(user)
@@ -180,7 +187,7 @@ def billing_detail(request):
     month = None
     if request.GET.get("month"):
         month = _month_param(request)
-        start, end = money.month_bounds(*month)
+        start, end = money.month_bounds(*month, timezone.get_current_timezone())
     entries = money.entries_of(
         user,
         kind=kind,
@@ -257,13 +264,16 @@ def billing_statement(request, year: int, month: int):
     """One month's bill as CSV, streamed from the bill lines in time order (usage by the
     start of its hour, every other entry when it was posted), each with the balance after
     it: usage per cluster and hour with its exact seconds, units and rate; every other entry
-    on a line of its own. The month is a UTC month, as the page's."""
+    on a line of its own. The month is the reader's (in their zone), as the page's."""
     _check_month(year, month)
     currency = money.standing(request.user).currency
-    _iso = _stamp(timezone.get_current_timezone())
-    opening = money.opening_balance(request.user, money.month_bounds(year, month)[0])
+    zone = timezone.get_current_timezone()
+    _iso = _stamp(zone)
+    opening = money.opening_balance(request.user, money.month_bounds(year, month, zone)[0])
     lines = money.with_running_balance(
-        money.bill(request.user, year, month).order_by("at", "id").iterator(chunk_size=2000),
+        money.bill(request.user, year, month, zone=zone)
+        .order_by("at", "id")
+        .iterator(chunk_size=2000),
         opening,
     )
     rows = (
@@ -294,8 +304,9 @@ def billing_statement_detail(request, year: int, month: int):
     """One month of the ledger as written, a row per entry (every accrual piece), streamed."""
     _check_month(year, month)
     currency = money.standing(request.user).currency
-    _iso = _stamp(timezone.get_current_timezone())
-    entries = money.statement(request.user, year, month).iterator(chunk_size=5000)
+    zone = timezone.get_current_timezone()
+    _iso = _stamp(zone)
+    entries = money.statement(request.user, year, month, zone).iterator(chunk_size=5000)
     rows = (
         [
             _iso(e.created_at),

@@ -142,6 +142,29 @@ def test_a_reader_in_utc_gets_utc(client, alice, month):
     assert rows[0]["time"] == t0.strftime("%Y-%m-%d %H:%M:%S+00:00")
 
 
+def test_the_statements_month_is_the_readers_month(client, alice):
+    """A top-up at 2026-12-31 20:00 UTC is 2027-01-01 04:00 in Shanghai: January's for a
+    Shanghai reader (statement and page), December's for a reader in UTC."""
+    when = datetime(2026, 12, 31, 20, 0, tzinfo=UTC)
+    _post(alice, "topup", "5", "跨年充值", when)
+    client.force_login(alice)  # no zone chosen: UTC
+
+    def memos(year, month_):
+        return [r["memo"] for r in _statement(client, year, month_)[1]]
+
+    def on_page(month_):
+        page = client.get(reverse("billing"), {"month": month_}).content.decode()
+        return "跨年充值" in page
+
+    assert memos(2026, 12) == ["跨年充值"] and memos(2027, 1) == []
+    assert on_page("2026-12") and not on_page("2027-01")
+
+    preferences.save(alice, language="zh-hans", time_zone="Asia/Shanghai")
+    assert memos(2026, 12) == [] and memos(2027, 1) == ["跨年充值"]
+    assert _statement(client, 2027, 1)[1][0]["time"] == "2027-01-01 04:00:00+08:00"
+    assert on_page("2027-01") and not on_page("2026-12")
+
+
 BILL_ROW = re.compile(
     r'data-testid="bill-amount">(-?[\d.]+)<.*?data-testid="bill-balance">(-?[\d.]+)<', re.S
 )

@@ -27,3 +27,9 @@ def rate(value, currency=""):
 def sign(currency):
     """`{{ "CNY"|sign }}` "¥": what a label beside a figure says of its currency."""
     return formatting.SIGNS.get(currency, currency)
+
+
+@register.filter
+def zone(at):
+    """`{{ at|zone }}` "UTC+08:00": the reader's zone at that moment, in the bill's words."""
+    return formatting.zone(at)
