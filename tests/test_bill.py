@@ -13,6 +13,7 @@ import os
 import time
 from datetime import UTC, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 import pytest
 import time_machine
@@ -187,6 +188,29 @@ def test_the_billing_page_reads_like_a_bill_in_chromium(page, live_server, alice
     expect(page.get_by_test_id("cluster-final-cost")).to_have_text("5.3842")
     expect(page.get_by_test_id("cluster-billed-seconds")).to_have_text("5250")
     page.screenshot(path=f"{SHOTS}/cluster_final_cost.png", full_page=True)
+
+
+def test_the_chinese_cost_block_names_its_zone_in_the_bills_words(
+    client, alice, rate_card, fund, paper_host, make_cluster
+):
+    """ "billed to 22:21:10 UTC+08:00", as the bill's tables say it: not "CST" (English, and
+    China or Central time)."""
+    from console import preferences
+
+    rate_card({"a100-80gb": RATE}, effective_from=timezone.now() - timedelta(hours=1))
+    fund(alice, "100")
+    cluster = make_cluster(alice, "zone-cost", gpus=1)
+    scheduler.place_pending()
+    ran(cluster)
+    time.sleep(1.2)
+    accrual.accrue()
+    until = Meter.objects.get(cluster=cluster).billed_until
+    preferences.save(alice, language="zh-hans", time_zone="Asia/Shanghai")
+    client.force_login(alice)
+    block = client.get(reverse("cluster_cost", args=[cluster.pk])).content.decode()
+    shanghai = until.astimezone(ZoneInfo("Asia/Shanghai")).strftime("%H:%M:%S")
+    assert f"{shanghai} UTC+08:00" in block
+    assert "CST" not in block
 
 
 @pytest.mark.browser
