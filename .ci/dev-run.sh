@@ -35,6 +35,7 @@ fi
 python manage.py compilemessages --ignore='.*' --ignore=node_modules -v0  # locale/*.po -> .mo (gettext)
 python manage.py migrate --no-input -v0
 python manage.py seed_demo --local-engine "$SUANLI_LOCAL_ENGINE" | tee .run/dev/logins.txt
+python manage.py catalog_prepare --reset -v0 >/dev/null  # a build killed last time is not "being prepared"
 # The catalog's PyTorch + JupyterLab image for the local engine, built in the background from
 # what .ci/jupyter-image.sh does (minutes the first time: it needs root and Debian's and PyPI's
 # mirrors); the new-cluster form shows its progress, then where it runs, or "not available

@@ -7,6 +7,7 @@ end unless its owner chose otherwise, and the job form warns when a job will rel
 import io
 import json
 import os
+from pathlib import Path
 
 import pytest
 from browsing import login
@@ -154,6 +155,25 @@ def test_a_build_that_fails_leaves_the_image_not_available_and_says_why(catalog)
     image = _image(JUPYTER)
     assert image.preparing is None
     assert str(catalog_mod.availability([image])[image.pk]) == "not available here"
+
+
+@pytest.mark.django_db
+def test_a_build_stopped_by_make_runs_clean_up_is_not_being_prepared_for_ever(catalog):
+    """make run's Ctrl-C SIGTERMs the build's process group: the form then says "not
+    available here", not "being prepared: 40%" for ever; and what a build killed outright
+    left is cleared when make run starts (catalog_prepare --reset)."""
+    out = io.StringIO()
+    script = "echo '[jupyter-image 0.1s] unpacking (40%)'; kill -TERM $PPID; exit 0"
+    with pytest.raises(SystemExit):
+        call_command("catalog_prepare", JUPYTER, "--", "sh", "-c", script, stdout=out)
+    image = _image(JUPYTER)
+    assert image.preparing is None
+    assert str(catalog_mod.availability([image])[image.pk]) == "not available here"
+
+    Image.objects.filter(reference=JUPYTER).update(preparing=40)  # killed with SIGKILL
+    call_command("catalog_prepare", "--reset", stdout=out)
+    assert _image(JUPYTER).preparing is None
+    assert "catalog_prepare --reset" in (Path(__file__).parents[1] / ".ci/dev-run.sh").read_text()
 
 
 # -- the app tiles --------------------------------------------------------------------------

@@ -8,13 +8,16 @@ for the JupyterLab image (.ci/jupyter-image.sh):
 The script's lines go to this command's output; a line with "(NN%)" in it moves the
 progress on. When the script ends the image is no longer "being prepared": its hosts are
 checked again at once, so the form says where it is (on the host that now has it) or,
-when the script failed, that it is not available here.
+when the script failed, that it is not available here. Stopped (make run's Ctrl-C sends
+SIGTERM to its process group) it is not "being prepared" either; `catalog_prepare --reset`
+(make run, before it starts one) clears what a killed one (SIGKILL, a power cut) left.
 
 Layer: management, the top of jobs/ (beside tasks, admin and apps); uses hosts (services) and
 models.
 """
 
 import re
+import signal
 import subprocess
 
 from django.core.management.base import BaseCommand, CommandError
@@ -31,21 +34,40 @@ def percent_of(line: str) -> int | None:
     return min(int(found.group(1)), 100) if found else None
 
 
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 class Command(BaseCommand):
     help = "Build a catalog image with the given command, its progress shown on the cluster form."
 
     def add_arguments(self, parser):
-        parser.add_argument("reference", help="the catalog image's reference")
-        parser.add_argument("command", nargs="+", help="the command that builds it (after --)")
+        parser.add_argument("reference", nargs="?", help="the catalog image's reference")
+        parser.add_argument("command", nargs="*", help="the command that builds it (after --)")
+        parser.add_argument(
+            "--reset",
+            action="store_true",
+            help='no image is "being prepared" (what a killed build left); builds nothing',
+        )
 
     def handle(self, *args, **opts):
+        if opts["reset"]:
+            stale = Image.objects.filter(preparing__isnull=False).update(preparing=None)
+            self.stdout.write(f"{stale} image(s) no longer shown as being prepared")
+            return
+        if not opts["reference"] or not opts["command"]:
+            raise CommandError("give the image's reference and, after --, the command")
         images = Image.objects.filter(reference=opts["reference"])
         if not images.exists():
             raise CommandError(f"no catalog image {opts['reference']}")
         images.update(preparing=0)
+        # SIGTERM (make run's clean-up) ends the command through its `finally`, as Ctrl-C
+        # does, instead of killing it with the image left "being prepared: 40%".
+        before = signal.signal(signal.SIGTERM, _stop)
         try:
             code = self._run(images, opts["command"])
         finally:
+            signal.signal(signal.SIGTERM, before)
             images.update(preparing=None)
         for host_id in Host.objects.values_list("pk", flat=True):
             host_services.host_check(host_id=host_id)  # records the images its engine has now
