@@ -14,7 +14,7 @@ from billing import formatting
 from billing import selectors as money
 from jobs.base import validators
 from jobs.clusters import spec as cluster_spec
-from jobs.clusters.services import ClusterSpec, JobSpec
+from jobs.clusters.services import ClusterSpec, JobSpec, ssh_keys_default
 from jobs.clusters.spec import KeyChoices, max_nodes_message
 from jobs.files import pub, storage
 from jobs.models import Cluster, Image, InstanceType, Job, Pool, SshKey
@@ -240,9 +240,7 @@ class ClusterForm(forms.Form):
         self._place_choices()
         self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
         # The owner's default keys come ticked on a new form (SshKey.is_default).
-        self.fields["ssh_keys"].initial = [
-            k.pk for k in SshKey.objects.filter(owner=owner, is_default=True)
-        ]
+        self.fields["ssh_keys"].initial = [k.pk for k in ssh_keys_default(owner)]
         self._pub_note()
 
     def _resource_choices(self) -> None:
