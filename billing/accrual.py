@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -33,7 +33,7 @@ from billing.services import epoch, floor_s
 from jobs.base.sql import insert_rows, update_rows
 from jobs.base.text import Text
 from jobs.clusters import services as cluster_services
-from jobs.models import Cluster, Node
+from jobs.models import Cluster, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +45,59 @@ _ENDS = ("preempted_at", "lost_at", "released_at")
 
 
 def billing_start(
-    workspace: bool, started: datetime | None, placed: datetime, ends, now: datetime
+    workspace: bool,
+    started: datetime | None,
+    placed: datetime,
+    ends,
+    now: datetime,
+    *,
+    waited: bool = False,
+    failed: bool = False,
 ) -> datetime | None:
     """The second a node's billing starts, or None (not yet, or never): the second it
     started running; but a node of a cluster without workspaces (its first job starts it)
     that held its GPUs `SUANLI_START_GRACE_S` without starting, up to now or to its end,
     is charged from its placement, so that GPUs held idle are never free. A workspace
     node is charged only from its start (its pull is ours: one that never starts fails,
-    `jobs.runs.repair`)."""
+    `jobs.runs.repair`).
+
+    `waited`: a job of its cluster was submitted before placement + grace (and, for a
+    node not started, has not ended): its replica's pull is not idle holding, so the node
+    is charged from its start only, however long the pull took. `failed`: its cluster
+    failed without any node of it ever running (`workspaces.fail_never_ran`, "nothing was
+    charged"): never charged."""
+    if failed:
+        return None
     grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
-    if started is not None and (workspace or started < placed + grace):
+    if started is not None and (workspace or waited or started < placed + grace):
         return started
-    if workspace:
+    if workspace or waited:
         return None
     end = min((t for t in ends if t is not None), default=now)
     return placed if end >= placed + grace else started
+
+
+def _start_flags(grace: timedelta) -> dict:
+    """Per node row, what `billing_start` needs besides its own seconds: `submitted`
+    (a job of its cluster was submitted before its placement + grace), `waiting` (one such
+    job has not ended) and `failed` (its cluster failed with no node of it ever run)."""
+    early = Job.objects.filter(
+        cluster_id=OuterRef("cluster_id"), created_at__lt=OuterRef("placed_at") + grace
+    )
+    ran = Node.objects.filter(cluster_id=OuterRef("cluster_id"), started_at__isnull=False)
+    return {
+        "submitted": Exists(early),
+        "waiting": Exists(early.filter(finished_at__isnull=True)),
+        "failed": Q(cluster__state=Cluster.State.FAILED) & ~Exists(ran),
+    }
+
+
+def _start_of(row, now: datetime) -> datetime | None:
+    """`billing_start` of a row (workspace, started, placed, submitted, waiting, failed,
+    *ends) read with `_start_flags`."""
+    workspace, started, placed, submitted, waiting, failed, *ends = row
+    waited = submitted if started is not None else waiting
+    return billing_start(workspace, started, placed, ends, now, waited=waited, failed=failed)
 
 
 @dataclass
@@ -76,21 +114,25 @@ def open_meters(now: datetime) -> int:
     """A meter for every cluster that has run and has none yet; it starts at the second
     its first node started running (`Node.started_at`: its workspace, or its first job
     replica), or, for a node of a cluster without workspaces held `SUANLI_START_GRACE_S`
-    without a job, at its placement (`billing_start`). A cluster whose nodes were placed
-    but never ran (its image could not be pulled, its workspace not started) has no
-    meter: nothing is charged for it."""
+    without a job, at its placement (`billing_start`; a job submitted within the grace
+    holds it at its start, however long that job's image pulls). A cluster whose nodes
+    were placed but never ran (its image could not be pulled, its workspace not started)
+    has no meter: nothing is charged for it."""
     grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
     held_past = Q(cluster__workspace=False, started_at=None, placed_at__lte=now - grace)
     for end in _ENDS:  # each end, if any, past placement + grace (else never charged)
         held_past &= Q(**{f"{end}__isnull": True}) | Q(**{f"{end}__gte": F("placed_at") + grace})
-    rows = Node.objects.filter(
-        Q(started_at__isnull=False) | held_past, cluster__meter__isnull=True
-    ).values_list(
-        "cluster_id", "cluster__owner_id", "cluster__workspace", "started_at", "placed_at", *_ENDS
-    )
+    rows = (
+        Node.objects.filter(Q(started_at__isnull=False) | held_past, cluster__meter__isnull=True)
+        .annotate(**_start_flags(grace))
+        .values_list(
+            "cluster_id", "cluster__owner_id", "cluster__workspace", "started_at", "placed_at",
+            "submitted", "waiting", "failed", *_ENDS,
+        )
+    )  # fmt: skip
     firsts: dict[int, tuple[int, datetime]] = {}
-    for cluster_id, owner_id, workspace, started, placed, *ends in rows:
-        start = billing_start(workspace, started, placed, ends, now)
+    for cluster_id, owner_id, *row in rows:
+        start = _start_of(row, now)
         if start is not None and (cluster_id not in firsts or start < firsts[cluster_id][1]):
             firsts[cluster_id] = (owner_id, start)
     fresh = [{"pk": pk, "owner_id": o, "first": t} for pk, (o, t) in firsts.items()]
@@ -159,13 +201,19 @@ def _nodes_of(units: dict[int, int], now: datetime) -> dict[int, list[Interval]]
     ended with a stop of its cluster adds its kept workspace: stopped time, one unit,
     from the stop until it stopped being kept (open while kept)."""
     out: dict[int, list[Interval]] = {}
-    rows = Node.objects.filter(cluster_id__in=list(units)).values_list(
-        "cluster_id", "no_gpu", "stopped_at", "kept_until", "started_at",
-        "cluster__workspace", "placed_at", *_ENDS,
+    grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
+    rows = (
+        Node.objects.filter(cluster_id__in=list(units))
+        .annotate(**_start_flags(grace))
+        .values_list(
+            "cluster_id", "no_gpu", "stopped_at", "kept_until", "cluster__workspace",
+            "started_at", "placed_at", "submitted", "waiting", "failed", *_ENDS,
+        )
     )  # fmt: skip
-    for cluster_id, no_gpu, stopped, kept_until, started, workspace, placed, *ends in rows:
+    for cluster_id, no_gpu, stopped, kept_until, *row in rows:
         held = out.setdefault(cluster_id, [])
-        started = billing_start(workspace, started, placed, ends, now)
+        ends = row[6:]
+        started = _start_of(row, now)
         if started is None:
             continue  # never ran (nor held idle past the grace): never charged
         released = min((t for t in ends if t is not None), default=None)

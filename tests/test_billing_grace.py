@@ -122,3 +122,65 @@ def test_a_workspace_is_failed_past_its_deadline_only_while_its_pull_does_not_mo
     assert not workspaces.stalled(cluster, node), "a pull that moved a minute ago"
     pulling((now - timedelta(seconds=360)).isoformat())
     assert workspaces.stalled(cluster, node), "a pull that has not moved for 6 minutes"
+
+
+def _job_at(cluster, at):
+    """A job of the cluster submitted at `at` (its replica placed, its image pulling)."""
+    from jobs.models import Job
+
+    job = services.job_submit(cluster=cluster, spec=services.JobSpec(name="j", command="true"))
+    Job.objects.filter(pk=job.pk).update(created_at=at)
+    return job
+
+
+def test_a_job_submitted_in_the_grace_whose_image_still_pulls_costs_nothing(cluster_of, alice):
+    """Pull time is free: a cluster whose first job came within the grace is not holding
+    its GPUs idle while that job's image pulls, however long."""
+    cluster, placed = cluster_of("pulling-batch", workspace=False)
+    _job_at(cluster, placed + timedelta(seconds=60))
+    accrual.accrue(now=placed + timedelta(minutes=15))
+    assert not Meter.objects.filter(cluster=cluster).exists()
+    assert billing.account_for(alice).balance == Decimal("100")
+
+    started = placed + timedelta(minutes=16)  # its replica runs at last: billed from there
+    Node.objects.filter(cluster=cluster).update(started_at=started)
+    accrual.accrue(now=placed + timedelta(minutes=20))
+    usage = LedgerEntry.objects.filter(cluster=cluster, kind="usage")
+    assert min(e.period_from for e in usage) == started
+    assert _seconds(cluster) == 240
+
+
+def test_a_cluster_that_fails_as_never_ran_is_charged_nothing(cluster_of, alice):
+    from jobs.base.text import Text
+    from jobs.events import lifecycle
+
+    cluster, placed = cluster_of("never-ran-batch", workspace=False)
+    _job_at(cluster, placed + timedelta(seconds=60))
+    end = placed + timedelta(minutes=15)
+    Node.objects.filter(cluster=cluster).update(released_at=end)
+    lifecycle.cluster_release(
+        cluster=cluster, reason=Text("could not start (nothing was charged): %(reason)s",
+                                     reason="no such image"), failed=True,
+    )  # fmt: skip
+    cluster.refresh_from_db()
+    assert cluster.state == "failed"
+    accrual.accrue(now=end + timedelta(hours=1))
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists()
+    assert billing.account_for(alice).balance == Decimal("100")
+
+
+def test_held_idle_past_the_grace_then_failed_as_never_ran_is_charged_nothing(cluster_of):
+    """Even with no job in the grace: a cluster that never ran and failed is not charged
+    ("could not start (nothing was charged)")."""
+    from jobs.base.text import Text
+    from jobs.events import lifecycle
+
+    cluster, placed = cluster_of("late-job-batch", workspace=False)
+    end = placed + timedelta(minutes=15)
+    Node.objects.filter(cluster=cluster).update(released_at=end)
+    lifecycle.cluster_release(
+        cluster=cluster, reason=Text("could not start (nothing was charged): %(reason)s",
+                                     reason="no such image"), failed=True,
+    )  # fmt: skip
+    accrual.accrue(now=end + timedelta(hours=1))
+    assert not LedgerEntry.objects.filter(cluster=cluster).exists()
