@@ -209,7 +209,7 @@ def test_the_partial_shows_each_rank_with_sortable_numbers():
         html = render_to_string("console/_key_averages.html", {"key_averages": tables})
 
     assert html.count('data-testid="key-averages"') == 2
-    assert html.index("Rank 0") < html.index("Rank 1")
+    assert html.index("进程 0") < html.index("进程 1")
     assert 'data-value="81113.0"' in html
     assert 'data-value="92.86"' in html
     assert 'data-value="0.012"' not in html
