@@ -257,9 +257,13 @@ def test_a_workspace_that_cannot_start_for_30_minutes_fails_and_costs_nothing(
     the cluster fails (nothing charged) instead of holding them for ever."""
     from jobs.nodes import workspaces
 
-    image = f"docker.io/library/never-pushed-{uuid.uuid4().hex[:8]}:1"
+    # A registry an operator allows that resolves nowhere (.invalid, RFC 6761): the engine's
+    # "no such host" is transient, online or not (Docker Hub would say "repository does not
+    # exist" of a name never pushed: final, not this case).
+    image = f"registry.invalid/never-pushed-{uuid.uuid4().hex[:8]}:1"
     cluster = placed("stuck", image=image)
-    work_queue()  # its workspace's start: the pull fails, to be tried again
+    with override_settings(SUANLI_PULL_ALLOW_REGISTRIES=["registry.invalid"]):
+        work_queue()  # its workspace's start: the pull fails, to be tried again
     cluster.refresh_from_db()
     assert cluster.state == Cluster.State.RUNNING, cluster.state_reason  # within the deadline
 
@@ -267,7 +271,8 @@ def test_a_workspace_that_cannot_start_for_30_minutes_fails_and_costs_nothing(
     Node.objects.filter(cluster=cluster).update(
         placed_at=timezone.now() - deadline - timedelta(seconds=60)
     )
-    failed = workspaces.ensure(cluster.pk)  # the reconciler's next try
+    with override_settings(SUANLI_PULL_ALLOW_REGISTRIES=["registry.invalid"]):
+        failed = workspaces.ensure(cluster.pk)  # the reconciler's next try
     assert failed
     cluster.refresh_from_db()
     assert cluster.state == Cluster.State.FAILED, cluster.state_reason
