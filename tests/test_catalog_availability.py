@@ -184,15 +184,26 @@ def test_the_app_tiles_name_only_an_image_that_can_run_here(alice, make_paper_ho
     make_paper_host("gpu-paper-01")
     cluster = make_cluster(alice, "tiles", volumes=())
     note = webapps.image_note(cluster, "jupyter")
+    # Busybox has no Python: pip is no advice there.
     assert note == (
-        "Busybox (local test image) has no JupyterLab. No image offered here has it: pip "
-        "install jupyterlab in the workspace first."
+        "Busybox (local test image) has no JupyterLab. This image has no Python to install it "
+        "with: choose an image with Python, and pip install jupyterlab in its workspace."
     )
     assert "JupyterLab (CPU)" not in webapps.image_note(cluster, "tensorboard")
     Host.objects.update(images=[BUSYBOX, JUPYTER])
     assert webapps.image_note(cluster, "jupyter") == (
         "Busybox (local test image) has no JupyterLab. Create a cluster with an image that "
-        "has it (PyTorch 2.13 + JupyterLab (CPU)), or pip install jupyterlab in the workspace."
+        "has it (PyTorch 2.13 + JupyterLab (CPU))."
+    )
+    # A Python image without the app: pip install it there.
+    python = Image.objects.create(
+        name="Python 3.12", reference="python:3.12-slim", framework="Python 3.12"
+    )
+    Cluster.objects.filter(pk=cluster.pk).update(image=python, image_reference=python.reference)
+    cluster.refresh_from_db()
+    assert webapps.image_note(cluster, "jupyter") == (
+        "Python 3.12 has no JupyterLab. Create a cluster with an image that has it (PyTorch "
+        "2.13 + JupyterLab (CPU)), or pip install jupyterlab in the workspace."
     )
     Cluster.objects.filter(pk=cluster.pk).update(image=_image(JUPYTER), image_reference=JUPYTER)
     cluster.refresh_from_db()
@@ -297,8 +308,8 @@ def test_the_forms_in_chinese_at_desktop_and_phone_widths(
         page.goto(f"{live_server.url}{reverse('cluster_detail', args=[going.pk])}")
         note = page.get_by_test_id("app-image-note-jupyter-0")
         expect(note).to_have_text(
-            "Busybox (local test image) 不含 JupyterLab。此处提供的镜像都不含它：请先在工作区中 "
-            "pip install jupyterlab。"
+            "Busybox (local test image) 不含 JupyterLab。此镜像没有可用来安装它的 Python：请选择带 "
+            "Python 的镜像，并在其工作区中 pip install jupyterlab。"
         )
         page.get_by_test_id("cluster-apps").screenshot(
             path=f"{SHOTS}/catalog_cluster_apps-zh-{width}.png"

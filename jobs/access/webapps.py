@@ -273,7 +273,9 @@ def start(*, cluster: Cluster, index: int, kind: str, port=None, logdir=None) ->
             found = _exec(container, cluster, ["/bin/sh", "-c", PREPARE, "prepare", mark,
                                                PROGRAMS[kind]])  # fmt: skip
             if found.exit_code == 127:
-                raise AppError(_sentences(str(MISSING[kind]), where_to_get(kind)))
+                raise AppError(
+                    _sentences(str(MISSING[kind]), where_to_get(kind, python=has_python(cluster)))
+                )
             if found.exit_code != 0:
                 raise AppError(
                     _("%(app)s could not be started: the workspace said %(output)s.")
@@ -375,21 +377,47 @@ class NodeApps:
         return any((self.jupyter, self.tensorboard, self.service))
 
 
-def where_to_get(kind: str, *, besides: int | None = None) -> str:
+# Words in an image's reference or framework that say it has Python (and pip) in it.
+PYTHON_WORDS = ("python", "pytorch", "torch", "tensorflow", "jax", "jupyter", "conda", "scipy")
+
+
+def has_python(cluster: Cluster) -> bool:
+    """Whether the cluster's image is a Python one (pip install works in it): a catalog
+    image carrying a workspace app or naming a framework, or a reference that says so. A
+    plain base image (busybox, debian, nvidia/cuda) is not."""
+    image = cluster.image
+    framework = image.framework.strip().lower() if image else ""
+    if image is not None and (image.apps.strip() or framework not in ("", "none")):
+        return True
+    words = f"{cluster.image_reference} {image.reference if image else ''}".lower()
+    return any(word in words for word in PYTHON_WORDS)
+
+
+def where_to_get(kind: str, *, besides: int | None = None, python: bool = True) -> str:
     """Which image to choose for the app `kind`, naming only catalog images that can run
     here (catalog.with_app: never one no host has and none can pull), else how to get it
-    in the workspace; in the reader's language."""
+    in the workspace (pip, on an image with Python: `python`); in the reader's language."""
     names = [i.name for i in catalog.with_app(kind) if i.pk != besides]
     values = {"package": PACKAGES[kind], "images": ", ".join(names)}
-    if names:
+    if names and python:
         return (
             _(
                 "Create a cluster with an image that has it (%(images)s), or pip install %(package)s in the workspace."
             )
             % values
         )
+    if names:
+        return _("Create a cluster with an image that has it (%(images)s).") % values
+    if python:
+        return (
+            _("No image offered here has it: pip install %(package)s in the workspace first.")
+            % values
+        )
     return (
-        _("No image offered here has it: pip install %(package)s in the workspace first.") % values
+        _(
+            "This image has no Python to install it with: choose an image with Python, and pip install %(package)s in its workspace."
+        )
+        % values
     )
 
 
@@ -404,7 +432,9 @@ def image_note(cluster: Cluster, kind: str) -> str:
         first = _("%(image)s has no %(app)s.") % {"image": image.name, "app": Kind(kind).label}
     else:
         first = _("%(app)s runs only where the image has it.") % {"app": Kind(kind).label}
-    return _sentences(first, where_to_get(kind, besides=cluster.image_id))
+    return _sentences(
+        first, where_to_get(kind, besides=cluster.image_id, python=has_python(cluster))
+    )
 
 
 def _sentences(first: str, second: str) -> str:
