@@ -218,6 +218,11 @@ def test_the_billing_page_in_chinese_at_desk_and_phone_widths(browser, live_serv
         expect(page.locator("#ledger")).to_contain_text(
             t0.astimezone(SHANGHAI).strftime("%Y-%m-%d 10:40:00")
         )
+        # The daily chart's date axis in Chinese: "12月1日", not "12月 1, 2026".
+        ticks = page.locator("#daily-chart .xtick text")
+        expect(ticks.first).to_be_attached()
+        days = " ".join(ticks.all_text_contents())
+        assert re.search(r"\d+月\d+日", days) and ", " not in days, days
         wide = page.evaluate("document.documentElement.scrollWidth")
         assert wide <= width, wide
         page.screenshot(path=f"{SHOTS}/billing_zh_{width}.png", full_page=True)

@@ -92,7 +92,11 @@
     const own = (c.layout || {}).yaxis || {};
     Plotly.newPlot(c.div, [], { ...base, ...(c.layout || {}), title: { text: c.title, font: { size: 12 } },
       xaxis: { ...base.xaxis, range: range ? range.map((d) => wall(d.getTime() / 1000)) : [wall(now - 60), wall(now)] },
-      yaxis: { rangemode: "tozero", ...(range || own.range || own.type ? {} : { range: [0, 1] }), ...own } }, config);
+      // Plain numbers up the side ("0.5", never "0.2μ"), and at least 0 to 1 of the unit:
+      // a near-idle series (a few bytes of memory) is a flat line at the bottom, not a
+      // chart of noise in millionths of a GiB.
+      yaxis: { rangemode: "tozero", exponentformat: "none", ...(own.type ? {} : { autorangeoptions: { include: 1 } }),
+        ...(range || own.range || own.type ? {} : { range: [0, 1] }), ...own } }, config);
     c.div.on("plotly_relayout", relayout); // newPlot drops a div's listeners: again each time
   }
   function draw() {

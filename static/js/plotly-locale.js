@@ -20,6 +20,11 @@
       months: ["一月", "二月", "三月", "四月", "五月", "六月", "七月", "八月", "九月", "十月", "十一月", "十二月"],
       shortMonths: ["1月", "2月", "3月", "4月", "5月", "6月", "7月", "8月", "9月", "10月", "11月", "12月"],
       date: "%Y-%m-%d",
+      // The date axis' second line and its hover: "12月1日", not "12月 1, 2026".
+      dayMonth: "%-m月%-d日",
+      dayMonthYear: "%Y年%-m月%-d日",
+      monthYear: "%Y年%-m月",
+      year: "%Y年",
     },
   });
   Plotly.setPlotConfig({ locale: "zh-CN" });
