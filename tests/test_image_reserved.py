@@ -109,3 +109,39 @@ def test_a_non_pullable_catalog_image_missing_on_its_host_fails_and_is_never_pul
     assert cluster.state_reason.startswith("could not start (nothing was charged): ")
     assert f"{missing} is not on host gpu-a-01 and is never pulled" in cluster.state_reason
     assert not Node.objects.filter(cluster=cluster, started_at__isnull=False).exists()
+
+
+def _reserved_cluster(make_paper_host, make_cluster, alice, *, on_second: bool):
+    """Two paper hosts of the same pool; a catalog image hosts never pull, recorded by the
+    second one's check only (or by none)."""
+    from jobs.placement import scheduler
+    from tests.conftest import TEST_IMAGE
+
+    ref = f"suanli/reserved-{uuid.uuid4().hex[:8]}:1"
+    image = Image.objects.create(name=f"Reserved {ref}", reference=ref, pullable=False)
+    make_paper_host("gpu-paper-a", zone="zone-a", gpus=8)
+    make_paper_host(
+        "gpu-paper-b", zone="zone-a", gpus=8, images=[TEST_IMAGE, ref] if on_second else []
+    )
+    cluster = make_cluster(alice, "reserved", gpus=2, release_policy="never", volumes=())
+    Cluster.objects.filter(pk=cluster.pk).update(image=image, image_reference=ref)
+    scheduler.place_pending()
+    cluster.refresh_from_db()
+    return cluster, ref
+
+
+def test_a_non_pullable_catalog_image_is_placed_only_on_a_host_that_has_it(
+    make_paper_host, make_cluster, alice, priced
+):
+    cluster, _ref = _reserved_cluster(make_paper_host, make_cluster, alice, on_second=True)
+    assert cluster.state == Cluster.State.RUNNING, cluster.state_reason
+    assert {n.host.name for n in cluster.node_set.select_related("host")} == {"gpu-paper-b"}
+
+
+def test_with_no_host_having_it_the_cluster_waits_saying_which_image(
+    make_paper_host, make_cluster, alice, priced
+):
+    cluster, ref = _reserved_cluster(make_paper_host, make_cluster, alice, on_second=False)
+    assert cluster.state == Cluster.State.PENDING
+    assert not Node.objects.filter(cluster=cluster).exists()
+    assert f"has the image {ref}, which hosts never pull" in cluster.state_reason

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Sum
 from django.utils.translation import gettext_noop
 
+from jobs.base import validators
 from jobs.base.text import Text
 from jobs.models import MAX_GPUS_PER_HOST, Cluster, GpuSlot, Host, Node
 
@@ -33,6 +34,7 @@ class HostCap:
     cpu_free: int
     swarm: str = ""  # the ID of the Docker swarm it is a member of, "" outside one
     freeing: int = 0  # GPUs ended nodes still hold until the engine confirms (not free)
+    images: frozenset = frozenset()  # the catalog images (references) its check recorded
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Fleet:
             hosts = hosts.filter(id__in=list(host_ids))
         rows = hosts.values_list(
             "id", "name", "zone", "rdma", "gpu_model_id", "gpu_count", "cpu_count",
-            "swarm_state", "swarm_cluster",
+            "swarm_state", "swarm_cluster", "images",
         )  # fmt: skip
         return cls(
             [
@@ -117,8 +119,9 @@ class Fleet:
                     cpu_free=(cpus or 0) - (cpu_used.get(i) or 0),
                     swarm=swarm if state == "active" else "",
                     freeing=freeing.get(i, 0),
+                    images=frozenset(str(ref) for ref in images or ()),
                 )
-                for i, name, zone, rdma, model, gpus, cpus, state, swarm in rows
+                for i, name, zone, rdma, model, gpus, cpus, state, swarm, images in rows
             ]
         )
 
@@ -137,11 +140,16 @@ class Fleet:
             zones[zone].append(key)
         return zones
 
-    def usable_hosts(self, cluster: Cluster) -> list[HostCap]:
-        """Every active host that could ever hold a node of this cluster."""
+    def usable_hosts(self, cluster: Cluster, *, image: bool = True) -> list[HostCap]:
+        """Every active host that could ever hold a node of this cluster: of its zone, GPU
+        model, network and size, and having its image when that is never pulled
+        (`only_on_hosts`; `image=False`: whether it has it or not)."""
+        only = only_on_hosts(cluster) if image else None
         out = []
         for cap in self.hosts.values():
             if cluster.zone and cap.zone != cluster.zone:
+                continue
+            if only is not None and only not in cap.images:
                 continue
             if cluster.is_cpu_only:
                 if cap.cpu_total >= cluster.instance_type.vcpus:
@@ -155,7 +163,11 @@ class Fleet:
         return out
 
     # -- planning ---------------------------------------------------------------------
-    def _fit_gpu(self, pools: list[tuple], nodes: int, gpus: int) -> list[int] | None:
+    def _fit_gpu(
+        self, pools: list[tuple], nodes: int, gpus: int, allowed: set[int] | None = None
+    ) -> list[int] | None:
+        """`allowed`: only these hosts (those having a cluster's image that is never
+        pulled); None: any."""
         overlay: dict[int, int] = {}  # hosts this plan already uses -> their free count after it
         chosen: list[int] = []
         for _ in range(nodes):
@@ -168,7 +180,14 @@ class Fleet:
                 top = best[0] if best else MAX_GPUS_PER_HOST + 1
                 for free in range(gpus, top):
                     # Reserved hosts are out of the buckets already (reserve_for).
-                    host_id = next((h for h in buckets[free] if h not in overlay), None)
+                    host_id = next(
+                        (
+                            h
+                            for h in buckets[free]
+                            if h not in overlay and (allowed is None or h in allowed)
+                        ),
+                        None,
+                    )
                     if host_id is not None:
                         best = (free, host_id)
                         break
@@ -199,17 +218,19 @@ class Fleet:
         swarms = {self.hosts[h].swarm if h in self.hosts else "" for h in hosts}
         return len(hosts) <= 1 or (len(swarms) == 1 and "" not in swarms)
 
-    def _fit_gpu_networked(self, pools: list[tuple], nodes: int, gpus: int) -> list[int] | None:
+    def _fit_gpu_networked(
+        self, pools: list[tuple], nodes: int, gpus: int, allowed: set[int] | None = None
+    ) -> list[int] | None:
         """`_fit_gpu` that keeps a multi-node cluster on one network: across members of one
         swarm, or all on one host outside a swarm. The tightest fit of those wins."""
         if nodes == 1:
-            return self._fit_gpu(pools, 1, gpus)
+            return self._fit_gpu(pools, 1, gpus, allowed)
         best: tuple[int, list[int]] | None = None
         for swarm, keys in _by_swarm(pools, lambda key: key[3]).items():
             if swarm:
-                chosen = self._fit_gpu(keys, nodes, gpus)
+                chosen = self._fit_gpu(keys, nodes, gpus, allowed)
             else:
-                one = self._fit_gpu(keys, 1, nodes * gpus)
+                one = self._fit_gpu(keys, 1, nodes * gpus, allowed)
                 chosen = one * nodes if one else None
             if chosen is not None:
                 leftover = sum(self.hosts[h].free for h in set(chosen)) - nodes * gpus
@@ -253,9 +274,10 @@ class Fleet:
                 )
             return None
         zones = self.pools_for(cluster)
+        allowed = {cap.id for cap in self.usable_hosts(cluster)} if only_on_hosts(cluster) else None
         best: tuple[int, list[int]] | None = None
         for pools in zones.values():
-            chosen = self._fit_gpu_networked(pools, cluster.nodes, cluster.gpus_per_node)
+            chosen = self._fit_gpu_networked(pools, cluster.nodes, cluster.gpus_per_node, allowed)
             if chosen is not None:
                 leftover = sum(self.hosts[h].free for h in set(chosen)) - cluster.total_gpus
                 if best is None or leftover < best[0]:
@@ -264,7 +286,10 @@ class Fleet:
             return best[1]
         if not cluster.zone and cluster.network == Cluster.Network.STANDARD and len(zones) > 1:
             return self._fit_gpu_networked(
-                [k for pools in zones.values() for k in pools], cluster.nodes, cluster.gpus_per_node
+                [k for pools in zones.values() for k in pools],
+                cluster.nodes,
+                cluster.gpus_per_node,
+                allowed,
             )
         return None
 
@@ -317,6 +342,18 @@ class Fleet:
         return sum(h.free // cluster.gpus_per_node for h in hosts), sum(h.free for h in hosts)
 
 
+def only_on_hosts(cluster: Cluster) -> str | None:
+    """The reference of the cluster's catalog image when hosts never pull it
+    (`Image.pullable` off, not one of Suanli's registry): it runs only on the hosts whose
+    check recorded it (`Host.images`); None for any other image."""
+    if getattr(cluster, "image_id", None) is None:
+        return None
+    image = cluster.image
+    if image.pullable or validators.names_registry(image.reference):
+        return None
+    return image.reference
+
+
 def resource_key(cluster: Cluster) -> str:
     return (
         f"cpu:{cluster.instance_type_id}" if cluster.is_cpu_only else f"gpu:{cluster.gpu_model_id}"
@@ -354,6 +391,18 @@ def _shortage(cluster: Cluster, fleet: Fleet) -> Text:
         )
     else:
         where = Text(gettext_noop("with RDMA in any zone") if rdma else gettext_noop("in any zone"))
+    only = only_on_hosts(cluster)
+    if only and not fleet.usable_hosts(cluster) and fleet.usable_hosts(cluster, image=False):
+        return Text(
+            gettext_noop(
+                "no active host %(where)s that is large enough for a node of %(shape)s has "
+                "the image %(image)s, which hosts never pull (an operator puts it on hosts): "
+                "pick another image, or ask for it on a host"
+            ),
+            where=where,
+            shape=cluster.shape,
+            image=only,
+        )
     if not fleet.usable_hosts(cluster):
         return Text(
             gettext_noop(

@@ -225,7 +225,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     reasons: list[Cluster] = []
     pending = (
         Cluster.objects.filter(state=Cluster.State.PENDING)
-        .select_related("gpu_model", "instance_type")
+        .select_related("gpu_model", "instance_type", "image")
         .order_by("spot", "queued_at", "id")
     )
     batch: list[tuple[Cluster, list[int]]] = []
