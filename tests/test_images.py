@@ -195,9 +195,10 @@ def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, cat
         # another researcher's image, even when its name is known
         f"FROM {registry.reference(alice.pk, 'seed', 'v1')}\n": "none of them",
         # a line continued: the engine joins the next line on without a space, so this is
-        # `FROM <catalog image>-evil`, a tag the catalog does not have
-        f"FROM {TEST_IMAGE}\\\n-evil\nRUN true\n": "none of them",
-        f"FROM {TEST_IMAGE}\nCOPY --from={TEST_IMAGE}\\\n-evil /x /x\n": "none of them",
+        # `FROM <catalog image>-evil`, a tag the catalog does not have (of Suanli's own
+        # namespace: refused as a name never pulled)
+        f"FROM {TEST_IMAGE}\\\n-evil\nRUN true\n": "Suanli's own images",
+        f"FROM {TEST_IMAGE}\nCOPY --from={TEST_IMAGE}\\\n-evil /x /x\n": "Suanli's own images",
     }
     for dockerfile, words in cases.items():
         with pytest.raises(ValidationError) as got:
@@ -208,6 +209,16 @@ def test_from_outside_the_allowed_set_is_refused_before_building(alice, bob, cat
     builds.check_bases(bob.pk, f"FROM {TEST_IMAGE} AS base\nFROM base\nCOPY --from=0 /a /b\n")
     settings.SUANLI_BUILD_FROM_ALLOWED = ["docker.io/library/ubuntu:*"]
     builds.check_bases(bob.pk, "FROM ubuntu:24.04\n")
+    # Suanli's own names are the catalog's exact images (any spelling) or refused, as on
+    # the cluster form, even where the settings allow all of Docker Hub: another tag, or
+    # another image of the namespace, would be whoever owns the name there.
+    builds.check_bases(bob.pk, f"FROM docker.io/{TEST_IMAGE}\n")
+    settings.SUANLI_BUILD_FROM_ALLOWED = ["docker.io/*"]
+    for other in ("suanli/busybox:evil", "docker.io/suanli/anything:1"):
+        with pytest.raises(ValidationError) as got:
+            builds.check_bases(bob.pk, f"FROM {TEST_IMAGE} AS a\nCOPY --from={other} /x /x\n")
+        assert "Suanli's own images" in " ".join(got.value.messages), other
+    settings.SUANLI_BUILD_FROM_ALLOWED = ["docker.io/library/ubuntu:*"]
     with pytest.raises(ValidationError):
         builds.check_bases(bob.pk, "FROM debian:12\n")
     # Bad names, tags, folders and arguments are refused by field.

@@ -389,10 +389,18 @@ def bases(dockerfile: str) -> list[str]:
 def check_bases(owner_id: int, dockerfile: str) -> list[str]:
     _check_text(dockerfile)
     refs = bases(dockerfile)
+    catalog = {
+        _normal(r) for r in Image.objects.filter(active=True).values_list("reference", flat=True)
+    }
+    not_pulled = list(Image.objects.filter(pullable=False).values_list("reference", flat=True))
     for ref in refs:
         if not registry.in_registry(ref):  # the registry's own: _allowed checks the owner
             try:
                 validators.validate_image_reference(ref)
+                if _normal(ref) not in catalog:
+                    # Suanli's own names (suanli/..., a catalog image never pulled) are the
+                    # catalog's exact images or nothing: another tag would be Docker Hub's.
+                    validators.validate_custom_image_reference(ref, not_pulled=not_pulled)
             except ValidationError as exc:
                 raise ValidationError(
                     _("FROM %(image)s: %(error)s") % {"image": ref, "error": exc.messages[0]}
@@ -1145,6 +1153,8 @@ def _pull_bases(
         if not registry.has_current(client, ref) or (
             registry.in_registry(ref) and not _current_in_registry(client, ref)
         ):
+            if registry.not_pulled(ref):  # put on the hosts by an operator, never pulled
+                raise BuildFailed(f"{ref} is not on the build host and is never pulled")
             out.line(f"Pulling {ref}")
             try:
                 registry.pull(client, ref)
