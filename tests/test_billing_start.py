@@ -266,6 +266,8 @@ def test_a_workspace_that_cannot_start_for_30_minutes_fails_and_costs_nothing(
         work_queue()  # its workspace's start: the pull fails, to be tried again
     cluster.refresh_from_db()
     assert cluster.state == Cluster.State.RUNNING, cluster.state_reason  # within the deadline
+    pull = cluster.image_pulls["gpu-a-01"]  # the page says how its pull went
+    assert pull["state"] == "failed" and "registry.invalid" in pull["message"], pull
 
     deadline = timedelta(seconds=settings.SUANLI_START_DEADLINE_S)
     Node.objects.filter(cluster=cluster).update(

@@ -433,14 +433,18 @@ def push(client: docker.DockerClient, ref: str) -> str:
     return digest or manifest(*split(ref))[0]
 
 
-def pull_public(client: docker.DockerClient, ref: str, *, host: str = "") -> None:
+def pull_public(
+    client: docker.DockerClient, ref: str, *, host: str = "", cluster_id: int | None = None
+) -> None:
     """Pull `ref` (not one of our registry's: see `pull`) from the registry it names, only
     when that registry is public (validators.registry_refusal): a reference stored before
     that rule, or a name that resolves elsewhere since it was checked, never has the engine
     contact the hosts' own networks. Never a catalog image that is not pullable, nor one of
     Suanli's own namespace on Docker Hub (`suanli/`): those are put on hosts by an operator
     (built on the machine); whoever owns that name on Docker Hub is not us, and the pulled
-    tag would pass for the catalog's on that host. RegistryError says why not."""
+    tag would pass for the catalog's on that host. RegistryError says why not. Its
+    progress is kept on the cluster (`Cluster.image_pulls`: its page, and `stalled`, read
+    it), as `ensure` keeps our registry's."""
     if not_pulled(ref):
         raise RegistryError(
             _(
@@ -452,7 +456,21 @@ def pull_public(client: docker.DockerClient, ref: str, *, host: str = "") -> Non
         )  # final (`unavailable`)
     if why := registry_refusal(ref):
         raise RegistryError(why, status=403)  # refused before asking: final (`unavailable`)
-    client.images.pull(ref)
+    _pull_state(cluster_id, host, state="pulling", done=0, total=0)
+    got = {"total": 0}
+
+    def progress(done: int, total: int) -> None:
+        got["total"] = total
+        _pull_state(cluster_id, host, state="pulling", done=done, total=total)
+
+    try:
+        pull(client, ref, on_progress=progress)
+    except RegistryError as exc:
+        _pull_state(cluster_id, host, state="failed", message=str(exc))
+        if isinstance(exc.__cause__, docker.errors.APIError | requests.RequestException):
+            raise exc.__cause__ from None  # the engine's own error: callers tell its kind
+        raise
+    _pull_state(cluster_id, host, state="pulled", done=got["total"], total=got["total"])
 
 
 def not_pulled(ref: str) -> bool:

@@ -231,7 +231,7 @@ def _up(cluster: Cluster, node: Node, network_name: str):
     except docker.errors.ImageNotFound:
         if made.image.startswith(KEEP_REPOSITORY + "/"):
             raise  # a save is never pulled from anywhere: only this engine has it
-        registry.pull_public(client, made.image, host=node.host.name)
+        registry.pull_public(client, made.image, host=node.host.name, cluster_id=cluster.pk)
         container = client.containers.create(
             made.image,
             name=made.name,

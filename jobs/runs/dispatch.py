@@ -207,7 +207,7 @@ def _pull(client: docker.DockerClient, job: Job, host: Host, image: str) -> None
         "pulling",
         Text(gettext_noop("pulling %(image)s on %(host)s"), image=image, host=host.name),
     )
-    registry.pull_public(client, image, host=host.name)
+    registry.pull_public(client, image, host=host.name, cluster_id=job.cluster_id)
     job_event(
         job.pk,
         "pulled",
