@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
+from django.utils import timezone
+
 from billing.models import UNIT  # amounts and rates
 
 CENT = Decimal("0.01")  # balances and totals
@@ -76,7 +78,5 @@ def zone(at=None) -> str:
     """The reader's zone (the active one) at `at` (default now), as the bill's tables and
     the cluster's cost name it: "UTC+08:00", "UTC" (an abbreviation such as "CST" means
     China or Central time, and is English on a Chinese page)."""
-    from django.utils import timezone
-
     offset = timezone.localtime(at).strftime("%z")
     return "UTC" if offset == "+0000" else f"UTC{offset[:3]}:{offset[3:]}"
