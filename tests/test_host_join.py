@@ -48,6 +48,7 @@ from jobs.models import GpuSlot, Host, HostJoin
 from jobs.placement import scheduler
 from jobs.runs import dispatch
 from tests import third_host as third
+from tests.conftest import TEST_IMAGE
 from tests.third_host import GATEWAY, RUN, THIRD, in_third, run_on_third
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -435,7 +436,8 @@ def test_a_host_keeping_stopped_workspaces_joins_nowhere_else_under_its_name_nor
     token = make_token(cora, gpu_model=catalog["t4-16gb"], gpu_count=1)
     credential = begin(client, token)[1]["credential"]
     call(client, step="register", credential=credential)
-    Host.objects.update(state=Host.State.ACTIVE, last_checked=timezone.now())
+    # (its check would have recorded the test image on its engine: placement needs it)
+    Host.objects.update(state=Host.State.ACTIVE, last_checked=timezone.now(), images=[TEST_IMAGE])
     cluster = make_cluster(alice, "kept", model="t4-16gb")
     scheduler.place_pending()
     cluster.refresh_from_db()
@@ -516,7 +518,8 @@ def test_leave_drains_waits_for_the_clusters_and_removes_the_host(
     token = make_token(hank, gpu_model=catalog["t4-16gb"], gpu_count=1)
     credential = begin(client, token)[1]["credential"]
     call(client, step="register", credential=credential)
-    Host.objects.update(state=Host.State.ACTIVE, last_checked=timezone.now())
+    # (its check would have recorded the test image on its engine: placement needs it)
+    Host.objects.update(state=Host.State.ACTIVE, last_checked=timezone.now(), images=[TEST_IMAGE])
     cluster = make_cluster(alice, "on-c", model="t4-16gb")
     scheduler.place_pending()
     cluster.refresh_from_db()
