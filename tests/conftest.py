@@ -174,6 +174,8 @@ def make_host(catalog, engine_urls):
         name="gpu-a-01", *, engine=0, zone="zone-a", model="a100-80gb", gpus=8, check=True, **extra
     ):
         url = engine_urls[engine] if isinstance(engine, int) else engine
+        if not check:  # what its check would record: the test engines have the test image
+            extra.setdefault("images", [TEST_IMAGE])
         addrs = [a for a in os.environ.get("SUANLI_TEST_ENGINE_ADDRS", "").split(",") if a]
         host = Host(
             name=name,

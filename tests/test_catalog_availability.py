@@ -125,8 +125,9 @@ def test_an_image_being_prepared_shows_how_far_and_is_refused_until_it_is_on_a_h
 
 @pytest.mark.django_db
 def test_a_host_that_is_not_active_does_not_count_and_a_registry_image_is_pulled(
-    alice, make_paper_host, catalog
+    alice, make_paper_host, catalog, settings
 ):
+    settings.SUANLI_REGISTRY = "172.29.0.1:5443"  # the fast tier runs with no registry set
     make_paper_host("gpu-paper-01", images=[JUPYTER], state=Host.State.DOWN)
     ours = Image.objects.create(
         name="Ours", reference="172.29.0.1:5443/library/ours:1", pullable=False
