@@ -113,7 +113,8 @@ def test_a_non_pullable_catalog_image_missing_on_its_host_fails_and_is_never_pul
 
 def _reserved_cluster(make_paper_host, make_cluster, alice, *, on_second: bool):
     """Two paper hosts of the same pool; a catalog image hosts never pull, recorded by the
-    second one's check only (or by none)."""
+    second one's check only (large enough for the cluster's node, or, `on_second=False`, of
+    1 GPU: too small)."""
     from jobs.placement import scheduler
     from tests.conftest import TEST_IMAGE
 
@@ -121,7 +122,7 @@ def _reserved_cluster(make_paper_host, make_cluster, alice, *, on_second: bool):
     image = Image.objects.create(name=f"Reserved {ref}", reference=ref, pullable=False)
     make_paper_host("gpu-paper-a", zone="zone-a", gpus=8)
     make_paper_host(
-        "gpu-paper-b", zone="zone-a", gpus=8, images=[TEST_IMAGE, ref] if on_second else []
+        "gpu-paper-b", zone="zone-a", gpus=8 if on_second else 1, images=[TEST_IMAGE, ref]
     )
     cluster = make_cluster(alice, "reserved", gpus=2, release_policy="never", volumes=())
     Cluster.objects.filter(pk=cluster.pk).update(image=image, image_reference=ref)
@@ -138,7 +139,7 @@ def test_a_non_pullable_catalog_image_is_placed_only_on_a_host_that_has_it(
     assert {n.host.name for n in cluster.node_set.select_related("host")} == {"gpu-paper-b"}
 
 
-def test_with_no_host_having_it_the_cluster_waits_saying_which_image(
+def test_with_no_host_large_enough_having_it_the_cluster_waits_saying_which_image(
     make_paper_host, make_cluster, alice, priced
 ):
     cluster, ref = _reserved_cluster(make_paper_host, make_cluster, alice, on_second=False)

@@ -140,11 +140,21 @@ class Fleet:
             zones[zone].append(key)
         return zones
 
+    def only_on(self, cluster: Cluster) -> str | None:
+        """`only_on_hosts(cluster)` when some host of the fleet records that image: placement
+        then keeps to the hosts that have it. When none records it (hosts not checked since
+        images were recorded), None: it is placed as before, and a host without it fails the
+        start in words, charging nothing (the form already refuses an image no host has)."""
+        only = only_on_hosts(cluster)
+        if only is None or not any(only in cap.images for cap in self.hosts.values()):
+            return None
+        return only
+
     def usable_hosts(self, cluster: Cluster, *, image: bool = True) -> list[HostCap]:
         """Every active host that could ever hold a node of this cluster: of its zone, GPU
         model, network and size, and having its image when that is never pulled
         (`only_on_hosts`; `image=False`: whether it has it or not)."""
-        only = only_on_hosts(cluster) if image else None
+        only = self.only_on(cluster) if image else None
         out = []
         for cap in self.hosts.values():
             if cluster.zone and cap.zone != cluster.zone:
@@ -274,7 +284,7 @@ class Fleet:
                 )
             return None
         zones = self.pools_for(cluster)
-        allowed = {cap.id for cap in self.usable_hosts(cluster)} if only_on_hosts(cluster) else None
+        allowed = {cap.id for cap in self.usable_hosts(cluster)} if self.only_on(cluster) else None
         best: tuple[int, list[int]] | None = None
         for pools in zones.values():
             chosen = self._fit_gpu_networked(pools, cluster.nodes, cluster.gpus_per_node, allowed)
@@ -391,7 +401,7 @@ def _shortage(cluster: Cluster, fleet: Fleet) -> Text:
         )
     else:
         where = Text(gettext_noop("with RDMA in any zone") if rdma else gettext_noop("in any zone"))
-    only = only_on_hosts(cluster)
+    only = fleet.only_on(cluster)
     if only and not fleet.usable_hosts(cluster) and fleet.usable_hosts(cluster, image=False):
         return Text(
             gettext_noop(
