@@ -134,7 +134,7 @@ def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, c
 
     # In Chinese: the section and the advice are in the reader's language.
     chinese = client.get(reverse("job_profile", args=[job.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
-    assert "最慢的 rank：1" in chinese.content.decode() and "数据加载" in chinese.content.decode()
+    assert "最慢的进程：1" in chinese.content.decode() and "数据加载" in chinese.content.decode()
     page = client.get(reverse("job_detail", args=[job.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
     assert "拖慢了其他 rank" in page.content.decode()
 

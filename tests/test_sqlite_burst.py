@@ -31,7 +31,7 @@ seed_rate_card(effective_from=timezone.now() - timedelta(hours=1))
 host_services.host_save(host=Host(
     name="gpu-paper-01", engine_url="unix:///run/suanli-no-such-engine.sock",
     address="127.0.0.1", zone="zone-a", gpu_model=GpuModel.objects.get(slug="a100-80gb"),
-    gpu_count=8, state=Host.State.ACTIVE,
+    gpu_count=8, state=Host.State.ACTIVE, images=["suanli/busybox:latest"],
 ))
 user = get_user_model().objects.create_user("burst", password="burst-pass-123")
 billing.post_entry(account=billing.account_for(user), kind="topup", amount=Decimal("1000"),
