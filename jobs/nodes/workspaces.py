@@ -253,7 +253,9 @@ def _up(cluster: Cluster, node: Node, network_name: str):
         # while this was pulled or made must not be followed by a start on GPUs that
         # free_gpus may already have given to the next tenant.
         with transaction.atomic():
-            live = Node.objects.select_for_update().filter(
+            # of=self: the node's row only. Locking the joined cluster row too (a node,
+            # then its cluster) deadlocked with a stop (its cluster, then its nodes).
+            live = Node.objects.select_for_update(of=("self",)).filter(
                 pk=node.pk, released_at__isnull=True, cluster__state=Cluster.State.RUNNING
             )
             if live.exists():
