@@ -136,7 +136,7 @@ def test_the_profile_section_summarises_each_ranks_traces(profiled_job, alice, c
     chinese = client.get(reverse("job_profile", args=[job.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
     assert "最慢的进程：1" in chinese.content.decode() and "数据加载" in chinese.content.decode()
     page = client.get(reverse("job_detail", args=[job.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
-    assert "拖慢了其他 rank" in page.content.decode()
+    assert "拖慢了其他进程" in page.content.decode()
 
     # Summaries are made once: a second run of the task reads nothing again.
     assert profiles.summarise_job(job.pk)["summarised"] == 0
