@@ -1,6 +1,7 @@
 from django.conf import settings
 
 from billing import selectors as money
+from console.admin_site import may_operate
 
 
 def suanli(request):
@@ -8,6 +9,8 @@ def suanli(request):
     user = getattr(request, "user", None)
     # A polled part of a page (htmx: the job and cluster status, the live cost) has no
     # banner: it would pay for the balance on every poll.
+    # The navigation's operator part (and the admin's link): a power, never staff alone.
+    context["may_operate"] = user is not None and user.is_authenticated and may_operate(user)
     if user is not None and user.is_authenticated and not request.headers.get("HX-Request"):
         # Every page warns when less than an hour of balance is left at the current burn.
         standing = money.standing(user)

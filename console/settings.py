@@ -59,7 +59,7 @@ SUANLI_APPS_DOMAIN = envstr("SUANLI_APPS_DOMAIN", "apps.localhost").strip().stri
 SUANLI_APPS_PORT = envint("SUANLI_APPS_PORT", 0)
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "console.admin_site.SuanliAdminConfig",  # django.contrib.admin: a power, not staff alone
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

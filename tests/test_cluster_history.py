@@ -214,5 +214,9 @@ def test_researchers_are_sent_to_log_in_and_other_staff_refused(client, alice, j
     page = client.get(reverse("admin:jobs_job_changelist"))
     assert page.status_code == 302 and page["Location"].startswith(reverse("admin:login"))
     staff = get_user_model().objects.create_user("sam", password="sam-pass-12345", is_staff=True)
-    client.force_login(staff)
+    client.force_login(staff)  # staff with no power at all: the admin's log-in too
+    page = client.get(reverse("admin:jobs_job_changelist"))
+    assert page.status_code == 302 and page["Location"].startswith(reverse("admin:login"))
+    staff.user_permissions.add(Permission.objects.get(codename="view_host"))  # another power
+    client.force_login(get_user_model().objects.get(pk=staff.pk))
     assert client.get(reverse("admin:jobs_job_changelist")).status_code == 403
