@@ -1021,6 +1021,12 @@ class WebhookEndpoint(models.Model):
         ("cluster.release_soon", gettext_lazy("stopped cluster released in a day")),
         ("cluster.released", gettext_lazy("cluster released")),
         ("balance.low", gettext_lazy("balance low")),
+        ("balance.critical", gettext_lazy("balance lasts under 30 minutes")),
+        ("balance.exhausted", gettext_lazy("balance ran out: clusters stopped")),
+        ("sweep.finished", gettext_lazy("sweep finished")),
+        ("build.finished", gettext_lazy("image build finished")),
+        ("host.problem", gettext_lazy("a host problem affects your cluster")),
+        ("gpu.available", gettext_lazy("GPUs you asked for are free")),
     ]
 
     owner = models.ForeignKey(
@@ -1052,6 +1058,9 @@ class WebhookEvent(models.Model):
     uid = models.CharField(max_length=40, unique=True)
     type = models.CharField(max_length=40)
     body = models.TextField(help_text="The exact JSON body sent (the same on every attempt).")
+    # What happened, in words: a jobs.base.text.Text's as_json(), shown in the reader's
+    # language by the channels that speak to people (e-mail, chat robots, the delivery log).
+    summary = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

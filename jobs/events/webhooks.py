@@ -34,7 +34,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.base.text import fit
+from jobs.base.text import Text, fit
 from jobs.events import netguard
 from jobs.models import (
     Cluster,
@@ -120,9 +120,13 @@ def timeline_entry(subject: Cluster | Job, kind: str) -> WebhookEvent | None:
     return emit(owner_id=subject.owner_id, event_type=event_type, data=data)
 
 
-def emit(*, owner_id: int, event_type: str, data: dict, endpoints=None) -> WebhookEvent | None:
+def emit(
+    *, owner_id: int, event_type: str, data: dict, summary: Text | None = None, endpoints=None
+) -> WebhookEvent | None:
     """Record an event and its deliveries in the caller's transaction; send after commit.
-    Nothing is written when no enabled endpoint of the owner wants this type."""
+    Nothing is written when no enabled endpoint of the owner wants this type. `summary` says
+    what happened in words (kept as msgid + arguments, shown in the reader's language by the
+    channels that speak to people)."""
     if endpoints is None:
         endpoints = [
             pk
@@ -139,6 +143,7 @@ def emit(*, owner_id: int, event_type: str, data: dict, endpoints=None) -> Webho
         uid="msg_" + secrets.token_urlsafe(18),
         type=event_type,
         body=_body(event_type, data, now),
+        summary=summary.as_json() if summary is not None else {},
         created_at=now,
     )
     deliveries = WebhookDelivery.objects.bulk_create(
