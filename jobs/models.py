@@ -1007,7 +1007,20 @@ class Replica(models.Model):
 
 
 class WebhookEndpoint(models.Model):
-    """Where a researcher wants job and cluster events POSTed, signed per Standard Webhooks."""
+    """One notification channel of a researcher: a webhook (events POSTed, signed per Standard
+    Webhooks), an e-mail address, or a chat robot (WeCom, DingTalk, Feishu, Slack, Discord).
+    `url` is the address for an e-mail channel; `secret` the robot's signing secret (blank:
+    unsigned). An e-mail address other than the account's own gets nothing but its confirmation
+    until `confirmed_at` is set (jobs/events/webhooks.py)."""
+
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook", gettext_lazy("Webhook (signed JSON)")
+        EMAIL = "email", gettext_lazy("E-mail")
+        WECOM = "wecom", gettext_lazy("WeCom group robot")
+        DINGTALK = "dingtalk", gettext_lazy("DingTalk group robot")
+        FEISHU = "feishu", gettext_lazy("Feishu group robot")
+        SLACK = "slack", gettext_lazy("Slack incoming webhook")
+        DISCORD = "discord", gettext_lazy("Discord webhook")
 
     EVENTS = [
         ("job.queued", gettext_lazy("job queued")),
@@ -1032,11 +1045,14 @@ class WebhookEndpoint(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_endpoints"
     )
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.WEBHOOK)
     url = models.CharField(max_length=2000)
     events = models.JSONField(default=list)
     enabled = models.BooleanField(default=True)
     # Stored encrypted (jobs/base/crypto.py); the signer reads them in plain.
     secret = EncryptedTextField(help_text="whsec_...; shown to its owner once.")
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    confirm_token = EncryptedTextField(blank=True)
     previous_secret = EncryptedTextField(blank=True)
     previous_valid_until = models.DateTimeField(null=True, blank=True)
     failing_since = models.DateTimeField(null=True, blank=True)
