@@ -125,6 +125,10 @@ class Account(models.Model):
         gettext_lazy("stopped for balance at"), null=True, blank=True,
         help_text=gettext_lazy("When its clusters were stopped for balance."),
     )  # fmt: skip
+    exhausted_notified_at = models.DateTimeField(
+        gettext_lazy("exhaustion told at"), null=True, blank=True,
+        help_text=gettext_lazy("When balance.exhausted was sent (cleared by a top-up)."),
+    )  # fmt: skip
 
     class Meta:
         verbose_name = gettext_lazy("account")
