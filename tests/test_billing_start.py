@@ -257,23 +257,24 @@ def test_a_workspace_that_cannot_start_for_30_minutes_fails_and_costs_nothing(
     the cluster fails (nothing charged) instead of holding them for ever."""
     from jobs.nodes import workspaces
 
-    # A registry an operator allows that resolves nowhere (.invalid, RFC 6761): the engine's
-    # "no such host" is transient, online or not (Docker Hub would say "repository does not
-    # exist" of a name never pushed: final, not this case).
-    image = f"registry.invalid/never-pushed-{uuid.uuid4().hex[:8]}:1"
+    # A registry an operator allows where nothing listens (port 9, discard): the engine's
+    # "connection refused" is transient, at once (a name that resolves nowhere waits 40 s on
+    # DNS here; Docker Hub would say "repository does not exist" of a name never pushed:
+    # final, not this case).
+    image = f"127.0.0.1:9/never-pushed-{uuid.uuid4().hex[:8]}:1"
     cluster = placed("stuck", image=image)
-    with override_settings(SUANLI_PULL_ALLOW_REGISTRIES=["registry.invalid"]):
+    with override_settings(SUANLI_PULL_ALLOW_REGISTRIES=["127.0.0.1:9"]):
         work_queue()  # its workspace's start: the pull fails, to be tried again
     cluster.refresh_from_db()
     assert cluster.state == Cluster.State.RUNNING, cluster.state_reason  # within the deadline
     pull = cluster.image_pulls["gpu-a-01"]  # the page says how its pull went
-    assert pull["state"] == "failed" and "registry.invalid" in pull["message"], pull
+    assert pull["state"] == "failed" and "127.0.0.1:9" in pull["message"], pull
 
     deadline = timedelta(seconds=settings.SUANLI_START_DEADLINE_S)
     Node.objects.filter(cluster=cluster).update(
         placed_at=timezone.now() - deadline - timedelta(seconds=60)
     )
-    with override_settings(SUANLI_PULL_ALLOW_REGISTRIES=["registry.invalid"]):
+    with override_settings(SUANLI_PULL_ALLOW_REGISTRIES=["127.0.0.1:9"]):
         failed = workspaces.ensure(cluster.pk)  # the reconciler's next try
     assert failed
     cluster.refresh_from_db()
