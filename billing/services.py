@@ -5,7 +5,8 @@ clusters' held capacity into usage is `billing.accrual`.
 Billing observes the jobs app's tables (clusters and their nodes' started/released
 seconds, whether a node ran without GPUs, and how long a stopped node's workspace was
 kept); the jobs app never calls billing. The one call the other way is the stop for an
-exhausted balance, which releases clusters through `jobs.clusters.services.cluster_release`.
+exhausted balance, which stops clusters (files kept) through `jobs.clusters.services`
+(`billing.accrual.stop_exhausted`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def post_entry(
     if account.balance > 0 and account.exhausted_at is not None:
         account.exhausted_at = None
         fields.append("exhausted_at")
+    if account.balance > 0 and account.exhausted_notified_at is not None:
+        account.exhausted_notified_at = None  # the next exhaustion is told again
+        fields.append("exhausted_notified_at")
     account.save(update_fields=fields)
     return entry
 
