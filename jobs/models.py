@@ -1465,3 +1465,56 @@ class StorageGrant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.owner_id}: +{self.extra_gb} GB from {self.since:%Y-%m-%d %H:%M:%S}"
+
+
+class GpuSubscription(models.Model):
+    """"Tell me when N x <model> (in <zone>) are free" (订阅GPU通知), optionally "and rent
+    them for me": a researcher's wish, checked against placement's own answer each cron tick
+    and after GPUs come back (jobs/pools/subscriptions.py). It fires once (a conditional
+    UPDATE of `state` and `fired_at` in the transaction of its event), or expires unnoticed."""
+
+    class State(models.TextChoices):
+        WAITING = "waiting", gettext_lazy("waiting")
+        FIRED = "fired", gettext_lazy("fired")
+        EXPIRED = "expired", gettext_lazy("expired")
+        CANCELLED = "cancelled", gettext_lazy("cancelled")
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="gpu_subscriptions"
+    )
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    nodes = models.PositiveSmallIntegerField(default=1)
+    gpus_per_node = models.PositiveSmallIntegerField()
+    zone = models.CharField(max_length=40, blank=True, help_text="Empty: any zone.")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.WAITING)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    fired_at = models.DateTimeField(null=True, blank=True)
+    # "And rent them for me": the cluster request's fields as the API takes them (name,
+    # image reference, ssh_keys, ...; checked again by jobs/clusters/spec.py when it fires),
+    # and the most its price per hour may be. None: notify only.
+    rent = models.JSONField(null=True, blank=True)
+    budget_per_hour = models.DecimalField(null=True, blank=True, **MONEY)
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # What happened when it fired (a jobs.base.text.Text's as_json(): the cluster made, or
+    # why renting was refused); empty otherwise.
+    outcome = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        verbose_name = gettext_lazy("GPU subscription")
+        verbose_name_plural = gettext_lazy("GPU subscriptions")
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "expires_at"], name="gpusub_waiting_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.nodes} x {self.gpus_per_node} {self.gpu_model_id} ({self.state})"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def outcome_shown(self) -> str:
+        return show_text(self.outcome) if self.outcome else ""
