@@ -550,6 +550,12 @@ class Cluster(models.Model):
         max_length=20, choices=ReleasePolicy.choices, default=ReleasePolicy.NEVER
     )
     idle_minutes = models.PositiveIntegerField(null=True, blank=True)
+    # Scheduled and idle shutdown (定时关机, jobs/clusters/shutdown.py): stopped (files kept) at
+    # `stop_at`, once (cleared when applied or when found stale), and/or after
+    # `stop_idle_minutes` with every GPU under `stop_idle_below` percent (both or neither).
+    stop_at = models.DateTimeField(null=True, blank=True)
+    stop_idle_minutes = models.PositiveSmallIntegerField(null=True, blank=True)
+    stop_idle_below = models.PositiveSmallIntegerField(null=True, blank=True)
     no_gpu = models.BooleanField(
         "no-GPU mode",
         default=False,
