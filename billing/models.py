@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy, gettext_noop
@@ -21,6 +21,9 @@ from jobs.models import Cluster, GpuModel, InstanceType
 
 UNIT = Decimal("0.0001")
 MONEY = {"max_digits": 18, "decimal_places": 4}
+# A researcher's low-balance warning: between half an hour and a week of balance left.
+WARN_HOURS_MIN = Decimal("0.5")
+WARN_HOURS_MAX = Decimal("168")
 
 
 class RateCard(models.Model):
@@ -119,7 +122,9 @@ class Account(models.Model):
     balance = models.DecimalField(gettext_lazy("balance"), default=Decimal("0"), **MONEY)
     low_notified_at = models.DateTimeField(
         gettext_lazy("low balance told at"), null=True, blank=True,
-        help_text=gettext_lazy("When balance.low was last sent (cleared by a top-up)."),
+        help_text=gettext_lazy(
+            "When balance.low was last sent (cleared when the balance lasts long enough again)."
+        ),
     )  # fmt: skip
     exhausted_at = models.DateTimeField(
         gettext_lazy("stopped for balance at"), null=True, blank=True,
@@ -129,10 +134,37 @@ class Account(models.Model):
         gettext_lazy("exhaustion told at"), null=True, blank=True,
         help_text=gettext_lazy("When balance.exhausted was sent (cleared by a top-up)."),
     )  # fmt: skip
+    # The researcher's own "warn me when less than N hours are left" (their settings page,
+    # the API's /balance/warning); empty: the operator's SUANLI_LOW_BALANCE_HOURS.
+    low_balance_hours = models.DecimalField(
+        gettext_lazy("warn below (hours)"), max_digits=5, decimal_places=2,
+        null=True, blank=True,
+        validators=[MinValueValidator(WARN_HOURS_MIN), MaxValueValidator(WARN_HOURS_MAX)],
+        help_text=gettext_lazy(
+            "balance.low when the balance lasts fewer hours than this at the current burn; "
+            "empty: the operator's default."
+        ),
+    )  # fmt: skip
+    critical_notified_at = models.DateTimeField(
+        gettext_lazy("critical balance told at"), null=True, blank=True,
+        help_text=gettext_lazy(
+            "When balance.critical (under 30 minutes left) was last sent (cleared when the "
+            "balance lasts long enough again)."
+        ),
+    )  # fmt: skip
 
     class Meta:
         verbose_name = gettext_lazy("account")
         verbose_name_plural = gettext_lazy("accounts")
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(low_balance_hours__isnull=True)
+                | models.Q(
+                    low_balance_hours__gte=WARN_HOURS_MIN, low_balance_hours__lte=WARN_HOURS_MAX
+                ),
+                name="account_warn_hours_in_range",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} ({self.balance})"
