@@ -2,13 +2,14 @@
 meter charges its cluster's held capacity from where it was billed up to now, by the second
 (GPU time, no-GPU time, kept workspaces; a minimum charge per placement), in batches of
 clusters under their accounts' row locks; released clusters are settled up to their release
-second. An account that runs out has its charging clusters stopped (`stop_exhausted`) and
-billed up to that second in the same tick.
+second. An account that runs out has its charging clusters stopped, their files kept
+(`stop_exhausted`), and billed up to that second in the same tick; kept workspaces are not
+charged while the balance is at or below 0 (the retention period keeps them).
 
 Billing observes the jobs app's tables (clusters and their nodes' started/released seconds,
 whether a node ran without GPUs, how long a stopped node's workspace was kept); the one
 call the other way is the stop for an exhausted balance, through
-`jobs.clusters.services.cluster_release`. The ledger verbs (an operator's entry, an account)
+`jobs.clusters.services.cluster_stop` (and its `balance.exhausted` event). The ledger verbs (an operator's entry, an account)
 are in `billing.services`.
 """
 
@@ -21,6 +22,7 @@ from decimal import Decimal
 from typing import NamedTuple
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
@@ -31,13 +33,14 @@ from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import GPU, KINDS, NO_GPU, STOPPED, RateBook, kind_of_key, to_money
 from billing.services import epoch, floor_s
 from jobs.base.sql import insert_rows, update_rows
-from jobs.base.text import Text
+from jobs.base.text import Moment, Text
 from jobs.clusters import services as cluster_services
-from jobs.models import Cluster, Job, Node
+from jobs.events import webhooks
+from jobs.models import Cluster, Job, Node, Pool
 
 log = logging.getLogger(__name__)
 
-# Stored as the released clusters' reason (English; translated where it is shown).
+# Stored as the stopped (or released) clusters' reason (English; translated where shown).
 EXHAUSTED = gettext_noop("stopped: balance exhausted")
 
 # The ends of a node's billing, whichever comes first.
@@ -366,6 +369,8 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
                 for seg in segments(
                     nodes=held, since=meter.billed_until, until=until, book=book, cluster=meter
                 ):
+                    if seg.kind == STOPPED and account.balance <= 0:
+                        continue  # kept through the retention period, not charged past 0
                     entry = _usage(meter, account, seg, written)
                     if entry is not None:
                         entries.append(entry)
@@ -514,30 +519,137 @@ def _minimum_charge(meter: _Meter, account: _Account, held, book: RateBook, writ
 
 
 def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) -> list[int]:
-    """Release every cluster of these accounts that would go on charging, then bill them up
-    to the second they stopped (in this same tick, so the overdraft stays within one period).
+    """Stop every cluster of these accounts that would go on charging, then bill them up to
+    the second they stopped (in this same tick, so the overdraft stays within one period).
+    Returns the clusters stopped or released.
 
-    That is every pending, running (no-GPU mode included) or preempting cluster, and the
-    stopped ones too when the card in force charges for kept workspaces (a stopped price
-    above 0). While kept workspaces are free, a stopped cluster costs nothing and stays, its
-    files with it: the stopped-period auto-release (SUANLI_STOPPED_RELEASE_DAYS) ends it if
-    nobody tops up and starts it again; one waiting in line to start again goes back to
-    stopped."""
+    Zero balance stops, it does not release: nothing of a researcher's is lost for money
+    before the retention period (SUANLI_STOPPED_RELEASE_DAYS) is over. Per cluster:
+
+    * running with workspaces (no-GPU mode too, spot or not): stopped as its owner's stop
+      does (`cluster_stop`, past the most stopped clusters a researcher may keep), its
+      GPUs freed, its workspaces kept with every file, root filesystem included; reason
+      EXHAUSTED. A top-up lets its owner start it again; if nobody does, the stopped-period
+      release ends it after the retention period, with its warning a day before;
+    * waiting in line to start again: back to stopped, its files kept (`cluster_stop_waiting`);
+    * anything else live keeps no file of its own and is released (cancelled): one for jobs
+      only (a pool's clusters among them: their jobs' files are on volumes, which stay),
+      one waiting to be placed that never ran (or a spot cluster preempted back into the
+      queue, whose workspaces its preemption already ended), and a spot cluster being
+      preempted (not charged from its notice; its workspaces go with the preemption). None
+      of them cost anything from here, and none is placed and charged again after the
+      balance ran out. The owner's pools get the balance at once, so that the autoscaler
+      holds back ("top up") instead of adding clusters before the console's next refresh.
+
+    Clusters already stopped stay stopped, priced or not: while the balance is at or
+    below 0 their kept workspaces are not charged (`_accrue_batch`), so the ledger goes at
+    most one accrual period negative and the files are kept through the retention period.
+
+    Each account's stops and its `balance.exhausted` event are one transaction; the event
+    is emitted once per exhaustion (`Account.exhausted_notified_at`, cleared by a top-up)."""
     book = RateBook.load()
-    states = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
-    card = book.at(report.now if report else floor_s(timezone.now()))
-    if card is not None and card.stopped > 0:
-        states.append(Cluster.State.STOPPED)
-    stopped = []
-    for cluster in Cluster.objects.filter(owner__account__pk__in=account_ids, state__in=states):
-        if Cluster.State.STOPPED not in states and cluster_services.cluster_stop_waiting(
-            cluster=cluster, reason=Text(EXHAUSTED)
-        ):
-            continue  # waiting to start again from stopped: stopped again, files kept
-        cluster_services.cluster_release(cluster=cluster, reason=Text(EXHAUSTED))
-        stopped.append(cluster.pk)
-    if stopped:
+    now = report.now if report else floor_s(timezone.now())
+    ended: list[int] = []
+    for pk in sorted(set(account_ids)):
+        with transaction.atomic():
+            account = Account.objects.select_related("user").get(pk=pk)
+            kept, released = _stop_clusters_of(account.user_id)
+            ended += [c.pk for c in kept + released]
+            Pool.objects.filter(owner_id=account.user_id).update(balance=account.balance)
+            _tell_exhausted(account, kept, released, book.currency, now)
+    if ended:
         later = floor_s(timezone.now())
-        _accrue_batch(stopped, later, book, report or AccrualReport(now=later))
-    log.warning("accounts %s exhausted: stopped clusters %s", account_ids, stopped)
-    return stopped
+        _accrue_batch(ended, later, book, report or AccrualReport(now=later))
+    log.warning("accounts %s exhausted: stopped or released clusters %s", account_ids, ended)
+    return ended
+
+
+def _stop_clusters_of(owner_id: int) -> tuple[list[Cluster], list[Cluster]]:
+    """`stop_exhausted`'s rule for one owner's live clusters: (kept, released)."""
+    reason = Text(EXHAUSTED)
+    kept, released = [], []
+    live = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
+    for cluster in Cluster.objects.filter(owner_id=owner_id, state__in=live).order_by("pk"):
+        if cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None:
+            if cluster_services.cluster_stop_waiting(cluster=cluster, reason=reason):
+                kept.append(cluster)  # out of the line, stopped again, files kept
+            continue
+        if cluster.state == Cluster.State.RUNNING and cluster.workspace:
+            try:
+                cluster_services.cluster_stop(cluster=cluster, reason=reason, limited=False)
+            except ValidationError:  # no longer running (its owner stopped it meanwhile)
+                continue
+            kept.append(cluster)
+            continue
+        cluster_services.cluster_release(cluster=cluster, reason=reason)
+        released.append(cluster)
+    for cluster in kept:
+        cluster.refresh_from_db(fields=["state", "stopped_at"])
+    return kept, released
+
+
+def _tell_exhausted(account: Account, kept, released, currency: str, now: datetime) -> None:
+    """`balance.exhausted`, once per exhaustion: a conditional update of the account's
+    marker, in the transaction of the stops it reports."""
+    if not Account.objects.filter(pk=account.pk, exhausted_notified_at__isnull=True).update(
+        exhausted_notified_at=now
+    ):
+        return
+    keep = timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    release = {c.pk: c.stopped_at + keep for c in kept if c.stopped_at is not None}
+    balance = account.balance
+    args = {"balance": f"{balance:.2f} {currency}"}
+    names = ", ".join(c.name for c in kept)
+    gone = ", ".join(c.name for c in released)
+    if kept and release:
+        args |= {"clusters": names, "until": Moment(min(release.values()))}
+        if released:
+            summary = Text(EXHAUSTED_KEPT_AND_RELEASED, released=gone, **args)
+        else:
+            summary = Text(EXHAUSTED_KEPT, **args)
+    elif released:
+        summary = Text(EXHAUSTED_RELEASED, released=gone, **args)
+    else:
+        summary = Text(EXHAUSTED_NOTHING, **args)
+    webhooks.emit(
+        owner_id=account.user_id,
+        event_type="balance.exhausted",
+        summary=summary,
+        data={
+            "balance": str(balance),
+            "currency": currency,
+            "clusters": [
+                {
+                    "id": c.pk,
+                    "name": c.name,
+                    "state": c.state,
+                    "release_at": release[c.pk].isoformat() if c.pk in release else None,
+                }
+                for c in kept + released
+            ],  # fmt: skip
+            "url": webhooks._link("billing"),
+        },
+    )
+
+
+# The words of `balance.exhausted` (English kept; each channel shows them in its reader's
+# language).
+EXHAUSTED_KEPT = gettext_noop(
+    "Your balance ran out (%(balance)s). Stopped: %(clusters)s. Their GPUs are freed and "
+    "every file is kept until at least %(until)s; top up and start them again before then, "
+    "or they are released with their files."
+)
+EXHAUSTED_KEPT_AND_RELEASED = gettext_noop(
+    "Your balance ran out (%(balance)s). Stopped: %(clusters)s. Their GPUs are freed and "
+    "every file is kept until at least %(until)s; top up and start them again before then, "
+    "or they are released with their files. Released, as they keep no files of their own "
+    "(your volumes stay): %(released)s."
+)
+EXHAUSTED_RELEASED = gettext_noop(
+    "Your balance ran out (%(balance)s). Released, as they keep no files of their own (your "
+    "volumes stay): %(released)s. Top up to run clusters again."
+)
+EXHAUSTED_NOTHING = gettext_noop(
+    "Your balance ran out (%(balance)s). Nothing was running; your stopped clusters keep "
+    "their files until their release dates. Top up to start them again."
+)

@@ -139,15 +139,19 @@ def test_running_out_stops_the_clusters_and_bounds_the_overdraft(
         assert t < 200
     mine.refresh_from_db()
     theirs.refresh_from_db()
-    assert mine.state == "released" and mine.state_reason == accrual.EXHAUSTED
+    # Stopped, not released: its workspaces are kept with every file (issue 41).
+    assert mine.state == "stopped" and mine.state_reason == accrual.EXHAUSTED
     assert theirs.state == "running", "another account is not touched"
     account = Account.objects.get(user=alice)
     one_period = Decimal("0.01") * 2 * period
     assert Decimal("0") > account.balance >= -one_period
     assert account.balance == Decimal("1.05") - usage_of(mine) == Decimal("-0.15")
-    assert Meter.objects.get(cluster=mine).settled
     # charged up to the second it stopped, and no second after
     assert LedgerEntry.objects.filter(cluster=mine).latest("period_to").period_to == at(t)
+    # A later tick charges nothing more: no second twice, its kept time not past 0.
+    with time_machine.travel(at(t + 3600), tick=False):
+        accrual.accrue(now=at(t + 3600))
+    assert Account.objects.get(user=alice).balance == Decimal("-0.15")
 
 
 def test_operator_entries_are_idempotent_and_need_a_reason(alice, operator):

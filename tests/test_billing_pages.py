@@ -167,7 +167,7 @@ def test_exhausted_accounts_are_marked_for_operators(alice, card, fleet, fund, m
     cluster = _running(alice, make_cluster)
     accrual.accrue(now=timezone.now() + timedelta(seconds=30))
     cluster.refresh_from_db()
-    assert cluster.state == Cluster.State.RELEASED
+    assert cluster.state == Cluster.State.STOPPED  # its files kept (issue 41)
     assert cluster.state_reason == "stopped: balance exhausted"
     assert Account.objects.get(user=alice).exhausted_at is not None
-    assert cluster.events.filter(kind="released").exists()
+    assert cluster.events.filter(kind="stopped").exists()

@@ -465,7 +465,9 @@ def test_an_exhausted_balance_leaves_a_stopped_cluster_whose_kept_time_is_free(
             break
     running.refresh_from_db()
     kept.refresh_from_db()
-    assert running.state == Cluster.State.RELEASED and running.state_reason == accrual.EXHAUSTED
+    # Stopped, not released (issue 41): its workspace kept, files and all.
+    assert running.state == Cluster.State.STOPPED and running.state_reason == accrual.EXHAUSTED
+    assert Node.objects.filter(cluster=running, kept_until__isnull=True).exists()
     assert kept.state == Cluster.State.STOPPED, "free to keep: kept, its files with it"
     assert Node.objects.filter(cluster=kept, kept_until__isnull=True).exists()
     waiting.refresh_from_db()
@@ -474,9 +476,12 @@ def test_an_exhausted_balance_leaves_a_stopped_cluster_whose_kept_time_is_free(
     assert Node.objects.filter(cluster=waiting, kept_until__isnull=True).exists()
 
 
-def test_an_exhausted_balance_releases_a_stopped_cluster_whose_kept_time_costs(
+def test_an_exhausted_balance_keeps_a_stopped_cluster_whose_kept_time_costs(
     alice, rate_card, fund, gpu_cluster
 ):
+    """Priced kept workspaces are kept through the retention period all the same (issue
+    41): not released on exhaustion, and not charged while the balance is at or below 0,
+    so the ledger goes one accrual period negative at most; a top-up charges them again."""
     rate_card({"a100-80gb": "36.00"}, effective_from=at(-60), stopped_per_hour=Decimal("36.00"))
     fund(alice, "0.50")
     cluster = gpu_cluster("kept", nodes=1, gpus=1)
@@ -487,14 +492,27 @@ def test_an_exhausted_balance_releases_a_stopped_cluster_whose_kept_time_costs(
         if Account.objects.get(user=alice).exhausted_at:
             break
     cluster.refresh_from_db()
-    assert cluster.state == Cluster.State.RELEASED and cluster.state_reason == accrual.EXHAUSTED
-    assert not Node.objects.filter(cluster=cluster, kept_until__isnull=True).exists()
+    assert cluster.state == Cluster.State.STOPPED, "kept, its files with it"
+    assert Node.objects.filter(cluster=cluster, kept_until__isnull=True).exists()
     meter = Meter.objects.get(cluster=cluster)
-    assert meter.settled and meter.billed_until == at(t)
+    assert not meter.settled and meter.billed_until == at(t)
     account = Account.objects.get(user=alice)
     assert Decimal("0") >= account.balance >= Decimal("-0.10")  # one 10 s period at most
+    low = account.balance
+    # A day of ticks later: not a cent more (the retention period keeps it free of charge).
+    for later in (t + 10, t + 3600, t + 86400):
+        with time_machine.travel(at(later), tick=False):
+            accrual.accrue(now=at(later))
+    assert Account.objects.get(user=alice).balance == low
+    assert Meter.objects.get(cluster=cluster).billed_until == at(t + 86400)
+    # Money in: kept time is charged again from then on.
+    fund(alice, "10")
+    with time_machine.travel(at(t + 86400 + 100), tick=False):
+        accrual.accrue(now=at(t + 86400 + 100))
+    account = Account.objects.get(user=alice)
+    assert account.balance == low + Decimal("10") - Decimal("1.00")  # 100 s at 0.01
     total = LedgerEntry.objects.filter(cluster=cluster).aggregate(s=Sum("amount"))["s"]
-    assert account.balance == Decimal("0.50") + total
+    assert account.balance == Decimal("10.50") + total
     check_ledger(account)
 
 

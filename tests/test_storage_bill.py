@@ -15,7 +15,7 @@ import time_machine
 from django.db.models import Sum
 from django.urls import reverse
 
-from billing import rollups
+from billing import accrual, rollups
 from billing import storage as bought
 from billing.models import Account, BillLine, LedgerEntry, StorageMeter, UsageDay
 from jobs.files import storage
@@ -225,5 +225,6 @@ def test_storage_that_empties_the_balance_stops_her_clusters(
     assert account.balance == Decimal("0.05") - Decimal("0.0713")
     assert account.exhausted_at is not None
     cluster.refresh_from_db()
-    assert cluster.state in ("releasing", "released"), cluster.state
+    assert cluster.state == "stopped", cluster.state  # its files kept (issue 41)
+    assert cluster.state_reason == accrual.EXHAUSTED
     assert storage.extra_gb(alice.pk) == 100, "her files keep their room"

@@ -81,6 +81,9 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
         queued_at=now,
         last_active_at=now,
         pool=spec.pool,
+        stop_at=spec.stop_at,
+        stop_idle_minutes=spec.stop_idle_minutes,
+        stop_idle_below=spec.stop_idle_below,
     )
     Volume.objects.bulk_create(
         [
@@ -229,15 +232,22 @@ class StartBlocked(ValidationError):
 ITS_OWNER = Text(gettext_noop("its owner"))
 
 
-def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
+def cluster_stop(
+    *, cluster: Cluster, by: str | Text = ITS_OWNER, reason: Text | None = None,
+    limited: bool = True,
+) -> Cluster:  # fmt: skip
     """Stop a running cluster: its jobs are cancelled (as on release), its GPUs go back to
     the pool and are not charged from this second, and its workspaces are stopped but kept
-    on their hosts (every file of theirs stays) until it is started or released."""
+    on their hosts (every file of theirs stays) until it is started or released.
+
+    `reason` replaces "stopped by <by>" as its state reason (e.g. billing's "stopped:
+    balance exhausted"); `limited=False` stops it even past its owner's most stopped
+    clusters (a stop the console makes, which must not cost the researcher files)."""
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
-        _check_stoppable(cluster)
+        _check_stoppable(cluster, limited=limited)
         now = timezone.now()
-        reason = Text(gettext_noop("stopped by %(by)s"), by=by)
+        reason = reason or Text(gettext_noop("stopped by %(by)s"), by=by)
         cancel_jobs_of(cluster, reason)
         live = list(cluster.node_set.filter(released_at__isnull=True))
         free_nodes(live, now)
@@ -281,9 +291,9 @@ def cluster_stop(*, cluster: Cluster, by: str | Text = ITS_OWNER) -> Cluster:
     return cluster
 
 
-def _check_stoppable(cluster: Cluster) -> None:
-    """Refuse, in words, a stop that cannot be: not running, no workspaces to keep, or one
-    stopped cluster too many for its owner."""
+def _check_stoppable(cluster: Cluster, *, limited: bool = True) -> None:
+    """Refuse, in words, a stop that cannot be: not running, no workspaces to keep, or
+    (`limited`) one stopped cluster too many for its owner."""
     if cluster.state != Cluster.State.RUNNING:
         raise ValidationError(
             _("Only a running cluster can be stopped; %(name)s is %(state)s.")
@@ -297,6 +307,8 @@ def _check_stoppable(cluster: Cluster) -> None:
             )
             % {"name": cluster.name}
         )
+    if not limited:
+        return
     kept = (
         Cluster.objects.filter(owner_id=cluster.owner_id, stopped_at__isnull=False)
         .filter(state__in=[Cluster.State.STOPPED, Cluster.State.PENDING])
@@ -712,6 +724,8 @@ def _started(cluster: Cluster, kept: list[Node], now, *, no_gpu: bool, message: 
         state=Cluster.State.RUNNING, **reason_fields(Cluster, ""), stopped_at=None,
         release_warned_at=None, running_since=now, last_active_at=now, no_gpu=no_gpu,
     )  # fmt: skip
+    # A scheduled stop whose time passed while it was stopped is stale (shutdown.py).
+    Cluster.objects.filter(pk=cluster.pk, stop_at__lte=now).update(stop_at=None)
     cluster.refresh_from_db()
     cluster_event(cluster, "running", message, at=now)
     enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
