@@ -437,6 +437,17 @@ SUANLI_WEBHOOK_DISABLE_AFTER_S = envint("SUANLI_WEBHOOK_DISABLE_AFTER_S", 5 * 24
 # Webhook targets operators allow although not public (comma-separated; off by default).
 SUANLI_WEBHOOK_ALLOW_HOSTS = [h for h in envstr("SUANLI_WEBHOOK_ALLOW_HOSTS", "").split(",") if h]
 SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").split(",") if n]
+# Notification e-mail (e-mail channels and their confirmation links, jobs/events/webhooks.py),
+# sent with Django's SMTP backend: the relay, its port, STARTTLS or implicit TLS, the log-in
+# (blank: none), the sender, and how long one SMTP exchange may take (seconds).
+EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+EMAIL_HOST_USER = envstr("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = envstr("EMAIL_HOST_PASSWORD", "")
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "Suanli <noreply@localhost>")
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 15)
 # Workspaces (jobs/nodes/workspaces.py): the share of a node's CPUs and memory its workspace gets;
 # a job's replicas get the rest (all of it on clusters without workspaces), so that the
 # node's containers together never hold more than the node.

@@ -173,6 +173,11 @@ urlpatterns = [
         views_webhooks.delivery_redeliver,
         name="webhook_redeliver",
     ),
+    path(
+        "notifications/confirm/<int:endpoint_id>/<str:token>/",
+        views_webhooks.confirm_address,
+        name="notify_confirm",
+    ),
     path("api/tokens/", api.tokens_page, name="api_tokens"),
     path("api/v1/", include("console.api_urls")),
     path("healthz", views.healthz, name="healthz"),

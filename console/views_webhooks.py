@@ -1,11 +1,18 @@
-"""Researchers' webhook endpoints: add, edit, test, rotate the secret, read the delivery
-log, redeliver. Every lookup goes through the owner: another researcher gets 404."""
+"""Researchers' notification channels (the page "Notifications"): webhooks, e-mail and chat
+robots. Add, edit, test, rotate a webhook's secret, read the delivery log, redeliver; an
+e-mail address other than the account's own is confirmed by a link e-mailed to it. Every
+lookup goes through the owner: another researcher gets 404."""
+
+import hmac
 
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
@@ -14,13 +21,31 @@ from jobs.events import netguard, webhooks
 from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 SECRET_ONCE = "webhook_secret_once"  # noqa: S105 (a session key name, not a secret)
+Kind = WebhookEndpoint.Kind
+SIGNED_ROBOTS = (Kind.DINGTALK, Kind.FEISHU)
 
 
 class EndpointForm(forms.Form):
+    kind = forms.ChoiceField(  # left out: a webhook, as before channels had kinds
+        label=gettext_lazy("Channel"), choices=Kind.choices, required=False, initial=Kind.WEBHOOK
+    )
     url = forms.CharField(
-        label=gettext_lazy("URL"),
+        label=gettext_lazy("Address"),
         max_length=2000,
-        help_text=gettext_lazy("http(s) on a public address; redirects are not followed."),
+        help_text=gettext_lazy(
+            "A webhook or robot: its https URL on a public address (redirects are not "
+            "followed). E-mail: the address; one other than your account's gets a "
+            "confirmation link first."
+        ),
+    )
+    secret = forms.CharField(
+        label=gettext_lazy("Robot's signing secret"),
+        max_length=200,
+        required=False,
+        help_text=gettext_lazy(
+            "DingTalk (SEC...) or Feishu, when the robot's security settings sign messages; "
+            "blank: unsigned (or, when editing, unchanged)."
+        ),
     )
     events = forms.MultipleChoiceField(
         label=gettext_lazy("Events"),
@@ -30,13 +55,50 @@ class EndpointForm(forms.Form):
     )
     enabled = forms.BooleanField(required=False, initial=True, label=gettext_lazy("Enabled"))
 
-    def clean_url(self):
-        url = self.cleaned_data["url"].strip()
+    def __init__(self, *args, kind=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if kind is not None:  # an existing channel keeps its kind
+            self.fields["kind"].disabled = True
+            self.fields["kind"].initial = kind
+
+    def clean(self):
+        data = super().clean()
+        data["kind"] = kind = data.get("kind") or Kind.WEBHOOK
+        url = (data.get("url") or "").strip()
+        if not url:
+            return data
+        if kind == Kind.EMAIL:
+            try:
+                validate_email(url)
+            except ValidationError:
+                self.add_error(
+                    "url",
+                    _("%(address)s is not an e-mail address (it reads like name@example.com).")
+                    % {"address": url},
+                )
+                return data
+            data["url"] = url
+            return data
+        if kind != Kind.WEBHOOK and not url.lower().startswith("https://"):
+            self.add_error(
+                "url",
+                _("A %(kind)s address is the https:// URL the robot's settings show.")
+                % {"kind": Kind(kind).label},
+            )
+            return data
         try:
             netguard.check_url(url, resolve=True)
         except netguard.Refused as exc:
-            raise ValidationError(str(exc)) from None
-        return url
+            self.add_error("url", str(exc))
+            return data
+        if data.get("secret") and kind not in SIGNED_ROBOTS:
+            self.add_error("secret", _("Only DingTalk and Feishu robots take a signing secret."))
+        data["url"] = url
+        return data
+
+
+def _own_address(user, address: str) -> bool:
+    return bool(user.email) and user.email.strip().lower() == address.lower()
 
 
 def _endpoint(request, endpoint_id: int) -> WebhookEndpoint:
@@ -47,46 +109,81 @@ def _endpoint(request, endpoint_id: int) -> WebhookEndpoint:
 def endpoint_list(request):
     form = EndpointForm(request.POST or None, initial={"enabled": True})
     if request.method == "POST" and form.is_valid():
-        secret = webhooks.new_secret()
+        data = form.cleaned_data
+        kind = data["kind"]
+        secret = webhooks.new_secret() if kind == Kind.WEBHOOK else data["secret"]
+        own = kind == Kind.EMAIL and _own_address(request.user, data["url"])
         endpoint = WebhookEndpoint.objects.create(
-            owner=request.user, url=form.cleaned_data["url"], events=form.cleaned_data["events"],
-            enabled=form.cleaned_data["enabled"], secret=secret,
+            owner=request.user, kind=kind, url=data["url"], events=data["events"],
+            enabled=data["enabled"], secret=secret,
+            confirmed_at=timezone.now() if own else None,
         )  # fmt: skip
-        request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": secret}
-        messages.success(
-            request, _("Endpoint added. Copy its signing secret now: it is shown once.")
-        )
+        if kind == Kind.WEBHOOK:
+            request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": secret}
+            messages.success(
+                request, _("Endpoint added. Copy its signing secret now: it is shown once.")
+            )
+        elif kind == Kind.EMAIL and not own:
+            webhooks.ask_confirmation(endpoint)
+            messages.success(request, _confirm_sent(endpoint))
+        else:
+            messages.success(request, _("Channel added. Send a test message to try it."))
         return redirect("webhook_detail", endpoint.pk)
     endpoints = WebhookEndpoint.objects.filter(owner=request.user)
     return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
 
 
+def _confirm_sent(endpoint) -> str:
+    return _(
+        "A confirmation link is on its way to %(address)s; nothing else is sent there "
+        "until it is opened."
+    ) % {"address": endpoint.url}
+
+
 @login_required
 def endpoint_detail(request, endpoint_id: int):
+    """Long because it is the channel's page: its settings form (an e-mail address changed is
+    confirmed again), the secret shown once, and the delivery log with each attempt."""
     endpoint = _endpoint(request, endpoint_id)
     form = EndpointForm(
         request.POST or None,
+        kind=endpoint.kind,
         initial={"url": endpoint.url, "events": endpoint.events, "enabled": endpoint.enabled},
     )
     if request.method == "POST" and form.is_valid():
-        endpoint.url = form.cleaned_data["url"]
-        endpoint.events = form.cleaned_data["events"]
-        if form.cleaned_data["enabled"] and not endpoint.enabled:
+        data = form.cleaned_data
+        moved = data["url"] != endpoint.url
+        endpoint.url = data["url"]
+        endpoint.events = data["events"]
+        fields = ["url", "events", "enabled", "failing_since", "disabled_reason"]
+        if endpoint.kind in SIGNED_ROBOTS and data["secret"]:
+            endpoint.secret = data["secret"]
+            fields.append("secret")
+        if data["enabled"] and not endpoint.enabled:
             endpoint.failing_since = None
             endpoint.disabled_reason = ""
-        endpoint.enabled = form.cleaned_data["enabled"]
-        endpoint.save(
-            update_fields=["url", "events", "enabled", "failing_since", "disabled_reason"]
-        )
-        messages.success(request, _("Endpoint saved."))
+        endpoint.enabled = data["enabled"]
+        own = endpoint.kind == Kind.EMAIL and _own_address(request.user, endpoint.url)
+        if endpoint.kind == Kind.EMAIL and moved:
+            endpoint.confirmed_at = timezone.now() if own else None
+            endpoint.confirm_token = ""
+            fields += ["confirmed_at", "confirm_token"]
+        endpoint.save(update_fields=fields)
+        if endpoint.kind == Kind.EMAIL and moved and not own:
+            webhooks.ask_confirmation(endpoint)
+            messages.success(request, _confirm_sent(endpoint))
+        else:
+            messages.success(request, _("Channel saved."))
         return redirect("webhook_detail", endpoint.pk)
     once = request.session.pop(SECRET_ONCE, None)
     secret = once["secret"] if once and once.get("id") == endpoint.pk else None
-    deliveries = WebhookDelivery.objects.filter(endpoint=endpoint).select_related("event")[:50]
+    deliveries = list(
+        WebhookDelivery.objects.filter(endpoint=endpoint).select_related("event")[:50]
+    )
     attempts = {}
     for attempt in WebhookAttempt.objects.filter(delivery__in=deliveries).order_by("at"):
         attempts.setdefault(attempt.delivery_id, []).append(attempt)
-    rows = [(d, attempts.get(d.pk, [])) for d in deliveries]
+    rows = [(d, webhooks.words(d.event), attempts.get(d.pk, [])) for d in deliveries]
     return render(
         request,
         "console/webhook_detail.html",
@@ -98,6 +195,14 @@ def endpoint_detail(request, endpoint_id: int):
 @require_POST
 def endpoint_test(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
+    if endpoint.kind == Kind.EMAIL and endpoint.confirmed_at is None:
+        webhooks.ask_confirmation(endpoint)
+        messages.error(
+            request,
+            _("%(address)s is not confirmed yet: a new confirmation link is on its way.")
+            % {"address": endpoint.url},
+        )
+        return redirect("webhook_detail", endpoint.pk)
     webhooks.send_test(endpoint)
     messages.success(request, _("A test event is on its way; its attempts show below."))
     return redirect("webhook_detail", endpoint.pk)
@@ -107,6 +212,8 @@ def endpoint_test(request, endpoint_id: int):
 @require_POST
 def endpoint_rotate(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
+    if endpoint.kind != Kind.WEBHOOK:
+        raise Http404("only a webhook has a secret of ours")
     secret = webhooks.rotate(endpoint)
     request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": secret}
     messages.success(
@@ -120,7 +227,7 @@ def endpoint_rotate(request, endpoint_id: int):
 def endpoint_delete(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
     endpoint.delete()
-    messages.success(request, _("Endpoint %(url)s deleted.") % {"url": endpoint.url})
+    messages.success(request, _("Channel %(url)s deleted.") % {"url": endpoint.url})
     return redirect("webhooks")
 
 
@@ -134,3 +241,20 @@ def delivery_redeliver(request, delivery_id: int):
         _("%(event)s queued again (same webhook-id).") % {"event": delivery.event.type},
     )
     return redirect("webhook_detail", delivery.endpoint_id)
+
+
+def confirm_address(request, endpoint_id: int, token: str):
+    """The link e-mailed to a new address: a page with one button (mail scanners that open
+    links do not confirm), its POST confirms. No sign-in: whoever reads that mailbox may."""
+    endpoint = WebhookEndpoint.objects.filter(pk=endpoint_id, kind=Kind.EMAIL).first()
+    if endpoint is None or not endpoint.confirm_token:
+        raise Http404("no such confirmation")
+    if request.method == "POST":
+        if webhooks.confirm(endpoint_id, token) is None:
+            raise Http404("no such confirmation")
+        return render(
+            request, "console/notify_confirm.html", {"address": endpoint.url, "done": True}
+        )
+    if not hmac.compare_digest(endpoint.confirm_token.encode(), token.encode()):
+        raise Http404("no such confirmation")
+    return render(request, "console/notify_confirm.html", {"address": endpoint.url, "done": False})

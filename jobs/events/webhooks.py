@@ -13,6 +13,21 @@ secret's signature too for 24 h after a rotation). Retries: `SUANLI_WEBHOOK_RETR
 disables the endpoint; an endpoint failing for `SUANLI_WEBHOOK_DISABLE_AFTER_S` (5 days)
 is disabled and its owner told on the dashboard.
 
+Channels (WebhookEndpoint.kind) share this outbox (one delivery row per event and channel,
+claimed as above, its attempts on the log, the same retries and test message): `webhook` is
+the signed JSON above; `email` sends the event's summary with Django's e-mail (an address other
+than the account's own gets only its confirmation link until it is opened); the chat robots
+`wecom`, `dingtalk` (optional signing: `timestamp` and `sign` in the query), `feishu`
+(optional signing: `timestamp` and `sign` in the body), `slack` and `discord` get the summary
+and a link as their incoming-webhook JSON. People's channels speak the owner's language
+(console Preferences.language, else settings.LANGUAGE_CODE) and time zone.
+
+The robots' payloads are formatted here rather than by apprise: apprise opens its own HTTP
+connections (requests), so a robot's URL would be looked up again after our check (DNS
+rebinding) and followed through redirects; every robot request goes out through netguard,
+which connects to the very address it checked. The payloads are small and documented
+(WeCom, DingTalk and Feishu group robots; Slack and Discord incoming webhooks).
+
 Layer: events (the event outbox and its signed delivery), under timeline, which reports state
 changes through it. Uses netguard, models and base (text); a delivery is queued by task name
 ("jobs.tasks.webhook_deliver") on the "webhooks" queue.
@@ -26,15 +41,21 @@ import hmac
 import json
 import logging
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
+from urllib.parse import quote_plus
 
 import django_rq
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core import mail
 from django.db import transaction
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, gettext_noop
 
-from jobs.base.text import Text, fit
+from jobs.base.text import Text, fit, show
 from jobs.events import netguard
 from jobs.models import (
     Cluster,
@@ -49,6 +70,15 @@ log = logging.getLogger(__name__)
 
 EVENT_TYPES = [value for value, _ in WebhookEndpoint.EVENTS]
 TEST_EVENT = "webhook.test"
+CONFIRM_EVENT = "notify.confirm"  # an e-mail channel's confirmation link, to it alone
+Kind = WebhookEndpoint.Kind
+ROBOTS = (Kind.WECOM, Kind.DINGTALK, Kind.FEISHU, Kind.SLACK, Kind.DISCORD)
+LABELS = {
+    **dict(WebhookEndpoint.EVENTS),
+    TEST_EVENT: gettext_lazy("test message"),
+    CONFIRM_EVENT: gettext_lazy("confirm this address"),
+}
+TEXT_CHARS = 1500  # of a summary in a robot's message (WeCom takes 4096 bytes of markdown)
 LEASE = timedelta(seconds=60)  # a claimed attempt not recorded by then is tried again
 DELIVER_TASK = "jobs.tasks.webhook_deliver"  # by name: tasks sit above this module
 
@@ -130,9 +160,9 @@ def emit(
     if endpoints is None:
         endpoints = [
             pk
-            for pk, wanted in WebhookEndpoint.objects.filter(
-                owner_id=owner_id, enabled=True
-            ).values_list("pk", "events")
+            for pk, wanted in WebhookEndpoint.objects.filter(owner_id=owner_id, enabled=True)
+            .exclude(kind=Kind.EMAIL, confirmed_at__isnull=True)
+            .values_list("pk", "events")
             if event_type in (wanted or [])
         ]
     if not endpoints:
@@ -194,9 +224,44 @@ def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
         return emit(
             owner_id=endpoint.owner_id,
             event_type=TEST_EVENT,
-            data={"endpoint": endpoint.pk, "message": "A test event from Suanli."},
+            data={"endpoint": endpoint.pk, "message": "A test event from Suanli.",
+                  "url": _link("webhook_detail", endpoint.pk)},
+            summary=Text(gettext_noop("A test message from Suanli: this channel works.")),
             endpoints=[endpoint.pk],
+        )  # fmt: skip
+
+
+def ask_confirmation(endpoint: WebhookEndpoint) -> WebhookEvent:
+    """A new confirmation link for an e-mail channel (the old one stops working), e-mailed to
+    the address alone. The link is not in the event (its owner reads the event on the log):
+    the e-mail reads it from the channel when it is sent."""
+    with transaction.atomic():
+        token = secrets.token_urlsafe(24)
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+            confirm_token=token, confirmed_at=None
         )
+        endpoint.confirm_token, endpoint.confirmed_at = token, None
+        return emit(
+            owner_id=endpoint.owner_id,
+            event_type=CONFIRM_EVENT,
+            data={"endpoint": endpoint.pk, "address": endpoint.url},
+            summary=Text(gettext_noop("Confirmation link sent to %(address)s."),
+                         address=endpoint.url),
+            endpoints=[endpoint.pk],
+        )  # fmt: skip
+
+
+def confirm(endpoint_id: int, token: str) -> WebhookEndpoint | None:
+    """Confirm an e-mail channel by its link, once; None for a wrong or used link."""
+    endpoint = WebhookEndpoint.objects.filter(pk=endpoint_id, kind=Kind.EMAIL).first()
+    if endpoint is None or not endpoint.confirm_token or not token:
+        return None
+    if not hmac.compare_digest(endpoint.confirm_token.encode(), token.encode()):
+        return None
+    claimed = WebhookEndpoint.objects.filter(pk=endpoint.pk, confirmed_at__isnull=True).update(
+        confirmed_at=timezone.now(), confirm_token=""
+    )
+    return endpoint if claimed else None
 
 
 def redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
@@ -243,6 +308,198 @@ def headers_for(endpoint: WebhookEndpoint, event: WebhookEvent, timestamp: int) 
     }
 
 
+# -- what people read ---------------------------------------------------------------------
+
+
+@dataclass
+class Message:
+    """An event in words, in the language active when it was made."""
+
+    title: str  # "Suanli: job failed"
+    text: str  # the summary, or a fallback for events without one
+    url: str  # where to look ("" when the event has no link)
+
+
+def owner_locale(owner_id: int) -> tuple[str, str]:
+    """The language and time zone the owner reads in: their saved preferences, else the
+    site's language and that language's usual zone (as console/preferences.py decides)."""
+    row = (
+        get_user_model()
+        .objects.filter(pk=owner_id)
+        .values_list("preferences__language", "preferences__time_zone")
+        .first()
+    )
+    language, zone = row or ("", "")
+    language = language or settings.LANGUAGE_CODE
+    if not zone:
+        zone = "Asia/Shanghai" if language.startswith("zh") else settings.TIME_ZONE
+    return language, zone
+
+
+def _data(event: WebhookEvent) -> dict:
+    try:
+        data = json.loads(event.body).get("data")
+    except (ValueError, AttributeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _url_of(data: dict) -> str:
+    for where in (data, data.get("job"), data.get("cluster")):
+        if isinstance(where, dict) and isinstance(where.get("url"), str):
+            return where["url"]
+    return ""
+
+
+def words(event: WebhookEvent) -> str:
+    """What happened, in the active language: the event's summary, or for an event written
+    without one (older events) its type and the job's or cluster's name."""
+    if event.summary:
+        return show(event.summary)
+    label = str(LABELS.get(event.type, event.type))
+    data = _data(event)
+    for subject in ("job", "cluster"):
+        name = data.get(subject, {}).get("name") if isinstance(data.get(subject), dict) else ""
+        if name:
+            return _("%(event)s: %(name)s") % {"event": label, "name": name}
+    return label
+
+
+def message(event: WebhookEvent) -> Message:
+    label = str(LABELS.get(event.type, event.type))
+    return Message(
+        title=_("Suanli: %(event)s") % {"event": label},
+        text=words(event),
+        url=_url_of(_data(event)),
+    )
+
+
+def robot_request(endpoint: WebhookEndpoint, msg: Message, now_ms: int) -> tuple[str, bytes]:
+    """The URL and JSON body a chat robot takes for `msg` (signed when it has a secret)."""
+    url, text, opened = endpoint.url, msg.text[:TEXT_CHARS], _("Open in Suanli")
+    kind = endpoint.kind
+    if kind == Kind.WECOM:
+        content = f"**{msg.title}**\n{text}"
+        if msg.url:
+            content += f"\n[{opened}]({msg.url})"
+        body = {"msgtype": "markdown", "markdown": {"content": content}}
+    elif kind == Kind.DINGTALK:
+        content = f"#### {msg.title}\n\n{text}"
+        if msg.url:
+            content += f"\n\n[{opened}]({msg.url})"
+        body = {"msgtype": "markdown", "markdown": {"title": msg.title, "text": content}}
+        if endpoint.secret:
+            sign = quote_plus(dingtalk_sign(endpoint.secret, now_ms))
+            url += ("&" if "?" in url else "?") + f"timestamp={now_ms}&sign={sign}"
+    elif kind == Kind.FEISHU:
+        lines = [msg.title, text] + ([msg.url] if msg.url else [])
+        body = {"msg_type": "text", "content": {"text": "\n".join(lines)}}
+        if endpoint.secret:
+            seconds = now_ms // 1000
+            body = {"timestamp": str(seconds), "sign": feishu_sign(endpoint.secret, seconds),
+                    **body}  # fmt: skip
+    elif kind == Kind.SLACK:
+        esc = _slack_escape
+        lines = [f"*{esc(msg.title)}*", esc(text)] + (
+            [f"<{msg.url}|{esc(opened)}>"] if msg.url else []
+        )
+        body = {"text": "\n".join(lines)}
+    elif kind == Kind.DISCORD:
+        lines = [f"**{msg.title}**", text] + ([msg.url] if msg.url else [])
+        body = {"content": "\n".join(lines)[:2000], "allowed_mentions": {"parse": []}}
+    else:
+        raise ValueError(f"{kind} is not a chat robot")
+    return url, json.dumps(body, separators=(",", ":")).encode()
+
+
+def _slack_escape(words: str) -> str:
+    return words.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def dingtalk_sign(secret: str, timestamp_ms: int) -> str:
+    """DingTalk's robot signature: base64 HMAC-SHA256 of "timestamp\\nsecret", keyed by the
+    secret (the URL carries it quoted)."""
+    mac = hmac.new(secret.encode(), f"{timestamp_ms}\n{secret}".encode(), hashlib.sha256)
+    return base64.b64encode(mac.digest()).decode()
+
+
+def feishu_sign(secret: str, timestamp_s: int) -> str:
+    """Feishu's robot signature: base64 HMAC-SHA256 keyed by "timestamp\\nsecret" of nothing."""
+    mac = hmac.new(f"{timestamp_s}\n{secret}".encode(), b"", hashlib.sha256)
+    return base64.b64encode(mac.digest()).decode()
+
+
+def _robot_refusal(excerpt: str) -> str:
+    """What a robot said when it answered 200 but took nothing (WeCom and DingTalk put
+    `errcode`, Feishu `code`, in the body); "" when it took the message."""
+    try:
+        answer = json.loads(excerpt)
+    except ValueError:
+        return ""
+    if not isinstance(answer, dict):
+        return ""
+    for code, words_of in (("errcode", "errmsg"), ("code", "msg"), ("StatusCode", "StatusMessage")):
+        if answer.get(code) not in (None, 0):
+            return f"the robot refused it: {answer.get(code)} {answer.get(words_of, '')}".strip()
+    return ""
+
+
+def _email(endpoint: WebhookEndpoint, event: WebhookEvent, msg: Message) -> tuple[str, str]:
+    """Subject and body of the e-mail for `event`, in the active language."""
+    manage = _link("webhooks")
+    if event.type == CONFIRM_EVENT:
+        link = _link("notify_confirm", endpoint.pk, endpoint.confirm_token)
+        owner = get_user_model().objects.get(pk=endpoint.owner_id)
+        subject = _("Suanli: confirm notifications to this address")
+        body = _(
+            "%(user)s asked Suanli to send notifications to %(address)s.\n\n"
+            "Open this link to confirm; until then nothing else is sent here:\n%(link)s\n\n"
+            "If you did not expect this, ignore this e-mail."
+        ) % {"user": owner.get_username(), "address": endpoint.url, "link": link}
+        return subject, body
+    body = msg.text + (f"\n\n{msg.url}" if msg.url else "")
+    body += "\n\n-- \n" + _("Choose which events come here: %(link)s") % {"link": manage}
+    return msg.title, body
+
+
+def _send(endpoint: WebhookEndpoint, event: WebhookEvent, now) -> dict:
+    """One try at a channel: status, excerpt, error, latency and whether it arrived."""
+    if endpoint.kind == Kind.WEBHOOK:
+        url, body = endpoint.url, event.body.encode()
+        headers = headers_for(endpoint, event, int(now.timestamp()))
+    else:
+        language, zone = owner_locale(event.owner_id)
+        with translation.override(language), timezone.override(zone):
+            msg = message(event)
+            if endpoint.kind == Kind.EMAIL:
+                subject, text = _email(endpoint, event, msg)
+            else:
+                url, body = robot_request(endpoint, msg, int(now.timestamp() * 1000))
+                headers = {"Content-Type": "application/json"}
+    if endpoint.kind == Kind.EMAIL:
+        started = timezone.now()
+        try:
+            mail.EmailMessage(subject, text, settings.DEFAULT_FROM_EMAIL, [endpoint.url]).send()
+        except (OSError, UnicodeError) as exc:  # smtplib's errors are OSErrors
+            return {"status": None, "error": f"e-mail not sent: {exc}"[:300]}
+        latency = int((timezone.now() - started).total_seconds() * 1000)
+        return {"status": None, "ok": True, "excerpt": "250 accepted by the mail server",
+                "latency": latency}  # fmt: skip
+    try:
+        response = netguard.post(url, body, headers, timeout=settings.SUANLI_WEBHOOK_TIMEOUT_S)
+    except netguard.Refused as exc:
+        return {"status": None, "error": f"refused: {exc}"}
+    except netguard.DeliveryFailed as exc:
+        return {"status": None, "error": str(exc)}
+    result = {"status": response.status, "excerpt": response.body_excerpt,
+              "latency": response.latency_ms}  # fmt: skip
+    if endpoint.kind in ROBOTS and 200 <= response.status < 300:
+        refusal = _robot_refusal(response.body_excerpt)
+        if refusal:
+            result.update(ok=False, error=refusal)
+    return result
+
+
 def deliver(delivery_id: int) -> str:
     """One attempt of one delivery, if it is due and nobody else has it."""
     now = timezone.now()
@@ -256,24 +513,20 @@ def deliver(delivery_id: int) -> str:
     if not endpoint.enabled and event.type != TEST_EVENT:
         WebhookDelivery.objects.filter(pk=delivery_id).update(state=WebhookDelivery.State.DEAD)
         return "endpoint disabled"
-    status, excerpt, error, latency = None, "", "", 0
-    try:
-        response = netguard.post(
-            endpoint.url,
-            event.body.encode(),
-            headers_for(endpoint, event, int(now.timestamp())),
-            timeout=settings.SUANLI_WEBHOOK_TIMEOUT_S,
-        )
-        status, excerpt, latency = response.status, response.body_excerpt, response.latency_ms
-    except netguard.Refused as exc:
-        error = f"refused: {exc}"
-    except netguard.DeliveryFailed as exc:
-        error = str(exc)
-    return _record(delivery, status=status, excerpt=excerpt, error=error, latency=latency)
+    if (
+        endpoint.kind == Kind.EMAIL
+        and endpoint.confirmed_at is None
+        and event.type != CONFIRM_EVENT
+    ):  # nothing but the confirmation goes to an address not confirmed
+        WebhookAttempt.objects.create(delivery=delivery, error="the address is not confirmed yet")
+        WebhookDelivery.objects.filter(pk=delivery_id).update(state=WebhookDelivery.State.DEAD)
+        return "not confirmed"
+    return _record(delivery, **_send(endpoint, event, now))
 
 
 @transaction.atomic
-def _record(delivery, *, status, excerpt, error, latency) -> str:
+def _record(delivery, *, status, excerpt="", error="", latency=0, ok=None) -> str:
+    """Write one attempt and what follows from it. `ok` None: a 2xx status is success."""
     now = timezone.now()
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=delivery.endpoint_id)
     WebhookAttempt.objects.create(
@@ -283,7 +536,9 @@ def _record(delivery, *, status, excerpt, error, latency) -> str:
     )  # fmt: skip
     attempts = delivery.attempts + 1
     fields = {"attempts": attempts, "last_status": status}
-    if status is not None and 200 <= status < 300:
+    if ok is None:
+        ok = status is not None and 200 <= status < 300
+    if ok:
         WebhookDelivery.objects.filter(pk=delivery.pk).update(
             state=WebhookDelivery.State.SUCCEEDED, **fields
         )
