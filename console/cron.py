@@ -6,6 +6,7 @@ from rq import cron
 from billing import tasks as billing_tasks
 from console import pools
 from jobs import tasks as job_tasks
+from monitoring import idle as monitoring_idle
 from monitoring import tasks as monitoring_tasks
 
 cron.register(job_tasks.hosts_check_all, "default", interval=settings.SUANLI_HOST_CHECK_INTERVAL)
@@ -27,6 +28,9 @@ cron.register(job_tasks.storage_upkeep, "default", interval=3600)
 cron.register(job_tasks.storage_orphans_guard, "default", interval=60)
 # Metrics: minute rollups of finished minutes, and retention (monitoring/tasks.py).
 cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
+# Scheduled and idle shutdown (定时关机): stops at their time, and after N minutes of idle GPUs
+# by the samples (monitoring/idle.py, jobs/clusters/shutdown.py).
+cron.register(monitoring_idle.clusters_shutdown, "default", interval=60)
 # Webhooks: deliveries that are due and whose enqueue was lost (jobs/events/webhooks.py).
 cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
 cron.register(billing_tasks.notify_low_balances, "default", interval=60)

@@ -19,7 +19,10 @@ Field names, as both callers know them: name, resource ("gpu:<slug>" or "cpu:<ty
 name>"), nodes, gpus_per_node, image (a catalog `Image`, an `OwnImage` of the owner's,
 or `CUSTOM`), custom_image (the reference typed with `CUSTOM`), network, zone, spot,
 volumes (lines of storage-folder:/container/path[:ro]), pub, ssh_keys, workspace,
-release_policy, idle_minutes; "__all__" for the cluster as a whole (the balance).
+release_policy, idle_minutes, and the scheduled and idle shutdown (定时关机): stop_at,
+stop_idle_minutes, stop_idle_below; "__all__" for the cluster as a whole (the balance).
+`ShutdownRequest` checks those three alone for a cluster that exists (its page's form, the
+API's /shutdown, the CLI), by the same rules and words.
 
 Layer: clusters, under services (which makes what it returns); uses placement (fleet: what the
 hosts offer), files (storage, pub), models and base (validators). The balance is asked through
@@ -33,7 +36,9 @@ from typing import Any, Protocol
 from django import forms
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from jobs.base import validators
 from jobs.files import pub, storage
@@ -46,6 +51,9 @@ NAME_MAX = 63
 CUSTOM_IMAGE_MAX = 255
 IDLE_MINUTES_MAX = 7 * 24 * 60
 ACTIVE = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
+STOP_IDLE_MINUTES = (10, 1440)  # a stop after N idle minutes: from 10 minutes to a day
+STOP_IDLE_BELOW = (1, 100)  # ... with every GPU under this percent
+SHUTDOWN_FIELDS = ("stop_at", "stop_idle_minutes", "stop_idle_below")
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,9 @@ class ClusterSpec:
     release_policy: str = Cluster.ReleasePolicy.NEVER
     idle_minutes: int | None = None
     pool: Pool | None = None  # one of a pool's clusters (jobs/pools/autoscaler.py)
+    stop_at: Any = None  # an aware datetime: stopped then, once (jobs/clusters/shutdown.py)
+    stop_idle_minutes: int | None = None  # stopped after this long with every GPU under
+    stop_idle_below: int | None = None  # ... this percent (both or neither)
 
 
 class Funds(Protocol):
@@ -204,6 +215,9 @@ class ClusterRequest:
     workspace: bool = True
     release_policy: str | None = Cluster.ReleasePolicy.NEVER
     idle_minutes: int | None = None
+    stop_at: Any = None  # a datetime (the form's, parsed), or text (the API's JSON)
+    stop_idle_minutes: int | None = None
+    stop_idle_below: int | None = None
     # The caller parsed each field already (the HTML form: required, lengths, ranges,
     # choices) and `refused` names those it refused: their values are not used.
     parsed: bool = False
@@ -217,6 +231,7 @@ class ClusterRequest:
     FIELDS = (
         "name", "resource", "nodes", "gpus_per_node", "image", "custom_image", "network", "zone",
         "spot", "volumes", "pub", "ssh_keys", "workspace", "release_policy", "idle_minutes",
+        *SHUTDOWN_FIELDS,
     )  # fmt: skip
 
     def validate(self, offer: Offer, *, funds: FundsCheck) -> ClusterSpec:
@@ -249,6 +264,7 @@ class ClusterRequest:
             self._refuse("network", _("No RDMA host exists; choose standard networking."))
         image, own, reference = self._image(offer)
         self._release_policy()
+        self._shutdown(gpu_model, instance_type)
         if self._values.get("pub") and (why := pub.volumes_refusal(self._get("volumes", ()))):
             self._refuse("volumes", why)
         funds_short = self._balance(funds, gpu_model, instance_type)
@@ -294,6 +310,7 @@ class ClusterRequest:
             "idle_minutes": forms.IntegerField(
                 min_value=1, max_value=IDLE_MINUTES_MAX, required=False
             ),
+            **shutdown_fields(),
         }
         for name in self.FIELDS:
             value = getattr(self, name)
@@ -454,6 +471,15 @@ class ClusterRequest:
                 "idle_minutes", _("After how many idle minutes should the cluster be released?")
             )
 
+    def _shutdown(self, gpu_model, instance_type) -> None:
+        if gpu_model is None and instance_type is None:
+            return  # no shape to judge the idle rule by (refused already)
+        given = {n: self._values.get(n) for n in SHUTDOWN_FIELDS if n not in self._errors}
+        for name, message in shutdown_refusals(
+            given, gpus=gpu_model is not None, workspace=bool(self._values.get("workspace"))
+        ):
+            self._refuse(name, message)
+
     def _balance(self, funds: FundsCheck, gpu_model, instance_type) -> dict | None:
         """The cluster must have a price, and the balance must cover a few minutes of it
         (the amounts are returned when it does not)."""
@@ -506,6 +532,9 @@ class ClusterRequest:
             workspace=bool(v.get("workspace")),
             release_policy=v.get("release_policy") or Cluster.ReleasePolicy.NEVER,
             idle_minutes=v.get("idle_minutes"),
+            stop_at=v.get("stop_at"),
+            stop_idle_minutes=v.get("stop_idle_minutes"),
+            stop_idle_below=v.get("stop_idle_below"),
         )
 
 
@@ -518,3 +547,138 @@ def _no_host(gpu_model: GpuModel, network: str, zone: str) -> str:
     if zone:
         return _("No %(model)s host in %(zone)s.") % values
     return _("No %(model)s host.") % values
+
+
+# -- scheduled and idle shutdown (定时关机) -------------------------------------------------
+
+MINUTES_RANGE = gettext_lazy("Give whole minutes from 10 to 1440 (a day).")
+BELOW_RANGE = gettext_lazy("Give a GPU utilisation from 1 to 100 percent.")
+
+
+def shutdown_fields() -> dict[str, forms.Field]:
+    """The shapes of the three shutdown fields, for the spec and the console's forms alike
+    (one set of words). A time without a zone is in the reader's (the API's: UTC)."""
+    minutes, below = STOP_IDLE_MINUTES, STOP_IDLE_BELOW
+    return {
+        "stop_at": forms.DateTimeField(
+            required=False,
+            error_messages={
+                "invalid": gettext_lazy("Give a date and time, e.g. 2026-12-06 23:00.")
+            },
+        ),
+        "stop_idle_minutes": forms.IntegerField(
+            required=False,
+            min_value=minutes[0],
+            max_value=minutes[1],
+            error_messages={
+                "invalid": MINUTES_RANGE,
+                "min_value": MINUTES_RANGE,
+                "max_value": MINUTES_RANGE,
+            },
+        ),  # fmt: skip
+        "stop_idle_below": forms.IntegerField(
+            required=False,
+            min_value=below[0],
+            max_value=below[1],
+            error_messages={
+                "invalid": BELOW_RANGE,
+                "min_value": BELOW_RANGE,
+                "max_value": BELOW_RANGE,
+            },
+        ),  # fmt: skip
+    }
+
+
+def shutdown_refusals(values: dict, *, gpus: bool, workspace: bool, now=None) -> list:
+    """(field, message) for each rule the parsed shutdown fields break: a time that has
+    passed, half an idle rule, an idle rule without GPUs to watch, any stop of a cluster
+    without workspaces (a stop would keep nothing)."""
+    now = now or timezone.now()
+    at, minutes, below = (values.get(n) for n in SHUTDOWN_FIELDS)
+    out = []
+    if at is not None and at <= now:
+        shown = timezone.localtime(at).strftime("%Y-%m-%d %H:%M %Z")
+        out.append(("stop_at", _("%(at)s has passed: give a time to come.") % {"at": shown}))
+    if minutes is not None and below is None and "stop_idle_below" in values:
+        out.append(("stop_idle_below", _("Give the GPU utilisation too: under how many percent?")))
+    if below is not None and minutes is None and "stop_idle_minutes" in values:
+        out.append(("stop_idle_minutes", _("Give the minutes too: for how long under it?")))
+    if (minutes is not None or below is not None) and not gpus:
+        out.append(
+            (
+                "stop_idle_minutes",
+                _("This cluster has no GPUs whose utilisation could be watched: "
+                  "schedule a stop at a time instead."),
+            )
+        )  # fmt: skip
+    if (at is not None or minutes is not None) and not workspace:
+        out.append(
+            (
+                "stop_at" if at is not None else "stop_idle_minutes",
+                _("A cluster without workspaces keeps nothing when stopped: "
+                  "its release policy ends it instead."),
+            )
+        )  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A cluster's checked shutdown rules (None: no such rule)."""
+
+    stop_at: Any = None
+    stop_idle_minutes: int | None = None
+    stop_idle_below: int | None = None
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> "Schedule":
+        return cls(*(getattr(cluster, n) for n in SHUTDOWN_FIELDS))
+
+
+ENDED = (Cluster.State.RELEASING, Cluster.State.RELEASED, Cluster.State.FAILED)
+
+
+@dataclass
+class ShutdownRequest:
+    """New shutdown rules for an existing cluster, whole (all three fields; None: no such
+    rule), checked by the rules of a new cluster's. `parsed`: the caller's form parsed the
+    fields (`refused` names those it refused); else they are checked as given (JSON)."""
+
+    cluster: Cluster
+    stop_at: Any = None
+    stop_idle_minutes: Any = None
+    stop_idle_below: Any = None
+    parsed: bool = False
+    refused: frozenset[str] = frozenset()
+
+    def errors(self) -> tuple[Schedule | None, dict[str, list]]:
+        errors: dict[str, list] = {}
+        values: dict[str, Any] = {}
+        checks = shutdown_fields()
+        for name in SHUTDOWN_FIELDS:
+            if name in self.refused:
+                continue
+            try:
+                value = getattr(self, name)
+                values[name] = value if self.parsed else checks[name].clean(value)
+            except ValidationError as exc:
+                errors.setdefault(name, []).extend(exc.messages)
+        cluster = self.cluster
+        if cluster.state in ENDED:
+            errors.setdefault(NON_FIELD_ERRORS, []).append(
+                _("%(name)s is %(state)s: there is nothing left to stop.")
+                % {"name": cluster.name, "state": cluster.get_state_display()}
+            )
+        gpus = bool(cluster.gpus_per_node) and not cluster.is_cpu_only
+        # The rules of the fields that parsed, beside the refusals of the others.
+        for name, message in shutdown_refusals(values, gpus=gpus, workspace=cluster.workspace):
+            errors.setdefault(name, []).append(message)
+        if errors or self.refused:
+            return None, errors
+        return Schedule(*(values.get(n) for n in SHUTDOWN_FIELDS)), errors
+
+    def validate(self) -> Schedule:
+        schedule, errors = self.errors()
+        if errors:
+            raise ValidationError(errors)
+        return schedule

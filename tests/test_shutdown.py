@@ -1,0 +1,224 @@
+"""Scheduled and idle shutdown (定时关机, issue 41): a cluster stopped (files kept) at the time
+its owner set, or after N minutes with every GPU under X % by the monitor's samples; never
+without samples, never while one GPU works, never by a stale schedule; the timeline says
+why. Set at creation or later (form, API, CLI), by its owner only, with clear refusals.
+
+The rules are applied by the cron tick (monitoring/idle.py over jobs/clusters/shutdown.py);
+the clock is moved with time_machine, and samples are written as the monitor writes them.
+Clusters run on paper hosts (a stop that needs no engine) unless the test says otherwise.
+"""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+from django.utils import timezone, translation
+
+from jobs.base.text import show
+from jobs.clusters import shutdown
+from jobs.models import Cluster, ClusterEvent, Node
+from jobs.placement import scheduler
+from monitoring import idle
+from monitoring import tasks as monitoring_tasks
+from monitoring.models import Sample
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 12, 6, 14, 0, tzinfo=UTC)  # 22:00 in Beijing
+
+
+@pytest.fixture
+def placed(make_paper_host, make_cluster, alice):
+    """A running cluster of `nodes` x `gpus` on paper hosts, placed at T0."""
+
+    def make(name="c1", *, nodes=1, gpus=2, owner=None, **extra):
+        if not make_paper_host.__dict__.get("made"):
+            make_paper_host("gpu-paper-01", gpus=8)
+            make_paper_host.__dict__["made"] = True
+        extra.setdefault("release_policy", "never")
+        with time_machine.travel(T0, tick=False):
+            cluster = make_cluster(owner or alice, name, nodes=nodes, gpus=gpus, **extra)
+            scheduler.place_pending()
+        cluster.refresh_from_db()
+        assert cluster.state == "running", cluster.state_reason
+        return cluster
+
+    return make
+
+
+def _samples(cluster, start, minutes, util, *, node=None, every_s=10):
+    """What the monitor writes: a row per node every few seconds, a value per GPU."""
+    nodes = Node.objects.filter(cluster=cluster, released_at__isnull=True)
+    rows = []
+    for n in nodes:
+        if node is not None and n.index != node:
+            continue
+        for s in range(0, minutes * 60, every_s):
+            values = util(n.index, s) if callable(util) else util
+            rows.append(
+                Sample(
+                    at=start + timedelta(seconds=s),
+                    cluster=cluster,
+                    host=n.host,
+                    node_index=n.index,
+                    gpu_util=values,
+                    gpu_mem_mib=[100.0] * len(values),
+                    gpu_source="nvml",
+                    cpu_pct=3.0,
+                    mem_bytes=10**8,
+                    net_rx_bps=0.0,
+                    net_tx_bps=0.0,
+                    disk_read_bps=0.0,
+                    disk_write_bps=0.0,
+                    read_iops=0.0,
+                    write_iops=0.0,
+                )  # fmt: skip
+            )
+    Sample.objects.bulk_create(rows)
+
+
+def _tick(at):
+    with time_machine.travel(at, tick=False):
+        return idle.clusters_shutdown()
+
+
+def _timeline(cluster, language="zh-hans", zone="Asia/Shanghai"):
+    with translation.override(language), timezone.override(zone):
+        return [
+            show(e.text) if e.text else e.message
+            for e in ClusterEvent.objects.filter(cluster=cluster)
+        ]
+
+
+def _reason(cluster, language="zh-hans", zone="Asia/Shanghai"):
+    cluster.refresh_from_db()
+    with translation.override(language), timezone.override(zone):
+        return show(cluster.state_reason_text)
+
+
+# -- the scheduled stop ----------------------------------------------------------------
+
+
+def test_a_cluster_stops_at_the_time_set_and_the_timeline_says_so(placed):
+    cluster = placed(stop_at=T0 + timedelta(hours=1))  # 23:00 in Beijing
+    assert _tick(T0 + timedelta(minutes=59)) == {"scheduled": [], "idle": []}
+    cluster.refresh_from_db()
+    assert cluster.state == "running"
+    assert _tick(T0 + timedelta(hours=1, seconds=20))["scheduled"] == [cluster.pk]
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped" and cluster.stop_at is None  # applied once
+    assert cluster.state_reason == "stopped at 15:00 UTC as scheduled"
+    assert _reason(cluster, "en", "Asia/Shanghai") == "stopped at 23:00 CST as scheduled"
+    assert any(
+        line.startswith("stopped at 23:00 CST as scheduled: 2 GPUs returned")
+        for line in _timeline(cluster, "en")
+    )
+    assert Node.objects.filter(cluster=cluster, stopped_at__isnull=False).exists()  # kept
+    assert _tick(T0 + timedelta(hours=2)) == {"scheduled": [], "idle": []}
+
+
+def test_a_stale_schedule_never_stops_a_cluster_started_again_after_it(placed):
+    from jobs.clusters import services
+
+    cluster = placed(stop_at=T0 + timedelta(hours=1))
+    with time_machine.travel(T0 + timedelta(minutes=10), tick=False):
+        services.cluster_stop(cluster=cluster)
+    # 23:00 passes while it is stopped; its owner starts it at 23:30.
+    with time_machine.travel(T0 + timedelta(minutes=90), tick=False):
+        services.cluster_start(cluster=cluster, mode="gpu")
+    cluster.refresh_from_db()
+    assert cluster.state == "running" and cluster.stop_at is None  # a start clears it
+    Cluster.objects.filter(pk=cluster.pk).update(stop_at=T0 + timedelta(hours=1))  # as if not
+    assert _tick(T0 + timedelta(minutes=91))["scheduled"] == []
+    cluster.refresh_from_db()
+    assert cluster.state == "running" and cluster.stop_at is None
+
+
+# -- the idle stop ---------------------------------------------------------------------
+
+
+def test_a_cluster_stops_after_n_minutes_with_every_gpu_under_the_threshold(placed):
+    cluster = placed(nodes=2, gpus=2, stop_idle_minutes=30, stop_idle_below=5)
+    _samples(cluster, T0, 45, [1.0, 4.0])
+    assert _tick(T0 + timedelta(minutes=29, seconds=30))["idle"] == []  # not 30 minutes yet
+    assert _tick(T0 + timedelta(minutes=30, seconds=5))["idle"] == [cluster.pk]
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped"
+    assert cluster.state_reason == "stopped after 30 minutes under 5 % GPU utilisation"
+    assert any(
+        line.startswith("stopped after 30 minutes under 5 % GPU utilisation: 4 GPUs returned")
+        for line in _timeline(cluster, "en")
+    )
+
+
+def test_the_rolled_up_minutes_count_as_the_monitor_leaves_them(placed):
+    cluster = placed(nodes=1, gpus=2, stop_idle_minutes=10, stop_idle_below=20)
+    _samples(cluster, T0, 12, [10.0, 15.0])
+    with time_machine.travel(T0 + timedelta(minutes=12, seconds=1), tick=False):
+        assert monitoring_tasks.rollup() >= 10  # the minutes before now are rollups only
+    assert _tick(T0 + timedelta(minutes=12, seconds=2))["idle"] == [cluster.pk]
+
+
+def test_one_busy_gpu_keeps_the_cluster_running(placed):
+    cluster = placed(nodes=2, gpus=2, stop_idle_minutes=30, stop_idle_below=5)
+    # node 1's second GPU works for one minute in the middle of the window
+    _samples(
+        cluster, T0, 45,
+        lambda node, s: [0.0, 80.0] if node == 1 and 900 <= s < 960 else [0.0, 0.0],
+    )  # fmt: skip
+    assert _tick(T0 + timedelta(minutes=40, seconds=5))["idle"] == []
+    cluster.refresh_from_db()
+    assert cluster.state == "running"
+    # 30 quiet minutes after that minute, it stops.
+    assert _tick(T0 + timedelta(minutes=46, seconds=5))["idle"] == []  # samples end at 45
+    _samples(cluster, T0 + timedelta(minutes=45), 10, [0.0, 0.0])
+    assert _tick(T0 + timedelta(minutes=46, seconds=5))["idle"] == [cluster.pk]
+
+
+def test_without_samples_nothing_is_stopped(placed):
+    cluster = placed(nodes=2, gpus=2, stop_idle_minutes=10, stop_idle_below=50)
+    assert _tick(T0 + timedelta(hours=3))["idle"] == []  # the monitor never ran
+    _samples(cluster, T0, 20, [0.0, 0.0], node=0)  # node 1 never sampled
+    assert _tick(T0 + timedelta(minutes=20, seconds=5))["idle"] == []
+    _samples(cluster, T0, 20, [0.0, 0.0], node=1)
+    Sample.objects.filter(
+        cluster=cluster, node_index=1, at__gte=T0 + timedelta(minutes=14),
+        at__lt=T0 + timedelta(minutes=15),
+    ).delete()  # fmt: skip  # the monitor down for a minute of node 1
+    assert _tick(T0 + timedelta(minutes=20, seconds=5))["idle"] == []
+    _samples(cluster, T0, 20, [0.0], node=1)  # one GPU of two measured covers nothing
+    assert _tick(T0 + timedelta(minutes=20, seconds=5))["idle"] == []
+    cluster.refresh_from_db()
+    assert cluster.state == "running"
+    _samples(cluster, T0 + timedelta(minutes=20), 6, [0.0, 0.0])  # the monitor goes on
+    assert _tick(T0 + timedelta(minutes=25, seconds=5))["idle"] == [cluster.pk]  # 15..25
+
+
+def test_a_cluster_without_gpus_or_restarted_is_not_judged_by_old_samples(placed):
+    from jobs.clusters import services
+
+    cluster = placed(nodes=1, gpus=1, stop_idle_minutes=10, stop_idle_below=50)
+    _samples(cluster, T0, 60, [0.0])
+    with time_machine.travel(T0 + timedelta(minutes=20), tick=False):
+        services.cluster_stop(cluster=cluster)
+    with time_machine.travel(T0 + timedelta(minutes=25), tick=False):
+        services.cluster_start(cluster=cluster, mode="gpu")
+    # Samples of the whole hour exist, but it runs again since 25: judged from 35 on.
+    assert _tick(T0 + timedelta(minutes=34, seconds=5))["idle"] == []
+    assert _tick(T0 + timedelta(minutes=36, seconds=5))["idle"] == [cluster.pk]
+
+
+def test_shutdown_set_replaces_the_rules(placed):
+    from jobs.clusters.spec import ShutdownRequest
+
+    cluster = placed()
+    with time_machine.travel(T0, tick=False):
+        schedule = ShutdownRequest(
+            cluster=cluster, stop_at="2026-12-06T15:00:00Z", stop_idle_minutes=30,
+            stop_idle_below=5,
+        ).validate()  # fmt: skip
+    shutdown.shutdown_set(cluster=cluster, schedule=schedule)
+    cluster.refresh_from_db()
+    assert (cluster.stop_at, cluster.stop_idle_minutes, cluster.stop_idle_below) == (
+        T0 + timedelta(hours=1), 30, 5,
+    )  # fmt: skip
