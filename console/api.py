@@ -55,6 +55,7 @@ from console.api_schema import (
     ClusterKeysOut,
     ClusterOut,
     Error,
+    GpuSubscriptionOut,
     Id,
     ImagesOut,
     JobBody,
@@ -62,6 +63,7 @@ from console.api_schema import (
     Log,
     NewBuild,
     NewCluster,
+    NewGpuSubscription,
     NewJob,
     NewPool,
     NewSshKey,
@@ -98,9 +100,19 @@ from jobs.base.text import Text
 from jobs.clusters import services as cluster_services
 from jobs.clusters.spec import ClusterRequest, Offer, image_by_reference
 from jobs.images import builds
-from jobs.models import Image, Job, OwnImage, Pool, Replica, SshKey, Sweep, Trial
+from jobs.models import (
+    GpuSubscription,
+    Image,
+    Job,
+    OwnImage,
+    Pool,
+    Replica,
+    SshKey,
+    Sweep,
+    Trial,
+)
 from jobs.placement import fleet
-from jobs.pools import autoscaler, sweeps
+from jobs.pools import autoscaler, subscriptions, sweeps
 from jobs.runs import exits
 from monitoring import profiles
 
@@ -1220,6 +1232,55 @@ def sweep_cancel(request, sweep_id: Id):
     s = _sweep_detail(request.auth.user, sweep_id)
     sweeps.sweep_cancel(sweep=s)
     return _sweep_detail(request.auth.user, sweep_id)
+
+
+# -- GPU subscriptions ---------------------------------------------------------------------
+
+
+def _subscription_of(user, subscription_id: int):
+    """One of the user's subscriptions; another researcher's is 404, as one that does not
+    exist."""
+    try:
+        return subscriptions.subscription_of(user, subscription_id)
+    except GpuSubscription.DoesNotExist:
+        raise Http404 from None
+
+
+@api.get("/gpu-subscriptions", tags=["gpu subscriptions"],
+         response=_responses(200, list[GpuSubscriptionOut]), summary="Your GPU subscriptions")  # fmt: skip
+@paginate(Pages, items="gpu_subscriptions")
+def gpu_subscriptions(request):
+    """Newest first, 50 a page."""
+    return subscriptions.subscriptions_of(request.auth.user)
+
+
+@api.post("/gpu-subscriptions", tags=["gpu subscriptions"],
+          response=_responses(201, GpuSubscriptionOut),
+          summary="Be told when GPUs are free (and rent them)")  # fmt: skip
+def gpu_subscription_add(request, payload: NewGpuSubscription):
+    """The page's checks: a GPU model the hosts offer, a shape they could hold (in the
+    zone), 1 to 720 hours, and to rent: the cluster's checks and a budget of 0 or more. It
+    fires once, when the GPUs are free (`gpu.available`), or expires unnoticed."""
+    given = payload.dict(exclude_none=True)
+    given["rent"] = bool(payload.rent)
+    given["spot"] = bool(payload.spot)
+    try:
+        sub = subscriptions.subscribe(
+            subscriptions.SubscriptionRequest(owner=request.auth.user, **given),
+            funds=partial(check_funds, request.auth.user),
+        )
+    except ValidationError as exc:
+        return _refusals(exc.message_dict.items())
+    return Status(201, subscriptions.subscription_of(request.auth.user, sub.pk))
+
+
+@api.delete("/gpu-subscriptions/{subscription_id}", tags=["gpu subscriptions"],
+            response={204: None, **ERRORS}, summary="Cancel a GPU subscription")  # fmt: skip
+def gpu_subscription_delete(request, subscription_id: Id):
+    """A waiting one is cancelled (it never fires); one that fired or expired stays as it
+    is."""
+    subscriptions.cancel(_subscription_of(request.auth.user, subscription_id))
+    return Status(204, None)
 
 
 def not_found(request):

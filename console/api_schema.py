@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from billing import formatting
 from console.logins import ssh_logins
-from jobs.models import Cluster, ImageBuild, Job, OwnImage, Pool, Sweep, Trial
+from jobs.models import Cluster, GpuSubscription, ImageBuild, Job, OwnImage, Pool, Sweep, Trial
 
 MAX_ID = 2_147_483_647  # the database's integer keys
 
@@ -837,3 +837,60 @@ class SweepDetailOut(SweepOut):
     best_trial: int | None = Field(description="the best complete trial's number")
     trial_list: list[TrialOut] = Field(description="every trial so far, by number")
     savings: SavingsOut
+
+
+class GpuSubscriptionOut(Schema):
+    id: int
+    gpu_model: str = Field(description="the GPU model's slug")
+    gpu_model_name: str
+    nodes: int
+    gpus_per_node: int
+    zone: str = Field(description='"" for any zone')
+    state: _choices(GpuSubscription.State.choices)
+    created_at: Stamp
+    expires_at: Stamp
+    fired_at: Stamp | None
+    rent: dict | None = Field(
+        description="the cluster to rent when it fires (name, image, spot, ssh_keys); null: "
+        "notify only"
+    )
+    budget_per_hour: Money | None = Field(description="the most the cluster may cost an hour")
+    cluster: int | None = Field(description="the cluster rented when it fired")
+    outcome: str = Field(description="what happened when it fired, in words")
+
+    @staticmethod
+    def resolve_gpu_model(obj):
+        return obj.gpu_model.slug
+
+    @staticmethod
+    def resolve_gpu_model_name(obj):
+        return obj.gpu_model.name
+
+    @staticmethod
+    def resolve_cluster(obj):
+        return obj.cluster_id
+
+    @staticmethod
+    def resolve_outcome(obj):
+        return obj.outcome_shown
+
+
+class NewGpuSubscription(Schema):
+    gpu_model: str = Field(description="a GPU model's slug, e.g. a100-80gb")
+    nodes: Whole | None = Field(None, description="nodes (default 1)")
+    gpus_per_node: Whole
+    zone: str | None = Field(None, description="a zone; left out: any zone")
+    expires_in_hours: Whole | None = Field(None, description="1 to 720 (30 days); default 24")
+    rent: bool | None = Field(
+        None, strict=True, description="create the cluster when it fires (default false)"
+    )
+    name: str | None = Field(None, description="the cluster's name, to rent")
+    image: str | None = Field(None, description="the cluster's image reference, to rent")
+    spot: bool | None = Field(None, strict=True)
+    ssh_keys: list[Whole] | None = Field(
+        None, description="ids of your SSH keys; left out: your default keys"
+    )
+    budget_per_hour: str | None = Field(
+        None,
+        description='to rent: the most it may cost an hour, e.g. "30.00" (no limit if left out)',
+    )

@@ -4,7 +4,7 @@ from django.conf import settings
 from rq import cron
 
 from billing import tasks as billing_tasks
-from console import pools
+from console import pools, subscriptions
 from jobs import tasks as job_tasks
 from monitoring import idle as monitoring_idle
 from monitoring import tasks as monitoring_tasks
@@ -36,3 +36,5 @@ cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
 cron.register(billing_tasks.notify_low_balances, "default", interval=60)
 # Pools: money figures from billing, then each pool's autoscaler round; sweeps' safety net.
 cron.register(pools.tick, "default", interval=settings.SUANLI_POOL_INTERVAL)
+# GPU subscriptions: expire and fire (jobs/pools/subscriptions.py); GPUs coming back queue one too.
+cron.register(subscriptions.tick, "default", interval=settings.SUANLI_GPU_SUBSCRIPTIONS_INTERVAL)

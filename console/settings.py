@@ -426,6 +426,11 @@ SUANLI_PROFILE_WORKER_MEMORY_MB = envint("SUANLI_PROFILE_WORKER_MEMORY_MB", 3072
 # how long the pool's queue-against-clusters samples are kept.
 SUANLI_POOL_INTERVAL = envint("SUANLI_POOL_INTERVAL", 5)
 SUANLI_POOL_SAMPLE_DAYS = envint("SUANLI_POOL_SAMPLE_DAYS", 30)
+# GPU subscriptions (issue 41, jobs/pools/subscriptions.py): the most waiting ones a researcher
+# may have (a guard against filling the table), and how often the cron tick checks them (GPUs
+# coming back also queue a check).
+SUANLI_GPU_SUBSCRIPTIONS_MAX = envint("SUANLI_GPU_SUBSCRIPTIONS_MAX", 20)
+SUANLI_GPU_SUBSCRIPTIONS_INTERVAL = envint("SUANLI_GPU_SUBSCRIPTIONS_INTERVAL", 60)
 # Webhooks (jobs/events/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")
 SUANLI_WEBHOOK_TIMEOUT_S = envint("SUANLI_WEBHOOK_TIMEOUT_S", 15)

@@ -15,6 +15,7 @@ from console import (
     views_pools,
     views_pub,
     views_storage,
+    views_subscriptions,
     views_sweeps,
     views_webhooks,
 )
@@ -121,6 +122,12 @@ urlpatterns = [
         "jobs/<int:job_id>/profile/<int:attempt>/<str:name>",
         views_monitoring.job_profile_file,
         name="job_profile_file",
+    ),
+    path("gpu-subscriptions/", views_subscriptions.subscription_list, name="gpu_subscriptions"),
+    path(
+        "gpu-subscriptions/<int:subscription_id>/cancel/",
+        views_subscriptions.subscription_cancel,
+        name="gpu_subscription_cancel",
     ),
     path("keys/", views.ssh_keys, name="ssh_keys"),
     path("keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh_key_delete"),

@@ -34,6 +34,21 @@ def request_placement() -> None:
     )
 
 
+def request_subscriptions_check() -> None:
+    """Check the GPU subscriptions after this transaction commits (GPUs came back;
+    deduplicated): by name, it runs in the console (jobs/pools/subscriptions.py rents with
+    the balance check of billing, which sits above jobs)."""
+    transaction.on_commit(
+        lambda: enqueue_unique(
+            "default",
+            "console.subscriptions.tick",
+            job_id="gpu-subscriptions",
+            again_if_running=True,
+            result_ttl=60,
+        )
+    )
+
+
 def request_dispatch(cluster_id: int) -> None:
     """Start the cluster's next queued job once this transaction commits."""
     transaction.on_commit(

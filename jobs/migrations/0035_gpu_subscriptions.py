@@ -7,36 +7,80 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0034_notification_channels'),
+        ("jobs", "0034_notification_channels"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='GpuSubscription',
+            name="GpuSubscription",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('nodes', models.PositiveSmallIntegerField(default=1)),
-                ('gpus_per_node', models.PositiveSmallIntegerField()),
-                ('zone', models.CharField(blank=True, help_text='Empty: any zone.', max_length=40)),
-                ('state', models.CharField(choices=[('waiting', 'waiting'), ('fired', 'fired'), ('expired', 'expired'), ('cancelled', 'cancelled')], default='waiting', max_length=10)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('expires_at', models.DateTimeField()),
-                ('fired_at', models.DateTimeField(blank=True, null=True)),
-                ('rent', models.JSONField(blank=True, null=True)),
-                ('budget_per_hour', models.DecimalField(blank=True, decimal_places=4, max_digits=20, null=True)),
-                ('outcome', models.JSONField(blank=True, default=dict)),
-                ('cluster', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.cluster')),
-                ('gpu_model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.gpumodel')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpu_subscriptions', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("nodes", models.PositiveSmallIntegerField(default=1)),
+                ("gpus_per_node", models.PositiveSmallIntegerField()),
+                ("zone", models.CharField(blank=True, help_text="Empty: any zone.", max_length=40)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("waiting", "waiting"),
+                            ("fired", "fired"),
+                            ("expired", "expired"),
+                            ("cancelled", "cancelled"),
+                        ],
+                        default="waiting",
+                        max_length=10,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("expires_at", models.DateTimeField()),
+                ("fired_at", models.DateTimeField(blank=True, null=True)),
+                ("rent", models.JSONField(blank=True, null=True)),
+                (
+                    "budget_per_hour",
+                    models.DecimalField(blank=True, decimal_places=4, max_digits=20, null=True),
+                ),
+                ("outcome", models.JSONField(blank=True, default=dict)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="jobs.cluster",
+                    ),
+                ),
+                (
+                    "gpu_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="jobs.gpumodel",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="gpu_subscriptions",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'GPU subscription',
-                'verbose_name_plural': 'GPU subscriptions',
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['state', 'expires_at'], name='gpusub_waiting_idx')],
+                "verbose_name": "GPU subscription",
+                "verbose_name_plural": "GPU subscriptions",
+                "ordering": ["-created_at", "-id"],
+                "indexes": [
+                    models.Index(fields=["state", "expires_at"], name="gpusub_waiting_idx")
+                ],
             },
         ),
     ]

@@ -100,10 +100,11 @@ def replica_exited(replica_id: int, *, exit_code: int | None = None) -> None:
 
 def free_gpus(**which) -> int:
     """Ended nodes' GPUs back once their engines confirm (workspaces.free_gpus); a
-    placement pass when some came back."""
+    placement pass when some came back, and a check of the GPU subscriptions."""
     freed = workspaces.free_gpus(**which)
     if freed:
         lifecycle.request_placement()
+        lifecycle.request_subscriptions_check()
     return freed
 
 
