@@ -168,8 +168,21 @@ def _host_back(host: Host) -> None:
 
 @transaction.atomic
 def host_set_draining(*, host: Host, draining: bool) -> Host:
-    """Drain (no new placements; what runs stays) or bring a host back."""
+    """Drain (no new placements; what runs stays) or bring a host back. The clusters on an
+    active host being drained hear of it (their timeline, and `host.problem` to each owner)."""
     host = Host.objects.select_for_update().get(pk=host.pk)
+    if draining and not host.drain_requested and host.state == Host.State.ACTIVE:
+        what = Text(
+            gettext_noop(
+                "host %(host)s is being drained by its operator: what runs there keeps running; "
+                "nothing new is placed there"
+            ),
+            host=host.name,
+        )
+        for cluster in Cluster.objects.filter(
+            node_set__host=host, node_set__released_at__isnull=True
+        ).distinct():
+            cluster_event(cluster, "host-draining", what)
     host.drain_requested = draining
     if host.state not in Host.UNHEALTHY:  # the next good check sets it from the flag
         host.state = Host.State.DRAINING if draining else Host.State.ACTIVE

@@ -18,8 +18,12 @@ no copy of what a build made or pulled once it ends, and a deleted image goes fr
 engine. Its log goes line by line to Redis and to the build's Channels group (the build
 page's websocket), and its end is kept on the row.
 
+A build's end (built, failed, or its worker gone) is told to its owner once, as
+`build.finished`, in the transaction that records it.
+
 Layer: images (beside access and runs); uses engine_build, nodes (registry, engine,
-workspaces), files (storage), models and base (queue, logstore, text, validators).
+workspaces), files (storage), events (webhooks), models and base (queue, logstore, text,
+validators).
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ from django.utils.translation import gettext_noop, ngettext
 
 from jobs.base import logstore, validators
 from jobs.base.queue import enqueue_by_name
-from jobs.base.text import fit
+from jobs.base.text import Text, fit
+from jobs.events import webhooks
 from jobs.files import storage
 from jobs.images import engine_build
 from jobs.models import Cluster, Host, Image, ImageBuild, Node, OwnImage
@@ -873,14 +878,15 @@ def run(build_id: int) -> str:
         layers = _check_real_size(build, build.host, local, out)
         image = _push(build, build.host, local, out, layers)
         _tidy(left, out)
-        out.state(
-            state=ImageBuild.State.SUCCEEDED, image=image, step="", finished_at=timezone.now()
+        _end(
+            out, state=ImageBuild.State.SUCCEEDED, image=image, step="", finished_at=timezone.now()
         )
         result = image.reference
     except BuildFailed as exc:
         out.line(f"ERROR: {exc}")
         _tidy(left, out)
-        out.state(
+        _end(
+            out,
             state=ImageBuild.State.FAILED,
             error=fit(ImageBuild, "error", exc),
             finished_at=timezone.now(),
@@ -889,7 +895,8 @@ def run(build_id: int) -> str:
         log.exception("build %s", build.pk)
         out.line(f"ERROR: {exc}")
         _tidy(left, out)
-        out.state(
+        _end(
+            out,
             state=ImageBuild.State.FAILED,
             error=fit(ImageBuild, "error", f"the build stopped on an error of the platform: {exc}"),
             finished_at=timezone.now(),
@@ -897,6 +904,46 @@ def run(build_id: int) -> str:
     finally:
         ImageBuild.objects.filter(pk=build.pk).update(log=out.close())
     return result
+
+
+def _end(out: _Log, **fields) -> None:
+    """The build's end on its row and its page, and its owner's `build.finished` event in
+    the same transaction: once (a build the stuck sweep ended meanwhile was told then)."""
+    with transaction.atomic():
+        was = (
+            ImageBuild.objects.select_for_update()
+            .filter(pk=out.build.pk)
+            .values_list("state", flat=True)
+            .first()
+        )
+        out.state(**fields)
+        if was in ImageBuild.ACTIVE:
+            tell_finished(out.build)
+
+
+def tell_finished(build: ImageBuild) -> None:
+    """`build.finished` to the build's owner: the image's reference, and why it failed."""
+    url = webhooks._link("image_build", build.pk)
+    image = f"{build.name}:{build.tag}"
+    succeeded = build.state == ImageBuild.State.SUCCEEDED
+    data = {
+        "build": {
+            "id": build.pk, "kind": build.kind, "state": build.state, "image": image,
+            "reference": registry.reference(build.owner_id, build.name, build.tag),
+            "error": "" if succeeded else build.error, "url": url,
+        },
+        "url": url,
+    }  # fmt: skip
+    if succeeded:
+        summary = Text(
+            gettext_noop("Image %(image)s is built and ready to use: %(url)s"), image=image, url=url
+        )
+    else:
+        summary = Text(
+            gettext_noop("The build of image %(image)s failed: %(reason)s: %(url)s"),
+            image=image, reason=build.error, url=url,
+        )  # fmt: skip
+    webhooks.emit(owner_id=build.owner_id, event_type="build.finished", data=data, summary=summary)
 
 
 def _tidy(left: _Leftovers | None, out: _Log) -> None:
@@ -1658,11 +1705,22 @@ def sweep_stuck() -> int:
     leftovers = {
         (registry.reference(b.owner_id, b.name, b.tag), b.host_id) for b in stuck if b.host_id
     }
-    swept = stuck.update(
-        state=ImageBuild.State.FAILED,
-        error="the build's worker stopped before it ended; build again",
-        finished_at=timezone.now(),
-    )
+    swept = 0
+    for build in stuck:
+        with transaction.atomic():  # each ended once, with its event (the update is the guard)
+            fields = {
+                "state": ImageBuild.State.FAILED,
+                "error": "the build's worker stopped before it ended; build again",
+                "finished_at": timezone.now(),
+            }
+            if not ImageBuild.objects.filter(
+                pk=build.pk, state__in=[ImageBuild.State.RUNNING, ImageBuild.State.PUSHING]
+            ).update(**fields):
+                continue
+            for name, value in fields.items():
+                setattr(build, name, value)
+            tell_finished(build)
+            swept += 1
     for reference, host_id in sorted(leftovers) if registry.enabled() else ():
         _queue_forget(reference, host_id)
     return swept

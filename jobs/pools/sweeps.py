@@ -13,10 +13,11 @@ lines, which `observe` reads from the job's numbered log (rank 0's lines: the li
 follower keeps them in Redis and queues `observe` when it sees one) and reports to the
 trial. When the pruner says stop, the trial is told pruned, the next trial is queued on the
 pool at once, and the job gets SIGTERM with its grace period (so it can checkpoint): its
-cluster, free a moment later, takes the next trial without a new placement.
+cluster, free a moment later, takes the next trial without a new placement. A sweep that
+finishes tells its owner its best trial (`sweep.finished`).
 
-Layer: pools, over the autoscaler; uses it, clusters (services), runs (livelogs), models and
-base (text)."""
+Layer: pools, over the autoscaler; uses it, clusters (services), runs (livelogs), events
+(webhooks), models and base (text)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from sqlalchemy.pool import NullPool
 
 from jobs.base.text import Text, twin_fields
 from jobs.clusters import services
+from jobs.events import webhooks
 from jobs.models import Job, Pool, Sweep, Trial
 from jobs.pools import autoscaler
 from jobs.runs import livelogs
@@ -514,7 +516,55 @@ def advance(sweep_id: int) -> int:
             Sweep.objects.filter(pk=sweep.pk).update(
                 state=Sweep.State.FINISHED, finished_at=timezone.now()
             )
+            # Once: the sweep's row is locked and was running (its end is the guard).
+            _tell_finished(sweep, trials)
         return started
+
+
+def best_of(sweep: Sweep, trials: list[Trial]) -> Trial | None:
+    """The complete trial with the best last value for the sweep's direction, or None."""
+    scored = [t for t in trials if t.state == Trial.State.COMPLETE and t.last_value is not None]
+    if not scored:
+        return None
+    pick = min if sweep.direction == Sweep.Direction.MINIMIZE else max
+    return pick(scored, key=lambda t: t.last_value)
+
+
+def _tell_finished(sweep: Sweep, trials: list[Trial]) -> None:
+    """The owner's `sweep.finished` event, in the transaction that ends the sweep: its best
+    trial (number, parameters, value, its job's link), or that none reported the metric."""
+    url = webhooks._link("sweep_detail", sweep.pk)
+    best = best_of(sweep, trials)
+    data = {
+        "sweep": {
+            "id": sweep.pk, "name": sweep.name, "state": Sweep.State.FINISHED,
+            "metric": sweep.metric, "direction": sweep.direction, "trials": len(trials),
+            "note": sweep.note, "url": url,
+        },
+        "best": None,
+        "url": url,
+    }  # fmt: skip
+    summary = Text(
+        gettext_noop("Sweep %(sweep)s finished; no trial reported %(metric)s: %(url)s"),
+        sweep=sweep.name, metric=sweep.metric, url=url,
+    )  # fmt: skip
+    if best is not None:
+        value = f"{best.last_value:.6g}"
+        data["best"] = {
+            "trial": best.number, "id": best.pk, "params": best.params,
+            "value": best.last_value, "job": best.job_id,
+            "url": webhooks._link("job_detail", best.job_id) if best.job_id else url,
+        }  # fmt: skip
+        params = ", ".join(f"{name}={best.params[name]}" for name in best.params)
+        summary = Text(
+            gettext_noop(
+                "Sweep %(sweep)s finished: the best of its %(count)s trials is trial "
+                "%(trial)s, %(metric)s = %(value)s with %(params)s: %(url)s"
+            ),
+            sweep=sweep.name, count=len(trials), trial=best.number, metric=sweep.metric,
+            value=value, params=params or "-", url=url,
+        )  # fmt: skip
+    webhooks.emit(owner_id=sweep.owner_id, event_type="sweep.finished", data=data, summary=summary)
 
 
 def sweep_cancel(*, sweep: Sweep) -> Sweep:
@@ -832,11 +882,7 @@ def figures(sweep: Sweep, *, now=None, curves: bool = True) -> SweepFigures:
             else (rate * Decimal(str(round(seconds, 3))) / 3600).quantize(Decimal("0.0001"))
         )
         out.append(TrialFigures(trial=t, seconds=seconds, full_seconds=full, cost=cost))
-    scored = [t for t in trials if t.state == Trial.State.COMPLETE and t.last_value is not None]
-    best = None
-    if scored:
-        pick = min if sweep.direction == Sweep.Direction.MINIMIZE else max
-        best = pick(scored, key=lambda t: t.last_value)
+    best = best_of(sweep, trials)
     used = sum(f.seconds for f in out)
     full = sum(f.full_seconds for f in out)
     used_cost = saved_cost = None

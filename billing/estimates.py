@@ -1,0 +1,52 @@
+"""What a job's runs cost, for its end event (jobs.events.webhooks asks by name,
+`RUN_COST`, since jobs never imports billing).
+
+Billing charges a cluster for holding its GPUs (billing.accrual: a Meter per cluster, usage
+entries summed into BillLines per cluster-hour), not per job: the ledger cannot say what one
+job cost. The estimate is the cluster's price per unit-hour (after its spot discount, at the
+rate card in force each second, as accrual prices it) x its GPUs (or CPU-only instances) x
+the seconds the job's attempts ran, rounded once to the smallest unit (billing.pricing's
+rule). A job is the cluster's only work while it runs (one job at a time), so the estimate is
+what the cluster was charged for that time, unless a node was lost or moved meanwhile.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from billing import formatting
+from billing.pricing import RateBook, to_money
+from jobs.models import Cluster
+
+MICRO = timedelta(microseconds=1)
+
+
+def run_cost(cluster: Cluster, spans: list[tuple[datetime, datetime]]) -> dict | None:
+    """`{"amount": "12.4000", "currency": "CNY", "shown": "¥12.40"}` for `cluster`'s GPUs
+    over `spans` (each `(from, to)`), None when a second of them has no price."""
+    book = RateBook.load()
+    units = cluster.nodes if cluster.is_cpu_only else cluster.nodes * max(cluster.gpus_per_node, 1)
+    exact = Decimal(0)  # unit-seconds x rate per hour, as billing.pricing keeps it
+    currency = book.currency
+    for start, end in spans:
+        cuts = [start, *book.changes_between(start, end), end]
+        for frm, to in zip(cuts, cuts[1:], strict=False):
+            card = book.at(frm)
+            rate = None
+            if card is not None:
+                rate = card.rate(
+                    gpu_model_id=cluster.gpu_model_id,
+                    instance_type_id=cluster.instance_type_id,
+                    spot=cluster.spot,
+                )
+            if rate is None:
+                return None
+            currency = card.currency
+            exact += rate * units * Decimal((to - frm) // MICRO) / 1_000_000
+    amount = to_money(exact)
+    return {
+        "amount": str(amount),
+        "currency": currency,
+        "shown": formatting.text(formatting.total(amount), currency),
+    }
