@@ -3,6 +3,7 @@ of the test command are killed, restarted and robbed of their bridges under runn
 """
 
 import os
+import re
 import subprocess
 import time
 from datetime import timedelta
@@ -180,6 +181,53 @@ def test_a_dead_engine_costs_the_researcher_nothing_and_the_node_moves(
     assert _labelled(victim, job) == []
     running = [c.name for c in _labelled(survivor, job)]
     assert sorted(running) == sorted(r.container_name for r in job.replicas.filter(attempt=2))
+    services.job_cancel(job=job, by="alice")
+    stopping.stop(job.pk)  # what the queued stop task does (no worker here)
+    _reconciled_until(job, [Job.State.CANCELLED])
+
+
+def test_a_host_back_while_its_node_waited_to_move_leaves_no_stale_reason(
+    running_cluster, settings, engines_back, client, alice
+):
+    settings.SUANLI_HOST_DOWN_MOVE_S = 0  # the operator's patience, shortened for the test
+    cluster = running_cluster(2, gpus=2)  # one node on each engine, both full
+    lost = cluster.node_set.select_related("host").get(host__name="gpu-b-01")
+    victim, rank = lost.host, lost.index
+    job = services.job_submit(
+        cluster=cluster, spec=JobSpec(name="long", command="exec sleep 300", retries=1)
+    )
+    dispatch.dispatch(cluster.pk)
+    _kill_dockerd(victim)
+    engines_back.append(victim)
+    assert host_services.host_check(host_id=victim.pk).state == Host.State.DOWN
+    job = _reconciled_until(job, [Job.State.QUEUED])
+    scheduler.place_pending()  # no room elsewhere: the node waits, and the cluster says so
+    cluster.refresh_from_db()
+    assert f"node {rank} on {victim.name} (down): to be moved" in cluster.state_reason
+
+    # The host comes back before any room appeared: the node is placed there again.
+    _bring_back(victim)
+    engines_back.remove(victim)
+    assert host_services.host_check(host_id=victim.pk).state == Host.State.ACTIVE
+
+    def running_again():  # a restarted swarm worker may take a while to attach again
+        repair.reconcile()
+        dispatch.dispatch(cluster.pk)
+        job.refresh_from_db()
+        return job.state == Job.State.RUNNING
+
+    _until(running_again, 60, what=f"the job running again ({job.state}: {job.state_reason})")
+    on = job.replicas.filter(attempt=job.attempt).select_related("host")
+    assert {r.host.name for r in on} == {"gpu-a-01", "gpu-b-01"}
+    # It runs on both nodes, and says nothing of a move any more.
+    cluster.refresh_from_db()
+    assert cluster.state_reason == "" and cluster.state_reason_text is None
+    client.force_login(alice)
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "host gpu-b-01 is back" in page  # its timeline keeps the wait and the return
+    status = client.get(f"/clusters/{cluster.pk}/status/").content.decode()
+    line = re.search(r'<div class="statusline">(.*?)</div>', status, re.S).group(1)
+    assert "running" in line and "to be moved" not in line, line
     services.job_cancel(job=job, by="alice")
     stopping.stop(job.pk)  # what the queued stop task does (no worker here)
     _reconciled_until(job, [Job.State.CANCELLED])

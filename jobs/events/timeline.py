@@ -58,11 +58,13 @@ def cluster_events(entries: list[tuple[Cluster | int, str, str | Text]], at=None
         ]
     )
     sent = [
-        (_id(cluster), kind) for cluster, kind, _ in entries if webhooks.sent_as("cluster", kind)
+        (_id(cluster), kind, message)
+        for cluster, kind, message in entries
+        if webhooks.sent_as("cluster", kind)
     ]
-    now = Cluster.objects.in_bulk([pk for pk, _ in sent]) if sent else {}
-    for pk, kind in sent:
-        webhooks.timeline_entry(now[pk], kind)
+    now = Cluster.objects.in_bulk([pk for pk, _, _ in sent]) if sent else {}
+    for pk, kind, message in sent:
+        webhooks.timeline_entry(now[pk], kind, message)
 
 
 def job_event(job: Job | int, kind: str, message: str | Text = "", at=None) -> None:
@@ -77,7 +79,7 @@ def job_event(job: Job | int, kind: str, message: str | Text = "", at=None) -> N
         at=at or timezone.now(),
     )
     if webhooks.sent_as("job", kind):
-        webhooks.timeline_entry(Job.objects.get(pk=job_id), kind)
+        webhooks.timeline_entry(Job.objects.select_related("cluster").get(pk=job_id), kind, message)
 
 
 def pool_event(
@@ -102,6 +104,15 @@ def reason_fields(model, message: str | Text) -> dict:
     the model's field, and `state_reason_text`, its twin (None for plain words), e.g.
     `.update(state=..., **reason_fields(Job, why))`. An empty message clears both."""
     return twin_fields(model, "state_reason", message)
+
+
+def reason_passed(model, pk: int, msgid: str) -> bool:
+    """Clear a Cluster's or Job's state reason when it still says a Text of `msgid`, what
+    has passed meanwhile (e.g. its nodes "to be moved" are all placed again): True when it
+    did. Any other reason, written since, stays."""
+    return bool(
+        model.objects.filter(pk=pk, state_reason_text__m=msgid).update(**reason_fields(model, ""))
+    )
 
 
 def set_reason(obj: Cluster | Job, message: str | Text) -> list[str]:

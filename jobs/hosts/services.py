@@ -21,7 +21,7 @@ from jobs.events.lifecycle import host_outage_began as host_outage_began
 from jobs.events.lifecycle import host_outage_ended as host_outage_ended
 from jobs.events.lifecycle import host_unhealthy as host_unhealthy
 from jobs.events.lifecycle import request_placement as request_placement
-from jobs.events.timeline import cluster_event
+from jobs.events.timeline import cluster_event, reason_passed
 from jobs.hosts import proofs
 from jobs.models import (
     Cluster,
@@ -30,7 +30,7 @@ from jobs.models import (
     Node,
 )
 from jobs.nodes import engine, network
-from jobs.placement import catalog, slots
+from jobs.placement import catalog, slots, stranded
 
 
 @transaction.atomic
@@ -143,7 +143,8 @@ def _root_disk_enforced(host: Host, driver: str, backing_fs: str) -> bool:
 def _host_back(host: Host) -> None:
     """A host answers again: its nodes that were not moved meanwhile are placed again on
     it, where they were (a new row each, charged from that second), and their clusters
-    hear of it. Each under its cluster's lock (placement may be moving the same node)."""
+    hear of it; a cluster whose nodes are all placed again no longer says they wait "to be
+    moved". Each under its cluster's lock (placement may be moving the same node)."""
     lost = Node.objects.filter(host=host, released_at__isnull=True, lost_at__isnull=False)
     for cluster_id in set(lost.values_list("cluster_id", flat=True)):
         with transaction.atomic():
@@ -164,6 +165,10 @@ def _host_back(host: Host) -> None:
                     at=now,
                 )
                 request_dispatch(cluster.pk)
+            if not Node.objects.filter(
+                cluster_id=cluster_id, released_at__isnull=True, lost_at__isnull=False
+            ).exists():
+                reason_passed(Cluster, cluster_id, stranded.TO_BE_MOVED)
 
 
 @transaction.atomic

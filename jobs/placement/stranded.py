@@ -26,6 +26,10 @@ from jobs.models import Cluster, Host, Job, Node
 from jobs.placement.capacity import Conflict, Fleet, PassReport, host_state, shortage
 from jobs.placement.slots import format_indices, replace_node
 
+# A running cluster's reason while nodes of it wait for room on another host: cleared when
+# they move (_move) or their host is back (hosts.services._host_back).
+TO_BE_MOVED = gettext_noop("%(nodes)s: to be moved to another host; %(why)s")
+
 
 def _stranded(now) -> dict[int, list[Node]]:
     """Live nodes of running clusters on hosts they must leave: degraded hosts at once,
@@ -124,11 +128,7 @@ def _say_waiting(cluster: Cluster, nodes: list[Node], why: Text, now) -> None:
             for n in nodes
         ]
     )
-    waiting = Text(
-        gettext_noop("%(nodes)s: to be moved to another host; %(why)s"),
-        nodes=where,
-        why=why,
-    )
+    waiting = Text(TO_BE_MOVED, nodes=where, why=why)
     said = reason_fields(Cluster, waiting)
     with transaction.atomic():
         # Waiting for room is not charged (a down host's nodes are not already).
