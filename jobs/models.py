@@ -1009,6 +1009,27 @@ class Replica(models.Model):
         return self.container_name
 
 
+# -- work queued after a commit (jobs/events/outbox.py) ------------------------------------
+
+
+class OutboxTask(models.Model):
+    """An RQ task to queue once the transaction that wrote this row commits: sent then and
+    deleted; one that Redis did not take (it was away, the process was killed before the
+    send) is sent by the next flush (cron, every few seconds), so follow-up work never waits
+    for the reconciler's safety net."""
+
+    queue = models.CharField(max_length=32)
+    func = models.CharField(max_length=200)
+    args = models.JSONField(default=list)
+    job_id = models.CharField(max_length=200)
+    again_if_running = models.BooleanField(default=False)
+    options = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.func} {self.job_id}"
+
+
 # -- webhooks: the outbox (written in the transaction of the change it reports) -----------
 
 
