@@ -183,7 +183,11 @@ def endpoint_detail(request, endpoint_id: int):
     attempts = {}
     for attempt in WebhookAttempt.objects.filter(delivery__in=deliveries).order_by("at"):
         attempts.setdefault(attempt.delivery_id, []).append(attempt)
-    rows = [(d, webhooks.words(d.event), attempts.get(d.pk, [])) for d in deliveries]
+    rows = [
+        (d, webhooks.LABELS.get(d.event.type, d.event.type), webhooks.words(d.event),
+         attempts.get(d.pk, []))
+        for d in deliveries
+    ]  # fmt: skip
     return render(
         request,
         "console/webhook_detail.html",
