@@ -80,6 +80,8 @@ def _rows(owner) -> list[dict]:
     return [
         {
             "sub": sub,
+            # Coloured as a cluster's state is: waiting as pending, fired as running.
+            "badge": {"waiting": "pending", "fired": "running"}.get(sub.state, "releasing"),
             "shape": subscriptions.shape_of(sub),
             "expires_in": duration(subscriptions.expires_in(sub, now).total_seconds())
             if sub.state == GpuSubscription.State.WAITING
