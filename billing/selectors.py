@@ -11,46 +11,72 @@ from django.db import connection
 from django.db.models import DecimalField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext, pgettext
+from django.utils.translation import pgettext
 
 from billing import formatting
 from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
 from billing.pricing import GPU, NO_GPU, STOPPED, Quote, RateBook, per_hour_of, quote
+from jobs.base import text
 from jobs.files import storage
 from jobs.models import Cluster, Node
 
 ZERO = Decimal("0")
 
 
+CRITICAL_HOURS = Decimal("0.5")  # balance.critical, and the banner's alarm: under 30 minutes
+
+
+def warn_hours_default() -> Decimal:
+    """The operator's low-balance threshold (SUANLI_LOW_BALANCE_HOURS), for researchers
+    who never chose their own."""
+    return Decimal(str(settings.SUANLI_LOW_BALANCE_HOURS))
+
+
 @dataclass(frozen=True)
 class Standing:
-    """Where a researcher stands: balance, what they burn now, how long that lasts."""
+    """Where a researcher stands: balance, what they burn now, how long that lasts, and
+    below how many hours left they are warned (their own choice or the operator's)."""
 
     currency: str
     balance: Decimal
     burn_per_hour: Decimal
     hours_left: Decimal | None  # None: nothing burns
+    warn_hours: Decimal = Decimal("2")
+    stopped_for_balance: bool = False  # its clusters were stopped at exhaustion
+
+    @property
+    def used_up(self) -> bool:
+        """Nothing left: clusters are being stopped (or were, at exhaustion)."""
+        return self.balance <= 0 and (self.burn_per_hour > 0 or self.stopped_for_balance)
 
     @property
     def low(self) -> bool:
+        """Under the researcher's threshold at the current burn (or used up): the banner
+        shows, `balance.low` is sent."""
+        if self.used_up:
+            return True
+        return self.hours_left is not None and self.hours_left < self.warn_hours
+
+    @property
+    def critical(self) -> bool:
+        """Under 30 minutes left at the current burn: `balance.critical`."""
         if self.balance <= 0 and self.burn_per_hour > 0:
             return True
-        return self.hours_left is not None and self.hours_left < settings.SUANLI_LOW_BALANCE_HOURS
+        return self.hours_left is not None and self.hours_left < CRITICAL_HOURS
+
+    @property
+    def seconds_left(self) -> int | None:
+        if self.hours_left is None:
+            return None
+        return int((self.hours_left * 3600).to_integral_value(ROUND_HALF_UP))
 
     @property
     def time_left_text(self) -> str:
-        # Read when a page shows it: in the language of that request.
+        """ "1 h 20 min" in the language of the request that reads it; "nothing running"
+        when nothing burns."""
         if self.hours_left is None:
             return _("nothing running")
-        minutes = int(self.hours_left * 60)
-        if minutes <= 0:
-            return pgettext("balance time left", "none")
-        if minutes < 120:
-            return ngettext("%(n)d min", "%(n)d min", minutes) % {"n": minutes}
-        hours = minutes // 60
-        if hours < 72:
-            return ngettext("%(n)d h", "%(n)d h", hours) % {"n": hours}
-        return ngettext("%(n)d day", "%(n)d days", hours // 24) % {"n": hours // 24}
+        return text.duration(self.seconds_left)
 
 
 def balance_of(user) -> Decimal:
@@ -102,14 +128,25 @@ def burn_per_hour(user, *, book: RateBook | None = None, now=None) -> Decimal:
     return total.quantize(UNIT, rounding=ROUND_HALF_UP)
 
 
-def standing(user) -> Standing:
+def standing(user, *, account: Account | None = None) -> Standing:
+    """`user`'s standing now; with `account` (theirs, as changed in memory under its lock),
+    at that account's balance."""
     book = RateBook.load()
-    balance = balance_of(user)
+    if account is not None:
+        row = (account.balance, account.low_balance_hours, account.exhausted_at)
+    else:
+        row = (
+            Account.objects.filter(user=user)
+            .values_list("balance", "low_balance_hours", "exhausted_at")
+            .first()
+        )
+    balance, warn, exhausted_at = row or (ZERO.quantize(UNIT), None, None)
     burn = burn_per_hour(user, book=book)
     hours = None
     if burn > 0:
         hours = max(balance, ZERO) / burn
-    return Standing(book.currency, balance, burn, hours)
+    warn = warn if warn is not None else warn_hours_default()
+    return Standing(book.currency, balance, burn, hours, warn, exhausted_at is not None)
 
 
 def quote_for(*, gpu_model_id=None, instance_type_id=None, units: int = 1) -> Quote:

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
-from billing import rollups, selectors
-from billing.models import Account, LedgerEntry
-from jobs.base.text import fit
+from billing import formatting, rollups, selectors
+from billing.models import WARN_HOURS_MAX, WARN_HOURS_MIN, Account, LedgerEntry
+from jobs.base.text import Duration, Text, fit
 from jobs.events import webhooks
 from jobs.models import Cluster
 
@@ -102,8 +104,11 @@ def post_entry(
         created_by=by,
     )
     rollups.add_entry(entry)
-    fields = ["balance", "low_notified_at"]
-    account.low_notified_at = None  # money in: a new low is worth telling again
+    fields = ["balance"]
+    if account.low_notified_at is not None or account.critical_notified_at is not None:
+        # Money in that lifts the balance above a threshold ends that warning's spell: the
+        # next low is told again (a top-up that leaves it low tells nothing new).
+        fields += spells_over(account, selectors.standing(account.user, account=account))
     if account.balance > 0 and account.exhausted_at is not None:
         account.exhausted_at = None
         fields.append("exhausted_at")
@@ -122,35 +127,127 @@ def enough_balance(account: Account, per_hour: Decimal) -> bool:
     return account.balance >= per_hour * minutes / 60
 
 
+def set_low_balance_hours(user, hours) -> Account:
+    """The researcher's own low-balance threshold: warn when the balance lasts fewer than
+    `hours` at the current burn (0.5 to 168, to the hundredth); None or "" for the
+    operator's default. ValidationError (nothing saved) for anything else."""
+    if hours in (None, ""):
+        chosen = None
+    else:
+        try:
+            chosen = Decimal(str(hours).strip())
+        except (InvalidOperation, ValueError):
+            chosen = None
+            refused = True
+        else:
+            refused = not chosen.is_finite()
+        if refused or not WARN_HOURS_MIN <= chosen <= WARN_HOURS_MAX:
+            raise ValidationError(
+                {"low_balance_hours": warn_hours_refusal()}, code="warn_hours_range"
+            )
+        chosen = chosen.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    with transaction.atomic():
+        account = account_for(user)
+        Account.objects.filter(pk=account.pk).update(low_balance_hours=chosen)
+    account.low_balance_hours = chosen
+    return account
+
+
+def warn_hours_refusal() -> str:
+    return _("Give a number of hours from %(least)s to %(most)s (a week), or leave it empty.") % {
+        "least": WARN_HOURS_MIN, "most": WARN_HOURS_MAX,
+    }  # fmt: skip
+
+
+def spells_over(account: Account, standing: selectors.Standing) -> list[str]:
+    """The warning markers of `account` whose spell `standing` ends (the balance lasts at
+    least the threshold again: a top-up, or less burning), cleared in memory; the fields
+    to save."""
+    fields = []
+    if account.low_notified_at is not None and not standing.low:
+        account.low_notified_at = None
+        fields.append("low_notified_at")
+    if account.critical_notified_at is not None and not standing.critical:
+        account.critical_notified_at = None
+        fields.append("critical_notified_at")
+    return fields
+
+
+# What the warnings say, in the reader's language (the channels render them; the English is
+# kept for webhooks). %(left)s is a Duration: "1 h 20 min", "1 小时 20 分钟".
+LOW_WORDS = gettext_noop(
+    "Your balance %(balance)s lasts about %(left)s at %(burn)s/h; your clusters stop (files "
+    "kept) when it runs out. Top up: %(url)s"
+)
+CRITICAL_WORDS = gettext_noop(
+    "Under 30 minutes left: your balance %(balance)s lasts about %(left)s at %(burn)s/h; "
+    "your clusters stop (files kept) when it runs out. Top up: %(url)s"
+)
+USED_UP_WORDS = gettext_noop(
+    "Your balance %(balance)s is used up at %(burn)s/h: your clusters are being stopped "
+    "(files kept). Top up: %(url)s"
+)
+
+
+def warning_summary(standing: selectors.Standing, *, critical: bool = False) -> Text:
+    """The warning in words: "Your balance ¥3.20 lasts about 1 h 20 min at ¥2.4000/h; ..."."""
+    url = webhooks._link("billing")
+    balance = formatting.text(formatting.total(standing.balance), standing.currency)
+    burn = formatting.text(formatting.amount(standing.burn_per_hour), standing.currency)
+    if standing.seconds_left is None or standing.seconds_left <= 0:
+        return Text(USED_UP_WORDS, balance=balance, burn=burn, url=url)
+    return Text(
+        CRITICAL_WORDS if critical else LOW_WORDS,
+        balance=balance, left=Duration(standing.seconds_left), burn=burn, url=url,
+    )  # fmt: skip
+
+
+def _warn(account: Account, standing: selectors.Standing, event_type: str, marker: str) -> bool:
+    """One warning, once per spell: the marker's conditional UPDATE and the event in one
+    transaction (a second tick, or two at once, send nothing new). Whether an event was
+    written."""
+    with transaction.atomic():
+        unset = {f"{marker}__isnull": True}
+        if not Account.objects.filter(pk=account.pk, **unset).update(**{marker: timezone.now()}):
+            return False
+        event = webhooks.emit(
+            owner_id=account.user_id,
+            event_type=event_type,
+            data={
+                "balance": str(standing.balance), "currency": standing.currency,
+                "burn_per_hour": str(standing.burn_per_hour), "hours_left": (
+                    str(round(standing.hours_left, 2)) if standing.hours_left is not None else None
+                ),
+                "seconds_left": standing.seconds_left,
+                "warn_hours": str(standing.warn_hours),
+                "url": webhooks._link("billing"),
+            },
+            summary=warning_summary(standing, critical=event_type == "balance.critical"),
+        )  # fmt: skip
+    return event is not None  # None: no channel of the owner wants it (told all the same)
+
+
 def notify_low_balances() -> int:
-    """`balance.low` once per low spell: accounts with running clusters (or stopped ones,
-    whose kept workspaces burn when the card prices them) and under
-    `SUANLI_LOW_BALANCE_HOURS` of balance left at the current burn."""
+    """The running-low warnings, each once per spell: `balance.low` when the balance lasts
+    less than the researcher's threshold (`Account.low_balance_hours`, else
+    `SUANLI_LOW_BALANCE_HOURS`) at the current burn, `balance.critical` under 30 minutes.
+    Looks at accounts whose clusters burn (running, or stopped with kept workspaces the card
+    may price) and at those with a warning told (its spell ends when the balance lasts long
+    enough again: the markers are cleared, the next low is told again). Runs every minute
+    (console/cron.py): the 30-minute warning comes with 29 minutes or more left. Returns
+    how many events were written (a warning no channel wants is marked told, not counted)."""
     sent = 0
-    owners = Cluster.objects.filter(
-        state__in=[Cluster.State.RUNNING, Cluster.State.STOPPED]
+    burning = Cluster.objects.filter(
+        state__in=[*Cluster.HOLDS_CAPACITY, Cluster.State.STOPPED]
     ).values_list("owner_id", flat=True)
-    for account in Account.objects.filter(
-        user_id__in=set(owners), low_notified_at__isnull=True
-    ).select_related("user"):
+    told = Q(low_notified_at__isnull=False) | Q(critical_notified_at__isnull=False)
+    for account in Account.objects.filter(Q(user_id__in=burning) | told).select_related("user"):
         standing = selectors.standing(account.user)
-        if not standing.low:
-            continue
-        with transaction.atomic():
-            if not Account.objects.filter(pk=account.pk, low_notified_at__isnull=True).update(
-                low_notified_at=timezone.now()
-            ):
-                continue
-            webhooks.emit(
-                owner_id=account.user_id,
-                event_type="balance.low",
-                data={
-                    "balance": str(standing.balance), "currency": standing.currency,
-                    "burn_per_hour": str(standing.burn_per_hour), "hours_left": (
-                        str(round(standing.hours_left, 2)) if standing.hours_left is not None else None
-                    ),
-                    "url": webhooks._link("billing"),
-                },
-            )  # fmt: skip
-            sent += 1
+        over = spells_over(account, standing)
+        if over:
+            Account.objects.filter(pk=account.pk).update(**{f: None for f in over})
+        if standing.low and account.low_notified_at is None:
+            sent += _warn(account, standing, "balance.low", "low_notified_at")
+        if standing.critical and account.critical_notified_at is None:
+            sent += _warn(account, standing, "balance.critical", "critical_notified_at")
     return sent

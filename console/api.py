@@ -44,11 +44,14 @@ from ninja.throttling import BaseThrottle
 from pydantic import Field
 
 from billing import selectors as money
+from billing import services as billing_services
 from console import auth, views_pools
 from console import pools as console_pools
 from console.api_schema import (
     AttachKey,
     Balance,
+    BalanceWarning,
+    BalanceWarningOut,
     BillFilter,
     BillOut,
     BuildOut,
@@ -1073,6 +1076,36 @@ def balance(request):
         "hours_left": round(hours_left, 2) if hours_left is not None else None,
         "entries": list(money.entries_of(request.auth.user)[:PAGE]),
     }
+
+
+def _warning_of(user) -> dict:
+    own = money.Account.objects.filter(user=user).values_list("low_balance_hours", flat=True)
+    hours, default = own.first(), money.warn_hours_default()
+    return {
+        "hours": hours, "default_hours": default,
+        "in_force_hours": hours if hours is not None else default,
+        "critical_minutes": int(money.CRITICAL_HOURS * 60),
+    }  # fmt: skip
+
+
+@api.get("/balance/warning", tags=["money"], response=_responses(200, BalanceWarningOut),
+         summary="When you are warned that your balance runs low")  # fmt: skip
+def balance_warning(request):
+    """balance.low (and the pages' banner) when the balance lasts fewer hours than your
+    threshold at the current burn; balance.critical under 30 minutes."""
+    return _warning_of(request.auth.user)
+
+
+@api.put("/balance/warning", tags=["money"], response=_responses(200, BalanceWarningOut),
+         summary="Set when you are warned that your balance runs low")  # fmt: skip
+def balance_warning_set(request, payload: BalanceWarning):
+    """`{"hours": 3}`: warn when less than 3 hours are left at the current burn (0.5 to
+    168); `{"hours": null}`: the operator's default again."""
+    try:
+        billing_services.set_low_balance_hours(request.auth.user, payload.hours)
+    except ValidationError as exc:
+        return _error(400, " ".join(exc.messages), {"hours": exc.messages})
+    return _warning_of(request.auth.user)
 
 
 def _page_of(queryset, page: int) -> tuple[list, dict]:

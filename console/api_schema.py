@@ -428,6 +428,21 @@ class Balance(Schema):
     entries: list[Entry] = Field(description="the newest 50 ledger entries")
 
 
+class BalanceWarning(Schema):
+    hours: Decimal | None = Field(
+        description="warn when the balance lasts fewer hours than this at the current burn "
+        "(0.5 to 168); null: the operator's default",
+        examples=["3"],
+    )
+
+
+class BalanceWarningOut(Schema):
+    hours: Money | None = Field(description="your own threshold; null: the default")
+    default_hours: Money = Field(description="the operator's default threshold")
+    in_force_hours: Money = Field(description="the threshold that applies to you now")
+    critical_minutes: int = Field(description="balance.critical comes under this many minutes")
+
+
 BILL_KINDS = ("topup", "usage", "refund", "adjustment", "credit")  # billing's LedgerEntry.Kind
 
 

@@ -12,7 +12,9 @@ def suanli(request):
     # The navigation's operator part (and the admin's link): a power, never staff alone.
     context["may_operate"] = user is not None and user.is_authenticated and may_operate(user)
     if user is not None and user.is_authenticated and not request.headers.get("HX-Request"):
-        # Every page warns when less than an hour of balance is left at the current burn.
+        # Every page warns when the balance lasts less than the researcher's threshold at
+        # the current burn (billing.selectors.Standing.low: their own N hours, else the
+        # operator's SUANLI_LOW_BALANCE_HOURS), and says so when it is used up.
         standing = money.standing(user)
         context["my_standing"] = standing  # the dashboard shows the balance from this
         if standing.low:

@@ -33,6 +33,8 @@ cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
 cron.register(monitoring_idle.clusters_shutdown, "default", interval=60)
 # Webhooks: deliveries that are due and whose enqueue was lost (jobs/events/webhooks.py).
 cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
+# Balance warnings (billing/services.notify_low_balances): every minute, so the 30-minute
+# warning (balance.critical) leaves 29 minutes or more to top up.
 cron.register(billing_tasks.notify_low_balances, "default", interval=60)
 # Pools: money figures from billing, then each pool's autoscaler round; sweeps' safety net.
 cron.register(pools.tick, "default", interval=settings.SUANLI_POOL_INTERVAL)

@@ -361,7 +361,10 @@ SUANLI_NETWORK_MTU = envint("SUANLI_NETWORK_MTU", 1500)
 # Billing: accrual every N seconds; a new cluster needs a balance for N minutes of it.
 SUANLI_ACCRUAL_INTERVAL = envint("SUANLI_ACCRUAL_INTERVAL", 10)
 SUANLI_MIN_BALANCE_MINUTES = envint("SUANLI_MIN_BALANCE_MINUTES", 10)
-SUANLI_LOW_BALANCE_HOURS = envint("SUANLI_LOW_BALANCE_HOURS", 1)
+# Warn (the pages' banner, balance.low) when the balance lasts fewer hours than this at the
+# current burn: the default of researchers who never set their own (0.5 to 168 h, their
+# settings page). balance.critical follows at under 30 minutes whatever the threshold.
+SUANLI_LOW_BALANCE_HOURS = envint("SUANLI_LOW_BALANCE_HOURS", 2)
 # Researchers' storage quotas (jobs/files/storage.py, billing/storage.py): the free part of each
 # researcher's quota in GB (1 GB = 1024³ bytes; a fraction such as 0.5 allowed), the most
 # one may hold in all, and how many entries the usage walk of a "local" storage looks at

@@ -1,9 +1,11 @@
-"""The language switch of the navigation and the settings page (language, time zone)."""
+"""The language switch of the navigation and the settings page (language, time zone, and
+below how many hours of balance left the researcher is warned)."""
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -13,6 +15,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
+from billing import selectors as billing_selectors
+from billing import services as billing_services
+from billing.models import WARN_HOURS_MAX, WARN_HOURS_MIN, Account
 from console import preferences
 
 
@@ -65,8 +70,30 @@ class PreferencesForm(forms.Form):
         ),
     )
 
+    # Kept on the researcher's account (billing decides when to warn): billing.services.
+    low_balance_hours = forms.DecimalField(
+        label=gettext_lazy("Warn me when my balance lasts less than (hours)"),
+        required=False,
+        max_digits=5,
+        decimal_places=2,
+        min_value=WARN_HOURS_MIN,
+        max_value=WARN_HOURS_MAX,
+        widget=forms.NumberInput(attrs={"inputmode": "decimal"}),
+    )
+
     def __init__(self, *args, language: str, **kwargs):
         super().__init__(*args, **kwargs)
+        refusal = billing_services.warn_hours_refusal()
+        field = self.fields["low_balance_hours"]
+        for code in ("invalid", "min_value", "max_value", "max_digits", "max_decimal_places"):
+            field.error_messages[code] = refusal
+        default = billing_selectors.warn_hours_default()
+        field.widget.attrs["placeholder"] = f"{default:f}"
+        field.help_text = _(
+            "At the rate your clusters cost now: a warning on every page and to your "
+            "notification channels (balance.low), another at 30 minutes left "
+            "(balance.critical). Empty: %(default)s h, the usual."
+        ) % {"default": f"{default:f}"}
         self.fields["language"].choices = [("", _("As the browser asks"))] + [
             (code, name) for code, name in settings.LANGUAGES
         ]
@@ -83,11 +110,22 @@ class PreferencesForm(forms.Form):
 def account_settings(request):
     prefs = preferences.of(request.user)
     initial = {"language": prefs.language, "time_zone": prefs.time_zone} if prefs else {}
+    initial["low_balance_hours"] = (
+        Account.objects.filter(user=request.user)
+        .values_list("low_balance_hours", flat=True)
+        .first()
+    )
     language = translation.get_language()
     form = PreferencesForm(request.POST or None, initial=initial, language=language)
     if request.method == "POST" and form.is_valid():
         chosen = form.cleaned_data["language"]
-        preferences.save(request.user, language=chosen, time_zone=form.cleaned_data["time_zone"])
+        with transaction.atomic():  # all of it or nothing
+            preferences.save(
+                request.user, language=chosen, time_zone=form.cleaned_data["time_zone"]
+            )
+            billing_services.set_low_balance_hours(
+                request.user, form.cleaned_data["low_balance_hours"]
+            )
         if chosen:
             translation.activate(chosen)
         messages.success(request, _("Settings saved."))

@@ -5,7 +5,8 @@ A timeline event is written in English when it happens, often in a worker with n
 and its arguments: `str(t)` is the English (the event's `message`, which the API and webhooks
 keep), `t.as_json()` is stored beside it, and `show(data)` renders that JSON later with
 `gettext` in the language active then. An argument may itself be a Text (a reason inside a
-sentence); anything else is rendered with str() and never translated (Docker's errors, a
+sentence), a Moment (a time, in the reader's zone) or a Duration (a span, in the reader's
+words); anything else is rendered with str() and never translated (Docker's errors, a
 container's exit message, names).
 
 Layer: base, the bottom of jobs/; uses no other part (Django's translation only).
@@ -13,10 +14,11 @@ Layer: base, the bottom of jobs/; uses no other part (Django's translation only)
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.utils import timezone
-from django.utils.translation import gettext, gettext_noop
+from django.utils.translation import gettext, gettext_noop, ngettext
 
 
 class Text:
@@ -70,8 +72,59 @@ def _moment(data: dict, translate: bool) -> str:
     return f"{at.strftime(str(data.get('fmt') or '%Y-%m-%d %H:%M'))} {at.tzname()}"
 
 
+class Duration:
+    """A span inside a Text ("1 h 20 min", "45 min", "3 days"), in the reader's language
+    ("1 小时 20 分钟"); the English `message` keeps English. `seconds`: a number, a Decimal
+    or a timedelta."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds) -> None:
+        if isinstance(seconds, timedelta):
+            seconds = Decimal(str(seconds.total_seconds()))
+        self.seconds = max(0, int(Decimal(str(seconds)).to_integral_value(ROUND_HALF_UP)))
+
+    def __str__(self) -> str:
+        return duration(self.seconds, translate=False)
+
+    def as_json(self) -> dict:
+        return {"seconds": self.seconds}
+
+
+def _minutes(n: int, translate: bool) -> str:
+    return (ngettext("%(n)d min", "%(n)d min", n) if translate else "%(n)d min") % {"n": n}
+
+
+def _hours(n: int, translate: bool) -> str:
+    return (ngettext("%(n)d h", "%(n)d h", n) if translate else "%(n)d h") % {"n": n}
+
+
+def _days(n: int, translate: bool) -> str:
+    english = "%(n)d day" if n == 1 else "%(n)d days"
+    return (ngettext("%(n)d day", "%(n)d days", n) if translate else english) % {"n": n}
+
+
+def duration(seconds, translate: bool = True) -> str:
+    """How long `seconds` is, to the nearest minute under a day ("1 h 20 min", "45 min"),
+    to the nearest hour from a day on ("1 day 3 h", "3 days"); under half a minute reads
+    "under 1 min". In the active language (`translate`), else English. The one duration
+    formatter: the balance's banner and the notifications' summaries both use it."""
+    minutes = (Duration(seconds).seconds + 30) // 60
+    if minutes < 1:
+        return gettext("under 1 min") if translate else "under 1 min"
+    if minutes < 60:
+        return _minutes(minutes, translate)
+    if minutes < 24 * 60:
+        hours, rest = divmod(minutes, 60)
+        words = _hours(hours, translate)
+        return f"{words} {_minutes(rest, translate)}" if rest else words
+    days, hours = divmod((minutes + 30) // 60, 24)
+    words = _days(days, translate)
+    return f"{words} {_hours(hours, translate)}" if hours else words
+
+
 def _json(value):
-    if isinstance(value, Text | Moment):
+    if isinstance(value, Text | Moment | Duration):
         return value.as_json()
     if isinstance(value, datetime):
         return Moment(value).as_json()
@@ -88,6 +141,8 @@ def _render(data, translate: bool, depth: int = 0) -> str:
         return "…"
     if isinstance(data, dict) and "at" in data and "m" not in data:
         return _moment(data, translate)
+    if isinstance(data, dict) and "seconds" in data and "m" not in data:
+        return duration(data["seconds"] if isinstance(data["seconds"], int) else 0, translate)
     if isinstance(data, dict) and "m" in data:
         msgid = str(data["m"])
         args = {
@@ -126,7 +181,7 @@ def _bounded(data, limit: int, depth: int = 0):
     if depth > DEPTH or not isinstance(data, dict):
         return data
     if "m" not in data:
-        return data  # a Moment
+        return data  # a Moment or a Duration
     args = {
         name: value[:limit] if isinstance(value, str) else _bounded(value, limit, depth + 1)
         for name, value in (data.get("a") or {}).items()
@@ -158,6 +213,8 @@ def load(data) -> Text | str:
             return Moment(datetime.fromisoformat(data["at"]), str(data.get("fmt") or ""))
         except (TypeError, ValueError):
             return str(data["at"])
+    if isinstance(data, dict) and "seconds" in data:  # a Duration
+        return Duration(data["seconds"] if isinstance(data["seconds"], int) else 0)
     return "" if data is None else str(data)
 
 
