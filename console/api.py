@@ -79,6 +79,7 @@ from console.api_schema import (
     ProfileOut,
     Resize,
     SaveImage,
+    Shutdown,
     SshKeyChange,
     SshKeyOut,
     Start,
@@ -101,7 +102,15 @@ from console.models import ApiToken, digest_of
 from console.views_monitoring import trace_download
 from jobs.base.text import Text
 from jobs.clusters import services as cluster_services
-from jobs.clusters.spec import ClusterRequest, Offer, image_by_reference
+from jobs.clusters import shutdown
+from jobs.clusters.spec import (
+    SHUTDOWN_FIELDS,
+    ClusterRequest,
+    Offer,
+    Schedule,
+    ShutdownRequest,
+    image_by_reference,
+)
 from jobs.images import builds
 from jobs.models import (
     GpuSubscription,
@@ -412,6 +421,9 @@ def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
         workspace=body.workspace is not False,
         release_policy=body.release_policy,  # NewCluster defaults both to the model's
         idle_minutes=body.idle_minutes,
+        stop_at=body.stop_at,
+        stop_idle_minutes=body.stop_idle_minutes,
+        stop_idle_below=body.stop_idle_below,
     )
 
 
@@ -527,6 +539,38 @@ def cluster_stop(request, cluster_id: Id):
     keeping every file on their hosts until it is started or released."""
     c = fleet.cluster_for_user(request.auth.user, cluster_id)
     return cluster_services.cluster_stop(cluster=c, by=BY_API)
+
+
+@api.post(
+    "/clusters/{cluster_id}/shutdown",
+    tags=["clusters"],
+    response=_responses(200, ClusterOut),
+    summary="Set its scheduled or idle stop",
+)
+def cluster_shutdown(request, cluster_id: Id, payload: Shutdown):
+    """`{"stop_at": "2026-12-06T23:00:00+08:00"}` stops it once at that time;
+    `{"stop_idle_minutes": 30, "stop_idle_below": 5}` after 30 minutes with every GPU under
+    5 % (by the monitor's samples: none, no stop). Its files are kept (a stop, not a
+    release). A field left out stays; null clears it. The form's checks and words."""
+    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    given = payload.dict(exclude_unset=True)
+    rules = {n: given.get(n, getattr(c, n)) for n in SHUTDOWN_FIELDS}
+    try:
+        schedule = ShutdownRequest(cluster=c, **rules).validate()
+    except ValidationError as exc:
+        return _refusals(exc.message_dict.items())
+    return shutdown.shutdown_set(cluster=c, schedule=schedule)
+
+
+@api.delete(
+    "/clusters/{cluster_id}/shutdown",
+    tags=["clusters"],
+    response=_responses(200, ClusterOut),
+    summary="Clear its scheduled and idle stop",
+)
+def cluster_shutdown_clear(request, cluster_id: Id):
+    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    return shutdown.shutdown_set(cluster=c, schedule=Schedule())
 
 
 @api.post(

@@ -138,6 +138,13 @@ class ClusterOut(Schema):
     stopped_at: Stamp | None = Field(
         description="when it was stopped; set while stopped or waiting to start again"
     )
+    stop_at: Stamp | None = Field(
+        description="scheduled stop (files kept): once, at this time; null when none"
+    )
+    stop_idle_minutes: int | None = Field(
+        description="idle stop: after this many minutes with every GPU under stop_idle_below %"
+    )
+    stop_idle_below: int | None = Field(description="idle stop: the GPU utilisation, percent")
     release_at: Stamp | None = Field(
         description="when a stopped cluster is released with its workspaces unless started"
     )
@@ -216,6 +223,15 @@ class ClusterKeysOut(Schema):
     )
 
 
+SHUTDOWN_WORDS = {
+    "stop_at": "scheduled stop (files kept), once: an ISO 8601 time to come, e.g. "
+    "2026-12-06T23:00:00+08:00 (without an offset: UTC)",
+    "stop_idle_minutes": "idle stop: after this many minutes (10 to 1440) with every GPU under "
+    "stop_idle_below percent, by the monitor's samples (none: no stop)",
+    "stop_idle_below": "idle stop: the GPU utilisation, percent (1 to 100)",
+}
+
+
 class NewCluster(Schema):
     name: str = Field(description="lower-case letters, digits and dashes")
     gpu_model: str | None = Field(None, description="a GPU model's slug, e.g. a100-80gb")
@@ -253,6 +269,18 @@ class NewCluster(Schema):
         strict=True,
         description="the public datasets and models read-only at /pub (default true)",
     )
+    stop_at: str | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
+    stop_idle_minutes: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_minutes"])
+    stop_idle_below: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_below"])
+
+
+class Shutdown(Schema):
+    """A cluster's shutdown rules: a field given replaces its rule, null clears it, one left
+    out stays as it is."""
+
+    stop_at: str | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
+    stop_idle_minutes: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_minutes"])
+    stop_idle_below: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_below"])
 
 
 class Start(Schema):

@@ -7,6 +7,7 @@ from functools import partial
 from django import forms
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -119,7 +120,38 @@ def start_refusal(cluster, mode: str) -> str:
     return funds.refusal(message)
 
 
-class ClusterForm(forms.Form):
+class ShutdownFields(forms.Form):
+    """Scheduled and idle shutdown (定时关机): the spec's three fields (their shapes and
+    words: jobs/clusters/spec.py shutdown_fields) as the page shows them. A time is in the
+    reader's zone (their preferences')."""
+
+    _shapes = cluster_spec.shutdown_fields()
+    stop_at = _shapes["stop_at"]
+    stop_at.label = gettext_lazy("Stop at")
+    stop_at.widget = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
+    stop_at.widget.is_required = False
+    stop_idle_minutes = _shapes["stop_idle_minutes"]
+    stop_idle_minutes.label = gettext_lazy("Stop when idle for (minutes)")
+    stop_idle_minutes.widget.attrs.update(placeholder="30", min=10, max=1440)
+    stop_idle_below = _shapes["stop_idle_below"]
+    stop_idle_below.label = gettext_lazy("... with every GPU under (%)")
+    stop_idle_below.widget.attrs.update(placeholder="5", min=1, max=100)
+    stop_idle_below.help_text = gettext_lazy(
+        "Judged by the monitor's samples of every GPU; without samples (the monitor down) "
+        "it never stops. Its files are kept either way."
+    )
+    del _shapes
+
+    def _zone_note(self) -> None:
+        now = timezone.localtime()
+        offset = now.strftime("%z")
+        zone = f"{now.tzname()}, UTC{offset[:3]}:{offset[3:]}"
+        self.fields["stop_at"].help_text = _(
+            "Once, at this time (%(zone)s): the cluster stops, its files kept."
+        ) % {"zone": zone}
+
+
+class ClusterForm(ShutdownFields):
     """A new cluster on the page: its fields parse what the browser sent (and offer the
     choices); the rules are the cluster spec's (jobs/clusters/spec.py), whose refusals
     land on the fields of the same names."""
@@ -242,6 +274,7 @@ class ClusterForm(forms.Form):
         # The owner's default keys come ticked on a new form (SshKey.is_default).
         self.fields["ssh_keys"].initial = [k.pk for k in ssh_keys_default(owner)]
         self._pub_note()
+        self._zone_note()
 
     def _resource_choices(self) -> None:
         """The GPU models, each with what is free where (or why none can be placed), and
@@ -442,7 +475,7 @@ class PoolForm(ClusterForm):
 
     def __init__(self, *args, owner, **kwargs):
         super().__init__(*args, owner=owner, **kwargs)
-        for name in ("ssh_keys", "workspace", "release_policy"):
+        for name in ("ssh_keys", "workspace", "release_policy", *cluster_spec.SHUTDOWN_FIELDS):
             del self.fields[name]
         self.rate_per_hour = None  # one cluster's price per hour, once clean
 
@@ -557,6 +590,31 @@ class PoolForm(ClusterForm):
             budget_per_hour=d.get("budget_per_hour"),
             budget_total=d.get("budget_total"),
         )
+
+
+class ShutdownForm(ShutdownFields):
+    """A cluster's shutdown rules on its page, whole (an empty field: no such rule),
+    checked by the spec's ShutdownRequest; `schedule` once valid."""
+
+    def __init__(self, *args, cluster: Cluster, **kwargs):
+        kwargs.setdefault("initial", {n: getattr(cluster, n) for n in cluster_spec.SHUTDOWN_FIELDS})
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
+        self.schedule: cluster_spec.Schedule | None = None
+        self._zone_note()
+
+    def clean(self):
+        data = super().clean()
+        names = cluster_spec.SHUTDOWN_FIELDS
+        self.schedule, errors = cluster_spec.ShutdownRequest(
+            cluster=self.cluster,
+            parsed=True,
+            refused=frozenset(n for n in names if n in self.errors),
+            **{n: data.get(n) for n in names if n not in self.errors},
+        ).errors()
+        for name, said in errors.items():
+            self.add_error(None if name == NON_FIELD_ERRORS else name, said)
+        return data
 
 
 class ResizeForm(forms.Form):

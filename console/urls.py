@@ -14,6 +14,7 @@ from console import (
     views_monitoring,
     views_pools,
     views_pub,
+    views_shutdown,
     views_storage,
     views_subscriptions,
     views_sweeps,
@@ -44,6 +45,16 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/release/", views.cluster_release, name="cluster_release"),
     path("clusters/<int:cluster_id>/resize/", views.cluster_resize, name="cluster_resize"),
     path("clusters/<int:cluster_id>/stop/", views.cluster_stop, name="cluster_stop"),
+    path(
+        "clusters/<int:cluster_id>/shutdown/",
+        views_shutdown.cluster_shutdown,
+        name="cluster_shutdown",
+    ),
+    path(
+        "clusters/<int:cluster_id>/shutdown/clear/",
+        views_shutdown.cluster_shutdown_clear,
+        name="cluster_shutdown_clear",
+    ),
     path(
         "clusters/<int:cluster_id>/keys/attach/",
         views.cluster_key_attach,

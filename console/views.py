@@ -27,6 +27,7 @@ from console.forms import (
     JobForm,
     ResizeForm,
     SaveImageForm,
+    ShutdownForm,
     SshKeyForm,
     start_refusal,
 )
@@ -282,6 +283,7 @@ def cluster_detail(request, cluster_id: int):
     context = _cluster_context(cluster)
     context["cost"] = money.cluster_cost(cluster)  # billing/_cluster_cost.html polls itself
     context["logins"] = ssh_logins(cluster, request)
+    context["shutdown_form"] = ShutdownForm(cluster=cluster)  # console/views_shutdown.py
     return render(request, "console/cluster_detail.html", context)
 
 

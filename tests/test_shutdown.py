@@ -8,12 +8,16 @@ the clock is moved with time_machine, and samples are written as the monitor wri
 Clusters run on paper hosts (a stop that needs no engine) unless the test says otherwise.
 """
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone, translation
 
+from console.models import ApiToken
 from jobs.base.text import show
 from jobs.clusters import shutdown
 from jobs.models import Cluster, ClusterEvent, Node
@@ -222,3 +226,182 @@ def test_shutdown_set_replaces_the_rules(placed):
     assert (cluster.stop_at, cluster.stop_idle_minutes, cluster.stop_idle_below) == (
         T0 + timedelta(hours=1), 30, 5,
     )  # fmt: skip
+
+
+# -- setting the rules: API, the cluster page, the new-cluster form ----------------------
+
+
+def _api(user):
+    _, token = ApiToken.issue(user=user, name="script")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def call(method, path, body=None):
+        response = getattr(client, method.lower())(
+            f"/api/v1/{path}", data=json.dumps(body or {}), content_type="application/json"
+        )
+        return response.status_code, response.json()
+
+    return call
+
+
+def _rules(cluster):
+    cluster.refresh_from_db()
+    return (cluster.stop_at, cluster.stop_idle_minutes, cluster.stop_idle_below)
+
+
+PAST = "2026-12-06T13:00:00Z"
+LATER = "2026-12-06T23:00:00+08:00"
+
+# Each bad request, and the words on its fields: the API's and the page's alike.
+BAD = [
+    ({"stop_at": PAST}, {"stop_at": ["2026-12-06 13:00 UTC has passed: give a time to come."]}),
+    ({"stop_at": "tonight"}, {"stop_at": ["Give a date and time, e.g. 2026-12-06 23:00."]}),
+    ({"stop_at": "2028-01-01T00:00:00Z"}, {"stop_at": ["Give a time within a year."]}),
+    (
+        {"stop_idle_minutes": 5, "stop_idle_below": 5},
+        {"stop_idle_minutes": ["Give whole minutes from 10 to 1440 (a day)."]},
+    ),
+    (
+        {"stop_idle_minutes": 30, "stop_idle_below": 101},
+        {"stop_idle_below": ["Give a GPU utilisation from 1 to 100 percent."]},
+    ),
+    (
+        {"stop_idle_minutes": 30, "stop_idle_below": 0},
+        {"stop_idle_below": ["Give a GPU utilisation from 1 to 100 percent."]},
+    ),
+    (
+        {"stop_idle_minutes": 30},
+        {"stop_idle_below": ["Give the GPU utilisation too: under how many percent?"]},
+    ),
+    (
+        {"stop_at": PAST, "stop_idle_minutes": 1441, "stop_idle_below": 5},
+        {
+            "stop_at": ["2026-12-06 13:00 UTC has passed: give a time to come."],
+            "stop_idle_minutes": ["Give whole minutes from 10 to 1440 (a day)."],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "fields"), BAD)
+def test_bad_rules_are_refused_on_their_fields_and_nothing_is_saved(placed, alice, body, fields):
+    cluster = placed(stop_at=T0 + timedelta(hours=5))
+    before = _rules(cluster)
+    api = _api(alice)
+    with time_machine.travel(T0, tick=False):
+        status, answer = api("POST", f"clusters/{cluster.pk}/shutdown", body)
+    assert status == 400 and answer["fields"] == fields, answer
+    assert _rules(cluster) == before
+    # The page's form: the same words on the same fields (the reader's zone: UTC here).
+    client = Client()
+    client.force_login(alice)
+    form = {"stop_at": "", "stop_idle_minutes": "", "stop_idle_below": ""}
+    form.update({k: str(v) for k, v in body.items()})
+    with time_machine.travel(T0, tick=False):
+        response = client.post(reverse("cluster_shutdown", args=[cluster.pk]), form)
+    assert response.status_code == 400
+    errors = response.context["shutdown_form"].errors
+    assert {k: v for k, v in errors.items()} == fields
+    assert _rules(cluster) == before
+
+
+def test_the_owner_sets_and_clears_the_rules_and_another_account_gets_404(placed, alice, bob):
+    cluster = placed()
+    api = _api(alice)
+    with time_machine.travel(T0, tick=False):
+        status, answer = api(
+            "POST", f"clusters/{cluster.pk}/shutdown",
+            {"stop_at": LATER, "stop_idle_minutes": 30, "stop_idle_below": 5},
+        )  # fmt: skip
+    assert status == 200, answer
+    assert answer["stop_at"] == "2026-12-06T15:00:00Z"
+    assert (answer["stop_idle_minutes"], answer["stop_idle_below"]) == (30, 5)
+    with time_machine.travel(T0, tick=False):
+        status, answer = api("POST", f"clusters/{cluster.pk}/shutdown", {"stop_at": None})
+    assert status == 200 and answer["stop_at"] is None and answer["stop_idle_minutes"] == 30
+    # Another researcher: as if it did not exist, and nothing changes.
+    mallory = _api(bob)
+    with time_machine.travel(T0, tick=False):
+        status, answer = mallory("POST", f"clusters/{cluster.pk}/shutdown", {"stop_at": LATER})
+        assert status == 404
+        assert mallory("DELETE", f"clusters/{cluster.pk}/shutdown")[0] == 404
+        assert mallory("POST", f"clusters/{cluster.pk + 999}/shutdown", {})[0] == 404
+    client = Client()
+    client.force_login(bob)
+    page = {"stop_at": "", "stop_idle_minutes": "10", "stop_idle_below": "99"}
+    assert client.post(reverse("cluster_shutdown", args=[cluster.pk]), page).status_code == 404
+    assert client.post(reverse("cluster_shutdown_clear", args=[cluster.pk])).status_code == 404
+    assert _rules(cluster) == (None, 30, 5)
+    status, answer = api("DELETE", f"clusters/{cluster.pk}/shutdown")
+    assert status == 200 and _rules(cluster) == (None, None, None)
+
+
+def test_the_page_takes_a_time_in_the_readers_zone_and_shows_it_back(placed, alice):
+    from console import preferences
+
+    preferences.save(alice, language="en", time_zone="Asia/Shanghai")
+    cluster = placed()
+    client = Client()
+    client.force_login(alice)
+    url = reverse("cluster_shutdown", args=[cluster.pk])
+    with time_machine.travel(T0, tick=False):
+        form = {"stop_at": "2026-12-06T23:00", "stop_idle_minutes": "30", "stop_idle_below": "5"}
+        response = client.post(url, form)
+        assert response.status_code == 302
+        assert _rules(cluster) == (T0 + timedelta(hours=1), 30, 5)  # 23:00 CST is 15:00 UTC
+        page = client.get(reverse("cluster_detail", args=[cluster.pk])).content.decode()
+    assert "Stops at 2026-12-06 23:00 CST (once)." in page
+    assert "Stops after 30 min with every GPU under 5 %." in page
+    assert 'value="2026-12-06T23:00"' in page  # the form shows it back in the zone
+    response = client.post(reverse("cluster_shutdown_clear", args=[cluster.pk]), follow=True)
+    assert _rules(cluster) == (None, None, None)
+    assert "It stops only when you stop it." in response.content.decode()
+
+
+def test_rules_given_at_creation_by_the_api_and_the_form_alike(alice, make_paper_host, priced):
+    """At the real time: the rate card is in force from now."""
+    from functools import partial
+
+    from console.forms import ClusterForm, check_funds
+    from jobs.clusters.spec import ClusterRequest, Image, Offer
+    from tests.forms_data import cluster_form
+
+    make_paper_host("gpu-paper-01", gpus=8)
+    api = _api(alice)
+    new = {
+        "name": "nightly", "gpu_model": "a100-80gb", "nodes": 1, "gpus_per_node": 1,
+        "image": "suanli/busybox:latest", "release_policy": "never",
+    }  # fmt: skip
+    past = (timezone.now() - timedelta(hours=1)).replace(second=0, microsecond=0)
+    status, answer = api(
+        "POST", "clusters", {**new, "stop_at": past.isoformat(), "stop_idle_minutes": 9}
+    )  # fmt: skip
+    assert status == 400
+    assert answer["fields"] == {
+        "stop_at": [f"{past:%Y-%m-%d %H:%M} UTC has passed: give a time to come."],
+        "stop_idle_minutes": ["Give whole minutes from 10 to 1440 (a day)."],
+    }
+    assert not Cluster.objects.filter(name="nightly").exists()  # nothing half-made
+    data = cluster_form(
+        stop_at=f"{past:%Y-%m-%dT%H:%M}", stop_idle_minutes="9", stop_idle_below="", workspace="on"
+    )
+    form = ClusterForm(data, owner=alice)  # the reader's zone: UTC here
+    assert not form.is_valid()
+    assert form.errors["stop_at"] == answer["fields"]["stop_at"]
+    assert form.errors["stop_idle_minutes"] == answer["fields"]["stop_idle_minutes"]
+    cpu = ClusterRequest(
+        owner=alice, name="cpu-1", resource="cpu:cpu-2c-4g", nodes=1,
+        image=Image.objects.get(reference="suanli/busybox:latest"),
+        stop_idle_minutes=30, stop_idle_below=5,
+    ).check(Offer.of(alice), funds=partial(check_funds, alice))  # fmt: skip
+    assert [str(m) for m in cpu.errors["stop_idle_minutes"]] == [
+        "This cluster has no GPUs whose utilisation could be watched: schedule a stop at a "
+        "time instead."
+    ]
+    later = past + timedelta(hours=3)
+    status, answer = api(
+        "POST", "clusters",
+        {**new, "stop_at": later.isoformat(), "stop_idle_minutes": 60, "stop_idle_below": 10},
+    )  # fmt: skip
+    assert status == 201, answer
+    assert _rules(Cluster.objects.get(pk=answer["id"])) == (later, 60, 10)

@@ -81,7 +81,7 @@ OWN = {
     "billing_statement", "billing_statement_detail", "cluster_cost", "webhooks",
     "webhook_detail", "webhook_test", "webhook_rotate", "webhook_delete", "webhook_redeliver",
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
-    "storage",
+    "storage", "cluster_shutdown", "cluster_shutdown_clear",
 }  # fmt: skip
 # No session at all: the join scripts are public, the join endpoints answer token and
 # credential holders only, whoever is signed in (tests/test_host_join.py).
@@ -93,7 +93,8 @@ API_OWN = {
     "image_build_create", "image_build", "image_delete", "node_save_image", "balance", "bill",
     "bill_line_pieces", "ssh_keys", "ssh_key_add", "ssh_key_change", "ssh_key_delete",
     "cluster_keys", "cluster_key_attach", "cluster_key_detach",
-    "sweep_list", "sweep_create", "sweep", "sweep_cancel",
+    "sweep_list", "sweep_create", "sweep", "sweep_cancel", "cluster_shutdown",
+    "cluster_shutdown_clear",
 }  # fmt: skip
 # The websockets, by the route's first words: the permission that opens another
 # researcher's, or None where only the owner ever may.

@@ -31,6 +31,7 @@ hosts offer), files (storage, pub), models and base (validators). The balance is
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, timedelta
 from typing import Any, Protocol
 
 from django import forms
@@ -54,6 +55,7 @@ ACTIVE = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING
 STOP_IDLE_MINUTES = (10, 1440)  # a stop after N idle minutes: from 10 minutes to a day
 STOP_IDLE_BELOW = (1, 100)  # ... with every GPU under this percent
 SHUTDOWN_FIELDS = ("stop_at", "stop_idle_minutes", "stop_idle_below")
+STOP_AT_MOST = timedelta(days=366)  # a scheduled stop within a year
 
 
 @dataclass(frozen=True)
@@ -555,12 +557,25 @@ MINUTES_RANGE = gettext_lazy("Give whole minutes from 10 to 1440 (a day).")
 BELOW_RANGE = gettext_lazy("Give a GPU utilisation from 1 to 100 percent.")
 
 
+class StopAtField(forms.DateTimeField):
+    """A time, kept in UTC; one beyond what a datetime holds there is not a time."""
+
+    def to_python(self, value):
+        result = super().to_python(value)
+        if result is None:
+            return None
+        try:
+            return result.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+
 def shutdown_fields() -> dict[str, forms.Field]:
     """The shapes of the three shutdown fields, for the spec and the console's forms alike
     (one set of words). A time without a zone is in the reader's (the API's: UTC)."""
     minutes, below = STOP_IDLE_MINUTES, STOP_IDLE_BELOW
     return {
-        "stop_at": forms.DateTimeField(
+        "stop_at": StopAtField(
             required=False,
             error_messages={
                 "invalid": gettext_lazy("Give a date and time, e.g. 2026-12-06 23:00.")
@@ -599,6 +614,8 @@ def shutdown_refusals(values: dict, *, gpus: bool, workspace: bool, now=None) ->
     if at is not None and at <= now:
         shown = timezone.localtime(at).strftime("%Y-%m-%d %H:%M %Z")
         out.append(("stop_at", _("%(at)s has passed: give a time to come.") % {"at": shown}))
+    elif at is not None and at > now + STOP_AT_MOST:
+        out.append(("stop_at", _("Give a time within a year.")))
     if minutes is not None and below is None and "stop_idle_below" in values:
         out.append(("stop_idle_below", _("Give the GPU utilisation too: under how many percent?")))
     if below is not None and minutes is None and "stop_idle_minutes" in values:
