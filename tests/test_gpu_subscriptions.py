@@ -350,3 +350,42 @@ def test_the_page_in_chromium_at_a_laptops_and_a_phones_width(
         page.screenshot(path=f"{SHOTS}/gpu-subscriptions-{tag}-phone.png", full_page=True)
     finally:
         context.close()
+
+
+def test_the_command_line_lists_adds_and_cancels(
+    live_server, make_paper_host, alice, bob, tmp_path
+):
+    import subprocess
+    import sys
+
+    make_paper_host()
+
+    def suanli(user, *args, ok=True):
+        _, token = ApiToken.issue(user=user, name=f"cli-{len(args)}")
+        done = subprocess.run(
+            [sys.executable, "-m", "suanli_cli", *map(str, args)],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
+                 "SUANLI_URL": live_server.url, "SUANLI_TOKEN": token},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        assert (done.returncode == 0) == ok, (args, done.stdout, done.stderr)
+        return done
+
+    done = suanli(alice, "subscriptions", "add", "--gpu", "a100-80gb", "--gpus-per-node", 8,
+                  "--zone", "zone-a")  # fmt: skip
+    assert done.stdout.startswith("Subscription ") and "8 x A100 80 GB in zone-a" in done.stdout
+    done = suanli(alice, "subscriptions", "add", "--gpu", "a100-80gb", "--gpus-per-node", 0,
+                  "--expires-in-hours", 721, ok=False)  # fmt: skip
+    assert "  --gpus-per-node: Ensure this value is greater than or equal to 1." in done.stderr
+    assert "  --expires-in-hours: Ensure this value is less than or equal to 720." in done.stderr
+    listed = json.loads(suanli(alice, "subscriptions", "list", "--json").stdout)
+    (sub,) = listed["gpu_subscriptions"]
+    assert sub["state"] == "waiting" and sub["zone"] == "zone-a"
+    assert "notify only" in suanli(alice, "subscriptions", "list").stdout
+    done = suanli(bob, "subscriptions", "cancel", sub["id"], ok=False)
+    assert "was not found (not yours, or no such thing)" in done.stderr
+    assert suanli(alice, "subscriptions", "cancel", sub["id"]).stdout == (
+        f"Subscription {sub['id']} cancelled.\n"
+    )
+    assert GpuSubscription.objects.get().state == "cancelled"

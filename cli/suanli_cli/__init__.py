@@ -20,6 +20,7 @@ from suanli_cli import (  # noqa: F401 (each registers its commands)
     logs,
     pools,
     ssh,
+    subscriptions,
     sweeps,
 )
 from suanli_cli.main import cli, main
