@@ -86,6 +86,9 @@ OWN = {
 # No session at all: the join scripts are public, the join endpoints answer token and
 # credential holders only, whoever is signed in (tests/test_host_join.py).
 JOIN = {"host_join_script", "host_firewall_script", "host_join_api", "host_join_image"}
+# A notification address's confirmation link: whoever holds its one-time token, no session
+# (tests/test_notifications.py: a guessed token is 404).
+JOIN |= {"notify_confirm"}
 API_OWN = {
     "openapi-json", "openapi-view", "api-root", "clusters", "cluster_create", "cluster",
     "cluster_release", "cluster_stop", "cluster_start", "cluster_resize", "jobs", "job_submit",
