@@ -339,7 +339,7 @@ def test_a_blocked_start_offers_both_choices_in_chromium(
         expect(page.get_by_test_id("cluster-state")).to_have_text("stopped")
         blocked = page.get_by_test_id("start-blocked")
         expect(blocked).to_contain_text("in use by other clusters")
-        expect(page.get_by_test_id("release-countdown")).to_contain_text("Released with its")
+        expect(page.get_by_test_id("release-countdown")).to_contain_text("unless started again")
         expect(page.get_by_test_id("start")).to_have_count(0)  # not offered while blocked
         page.screenshot(path=f"{SHOTS}/cluster_stopped_blocked.png", full_page=True)
         blocked.get_by_role("button", name="Start without GPUs").click()

@@ -4,11 +4,15 @@
 rendered now; older events without one show their English `message`).
 `{{ e.kind|event_kind }}`: the short label of its kind (the CSS class keeps the slug).
 `{{ cluster|reason_text }}`: a Cluster's or Job's state reason (its `state_reason_text`,
-else the English `state_reason` of older rows and plain words)."""
+else the English `state_reason` of older rows and plain words).
+`{{ cluster|release_in }}`: how long a stopped cluster is kept yet ("14 days 3 h")."""
 
 import json
+from datetime import timedelta
 
 from django import template
+from django.conf import settings
+from django.utils import timezone
 from django.utils.translation import gettext_lazy
 
 from jobs.base import text
@@ -120,3 +124,15 @@ def state_labels(obj) -> str:
 def cluster_state(value: str) -> str:
     """`{{ row.cluster__state|cluster_state }}`: a cluster's state from a values() row."""
     return str(dict(Cluster.State.choices).get(value, value))
+
+
+@register.filter
+def release_in(cluster) -> str:
+    """`{{ cluster|release_in }}`: how long until a stopped cluster (or one waiting in line
+    to start again) is released with its workspaces, SUANLI_STOPPED_RELEASE_DAYS after its
+    stop ("14 days 3 h", "14 天 3 小时"); "" when it is not stopped."""
+    stopped = getattr(cluster, "stopped_at", None)
+    if stopped is None:
+        return ""
+    at = stopped + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    return text.duration(max((at - timezone.now()).total_seconds(), 0))
