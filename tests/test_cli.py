@@ -396,6 +396,7 @@ def test_every_command_prints_json_under_json_and_its_errors_too(console_url, al
         ("clusters", "stop"): ([missing], 1),
         ("clusters", "start"): ([missing], 1),
         ("clusters", "resize"): ([missing, "--nodes", 2], 1),
+        ("clusters", "shutdown"): ([missing, "--clear"], 1),
         ("jobs", "list"): ([], 0),
         ("jobs", "show"): ([missing], 1),
         ("jobs", "submit"): (["--cluster", missing, "--", "true"], 1),

@@ -405,3 +405,37 @@ def test_rules_given_at_creation_by_the_api_and_the_form_alike(alice, make_paper
     )  # fmt: skip
     assert status == 201, answer
     assert _rules(Cluster.objects.get(pk=answer["id"])) == (later, 60, 10)
+
+
+@pytest.mark.django_db(transaction=True)  # the CLI speaks HTTP to a live server
+def test_the_command_line_sets_shows_and_clears_the_rules(placed, alice, bob, live_server):
+    from click.testing import CliRunner
+
+    from suanli_cli import cli
+
+    cluster = placed()
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    env = {"SUANLI_URL": live_server.url, "SUANLI_TOKEN": token, "TZ": "UTC"}
+    runner = CliRunner(env=env)
+
+    def run(*args, code=0):
+        result = runner.invoke(cli, ["clusters", "shutdown", str(cluster.pk), *args])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    said = run("--at", "23:59", "--idle-minutes", "30", "--idle-below", "5")
+    assert said.startswith(f"Cluster {cluster.pk} (c1) stops at ")
+    assert said.endswith(" 23:59 UTC (once); after 30 min with every GPU under 5 %.\n")
+    assert _rules(cluster)[1:] == (30, 5) and cluster.stop_at.strftime("%H:%M") == "23:59"
+    refused = run("--idle-minutes", "5", code=1)
+    assert "--idle-minutes: Give whole minutes from 10 to 1440 (a day)." in refused
+    assert run("--at", "tomorrow", code=2).count("is not a time") == 1
+    assert run("--no-at").endswith("stops after 30 min with every GPU under 5 %.\n")
+    _, theirs = ApiToken.issue(user=bob, name="bob")
+    result = CliRunner(env={**env, "SUANLI_TOKEN": theirs}).invoke(
+        cli, ["clusters", "shutdown", str(cluster.pk), "--clear"]
+    )
+    assert result.exit_code == 1 and "was not found" in result.output
+    assert _rules(cluster)[1:] == (30, 5)
+    assert run("--clear") == f"Cluster {cluster.pk} (c1) stops only when you stop it.\n"
+    assert _rules(cluster) == (None, None, None)

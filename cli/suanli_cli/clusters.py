@@ -1,6 +1,10 @@
-"""`suanli clusters`: request, list, show, stop, start, resize and release GPU clusters."""
+"""`suanli clusters`: request, list, show, stop, start, resize and release GPU clusters, and
+set their scheduled and idle stop (定时关机)."""
 
 from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
 
 import click
 
@@ -54,6 +58,7 @@ def _show_cluster(c: dict, as_json: bool) -> None:
         ["id", "name", "state", "state_reason", "size", "image", "network", "zone",
          "release_policy", "pub", "created_at", "running_since", "released_at", "url"],
     )  # fmt: skip
+    click.echo(f"{'stops:'.ljust(15)}{_rules_words(c)}")
 
 
 @clusters.command("create")
@@ -80,10 +85,32 @@ def _show_cluster(c: dict, as_json: bool) -> None:
 )  # fmt: skip
 @click.option("--idle-minutes", type=int, help="With --release-policy idle.")
 @click.option("--ssh-key", "ssh_keys", type=int, multiple=True, metavar="ID", help="Repeatable.")
+@click.option(
+    "--stop-at",
+    metavar="TIME",
+    help="Stop it (files kept) once at TIME: "
+    + "HH:MM (the next one), 'YYYY-MM-DD HH:MM' (this machine's zone) or ISO 8601.",
+)
+@click.option(
+    "--stop-idle-minutes",
+    type=int,
+    metavar="N",
+    help="Stop it after N minutes (10-1440) with every GPU under --stop-idle-below %.",
+)
+@click.option(
+    "--stop-idle-below",
+    type=int,
+    metavar="PCT",
+    help="With --stop-idle-minutes: the GPU utilisation, 1-100.",
+)
 @json_option
-def clusters_create(name, gpu_model, instance_type, image, volumes, pub, ssh_keys, as_json, **rest):
+def clusters_create(
+    name, gpu_model, instance_type, image, volumes, pub, ssh_keys, stop_at, as_json, **rest
+):
     """Request a cluster NAME (lower-case letters, digits, dashes); it runs once placed."""
     body = {"name": name, "image": image, "volumes": list(volumes)}
+    if stop_at is not None:
+        body["stop_at"] = _at(stop_at)
     if pub is not None:
         body["pub"] = pub
     if gpu_model:
@@ -193,3 +220,94 @@ def clusters_resize(cluster_id, nodes, as_json):
         emit_json(c)
         return
     click.echo(f"Cluster {c['id']} ({c['name']}) has {c['nodes']} node(s); it is {c['state']}.")
+
+
+# scheduled and idle stop (定时关机)
+
+
+def _at(text: str) -> str:
+    """A time as the API takes it (ISO 8601 with an offset): HH:MM is the next such time in
+    this machine's zone, a date and time without an offset is in this machine's zone."""
+    text = text.strip()
+    now = datetime.now()
+    clock = re.fullmatch(r"(\d{1,2}):(\d{2})", text)
+    try:
+        if clock:
+            at = now.replace(hour=int(clock[1]), minute=int(clock[2]), second=0, microsecond=0)
+            if at <= now:
+                at += timedelta(days=1)
+        else:
+            at = datetime.fromisoformat(text)
+        return (at if at.tzinfo else at.astimezone()).isoformat()
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a time: give HH:MM, 'YYYY-MM-DD HH:MM' or ISO 8601.",
+            param_hint="--at",
+        ) from None
+
+
+def _rules_words(c: dict) -> str:
+    words = []
+    if c.get("stop_at"):
+        local = datetime.fromisoformat(c["stop_at"].replace("Z", "+00:00")).astimezone()
+        words.append(f"at {local:%Y-%m-%d %H:%M %Z} (once)")
+    if c.get("stop_idle_minutes"):
+        words.append(
+            f"after {c['stop_idle_minutes']} min with every GPU under {c['stop_idle_below']} %"
+        )
+    return "; ".join(words) or "only when you stop it"
+
+
+@clusters.command("shutdown")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@click.option(
+    "--at",
+    "at",
+    metavar="TIME",
+    help="Stop it once at TIME: HH:MM (the next one), "
+    + "'YYYY-MM-DD HH:MM' (this machine's zone) or ISO 8601 with an offset.",
+)
+@click.option(
+    "--idle-minutes",
+    type=int,
+    metavar="N",
+    help="Stop it after N minutes (10-1440) with every GPU under --idle-below %.",
+)
+@click.option(
+    "--idle-below", type=int, metavar="PCT", help="The GPU utilisation of --idle-minutes, 1-100."
+)
+@click.option("--no-at", is_flag=True, help="Clear the stop at a time.")
+@click.option("--no-idle", is_flag=True, help="Clear the idle stop.")
+@click.option("--clear", is_flag=True, help="Clear both: it stops only when you stop it.")
+@json_option
+def clusters_shutdown(cluster_id, at, idle_minutes, idle_below, no_at, no_idle, clear, as_json):
+    """Stop the cluster on its own, its files kept: once at a time, and/or after N minutes
+    with every GPU under X % (by the monitor's samples: without samples it never stops).
+    What you leave out stays as it was; with no option, show its rules."""
+    api, what = Api.from_config(), f"cluster {cluster_id}"
+    body: dict = {}
+    if at is not None:
+        body["stop_at"] = _at(at)
+    if idle_minutes is not None:
+        body["stop_idle_minutes"] = idle_minutes
+    if idle_below is not None:
+        body["stop_idle_below"] = idle_below
+    if no_at:
+        body["stop_at"] = None
+    if no_idle:
+        body.update(stop_idle_minutes=None, stop_idle_below=None)
+    try:
+        if clear:
+            c = api.delete(f"clusters/{cluster_id}/shutdown", what)
+        elif body:
+            c = api.post(f"clusters/{cluster_id}/shutdown", what, body)
+        else:
+            c = api.get(f"clusters/{cluster_id}", what)
+    except Failure as exc:  # the refusals under this command's own options
+        for field, option in (("stop-idle-", "idle-"), ("stop-at", "at")):
+            exc.message = exc.message.replace(f"  --{field}", f"  --{option}")
+        raise
+    if wants_json(as_json):
+        emit_json(c)
+        return
+    click.echo(f"Cluster {c['id']} ({c['name']}) stops {_rules_words(c)}.")
