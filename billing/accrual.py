@@ -553,9 +553,10 @@ def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) 
     for pk in sorted(set(account_ids)):
         with transaction.atomic():
             account = Account.objects.select_related("user").get(pk=pk)
+            # Its pools first: the autoscaler locks a pool, then its clusters (same order).
+            Pool.objects.filter(owner_id=account.user_id).update(balance=account.balance)
             kept, released = _stop_clusters_of(account.user_id)
             ended += [c.pk for c in kept + released]
-            Pool.objects.filter(owner_id=account.user_id).update(balance=account.balance)
             _tell_exhausted(account, kept, released, book.currency, now)
     if ended:
         later = floor_s(timezone.now())
