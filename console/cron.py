@@ -6,6 +6,7 @@ from rq import cron
 from billing import tasks as billing_tasks
 from console import pools, subscriptions
 from jobs import tasks as job_tasks
+from jobs.events import outbox
 from monitoring import idle as monitoring_idle
 from monitoring import tasks as monitoring_tasks
 
@@ -33,6 +34,9 @@ cron.register(monitoring_tasks.rollup_and_prune, "default", interval=60)
 cron.register(monitoring_idle.clusters_shutdown, "default", interval=60)
 # Webhooks: deliveries that are due and whose enqueue was lost (jobs/events/webhooks.py).
 cron.register(job_tasks.webhooks_sweep, "webhooks", interval=10)
+# Follow-up work (a job's next dispatch, its profile summary...) whose queueing after its
+# commit failed, Redis being away: sent once it answers (jobs/events/outbox.py).
+cron.register(job_tasks.outbox_flush, "default", interval=outbox.FLUSH_S)
 # Balance warnings (billing/services.notify_low_balances): every minute, so the 30-minute
 # warning (balance.critical) leaves 29 minutes or more to top up.
 cron.register(billing_tasks.notify_low_balances, "default", interval=60)

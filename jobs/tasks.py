@@ -8,7 +8,7 @@ importing this module.
 
 from jobs.base.queue import enqueue_later, enqueue_unique
 from jobs.clusters import services
-from jobs.events import webhooks
+from jobs.events import outbox, webhooks
 from jobs.files import storage
 from jobs.hosts import services as host_services
 from jobs.images import builds
@@ -187,6 +187,11 @@ def webhook_deliver(delivery_id: int) -> str:
 
 def webhooks_sweep() -> int:
     return webhooks.sweep()
+
+
+def outbox_flush() -> int:
+    """Follow-up work a commit could not queue (Redis was away): jobs/events/outbox.py."""
+    return outbox.flush()
 
 
 def image_build_run(build_id: int) -> str:

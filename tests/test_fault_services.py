@@ -2,7 +2,8 @@
 loop has met the outage and started again, PostgreSQL stopped and started, while clusters
 accrue and jobs run.
 
-Every process lives on and goes on with its work without a restart by hand: the cron
+Every process lives on and goes on with its work without a restart by hand: work queued
+after a commit while Redis was away is queued once it is back (jobs/events/outbox.py), the cron
 still enqueues (accrual catches up, no second billed twice or missed), the worker and its
 RQ scheduler still run delayed jobs (a cancelled job that ignores SIGTERM dies of its
 delayed SIGKILL), the watch still finalises a job the moment it ends (with the container's
@@ -34,7 +35,7 @@ from waiting import until as _until
 from billing.models import LedgerEntry, Meter
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
-from jobs.models import Job
+from jobs.models import Job, OutboxTask
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -371,3 +372,39 @@ def _get(url: str) -> int:
         return exc.code
     except OSError:
         return 0
+
+
+def test_work_queued_as_a_job_ends_while_redis_is_down_comes_when_it_is_back(
+    running_cluster, processes, priced, alice, redis_server
+):
+    """A job that ends while Redis is down: its follow-up work (the cluster's next job, the
+    profile summary) is queued once Redis answers, not at the reconciler's next round (an
+    hour here)."""
+    procs = _start_stack(processes, "worker", "cron", "watch")
+    cluster = running_cluster(1, name="queue")
+    first = services.job_submit(cluster=cluster, spec=JobSpec(name="first", command=UNTIL_TOLD))
+    _until(lambda: _state(first, [Job.State.RUNNING]), 30, "the first job to run")
+    second = services.job_submit(cluster=cluster, spec=JobSpec(name="second", command=UNTIL_TOLD))
+    assert _state(second, [Job.State.QUEUED])  # behind the first
+
+    redis_server.shutdown()
+    _client, container = _container(first)
+    container.kill(signal="SIGUSR1")
+    _until(lambda: _state(first, Job.ENDED), 15, "the watch to finalise the first job")
+    assert first.state == Job.State.SUCCEEDED, first.state_reason
+    assert OutboxTask.objects.filter(job_id=f"dispatch-{cluster.pk}").exists()
+    redis_server.start()  # empty: what was queued before is gone too
+
+    _until(lambda: _state(second, [Job.State.RUNNING]), 60, "the second job to start")
+    profiles = django_rq.get_queue("profiles")  # no profiles worker here: it waits there
+    assert profiles.fetch_job(f"profiles-{first.pk}") is not None
+    _until(lambda: not OutboxTask.objects.exists(), 15, "the outbox to empty")
+
+    second.refresh_from_db()
+    _client, container = _container(second)
+    container.kill(signal="SIGUSR1")
+    _until(lambda: _state(second, Job.ENDED), 15, "the watch to finalise the second job")
+    _assert_alive(procs)
+    logs = _logs(processes)
+    for name in ("cron", "watch"):
+        assert "Traceback" not in logs[name], logs[name][-3000:]

@@ -25,12 +25,20 @@ Task = str | Callable
 
 
 def enqueue_unique(
-    queue_name: str, func: Task, *args, job_id: str, again_if_running=False, **options
+    queue_name: str,
+    func: Task,
+    *args,
+    job_id: str,
+    again_if_running=False,
+    at_once=False,
+    **options,
 ):
     """Enqueue unless a job with this id is still waiting (RQ itself would overwrite it and
     queue it twice). With `again_if_running`, a job that is already running gets one
-    follow-up queued behind it, for work that must see what changed after it started."""
-    queue = django_rq.get_queue(queue_name)
+    follow-up queued behind it, for work that must see what changed after it started.
+    Inside a transaction django_rq queues it once that commits, unless `at_once` (the
+    outbox, jobs/events/outbox.py, sends under a row lock and must know Redis took it)."""
+    queue = django_rq.get_queue(queue_name, commit_mode="auto" if at_once else None)
     for candidate in (job_id, f"{job_id}-next") if again_if_running else (job_id,):
         existing = queue.fetch_job(candidate)
         status = existing.get_status(refresh=True) if existing is not None else None

@@ -13,60 +13,43 @@ from django.db import models, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from jobs.base.queue import enqueue_by_name, enqueue_unique
 from jobs.base.text import Text, argument, stored_reason, twin_fields
+from jobs.events.outbox import enqueue_after_commit
 from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
 from jobs.models import Cluster, Host, Job, Node, WorkspaceApp
 
-# -- work for the parts above, after commit ---------------------------------------------------
+# -- work for the parts above, after commit (kept until Redis took it: outbox) ---------------
 
 
 def request_placement() -> None:
     """Run a placement pass after this transaction commits (deduplicated)."""
-    transaction.on_commit(
-        lambda: enqueue_unique(
-            "default",
-            "jobs.tasks.place_pending",
-            job_id="place-pending",
-            again_if_running=True,
-            result_ttl=60,
-        )
-    )
+    enqueue_after_commit(
+        "default", "jobs.tasks.place_pending", job_id="place-pending", again_if_running=True,
+        result_ttl=60,
+    )  # fmt: skip
 
 
 def request_subscriptions_check() -> None:
     """Check the GPU subscriptions after this transaction commits (GPUs came back;
     deduplicated): by name, it runs in the console (jobs/pools/subscriptions.py rents with
     the balance check of billing, which sits above jobs)."""
-    transaction.on_commit(
-        lambda: enqueue_unique(
-            "default",
-            "console.subscriptions.tick",
-            job_id="gpu-subscriptions",
-            again_if_running=True,
-            result_ttl=60,
-        )
-    )
+    enqueue_after_commit(
+        "default", "console.subscriptions.tick", job_id="gpu-subscriptions",
+        again_if_running=True, result_ttl=60,
+    )  # fmt: skip
 
 
 def request_dispatch(cluster_id: int) -> None:
     """Start the cluster's next queued job once this transaction commits."""
-    transaction.on_commit(
-        lambda: enqueue_unique(
-            "docker",
-            "jobs.tasks.cluster_dispatch",
-            cluster_id,
-            job_id=f"dispatch-{cluster_id}",
-            again_if_running=True,
-        )
-    )
+    enqueue_after_commit(
+        "docker", "jobs.tasks.cluster_dispatch", cluster_id, job_id=f"dispatch-{cluster_id}",
+        again_if_running=True,
+    )  # fmt: skip
 
 
 def request_stop(job_id: int) -> None:
     """Stop the job's replicas (SIGTERM, then SIGKILL) once this transaction commits."""
-    transaction.on_commit(
-        lambda: enqueue_unique("docker", "jobs.tasks.job_stop", job_id, job_id=f"stop-{job_id}")
-    )
+    enqueue_after_commit("docker", "jobs.tasks.job_stop", job_id, job_id=f"stop-{job_id}")
 
 
 # -- hosts ------------------------------------------------------------------------------------
@@ -236,8 +219,8 @@ def cluster_release(
     WorkspaceApp.objects.filter(cluster=cluster).delete()  # they die with the workspaces
     if live or kept:
         request_placement()
-        enqueue_by_name(
-            "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"
+        enqueue_after_commit(
+            "docker", "jobs.tasks.cluster_network_remove", cluster.pk, job_id=f"net-rm-{cluster.pk}"
         )
     return cluster
 
@@ -300,11 +283,7 @@ def cluster_preempt(*, cluster: Cluster, reason: str | Text) -> bool:
     )
     job_event(active, "notice", notice, at=now)
     job_id = active.pk
-    transaction.on_commit(
-        lambda: enqueue_unique(
-            "docker", "jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}"
-        )
-    )
+    enqueue_after_commit("docker", "jobs.tasks.job_preempt", job_id, job_id=f"preempt-{job_id}")
     return True
 
 
@@ -342,5 +321,7 @@ def cluster_requeue_preempted(*, cluster_id: int) -> bool:
         rehome_pool_jobs(cluster)
     request_placement()
     # Its GPUs go to others once its workspaces are gone (free_nodes).
-    enqueue_by_name("jobs.tasks.cluster_nodes_ended", cluster.pk, job_id=f"ended-{cluster.pk}")
+    enqueue_after_commit(
+        "docker", "jobs.tasks.cluster_nodes_ended", cluster.pk, job_id=f"ended-{cluster.pk}"
+    )
     return True

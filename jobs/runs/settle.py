@@ -3,8 +3,8 @@ may ask again), the job succeeds, fails, is retried, waits again after a host fa
 or after a preemption, or is cancelled; `finish` ends it and frees or releases its
 cluster.
 
-Layer: runs, over stopping; uses stopping, events (lifecycle, timeline), models and base
-(queue, text).
+Layer: runs, over stopping; uses stopping, events (lifecycle, outbox, timeline), models and
+base (text).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from django.db import models, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from jobs.base.queue import enqueue_unique
 from jobs.base.text import Moment, Text, argument, join, stored_reason
 from jobs.events import lifecycle
+from jobs.events.outbox import enqueue_after_commit
 from jobs.events.timeline import job_event, reason_fields
 from jobs.models import Cluster, Job, Replica
 from jobs.runs.stopping import stop
@@ -300,25 +300,19 @@ def finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | None
         if job.pool_id:
             # The pool may shrink now; a sweep's trial makes room for the next (by name:
             # both are above the runner).
-            transaction.on_commit(
-                lambda: enqueue_unique(
-                    "default", POOL_TASK, job.pool_id, job_id=f"pool-scale-{job.pool_id}",
-                    again_if_running=True,
-                )
-            )  # fmt: skip
-            transaction.on_commit(
-                lambda: enqueue_unique(
-                    "default", SWEEP_TASK, job_id, job_id=f"sweep-job-{job_id}",
-                    again_if_running=True,
-                )
-            )  # fmt: skip
-        # Its profiler traces, if it wrote any, are summarised once it has ended.
-        transaction.on_commit(
-            lambda: enqueue_unique(
-                "profiles", PROFILES_TASK, job_id, job_id=f"profiles-{job_id}",
+            enqueue_after_commit(
+                "default", POOL_TASK, job.pool_id, job_id=f"pool-scale-{job.pool_id}",
                 again_if_running=True,
-            )
-        )  # fmt: skip
+            )  # fmt: skip
+            enqueue_after_commit(
+                "default", SWEEP_TASK, job_id, job_id=f"sweep-job-{job_id}",
+                again_if_running=True,
+            )  # fmt: skip
+        # Its profiler traces, if it wrote any, are summarised once it has ended (queued
+        # after the commit, kept until Redis took it: the outbox).
+        enqueue_after_commit(
+            "profiles", PROFILES_TASK, job_id, job_id=f"profiles-{job_id}", again_if_running=True
+        )
         cluster = job.cluster
         Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)
         more = (
