@@ -52,14 +52,16 @@ from django.core import mail
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone, translation
+from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, gettext_noop
 
-from jobs.base.text import Text, fit, show
+from jobs.base.text import Duration, Moment, Text, fit, show, stored_reason
 from jobs.events import netguard
 from jobs.models import (
     Cluster,
     Job,
+    Replica,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
@@ -78,6 +80,7 @@ LABELS = {
     TEST_EVENT: gettext_lazy("test message"),
     CONFIRM_EVENT: gettext_lazy("confirm this address"),
 }
+CONFIRMATIONS_PER_HOUR = 3  # confirmation links one researcher may have sent
 TEXT_CHARS = 1500  # of a summary in a robot's message (WeCom takes 4096 bytes of markdown)
 LEASE = timedelta(seconds=60)  # a claimed attempt not recorded by then is tried again
 DELIVER_TASK = "jobs.tasks.webhook_deliver"  # by name: tasks sit above this module
@@ -115,6 +118,11 @@ SENT_AS: dict[str, dict[str, str]] = {
         "release-soon": "cluster.release_soon",
         "released": "cluster.released",
         "failed": "cluster.released",  # it could not run: ended, its state says failed
+        # A host problem that affects the cluster (lifecycle.host_unhealthy, a drain by the
+        # operator): once per cluster for each change of the host's state, to its owner.
+        "host-down": "host.problem",
+        "host-degraded": "host.problem",
+        "host-draining": "host.problem",
     },
     "job": {
         "queued": "job.queued",
@@ -133,21 +141,36 @@ def sent_as(timeline: str, kind: str) -> str | None:
     return SENT_AS.get(timeline, {}).get(kind)
 
 
-def timeline_entry(subject: Cluster | Job, kind: str) -> WebhookEvent | None:
+def timeline_entry(
+    subject: Cluster | Job, kind: str, message: str | Text = ""
+) -> WebhookEvent | None:
     """The webhook event of an entry just written on `subject`'s timeline (in the caller's
     transaction), when SENT_AS sends its kind; `subject` as it is now (its state and
-    reason are sent). A stopped cluster's events say when it will be released
-    (`release_at`, ISO 8601)."""
+    reason are sent), `message` the entry's words. Each event has its summary in words
+    (`job_summary`, `cluster_summary`). A stopped cluster's events say when it will be
+    released (`release_at`, ISO 8601); a job's end says how long it ran and what that cost
+    (`job_end_data`); a host problem names the host (its display name only) and what
+    happened."""
     event_type = sent_as("job" if isinstance(subject, Job) else "cluster", kind)
     if event_type is None:
         return None
     if isinstance(subject, Job):
-        return emit(owner_id=subject.owner_id, event_type=event_type, data=job_data(subject))
+        data = job_data(subject)
+        if kind in Job.ENDED:
+            data["job"].update(job_end_data(subject))
+        summary = job_summary(subject, kind, data["job"])
+        return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary)
     data = cluster_data(subject)
+    release_at = None
     if subject.stopped_at is not None and kind != "released":
         release_at = subject.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
         data["cluster"]["release_at"] = release_at.isoformat()
-    return emit(owner_id=subject.owner_id, event_type=event_type, data=data)
+    if event_type == "host.problem":
+        host = message.args.get("host") if isinstance(message, Text) else None
+        data["host"] = {"name": str(host or ""), "state": kind.removeprefix("host-")}
+        data["problem"] = str(message)
+    summary = cluster_summary(subject, kind, message, release_at)
+    return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary)
 
 
 def emit(
@@ -219,6 +242,141 @@ def cluster_data(cluster: Cluster) -> dict:
     }  # fmt: skip
 
 
+# What a job's runs cost: billing's estimate, asked by name (billing sits above jobs, which
+# never imports it): `(cluster, spans)` -> {"amount": "12.4000", "currency": "CNY", "shown":
+# "¥12.40"}, or None when the cluster's shape has no price. Billing charges a cluster for
+# holding its GPUs, not per job: this is the cluster's price x its GPUs x the job's run time.
+RUN_COST = "billing.estimates.run_cost"
+
+
+def runs(job: Job) -> list[tuple]:
+    """When each attempt of `job` ran, oldest first: its replicas' first start to their last
+    end (the job's end, or now, for a replica not ended). Attempts that never ran a
+    container are left out."""
+    spans: dict[int, tuple] = {}
+    now = timezone.now()
+    rows = Replica.objects.filter(job_id=job.pk, started_at__isnull=False).values_list(
+        "attempt", "started_at", "finished_at"
+    )
+    for attempt, started, finished in rows:
+        end = max(finished or job.finished_at or now, started)
+        first, last = spans.get(attempt, (started, end))
+        spans[attempt] = (min(first, started), max(last, end))
+    return [spans[attempt] for attempt in sorted(spans)]
+
+
+def job_end_data(job: Job) -> dict:
+    """What a job's end adds to its event: when it started (its first attempt's run) and
+    ended, how long that was (`duration_s`, and `duration` in English words) and what its
+    runs cost (`cost`: `amount` a decimal string, `currency`, `estimated`; None without a
+    price). A job that never ran has no start or duration, and costs nothing."""
+    spans = runs(job)
+    ended = job.finished_at or timezone.now()
+    started = spans[0][0] if spans else None
+    seconds = max(int((ended - started).total_seconds()), 0) if started else None
+    try:
+        cost = import_string(RUN_COST)(job.cluster, spans)
+    except ImportError:  # a deployment without billing: no price to say
+        cost = None
+    return {
+        "started_at": started.isoformat() if started else None,
+        "finished_at": ended.isoformat(),
+        "duration_s": seconds,
+        "duration": str(Duration(seconds)) if seconds is not None else None,
+        "cost": None if cost is None else {
+            "amount": cost["amount"], "currency": cost["currency"], "estimated": True,
+            "shown": cost["shown"],
+        },
+    }  # fmt: skip
+
+
+# A job's event in words, by its timeline's kind; a job that ended before it ran says so.
+JOB_WORDS = {
+    "queued": gettext_noop("Job %(job)s is queued on cluster %(cluster)s: %(url)s"),
+    "running": gettext_noop("Job %(job)s started on cluster %(cluster)s: %(url)s"),
+    "preempted": gettext_noop("Job %(job)s on cluster %(cluster)s: %(reason)s: %(url)s"),
+    "succeeded": gettext_noop(
+        "Job %(job)s on cluster %(cluster)s succeeded in %(duration)s%(cost)s: %(url)s"
+    ),
+    "failed": gettext_noop(
+        "Job %(job)s on cluster %(cluster)s failed after %(duration)s%(cost)s: %(reason)s: %(url)s"
+    ),
+    "cancelled": gettext_noop(
+        "Job %(job)s on cluster %(cluster)s was cancelled after %(duration)s%(cost)s: "
+        "%(reason)s: %(url)s"
+    ),
+}
+NEVER_RAN_WORDS = {
+    "succeeded": gettext_noop("Job %(job)s on cluster %(cluster)s succeeded: %(url)s"),
+    "failed": gettext_noop(
+        "Job %(job)s on cluster %(cluster)s failed before it ran: %(reason)s: %(url)s"
+    ),
+    "cancelled": gettext_noop(
+        "Job %(job)s on cluster %(cluster)s was cancelled before it ran: %(reason)s: %(url)s"
+    ),
+}
+
+
+def job_summary(job: Job, kind: str, facts: dict) -> Text:
+    """The sentence a person reads for a job's event: "Job train-7 on cluster lab-a
+    succeeded in 1 h 2 min, cost about ¥12.40: <link>". `facts`: the event's job data."""
+    ran = facts.get("duration_s") is not None
+    msgid = JOB_WORDS[kind] if ran or kind not in NEVER_RAN_WORDS else NEVER_RAN_WORDS[kind]
+    cost = facts.get("cost")
+    return Text(
+        msgid,
+        job=job.name,
+        cluster=job.cluster.name,
+        url=facts["url"],
+        reason=stored_reason(job) or Text(job.state),
+        duration=Duration(facts.get("duration_s") or 0),
+        cost=Text(gettext_noop(", cost about %(amount)s"), amount=cost["shown"]) if cost else "",
+    )
+
+
+# A cluster's event in words, by its timeline's kind (and whether it has a reason to say).
+CLUSTER_WORDS = {
+    "running": gettext_noop("Cluster %(cluster)s (%(shape)s) is running: %(url)s"),
+    "stopped": gettext_noop(
+        "Cluster %(cluster)s was stopped: %(reason)s; its files are kept until %(release_at)s: "
+        "%(url)s"
+    ),
+    "release-soon": gettext_noop(
+        "Cluster %(cluster)s, stopped, is released with its files at %(release_at)s; start it "
+        "or copy what you need before then: %(url)s"
+    ),
+    "released": gettext_noop("Cluster %(cluster)s was released: %(reason)s: %(url)s"),
+    "failed": gettext_noop("Cluster %(cluster)s could not run: %(reason)s: %(url)s"),
+    "host": gettext_noop("A host problem affects your cluster %(cluster)s: %(reason)s: %(url)s"),
+}
+CLUSTER_WORDS_NO_REASON = {
+    "stopped": gettext_noop(
+        "Cluster %(cluster)s was stopped; its files are kept until %(release_at)s: %(url)s"
+    ),
+    "released": gettext_noop("Cluster %(cluster)s was released: %(url)s"),
+    "failed": gettext_noop("Cluster %(cluster)s could not run: %(url)s"),
+}
+
+
+def cluster_summary(cluster: Cluster, kind: str, message: str | Text, release_at) -> Text:
+    """The sentence a person reads for a cluster's event: "Cluster lab-a was stopped:
+    <reason>; its files are kept until 2026-12-21 10:00 CST: <link>". A host problem says
+    the timeline's words (they name the host by its display name)."""
+    key = "host" if kind.startswith("host-") else kind
+    reason = message if key == "host" else stored_reason(cluster)
+    msgid = CLUSTER_WORDS[key]
+    if not reason and key in CLUSTER_WORDS_NO_REASON:
+        msgid = CLUSTER_WORDS_NO_REASON[key]
+    return Text(
+        msgid,
+        cluster=cluster.name,
+        shape=cluster.shape,
+        reason=reason or "",
+        release_at=Moment(release_at) if release_at is not None else "",
+        url=_link("cluster_detail", cluster.pk),
+    )
+
+
 def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
     with transaction.atomic():
         return emit(
@@ -229,6 +387,14 @@ def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
             summary=Text(gettext_noop("A test message from Suanli: this channel works.")),
             endpoints=[endpoint.pk],
         )  # fmt: skip
+
+
+def may_ask_confirmation(owner_id: int) -> bool:
+    """Whether the owner may have another confirmation link sent: at most
+    CONFIRMATIONS_PER_HOUR an hour, so that nobody mails a stranger links in a loop."""
+    since = timezone.now() - timedelta(hours=1)
+    sent = WebhookEvent.objects.filter(owner_id=owner_id, type=CONFIRM_EVENT, created_at__gte=since)
+    return sent.count() < CONFIRMATIONS_PER_HOUR
 
 
 def ask_confirmation(endpoint: WebhookEndpoint) -> WebhookEvent:
