@@ -113,6 +113,10 @@ def endpoint_list(request):
         kind = data["kind"]
         secret = webhooks.new_secret() if kind == Kind.WEBHOOK else data["secret"]
         own = kind == Kind.EMAIL and _own_address(request.user, data["url"])
+        if kind == Kind.EMAIL and not own and not webhooks.may_ask_confirmation(request.user.pk):
+            form.add_error("url", _too_many())
+            endpoints = WebhookEndpoint.objects.filter(owner=request.user)
+            return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
         endpoint = WebhookEndpoint.objects.create(
             owner=request.user, kind=kind, url=data["url"], events=data["events"],
             enabled=data["enabled"], secret=secret,
@@ -131,6 +135,13 @@ def endpoint_list(request):
         return redirect("webhook_detail", endpoint.pk)
     endpoints = WebhookEndpoint.objects.filter(owner=request.user)
     return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
+
+
+def _too_many() -> str:
+    return _(
+        "%(count)s confirmation links were sent in the last hour: wait a while before "
+        "asking for another."
+    ) % {"count": webhooks.CONFIRMATIONS_PER_HOUR}
 
 
 def _confirm_sent(endpoint) -> str:
@@ -164,6 +175,12 @@ def endpoint_detail(request, endpoint_id: int):
             endpoint.disabled_reason = ""
         endpoint.enabled = data["enabled"]
         own = endpoint.kind == Kind.EMAIL and _own_address(request.user, endpoint.url)
+        if (
+            endpoint.kind == Kind.EMAIL and moved and not own
+            and not webhooks.may_ask_confirmation(request.user.pk)
+        ):  # fmt: skip
+            messages.error(request, _too_many())
+            return redirect("webhook_detail", endpoint.pk)
         if endpoint.kind == Kind.EMAIL and moved:
             endpoint.confirmed_at = timezone.now() if own else None
             endpoint.confirm_token = ""
@@ -200,6 +217,9 @@ def endpoint_detail(request, endpoint_id: int):
 def endpoint_test(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
     if endpoint.kind == Kind.EMAIL and endpoint.confirmed_at is None:
+        if not webhooks.may_ask_confirmation(request.user.pk):
+            messages.error(request, _too_many())
+            return redirect("webhook_detail", endpoint.pk)
         webhooks.ask_confirmation(endpoint)
         messages.error(
             request,

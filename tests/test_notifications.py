@@ -359,3 +359,19 @@ def test_the_notifications_page_in_chromium(browser, live_server, alice, languag
             page.screenshot(path=f"{SHOTS}/notify-{name}-{tag}-390.png", full_page=True)
     finally:
         context.close()
+
+
+def test_confirmation_links_are_few_an_hour(client, alice, smtp, work_queue):
+    """Nobody mails a stranger links in a loop: three links an hour, then words instead."""
+    client.force_login(alice)
+    _add(client, "email", "carol@elsewhere.test")
+    endpoint = WebhookEndpoint.objects.get(owner=alice)
+    for _ in range(3):
+        client.post(reverse("webhook_test", args=[endpoint.pk]))
+    page = client.get(reverse("webhook_detail", args=[endpoint.pk])).content.decode()
+    assert "3 confirmation links were sent in the last hour" in page
+    page = _add(client, "email", "dave@elsewhere.test").content.decode()
+    assert "3 confirmation links were sent in the last hour" in page
+    assert WebhookEndpoint.objects.filter(owner=alice).count() == 1  # nothing half-saved
+    work_queue("webhooks")
+    assert len(smtp.to("carol@elsewhere.test")) == 3 and not smtp.to("dave@elsewhere.test")
