@@ -26,6 +26,7 @@ from console.models import ApiToken
 from jobs import tasks
 from jobs.base.text import show
 from jobs.clusters import services
+from jobs.events import lifecycle
 from jobs.models import Cluster, GpuSlot, Image, Node, Pool, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
 from jobs.pools import autoscaler
@@ -294,3 +295,38 @@ def test_screenshots_of_the_countdown_of_a_cluster_stopped_for_balance(
                 path=os.path.join(SHOTS, f"exhausted-list-{language}-{width}.png"), full_page=True
             )
             context.close()
+
+
+def test_spot_waiting_and_preempting_clusters_at_exhaustion(
+    make_paper_host, make_cluster, rate_card, fund, alice, settings
+):
+    """Spot clusters follow the same rule (a running one is stopped, files kept, even past
+    the most stopped clusters a researcher may keep); a cluster that never ran and one being
+    preempted keep no file of their own: released, never placed and charged again."""
+    settings.SUANLI_MAX_STOPPED_CLUSTERS = 0  # her own stops would be refused: this one is not
+    _hook(alice, ["balance.exhausted"])
+    make_paper_host(gpus=4)
+    rate_card({"a100-80gb": RATE}, effective_from=timezone.now() - timedelta(hours=1))
+    fund(alice, "0.05")
+    spot = make_cluster(alice, "spot", gpus=1, spot=True)
+    going = make_cluster(alice, "going", gpus=1, spot=True)
+    scheduler.place_pending()
+    never = make_cluster(alice, "never", gpus=4)  # no room: waits to be placed
+    scheduler.place_pending()
+    Node.objects.filter(cluster__in=[spot, going]).update(
+        started_at=timezone.now() - timedelta(seconds=60)
+    )
+    assert lifecycle.cluster_preempt(cluster=going, reason="capacity reclaimed")
+    accrual.accrue()
+    for c in (spot, going, never):
+        c.refresh_from_db()
+    assert spot.state == "stopped" and spot.state_reason == accrual.EXHAUSTED
+    assert Node.objects.filter(cluster=spot, kept_until__isnull=True).exists()
+    assert going.state in ("releasing", "released") and going.state_reason == accrual.EXHAUSTED
+    assert never.state in ("releasing", "released") and never.state_reason == accrual.EXHAUSTED
+    assert not LedgerEntry.objects.filter(cluster=never).exists(), "never ran, never charged"
+    told = WebhookEvent.objects.get(type="balance.exhausted")
+    with translation.override("en"):
+        words = show(told.summary)
+    assert "Stopped: spot." in words and "Released" in words
+    assert "going" in words and "never" in words
