@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone, translation
 from node_start import ran
+from test_i18n_browser import _reads_chinese
 
 from billing import accrual
 from billing import services as billing
@@ -25,7 +26,7 @@ from billing.catalog import seed_rate_card
 from billing.models import Account
 from console import preferences
 from console.models import ApiToken, Preferences
-from jobs.base.text import load, show
+from jobs.base.text import Duration, Text, duration, load, show
 from jobs.events import webhooks
 from jobs.models import WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
@@ -178,6 +179,22 @@ def test_a_used_up_balance_says_the_clusters_are_stopped_and_links_to_top_up(
     assert _banner(client, "en") == ""
 
 
+def test_a_duration_reads_in_the_readers_language_and_survives_storage():
+    """One formatter: the banner's and the summaries' words."""
+    cases = {
+        20: ("under 1 min", "不到 1 分钟"), 45 * 60: ("45 min", "45 分钟"),
+        80 * 60: ("1 h 20 min", "1 小时 20 分钟"), 3600: ("1 h", "1 小时"),
+        27 * 3600 + 20 * 60: ("1 day 3 h", "1 天 3 小时"), 3 * 86400: ("3 days", "3 天"),
+    }  # fmt: skip
+    for seconds, (english, chinese) in cases.items():
+        stored = Text("lasts about %(left)s", left=Duration(seconds)).as_json()
+        assert str(load(stored)) == f"lasts about {english}" == show(stored)
+        assert duration(timedelta(seconds=seconds), translate=False) == english
+        with translation.override("zh-hans"):
+            assert duration(seconds) == chinese and show(stored).endswith(chinese)
+    assert show({"m": "%(left)s", "a": {"left": {"seconds": "x"}}}) == "under 1 min"
+
+
 BAD_HOURS = ("0.1", "0.49", "169", "200", "-2", "abc", "NaN", "1e400", "Infinity")
 
 
@@ -258,6 +275,8 @@ def test_screenshots_of_the_banner_and_the_threshold(
             words = banner.inner_text()
             assert ("约 1 小时 20 分钟" if language == "zh-hans" else "about 1 h 20 min") in words
             page.screenshot(path=os.path.join(SHOTS, f"warn-banner-{language}-{width}.png"))
+            if language == "zh-hans":
+                _reads_chinese(page)
             page.goto(f"{live_server.url}{reverse('account_settings')}")
             page.fill("#id_low_balance_hours", "200")
             # The browser's own check (max=168) aside: the server's answer is the shot.
@@ -270,4 +289,13 @@ def test_screenshots_of_the_banner_and_the_threshold(
             )
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{width}: {overflow}px wider than the window"
+            if language == "zh-hans":
+                _reads_chinese(page)
             context.close()
+    _take_off(alice, "3.60")  # 1.20: 20 minutes, the red banner
+    context = browser.new_context(viewport={"width": 390, "height": 800}, locale="zh-CN")
+    page = context.new_page()
+    login(page, live_server, "alice", "alice-pass-123")
+    assert "还可用约 20 分钟" in page.get_by_test_id("balance-banner").inner_text()
+    page.screenshot(path=os.path.join(SHOTS, "warn-banner-critical-zh-hans-390.png"))
+    context.close()
