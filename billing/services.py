@@ -246,6 +246,8 @@ def notify_low_balances() -> int:
         over = spells_over(account, standing)
         if over:
             Account.objects.filter(pk=account.pk).update(**{f: None for f in over})
+        if not standing.burn_per_hour:
+            continue  # nothing costs anything: nothing to warn of (balance.exhausted is told)
         if standing.low and account.low_notified_at is None:
             sent += _warn(account, standing, "balance.low", "low_notified_at")
         if standing.critical and account.critical_notified_at is None:

@@ -167,6 +167,8 @@ def test_a_used_up_balance_says_the_clusters_are_stopped_and_links_to_top_up(
     ran(cluster)
     accrual.accrue(now=timezone.now() + timedelta(seconds=30))  # used up: stopped for it
     assert Account.objects.get(user=alice).exhausted_at is not None
+    _listening(alice)
+    assert billing.notify_low_balances() == 0  # nothing burns now: balance.exhausted tells it
     client.force_login(alice)
     english = " ".join(_banner(client, "en").split())
     assert "Your balance is used up (-¥0.12)" in english
