@@ -532,11 +532,10 @@ def words(event: WebhookEvent) -> str:
 
 
 def message(event: WebhookEvent) -> Message:
-    label = str(LABELS.get(event.type, event.type))
+    """The event's title, words and link; no link beside words that already end with it."""
+    label, text, url = str(LABELS.get(event.type, event.type)), words(event), _url_of(_data(event))
     return Message(
-        title=_("Suanli: %(event)s") % {"event": label},
-        text=words(event),
-        url=_url_of(_data(event)),
+        title=_("Suanli: %(event)s") % {"event": label}, text=text, url="" if url in text else url
     )
 
 
