@@ -134,7 +134,7 @@ class ShutdownFields(forms.Form):
     stop_idle_minutes.label = gettext_lazy("Stop when idle for (minutes)")
     stop_idle_minutes.widget.attrs.update(placeholder="30", min=10, max=1440)
     stop_idle_below = _shapes["stop_idle_below"]
-    stop_idle_below.label = gettext_lazy("... with every GPU under (%)")
+    stop_idle_below.label = gettext_lazy("With every GPU under (%)")
     stop_idle_below.widget.attrs.update(placeholder="5", min=1, max=100)
     stop_idle_below.help_text = gettext_lazy(
         "Judged by the monitor's samples of every GPU; without samples (the monitor down) "

@@ -439,3 +439,68 @@ def test_the_command_line_sets_shows_and_clears_the_rules(placed, alice, bob, li
     assert _rules(cluster)[1:] == (30, 5)
     assert run("--clear") == f"Cluster {cluster.pk} (c1) stops only when you stop it.\n"
     assert _rules(cluster) == (None, None, None)
+
+
+@pytest.mark.browser
+def test_the_cluster_page_shows_the_rules_in_both_languages_and_sizes(
+    make_paper_host, make_cluster, alice, live_server, browser
+):
+    """Screenshots (SUANLI_SCREENSHOTS): the rules shown with their clear button, and the
+    form open with a refusal, in Chinese and English, at 1366 and 390 px."""
+    import os
+
+    from playwright.sync_api import expect
+
+    from console import preferences
+    from tests.browsing import login
+
+    shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
+    make_paper_host("gpu-paper-01", gpus=8)
+    cluster = make_cluster(alice, "nightly", gpus=2, release_policy="never")
+    scheduler.place_pending()
+    beijing = timezone.now().astimezone(timezone.get_fixed_timezone(8 * 60))
+    at = (beijing + timedelta(days=1)).replace(hour=23, minute=0, second=0, microsecond=0)
+    Cluster.objects.filter(pk=cluster.pk).update(
+        stop_at=at, stop_idle_minutes=30, stop_idle_below=5
+    )
+    words = {
+        "zh-hans": (
+            "将于 {at} CST 关机（一次）。",
+            "每块 GPU 的利用率连续 30 分钟低于 5% 时关机。",
+        ),
+        "en": ("Stops at {at} CST (once).", "Stops after 30 min with every GPU under 5 %."),
+    }
+    for language, (at_words, idle_words) in words.items():
+        preferences.save(alice, language=language, time_zone="Asia/Shanghai")
+        for width in (1366, 390):
+            context = browser.new_context(
+                viewport={"width": width, "height": 900},
+                locale="zh-CN" if language == "zh-hans" else "en-GB",  # the date input's
+            )
+            try:
+                page = context.new_page()
+                login(page, live_server, "alice", "alice-pass-123")
+                page.goto(f"{live_server.url}{reverse('cluster_detail', args=[cluster.pk])}")
+                rules = page.get_by_test_id("shutdown-rules")
+                expect(rules.get_by_test_id("shutdown-at")).to_have_text(
+                    at_words.format(at=f"{at:%Y-%m-%d %H:%M}")
+                )
+                expect(rules.get_by_test_id("shutdown-idle")).to_have_text(idle_words)
+                expect(page.get_by_test_id("shutdown-clear")).to_be_visible()
+                page.get_by_test_id("shutdown").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/shutdown-{language}-{width}.png")
+                page.locator("#cluster-shutdown summary").click()
+                page.fill("#id_stop_idle_minutes", "5")
+                page.get_by_test_id("shutdown-save").click()
+                expect(page.locator("#field-stop_idle_minutes .errorlist")).to_be_visible()
+                page.get_by_test_id("shutdown-form").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/shutdown-refused-{language}-{width}.png")
+                page.goto(f"{live_server.url}{reverse('cluster_new')}")
+                fields = page.locator("#shutdown-fields")
+                expect(fields.locator("#id_stop_at")).to_have_attribute("type", "datetime-local")
+                fields.scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/shutdown-new-{language}-{width}.png")
+            finally:
+                context.close()
+    cluster.refresh_from_db()
+    assert (cluster.stop_idle_minutes, cluster.stop_idle_below) == (30, 5)  # refused: kept
