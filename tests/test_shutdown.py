@@ -504,3 +504,40 @@ def test_the_cluster_page_shows_the_rules_in_both_languages_and_sizes(
                 context.close()
     cluster.refresh_from_db()
     assert (cluster.stop_idle_minutes, cluster.stop_idle_below) == (30, 5)  # refused: kept
+
+
+@pytest.mark.engine
+def test_a_scheduled_stop_on_the_real_engines_keeps_the_workspaces_files(running_cluster):
+    """The stop is cluster_stop's: the workspace stops (not removed) and a file in its own
+    filesystem is there when it starts again."""
+    import docker
+
+    from jobs import tasks
+    from jobs.clusters import services
+    from jobs.nodes import workspaces
+
+    at = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    cluster = running_cluster(1, gpus=1, stop_at=at)
+    tasks.cluster_network_ensure(cluster.pk)
+    node = Node.objects.select_related("host").get(cluster=cluster, released_at__isnull=True)
+    engine = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+    name = workspaces.container_name(cluster.pk, 0)
+    container = engine.containers.get(name)
+    user = container.attrs["Config"]["User"]
+    assert container.exec_run(["/bin/sh", "-c", "echo kept > /tmp/notes"], user=user)[0] == 0
+    with time_machine.travel(at + timedelta(seconds=30)):
+        assert idle.clusters_shutdown()["scheduled"] == [cluster.pk]
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped" and cluster.state_reason.startswith("stopped at ")
+    assert tasks.cluster_workspaces_stop(cluster.pk)
+    container.reload()
+    assert container.status == "exited"
+    services.cluster_start(cluster=cluster, mode="gpu")
+    scheduler.place_pending()
+    tasks.cluster_network_ensure(cluster.pk)
+    again = engine.containers.get(name)
+    assert again.status == "running"
+    assert again.exec_run(["cat", "/tmp/notes"], user=user).output == b"kept\n"
+    services.cluster_release(cluster=cluster)
+    assert tasks.cluster_network_remove(cluster.pk)
+    engine.close()
