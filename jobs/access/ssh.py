@@ -95,7 +95,7 @@ from axes.helpers import get_cool_off
 from django.conf import settings
 from django.http import HttpRequest
 
-from jobs.access import admission, hostkey, sessions, sftp, streams
+from jobs.access import admission, hostkey, leftovers, sessions, sftp, streams
 from jobs.base import addresses
 from jobs.nodes import engine, runtime, workspaces
 
@@ -166,10 +166,15 @@ def _shown(name: str) -> str:
 class Gateway:
     """The listening server: shared state of all connections."""
 
-    def __init__(self):
+    def __init__(self, slot: str = ""):
         self.sessions: dict[str, int] = {}  # session id -> researcher, counted in Redis
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task] = set()  # hang-ups and releases: awaited at exit
+        # This process among the gateways (jobs/access/leftovers.py): its id marks its
+        # execs; its slot (machine, address, port) is where a successor will listen.
+        self.instance = secrets.token_hex(6)
+        self.slot = slot
+        self.watched: dict[str, tuple] = {}  # other gateways' beats, for the sweep
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -190,6 +195,19 @@ class Gateway:
                 pass  # the database is away (logged once): the next beat looks again
             except Exception:
                 log.exception("checking the connections' clusters failed")
+            await self.keep_up()
+
+    async def keep_up(self) -> None:
+        """Say this gateway is alive (with the workspaces its logins reach), and hang up
+        what dead gateways left in theirs (jobs/access/leftovers.py)."""
+        logins = [c.login for c in self.connections if c.login is not None and not c.lost]
+        try:
+            if await asyncio.to_thread(leftovers.beat, self.instance, self.slot, logins):
+                await admission.in_db(leftovers.sweep, self.instance, self.slot, self.watched)
+        except sessions.Refused:
+            pass  # the database is away (logged once): the next beat sweeps
+        except Exception:
+            log.exception("sweeping what dead gateways left failed")
 
     async def end_stopped(self) -> None:
         """End the connections whose cluster stopped running, whose node went, whose
@@ -482,6 +500,8 @@ class Connection(asyncssh.SSHServer):
             if self.lost:  # gone while we looked
                 self._release()
                 return False
+            # Before any exec: a successor hangs up what runs there should this one die.
+            await asyncio.to_thread(leftovers.reached, self.gateway.instance, login)
             await admission.in_db(admission.record_login, login)
         except sessions.Refused as exc:
             self._release()
@@ -612,7 +632,7 @@ class Channel:
         self.connection = connection
         self.login = connection.login
         self.chan = None
-        self.marker = f"{streams.MARKER}={secrets.token_hex(12)}"
+        self.marker = leftovers.marker(connection.gateway.instance, secrets.token_hex(12))
         self.exec_id = ""
         self.container_id = ""
         self.closed = False
@@ -1038,7 +1058,7 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="gateway"))
-    gateway = Gateway()
+    gateway = Gateway(f"{socket.gethostname()}:{settings.SUANLI_SSH_BIND}:{sessions.ssh_port()}")
     key = host_key()  # made here when there is none yet: the only process that makes it
     server = await asyncssh.listen(
         settings.SUANLI_SSH_BIND, sessions.ssh_port(),
@@ -1064,6 +1084,8 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     heartbeat = loop.create_task(gateway.heartbeat())
+    # Listening on its slot now: a gateway killed there before hangs up here and now.
+    gateway.spawn(gateway.keep_up())
     ready(
         f"gateway: listening on {settings.SUANLI_SSH_BIND}:{sessions.ssh_port()} "
         f"(host key {key.get_fingerprint('sha256')})"
@@ -1076,6 +1098,7 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     await asyncio.sleep(0.2)  # connection_lost runs: hang-ups and releases are spawned
     if gateway.tasks:
         await asyncio.wait(set(gateway.tasks), timeout=10)
+    await asyncio.to_thread(leftovers.forget, gateway.instance)  # it hung up its own
 
 
 def run() -> None:

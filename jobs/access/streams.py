@@ -6,8 +6,9 @@ between the engine's hijacked socket and the event loop.
 
 Docker does not end an exec when its client goes (moby/moby#9098): when a channel closes
 first, a second exec hangs up (SIGHUP) the processes that carry that channel's marker
-(MARKER) in their environment, as the kernel does for an SSH session whose connection
-drops (exec_hang_up).
+(MARKER) in their environment and are still in the session its exec began, as the kernel
+does for an SSH session whose connection drops (exec_hang_up, HANG_UP): what ignores
+SIGHUP (nohup) or started a session of its own (tmux, screen, setsid) lives on.
 
 Threads: the engine's hijacked sockets (exec, attach) are blocking, plain or TLS. Each is
 bridged to the event loop by two threads of its own (a reader, a writer) that share it
@@ -40,11 +41,32 @@ log = logging.getLogger("suanli.gateway")
 MARKER = "SUANLI_SSH"  # env of every exec of a channel: its own value, for the hang-up
 # bash where the image has it (a login shell: the image's profile), else the POSIX shell.
 LOGIN_SHELL = ["/bin/sh", "-c", "command -v bash >/dev/null && exec bash -l || exec sh"]
-# $1: the channel's marker. Every process that inherited it gets SIGHUP.
-HANG_UP = (
-    'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null'
-    ' | grep -qxF "$1" && kill -HUP "${p#/proc/}" 2>/dev/null; done; true'
-)
+# $1: an extended regular expression of the markers to hang up (matched against each line
+# of a process's environment). A process carrying one gets SIGHUP (and SIGCONT when stopped,
+# as the kernel sends a stopped job) while it is in the session its exec began: that
+# session's leader is an exec's first process (its parent outside the container: ppid 0)
+# or has ended. One that started a session of its own (tmux's server and panes, screen,
+# setsid) is left alone, as the workspace's own main process is (pid 1's session).
+HANG_UP = r"""
+stat_of() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; echo "${s##*) }"; }
+m=$1
+for p in /proc/[0-9]*; do
+  n=${p#/proc/}
+  case $n in 1|$$) continue ;; esac
+  tr "\0" "\n" 2>/dev/null < "$p/environ" | grep -qE "$m" || continue
+  st=$(stat_of "$n") || continue
+  set -- $st
+  state=$1 sid=$4
+  [ "$sid" = 1 ] && continue
+  if [ -e "/proc/$sid" ]; then
+    set -- $(stat_of "$sid")
+    [ "${2:-0}" = 0 ] || continue
+  fi
+  kill -HUP "$n" 2>/dev/null
+  [ "$state" = T ] && kill -CONT "$n" 2>/dev/null
+done
+true
+"""
 # $1: the port on the workspace's loopback. stdin to it, what it says to stdout.
 RELAY = (
     'if command -v nc >/dev/null 2>&1; then exec nc 127.0.0.1 "$1"; fi\n'
@@ -340,18 +362,25 @@ def exec_exit_code(login: Login, exec_id: str) -> int:
 
 
 def exec_hang_up(login: Login, exec_id: str, marker: str) -> None:
-    """SIGHUP to what the channel's exec left running (its marker in their environment)."""
+    """SIGHUP to what the channel's exec left running (its marker, `NAME=value`, in their
+    environment, in its session: HANG_UP)."""
     api = client(login).api
     try:
         if not api.exec_inspect(exec_id).get("Running"):
             return
-        made = api.exec_create(
-            login.container_id,
-            **{**login.exec_base, "cmd": ["/bin/sh", "-c", HANG_UP, "sh", marker], "stdin": False},
-        )
-        api.exec_start(made["Id"])
+        hang_up(api, login.container_id, login.exec_base, f"^{marker}$")
     except ENGINE_ERRORS as exc:
         log.info("%s: exec %s not hung up: %s", login.name, exec_id[:12], exc)
+
+
+def hang_up(api, container_id: str, exec_base: dict, pattern: str) -> None:
+    """Run HANG_UP in the workspace as its tenant (`exec_base`: workspaces.exec_kwargs) for
+    the markers `pattern` matches (letters, digits, `_=-` and the regex's own `^$|()`)."""
+    made = api.exec_create(
+        container_id,
+        **{**exec_base, "cmd": ["/bin/sh", "-c", HANG_UP, "sh", pattern], "stdin": False},
+    )
+    api.exec_start(made["Id"])
 
 
 def exec_resize(login: Login, exec_id: str, width: int, height: int) -> None:
