@@ -10,6 +10,8 @@ Modules, bottom to top (each imports only modules listed before it):
 - sftp: the per-session sftp containers;
 - admission: who may log in and stay logged in (the database) and failed log-ins per
   address (django-axes);
+- leftovers: each gateway process among the others (Redis), and what a killed one left
+  running in the workspaces, hung up by the next;
 - ssh: the asyncssh server and the `gateway` process (manage.py suanli_gateway);
 - webapps: the workspace apps' rows, ports and whether they answer.
 

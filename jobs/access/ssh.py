@@ -54,7 +54,8 @@ environment (LANG and LC_* only, at most ENV_NAMES names of at most ENV_VALUE by
 
 Every login goes on the cluster's timeline with its key's fingerprint. A connection with
 no data either way for `SUANLI_SSH_IDLE_S` is closed. When a channel closes first, what
-its exec started is hung up (streams.exec_hang_up). Output is read from the engine only as
+its exec started is hung up (streams.exec_hang_up); what a killed gateway's channels left
+is hung up by the next gateway (leftovers.py: at its start and every heartbeat). Output is read from the engine only as
 fast as the client takes it: a channel's window, and the connection's socket (a client
 that stops reading while it advertises a huge window stops every engine read of its
 connection, rather than have the gateway hold it).

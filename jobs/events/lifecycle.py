@@ -3,9 +3,10 @@ unhealthy, a cluster released, preempted or back in the queue, written in the ca
 transaction with the timeline entries that say so (through `timeline`, the one writer).
 
 Layer: events, under every package that changes a cluster's, a job's or a host's state
-(clusters, hosts, runs, placement, pools); uses timeline, models and base (queue, text). Work
+(clusters, hosts, runs, placement, pools); uses outbox, timeline, models and base (text). Work
 of the packages above (a placement pass, a job's dispatch, stop or preemption) is asked for by
-task name through `jobs.base.queue`, never by importing them.
+task name through `outbox` (queued once the transaction commits, kept until Redis took it),
+never by importing them.
 """
 
 from django.conf import settings
