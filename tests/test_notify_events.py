@@ -9,6 +9,7 @@ replicas are the rows dispatch writes), the real sweep code with Optuna's storag
 build on the build host's engine."""
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone, translation
@@ -24,7 +25,7 @@ from jobs.images import builds
 from jobs.models import Host, ImageBuild, Job, Replica, Sweep, Trial, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
 from jobs.pools import sweeps
-from jobs.runs import settle
+from jobs.runs import dispatch, settle
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.django_db
@@ -112,6 +113,34 @@ def test_a_job_that_succeeds_says_how_long_it_ran_and_what_it_cost_once(alice, l
         "en": f"Job train-7 on cluster lab-a succeeded in 1 h 2 min, cost about ¥3.72: {url}",
         "zh-hans": f"集群 lab-a 上的任务 train-7 已成功，用时 1 小时 2 分钟，费用约 ¥3.72：{url}",
     }
+
+
+def test_a_job_run_on_an_engine_ends_with_its_run_time_and_cost(
+    running_cluster, alice, rate_card, settle_until
+):
+    """On the real engine: the replica's own start and end (dispatch, the container's exit)
+    make the duration and the cost."""
+    rate_card({"a100-80gb": "36.00"}, effective_from=timezone.now() - timedelta(days=1))
+    _endpoint(alice, ["job.succeeded"])
+    cluster = running_cluster(1)
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="nap", command="sleep 2"))
+    dispatch.dispatch(cluster.pk)
+    job = settle_until(job)
+    assert job.state == "succeeded", job.state_reason
+    (event,) = _events(alice, "job.succeeded")
+    facts = _data(event)["job"]
+    replica = job.replicas.get()
+    seconds = int((job.finished_at - replica.started_at).total_seconds())
+    assert facts["duration_s"] == seconds >= 1
+    assert facts["started_at"] == replica.started_at.isoformat()
+    amount = Decimal(facts["cost"]["amount"])  # 36.00 per GPU-hour: 0.01 a second
+    assert Decimal("0.01") * seconds <= amount <= Decimal("0.01") * (seconds + 1)
+    assert facts["cost"]["shown"] == f"¥{amount.quantize(Decimal('0.01'))}"
+    said = _said(event)
+    assert said["en"].startswith("Job nap on cluster ") and " succeeded in " in said["en"]
+    assert said["zh-hans"].startswith("集群 ") and "上的任务 nap 已成功，用时 " in said["zh-hans"]
+    assert "费用约 ¥" in said["zh-hans"]
+    services.cluster_release(cluster=cluster)
 
 
 def test_a_failed_job_says_why_and_a_job_cancelled_in_the_queue_cost_nothing(alice, lab):
