@@ -267,6 +267,10 @@ def delivery_redeliver(request, delivery_id: int):
     return redirect("webhook_detail", delivery.endpoint_id)
 
 
+def _confirm_page(endpoint, *, done: bool) -> dict:
+    return {"address": endpoint.url, "done": done, "title": _("Notifications by e-mail")}
+
+
 def confirm_address(request, endpoint_id: int, token: str):
     """The link e-mailed to a new address: a page with one button (mail scanners that open
     links do not confirm), its POST confirms. No sign-in: whoever reads that mailbox may."""
@@ -276,9 +280,7 @@ def confirm_address(request, endpoint_id: int, token: str):
     if request.method == "POST":
         if webhooks.confirm(endpoint_id, token) is None:
             raise Http404("no such confirmation")
-        return render(
-            request, "console/notify_confirm.html", {"address": endpoint.url, "done": True}
-        )
+        return render(request, "console/notify_confirm.html", _confirm_page(endpoint, done=True))
     if not hmac.compare_digest(endpoint.confirm_token.encode(), token.encode()):
         raise Http404("no such confirmation")
-    return render(request, "console/notify_confirm.html", {"address": endpoint.url, "done": False})
+    return render(request, "console/notify_confirm.html", _confirm_page(endpoint, done=False))

@@ -357,6 +357,16 @@ def test_the_notifications_page_in_chromium(browser, live_server, alice, languag
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name} is {overflow}px wider than a phone"
             page.screenshot(path=f"{SHOTS}/notify-{name}-{tag}-390.png", full_page=True)
+        carol = WebhookEndpoint.objects.create(
+            owner=alice, kind="email", url="carol@elsewhere.test", events=["balance.low"],
+            secret="", confirm_token="a-token-only-carol-reads",
+        )  # fmt: skip
+        link = reverse("notify_confirm", args=[carol.pk, "a-token-only-carol-reads"])
+        for width in (1366, 390):
+            page.set_viewport_size({"width": width, "height": 700})
+            page.goto(f"{live_server.url}{link}")
+            expect(page.get_by_test_id("notify-confirm")).to_contain_text("carol@elsewhere.test")
+            page.screenshot(path=f"{SHOTS}/notify-confirm-{tag}-{width}.png", full_page=True)
     finally:
         context.close()
 
