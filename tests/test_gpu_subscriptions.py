@@ -325,12 +325,16 @@ def test_the_page_in_chromium_at_a_laptops_and_a_phones_width(
     _subscribe(alice, zone="zone-a")
     _subscribe(alice, nodes=2, gpus_per_node=4, rent=True, name="llama", image=TEST_IMAGE,
                budget_per_hour="70")  # fmt: skip
+    assert len(console_subscriptions.tick()["fired"]) == 2  # one told, one rented
     context = browser.new_context(viewport={"width": 1366, "height": 800}, locale=language)
     page = context.new_page()
+    tag = "zh" if language.startswith("zh") else "en"
     try:
         login(page, live_server, "alice", "alice-pass-123")
         # From the cluster form: the link carries the shape asked for.
         page.goto(f"{live_server.url}{reverse('cluster_new')}")
+        expect(page.get_by_test_id("subscribe-hint")).to_be_visible()
+        page.screenshot(path=f"{SHOTS}/gpu-subscriptions-{tag}-cluster-form.png")
         page.fill("#id_gpus_per_node", "4")
         page.locator("#id_gpus_per_node").dispatch_event("change")
         page.locator("#subscribe-link").click()
@@ -341,7 +345,7 @@ def test_the_page_in_chromium_at_a_laptops_and_a_phones_width(
         page.fill("#id_expires_in_hours", "48")
         page.locator("#subscribe button[type=submit]").click()
         expect(page.locator("#subscriptions tbody tr")).to_have_count(3)
-        tag = "zh" if language.startswith("zh") else "en"
+        expect(page.get_by_text("llama", exact=False).first).to_be_visible()
         page.screenshot(path=f"{SHOTS}/gpu-subscriptions-{tag}-laptop.png", full_page=True)
         page.set_viewport_size({"width": 390, "height": 844})
         page.reload()

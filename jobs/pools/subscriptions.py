@@ -401,7 +401,8 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
             if cluster is not None:
                 data["cluster_id"] = cluster.pk
                 data["url"] = webhooks._link("cluster_detail", cluster.pk)
-                outcome = summary = Text(
+                outcome = Text(gettext_noop("your cluster %(name)s was created"), name=cluster.name)
+                summary = Text(
                     gettext_noop(
                         "%(shape)s were free %(where)s: your cluster %(name)s was created "
                         "for you: %(url)s"
