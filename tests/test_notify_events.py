@@ -8,14 +8,19 @@ tests/test_webhooks.py's). Paper hosts for jobs and hosts (no container runs: th
 replicas are the rows dispatch writes), the real sweep code with Optuna's storage, a real
 build on the build host's engine."""
 
+import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from browsing import login
+from django.urls import reverse
 from django.utils import timezone, translation
+from playwright.sync_api import expect
 from test_pool_sweep_races import _say, _sweep
 from test_pools import hosts, make_pool  # noqa: F401 (fixtures)
 
+from console.models import Preferences
 from jobs.base.text import Text, show
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
@@ -29,6 +34,8 @@ from jobs.runs import dispatch, settle
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.django_db
+
+SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 
 def _endpoint(owner, events=None):
@@ -316,3 +323,40 @@ def test_a_host_problem_is_told_to_the_owner_of_the_cluster_on_it_only(
     assert "being drained by its operator" in _said(drained)["en"]
     assert "正由运维人员排空" in _said(drained)["zh-hans"]
     assert len(_events(alice, "host.problem")) == 1
+
+
+# -- where people read them -------------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_the_delivery_log_reads_a_jobs_end_and_a_host_problem_in_chinese(
+    browser, live_server, alice, lab
+):
+    Preferences.objects.update_or_create(user=alice, defaults={"language": "zh-hans"})
+    endpoint = _endpoint(alice, ["job.succeeded", "host.problem"])
+    job = services.job_submit(cluster=lab, spec=JobSpec(name="train-7", command="python t.py"))
+    ended = timezone.now()
+    _ran(job, ended - timedelta(seconds=3720), ended, 0)
+    settle.finish(job.pk, Job.State.SUCCEEDED, "all replicas exited with code 0", exit_code=0)
+    host = lab.node_set.get().host
+    host_services.host_unhealthy(host=host, state=Host.State.DOWN, message="connection refused")
+    context = browser.new_context(viewport={"width": 1366, "height": 800})
+    page = context.new_page()
+    try:
+        login(page, live_server, "alice", "alice-pass-123")
+        page.goto(f"{live_server.url}{reverse('webhook_detail', args=[endpoint.pk])}")
+        words = page.get_by_test_id("summary")
+        expect(words.nth(0)).to_contain_text(
+            "主机故障影响了您的集群 lab-a：主机 gpu-paper-01 已无响应"
+        )
+        expect(words.nth(1)).to_contain_text(
+            "任务 train-7 已成功，用时 1 小时 2 分钟，费用约 ¥3.72"
+        )
+        page.screenshot(path=f"{SHOTS}/notify-events-zh-1366.png", full_page=True)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.reload()
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the delivery log is {overflow}px wider than a phone"
+        page.screenshot(path=f"{SHOTS}/notify-events-zh-390.png", full_page=True)
+    finally:
+        context.close()
