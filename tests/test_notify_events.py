@@ -166,7 +166,7 @@ def test_a_failed_job_says_why_and_a_job_cancelled_in_the_queue_cost_nothing(ali
     assert _said(failed) == {
         "en": f"Job bad on cluster lab-a failed after 30 min, cost about ¥1.80: rank 0 exited "
         f"with code 3: {url}",
-        "zh-hans": f"集群 lab-a 上的任务 bad 运行 30 分钟 后失败，费用约 ¥1.80：进程 0 退出，"
+        "zh-hans": f"集群 lab-a 上的任务 bad 运行 30 分钟后失败，费用约 ¥1.80：进程 0 退出，"
         f"退出码 3：{url}",
     }
 
