@@ -645,7 +645,7 @@ def _send(endpoint: WebhookEndpoint, event: WebhookEvent, now) -> dict:
         started = timezone.now()
         try:
             mail.EmailMessage(subject, text, settings.DEFAULT_FROM_EMAIL, [endpoint.url]).send()
-        except (OSError, UnicodeError) as exc:  # smtplib's errors are OSErrors
+        except (OSError, ValueError) as exc:  # smtplib: OSErrors; a bad header: ValueError
             return {"status": None, "error": f"e-mail not sent: {exc}"[:300]}
         latency = int((timezone.now() - started).total_seconds() * 1000)
         return {"status": None, "ok": True, "excerpt": "250 accepted by the mail server",
