@@ -111,3 +111,38 @@ def test_a_killed_gateways_sessions_hang_up_when_it_starts_again(
     for proc in live:
         proc.kill()
         proc.communicate(timeout=10)
+
+
+def test_another_replicas_records_go_only_once_its_beat_stood_still():
+    import time
+
+    import django_rq
+
+    from jobs.access import leftovers
+
+    redis = django_rq.get_connection("default")
+    me, other, old = "a" * 12, "b" * 12, "c" * 12
+    redis.delete(leftovers.INSTANCES)
+    leftovers.beat(me, "here:0.0.0.0:2222", [])
+    leftovers.beat(other, "elsewhere:0.0.0.0:2222", [])
+    leftovers.beat(old, "here:0.0.0.0:2222", [])  # this slot's predecessor: dead at once
+    watched: dict = {}
+    leftovers.sweep(me, "here:0.0.0.0:2222", watched)
+    assert set(redis.hkeys(leftovers.INSTANCES)) == {me.encode(), other.encode()}
+
+    # Its beat stands still, but not yet DEAD_S in this one's sight: kept.
+    leftovers.sweep(me, "here:0.0.0.0:2222", watched)
+    assert other.encode() in redis.hkeys(leftovers.INSTANCES)
+    # As if this one had watched it stand still DEAD_S (and looked every heartbeat).
+    watched[other] = (watched[other][0], time.monotonic() - leftovers.DEAD_S - 1)
+    leftovers.sweep(me, "here:0.0.0.0:2222", watched)
+    assert set(redis.hkeys(leftovers.INSTANCES)) == {me.encode()}
+
+    # After a gap in its own looking (Redis away), a still beat counts from then only.
+    leftovers.beat(other, "elsewhere:0.0.0.0:2222", [])
+    leftovers.sweep(me, "here:0.0.0.0:2222", watched)
+    watched[other] = (watched[other][0], time.monotonic() - leftovers.DEAD_S - 1)
+    watched[""] = (None, time.monotonic() - 3 * leftovers.HEARTBEAT_S)
+    leftovers.sweep(me, "here:0.0.0.0:2222", watched)
+    assert other.encode() in redis.hkeys(leftovers.INSTANCES)
+    redis.delete(leftovers.INSTANCES)

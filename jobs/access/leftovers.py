@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 import django_rq
 
-from jobs.access.sessions import ENGINE_ERRORS, Login, _redis
+from jobs.access.sessions import ENGINE_ERRORS, HEARTBEAT_S, Login, _redis
 from jobs.access.streams import MARKER, hang_up
 from jobs.base.outage import REDIS_DOWN
 from jobs.models import Node
@@ -42,6 +43,7 @@ log = logging.getLogger("suanli.gateway")
 
 INSTANCES = "suanli:gateway:instances"  # hash: instance -> {"slot", "beat"}
 DEAD_S = 150  # another slot's instance whose beat stood still this long is dead
+INSTANCE = re.compile(r"[0-9a-f]{12}")  # secrets.token_hex(6), as ssh.Gateway makes it
 
 
 def _reached_key(instance: str) -> str:
@@ -94,7 +96,8 @@ def forget(instance: str) -> None:
 
 def sweep(instance: str, slot: str, watched: dict[str, tuple]) -> int:
     """Hang up what dead instances left (see the module's text); `watched` keeps, between
-    calls, each other slot's instance's last beat and since when it has not moved.
+    calls, each other slot's instance's last beat and since when it has not moved (and,
+    under "", when this one last looked: after a gap, Redis away, it watches anew).
     Returns how many workspaces were swept. Blocking: run it on a thread."""
     try:
         found = django_rq.get_connection("default").hgetall(INSTANCES)
@@ -102,10 +105,14 @@ def sweep(instance: str, slot: str, watched: dict[str, tuple]) -> int:
         _redis.failed(exc)
         return 0
     now = time.monotonic()
+    looked = watched.get("", (None, now))[1]
+    if now - looked > 2 * HEARTBEAT_S:
+        watched.clear()  # it could not watch meanwhile: no beat stood still in its sight
+    watched[""] = (None, now)
     dead = []
     for key, value in found.items():
         other = key.decode()
-        if other == instance:
+        if other == instance or not INSTANCE.fullmatch(other):
             continue
         try:
             info = json.loads(value)
@@ -119,7 +126,7 @@ def sweep(instance: str, slot: str, watched: dict[str, tuple]) -> int:
             watched[other] = (info.get("beat"), now)
         elif now - last[1] >= DEAD_S:
             dead.append(other)
-    for gone in set(watched) - {k.decode() for k in found}:
+    for gone in set(watched) - {k.decode() for k in found} - {""}:
         del watched[gone]
     return sum(_sweep_instance(other) for other in dead)
 
