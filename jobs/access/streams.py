@@ -38,7 +38,7 @@ from jobs.access.sessions import ENGINE_ERRORS, Login, client
 
 log = logging.getLogger("suanli.gateway")
 
-MARKER = "SUANLI_SSH"  # env of every exec of a channel: its own value, for the hang-up
+MARKER = "SUANLI_SSH"  # env of every exec of a channel: <gateway>-<channel>, for the hang-up
 # bash where the image has it (a login shell: the image's profile), else the POSIX shell.
 LOGIN_SHELL = ["/bin/sh", "-c", "command -v bash >/dev/null && exec bash -l || exec sh"]
 # $1: an extended regular expression of the markers to hang up (matched against each line
