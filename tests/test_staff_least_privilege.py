@@ -82,6 +82,7 @@ OWN = {
     "webhook_detail", "webhook_test", "webhook_rotate", "webhook_delete", "webhook_redeliver",
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
     "storage", "cluster_shutdown", "cluster_shutdown_clear",
+    "gpu_subscriptions", "gpu_subscription_cancel",
 }  # fmt: skip
 # No session at all: the join scripts are public, the join endpoints answer token and
 # credential holders only, whoever is signed in (tests/test_host_join.py).
@@ -97,7 +98,8 @@ API_OWN = {
     "bill_line_pieces", "ssh_keys", "ssh_key_add", "ssh_key_change", "ssh_key_delete",
     "cluster_keys", "cluster_key_attach", "cluster_key_detach",
     "sweep_list", "sweep_create", "sweep", "sweep_cancel", "cluster_shutdown",
-    "cluster_shutdown_clear",
+    "cluster_shutdown_clear", "gpu_subscriptions", "gpu_subscription_add",
+    "gpu_subscription_delete",
 }  # fmt: skip
 # The websockets, by the route's first words: the permission that opens another
 # researcher's, or None where only the owner ever may.
