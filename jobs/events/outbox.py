@@ -5,9 +5,12 @@ dispatch) writes an OutboxTask row in its own transaction; once the transaction 
 row is sent to RQ and deleted. A send that fails (Redis is down, restarting, or the process
 was killed between the commit and the send) leaves the row, and `flush` (cron, every
 FLUSH_S seconds: console/cron.py) sends it once Redis answers. Durable rows rather than
-an in-process retry: a process killed while Redis is down loses nothing either. Each row
-is sent once, under its row lock (the committing process and a flush never both send
-it); rows for the same task (queue, name, arguments, RQ id) are sent once together.
+an in-process retry: a process killed while Redis is down loses nothing either. A flush
+takes only rows older than SETTLED_S (their own commit sent them by then, or failed to),
+under their row locks (two flushes never both send one); rows of the same task (queue,
+name, arguments, RQ id) are sent once together. At worst (a transaction that committed
+more than SETTLED_S after it wrote the row, as a flush ran) a task is queued twice, which
+enqueue_unique and the tasks themselves (level-triggered) make harmless.
 
     outbox.enqueue_after_commit("docker", "jobs.tasks.cluster_dispatch", cluster_id,
                                 job_id=f"dispatch-{cluster_id}", again_if_running=True)
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
 from jobs.base.queue import enqueue_unique
 from jobs.models import OutboxTask
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 5  # cron sends what a commit could not, this often
 BATCH = 500  # rows one flush takes at most
+SETTLED_S = 10  # a row this old was sent by its commit, or Redis did not take it
 
 
 def enqueue_after_commit(
@@ -42,7 +48,7 @@ def enqueue_after_commit(
         queue=queue, func=func, args=list(args), job_id=job_id,
         again_if_running=again_if_running, options=options,
     )  # fmt: skip
-    transaction.on_commit(lambda: _send_committed(row.pk, f"{func} ({job_id})"))
+    transaction.on_commit(lambda: _send_committed(row))
 
 
 def _send(row: OutboxTask) -> None:
@@ -52,18 +58,15 @@ def _send(row: OutboxTask) -> None:
     )  # fmt: skip
 
 
-def _send_committed(pk: int, shown: str) -> None:
-    """Right after the commit: send the row and delete it; left for `flush` when Redis
-    does not take it (logged, never raised into the committed caller)."""
+def _send_committed(row: OutboxTask) -> None:
+    """Right after the commit: send the task and delete its row; left for `flush` when
+    Redis does not take it (logged, never raised into the committed caller)."""
     try:
-        with transaction.atomic():
-            row = OutboxTask.objects.select_for_update(skip_locked=True).filter(pk=pk).first()
-            if row is None:
-                return  # a flush sent it meanwhile
-            _send(row)
-            row.delete()
+        _send(row)
+        OutboxTask.objects.filter(pk=row.pk).delete()
     except Exception as exc:
-        log.warning("could not queue %s now (sent once Redis answers): %s", shown, exc)
+        log.warning("could not queue %s (%s) now, sent once Redis answers: %s", row.func,
+                    row.job_id, exc)  # fmt: skip
 
 
 def flush() -> int:
@@ -72,7 +75,12 @@ def flush() -> int:
     tasks were sent."""
     sent = 0
     with transaction.atomic():
-        rows = list(OutboxTask.objects.select_for_update(skip_locked=True).order_by("pk")[:BATCH])
+        settled = timezone.now() - timedelta(seconds=SETTLED_S)
+        rows = list(
+            OutboxTask.objects.select_for_update(skip_locked=True)
+            .filter(created_at__lt=settled)
+            .order_by("pk")[:BATCH]
+        )
         if not rows:
             return 0
         groups: dict[tuple, list[OutboxTask]] = {}
