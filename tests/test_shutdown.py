@@ -541,3 +541,39 @@ def test_a_scheduled_stop_on_the_real_engines_keeps_the_workspaces_files(running
     services.cluster_release(cluster=cluster)
     assert tasks.cluster_network_remove(cluster.pk)
     engine.close()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"stop_idle_minutes": "5", "stop_idle_below": "5"},
+        {"stop_idle_minutes": "30", "stop_idle_below": ""},
+        {"stop_idle_minutes": "", "stop_idle_below": "101"},
+        {"stop_idle_minutes": "x", "stop_idle_below": "5", "stop_at": "soon"},
+    ],
+)
+def test_the_new_cluster_form_refuses_as_the_api_does(alice, make_paper_host, priced, fields):
+    """The form parses its fields and the spec judges the rest; a request as given (the
+    API's) is judged by the spec alone: the same words on the same fields."""
+    from functools import partial
+
+    from console.forms import ClusterForm, check_funds
+    from jobs.clusters.spec import ClusterRequest, Image, Offer
+    from tests.forms_data import cluster_form
+
+    make_paper_host("gpu-paper-01", gpus=8)
+    form = ClusterForm(cluster_form(workspace="on", **fields), owner=alice)
+    assert not form.is_valid()
+    given = ClusterRequest(
+        owner=alice, name="train-1", resource="gpu:a100-80gb", nodes="1", gpus_per_node="2",
+        image=Image.objects.get(reference="suanli/busybox:latest"), volumes="",
+        stop_at=fields.get("stop_at"), stop_idle_minutes=fields["stop_idle_minutes"],
+        stop_idle_below=fields["stop_idle_below"],
+    ).check(Offer.of(alice), funds=partial(check_funds, alice))  # fmt: skip
+    mine = ("stop_at", "stop_idle_minutes", "stop_idle_below")
+    said = {
+        k: [w for m in v for w in (m.messages if hasattr(m, "messages") else [str(m)])]
+        for k, v in given.errors.items()
+        if k in mine
+    }
+    assert said and {k: v for k, v in form.errors.items() if k in mine} == said

@@ -476,7 +476,8 @@ class ClusterRequest:
     def _shutdown(self, gpu_model, instance_type) -> None:
         if gpu_model is None and instance_type is None:
             return  # no shape to judge the idle rule by (refused already)
-        given = {n: self._values.get(n) for n in SHUTDOWN_FIELDS if n not in self._errors}
+        refused = set(self._errors) | set(self.refused)  # said already, by the spec or the form
+        given = {n: self._values.get(n) for n in SHUTDOWN_FIELDS if n not in refused}
         for name, message in shutdown_refusals(
             given, gpus=gpu_model is not None, workspace=bool(self._values.get("workspace"))
         ):
