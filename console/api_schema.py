@@ -223,6 +223,8 @@ class ClusterKeysOut(Schema):
     )
 
 
+# A time as a request gives it: text, read by the console's own field (the form's words).
+StampIn = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
 SHUTDOWN_WORDS = {
     "stop_at": "scheduled stop (files kept), once: an ISO 8601 time to come, e.g. "
     "2026-12-06T23:00:00+08:00 (without an offset: UTC)",
@@ -269,7 +271,7 @@ class NewCluster(Schema):
         strict=True,
         description="the public datasets and models read-only at /pub (default true)",
     )
-    stop_at: str | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
+    stop_at: StampIn | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
     stop_idle_minutes: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_minutes"])
     stop_idle_below: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_below"])
 
@@ -278,7 +280,7 @@ class Shutdown(Schema):
     """A cluster's shutdown rules: a field given replaces its rule, null clears it, one left
     out stays as it is."""
 
-    stop_at: str | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
+    stop_at: StampIn | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
     stop_idle_minutes: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_minutes"])
     stop_idle_below: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_below"])
 
