@@ -466,8 +466,11 @@ SUANLI_WORKSPACE_STOP_S = envint("SUANLI_WORKSPACE_STOP_S", 10)  # SIGTERM, then
 SUANLI_WORKSPACE_MAX_LAYERS = envint("SUANLI_WORKSPACE_MAX_LAYERS", 60)
 SUANLI_WORKSPACE_SAVE_S = envint("SUANLI_WORKSPACE_SAVE_S", 3600)  # one save (docker commit)
 # Stopping and starting (jobs/clusters/services.py): a stopped cluster keeps its workspaces on their
-# hosts this many days (a fraction is allowed), then is released; a warning goes out a day
-# before. Started without GPUs, each node's workspace gets this CPU and memory.
+# hosts this many days (a fraction is allowed), counted from its stop, then is released; a
+# warning goes out a day before. It is also the retention period of a balance that runs out:
+# its clusters are stopped, not released, and their kept time is not charged while the
+# balance is at or below 0 (billing/accrual.py stop_exhausted). Started without GPUs, each
+# node's workspace gets this CPU and memory.
 SUANLI_STOPPED_RELEASE_S = int(float(envstr("SUANLI_STOPPED_RELEASE_DAYS", "15")) * 86400)
 SUANLI_NO_GPU_CPUS = float(envstr("SUANLI_NO_GPU_CPUS", "1"))
 SUANLI_NO_GPU_MEMORY_MB = envint("SUANLI_NO_GPU_MEMORY_MB", 4096)

@@ -1495,7 +1495,7 @@ class StorageGrant(models.Model):
 
 
 class GpuSubscription(models.Model):
-    """"Tell me when N x <model> (in <zone>) are free" (订阅GPU通知), optionally "and rent
+    """ "Tell me when N x <model> (in <zone>) are free" (订阅GPU通知), optionally "and rent
     them for me": a researcher's wish, checked against placement's own answer each cron tick
     and after GPUs come back (jobs/pools/subscriptions.py). It fires once (a conditional
     UPDATE of `state` and `fired_at` in the transaction of its event), or expires unnoticed."""
