@@ -20,6 +20,7 @@ from playwright.sync_api import expect
 from test_pool_sweep_races import _say, _sweep
 from test_pools import hosts, make_pool  # noqa: F401 (fixtures)
 
+from billing.accrual import EXHAUSTED
 from console.models import Preferences
 from jobs.base.text import Text, show
 from jobs.clusters import services
@@ -175,27 +176,45 @@ def test_a_failed_job_says_why_and_a_job_cancelled_in_the_queue_cost_nothing(ali
     facts = _data(cancelled)["job"]
     assert facts["duration_s"] is None and facts["started_at"] is None
     assert facts["cost"]["amount"] == "0.0000"
-    assert _said(cancelled)["en"] == (
-        f"Job next on cluster lab-a was cancelled before it ran: cancelled by alice: {facts['url']}"
-    )
+    url = facts["url"]
+    assert _said(cancelled) == {  # the reason is the verb: "cancelled" is said once
+        "en": f"Job next on cluster lab-a ended before it ran: cancelled by alice: {url}",
+        "zh-hans": f"集群 lab-a 上的任务 next 未运行即结束：由 alice 取消：{url}",
+    }
 
 
 def test_a_stopped_cluster_says_until_when_its_files_are_kept(alice, lab, settings):
     _endpoint(alice)
-    services.cluster_stop(cluster=lab)
+    services.cluster_stop(cluster=lab, by="alice")
     lab.refresh_from_db()
     (event,) = _events(alice, "cluster.stopped")
     kept = lab.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
     data = _data(event)["cluster"]
     assert data["release_at"] == kept.isoformat()
-    said = _said(event)
     day = f"{kept.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
-    assert said["en"].startswith("Cluster lab-a was stopped: ") and day in said["en"], said
-    assert said["en"].endswith(f"; its files are kept until {day}: {data['url']}"), said
-    assert (
-        said["zh-hans"].startswith("集群 lab-a 已关机：")
-        and f"其文件保留至 {day}" in said["zh-hans"]
-    )
+    url = data["url"]
+    assert _said(event) == {  # the reason is the verb: "stopped" is said once
+        "en": f"Cluster lab-a stopped by alice; its files are kept until {day}: {url}",
+        "zh-hans": f"集群 lab-a 由 alice 关机；其文件保留至 {day}：{url}",
+    }
+
+    services.cluster_start(cluster=lab)
+    scheduler.place_pending()
+    services.cluster_stop(cluster=lab, reason=Text(EXHAUSTED), limited=False)
+    lab.refresh_from_db()
+    kept = lab.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    day = f"{kept.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+    assert _said(_events(alice, "cluster.stopped")[-1]) == {
+        "en": f"Cluster lab-a stopped: balance exhausted; its files are kept until {day}: {url}",
+        "zh-hans": f"集群 lab-a 已关机：余额已耗尽；其文件保留至 {day}：{url}",
+    }
+
+    services.cluster_release(cluster=lab)
+    (released,) = _events(alice, "cluster.released")
+    assert _said(released) == {
+        "en": f"Cluster lab-a ended: released by its owner: {url}",
+        "zh-hans": f"集群 lab-a 已结束：由所有者释放：{url}",
+    }
 
 
 # -- sweeps ---------------------------------------------------------------------------------

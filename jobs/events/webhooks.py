@@ -301,9 +301,8 @@ JOB_WORDS = {
     "failed": gettext_noop(
         "Job %(job)s on cluster %(cluster)s failed after %(duration)s%(cost)s: %(reason)s: %(url)s"
     ),
-    "cancelled": gettext_noop(
-        "Job %(job)s on cluster %(cluster)s was cancelled after %(duration)s%(cost)s: "
-        "%(reason)s: %(url)s"
+    "cancelled": gettext_noop(  # its reason says who cancelled it ("cancelled by alice")
+        "Job %(job)s on cluster %(cluster)s ended after %(duration)s%(cost)s: %(reason)s: %(url)s"
     ),
 }
 NEVER_RAN_WORDS = {
@@ -312,7 +311,7 @@ NEVER_RAN_WORDS = {
         "Job %(job)s on cluster %(cluster)s failed before it ran: %(reason)s: %(url)s"
     ),
     "cancelled": gettext_noop(
-        "Job %(job)s on cluster %(cluster)s was cancelled before it ran: %(reason)s: %(url)s"
+        "Job %(job)s on cluster %(cluster)s ended before it ran: %(reason)s: %(url)s"
     ),
 }
 
@@ -335,17 +334,18 @@ def job_summary(job: Job, kind: str, facts: dict) -> Text:
 
 
 # A cluster's event in words, by its timeline's kind (and whether it has a reason to say).
+# A stop's reason is itself the verb ("stopped by alice", "stopped: balance exhausted"); a
+# release's may be ("released by its owner"), so it follows "ended", never "was released".
 CLUSTER_WORDS = {
     "running": gettext_noop("Cluster %(cluster)s (%(shape)s) is running: %(url)s"),
     "stopped": gettext_noop(
-        "Cluster %(cluster)s was stopped: %(reason)s; its files are kept until %(release_at)s: "
-        "%(url)s"
+        "Cluster %(cluster)s %(reason)s; its files are kept until %(release_at)s: %(url)s"
     ),
     "release-soon": gettext_noop(
         "Cluster %(cluster)s, stopped, is released with its files at %(release_at)s; start it "
         "or copy what you need before then: %(url)s"
     ),
-    "released": gettext_noop("Cluster %(cluster)s was released: %(reason)s: %(url)s"),
+    "released": gettext_noop("Cluster %(cluster)s ended: %(reason)s: %(url)s"),
     "failed": gettext_noop("Cluster %(cluster)s could not run: %(reason)s: %(url)s"),
     "host": gettext_noop("A host problem affects your cluster %(cluster)s: %(reason)s: %(url)s"),
 }
@@ -359,8 +359,8 @@ CLUSTER_WORDS_NO_REASON = {
 
 
 def cluster_summary(cluster: Cluster, kind: str, message: str | Text, release_at) -> Text:
-    """The sentence a person reads for a cluster's event: "Cluster lab-a was stopped:
-    <reason>; its files are kept until 2026-12-21 10:00 CST: <link>". A host problem says
+    """The sentence a person reads for a cluster's event: "Cluster lab-a stopped: balance
+    exhausted; its files are kept until 2026-12-21 10:00 CST: <link>". A host problem says
     the timeline's words (they name the host by its display name)."""
     key = "host" if kind.startswith("host-") else kind
     reason = message if key == "host" else stored_reason(cluster)
