@@ -186,6 +186,26 @@ def test_another_address_gets_only_its_confirmation_until_opened(client, alice, 
     assert len(mails) == 3 and "Cluster lab-a no longer waits" in mails[2].get_content()
 
 
+def test_a_channel_added_disabled_still_gets_its_confirmation(client, alice, smtp, work_queue):
+    """"Enabled" unticked holds back the events, never the link that confirms the address."""
+    client.force_login(alice)
+    response = client.post(
+        reverse("webhooks"),
+        {"kind": "email", "url": "carol@elsewhere.test", "events": ["cluster.stopped"]},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    endpoint = WebhookEndpoint.objects.get(owner=alice)
+    assert not endpoint.enabled and endpoint.confirmed_at is None
+    _drain(work_queue)
+    (ask,) = smtp.to("carol@elsewhere.test")
+    link = next(word for word in ask.get_content().split() if "/notifications/confirm/" in word)
+    client.logout()
+    assert "Confirmed" in client.post(urlsplit(link).path).content.decode()
+    assert _stopped(alice) is None  # still disabled: no event goes out
+    _drain(work_queue)
+    assert len(smtp.to("carol@elsewhere.test")) == 1
+
+
 def _dingtalk_ok(query, secret):
     timestamp = query["timestamp"][0]
     mac = hmac.new(secret.encode(), f"{timestamp}\n{secret}".encode(), hashlib.sha256).digest()

@@ -50,6 +50,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.urls import reverse
 from django.utils import timezone, translation
 from django.utils.module_loading import import_string
@@ -81,6 +82,7 @@ LABELS = {
     CONFIRM_EVENT: gettext_lazy("confirm this address"),
 }
 CONFIRMATIONS_PER_HOUR = 3  # confirmation links one researcher may have sent
+RESENDS_PER_HOUR = 30  # test messages and redeliveries one researcher may ask for
 TEXT_CHARS = 1500  # of a summary in a robot's message (WeCom takes 4096 bytes of markdown)
 LEASE = timedelta(seconds=60)  # a claimed attempt not recorded by then is tried again
 DELIVER_TASK = "jobs.tasks.webhook_deliver"  # by name: tasks sit above this module
@@ -389,6 +391,28 @@ def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
         )  # fmt: skip
 
 
+def _not_first() -> Exists:
+    """A delivery row that is not its event's first to its channel: a redelivery."""
+    return Exists(
+        WebhookDelivery.objects.filter(
+            event_id=OuterRef("event_id"),
+            endpoint_id=OuterRef("endpoint_id"),
+            pk__lt=OuterRef("pk"),
+        )
+    )
+
+
+def may_resend(owner_id: int) -> bool:
+    """Whether the owner may send another test message or redelivery: at most
+    RESENDS_PER_HOUR an hour (each is a request to a receiver or a mail server of
+    hers, so a loop of them would make Suanli flood it). Counted from the delivery rows
+    the test button and redeliver made in the last hour."""
+    since = timezone.now() - timedelta(hours=1)
+    made = WebhookDelivery.objects.filter(endpoint__owner_id=owner_id, created_at__gte=since)
+    made = made.filter(Q(event__type=TEST_EVENT) | _not_first())
+    return made.count() < RESENDS_PER_HOUR
+
+
 def may_ask_confirmation(owner_id: int) -> bool:
     """Whether the owner may have another confirmation link sent: at most
     CONFIRMATIONS_PER_HOUR an hour, so that nobody mails a stranger links in a loop."""
@@ -431,7 +455,10 @@ def confirm(endpoint_id: int, token: str) -> WebhookEndpoint | None:
 
 
 def redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
-    """A fresh delivery of the same event (same webhook-id) to the same endpoint."""
+    """A fresh delivery of the same event (same webhook-id) to the same endpoint. Never a
+    confirmation link (ask_confirmation sends a new one, within its hourly limit)."""
+    if delivery.event.type == CONFIRM_EVENT:
+        raise ValueError("a confirmation link is never sent again")
     with transaction.atomic():
         again = WebhookDelivery.objects.create(
             event_id=delivery.event_id, endpoint_id=delivery.endpoint_id
@@ -614,13 +641,17 @@ def _email(endpoint: WebhookEndpoint, event: WebhookEvent, msg: Message) -> tupl
     manage = _link("webhooks")
     if event.type == CONFIRM_EVENT:
         link = _link("notify_confirm", endpoint.pk, endpoint.confirm_token)
-        owner = get_user_model().objects.get(pk=endpoint.owner_id)
+        # No username here: a name is the asker's to choose ("www.evil-login.com" would
+        # read as a link); the console's own address says who sends this.
         subject = _("Suanli: confirm notifications to this address")
         body = _(
-            "%(user)s asked Suanli to send notifications to %(address)s.\n\n"
+            "A Suanli account on %(console)s asked to send its notifications to "
+            "%(address)s.\n\n"
             "Open this link to confirm; until then nothing else is sent here:\n%(link)s\n\n"
-            "If you did not expect this, ignore this e-mail."
-        ) % {"user": owner.get_username(), "address": endpoint.url, "link": link}
+            "If you did not expect this, ignore this e-mail: no notifications are sent to "
+            "this address unless the link is opened."
+        ) % {"console": settings.SUANLI_PUBLIC_URL.rstrip("/"), "address": endpoint.url,
+             "link": link}  # fmt: skip
         return subject, body
     body = msg.text + (f"\n\n{msg.url}" if msg.url else "")
     body += "\n\n-- \n" + _("Choose which events come here: %(link)s") % {"link": manage}
@@ -675,7 +706,8 @@ def deliver(delivery_id: int) -> str:
         return "not due"
     delivery = WebhookDelivery.objects.select_related("event", "endpoint").get(pk=delivery_id)
     endpoint, event = delivery.endpoint, delivery.event
-    if not endpoint.enabled and event.type != TEST_EVENT:
+    if not endpoint.enabled and event.type not in (TEST_EVENT, CONFIRM_EVENT):
+        # a channel added disabled still gets its address confirmed, never an event
         WebhookDelivery.objects.filter(pk=delivery_id).update(state=WebhookDelivery.State.DEAD)
         return "endpoint disabled"
     if (
@@ -686,6 +718,13 @@ def deliver(delivery_id: int) -> str:
         WebhookAttempt.objects.create(delivery=delivery, error="the address is not confirmed yet")
         WebhookDelivery.objects.filter(pk=delivery_id).update(state=WebhookDelivery.State.DEAD)
         return "not confirmed"
+    if (
+        event.type == CONFIRM_EVENT
+        and WebhookDelivery.objects.filter(event_id=event.pk, pk__lt=delivery.pk).exists()
+    ):  # a confirmation link goes out once, by its event's first delivery
+        WebhookAttempt.objects.create(delivery=delivery, error="a confirmation is sent once")
+        WebhookDelivery.objects.filter(pk=delivery_id).update(state=WebhookDelivery.State.DEAD)
+        return "sent once"
     return _record(delivery, **_send(endpoint, event, now))
 
 
