@@ -628,7 +628,7 @@ def _tell_exhausted(account: Account, kept, released, currency: str, now: dateti
                 }
                 for c in kept + released
             ],  # fmt: skip
-            "url": webhooks._link("billing"),
+            "url": webhooks.console_link("billing"),
         },
     )
 

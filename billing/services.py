@@ -191,7 +191,7 @@ USED_UP_WORDS = gettext_noop(
 
 def warning_summary(standing: selectors.Standing, *, critical: bool = False) -> Text:
     """The warning in words: "Your balance ¥3.20 lasts about 1 h 20 min at ¥2.4000/h; ..."."""
-    url = webhooks._link("billing")
+    url = webhooks.console_link("billing")
     balance = formatting.text(formatting.total(standing.balance), standing.currency)
     burn = formatting.text(formatting.amount(standing.burn_per_hour), standing.currency)
     if standing.seconds_left is None or standing.seconds_left <= 0:
@@ -220,7 +220,7 @@ def _warn(account: Account, standing: selectors.Standing, event_type: str, marke
                 ),
                 "seconds_left": standing.seconds_left,
                 "warn_hours": str(standing.warn_hours),
-                "url": webhooks._link("billing"),
+                "url": webhooks.console_link("billing"),
             },
             summary=warning_summary(standing, critical=event_type == "balance.critical"),
         )  # fmt: skip

@@ -33,7 +33,7 @@ import time
 
 import django_rq
 
-from jobs.access.sessions import ENGINE_ERRORS, HEARTBEAT_S, Login, _redis
+from jobs.access.sessions import ENGINE_ERRORS, HEARTBEAT_S, Login, redis_outage
 from jobs.access.streams import MARKER, hang_up
 from jobs.base.outage import REDIS_DOWN
 from jobs.models import Node
@@ -69,9 +69,9 @@ def beat(instance: str, slot: str, logins: list[Login]) -> bool:
                 pipe.sadd(_reached_key(instance), *{_place(login) for login in logins})
             pipe.execute()
     except REDIS_DOWN as exc:
-        _redis.failed(exc)
+        redis_outage.failed(exc)
         return False
-    _redis.ok()
+    redis_outage.ok()
     return True
 
 
@@ -80,7 +80,7 @@ def reached(instance: str, login: Login) -> None:
     try:
         django_rq.get_connection("default").sadd(_reached_key(instance), _place(login))
     except REDIS_DOWN as exc:
-        _redis.failed(exc)  # written again at the next beat
+        redis_outage.failed(exc)  # written again at the next beat
 
 
 def forget(instance: str) -> None:
@@ -91,7 +91,7 @@ def forget(instance: str) -> None:
             pipe.delete(_reached_key(instance))
             pipe.execute()
     except REDIS_DOWN as exc:
-        _redis.failed(exc)
+        redis_outage.failed(exc)
 
 
 def sweep(instance: str, slot: str, watched: dict[str, tuple]) -> int:
@@ -102,7 +102,7 @@ def sweep(instance: str, slot: str, watched: dict[str, tuple]) -> int:
     try:
         found = django_rq.get_connection("default").hgetall(INSTANCES)
     except REDIS_DOWN as exc:
-        _redis.failed(exc)
+        redis_outage.failed(exc)
         return 0
     now = time.monotonic()
     looked = watched.get("", (None, now))[1]

@@ -120,7 +120,7 @@ def workspace_up(login: Login) -> None:
 
 # -- sessions per researcher, across gateway processes and terminals (Redis) ----------------
 
-_redis = Outage("Redis (gateway)", log)
+redis_outage = Outage("Redis (gateway)", log)
 
 
 def _sessions_key(owner_id: int) -> str:
@@ -144,9 +144,9 @@ def session_claim(owner_id: int, session_id: str, limit: int) -> bool:
                 pipe.zrem(key, session_id).execute()
                 return False
     except REDIS_DOWN as exc:
-        _redis.failed(exc)
+        redis_outage.failed(exc)
         return True
-    _redis.ok()
+    redis_outage.ok()
     return True
 
 
@@ -162,13 +162,13 @@ def sessions_refresh(live: dict[str, int]) -> None:
                 pipe.expire(_sessions_key(owner_id), SESSION_TTL_S)
             pipe.execute()
     except REDIS_DOWN as exc:
-        _redis.failed(exc)
+        redis_outage.failed(exc)
         return
-    _redis.ok()
+    redis_outage.ok()
 
 
 def session_release(owner_id: int, session_id: str) -> None:
     try:
         django_rq.get_connection("default").zrem(_sessions_key(owner_id), session_id)
     except REDIS_DOWN as exc:
-        _redis.failed(exc)  # it expires on its own
+        redis_outage.failed(exc)  # it expires on its own

@@ -98,7 +98,8 @@ def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def _link(name: str, *args) -> str:
+def console_link(name: str, *args) -> str:
+    """The console's public address of the page `name` (a URL name): the `url` of events."""
     return settings.SUANLI_PUBLIC_URL.rstrip("/") + reverse(name, args=args)
 
 
@@ -228,9 +229,9 @@ def job_data(job: Job) -> dict:
         "job": {
             "id": job.pk, "name": job.name, "state": job.state, "state_reason": job.state_reason,
             "exit_code": job.exit_code, "attempt": job.attempt, "cluster": job.cluster_id,
-            "preemptions": job.preemptions, "url": _link("job_detail", job.pk),
+            "preemptions": job.preemptions, "url": console_link("job_detail", job.pk),
         },
-        "cluster": {"id": job.cluster_id, "url": _link("cluster_detail", job.cluster_id)},
+        "cluster": {"id": job.cluster_id, "url": console_link("cluster_detail", job.cluster_id)},
     }  # fmt: skip
 
 
@@ -239,7 +240,7 @@ def cluster_data(cluster: Cluster) -> dict:
         "cluster": {
             "id": cluster.pk, "name": cluster.name, "state": cluster.state,
             "state_reason": cluster.state_reason, "shape": cluster.shape,
-            "url": _link("cluster_detail", cluster.pk),
+            "url": console_link("cluster_detail", cluster.pk),
         }
     }  # fmt: skip
 
@@ -375,7 +376,7 @@ def cluster_summary(cluster: Cluster, kind: str, message: str | Text, release_at
         shape=cluster.shape,
         reason=reason or "",
         release_at=Moment(release_at) if release_at is not None else "",
-        url=_link("cluster_detail", cluster.pk),
+        url=console_link("cluster_detail", cluster.pk),
     )
 
 
@@ -385,7 +386,7 @@ def send_test(endpoint: WebhookEndpoint) -> WebhookEvent:
             owner_id=endpoint.owner_id,
             event_type=TEST_EVENT,
             data={"endpoint": endpoint.pk, "message": "A test event from Suanli.",
-                  "url": _link("webhook_detail", endpoint.pk)},
+                  "url": console_link("webhook_detail", endpoint.pk)},
             summary=Text(gettext_noop("A test message from Suanli: this channel works.")),
             endpoints=[endpoint.pk],
         )  # fmt: skip
@@ -638,9 +639,9 @@ def _robot_refusal(excerpt: str) -> str:
 
 def _email(endpoint: WebhookEndpoint, event: WebhookEvent, msg: Message) -> tuple[str, str]:
     """Subject and body of the e-mail for `event`, in the active language."""
-    manage = _link("webhooks")
+    manage = console_link("webhooks")
     if event.type == CONFIRM_EVENT:
-        link = _link("notify_confirm", endpoint.pk, endpoint.confirm_token)
+        link = console_link("notify_confirm", endpoint.pk, endpoint.confirm_token)
         # No username here: a name is the asker's to choose ("www.evil-login.com" would
         # read as a link); the console's own address says who sends this.
         subject = _("Suanli: confirm notifications to this address")

@@ -923,7 +923,7 @@ def _end(out: _Log, **fields) -> None:
 
 def tell_finished(build: ImageBuild) -> None:
     """`build.finished` to the build's owner: the image's reference, and why it failed."""
-    url = webhooks._link("image_build", build.pk)
+    url = webhooks.console_link("image_build", build.pk)
     image = f"{build.name}:{build.tag}"
     succeeded = build.state == ImageBuild.State.SUCCEEDED
     data = {

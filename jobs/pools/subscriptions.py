@@ -391,7 +391,7 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
         }
         cluster, outcome = None, None
         if sub.rent is None:
-            data["url"] = webhooks._link("cluster_new")
+            data["url"] = webhooks.console_link("cluster_new")
             summary = Text(
                 gettext_noop("%(shape)s are free %(where)s now: %(url)s"),
                 shape=shape, where=where(sub), url=data["url"],
@@ -400,7 +400,7 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
             cluster, why = _rent(sub, funds)
             if cluster is not None:
                 data["cluster_id"] = cluster.pk
-                data["url"] = webhooks._link("cluster_detail", cluster.pk)
+                data["url"] = webhooks.console_link("cluster_detail", cluster.pk)
                 outcome = Text(gettext_noop("your cluster %(name)s was created"), name=cluster.name)
                 summary = Text(
                     gettext_noop(
@@ -410,7 +410,7 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
                     shape=shape, where=where(sub), name=cluster.name, url=data["url"],
                 )  # fmt: skip
             else:
-                data["url"] = webhooks._link("cluster_new")
+                data["url"] = webhooks.console_link("cluster_new")
                 data["refused"] = why
                 outcome = Text(gettext_noop("not rented: %(why)s"), why=why)
                 summary = Text(

@@ -533,7 +533,7 @@ def best_of(sweep: Sweep, trials: list[Trial]) -> Trial | None:
 def _tell_finished(sweep: Sweep, trials: list[Trial]) -> None:
     """The owner's `sweep.finished` event, in the transaction that ends the sweep: its best
     trial (number, parameters, value, its job's link), or that none reported the metric."""
-    url = webhooks._link("sweep_detail", sweep.pk)
+    url = webhooks.console_link("sweep_detail", sweep.pk)
     best = best_of(sweep, trials)
     data = {
         "sweep": {
@@ -553,7 +553,7 @@ def _tell_finished(sweep: Sweep, trials: list[Trial]) -> None:
         data["best"] = {
             "trial": best.number, "id": best.pk, "params": best.params,
             "value": best.last_value, "job": best.job_id,
-            "url": webhooks._link("job_detail", best.job_id) if best.job_id else url,
+            "url": webhooks.console_link("job_detail", best.job_id) if best.job_id else url,
         }  # fmt: skip
         params = ", ".join(f"{name}={best.params[name]}" for name in best.params)
         summary = Text(
