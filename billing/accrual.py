@@ -30,7 +30,16 @@ from django.utils.translation import gettext_noop
 
 from billing import rollups
 from billing.models import Account, LedgerEntry, Meter
-from billing.pricing import GPU, KINDS, NO_GPU, STOPPED, RateBook, kind_of_key, to_money
+from billing.pricing import (
+    GPU,
+    KINDS,
+    NO_GPU,
+    STOPPED,
+    RateBook,
+    charged_at,
+    kind_of_key,
+    to_money,
+)
 from billing.services import epoch, floor_s
 from jobs.base.sql import insert_rows, update_rows
 from jobs.base.text import Moment, Text
@@ -369,7 +378,7 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
                 for seg in segments(
                     nodes=held, since=meter.billed_until, until=until, book=book, cluster=meter
                 ):
-                    if seg.kind == STOPPED and account.balance <= 0:
+                    if not charged_at(seg.kind, account.balance):
                         continue  # kept through the retention period, not charged past 0
                     entry = _usage(meter, account, seg, written)
                     if entry is not None:

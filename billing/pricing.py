@@ -28,6 +28,15 @@ KINDS = (GPU, NO_GPU, STOPPED)
 STORAGE = "storage"
 
 
+def charged_at(kind: str, balance: Decimal) -> bool:
+    """Whether time of `kind` is charged at `balance`: the one rule of the accrual
+    (billing/accrual.py) and of the burn a researcher is shown and warned of
+    (billing/selectors.py). Kept workspaces are not charged while the balance is at or
+    below 0 (kept through the retention period, the ledger at most one period negative);
+    storage is charged at any balance; running time is, until its clusters are stopped."""
+    return not (kind == STOPPED and balance <= 0)
+
+
 def kind_of_key(key: str) -> str:
     """The kind of time a usage entry charged, from its idempotency key: GPU time keeps
     the key it always had (`usage:<cluster>:<from>:<to>`), the others end in their kind."""

@@ -15,7 +15,7 @@ from django.utils.translation import pgettext
 
 from billing import formatting
 from billing.models import MONEY, UNIT, Account, BillLine, LedgerEntry, Meter, UsageDay
-from billing.pricing import GPU, NO_GPU, STOPPED, Quote, RateBook, per_hour_of, quote
+from billing.pricing import GPU, NO_GPU, STOPPED, Quote, RateBook, charged_at, per_hour_of, quote
 from jobs.base import text
 from jobs.files import storage
 from jobs.models import Cluster, Node
@@ -85,16 +85,23 @@ def balance_of(user) -> Decimal:
     ).first() or ZERO.quantize(UNIT)
 
 
-def burn_per_hour(user, *, book: RateBook | None = None, now=None) -> Decimal:
-    """What the user's clusters cost per hour right now, at the prices in force now: each
-    node that holds capacity at its cluster's price (a node without GPUs at the no-GPU
-    price), each stopped node's kept workspace at the stopped price, and the storage
-    bought above the free part at the storage price."""
+def burn_per_hour(
+    user, *, book: RateBook | None = None, now=None, balance: Decimal | None = None
+) -> Decimal:
+    """What the user's clusters cost per hour right now, at the prices in force now and at
+    their balance (`balance`, else the account's): each node that holds capacity at its
+    cluster's price (a node without GPUs at the no-GPU price), each stopped node's kept
+    workspace at the stopped price, and the storage bought above the free part at the
+    storage price; only what the accrual charges at that balance (`pricing.charged_at`:
+    kept workspaces not at or below 0)."""
     book = book or RateBook.load()
     now = now or timezone.now()
     card = book.at(now)
     if card is None:
         return ZERO
+    if balance is None:
+        balance = balance_of(user)
+    kept_charged = charged_at(STOPPED, balance)
     total = card.storage * storage.extra_gb(user.pk, at=now)
     holding = Q(cluster__state__in=Cluster.HOLDS_CAPACITY, released_at__isnull=True)
     # Kept until its cluster starts again or is released, whatever the cluster's state now:
@@ -116,7 +123,7 @@ def burn_per_hour(user, *, book: RateBook | None = None, now=None) -> Decimal:
     )
     for no_gpu, kept_until, stopped_at, gpu_model_id, instance_type_id, spot, gpus in rows:
         if stopped_at is not None and kept_until is None:
-            total += card.stopped
+            total += card.stopped if kept_charged else ZERO
         elif no_gpu:
             total += card.no_gpu
         else:
@@ -141,7 +148,7 @@ def standing(user, *, account: Account | None = None) -> Standing:
             .first()
         )
     balance, warn, exhausted_at = row or (ZERO.quantize(UNIT), None, None)
-    burn = burn_per_hour(user, book=book)
+    burn = burn_per_hour(user, book=book, balance=balance)
     hours = None
     if burn > 0:
         hours = max(balance, ZERO) / burn

@@ -233,7 +233,9 @@ def notify_low_balances() -> int:
     `SUANLI_LOW_BALANCE_HOURS`) at the current burn, `balance.critical` under 30 minutes.
     Looks at accounts whose clusters burn (running, or stopped with kept workspaces the card
     may price) and at those with a warning told (its spell ends when the balance lasts long
-    enough again: the markers are cleared, the next low is told again). Runs every minute
+    enough again: the markers are cleared, the next low is told again). An account told
+    `balance.exhausted` gets no warning while its balance is at or below 0: that message
+    said it all (its clusters were stopped; bought storage may still be charged). Runs every minute
     (console/cron.py): the 30-minute warning comes with 29 minutes or more left. Returns
     how many events were written (a warning no channel wants is marked told, not counted)."""
     sent = 0
@@ -248,6 +250,8 @@ def notify_low_balances() -> int:
             Account.objects.filter(pk=account.pk).update(**{f: None for f in over})
         if not standing.burn_per_hour:
             continue  # nothing costs anything: nothing to warn of (balance.exhausted is told)
+        if account.exhausted_notified_at is not None and standing.balance <= 0:
+            continue  # told balance.exhausted: its clusters are stopped, not "being stopped"
         if standing.low and account.low_notified_at is None:
             sent += _warn(account, standing, "balance.low", "low_notified_at")
         if standing.critical and account.critical_notified_at is None:

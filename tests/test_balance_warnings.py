@@ -12,6 +12,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
 from browsing import login
 from django.conf import settings
 from django.test import Client
@@ -20,15 +21,16 @@ from django.utils import timezone, translation
 from node_start import ran
 from test_i18n_browser import _reads_chinese
 
-from billing import accrual
+from billing import accrual, selectors
 from billing import services as billing
+from billing import storage as bought
 from billing.catalog import seed_rate_card
-from billing.models import Account
+from billing.models import Account, LedgerEntry
 from console import preferences
 from console.models import ApiToken, Preferences
 from jobs.base.text import Duration, Text, duration, load, show
 from jobs.events import webhooks
-from jobs.models import WebhookEndpoint, WebhookEvent
+from jobs.models import Node, StorageGrant, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db
@@ -179,6 +181,63 @@ def test_a_used_up_balance_says_the_clusters_are_stopped_and_links_to_top_up(
     fund(bob, "5")
     client.force_login(bob)
     assert _banner(client, "en") == ""
+
+
+@pytest.mark.parametrize("extra_gb", [0, 10], ids=["kept-workspaces", "and-storage"])
+def test_after_exhaustion_with_priced_kept_workspaces_no_warning_says_being_stopped(
+    client, make_paper_host, make_cluster, rate_card, fund, alice, extra_gb
+):
+    """The card prices kept workspaces (and storage bought above the free part): at a
+    balance at or below 0 the kept time is not charged, so the burn shown leaves it out
+    (storage is still charged); the account told `balance.exhausted` gets no balance.low or
+    balance.critical after it ("used up ...: your clusters are being stopped" would be
+    wrong: they were stopped), however many ticks follow; the banner says they are stopped."""
+    make_paper_host()
+    rate_card(
+        {"a100-80gb": "36.00"}, effective_from=timezone.now() - timedelta(hours=1),
+        stopped_per_hour=Decimal("0.36"), storage_per_gb_hour=Decimal("0.01"),
+    )  # fmt: skip
+    if extra_gb:
+        StorageGrant.objects.create(
+            owner=alice, since=timezone.now() - timedelta(minutes=30), extra_gb=extra_gb
+        )
+    WebhookEndpoint.objects.create(
+        owner=alice, url="https://hooks.example.com/suanli", secret=webhooks.new_secret(),
+        events=["balance.low", "balance.critical", "balance.exhausted"],
+    )  # fmt: skip
+    fund(alice, "0.60")  # 60 GPU-seconds
+    cluster = make_cluster(alice, "train-llm", nodes=1, gpus=1)
+    scheduler.place_pending()
+    Node.objects.filter(cluster=cluster).update(started_at=timezone.now() - timedelta(seconds=60))
+    accrual.accrue()  # used up between two warning ticks: stopped, files kept
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped" and cluster.state_reason == accrual.EXHAUSTED
+    account = Account.objects.get(user=alice)
+    assert account.balance <= 0 and account.exhausted_notified_at is not None
+    # What burns now is what the accrual charges at this balance: the storage, not the
+    # kept workspace's 0.36 an hour.
+    assert selectors.standing(alice).burn_per_hour == Decimal("0.01") * extra_gb
+    assert billing.notify_low_balances() == 0
+    later = timezone.now()
+    for hours in (1, 2, 5):
+        with time_machine.travel(later + timedelta(hours=hours), tick=False):
+            accrual.accrue()
+            bought.accrue()
+            assert billing.notify_low_balances() == 0
+    assert len(_events(alice, "balance.exhausted")) == 1
+    assert not _events(alice, "balance.low") and not _events(alice, "balance.critical")
+    kept = LedgerEntry.objects.filter(account__user=alice, key__endswith=":stopped")
+    assert not kept.filter(period_from__gte=cluster.stopped_at).exists(), "not charged past 0"
+    client.force_login(alice)
+    english = " ".join(_banner(client, "en").split())
+    assert "your clusters are stopped (files kept). Top up to start them again." in english
+    assert "lasts about" not in english and "being stopped" not in english
+    assert "集群已关机（文件保留）" in _banner(client, "zh-CN")
+    # Money in: the kept workspace is charged again, and shown in the burn.
+    fund(alice, "100")
+    assert Account.objects.get(user=alice).exhausted_notified_at is None
+    burn = selectors.standing(alice).burn_per_hour
+    assert burn == Decimal("0.36") + Decimal("0.01") * extra_gb
 
 
 def test_a_duration_reads_in_the_readers_language_and_survives_storage():

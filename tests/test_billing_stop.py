@@ -386,8 +386,9 @@ def test_the_minimum_charge_counts_gpu_time_only(alice, rate_card, fund, gpu_clu
     check_ledger(Account.objects.get(user=alice))
 
 
-def test_burn_per_hour_in_each_mode(alice, bob, rate_card, gpu_cluster):
+def test_burn_per_hour_in_each_mode(alice, bob, rate_card, fund, gpu_cluster):
     rate_card({"a100-80gb": RATE}, effective_from=at(-60), stopped_per_hour=Decimal("0.02"))
+    fund(alice, "100")
     running = gpu_cluster("running", nodes=1, gpus=2)
     no_gpu = gpu_cluster("no-gpu", nodes=3, gpus=2)
     kept = gpu_cluster("kept", nodes=2, gpus=4)
@@ -397,6 +398,10 @@ def test_burn_per_hour_in_each_mode(alice, bob, rate_card, gpu_cluster):
     stop(kept, 100)
     # 2 GPUs x 3.60 + 3 nodes x 0.10 + 2 kept nodes x 0.02
     assert burn(alice, 300) == Decimal("7.2000") + Decimal("0.3000") + Decimal("0.0400")
+    # At a balance at or below 0 the kept workspaces are not charged (accrual's rule,
+    # pricing.charged_at): the burn leaves them out.
+    used_up = selectors.burn_per_hour(alice, now=at(300), balance=Decimal("0"))
+    assert used_up == Decimal("7.2000") + Decimal("0.3000")
     release(running, 400)
     release(kept, 400)
     assert burn(alice, 500) == Decimal("0.3000")
