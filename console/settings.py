@@ -445,6 +445,9 @@ SUANLI_WEBHOOK_DISABLE_AFTER_S = envint("SUANLI_WEBHOOK_DISABLE_AFTER_S", 5 * 24
 # Webhook targets operators allow although not public (comma-separated; off by default).
 SUANLI_WEBHOOK_ALLOW_HOSTS = [h for h in envstr("SUANLI_WEBHOOK_ALLOW_HOSTS", "").split(",") if h]
 SUANLI_WEBHOOK_ALLOW_NETS = [n for n in envstr("SUANLI_WEBHOOK_ALLOW_NETS", "").split(",") if n]
+# Notification channels (webhooks, e-mail addresses, chat robots) one researcher may have: a
+# guard against filling the table (and each event's deliveries) in a loop.
+SUANLI_NOTIFY_CHANNELS_MAX = envint("SUANLI_NOTIFY_CHANNELS_MAX", 20)
 # Notification e-mail (e-mail channels and their confirmation links, jobs/events/webhooks.py),
 # sent with Django's SMTP backend: the relay, its port, STARTTLS or implicit TLS, the log-in
 # (blank: none), the sender, and how long one SMTP exchange may take (seconds).

@@ -4,8 +4,10 @@ e-mail address other than the account's own is confirmed by a link e-mailed to i
 lookup goes through the owner: another researcher gets 404."""
 
 import hmac
+import ipaddress
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -77,6 +79,17 @@ class EndpointForm(forms.Form):
                     % {"address": url},
                 )
                 return data
+            if not _public_mail_domain(url.rsplit("@", 1)[1]):
+                self.add_error(
+                    "url",
+                    _(
+                        "%(address)s is not an address on the internet: its part after @ "
+                        "is a name with a dot, such as example.com (not localhost or an IP "
+                        "address)."
+                    )
+                    % {"address": url},
+                )
+                return data
             data["url"] = url
             return data
         if kind != Kind.WEBHOOK and not url.lower().startswith("https://"):
@@ -97,6 +110,19 @@ class EndpointForm(forms.Form):
         return data
 
 
+def _public_mail_domain(domain: str) -> bool:
+    """A mail domain on the internet: a name with a dot, not localhost nor an IP literal
+    (`a@[10.0.0.1]`, `root@localhost` would have our mail server write to its own network)."""
+    name = domain.strip().rstrip(".").lower()
+    if not name or name.startswith("[") or "." not in name or name.endswith(".localhost"):
+        return False
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return True
+    return False
+
+
 def _own_address(user, address: str) -> bool:
     return bool(user.email) and user.email.strip().lower() == address.lower()
 
@@ -113,6 +139,18 @@ def endpoint_list(request):
         kind = data["kind"]
         secret = webhooks.new_secret() if kind == Kind.WEBHOOK else data["secret"]
         own = kind == Kind.EMAIL and _own_address(request.user, data["url"])
+        most = settings.SUANLI_NOTIFY_CHANNELS_MAX
+        if WebhookEndpoint.objects.filter(owner=request.user).count() >= most:
+            form.add_error(
+                "url",
+                _(
+                    "You have %(most)s notification channels, the most allowed: delete one "
+                    "before adding another."
+                )
+                % {"most": most},
+            )
+            endpoints = WebhookEndpoint.objects.filter(owner=request.user)
+            return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
         if kind == Kind.EMAIL and not own and not webhooks.may_ask_confirmation(request.user.pk):
             form.add_error("url", _too_many())
             endpoints = WebhookEndpoint.objects.filter(owner=request.user)
@@ -142,6 +180,13 @@ def _too_many() -> str:
         "%(count)s confirmation links were sent in the last hour: wait a while before "
         "asking for another."
     ) % {"count": webhooks.CONFIRMATIONS_PER_HOUR}
+
+
+def _too_many_resends() -> str:
+    return _(
+        "%(count)s test messages and redeliveries were sent in the last hour: wait a while "
+        "before sending another."
+    ) % {"count": webhooks.RESENDS_PER_HOUR}
 
 
 def _confirm_sent(endpoint) -> str:
@@ -227,6 +272,9 @@ def endpoint_test(request, endpoint_id: int):
             % {"address": endpoint.url},
         )
         return redirect("webhook_detail", endpoint.pk)
+    if not webhooks.may_resend(request.user.pk):
+        messages.error(request, _too_many_resends())
+        return redirect("webhook_detail", endpoint.pk)
     webhooks.send_test(endpoint)
     messages.success(request, _("A test event is on its way; its attempts show below."))
     return redirect("webhook_detail", endpoint.pk)
@@ -259,6 +307,19 @@ def endpoint_delete(request, endpoint_id: int):
 @require_POST
 def delivery_redeliver(request, delivery_id: int):
     delivery = get_object_or_404(WebhookDelivery, pk=delivery_id, endpoint__owner=request.user)
+    if delivery.event.type == webhooks.CONFIRM_EVENT:
+        messages.error(
+            request,
+            _(
+                'A confirmation link is not sent again: "Send test message" sends a new '
+                "one (at most %(count)s an hour)."
+            )
+            % {"count": webhooks.CONFIRMATIONS_PER_HOUR},
+        )
+        return redirect("webhook_detail", delivery.endpoint_id)
+    if not webhooks.may_resend(request.user.pk):
+        messages.error(request, _too_many_resends())
+        return redirect("webhook_detail", delivery.endpoint_id)
     webhooks.redeliver(delivery)
     messages.success(
         request,
