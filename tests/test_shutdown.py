@@ -9,22 +9,35 @@ Clusters run on paper hosts (a stop that needs no engine) unless the test says o
 """
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
+import docker
 import pytest
 import time_machine
+from click.testing import CliRunner
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone, translation
+from playwright.sync_api import expect
 
+from console import preferences
+from console.forms import ClusterForm, check_funds
 from console.models import ApiToken
+from jobs import tasks
 from jobs.base.text import show
-from jobs.clusters import shutdown
+from jobs.clusters import services, shutdown
+from jobs.clusters.spec import ClusterRequest, Image, Offer, ShutdownRequest
 from jobs.models import Cluster, ClusterEvent, Node
+from jobs.nodes import workspaces
 from jobs.placement import scheduler
 from monitoring import idle
 from monitoring import tasks as monitoring_tasks
 from monitoring.models import Sample
+from suanli_cli import cli
+from tests.browsing import login
+from tests.forms_data import cluster_form
 
 pytestmark = pytest.mark.django_db
 
@@ -122,8 +135,6 @@ def test_a_cluster_stops_at_the_time_set_and_the_timeline_says_so(placed):
 
 
 def test_a_stale_schedule_never_stops_a_cluster_started_again_after_it(placed):
-    from jobs.clusters import services
-
     cluster = placed(stop_at=T0 + timedelta(hours=1))
     with time_machine.travel(T0 + timedelta(minutes=10), tick=False):
         services.cluster_stop(cluster=cluster)
@@ -199,8 +210,6 @@ def test_without_samples_nothing_is_stopped(placed):
 
 
 def test_a_cluster_without_gpus_or_restarted_is_not_judged_by_old_samples(placed):
-    from jobs.clusters import services
-
     cluster = placed(nodes=1, gpus=1, stop_idle_minutes=10, stop_idle_below=50)
     _samples(cluster, T0, 60, [0.0])
     with time_machine.travel(T0 + timedelta(minutes=20), tick=False):
@@ -213,8 +222,6 @@ def test_a_cluster_without_gpus_or_restarted_is_not_judged_by_old_samples(placed
 
 
 def test_shutdown_set_replaces_the_rules(placed):
-    from jobs.clusters.spec import ShutdownRequest
-
     cluster = placed()
     with time_machine.travel(T0, tick=False):
         schedule = ShutdownRequest(
@@ -337,8 +344,6 @@ def test_the_owner_sets_and_clears_the_rules_and_another_account_gets_404(placed
 
 
 def test_the_page_takes_a_time_in_the_readers_zone_and_shows_it_back(placed, alice):
-    from console import preferences
-
     preferences.save(alice, language="en", time_zone="Asia/Shanghai")
     cluster = placed()
     client = Client()
@@ -360,12 +365,6 @@ def test_the_page_takes_a_time_in_the_readers_zone_and_shows_it_back(placed, ali
 
 def test_rules_given_at_creation_by_the_api_and_the_form_alike(alice, make_paper_host, priced):
     """At the real time: the rate card is in force from now."""
-    from functools import partial
-
-    from console.forms import ClusterForm, check_funds
-    from jobs.clusters.spec import ClusterRequest, Image, Offer
-    from tests.forms_data import cluster_form
-
     make_paper_host("gpu-paper-01", gpus=8)
     api = _api(alice)
     new = {
@@ -409,10 +408,6 @@ def test_rules_given_at_creation_by_the_api_and_the_form_alike(alice, make_paper
 
 @pytest.mark.django_db(transaction=True)  # the CLI speaks HTTP to a live server
 def test_the_command_line_sets_shows_and_clears_the_rules(placed, alice, bob, live_server):
-    from click.testing import CliRunner
-
-    from suanli_cli import cli
-
     cluster = placed()
     _, token = ApiToken.issue(user=alice, name="laptop")
     env = {"SUANLI_URL": live_server.url, "SUANLI_TOKEN": token, "TZ": "UTC"}
@@ -447,13 +442,6 @@ def test_the_cluster_page_shows_the_rules_in_both_languages_and_sizes(
 ):
     """Screenshots (SUANLI_SCREENSHOTS): the rules shown with their clear button, and the
     form open with a refusal, in Chinese and English, at 1366 and 390 px."""
-    import os
-
-    from playwright.sync_api import expect
-
-    from console import preferences
-    from tests.browsing import login
-
     shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
     make_paper_host("gpu-paper-01", gpus=8)
     cluster = make_cluster(alice, "nightly", gpus=2, release_policy="never")
@@ -510,12 +498,6 @@ def test_the_cluster_page_shows_the_rules_in_both_languages_and_sizes(
 def test_a_scheduled_stop_on_the_real_engines_keeps_the_workspaces_files(running_cluster):
     """The stop is cluster_stop's: the workspace stops (not removed) and a file in its own
     filesystem is there when it starts again."""
-    import docker
-
-    from jobs import tasks
-    from jobs.clusters import services
-    from jobs.nodes import workspaces
-
     at = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
     cluster = running_cluster(1, gpus=1, stop_at=at)
     tasks.cluster_network_ensure(cluster.pk)
@@ -555,12 +537,6 @@ def test_a_scheduled_stop_on_the_real_engines_keeps_the_workspaces_files(running
 def test_the_new_cluster_form_refuses_as_the_api_does(alice, make_paper_host, priced, fields):
     """The form parses its fields and the spec judges the rest; a request as given (the
     API's) is judged by the spec alone: the same words on the same fields."""
-    from functools import partial
-
-    from console.forms import ClusterForm, check_funds
-    from jobs.clusters.spec import ClusterRequest, Image, Offer
-    from tests.forms_data import cluster_form
-
     make_paper_host("gpu-paper-01", gpus=8)
     form = ClusterForm(cluster_form(workspace="on", **fields), owner=alice)
     assert not form.is_valid()
