@@ -605,8 +605,7 @@ def _tell_exhausted(account: Account, kept, released, currency: str, now: dateti
         exhausted_notified_at=now
     ):
         return
-    keep = timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
-    release = {c.pk: c.stopped_at + keep for c in kept if c.stopped_at is not None}
+    release = {c.pk: c.release_at for c in kept if c.release_at is not None}
     balance = account.balance
     args = {"balance": f"{balance:.2f} {currency}"}
     names = ", ".join(c.name for c in kept)

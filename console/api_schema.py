@@ -6,11 +6,10 @@ object or lines. The rules (names, ranges, images, zones, the balance) are the f
 services', the same ones the pages use.
 """
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from django.conf import settings
 from django.urls import reverse
 from ninja import Field, Schema
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
@@ -168,9 +167,7 @@ class ClusterOut(Schema):
 
     @staticmethod
     def resolve_release_at(obj) -> datetime | None:
-        if obj.stopped_at is None:
-            return None
-        return obj.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+        return obj.release_at
 
     @staticmethod
     def resolve_url(obj, context) -> str:

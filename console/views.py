@@ -195,11 +195,7 @@ def _cluster_status_context(cluster: Cluster) -> dict:
     stopped = cluster.state == Cluster.State.STOPPED
     return {
         "start_blocked": cluster_services.start_blocked(cluster) if stopped else "",
-        "release_at": (
-            cluster.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
-            if cluster.stopped_at
-            else None
-        ),
+        "release_at": cluster.release_at,
         "stop_prices": money.stop_prices() if stopped or cluster.no_gpu else None,
         "cluster": cluster,
         "nodes": fleet.live_nodes(cluster),

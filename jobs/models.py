@@ -3,6 +3,8 @@
 Layer: models (beside migrations), under every package of jobs/ but base, which is all it uses.
 """
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
@@ -648,6 +650,18 @@ class Cluster(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in (self.State.PENDING, self.State.RUNNING, self.State.PREEMPTING)
+
+    @staticmethod
+    def kept_stopped() -> timedelta:
+        """How long a stopped cluster keeps its workspaces before it is released
+        (SUANLI_STOPPED_RELEASE_S): the one place that reads the setting."""
+        return timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+
+    @property
+    def release_at(self) -> datetime | None:
+        """When this stopped cluster (or one waiting in line to start again) is released
+        with its workspaces unless started; None when it is not stopped."""
+        return None if self.stopped_at is None else self.stopped_at + self.kept_stopped()
 
 
 class TimelineEvent(models.Model):

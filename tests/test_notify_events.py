@@ -185,10 +185,13 @@ def test_a_failed_job_says_why_and_a_job_cancelled_in_the_queue_cost_nothing(ali
 
 def test_a_stopped_cluster_says_until_when_its_files_are_kept(alice, lab, settings):
     _endpoint(alice)
+    assert lab.release_at is None  # running: nothing to release
+    settings.SUANLI_STOPPED_RELEASE_S = 3 * 86400
     services.cluster_stop(cluster=lab, by="alice")
     lab.refresh_from_db()
     (event,) = _events(alice, "cluster.stopped")
-    kept = lab.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    kept = lab.stopped_at + timedelta(days=3)
+    assert lab.release_at == kept  # the one reckoning: the event, the API and the pages say it
     data = _data(event)["cluster"]
     assert data["release_at"] == kept.isoformat()
     day = f"{kept.astimezone(UTC):%Y-%m-%d %H:%M} UTC"

@@ -8,10 +8,8 @@ else the English `state_reason` of older rows and plain words).
 `{{ cluster|release_in }}`: how long a stopped cluster is kept yet ("14 days 3 h")."""
 
 import json
-from datetime import timedelta
 
 from django import template
-from django.conf import settings
 from django.utils import timezone
 from django.utils.translation import gettext_lazy
 
@@ -129,10 +127,9 @@ def cluster_state(value: str) -> str:
 @register.filter
 def release_in(cluster) -> str:
     """`{{ cluster|release_in }}`: how long until a stopped cluster (or one waiting in line
-    to start again) is released with its workspaces, SUANLI_STOPPED_RELEASE_DAYS after its
-    stop ("14 days 3 h", "14 天 3 小时"); "" when it is not stopped."""
-    stopped = getattr(cluster, "stopped_at", None)
-    if stopped is None:
+    to start again) is released with its workspaces (`Cluster.release_at`: "14 days 3 h",
+    "14 天 3 小时"); "" when it is not stopped."""
+    at = getattr(cluster, "release_at", None)
+    if at is None:
         return ""
-    at = stopped + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
     return text.duration(max((at - timezone.now()).total_seconds(), 0))

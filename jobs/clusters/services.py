@@ -784,7 +784,7 @@ def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:
     SUANLI_STOPPED_RELEASE_S are released, their workspaces with them; those within a day
     of it are warned once (a timeline entry and the `cluster.release_soon` webhook)."""
     now = now or timezone.now()
-    keep = timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    keep = Cluster.kept_stopped()
     warn = now + min(timedelta(days=1), keep)
     out: dict[str, list[int]] = {"released": [], "warned": []}
     stopped = Cluster.objects.filter(
@@ -793,9 +793,9 @@ def clusters_release_stopped(*, now=None) -> dict[str, list[int]]:
     for cluster_id in list(stopped.filter(stopped_at__lte=now - keep).values_list("pk", flat=True)):
         with transaction.atomic():
             cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
-            if cluster.stopped_at is None or cluster.stopped_at + keep > now:
+            if cluster.release_at is None or cluster.release_at > now:
                 continue
-            days = settings.SUANLI_STOPPED_RELEASE_S / 86400
+            days = keep.total_seconds() / 86400
             cluster_release(
                 cluster=cluster,
                 reason=Text(

@@ -164,9 +164,8 @@ def timeline_entry(
         summary = job_summary(subject, kind, data["job"])
         return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary)
     data = cluster_data(subject)
-    release_at = None
-    if subject.stopped_at is not None and kind != "released":
-        release_at = subject.stopped_at + timedelta(seconds=settings.SUANLI_STOPPED_RELEASE_S)
+    release_at = subject.release_at if kind != "released" else None
+    if release_at is not None:
         data["cluster"]["release_at"] = release_at.isoformat()
     if event_type == "host.problem":
         host = message.args.get("host") if isinstance(message, Text) else None
