@@ -8,7 +8,9 @@ Procfile's `gateway` processes, the real engines and Redis (jobs/access/leftover
 import os
 import signal
 import subprocess
+import time
 
+import django_rq
 import pytest
 from browsing import free_port
 from test_gateway import (  # noqa: F401 (fixtures)
@@ -23,6 +25,7 @@ from test_gateway import (  # noqa: F401 (fixtures)
 from waiting import until
 
 from jobs import tasks
+from jobs.access import leftovers
 from jobs.clusters import services
 from jobs.nodes import workspaces
 
@@ -114,12 +117,6 @@ def test_a_killed_gateways_sessions_hang_up_when_it_starts_again(
 
 
 def test_another_replicas_records_go_only_once_its_beat_stood_still():
-    import time
-
-    import django_rq
-
-    from jobs.access import leftovers
-
     redis = django_rq.get_connection("default")
     me, other, old = "a" * 12, "b" * 12, "c" * 12
     redis.delete(leftovers.INSTANCES)

@@ -7,6 +7,8 @@ same words on the page and the API, nothing saved; another researcher gets 404."
 
 import json
 import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -16,9 +18,10 @@ from browsing import login
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 from playwright.sync_api import expect
 
+from billing import services as billing
 from console import subscriptions as console_subscriptions
 from console.models import ApiToken
 from jobs import tasks
@@ -210,11 +213,14 @@ def test_rent_over_the_budget_or_the_balance_is_refused_in_words(
         f"http://localhost:8000{reverse('cluster_new')}"
     )
     assert "over your budget" in sub.outcome_shown
+    with translation.override("zh-hans"):  # the refusal in the reader's language, not cron's
+        said = show(event.summary)
+        assert "代你租用被拒绝：这些 GPU 每小时 ¥80.0000，超出了你每小时 ¥70.0000 的预算。" in said
+        assert "These GPUs" not in said and "over your budget" not in said, said
+        assert "超出了你每小时 ¥70.0000 的预算" in sub.outcome_shown
 
     # A balance that does not cover the minutes a new cluster needs: refused, said why.
     _wants_gpu_news(bob)
-    from billing import services as billing
-
     billing.post_entry(
         account=billing.account_for(bob), kind="adjustment", amount=Decimal("-1000"),
         key="test:empty-bob", memo="test",
@@ -225,6 +231,10 @@ def test_rent_over_the_budget_or_the_balance_is_refused_in_words(
     (event,) = _events(bob)
     assert "renting them for you was refused: This cluster costs ¥80.0000/h" in show(event.summary)
     assert "top up on the billing page" in show(event.summary)
+    with translation.override("zh-hans"):
+        said = show(event.summary)
+        assert "代你租用被拒绝：该集群费用为 ¥80.0000/小时" in said, said
+        assert "This cluster costs" not in said and "top up" not in said, said
     assert not Cluster.objects.exists()
 
 
@@ -359,9 +369,6 @@ def test_the_page_in_chromium_at_a_laptops_and_a_phones_width(
 def test_the_command_line_lists_adds_and_cancels(
     live_server, make_paper_host, alice, bob, tmp_path
 ):
-    import subprocess
-    import sys
-
     make_paper_host()
 
     def suanli(user, *args, ok=True):

@@ -8,6 +8,7 @@ tests/test_webhooks.py's). Paper hosts for jobs and hosts (no container runs: th
 replicas are the rows dispatch writes), the real sweep code with Optuna's storage, a real
 build on the build host's engine."""
 
+import json
 import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -61,8 +62,6 @@ def _said(event: WebhookEvent) -> dict[str, str]:
 
 
 def _data(event: WebhookEvent) -> dict:
-    import json
-
     return json.loads(event.body)["data"]
 
 
