@@ -95,6 +95,7 @@ API_OWN = {
     "cluster_release", "cluster_stop", "cluster_start", "cluster_resize", "jobs", "job_submit",
     "pool_list", "pool_create", "pool", "pool_job_submit", "pool_close", "image_list",
     "image_build_create", "image_build", "image_delete", "node_save_image", "balance", "bill",
+    "balance_warning", "balance_warning_set",
     "bill_line_pieces", "ssh_keys", "ssh_key_add", "ssh_key_change", "ssh_key_delete",
     "cluster_keys", "cluster_key_attach", "cluster_key_detach",
     "sweep_list", "sweep_create", "sweep", "sweep_cancel", "cluster_shutdown",

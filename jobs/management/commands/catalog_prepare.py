@@ -34,10 +34,6 @@ def percent_of(line: str) -> int | None:
     return min(int(found.group(1)), 100) if found else None
 
 
-def _stop(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 class Command(BaseCommand):
     help = "Build a catalog image with the given command, its progress shown on the cluster form."
 
@@ -61,14 +57,19 @@ class Command(BaseCommand):
         if not images.exists():
             raise CommandError(f"no catalog image {opts['reference']}")
         images.update(preparing=0)
-        # SIGTERM (make run's clean-up) ends the command through its `finally`, as Ctrl-C
-        # does, instead of killing it with the image left "being prepared: 40%".
-        before = signal.signal(signal.SIGTERM, _stop)
+        # SIGTERM (make run's clean-up) ends the build and then the command through its
+        # `finally`, as Ctrl-C does, instead of killing it with the image left "being
+        # prepared: 40%". The handler only notes it and ends the build: raising there could
+        # land in the middle of a query and leave the connection unusable for the clean-up.
+        self._signalled, self._proc = None, None
+        before = signal.signal(signal.SIGTERM, self._stop)
         try:
             code = self._run(images, opts["command"])
         finally:
             signal.signal(signal.SIGTERM, before)
             images.update(preparing=None)
+        if self._signalled is not None:
+            raise SystemExit(128 + self._signalled)
         for host_id in Host.objects.values_list("pk", flat=True):
             host_services.host_check(host_id=host_id)  # records the images its engine has now
         if code != 0:
@@ -77,13 +78,21 @@ class Command(BaseCommand):
             )
         self.stdout.write(f"{opts['reference']} is ready")
 
+    def _stop(self, signum, frame) -> None:
+        self._signalled = signum
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+
     def _run(self, images, command: list[str]) -> int:
         """Run the build, its lines to our output and its progress onto the image."""
         shown = 0
         with subprocess.Popen(  # noqa: S603 (the operator's own command line)
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
         ) as proc:
+            self._proc = proc
             for line in proc.stdout:
+                if self._signalled is not None:
+                    break
                 self.stdout.write(line.rstrip("\n"))
                 percent = percent_of(line)
                 if percent is not None and percent > shown:
