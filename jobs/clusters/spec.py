@@ -39,7 +39,7 @@ from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, gettext_noop
 
 from jobs.base import validators
 from jobs.files import pub, storage
@@ -507,12 +507,7 @@ class ClusterRequest:
             return None
         if not answer.short:
             return None
-        message = _(
-            "This cluster costs %(per_hour)s/h; creating it needs a balance for "
-            "%(minutes)s minutes (%(needed)s). Your balance is %(balance)s: "
-            "top up on the billing page."
-        )
-        self._refuse(NON_FIELD_ERRORS, answer.refusal(message))
+        self._refuse(NON_FIELD_ERRORS, answer.refusal(_(SHORT_BALANCE)))
         return answer.as_context()
 
     def _spec(self, gpu_model, instance_type, image, own, reference) -> ClusterSpec:
@@ -554,6 +549,11 @@ def _no_host(gpu_model: GpuModel, network: str, zone: str) -> str:
 
 # -- scheduled and idle shutdown (定时关机) -------------------------------------------------
 
+# The balance refusal's words; its amounts: Funds.refusal (or a Text of it, said later).
+SHORT_BALANCE = gettext_noop(
+    "This cluster costs %(per_hour)s/h; creating it needs a balance for %(minutes)s minutes "
+    "(%(needed)s). Your balance is %(balance)s: top up on the billing page."
+)
 MINUTES_RANGE = gettext_lazy("Give whole minutes from 10 to 1440 (a day).")
 BELOW_RANGE = gettext_lazy("Give a GPU utilisation from 1 to 100 percent.")
 

@@ -31,7 +31,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
@@ -40,6 +40,7 @@ from jobs.clusters import services
 from jobs.clusters.spec import (
     CUSTOM,
     NAME_MAX,
+    SHORT_BALANCE,
     ClusterRequest,
     FundsCheck,
     Offer,
@@ -265,11 +266,19 @@ def money(answer, amount: Decimal) -> str:
     return replace(answer, per_hour=amount.quantize(Decimal("0.0001"))).refusal("%(per_hour)s")
 
 
+OVER_BUDGET = gettext_noop("These GPUs cost %(per_hour)s/h, over your budget of %(budget)s/h.")
+
+
 def over_budget(answer, budget: Decimal) -> str:
-    return answer.refusal(
-        _("These GPUs cost %(per_hour)s/h, over your budget of %(budget)s/h."),
-        budget=money(answer, budget),
-    )
+    return answer.refusal(_(OVER_BUDGET), budget=money(answer, budget))
+
+
+def _amounts(answer) -> dict[str, str | int]:
+    """The balance answer's amounts as its refusals write them, for a Text of them."""
+    return {
+        "per_hour": money(answer, answer.per_hour), "minutes": answer.minutes,
+        "needed": money(answer, answer.needed), "balance": money(answer, answer.balance),
+    }  # fmt: skip
 
 
 def cluster_request(owner, *, gpu_model, nodes, gpus_per_node, zone, rent: dict) -> ClusterRequest:
@@ -411,7 +420,7 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
                 )  # fmt: skip
             else:
                 data["url"] = webhooks.console_link("cluster_new")
-                data["refused"] = why
+                data["refused"] = str(why)  # the English, as every event's data
                 outcome = Text(gettext_noop("not rented: %(why)s"), why=why)
                 summary = Text(
                     gettext_noop(
@@ -427,9 +436,15 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
     return cluster
 
 
-def _rent(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | None, str]:
+def _rent(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | None, Text | str]:
     """The cluster, through the cluster spec and service as its owner (the balance and the
-    budget checked now), or why not in words (the English: kept in the event)."""
+    budget checked now), or why not: a short balance and the budget as a Text (said in
+    the reader's language), any other refusal of the spec in English."""
+    with translation.override("en"):
+        return _rent_as_owner(sub, funds)
+
+
+def _rent_as_owner(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | None, Text | str]:
     prices = []
 
     def priced(**kwargs):
@@ -443,13 +458,19 @@ def _rent(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | None, str]
         zone=sub.zone, rent=sub.rent,
     )  # fmt: skip
     checked = request.check(Offer.of(sub.owner), funds=priced)
+    if checked.errors and prices and prices[0].short:
+        return None, Text(SHORT_BALANCE, **_amounts(prices[0]))
     if checked.errors:
         return None, " ".join(
             text for messages in checked.errors.values() for message in messages
             for text in ValidationError(message).messages
         )  # fmt: skip
     if sub.budget_per_hour is not None and prices and prices[0].per_hour > sub.budget_per_hour:
-        return None, over_budget(prices[0], sub.budget_per_hour)
+        return None, Text(
+            OVER_BUDGET,
+            per_hour=money(prices[0], prices[0].per_hour),
+            budget=money(prices[0], sub.budget_per_hour),
+        )
     try:
         with transaction.atomic():
             return services.cluster_create(owner=sub.owner, spec=checked.spec), ""
