@@ -26,13 +26,24 @@ from console.models import ApiToken
 from jobs import tasks
 from jobs.base.text import show
 from jobs.clusters import services
-from jobs.events import lifecycle
-from jobs.models import Cluster, GpuSlot, Image, Node, Pool, WebhookEndpoint, WebhookEvent
+from jobs.events import lifecycle, webhooks
+from jobs.models import (
+    Cluster,
+    GpuSlot,
+    Image,
+    Node,
+    Pool,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
 from jobs.placement import scheduler
 from jobs.pools import autoscaler
 from tests.browsing import login
 from tests.conftest import TEST_IMAGE
 from tests.test_stop_start import _client, _last_node, _sh, _workspace
+from tests.test_webhooks import Receiver
 
 pytestmark = pytest.mark.django_db
 
@@ -167,11 +178,26 @@ def test_running_out_stops_keeps_a_file_in_the_root_filesystem_and_a_top_up_star
     assert tasks.cluster_network_remove(cluster.pk)
 
 
+@pytest.fixture
+def receiver(settings):
+    """A real HTTP receiver on loopback (tests/test_webhooks.py's), allowed by the setting."""
+    settings.SUANLI_WEBHOOK_ALLOW_NETS = ["127.0.0.0/8"]
+    r = Receiver()
+    yield r
+    r.close()
+
+
 def test_an_exhausted_cluster_is_kept_the_retention_period_warned_a_day_before_then_released(
-    running_cluster, rate_card, fund, alice, settings, client
+    running_cluster, rate_card, fund, alice, bob, settings, client, receiver
 ):
+    """Long because it follows one cluster through the whole retention period: stopped,
+    kept and not charged, warned a day before, released at its end, and each message
+    delivered to the owner's channel and read on its delivery log."""
     assert settings.SUANLI_STOPPED_RELEASE_S == 15 * 86400, "the default: 15 days"
-    _hook(alice, ["balance.exhausted", "cluster.release_soon", "cluster.released"])
+    endpoint = WebhookEndpoint.objects.create(
+        owner=alice, url=receiver.url, secret=webhooks.new_secret(),
+        events=["balance.exhausted", "cluster.release_soon", "cluster.released"],
+    )  # fmt: skip
     cluster, start = _running(running_cluster, rate_card, fund, alice, "0.05")
     ws = _workspace(cluster)
     assert _sh(ws, "echo kept > /tmp/notes.txt")[0] == 0
@@ -218,6 +244,26 @@ def test_an_exhausted_cluster_is_kept_the_retention_period_warned_a_day_before_t
         all=True, filters={"label": f"suanli.cluster={cluster.pk}"}
     )
     assert Account.objects.get(user=alice).balance == Decimal("-0.05"), "never more than one period"
+
+    # The worker sends each message to the owner's channel once; the delivery log says
+    # them in words.
+    with time_machine.travel(stopped + timedelta(days=15, minutes=1), tick=True):
+        for delivery in WebhookDelivery.objects.filter(endpoint=endpoint).order_by("pk"):
+            assert webhooks.deliver(delivery.pk) == "delivered"
+    sent = [json.loads(r["body"])["type"] for r in receiver.requests]
+    assert sent == ["balance.exhausted", "cluster.release_soon", "cluster.released"]
+    deliveries = WebhookDelivery.objects.filter(endpoint=endpoint)
+    assert {(d.state, d.attempts, d.last_status) for d in deliveries} == {("succeeded", 1, 200)}
+    assert WebhookAttempt.objects.filter(delivery__endpoint=endpoint, status_code=200).count() == 3
+    client.force_login(alice)
+    log = client.get(reverse("webhook_detail", args=[endpoint.pk]), HTTP_ACCEPT_LANGUAGE="en")
+    words = " ".join(log.content.decode().split())
+    assert f"Cluster {cluster.name}, stopped, is released with its files at" in words
+    assert "start it or copy what you need before then" in words
+    assert f"Cluster {cluster.name} ended: released automatically after 15 days stopped" in words
+    assert f"Your balance ran out (-0.05 CNY). Stopped: {cluster.name}." in words
+    client.force_login(bob)  # another researcher's channel: not found
+    assert client.get(reverse("webhook_detail", args=[endpoint.pk])).status_code == 404
 
 
 def test_an_exhausted_pool_releases_its_job_clusters_and_adds_none_until_a_top_up(
