@@ -242,7 +242,8 @@ def cluster_stop(
 
     `reason` replaces "stopped by <by>" as its state reason (e.g. billing's "stopped:
     balance exhausted"); `limited=False` stops it even past its owner's most stopped
-    clusters (a stop the console makes, which must not cost the researcher files)."""
+    clusters: billing's stop at an exhausted balance alone (it must not cost the researcher
+    files, and her running quota bounds it); a shutdown rule's stop is limited."""
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update(of=("self",)).get(pk=cluster.pk)
         _check_stoppable(cluster, limited=limited)
@@ -291,6 +292,9 @@ def cluster_stop(
     return cluster
 
 
+TOO_MANY_STOPPED = "too_many_stopped"  # the code of the refusal past the most stopped clusters
+
+
 def _check_stoppable(cluster: Cluster, *, limited: bool = True) -> None:
     """Refuse, in words, a stop that cannot be: not running, no workspaces to keep, or
     (`limited`) one stopped cluster too many for its owner."""
@@ -315,12 +319,13 @@ def _check_stoppable(cluster: Cluster, *, limited: bool = True) -> None:
         .count()
     )
     if kept >= settings.SUANLI_MAX_STOPPED_CLUSTERS:
-        raise ValidationError(
+        raise ValidationError(  # its code and count: the shutdown tick says it in its words
             _(
                 "You keep %(kept)s stopped clusters already, the most one researcher may "
                 "(their workspaces take disk on the hosts): release one, then stop this one."
-            )
-            % {"kept": kept}
+            ),
+            code=TOO_MANY_STOPPED,
+            params={"kept": kept},
         )
 
 

@@ -13,6 +13,10 @@ the cron tick that applies them.
   have run for the whole window, and one running without GPUs (no-GPU mode) is left
   alone.
 
+Either rule stops within its owner's most stopped clusters (SUANLI_MAX_STOPPED_CLUSTERS, as
+her own stop does): at that limit the cluster keeps running, its timeline says why, and the
+rule is cleared (said once, not every minute).
+
 Each stop writes its reason on the timeline through cluster_stop ("stopped at 23:00 CST as
 scheduled"), which is also the `cluster.stopped` event; nothing else is emitted here.
 
@@ -146,21 +150,30 @@ def stop_idle(*, idle: IdleReader, now: datetime | None = None) -> list[int]:
 
 
 def _stop(cluster: Cluster, reason: Text) -> bool:
-    """Stop it (past its owner's most stopped clusters too: the researcher asked for this
-    stop, and a refusal would leave it charged); a stop refused all the same (its
-    workspaces gone meanwhile) is said on its timeline, once."""
+    """Stop it within its owner's most stopped clusters (SUANLI_MAX_STOPPED_CLUSTERS, as her
+    own stop: a rule is no way past the limit that keeps the hosts' disks; releasing it
+    instead would lose its files). A stop refused (at the limit, or its workspaces gone
+    meanwhile) leaves it running and is said on its timeline, once: the callers clear the
+    rule."""
     try:
         with transaction.atomic():
-            services.cluster_stop(cluster=cluster, reason=reason, limited=False)
+            services.cluster_stop(cluster=cluster, reason=reason)
     except ValidationError as exc:
         log.warning("cluster %s: shutdown rule not applied: %s", cluster.pk, exc.messages[0])
-        cluster_event(
-            cluster,
-            "shutdown",
-            Text(
+        if exc.code == services.TOO_MANY_STOPPED:
+            why = Text(
+                gettext_noop(
+                    "not stopped as its shutdown rule asked: you already keep %(kept)s stopped "
+                    "clusters, the most allowed; release one, then stop this one yourself "
+                    "(the rule is cleared)"
+                ),
+                kept=exc.params["kept"],
+            )
+        else:
+            why = Text(
                 gettext_noop("not stopped as its shutdown rule asked: %(why)s"),
                 why=exc.messages[0],
-            ),
-        )
+            )
+        cluster_event(cluster, "shutdown", why)
         return False
     return True
