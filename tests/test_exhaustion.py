@@ -262,6 +262,10 @@ def test_an_exhausted_cluster_is_kept_the_retention_period_warned_a_day_before_t
     assert "start it or copy what you need before then" in words
     assert f"Cluster {cluster.name} ended: released automatically after 15 days stopped" in words
     assert f"Your balance ran out (-0.05 CNY). Stopped: {cluster.name}." in words
+    log = client.get(reverse("webhook_detail", args=[endpoint.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN")
+    words = " ".join(log.content.decode().split())
+    assert f"已关机的集群 {cluster.name} 将于" in words and "连同其文件一起释放" in words
+    assert "关机 15 天后自动释放" in words
     client.force_login(bob)  # another researcher's channel: not found
     assert client.get(reverse("webhook_detail", args=[endpoint.pk])).status_code == 404
 
