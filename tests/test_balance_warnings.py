@@ -360,3 +360,30 @@ def test_screenshots_of_the_banner_and_the_threshold(
     assert "还可用约 20 分钟" in page.get_by_test_id("balance-banner").inner_text()
     page.screenshot(path=os.path.join(SHOTS, "warn-banner-critical-zh-hans-390.png"))
     context.close()
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)  # the live server's thread reads committed rows
+def test_screenshots_of_the_banner_after_exhaustion_with_priced_kept_workspaces(
+    browser, live_server, make_paper_host, make_cluster, rate_card, fund, alice
+):
+    make_paper_host()
+    rate_card(
+        {"a100-80gb": "36.00"}, effective_from=timezone.now() - timedelta(hours=1),
+        stopped_per_hour=Decimal("0.36"),
+    )  # fmt: skip
+    fund(alice, "0.60")
+    cluster = make_cluster(alice, "train-llm", nodes=1, gpus=1)
+    scheduler.place_pending()
+    Node.objects.filter(cluster=cluster).update(started_at=timezone.now() - timedelta(seconds=60))
+    accrual.accrue()
+    assert Account.objects.get(user=alice).exhausted_notified_at is not None
+    for width in (1366, 390):
+        context = browser.new_context(viewport={"width": width, "height": 800}, locale="zh-CN")
+        page = context.new_page()
+        login(page, live_server, "alice", "alice-pass-123")
+        words = page.get_by_test_id("balance-banner").inner_text()
+        assert "集群已关机（文件保留）" in words and "还可用" not in words, words
+        page.screenshot(path=os.path.join(SHOTS, f"warn-banner-exhausted-zh-hans-{width}.png"))
+        _reads_chinese(page)
+        context.close()
