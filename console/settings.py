@@ -430,9 +430,10 @@ SUANLI_PROFILE_WORKER_MEMORY_MB = envint("SUANLI_PROFILE_WORKER_MEMORY_MB", 3072
 SUANLI_POOL_INTERVAL = envint("SUANLI_POOL_INTERVAL", 5)
 SUANLI_POOL_SAMPLE_DAYS = envint("SUANLI_POOL_SAMPLE_DAYS", 30)
 # GPU subscriptions (issue 41, jobs/pools/subscriptions.py): the most waiting ones a researcher
-# may have (a guard against filling the table), and how often the cron tick checks them (GPUs
-# coming back also queue a check).
+# may have and the most she may make in 24 hours (guards against filling the table, cancelled
+# ones included), and how often the cron tick checks them (GPUs coming back also queue a check).
 SUANLI_GPU_SUBSCRIPTIONS_MAX = envint("SUANLI_GPU_SUBSCRIPTIONS_MAX", 20)
+SUANLI_GPU_SUBSCRIPTIONS_PER_DAY = envint("SUANLI_GPU_SUBSCRIPTIONS_PER_DAY", 100)
 SUANLI_GPU_SUBSCRIPTIONS_INTERVAL = envint("SUANLI_GPU_SUBSCRIPTIONS_INTERVAL", 60)
 # Webhooks (jobs/events/webhooks.py): the console's public base URL for links in event bodies.
 SUANLI_PUBLIC_URL = envstr("SUANLI_PUBLIC_URL", "http://localhost:8000")

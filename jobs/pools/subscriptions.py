@@ -175,6 +175,17 @@ class SubscriptionRequest:
                 )
                 % {"most": waiting_max()},
             )
+        elif GpuSubscription.objects.filter(
+            owner=self.owner, created_at__gte=timezone.now() - timedelta(days=1)
+        ).count() >= (per_day := settings.SUANLI_GPU_SUBSCRIPTIONS_PER_DAY):
+            self._refuse(  # a subscribe-then-cancel loop would add rows without end
+                NON_FIELD_ERRORS,
+                _(
+                    "You made %(most)s GPU subscriptions in the last 24 hours, the most "
+                    "allowed: wait a while before making another."
+                )
+                % {"most": per_day},
+            )
         if self._errors:
             raise ValidationError(self._errors)
         now = timezone.now()
