@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from billing import formatting
 from console.logins import ssh_logins
 from jobs.models import Cluster, GpuSubscription, ImageBuild, Job, OwnImage, Pool, Sweep, Trial
+from jobs.pools import subscriptions
 
 MAX_ID = 2_147_483_647  # the database's integer keys
 
@@ -899,6 +900,14 @@ class GpuSubscriptionOut(Schema):
     budget_per_hour: Money | None = Field(description="the most the cluster may cost an hour")
     cluster: int | None = Field(description="the cluster rented when it fired")
     outcome: str = Field(description="what happened when it fired, in words")
+    warning: str = Field(
+        description="a waiting one whose firing would reach nobody: why, with the link to "
+        'Notifications (no channel enabled and confirmed takes gpu.available); "" otherwise'
+    )
+
+    @staticmethod
+    def resolve_warning(obj):
+        return subscriptions.unheard(obj)
 
     @staticmethod
     def resolve_gpu_model(obj):

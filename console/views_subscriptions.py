@@ -125,7 +125,12 @@ def subscription_list(request):
     return render(
         request,
         "console/gpu_subscriptions.html",
-        {"form": form, "rows": _rows(request.user), "most": subscriptions.waiting_max()},
+        {
+            "form": form,
+            "rows": _rows(request.user),
+            "most": subscriptions.waiting_max(),
+            "heard": subscriptions.heard(request.user.pk),
+        },  # fmt: skip
         status=status,
     )
 

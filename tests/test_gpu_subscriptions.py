@@ -326,6 +326,55 @@ def test_the_api_adds_one_as_the_page_does(client, make_paper_host, alice):
     assert GpuSubscription.objects.filter(owner=alice).count() == 2
 
 
+def test_a_subscription_that_would_tell_nobody_is_warned_of_and_its_outcome_says_so(
+    client, make_paper_host, alice
+):
+    """No channel that takes gpu.available (none, one disabled, an e-mail address not
+    confirmed): the page and the API say nobody will be told, with the way to Notifications;
+    fired, the page says whether anybody was told."""
+    make_paper_host(zone="zone-a")
+    WebhookEndpoint.objects.create(
+        owner=alice, url="https://hooks.example.com/off", events=["gpu.available"],
+        secret="whsec_" + "A" * 32, enabled=False,
+    )  # fmt: skip
+    WebhookEndpoint.objects.create(owner=alice, kind="email", url="carol@elsewhere.test",
+                                   events=["gpu.available"])  # fmt: skip
+    status, made = _api(alice)(
+        "POST", "gpu-subscriptions", {"gpu_model": "a100-80gb", "gpus_per_node": 8}
+    )
+    assert status == 201, made
+    notifications = f"http://localhost:8000{reverse('webhooks')}"
+    assert made["warning"] == (
+        "None of your notification channels takes “GPUs you asked for are free”: nobody will "
+        "be told when this subscription fires. Add a channel or tick the event on "
+        f"Notifications: {notifications}"
+    )
+    client.force_login(alice)
+    page = client.get(reverse("gpu_subscriptions")).content.decode()
+    assert "nobody will be told when a subscription fires" in page
+    assert f'<a href="{reverse("webhooks")}">Add a channel or tick the event' in page
+
+    # It fires anyway (once): the page says nobody was told.
+    assert console_subscriptions.tick()["fired"] == [made["id"]]
+    assert _events(alice) == []
+    page = client.get(reverse("gpu_subscriptions")).content.decode()
+    assert "nobody was told: none of your notification channels takes this event" in page
+
+    # With a channel that takes it: no warning, and the next one's outcome says it was told.
+    _wants_gpu_news(alice)
+    status, made = _api(alice)(
+        "POST", "gpu-subscriptions", {"gpu_model": "a100-80gb", "gpus_per_node": 8}
+    )
+    assert made["warning"] == ""
+    assert "nobody will be told" not in client.get(reverse("gpu_subscriptions")).content.decode()
+    assert console_subscriptions.tick()["fired"] == [made["id"]]
+    assert len(_events(alice)) == 1
+    assert (
+        "told on your notification channels"
+        in client.get(reverse("gpu_subscriptions")).content.decode()
+    )
+
+
 @pytest.mark.browser
 @pytest.mark.parametrize("language", ["en", "zh-CN"])
 def test_the_page_in_chromium_at_a_laptops_and_a_phones_width(
@@ -356,6 +405,17 @@ def test_the_page_in_chromium_at_a_laptops_and_a_phones_width(
         page.locator("#subscribe button[type=submit]").click()
         expect(page.locator("#subscriptions tbody tr")).to_have_count(3)
         expect(page.get_by_text("llama", exact=False).first).to_be_visible()
+        # No channel takes gpu.available: the page says so, and the told one's outcome.
+        nobody = {
+            "zh": ("订阅触发时不会通知任何人", "未通知任何人：你的通知渠道都未接收此事件"),
+            "en": (
+                "nobody will be told when a subscription fires",
+                "nobody was told: none of your notification channels takes this event",
+            ),
+        }
+        expect(page.locator("#unheard")).to_contain_text(nobody[tag][0])
+        expect(page.locator("#unheard a")).to_have_attribute("href", reverse("webhooks"))
+        expect(page.get_by_test_id("outcome").filter(has_text=nobody[tag][1])).to_have_count(1)
         page.screenshot(path=f"{SHOTS}/gpu-subscriptions-{tag}-laptop.png", full_page=True)
         page.set_viewport_size({"width": 390, "height": 844})
         page.reload()

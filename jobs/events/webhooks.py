@@ -175,6 +175,18 @@ def timeline_entry(
     return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary)
 
 
+def listeners(owner_id: int, event_type: str) -> list[int]:
+    """The owner's channels an event of `event_type` would go to now: enabled, wanting it,
+    and (an e-mail address) confirmed. Empty: nobody would be told."""
+    return [
+        pk
+        for pk, wanted in WebhookEndpoint.objects.filter(owner_id=owner_id, enabled=True)
+        .exclude(kind=Kind.EMAIL, confirmed_at__isnull=True)
+        .values_list("pk", "events")
+        if event_type in (wanted or [])
+    ]
+
+
 def emit(
     *, owner_id: int, event_type: str, data: dict, summary: Text | None = None, endpoints=None
 ) -> WebhookEvent | None:
@@ -183,13 +195,7 @@ def emit(
     what happened in words (kept as msgid + arguments, shown in the reader's language by the
     channels that speak to people)."""
     if endpoints is None:
-        endpoints = [
-            pk
-            for pk, wanted in WebhookEndpoint.objects.filter(owner_id=owner_id, enabled=True)
-            .exclude(kind=Kind.EMAIL, confirmed_at__isnull=True)
-            .values_list("pk", "events")
-            if event_type in (wanted or [])
-        ]
+        endpoints = listeners(owner_id, event_type)
     if not endpoints:
         return None
     now = timezone.now()

@@ -35,7 +35,7 @@ from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from jobs.base.text import Text
+from jobs.base.text import Text, show
 from jobs.clusters import services
 from jobs.clusters.spec import (
     CUSTOM,
@@ -383,6 +383,27 @@ def check(*, funds_of: Callable[[Any], FundsCheck], now=None) -> dict:
     return {"expired": expired, "fired": fired}
 
 
+NOBODY_TOLD = gettext_noop(
+    "None of your notification channels takes “GPUs you asked for are free”: nobody will be "
+    "told when this subscription fires. Add a channel or tick the event on Notifications: "
+    "%(url)s"
+)
+
+
+def heard(owner_id: int) -> bool:
+    """Whether a subscription of the owner's firing now would reach anybody."""
+    return bool(webhooks.listeners(owner_id, EVENT))
+
+
+def unheard(sub: GpuSubscription) -> str:
+    """For a waiting subscription whose owner has no channel that would carry its event
+    (enabled, wanting `gpu.available`, an e-mail address confirmed): the warning, in the
+    active language; else ""."""
+    if sub.state != GpuSubscription.State.WAITING or heard(sub.owner_id):
+        return ""
+    return show(Text(NOBODY_TOLD, url=webhooks.console_link("webhooks")).as_json())
+
+
 def where(sub: GpuSubscription) -> Text:
     return (
         Text(gettext_noop("in %(zone)s"), zone=sub.zone)
@@ -440,10 +461,16 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
                     ),
                     shape=shape, where=where(sub), why=why, url=data["url"],
                 )  # fmt: skip
-        GpuSubscription.objects.filter(pk=sub.pk).update(
-            cluster=cluster, outcome=outcome.as_json() if outcome is not None else {}
-        )
-        webhooks.emit(owner_id=sub.owner_id, event_type=EVENT, data=data, summary=summary)
+        told = webhooks.emit(owner_id=sub.owner_id, event_type=EVENT, data=data, summary=summary)
+        if outcome is None:  # notify only: whether anybody was told is what happened
+            outcome = Text(
+                gettext_noop("told on your notification channels")
+                if told is not None
+                else gettext_noop(
+                    "nobody was told: none of your notification channels takes this event"
+                )
+            )
+        GpuSubscription.objects.filter(pk=sub.pk).update(cluster=cluster, outcome=outcome.as_json())
     return cluster
 
 
