@@ -6,13 +6,18 @@ confirmation e-mail a stranger reads. On a real SMTP server (aiosmtpd)."""
 
 # ruff: noqa: F811 (the smtp fixture of test_notifications.py, imported, is the tests' argument)
 
+import os
+
+from browsing import login
 from django.urls import reverse
-from test_notifications import _add, _drain, _stopped, smtp  # noqa: F401 (fixture)
+from playwright.sync_api import expect
+from test_notifications import _add, _drain, _speaks, _stopped, smtp  # noqa: F401 (fixture)
 
 from jobs.events import webhooks
 from jobs.models import WebhookDelivery, WebhookEndpoint
 
 STRANGER = "carol@elsewhere.test"
+SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
 
 
 def _messages(response) -> str:
@@ -113,3 +118,47 @@ def test_the_confirmation_email_does_not_carry_the_username(
     assert "evil-login" not in text and "evil-login" not in ask["Subject"]
     assert "A Suanli account on https://suanli.test asked to send its notifications" in text
     assert "no notifications are sent to this address unless the link is opened" in text
+
+
+def test_the_refusals_in_chromium(browser, live_server, alice, settings):
+    """The channel page of an unconfirmed address has no Redeliver for its confirmation; the
+    test button past the hourly limit and a channel past the most say why, in Chinese."""
+    settings.SUANLI_NOTIFY_CHANNELS_MAX = 2
+    _speaks(alice, "zh-hans")
+    carol = WebhookEndpoint.objects.create(
+        owner=alice, kind="email", url=STRANGER, events=["balance.low"], secret=""
+    )
+    webhooks.ask_confirmation(carol)
+    robot = WebhookEndpoint.objects.create(
+        owner=alice, kind="dingtalk", events=["cluster.stopped"], secret="",
+        url="https://oapi.dingtalk.com/robot/send?access_token=0123456789abcdef0123456789",
+    )  # fmt: skip
+    for _ in range(webhooks.RESENDS_PER_HOUR):
+        webhooks.send_test(robot)
+    context = browser.new_context(viewport={"width": 1366, "height": 800})
+    page = context.new_page()
+    try:
+        login(page, live_server, "alice", "alice-pass-123")
+        for width in (1366, 390):
+            page.set_viewport_size({"width": width, "height": 800})
+            page.goto(f"{live_server.url}{reverse('webhook_detail', args=[carol.pk])}")
+            expect(page.locator("#deliveries tbody tr")).to_have_count(1)
+            expect(page.locator("#deliveries button")).to_have_count(0)
+            page.screenshot(path=f"{SHOTS}/limits-confirm-zh-{width}.png", full_page=True)
+            page.goto(f"{live_server.url}{reverse('webhook_detail', args=[robot.pk])}")
+            page.get_by_role("button", name="发送测试消息").click()
+            expect(page.locator("ul.messages")).to_contain_text(f"{webhooks.RESENDS_PER_HOUR}")
+            page.screenshot(path=f"{SHOTS}/limits-test-zh-{width}.png", full_page=True)
+            page.goto(f"{live_server.url}{reverse('webhooks')}")
+            page.locator("#id_kind").select_option("email")
+            page.locator("#id_url").fill("dave@elsewhere.test")
+            page.locator("input[name=events]").first.check()
+            page.locator("form.stack button[type=submit]").click()
+            expect(page.locator("#field-url .errorlist")).to_contain_text("2")
+            page.screenshot(path=f"{SHOTS}/limits-channels-zh-{width}.png", full_page=True)
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0
+        assert WebhookEndpoint.objects.filter(owner=alice).count() == 2
+        assert WebhookDelivery.objects.filter(endpoint=robot).count() == webhooks.RESENDS_PER_HOUR
+    finally:
+        context.close()
