@@ -30,6 +30,7 @@ from jobs.events import webhooks
 from jobs.hosts import services as host_services
 from jobs.images import builds
 from jobs.models import Host, ImageBuild, Job, Replica, Sweep, Trial, WebhookEndpoint, WebhookEvent
+from jobs.nodes.workspaces import NEVER_RAN
 from jobs.placement import scheduler
 from jobs.pools import sweeps
 from jobs.runs import dispatch, settle
@@ -216,6 +217,19 @@ def test_a_stopped_cluster_says_until_when_its_files_are_kept(alice, lab, settin
     assert _said(released) == {
         "en": f"Cluster lab-a ended: released by its owner: {url}",
         "zh-hans": f"集群 lab-a 已结束：由所有者释放：{url}",
+    }
+
+
+def test_a_cluster_that_never_ran_says_so_once(alice, lab):
+    _endpoint(alice)
+    never = Text(NEVER_RAN, reason="the image could not be pulled")
+    services.cluster_release(cluster=lab, reason=never, failed=True)
+    (event,) = _events(alice, "cluster.released")
+    url = _data(event)["cluster"]["url"]
+    assert _said(event) == {
+        "en": "Cluster lab-a ended: could not start (nothing was charged): the image could not "
+        f"be pulled: {url}",
+        "zh-hans": f"集群 lab-a 已结束：无法启动（未收取任何费用）：the image could not be pulled：{url}",
     }
 
 

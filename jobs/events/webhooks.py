@@ -354,7 +354,8 @@ CLUSTER_WORDS = {
         "or copy what you need before then: %(url)s"
     ),
     "released": gettext_noop("Cluster %(cluster)s ended: %(reason)s: %(url)s"),
-    "failed": gettext_noop("Cluster %(cluster)s could not run: %(reason)s: %(url)s"),
+    # its reason says it never ran ("could not start (nothing was charged): ...")
+    "failed": gettext_noop("Cluster %(cluster)s ended: %(reason)s: %(url)s"),
     "host": gettext_noop("A host problem affects your cluster %(cluster)s: %(reason)s: %(url)s"),
 }
 CLUSTER_WORDS_NO_REASON = {
