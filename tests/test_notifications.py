@@ -187,7 +187,7 @@ def test_another_address_gets_only_its_confirmation_until_opened(client, alice, 
 
 
 def test_a_channel_added_disabled_still_gets_its_confirmation(client, alice, smtp, work_queue):
-    """"Enabled" unticked holds back the events, never the link that confirms the address."""
+    """ "Enabled" unticked holds back the events, never the link that confirms the address."""
     client.force_login(alice)
     response = client.post(
         reverse("webhooks"),
