@@ -582,27 +582,19 @@ def shutdown_fields() -> dict[str, forms.Field]:
                 "invalid": gettext_lazy("Give a date and time, e.g. 2026-12-06 23:00.")
             },
         ),
-        "stop_idle_minutes": forms.IntegerField(
-            required=False,
-            min_value=minutes[0],
-            max_value=minutes[1],
-            error_messages={
-                "invalid": MINUTES_RANGE,
-                "min_value": MINUTES_RANGE,
-                "max_value": MINUTES_RANGE,
-            },
-        ),  # fmt: skip
-        "stop_idle_below": forms.IntegerField(
-            required=False,
-            min_value=below[0],
-            max_value=below[1],
-            error_messages={
-                "invalid": BELOW_RANGE,
-                "min_value": BELOW_RANGE,
-                "max_value": BELOW_RANGE,
-            },
-        ),  # fmt: skip
+        "stop_idle_minutes": _ranged(minutes, MINUTES_RANGE),
+        "stop_idle_below": _ranged(below, BELOW_RANGE),
     }
+
+
+def _ranged(bounds: tuple[int, int], words) -> forms.IntegerField:
+    """An optional whole number within `bounds`, every refusal in the same `words`."""
+    return forms.IntegerField(
+        required=False,
+        min_value=bounds[0],
+        max_value=bounds[1],
+        error_messages={"invalid": words, "min_value": words, "max_value": words},
+    )
 
 
 def shutdown_refusals(values: dict, *, gpus: bool, workspace: bool, now=None) -> list:
