@@ -45,7 +45,7 @@ from pydantic import Field
 
 from billing import selectors as money
 from billing import services as billing_services
-from console import auth, views_pools
+from console import auth, views_pools, views_webhooks
 from console import pools as console_pools
 from console.api_schema import (
     AttachKey,
@@ -55,8 +55,10 @@ from console.api_schema import (
     BillFilter,
     BillOut,
     BuildOut,
+    ChannelTestOut,
     ClusterKeysOut,
     ClusterOut,
+    DeliveryOut,
     Error,
     GpuSubscriptionOut,
     Id,
@@ -68,10 +70,14 @@ from console.api_schema import (
     NewCluster,
     NewGpuSubscription,
     NewJob,
+    NewNotificationChannel,
+    NewNotificationChannelOut,
     NewPool,
     NewSshKey,
     NewSweep,
     NodeIndex,
+    NotificationChannelChange,
+    NotificationChannelOut,
     PiecesFilter,
     PiecesOut,
     PoolDetailOut,
@@ -122,6 +128,8 @@ from jobs.models import (
     SshKey,
     Sweep,
     Trial,
+    WebhookDelivery,
+    WebhookEndpoint,
 )
 from jobs.placement import fleet
 from jobs.pools import autoscaler, subscriptions, sweeps
@@ -1118,6 +1126,8 @@ def balance(request):
         "balance": standing.balance,
         "burn_per_hour": standing.burn_per_hour,
         "hours_left": round(hours_left, 2) if hours_left is not None else None,
+        "seconds_left": standing.seconds_left,
+        "time_left": standing.time_left_text if hours_left is not None else None,
         "entries": list(money.entries_of(request.auth.user)[:PAGE]),
     }
 
@@ -1358,6 +1368,131 @@ def gpu_subscription_delete(request, subscription_id: Id):
     is."""
     subscriptions.cancel(_subscription_of(request.auth.user, subscription_id))
     return Status(204, None)
+
+
+# -- notification channels (the page "Notifications", console/views_webhooks.py) ------------
+
+# The page's form names the address `url`.
+_CHANNEL_NAMES = {"url": "address"}
+
+
+def _channel_of(user, channel_id: int) -> WebhookEndpoint:
+    """One of the user's channels; another researcher's is 404, as one that does not exist."""
+    return get_object_or_404(WebhookEndpoint, pk=channel_id, owner=user)
+
+
+def _channel_refused(exc: ValidationError) -> JsonResponse:
+    return _refusals(exc.message_dict.items(), _CHANNEL_NAMES)
+
+
+@api.get("/notification-channels", tags=["notifications"],
+         response=_responses(200, list[NotificationChannelOut]),
+         summary="Your notification channels")  # fmt: skip
+@paginate(Pages, items="notification_channels")
+def notification_channels(request):
+    """Webhooks, e-mail addresses and chat robots that events are sent to; newest first, 50
+    a page."""
+    return WebhookEndpoint.objects.filter(owner=request.auth.user)
+
+
+@api.post("/notification-channels", tags=["notifications"],
+          response=_responses(201, NewNotificationChannelOut),
+          summary="Add a notification channel")  # fmt: skip
+def notification_channel_add(request, payload: NewNotificationChannel):
+    """The page's checks and limits: a webhook or robot at an https URL on a public address,
+    an e-mail address on the internet (one other than your account's is sent a confirmation
+    link first, at most 3 an hour), events of the list, at most SUANLI_NOTIFY_CHANNELS_MAX
+    channels. A webhook's signing secret is in this answer only."""
+    form = views_webhooks.EndpointForm(
+        {
+            "kind": payload.kind or "", "url": payload.address, "events": payload.events,
+            "enabled": True if payload.enabled is None else payload.enabled,
+            "secret": payload.secret or "",
+        }
+    )  # fmt: skip
+    if not form.is_valid():
+        return _fields_error(form, _CHANNEL_NAMES)
+    try:
+        channel, asked = views_webhooks.add_channel(request.auth.user, form.cleaned_data)
+    except ValidationError as exc:
+        return _channel_refused(exc)
+    channel.confirmation_sent = asked
+    channel.secret_once = channel.secret if channel.kind == WebhookEndpoint.Kind.WEBHOOK else None
+    return Status(201, channel)
+
+
+@api.get("/notification-channels/{channel_id}", tags=["notifications"],
+         response=_responses(200, NotificationChannelOut),
+         summary="A notification channel")  # fmt: skip
+def notification_channel(request, channel_id: Id):
+    """Its kind, address, events, whether it is enabled, confirmed, signed, failing."""
+    return _channel_of(request.auth.user, channel_id)
+
+
+@api.patch("/notification-channels/{channel_id}", tags=["notifications"],
+           response=_responses(200, NotificationChannelOut),
+           summary="Change a notification channel")  # fmt: skip
+def notification_channel_change(request, channel_id: Id, payload: NotificationChannelChange):
+    """Its address, events, enabled, a robot's secret; what is left out stays. Its kind is
+    fixed. A new e-mail address is confirmed again; enabling a channel turned off for
+    failing clears its failure."""
+    channel = _channel_of(request.auth.user, channel_id)
+    if payload.kind is not None and payload.kind != channel.kind:
+        words = f"A channel's kind is fixed ({channel.kind}): add a new channel for another."
+        return _error(400, words, {"kind": [words]})
+    form = views_webhooks.EndpointForm(
+        {
+            "url": channel.url if payload.address is None else payload.address,
+            "events": channel.events if payload.events is None else payload.events,
+            "enabled": channel.enabled if payload.enabled is None else payload.enabled,
+            "secret": payload.secret or "",
+        },
+        kind=channel.kind,
+    )
+    if not form.is_valid():
+        return _fields_error(form, _CHANNEL_NAMES)
+    try:
+        views_webhooks.save_channel(request.auth.user, channel, form.cleaned_data)
+    except ValidationError as exc:
+        return _channel_refused(exc)
+    return channel
+
+
+@api.delete("/notification-channels/{channel_id}", tags=["notifications"],
+            response={204: None, **ERRORS}, summary="Delete a notification channel")  # fmt: skip
+def notification_channel_delete(request, channel_id: Id):
+    """It gets nothing more; its delivery log goes with it."""
+    _channel_of(request.auth.user, channel_id).delete()
+    return Status(204, None)
+
+
+@api.post("/notification-channels/{channel_id}/test", tags=["notifications"],
+          response=_responses(202, ChannelTestOut),
+          summary="Send a test message")  # fmt: skip
+def notification_channel_test(request, channel_id: Id):
+    """The page's test button: a `webhook.test` event to the channel (at most 30 tests and
+    redeliveries an hour); an e-mail address not confirmed yet is sent a new confirmation
+    link instead (at most 3 an hour). Past a limit: 429."""
+    channel = _channel_of(request.auth.user, channel_id)
+    try:
+        asked = views_webhooks.send_channel_test(request.auth.user, channel)
+    except ValidationError as exc:
+        return _error(429, " ".join(exc.messages))
+    if asked:
+        return Status(202, {"sent": "confirmation",
+                            "message": views_webhooks.not_confirmed_words(channel)})  # fmt: skip
+    return Status(202, {"sent": "test", "message": "A test event is on its way."})
+
+
+@api.get("/notification-channels/{channel_id}/deliveries", tags=["notifications"],
+         response=_responses(200, list[DeliveryOut]),
+         summary="A notification channel's delivery log")  # fmt: skip
+@paginate(Pages, items="deliveries")
+def notification_channel_deliveries(request, channel_id: Id):
+    """What was sent to it, newest first, 50 a page: the event, what happened in words,
+    pending/delivered/failed, attempts and the last HTTP status."""
+    channel = _channel_of(request.auth.user, channel_id)
+    return WebhookDelivery.objects.filter(endpoint=channel).select_related("event")
 
 
 def not_found(request):

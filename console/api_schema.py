@@ -17,7 +17,19 @@ from pydantic_core import PydanticCustomError
 
 from billing import formatting
 from console.logins import ssh_logins
-from jobs.models import Cluster, GpuSubscription, ImageBuild, Job, OwnImage, Pool, Sweep, Trial
+from jobs.events import webhooks
+from jobs.models import (
+    Cluster,
+    GpuSubscription,
+    ImageBuild,
+    Job,
+    OwnImage,
+    Pool,
+    Sweep,
+    Trial,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from jobs.pools import subscriptions
 
 MAX_ID = 2_147_483_647  # the database's integer keys
@@ -453,6 +465,11 @@ class Balance(Schema):
     balance: Money
     burn_per_hour: Money = Field(description="what your running clusters cost an hour")
     hours_left: Money | None = Field(description="at that rate; null when nothing runs")
+    seconds_left: int | None = Field(description="the same in seconds; null when nothing runs")
+    time_left: str | None = Field(
+        description='the same in words, as the pages\' banner says it ("1 h 20 min"); null '
+        "when nothing runs"
+    )
     entries: list[Entry] = Field(description="the newest 50 ledger entries")
 
 
@@ -945,3 +962,124 @@ class NewGpuSubscription(Schema):
         None,
         description='to rent: the most it may cost an hour, e.g. "30.00" (no limit if left out)',
     )
+
+
+# -- notification channels (the page "Notifications") ---------------------------------------
+
+_CHANNEL_KINDS = WebhookEndpoint.Kind.choices
+_EVENT_TYPES = ", ".join(value for value, _label in WebhookEndpoint.EVENTS)
+
+
+class NotificationChannelOut(Schema):
+    id: int
+    kind: _choices(_CHANNEL_KINDS)
+    address: str = Field(description="the https URL of a webhook or robot; an e-mail address")
+    events: list[str] = Field(description=f"the events it takes, of: {_EVENT_TYPES}")
+    enabled: bool
+    confirmed: bool = Field(
+        description="false for an e-mail address other than your account's until the link "
+        "e-mailed to it is opened: it gets nothing else until then"
+    )
+    signed: bool = Field(description="signed: a webhook always; a robot given a secret")
+    failing_since: Stamp | None = Field(description="deliveries have failed since then")
+    disabled_reason: str = Field(description='why it was turned off for failing; "" if not')
+    last_success_at: Stamp | None
+    created_at: Stamp
+
+    @staticmethod
+    def resolve_address(obj):
+        return obj.url
+
+    @staticmethod
+    def resolve_confirmed(obj):
+        return obj.kind != WebhookEndpoint.Kind.EMAIL or obj.confirmed_at is not None
+
+    @staticmethod
+    def resolve_signed(obj):
+        return bool(obj.secret)
+
+
+class NewNotificationChannelOut(NotificationChannelOut):
+    secret: str | None = Field(
+        description="a webhook's signing secret (whsec_...), shown this once; null for the "
+        "other kinds"
+    )
+    confirmation_sent: bool = Field(
+        description="a confirmation link was e-mailed to the address (an e-mail address "
+        "other than your account's)"
+    )
+
+    @staticmethod
+    def resolve_secret(obj):
+        return getattr(obj, "secret_once", None)  # never a robot's own secret
+
+    @staticmethod
+    def resolve_confirmation_sent(obj):
+        return getattr(obj, "confirmation_sent", False)
+
+
+class NewNotificationChannel(Schema):
+    kind: str | None = Field(
+        None,
+        description="webhook (default), email, wecom, dingtalk, feishu, slack or discord; "
+        "fixed once made",
+    )
+    address: str = Field(
+        description="a webhook or robot: its https URL on a public address; e-mail: the "
+        "address (one other than your account's gets a confirmation link first)"
+    )
+    events: list[str] = Field(description=f"at least one of: {_EVENT_TYPES}")
+    enabled: bool | None = Field(None, strict=True, description="default true")
+    secret: str | None = Field(
+        None, description="a DingTalk or Feishu robot's signing secret (SEC...); none: unsigned"
+    )
+
+
+class NotificationChannelChange(Schema):
+    kind: str | None = Field(None, description="fixed: only its own kind may be given")
+    address: str | None = Field(
+        None, description="a new address (an e-mail address is confirmed again)"
+    )
+    events: list[str] | None = None
+    enabled: bool | None = Field(
+        None, strict=True, description="true again clears a channel turned off for failing"
+    )
+    secret: str | None = Field(
+        None, description="a DingTalk or Feishu robot's new signing secret; left out: unchanged"
+    )
+
+
+class ChannelTestOut(Schema):
+    sent: Literal["test", "confirmation"] = Field(
+        description="test: a webhook.test event is on its way (see its deliveries); "
+        "confirmation: the e-mail address is not confirmed yet, a new link is on its way"
+    )
+    message: str
+
+
+class DeliveryOut(Schema):
+    id: int
+    event: str = Field(description="the event's type, e.g. job.failed, webhook.test")
+    event_id: str = Field(description="the webhook-id header of every attempt")
+    summary: str = Field(description="what happened, in words (English)")
+    state: _choices(WebhookDelivery.State.choices)
+    attempts: int
+    last_status: int | None = Field(description="the last attempt's HTTP status")
+    created_at: Stamp
+    next_attempt_at: Stamp | None = Field(description="when it is tried again, if pending")
+
+    @staticmethod
+    def resolve_event(obj):
+        return obj.event.type
+
+    @staticmethod
+    def resolve_event_id(obj):
+        return obj.event.uid
+
+    @staticmethod
+    def resolve_summary(obj):
+        return webhooks.words(obj.event)
+
+    @staticmethod
+    def resolve_next_attempt_at(obj):
+        return obj.next_attempt_at if obj.state == WebhookDelivery.State.PENDING else None

@@ -131,48 +131,114 @@ def _endpoint(request, endpoint_id: int) -> WebhookEndpoint:
     return get_object_or_404(WebhookEndpoint, pk=endpoint_id, owner=request.user)
 
 
+def add_channel(user, data: dict) -> tuple[WebhookEndpoint, bool]:
+    """A new channel of `user` from EndpointForm's cleaned data, under the page's and the
+    API's one set of limits: at most SUANLI_NOTIFY_CHANNELS_MAX channels, and an e-mail
+    address other than the account's own is sent a confirmation link (at most
+    CONFIRMATIONS_PER_HOUR an hour). A limit reached is ValidationError({"url": [...]}),
+    nothing saved. Returns the channel (a webhook's `secret` is shown once) and whether a
+    confirmation link was sent."""
+    kind = data["kind"]
+    secret = webhooks.new_secret() if kind == Kind.WEBHOOK else data["secret"]
+    own = kind == Kind.EMAIL and _own_address(user, data["url"])
+    most = settings.SUANLI_NOTIFY_CHANNELS_MAX
+    if WebhookEndpoint.objects.filter(owner=user).count() >= most:
+        raise ValidationError({"url": [_(
+            "You have %(most)s notification channels, the most allowed: delete one "
+            "before adding another."
+        ) % {"most": most}]})  # fmt: skip
+    if kind == Kind.EMAIL and not own and not webhooks.may_ask_confirmation(user.pk):
+        raise ValidationError({"url": [_too_many()]})
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user, kind=kind, url=data["url"], events=data["events"],
+        enabled=data["enabled"], secret=secret,
+        confirmed_at=timezone.now() if own else None,
+    )  # fmt: skip
+    asked = kind == Kind.EMAIL and not own
+    if asked:
+        webhooks.ask_confirmation(endpoint)
+    return endpoint, asked
+
+
+def save_channel(user, endpoint: WebhookEndpoint, data: dict) -> bool:
+    """`endpoint` changed to EndpointForm's cleaned data (its kind stays): a robot's secret
+    left blank stays, enabling it again clears its failure, an e-mail address changed is
+    confirmed again (within CONFIRMATIONS_PER_HOUR: else ValidationError, nothing saved).
+    Returns whether a confirmation link was sent."""
+    moved = data["url"] != endpoint.url
+    own = endpoint.kind == Kind.EMAIL and _own_address(user, data["url"])
+    if endpoint.kind == Kind.EMAIL and moved and not own:
+        if not webhooks.may_ask_confirmation(user.pk):
+            raise ValidationError({"url": [_too_many()]})
+    endpoint.url = data["url"]
+    endpoint.events = data["events"]
+    fields = ["url", "events", "enabled", "failing_since", "disabled_reason"]
+    if endpoint.kind in SIGNED_ROBOTS and data["secret"]:
+        endpoint.secret = data["secret"]
+        fields.append("secret")
+    if data["enabled"] and not endpoint.enabled:
+        endpoint.failing_since = None
+        endpoint.disabled_reason = ""
+    endpoint.enabled = data["enabled"]
+    if endpoint.kind == Kind.EMAIL and moved:
+        endpoint.confirmed_at = timezone.now() if own else None
+        endpoint.confirm_token = ""
+        fields += ["confirmed_at", "confirm_token"]
+    endpoint.save(update_fields=fields)
+    asked = endpoint.kind == Kind.EMAIL and moved and not own
+    if asked:
+        webhooks.ask_confirmation(endpoint)
+    return asked
+
+
+def send_channel_test(user, endpoint: WebhookEndpoint) -> bool:
+    """The test button: a test event to the channel (at most RESENDS_PER_HOUR test messages
+    and redeliveries an hour), or to an e-mail address not confirmed yet a new confirmation
+    link instead (at most CONFIRMATIONS_PER_HOUR). A limit reached is ValidationError.
+    Returns whether a confirmation link was sent rather than a test."""
+    if endpoint.kind == Kind.EMAIL and endpoint.confirmed_at is None:
+        if not webhooks.may_ask_confirmation(user.pk):
+            raise ValidationError(_too_many())
+        webhooks.ask_confirmation(endpoint)
+        return True
+    if not webhooks.may_resend(user.pk):
+        raise ValidationError(_too_many_resends())
+    webhooks.send_test(endpoint)
+    return False
+
+
+def not_confirmed_words(endpoint: WebhookEndpoint) -> str:
+    return _("%(address)s is not confirmed yet: a new confirmation link is on its way.") % {
+        "address": endpoint.url
+    }
+
+
+def _list_page(request, form):
+    endpoints = WebhookEndpoint.objects.filter(owner=request.user)
+    return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
+
+
 @login_required
 def endpoint_list(request):
     form = EndpointForm(request.POST or None, initial={"enabled": True})
     if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
-        kind = data["kind"]
-        secret = webhooks.new_secret() if kind == Kind.WEBHOOK else data["secret"]
-        own = kind == Kind.EMAIL and _own_address(request.user, data["url"])
-        most = settings.SUANLI_NOTIFY_CHANNELS_MAX
-        if WebhookEndpoint.objects.filter(owner=request.user).count() >= most:
-            form.add_error(
-                "url",
-                _(
-                    "You have %(most)s notification channels, the most allowed: delete one "
-                    "before adding another."
-                )
-                % {"most": most},
-            )
-            endpoints = WebhookEndpoint.objects.filter(owner=request.user)
-            return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
-        if kind == Kind.EMAIL and not own and not webhooks.may_ask_confirmation(request.user.pk):
-            form.add_error("url", _too_many())
-            endpoints = WebhookEndpoint.objects.filter(owner=request.user)
-            return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
-        endpoint = WebhookEndpoint.objects.create(
-            owner=request.user, kind=kind, url=data["url"], events=data["events"],
-            enabled=data["enabled"], secret=secret,
-            confirmed_at=timezone.now() if own else None,
-        )  # fmt: skip
-        if kind == Kind.WEBHOOK:
-            request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": secret}
+        try:
+            endpoint, asked = add_channel(request.user, form.cleaned_data)
+        except ValidationError as exc:
+            for words in exc.message_dict["url"]:
+                form.add_error("url", words)
+            return _list_page(request, form)
+        if endpoint.kind == Kind.WEBHOOK:
+            request.session[SECRET_ONCE] = {"id": endpoint.pk, "secret": endpoint.secret}
             messages.success(
                 request, _("Endpoint added. Copy its signing secret now: it is shown once.")
             )
-        elif kind == Kind.EMAIL and not own:
-            webhooks.ask_confirmation(endpoint)
+        elif asked:
             messages.success(request, _confirm_sent(endpoint))
         else:
             messages.success(request, _("Channel added. Send a test message to try it."))
         return redirect("webhook_detail", endpoint.pk)
-    endpoints = WebhookEndpoint.objects.filter(owner=request.user)
-    return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
+    return _list_page(request, form)
 
 
 def _too_many() -> str:
@@ -207,32 +273,12 @@ def endpoint_detail(request, endpoint_id: int):
         initial={"url": endpoint.url, "events": endpoint.events, "enabled": endpoint.enabled},
     )
     if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
-        moved = data["url"] != endpoint.url
-        endpoint.url = data["url"]
-        endpoint.events = data["events"]
-        fields = ["url", "events", "enabled", "failing_since", "disabled_reason"]
-        if endpoint.kind in SIGNED_ROBOTS and data["secret"]:
-            endpoint.secret = data["secret"]
-            fields.append("secret")
-        if data["enabled"] and not endpoint.enabled:
-            endpoint.failing_since = None
-            endpoint.disabled_reason = ""
-        endpoint.enabled = data["enabled"]
-        own = endpoint.kind == Kind.EMAIL and _own_address(request.user, endpoint.url)
-        if (
-            endpoint.kind == Kind.EMAIL and moved and not own
-            and not webhooks.may_ask_confirmation(request.user.pk)
-        ):  # fmt: skip
-            messages.error(request, _too_many())
+        try:
+            asked = save_channel(request.user, endpoint, form.cleaned_data)
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
             return redirect("webhook_detail", endpoint.pk)
-        if endpoint.kind == Kind.EMAIL and moved:
-            endpoint.confirmed_at = timezone.now() if own else None
-            endpoint.confirm_token = ""
-            fields += ["confirmed_at", "confirm_token"]
-        endpoint.save(update_fields=fields)
-        if endpoint.kind == Kind.EMAIL and moved and not own:
-            webhooks.ask_confirmation(endpoint)
+        if asked:
             messages.success(request, _confirm_sent(endpoint))
         else:
             messages.success(request, _("Channel saved."))
@@ -261,22 +307,15 @@ def endpoint_detail(request, endpoint_id: int):
 @require_POST
 def endpoint_test(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
-    if endpoint.kind == Kind.EMAIL and endpoint.confirmed_at is None:
-        if not webhooks.may_ask_confirmation(request.user.pk):
-            messages.error(request, _too_many())
-            return redirect("webhook_detail", endpoint.pk)
-        webhooks.ask_confirmation(endpoint)
-        messages.error(
-            request,
-            _("%(address)s is not confirmed yet: a new confirmation link is on its way.")
-            % {"address": endpoint.url},
-        )
+    try:
+        asked = send_channel_test(request.user, endpoint)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
         return redirect("webhook_detail", endpoint.pk)
-    if not webhooks.may_resend(request.user.pk):
-        messages.error(request, _too_many_resends())
-        return redirect("webhook_detail", endpoint.pk)
-    webhooks.send_test(endpoint)
-    messages.success(request, _("A test event is on its way; its attempts show below."))
+    if asked:
+        messages.error(request, not_confirmed_words(endpoint))
+    else:
+        messages.success(request, _("A test event is on its way; its attempts show below."))
     return redirect("webhook_detail", endpoint.pk)
 
 

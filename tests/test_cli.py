@@ -425,6 +425,14 @@ def test_every_command_prints_json_under_json_and_its_errors_too(console_url, al
         ("keys", "attached"): ([missing], 1),
         ("keys", "attach"): ([missing, missing], 1),
         ("keys", "detach"): ([missing, missing], 1),
+        ("subscriptions", "list"): ([], 0),
+        ("subscriptions", "add"): (["--gpu", "a100-80gb", "--gpus-per-node", 0], 1),
+        ("subscriptions", "cancel"): ([missing], 1),
+        ("notify", "list"): ([], 0),
+        ("notify", "add"): (["email", "not-an-address", "--event", "job.failed"], 1),
+        ("notify", "remove"): ([missing], 1),
+        ("notify", "test"): ([missing], 1),
+        ("notify", "log"): ([missing], 1),
     }
     leaves = {path for path, c in _commands(suanli) if path and not hasattr(c, "commands")}
     assert leaves == set(rows), "a command without a row here"

@@ -100,7 +100,9 @@ API_OWN = {
     "cluster_keys", "cluster_key_attach", "cluster_key_detach",
     "sweep_list", "sweep_create", "sweep", "sweep_cancel", "cluster_shutdown",
     "cluster_shutdown_clear", "gpu_subscriptions", "gpu_subscription_add",
-    "gpu_subscription_delete",
+    "gpu_subscription_delete", "notification_channels", "notification_channel_add",
+    "notification_channel", "notification_channel_change", "notification_channel_delete",
+    "notification_channel_test", "notification_channel_deliveries",
 }  # fmt: skip
 # The websockets, by the route's first words: the permission that opens another
 # researcher's, or None where only the owner ever may.

@@ -18,6 +18,7 @@ from suanli_cli import (  # noqa: F401 (each registers its commands)
     jobs,
     keys,
     logs,
+    notify,
     pools,
     ssh,
     subscriptions,

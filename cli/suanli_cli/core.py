@@ -17,6 +17,8 @@ POLL_S = float(os.environ.get("SUANLI_POLL_S", "1"))
 JOB_ENDED = ("succeeded", "failed", "cancelled")
 BUILD_ENDED = ("succeeded", "failed")
 CLI_OPTION = {  # the API's field names as this command's options, in error messages
+    "address": "ADDRESS",
+    "events": "--event",
     "gpu_model": "--gpu",
     "instance_type": "--cpu",
     "gpus_per_node": "--gpus-per-node",

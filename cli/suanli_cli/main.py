@@ -98,6 +98,20 @@ def logout(as_json):
     click.echo(f"Removed {path}.")
 
 
+def _time_left(data: dict) -> str:
+    """ "1 h 20 min", as the console's banner says it (its `time_left`; from `hours_left`
+    for a console that does not send it)."""
+    if data.get("time_left"):
+        return data["time_left"]
+    minutes = round(float(data["hours_left"]) * 60)
+    hours, rest = divmod(minutes, 60)
+    if not minutes:
+        return "under 1 min"
+    if not hours:
+        return f"{rest} min"
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
 @cli.command()
 @json_option
 def balance(as_json):
@@ -110,7 +124,7 @@ def balance(as_json):
     click.echo(f"Balance:    {data.get('balance')} {currency}")
     click.echo(f"Burn rate:  {data.get('burn_per_hour')} {currency}/hour")
     if data.get("hours_left") is not None:
-        click.echo(f"Hours left: {data['hours_left']}")
+        click.echo(f"Time left:  about {_time_left(data)} at that rate")
     entries = [{**e, "created_at": when(e.get("created_at"))} for e in data.get("entries", [])[:10]]
     if entries:
         click.echo("")
