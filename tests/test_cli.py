@@ -339,8 +339,10 @@ def test_suanli_stops_a_cluster_and_starts_it_again_without_gpus_when_they_are_t
     assert tasks.cluster_workspaces_stop(cluster.pk)
     # The builder saves its system disk to the registry next (for a start on another host,
     # which this one-host fleet has not): waited for, so no save races the start below.
+    # A push that fails is tried again 30 s later (tasks.cluster_workspaces_save): room
+    # for one retry on a loaded machine.
     until(lambda: Node.objects.filter(cluster=cluster).exclude(saved_image="").exists(),
-          timeout=60, what="its workspace saved")  # fmt: skip
+          timeout=150, what="its workspace saved")  # fmt: skip
     make_cluster(bob, "takes", gpus=2, release_policy="never", volumes=())
     scheduler.place_pending()
     done = cli("clusters", "start", cluster.pk, ok=False)
