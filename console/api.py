@@ -134,6 +134,7 @@ from jobs.models import (
 from jobs.placement import fleet
 from jobs.pools import autoscaler, subscriptions, sweeps
 from jobs.runs import exits
+from jobs.tenancy.actors import Actor
 from monitoring import profiles
 
 BY_API = Text(gettext_noop("its owner (API)"))
@@ -197,6 +198,12 @@ class TokenAuth(HttpBearer):
             if auth.token_failed(request):  # this failure locked the address
                 raise Locked
             raise NoToken("This token is not valid (unknown or revoked).")
+        # A team's token acts for the team with its maker's role now; once they are no
+        # longer a member it is refused like a revoked one (not counted as a failed log-in).
+        try:
+            row.actor = Actor.for_team(row.user, row.team_id) if row.team_id else Actor.of(row.user)
+        except Http404:
+            raise NoToken("This token is not valid (unknown or revoked).") from None
         now = timezone.now()
         # At most one write a minute per token for "last used".
         ApiToken.objects.filter(pk=row.pk).exclude(

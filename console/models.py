@@ -23,6 +23,11 @@ class ApiToken(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
     )
+    # A token made acting for a team acts for it, with its maker's role at each request (a
+    # removed member's token answers as one that does not exist).
+    team = models.ForeignKey(
+        "jobs.Team", on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
     name = models.CharField(max_length=60)
     prefix = models.CharField(
         max_length=20, help_text="The first characters, to tell tokens apart."

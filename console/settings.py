@@ -88,6 +88,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "console.preferences.UserLocale",
+    # request.actor: whom the person acts for (themselves or a team), checked per request.
+    "console.acting.ActingFor",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last: turns a log-in refused for too many failures into the lock's page (console/auth.py).
@@ -109,6 +111,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.context_processors.suanli",
+                "console.acting.switcher",
             ],
         },
     },
@@ -183,6 +186,13 @@ SUANLI_SIGNUP_ENABLED = envbool("SUANLI_SIGNUP_ENABLED", True)
 # the live tokens one researcher may hold (the next is refused with a sentence).
 SUANLI_API_RATE_PER_MIN = envint("SUANLI_API_RATE_PER_MIN", 120)
 SUANLI_API_TOKENS_MAX = envint("SUANLI_API_TOKENS_MAX", 20)
+
+# Teams (课题组, docs/teams.md): the most teams one person owns, members one team has, open
+# invitations one team holds, and how many days an invitation lasts unless it says.
+SUANLI_TEAMS_MAX = envint("SUANLI_TEAMS_MAX", 10)
+SUANLI_TEAM_MEMBERS_MAX = envint("SUANLI_TEAM_MEMBERS_MAX", 200)
+SUANLI_TEAM_INVITES_MAX = envint("SUANLI_TEAM_INVITES_MAX", 50)
+SUANLI_TEAM_INVITE_DAYS = envint("SUANLI_TEAM_INVITE_DAYS", 7)
 
 # English and Simplified Chinese (locale/zh_Hans, compiled by `make run` and `make test`;
 # the .mo files are not committed). The API speaks English whatever is asked.

@@ -4,6 +4,7 @@ from django.urls import include, path, re_path
 from django.utils.translation import gettext_lazy
 
 from console import (
+    acting,
     api,
     views,
     views_account,
@@ -37,6 +38,7 @@ urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path("language/", views_account.set_language, name="set_language"),
     path("settings/", views_account.account_settings, name="account_settings"),
+    path("acting/", acting.act_for, name="act_for"),
     path("storage/", views_storage.storage_page, name="storage"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/new/", views.cluster_new, name="cluster_new"),

@@ -489,6 +489,123 @@ class SshKey(models.Model):
         return f"{self.name} ({self.fingerprint})"
 
 
+class Team(models.Model):
+    """A lab's account (课题组): the clusters, images, storage, pools and balance it owns are
+    owned by its `principal`, a user row that nobody logs in as (no usable password), so that
+    every owner-keyed rule (uid, storage folder, ledger, placement) holds for a team as for
+    one researcher. People act for it through their TeamMember row (jobs/tenancy)."""
+
+    principal = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="team",
+        verbose_name=gettext_lazy("account"),
+    )  # fmt: skip
+    name = models.CharField(gettext_lazy("name"), max_length=80)
+    created_at = models.DateTimeField(gettext_lazy("created"), default=timezone.now)
+    # The operator's: the team's weight in fair share between waiting requests (a team with
+    # share 2 is owed twice the GPU-hours of one with share 1), and the most GPUs it may hold
+    # at once (empty: no limit of its own).
+    share = models.PositiveSmallIntegerField(
+        gettext_lazy("fair share"), default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text=gettext_lazy("Weight between teams when the fleet is full (1-1000)."),
+    )  # fmt: skip
+    gpu_limit = models.PositiveIntegerField(
+        gettext_lazy("GPU limit"), null=True, blank=True,
+        help_text=gettext_lazy("The most GPUs the team may hold at once; empty: no limit."),
+    )  # fmt: skip
+
+    class Meta:
+        verbose_name = gettext_lazy("team")
+        verbose_name_plural = gettext_lazy("teams")
+        permissions = [("manage_teams", "Set teams' fair share and GPU limits")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TeamMember(models.Model):
+    """One person's place in a team: their role, and the owner's caps on what they spend."""
+
+    class Role(models.TextChoices):
+        # Ordered from the most to the least; RANK below compares them.
+        OWNER = "owner", gettext_lazy("owner")
+        ADMIN = "admin", gettext_lazy("admin")
+        MEMBER = "member", gettext_lazy("member")
+        VIEWER = "viewer", gettext_lazy("viewer")
+
+    RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    person = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships"
+    )
+    role = models.CharField(gettext_lazy("role"), max_length=10, choices=Role.choices)
+    # Set by the owner; empty: no cap of the person's own (the team's balance still bounds it).
+    monthly_cap = models.DecimalField(
+        gettext_lazy("monthly budget"), max_digits=14, decimal_places=2, null=True, blank=True,
+        validators=[MinValueValidator(0)],
+    )  # fmt: skip
+    gpu_cap = models.PositiveIntegerField(gettext_lazy("GPU cap"), null=True, blank=True)
+    joined_at = models.DateTimeField(default=timezone.now)
+    # When the person's clusters were stopped for reaching their monthly cap (cleared when
+    # the cap is raised or a new month starts), so that it is done and told once.
+    capped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = gettext_lazy("team member")
+        verbose_name_plural = gettext_lazy("team members")
+        constraints = [
+            models.UniqueConstraint(fields=["team", "person"], name="team_member_once"),
+            models.UniqueConstraint(
+                fields=["team"], condition=models.Q(role="owner"), name="team_one_owner"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.person} in {self.team} ({self.role})"
+
+    def at_least(self, role: str) -> bool:
+        return self.RANK[self.role] >= self.RANK[role]
+
+
+class TeamInvite(models.Model):
+    """An invitation: by link (anyone holding the token) or to one login (`login` set: only
+    that person may accept). Only the token's SHA-256 is stored; it is shown once."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invites")
+    role = models.CharField(max_length=10, choices=TeamMember.Role.choices)
+    login = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
+        related_name="team_invites",
+    )  # fmt: skip
+    digest = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = gettext_lazy("team invitation")
+        verbose_name_plural = gettext_lazy("team invitations")
+
+    def __str__(self) -> str:
+        return f"{self.team}: {self.role} ({self.login or 'by link'})"
+
+    @property
+    def open(self) -> bool:
+        return (
+            self.accepted_at is None and self.revoked_at is None
+            and self.expires_at > timezone.now()
+        )  # fmt: skip
+
+
 class Cluster(models.Model):
     """What a researcher rents: `nodes x gpus_per_node` of one GPU model (or CPU-only
     nodes of one instance type), gang-placed on the hosts."""
@@ -522,6 +639,16 @@ class Cluster(models.Model):
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="clusters"
+    )
+    # The person who made it (the owner, or a member acting for the owner's team); its
+    # spending counts against their cap. `members`: the team's people added to it (who see
+    # and log in to it as a team member; admins and the owner see every team cluster).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, blank=True, related_name="team_clusters"
     )
     name = models.CharField(max_length=63)
     gpu_model = models.ForeignKey(
@@ -1287,6 +1414,11 @@ class Pool(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="pools"
     )
+    # The person who made it; its clusters are theirs (created_by) for caps and spending.
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
     name = models.CharField(max_length=63)
     # The shape of every cluster, as on the cluster form.
     gpu_model = models.ForeignKey(

@@ -343,7 +343,10 @@ def make_cluster(catalog, storage_root):
     from jobs.clusters.services import ClusterSpec, cluster_create
     from jobs.models import Cluster, Image
 
-    def make(owner, name="c1", *, nodes=1, gpus=1, model="a100-80gb", cpu=None, **extra):
+    def make(
+        owner, name="c1", *, nodes=1, gpus=1, model="a100-80gb", cpu=None, created_by=None,
+        **extra,
+    ):  # fmt: skip
         from jobs.models import InstanceType
 
         spec = ClusterSpec(
@@ -355,7 +358,7 @@ def make_cluster(catalog, storage_root):
             image=Image.objects.get(reference=TEST_IMAGE),
             **extra,
         )
-        return cluster_create(owner=owner, spec=spec)
+        return cluster_create(owner=owner, spec=spec, created_by=created_by)
 
     make.Cluster = Cluster
     return make

@@ -52,12 +52,16 @@ from jobs.placement import capacity, restart, slots
 
 
 @transaction.atomic
-def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
+def cluster_create(*, owner, spec: ClusterSpec, created_by=None) -> Cluster:
+    """`owner` is whom it is rented for (a researcher, or a team's principal); `created_by`
+    the person who asked (default: the owner). A team member who makes one is added to it."""
     if spec.pub and (why := pub.volumes_refusal(spec.volumes)):
         raise ValidationError(why)
     now = timezone.now()
+    created_by = created_by or owner
     cluster = Cluster.objects.create(
         owner=owner,
+        created_by=created_by,
         name=spec.name,
         gpu_model=spec.gpu_model,
         gpus_per_node=0 if spec.instance_type else spec.gpus_per_node,
@@ -91,6 +95,8 @@ def cluster_create(*, owner, spec: ClusterSpec) -> Cluster:
             for v in spec.volumes
         ]
     )
+    if created_by.pk != owner.pk:
+        cluster.members.add(created_by)
     if spec.ssh_keys:
         cluster.ssh_keys.set(spec.ssh_keys)
     storage.ensure_folders(

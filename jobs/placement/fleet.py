@@ -12,6 +12,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from jobs.models import Cluster, Host, ImageBuild, Job, Node, OwnImage
+from jobs.tenancy.actors import Actor
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,13 @@ def rdma_available() -> bool:
 
 
 def clusters_for(user) -> QuerySet[Cluster]:
-    return Cluster.objects.filter(owner=user).select_related("gpu_model", "instance_type")
+    """The clusters `user` (a researcher, or an Actor: someone acting for a team) sees."""
+    return Actor.of(user).clusters().select_related("gpu_model", "instance_type")
 
 
 def cluster_for_user(user, cluster_id: int) -> Cluster:
-    """The one place that decides who may see a cluster: its owner. Others get 404."""
+    """The one place that decides who may see a cluster: its owner, or a team's member by
+    their role (jobs/tenancy/actors.py). Others get 404."""
     try:
         return clusters_for(user).get(pk=cluster_id)
     except Cluster.DoesNotExist:
@@ -139,7 +142,7 @@ def cluster_charts_for_user(user, cluster_id: int) -> Cluster:
     """A cluster whose live charts the user may watch: their own, or anyone's for whoever
     may read other researchers' job pages (`jobs.view_job_logs`: a job page's charts are
     its cluster's). Others, staff or not, get 404."""
-    if not user.has_perm("jobs.view_job_logs"):
+    if not Actor.of(user).person.has_perm("jobs.view_job_logs"):
         return cluster_for_user(user, cluster_id)
     try:
         return Cluster.objects.get(pk=cluster_id)
@@ -343,8 +346,8 @@ def largest_fit(
 
 
 def jobs_for(user):
-    """A researcher's own jobs, newest first."""
-    return Job.objects.filter(owner=user).order_by("-created_at", "-id")
+    """A researcher's own jobs (an Actor's: those of the clusters it sees), newest first."""
+    return Actor.of(user).jobs().order_by("-created_at", "-id")
 
 
 def job_for_user(user, job_id: int, *, power: str = "jobs.view_job_logs") -> Job:
@@ -353,8 +356,9 @@ def job_for_user(user, job_id: int, *, power: str = "jobs.view_job_logs") -> Job
     cancel it). Anyone else, staff or not, gets the 404 of a job that does not exist: staff
     status alone grants nothing (docs/operator/permissions.md)."""
     jobs = Job.objects.select_related("cluster", "cluster__gpu_model", "cluster__instance_type")
-    if not user.has_perm(power):
-        jobs = jobs.filter(owner=user)
+    actor = Actor.of(user)
+    if not actor.person.has_perm(power):
+        jobs = jobs.filter(pk__in=actor.jobs().values("pk"))
     try:
         return jobs.get(pk=job_id)
     except Job.DoesNotExist:
@@ -395,7 +399,7 @@ def queue_position_of_job(job) -> int | None:
 
 def own_images_for(user) -> QuerySet[OwnImage]:
     """A researcher's own images (registry), by name and tag."""
-    return OwnImage.objects.filter(owner=user).order_by("name", "tag")
+    return OwnImage.objects.filter(owner=Actor.of(user).principal).order_by("name", "tag")
 
 
 def own_image_for_user(user, image_id: int) -> OwnImage:
@@ -410,7 +414,7 @@ def own_image_for_user(user, image_id: int) -> OwnImage:
 def builds_for(user) -> QuerySet[ImageBuild]:
     """A researcher's builds and workspace saves, newest first."""
     return (
-        ImageBuild.objects.filter(owner=user)
+        ImageBuild.objects.filter(owner=Actor.of(user).principal)
         .select_related("image", "host", "cluster")
         .order_by("-created_at", "-id")
     )

@@ -390,7 +390,9 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
         )  # fmt: skip
     if allowed > 0:
         for _i in range(allowed):
-            made = services.cluster_create(owner=pool.owner, spec=cluster_spec(pool, _name(pool)))
+            made = services.cluster_create(
+                owner=pool.owner, spec=cluster_spec(pool, _name(pool)), created_by=pool.created_by
+            )
             clusters.append(made)
         pool_event(
             pool, "grow", Text(gettext_noop("%(situation)s: +%(n)s"), situation=situation, n=allowed),

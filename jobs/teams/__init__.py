@@ -1,0 +1,1 @@
+"""Teams (课题组): making one, invitations, roles, caps and removal (services.py)."""

@@ -1,0 +1,321 @@
+"""Teams (课题组): making one, inviting and accepting, roles, caps, and removal
+(docs/teams.md). Pages (console/views_teams.py), the API and the CLI all call these; every
+function checks the actor's role itself, so no caller can forget to.
+
+Who may do what:
+- anyone makes a team and becomes its owner (at most SUANLI_TEAMS_MAX owned);
+- admins and the owner invite (member, viewer; the owner also admin), revoke invitations,
+  change roles below their own, and remove members below their own;
+- the owner alone sets budgets and GPU caps and hands ownership on;
+- a member leaves on their own (not the owner).
+
+Layer: teams (beside pools), on clusters, tenancy and models.
+"""
+
+import hashlib
+import secrets
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
+from jobs.base.text import Text
+from jobs.clusters import services as cluster_services
+from jobs.events.timeline import cluster_event
+from jobs.models import Cluster, Team, TeamInvite, TeamMember
+from jobs.tenancy.actors import Actor, is_team_principal
+from jobs.tenancy.revocations import announce_revoked
+
+Role = TeamMember.Role
+INVITE_PREFIX = "sli_"
+NAME_MAX = 80
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _clean_name(name: str) -> str:
+    name = " ".join((name or "").split())
+    if not name:
+        raise ValidationError(_("Give the team a name."), code="name")
+    if len(name) > NAME_MAX:
+        raise ValidationError(
+            _("A team's name is at most %(n)s characters.") % {"n": NAME_MAX}, code="name"
+        )
+    return name
+
+
+@transaction.atomic
+def team_create(*, person, name: str) -> Team:
+    """A new team owned by `person`, with its own account (the principal user)."""
+    name = _clean_name(name)
+    if is_team_principal(person):
+        raise PermissionDenied(_("A team cannot make a team."))
+    get_user_model().objects.select_for_update().filter(pk=person.pk).first()
+    most = settings.SUANLI_TEAMS_MAX
+    if TeamMember.objects.filter(person=person, role=Role.OWNER).count() >= most:
+        raise ValidationError(
+            _("You own %(n)s teams, the most one person may.") % {"n": most}, code="too_many"
+        )
+    principal = get_user_model().objects.create_user(
+        username=f"team.{secrets.token_hex(6)}", first_name=name[:150]
+    )
+    principal.set_unusable_password()
+    principal.save(update_fields=["password"])
+    team = Team.objects.create(principal=principal, name=name)
+    TeamMember.objects.create(team=team, person=person, role=Role.OWNER)
+    return team
+
+
+@transaction.atomic
+def team_rename(*, actor: Actor, name: str) -> Team:
+    actor.require(Role.ADMIN)
+    team = actor.team
+    team.name = _clean_name(name)
+    team.save(update_fields=["name"])
+    return team
+
+
+def _may_grant(actor: Actor, role: str) -> None:
+    """Admins grant member and viewer; the owner also admin. Nobody grants owner here."""
+    actor.require(Role.ADMIN)
+    if role not in (Role.ADMIN, Role.MEMBER, Role.VIEWER):
+        raise ValidationError(_("Choose admin, member or viewer."), code="role")
+    if role == Role.ADMIN:
+        actor.require(Role.OWNER)
+
+
+def _may_manage(actor: Actor, member: TeamMember) -> None:
+    """Change or remove `member`: only someone above them (the owner above admins)."""
+    actor.require(Role.ADMIN)
+    if member.team_id != actor.team.pk:
+        raise ValidationError(_("No such member."), code="missing")
+    if member.role == Role.OWNER:
+        raise PermissionDenied(
+            _("The owner cannot be changed or removed; hand ownership on first.")
+        )
+    if member.role == Role.ADMIN:
+        actor.require(Role.OWNER)
+
+
+def invite_create(
+    *, actor: Actor, role: str, login: str = "", days: int | None = None
+) -> tuple[TeamInvite, str]:
+    """An invitation to `login` (that person alone may accept it, from their teams page) or,
+    without a login, by link: returns the invitation and its token (shown once; "" for a
+    login's invitation)."""
+    _may_grant(actor, role)
+    days = days or settings.SUANLI_TEAM_INVITE_DAYS
+    if not 1 <= days <= 30:
+        raise ValidationError(_("An invitation lasts 1 to 30 days."), code="days")
+    with transaction.atomic():
+        team = Team.objects.select_for_update().get(pk=actor.team.pk)
+        now = timezone.now()
+        open_ = team.invites.filter(
+            accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=now
+        )
+        if open_.count() >= settings.SUANLI_TEAM_INVITES_MAX:
+            raise ValidationError(
+                _("%(team)s has %(n)s open invitations, the most: revoke some first.")
+                % {"team": team.name, "n": settings.SUANLI_TEAM_INVITES_MAX},
+                code="too_many",
+            )
+        if team.memberships.count() >= settings.SUANLI_TEAM_MEMBERS_MAX:
+            raise ValidationError(
+                _("%(team)s has %(n)s members, the most a team may.")
+                % {"team": team.name, "n": settings.SUANLI_TEAM_MEMBERS_MAX},
+                code="too_many",
+            )
+        invitee, token = None, ""
+        if login.strip():
+            invitee = _invitee(team, login.strip())
+            if open_.filter(login=invitee).exists():
+                raise ValidationError(
+                    _("%(login)s already has an open invitation.") % {"login": login},
+                    code="duplicate",
+                )
+        else:
+            token = INVITE_PREFIX + secrets.token_urlsafe(24)
+        invite = TeamInvite.objects.create(
+            team=team, role=role, login=invitee, digest=_digest(token) if token else None,
+            created_by=actor.person, created_at=now, expires_at=now + timedelta(days=days),
+        )  # fmt: skip
+    return invite, token
+
+
+def _invitee(team: Team, login: str):
+    user = get_user_model().objects.filter(username=login, is_active=True).first()
+    if user is None or is_team_principal(user):
+        raise ValidationError(
+            _("No researcher logs in as %(login)s.") % {"login": login}, code="login"
+        )
+    if team.memberships.filter(person=user).exists():
+        raise ValidationError(
+            _("%(login)s is already in %(team)s.") % {"login": login, "team": team.name},
+            code="duplicate",
+        )
+    return user
+
+
+def invite_for_token(token: str) -> TeamInvite | None:
+    """The open invitation a link's token names, or None (also for a spent or revoked one)."""
+    if not token or not token.startswith(INVITE_PREFIX):
+        return None
+    invite = TeamInvite.objects.select_related("team").filter(digest=_digest(token)).first()
+    return invite if invite is not None and invite.open else None
+
+
+@transaction.atomic
+def invite_accept(*, person, invite: TeamInvite) -> TeamMember:
+    """`person` joins by `invite` (a link's, or one made to their login)."""
+    invite = TeamInvite.objects.select_for_update().select_related("team").get(pk=invite.pk)
+    if not invite.open:
+        raise ValidationError(
+            _("This invitation was used, revoked or has expired: ask for a new one."),
+            code="closed",
+        )
+    if invite.login_id is not None and invite.login_id != person.pk:
+        raise ValidationError(_("This invitation is for someone else."), code="not_yours")
+    if is_team_principal(person):
+        raise PermissionDenied(_("A team cannot join a team."))
+    if invite.team.memberships.filter(person=person).exists():
+        raise ValidationError(
+            _("You are already in %(team)s.") % {"team": invite.team.name}, code="duplicate"
+        )
+    member = TeamMember.objects.create(team=invite.team, person=person, role=invite.role)
+    invite.accepted_at = timezone.now()
+    invite.accepted_by = person
+    invite.save(update_fields=["accepted_at", "accepted_by"])
+    return member
+
+
+@transaction.atomic
+def invite_decline(*, person, invite: TeamInvite) -> None:
+    """The invitee turns down an invitation made to their login."""
+    if invite.login_id != person.pk or not invite.open:
+        raise ValidationError(_("No such invitation."), code="missing")
+    TeamInvite.objects.filter(pk=invite.pk).update(revoked_at=timezone.now())
+
+
+@transaction.atomic
+def invite_revoke(*, actor: Actor, invite: TeamInvite) -> None:
+    actor.require(Role.ADMIN)
+    if invite.team_id != actor.team.pk:
+        raise ValidationError(_("No such invitation."), code="missing")
+    TeamInvite.objects.filter(pk=invite.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+@transaction.atomic
+def member_set_role(*, actor: Actor, member: TeamMember, role: str) -> TeamMember:
+    _may_manage(actor, member)
+    _may_grant(actor, role)
+    member.role = role
+    member.save(update_fields=["role"])
+    return member
+
+
+@transaction.atomic
+def member_set_caps(
+    *, actor: Actor, member: TeamMember, monthly_cap: Decimal | None, gpu_cap: int | None
+) -> TeamMember:
+    """The owner's caps on one member's spending this month and GPUs held (None: no cap)."""
+    actor.require(Role.OWNER)
+    if member.team_id != actor.team.pk:
+        raise ValidationError(_("No such member."), code="missing")
+    if monthly_cap is not None and monthly_cap < 0:
+        raise ValidationError(_("A budget cannot be negative."), code="cap")
+    if gpu_cap is not None and gpu_cap < 0:
+        raise ValidationError(_("A GPU cap cannot be negative."), code="cap")
+    member.monthly_cap = monthly_cap
+    member.gpu_cap = gpu_cap
+    member.capped_at = None  # re-judged at the next accrual tick against the new cap
+    member.save(update_fields=["monthly_cap", "gpu_cap", "capped_at"])
+    return member
+
+
+@transaction.atomic
+def owner_transfer(*, actor: Actor, member: TeamMember) -> None:
+    """The owner hands ownership to another member, and becomes an admin."""
+    actor.require(Role.OWNER)
+    if member.team_id != actor.team.pk or member.pk == actor.membership.pk:
+        raise ValidationError(_("Choose another member of the team."), code="missing")
+    TeamMember.objects.filter(pk=actor.membership.pk).update(role=Role.ADMIN)
+    TeamMember.objects.filter(pk=member.pk).update(role=Role.OWNER)
+
+
+HAND = "hand"
+STOP = "stop"
+
+
+def member_remove(*, actor: Actor, member: TeamMember, clusters: str = HAND) -> dict:
+    """Remove `member` from the team at once: their pages, API tokens for the team, SSH
+    sessions, web terminals and app proxies end (announce_revoked after commit). Their
+    clusters in the team are handed to the owner (HAND) or stopped, files kept (STOP).
+    Returns {"handed": [ids], "stopped": [ids]}."""
+    _may_manage(actor, member)
+    return _part(member, clusters=clusters, by=actor.person.get_username())
+
+
+def member_leave(*, person, team: Team, clusters: str = HAND) -> dict:
+    """A member leaves on their own; the owner must hand ownership on first."""
+    member = TeamMember.objects.filter(team=team, person=person).first()
+    if member is None:
+        raise ValidationError(_("You are not in this team."), code="missing")
+    if member.role == Role.OWNER:
+        raise ValidationError(
+            _("The owner cannot leave: hand ownership to another member first."), code="owner"
+        )
+    return _part(member, clusters=clusters, by=person.get_username())
+
+
+def _part(member: TeamMember, *, clusters: str, by: str) -> dict:
+    if clusters not in (HAND, STOP):
+        raise ValidationError(_("Choose to hand their clusters to the owner or stop them."))
+    team, person = member.team, member.person
+    owner = team.memberships.get(role=Role.OWNER).person
+    done = {"handed": [], "stopped": []}
+    with transaction.atomic():
+        theirs = Cluster.objects.select_for_update().filter(owner=team.principal)
+        made = [c for c in theirs.filter(created_by=person).exclude(state__in=_GONE)]
+        for cluster in Cluster.objects.filter(owner=team.principal, members=person):
+            cluster.members.remove(person)
+            cluster.ssh_keys.remove(*cluster.ssh_keys.filter(owner=person))
+        member.delete()
+    who = person.get_username()
+    for cluster in made:
+        if clusters == STOP and cluster.state == Cluster.State.RUNNING:
+            try:
+                cluster_services.cluster_stop(
+                    cluster=cluster, by=by, limited=False,
+                    reason=Text(gettext_noop("stopped: %(who)s left the team"), who=who),
+                )  # fmt: skip
+                done["stopped"].append(cluster.pk)
+                continue
+            except ValidationError:
+                pass  # not stoppable now (releasing): handed on instead
+        Cluster.objects.filter(pk=cluster.pk).update(created_by=owner)
+        cluster.members.add(owner)
+        cluster_event(
+            cluster, "handed",
+            Text(
+                gettext_noop("%(who)s left the team (removed by %(by)s): handed to %(owner)s"),
+                who=who, by=by, owner=owner.get_username(),
+            ),
+        )  # fmt: skip
+        done["handed"].append(cluster.pk)
+    transaction.on_commit(
+        lambda: announce_revoked(person_id=person.pk, principal_id=team.principal_id)
+    )
+    return done
+
+
+_GONE = (Cluster.State.RELEASED, Cluster.State.FAILED)
