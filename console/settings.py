@@ -187,7 +187,7 @@ SUANLI_SIGNUP_ENABLED = envbool("SUANLI_SIGNUP_ENABLED", True)
 SUANLI_API_RATE_PER_MIN = envint("SUANLI_API_RATE_PER_MIN", 120)
 SUANLI_API_TOKENS_MAX = envint("SUANLI_API_TOKENS_MAX", 20)
 
-# Teams (课题组, docs/teams.md): the most teams one person owns, members one team has, open
+# Teams (课题组, docs/user/teams.md): the most teams one person owns, members one team has, open
 # invitations one team holds, and how many days an invitation lasts unless it says.
 SUANLI_TEAMS_MAX = envint("SUANLI_TEAMS_MAX", 10)
 SUANLI_TEAM_MEMBERS_MAX = envint("SUANLI_TEAM_MEMBERS_MAX", 200)

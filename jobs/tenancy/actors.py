@@ -1,4 +1,4 @@
-"""Who acts, and for whom (docs/teams.md).
+"""Who acts, and for whom (docs/user/teams.md).
 
 A person acts for themselves or for one of their teams. An `Actor` carries both: `person`
 (who is logged in, whose SSH keys and name the timeline shows) and `principal` (who owns
@@ -124,6 +124,14 @@ class Actor:
             return True
         made_by = getattr(thing, "created_by_id", None)
         return self.at_least(Role.MEMBER) and made_by == self.person.pk
+
+    def require_change(self, thing) -> None:
+        """404 unless `thing` is the principal's; 403, in words, unless the actor may change
+        it (`may_change`): a member what they made, admins and the owner anything."""
+        if getattr(thing, "owner_id", None) != self.principal.pk:
+            raise Http404(_("Not found."))
+        if not self.may_change(thing):
+            self.require(Role.ADMIN)
 
     def require_use(self, cluster: Cluster) -> None:
         """404 when the actor cannot see `cluster`; 403 when it sees it but may not act."""
