@@ -214,6 +214,13 @@ class LedgerEntry(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
         verbose_name=gettext_lazy("posted by"),
     )  # fmt: skip
+    # A team's usage: the person whose budget it counts against (who made the cluster, when
+    # it was charged: `Cluster.created_by` may later be handed on, the charge stays theirs).
+    # Empty for one researcher's own account and for a team's storage (the team's).
+    member = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+        related_name="+", verbose_name=gettext_lazy("team member"),
+    )  # fmt: skip
 
     class Meta:
         verbose_name = gettext_lazy("ledger entry")
@@ -332,6 +339,12 @@ class BillLine(models.Model):
         help_text="The entry of a line that is one entry (not a usage hour).",
     )  # fmt: skip
     memo = models.CharField(max_length=300, blank=True)
+    # Its entries' `member` (a team's usage: whose budget it counts against): an hour line
+    # is one member's, so that a month's spending per member sums lines, not pieces.
+    member = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -339,12 +352,20 @@ class BillLine(models.Model):
             models.Index(fields=["account", "-at", "-id"], name="billline_account_at"),
             models.Index(fields=["account", "kind", "-at", "-id"], name="billline_kind_at"),
             models.Index(fields=["cluster", "-at", "-id"], name="billline_cluster_at"),
+            # A member's spending this month (caps, the team's billing page).
+            models.Index(
+                fields=["account", "member", "at"], condition=models.Q(member__isnull=False),
+                name="billline_member_at",
+            ),  # fmt: skip
         ]
         constraints = [
+            # One line per cluster, hour, size, rate, memo and member (a cluster handed on
+            # within an hour has one line for each member; no member is a value here).
             models.UniqueConstraint(
-                fields=["cluster", "hour", "units", "rate", "memo"],
-                condition=models.Q(hour__isnull=False),
-                name="billline_one_per_hour",
+                fields=["cluster", "hour", "units", "rate", "memo", "member"],
+                condition=models.Q(hour__isnull=False, cluster__isnull=False),
+                nulls_distinct=False,
+                name="billline_one_per_hour_member",
             ),
             # A storage line: the account's bought storage in one UTC hour, at one size and rate.
             models.UniqueConstraint(
