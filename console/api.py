@@ -24,7 +24,7 @@ import django_rq
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import RequestDataTooBig, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.db import transaction
 from django.db.models import Count, Max, Min, Q
 from django.http import Http404, JsonResponse
@@ -134,7 +134,7 @@ from jobs.models import (
 from jobs.placement import fleet
 from jobs.pools import autoscaler, subscriptions, sweeps
 from jobs.runs import exits
-from jobs.tenancy.actors import Actor
+from jobs.tenancy.actors import Actor, is_team_principal
 from monitoring import profiles
 
 BY_API = Text(gettext_noop("its owner (API)"))
@@ -198,18 +198,49 @@ class TokenAuth(HttpBearer):
             if auth.token_failed(request):  # this failure locked the address
                 raise Locked
             raise NoToken("This token is not valid (unknown or revoked).")
-        # A team's token acts for the team with its maker's role now; once they are no
-        # longer a member it is refused like a revoked one (not counted as a failed log-in).
-        try:
-            row.actor = Actor.for_team(row.user, row.team_id) if row.team_id else Actor.of(row.user)
-        except Http404:
-            raise NoToken("This token is not valid (unknown or revoked).") from None
+        row.actor = _acting_for(request, row)
         now = timezone.now()
         # At most one write a minute per token for "last used".
         ApiToken.objects.filter(pk=row.pk).exclude(
             last_used_at__gt=now - timedelta(minutes=1)
         ).update(last_used_at=now)
         return row
+
+
+class NoTeam(Exception):
+    """X-Suanli-Team names a team the token's owner is not in now (404, as no such team)."""
+
+
+class OtherTeam(Exception):
+    """A team's token asked, by X-Suanli-Team, to act for another team (403)."""
+
+
+TEAM_HEADER = "X-Suanli-Team"
+
+
+def _acting_for(request, row: ApiToken) -> Actor:
+    """Whom a request acts for. A team's token acts for its team with its maker's role now;
+    once they are no longer a member it is refused like a revoked one (not counted as a
+    failed log-in), and it never acts for another team. A personal token acts for its
+    owner, or with `X-Suanli-Team: <id>` for that team while they are a member. A team's
+    principal never holds a token (ApiToken.issue refuses it): one found is refused."""
+    asked = request.headers.get(TEAM_HEADER, "").strip()
+    if row.team_id:
+        try:
+            actor = Actor.for_team(row.user, row.team_id)
+        except Http404:
+            raise NoToken("This token is not valid (unknown or revoked).") from None
+        if asked and asked != str(row.team_id):
+            raise OtherTeam
+        return actor
+    if is_team_principal(row.user):
+        raise NoToken("This token is not valid (unknown or revoked).")
+    if not asked:
+        return Actor.of(row.user)
+    try:
+        return Actor.for_team(row.user, asked)
+    except Http404:
+        raise NoTeam from None
 
 
 class TokenRate(BaseThrottle):
@@ -323,9 +354,27 @@ def _locked(request, exc):
     return auth.token_locked_response(request)
 
 
+@api.exception_handler(NoTeam)
+def _no_team(request, exc):
+    return _error(404, "No such team.")
+
+
+@api.exception_handler(OtherTeam)
+def _other_team(request, exc):
+    return _error(
+        403, f"This token acts for its own team only: leave {TEAM_HEADER} out, or give its id."
+    )
+
+
 @api.exception_handler(Http404)
 def _not_found(request, exc):
     return _error(404, "Not found.")
+
+
+@api.exception_handler(PermissionDenied)
+def _forbidden(request, exc):
+    """What the token's role in its team may see but not do (a viewer's write, ...)."""
+    return _error(403, str(exc) or "Your role in this team may not do this.")
 
 
 @api.exception_handler(ValidationError)
@@ -1518,7 +1567,10 @@ def _tokens_page(request, status: int = 200, new_token: str | None = None):
     return render(
         request,
         "console/api_tokens.html",
-        {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token},
+        {
+            "tokens": ApiToken.objects.filter(user=request.user).select_related("team"),
+            "new_token": new_token,
+        },
         status=status,
     )
 
@@ -1543,7 +1595,8 @@ def tokens_page(request):
             messages.error(request, "Name the token (at most 60 characters), e.g. ci-pipeline.")
             return _tokens_page(request, status=400)
         try:
-            _row, token = ApiToken.issue(user=request.user, name=name)
+            # Made for whom the person acts for now (a team's token acts for that team).
+            _row, token = ApiToken.issue(user=request.user, name=name, team=request.actor.team)
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
             return _tokens_page(request, status=400)

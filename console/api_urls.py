@@ -5,7 +5,7 @@ import functools
 from django.urls import include, path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from console import api
+from console import api, api_teams
 
 
 def _json_405(view):
@@ -25,6 +25,7 @@ def _json_405(view):
     return handler
 
 
+api.api.add_router("/teams", api_teams.router)
 _patterns, _app, _namespace = api.api.urls
 for _pattern in _patterns:
     if _pattern.name == "api-root":  # django-ninja's is an HTML 404; scripts get JSON

@@ -10,6 +10,8 @@ from django.db import models, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from jobs.tenancy.actors import Actor, is_team_principal
+
 PREFIX = "sk_suanli_"
 
 
@@ -44,11 +46,17 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
     @classmethod
-    def issue(cls, *, user, name: str) -> tuple["ApiToken", str]:
+    def issue(cls, *, user, name: str, team=None) -> tuple["ApiToken", str]:
         """A new token, unless the researcher holds SUANLI_API_TOKENS_MAX live ones already:
         the API's rate is per researcher, and a bounded number of tokens keeps what a
         stolen session can mint (and what the page lists) bounded too. The researcher's
-        row is locked, so two requests at once cannot both take the last place."""
+        row is locked, so two requests at once cannot both take the last place. `team`: the
+        token acts for that team (the maker must be its member now). A team's principal
+        never holds a token: nobody logs in as it, and a token would be a way in."""
+        if is_team_principal(user):
+            raise ValidationError(_("A team cannot hold an API token."), code="team")
+        if team is not None:
+            Actor.for_team(user, team.pk)  # 404 unless a member now
         most = settings.SUANLI_API_TOKENS_MAX
         with transaction.atomic():
             get_user_model().objects.select_for_update().filter(pk=user.pk).first()
@@ -63,8 +71,9 @@ class ApiToken(models.Model):
                 )
             token = PREFIX + secrets.token_urlsafe(30)
             row = cls.objects.create(
-                user=user, name=name, prefix=token[: len(PREFIX) + 6], digest=digest_of(token)
-            )
+                user=user, team=team, name=name, prefix=token[: len(PREFIX) + 6],
+                digest=digest_of(token),
+            )  # fmt: skip
         return row, token
 
 
