@@ -179,6 +179,9 @@ class LedgerEntry(models.Model):
         REFUND = "refund", gettext_lazy("refund")
         ADJUSTMENT = "adjustment", gettext_lazy("adjustment")
         CREDIT = "credit", gettext_lazy("credit")
+        # Money a team member moved from their own balance into a team (or back out of theirs):
+        # two entries, one on each account (billing.services.transfer_to_team).
+        TRANSFER = "transfer", gettext_lazy("transfer")
 
     account = models.ForeignKey(
         Account, on_delete=models.PROTECT, related_name="entries",
