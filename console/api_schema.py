@@ -30,6 +30,7 @@ from jobs.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from jobs.placement import fleet
 from jobs.pools import subscriptions
 
 MAX_ID = 2_147_483_647  # the database's integer keys
@@ -127,6 +128,18 @@ class SshLogin(Schema):
     host_key_fingerprint: str = Field(description="the gateway's host key, SHA256:...")
 
 
+def _in_line(cluster: Cluster, context):
+    """The pending cluster as the queue has it (position, why), the queue read once per
+    request however many clusters an answer lists; None unless pending."""
+    if cluster.state != Cluster.State.PENDING:
+        return None
+    request = context["request"]
+    line = getattr(request, "_suanli_queue", None)
+    if line is None:
+        line = request._suanli_queue = {c.pk: c for c in fleet.queue()}
+    return line.get(cluster.pk)
+
+
 class ClusterOut(Schema):
     id: int
     name: str
@@ -165,6 +178,24 @@ class ClusterOut(Schema):
         description="how to log in to each node's workspace: empty unless the cluster runs "
         "with workspaces"
     )
+    queue_position: int | None = Field(
+        description="its place in the placement queue while pending (1: next; fair share "
+        "between accounts orders it); null otherwise"
+    )
+    queue_why: str = Field(
+        description="why it stands there, in words (e.g. waiting for its team's GPU limit); "
+        "empty unless pending"
+    )
+
+    @staticmethod
+    def resolve_queue_position(obj, context) -> int | None:
+        standing = _in_line(obj, context)
+        return standing.position if standing is not None else None
+
+    @staticmethod
+    def resolve_queue_why(obj, context) -> str:
+        standing = _in_line(obj, context)
+        return str(standing.why) if standing is not None else ""
 
     @staticmethod
     def resolve_gpu_model(obj) -> str | None:

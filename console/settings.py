@@ -349,6 +349,13 @@ STATICFILES_FINDERS = [
 
 SUANLI_MAX_NODES = envint("SUANLI_MAX_NODES", 16)
 SUANLI_PLACEMENT_INTERVAL = envint("SUANLI_PLACEMENT_INTERVAL", 15)
+# Fair share between accounts (a team, or a researcher alone) when the fleet is full
+# (jobs/placement/fairshare.py): recent usage is GPU-hours decaying by half every
+# SUANLI_FAIRSHARE_HALF_LIFE_H hours (0: fair share off, first come, first served), and a
+# request that has waited SUANLI_FAIRSHARE_MAX_WAIT_H hours goes ahead of every request
+# that waited less, so none starves.
+SUANLI_FAIRSHARE_HALF_LIFE_H = envint("SUANLI_FAIRSHARE_HALF_LIFE_H", 24)
+SUANLI_FAIRSHARE_MAX_WAIT_H = envint("SUANLI_FAIRSHARE_MAX_WAIT_H", 24)
 
 # The Docker contract: every replica runs as an unprivileged per-tenant uid, with limits.
 SUANLI_TENANT_UID_BASE = envint("SUANLI_TENANT_UID_BASE", 100000)

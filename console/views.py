@@ -200,7 +200,7 @@ def _cluster_status_context(cluster: Cluster) -> dict:
         "cluster": cluster,
         "nodes": fleet.live_nodes(cluster),
         "events": cluster.events.all(),
-        "position": fleet.queue_position(cluster),
+        **_queue_context(cluster),
         "resize_form": ResizeForm(initial={"nodes": cluster.nodes}, cluster=cluster),
         "jobs": cluster.jobs.all()[:50],
         "pulls": fleet.image_pulls(cluster),
@@ -212,6 +212,13 @@ def _cluster_status_context(cluster: Cluster) -> dict:
         and _none_started(fleet.live_nodes(cluster)),
         "grace_minutes": getattr(settings, "SUANLI_START_GRACE_S", 600) // 60,
     }
+
+
+def _queue_context(cluster: Cluster) -> dict:
+    """Where a pending cluster stands in line (`position`) and why (`standing`: its
+    account's fair share, `fleet.queue`)."""
+    standing = fleet.queue_standing(cluster)
+    return {"position": standing.position if standing else None, "standing": standing}
 
 
 def _none_started(nodes) -> bool:
@@ -528,11 +535,16 @@ def cluster_key_detach(request, cluster_id: int, key_id: int):
 @operator_required("jobs.view_cluster")
 def ops_queue(request):
     now = timezone.now()
-    pending = fleet.queue()
-    for position, cluster in enumerate(pending, start=1):
-        cluster.position = position
-        cluster.waiting = now - cluster.queued_at
-    return render(request, "console/ops_queue.html", {"pending": pending})
+    pending = fleet.queue(now=now)  # in line, each with its position, account and why
+    return render(
+        request,
+        "console/ops_queue.html",
+        {
+            "pending": pending,
+            "half_life": settings.SUANLI_FAIRSHARE_HALF_LIFE_H,
+            "max_wait": settings.SUANLI_FAIRSHARE_MAX_WAIT_H,
+        },
+    )
 
 
 @operator_required("jobs.drain_host")

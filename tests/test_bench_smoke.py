@@ -28,6 +28,8 @@ CASES: dict[str, dict[str, tuple[int, set[str]]]] = {
     "bench/placement.py": {
         "placement": (1, {"hosts", "requests", "placed", "placements_per_s",
                           "median_ms_per_placement", "p95_ms_per_placement"}),
+        "placement_teams": (1, {"hosts", "requests", "teams", "placements_per_s_no_teams",
+                                "placements_per_s_teams", "ratio"}),
     },
     "bench/job_start.py": {
         "job_start": (2, {"nodes", "median_s", "p95_s", "bare_docker_run_median_s", "ratio",

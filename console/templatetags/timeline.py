@@ -104,6 +104,12 @@ def reason_text(obj) -> str:
 
 
 @register.filter
+def said(value) -> str:
+    """`{{ c.why|said }}`: a Text composed now (jobs.base.text) in the active language."""
+    return text.show(value.as_json()) if isinstance(value, text.Text) else str(value or "")
+
+
+@register.filter
 def state_label(obj, value=None) -> str:
     """`{{ build|state_label:progress.state }}`: a state's label from the object's model's
     State choices (its own state when no value is given); an unknown value as it is."""

@@ -125,6 +125,10 @@ class Fleet:
             ]
         )
 
+    def gpus(self) -> int:
+        """The GPUs of the active hosts, free or not: what fair share measures usage against."""
+        return sum(cap.gpu_total or 0 for cap in self.hosts.values() if cap.gpu_model_id)
+
     # -- what a cluster may use ------------------------------------------------------
     def pools_for(self, cluster: Cluster) -> dict[str, list[tuple]]:
         """Matching GPU pools, grouped by zone."""

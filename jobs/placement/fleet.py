@@ -1,6 +1,6 @@
 """Reads of the fleet that pages and other apps reuse.
 
-Layer: placement; it writes nothing and uses models only.
+Layer: placement; it writes nothing and uses models, tenancy and fairshare (the queue's order).
 """
 
 from dataclasses import dataclass
@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import Http404
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from jobs.models import Cluster, Host, ImageBuild, Job, Node, OwnImage
+from jobs.placement import fairshare
 from jobs.tenancy.actors import Actor
 
 
@@ -156,24 +158,55 @@ def live_nodes(cluster: Cluster) -> QuerySet[Node]:
     )
 
 
-def queue() -> list[Cluster]:
-    """All pending clusters in placement order."""
-    return list(
+def queue(*, now=None) -> list[Cluster]:
+    """All pending clusters in placement order (fair share: jobs/placement/fairshare.py),
+    each with its `position` (1 first), `account` (fairshare.Account: whose it is, their
+    recent usage, share, factor, held GPUs and limit) and `why` (a Text: why it stands
+    there). Three queries and the pending clusters'."""
+    pending = (
         Cluster.objects.filter(state=Cluster.State.PENDING)
         .select_related("owner", "gpu_model", "instance_type")
-        .order_by("spot", "queued_at", "id")  # as placement walks it: on-demand first
+        .order_by("spot", "queued_at", "id")  # as placement reads it: on-demand first
     )
+    return _in_line(list(pending), now=now)
+
+
+def _in_line(pending: list[Cluster], *, now=None) -> list[Cluster]:
+    gpus = Host.objects.filter(state=Host.State.ACTIVE, gpu_model__isnull=False).aggregate(
+        n=Sum("gpu_count")
+    )["n"]
+    accounts = fairshare.standing(
+        pending, now=now or timezone.now(), fleet_gpus=gpus or 0, exact=True
+    )
+    ordered = accounts.order(pending)
+    latest: dict[bool, object] = {}  # per class (spot or not): the newest request ahead so far
+    for position, cluster in enumerate(ordered, start=1):
+        newest = latest.get(cluster.spot)
+        cluster.position = position
+        cluster.account = accounts.account(cluster)
+        cluster.why = accounts.why(
+            cluster, younger_ahead=newest is not None and newest > cluster.queued_at
+        )
+        if newest is None or cluster.queued_at > newest:
+            latest[cluster.spot] = cluster.queued_at
+    return ordered
+
+
+def queue_standing(cluster: Cluster) -> Cluster | None:
+    """Where a pending cluster stands in line: the queue's own copy of it, with `position`,
+    `account` and `why` (`queue`); None when it is not pending (or was placed meanwhile)."""
+    if cluster.state != Cluster.State.PENDING:
+        return None
+    pending = Cluster.objects.filter(state=Cluster.State.PENDING).only(
+        "id", "owner_id", "queued_at", "spot", "nodes", "gpus_per_node"
+    )
+    return next((c for c in _in_line(list(pending)) if c.pk == cluster.pk), None)
 
 
 def queue_position(cluster: Cluster) -> int | None:
-    if cluster.state != Cluster.State.PENDING:
-        return None
-    same_class = Q(spot=cluster.spot) & (
-        Q(queued_at__lt=cluster.queued_at) | Q(queued_at=cluster.queued_at, id__lt=cluster.id)
-    )
-    on_demand = Q(spot=False) if cluster.spot else Q(pk__in=[])
-    ahead = Cluster.objects.filter(state=Cluster.State.PENDING).filter(same_class | on_demand)
-    return ahead.count() + 1
+    """Its place in line (1 first) while pending, in placement's order; None otherwise."""
+    standing = queue_standing(cluster)
+    return standing.position if standing is not None else None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,12 @@
 """Gang placement of pending clusters onto hosts.
 
 A pass loads the free capacity of every active host once (three queries), then walks the
-queue first-in-first-out and plans each cluster in memory:
+queue in fair-share order (`fairshare`: accounts that used less of their share recently
+first, first come, first served within an account, none starved past
+SUANLI_FAIRSHARE_MAX_WAIT_H) and plans each cluster in memory:
+
+* **GPU limit**: a team's request that would pass its operator-set GPU limit waits, skipped
+  (not a head of line), so the requests behind it are placed as if it were not there.
 
 * **Gang**: all nodes of a cluster are placed, or none.
 * **Best fit**: each node goes to the host with the fewest free GPUs that still fit it, so
@@ -9,7 +14,7 @@ queue first-in-first-out and plans each cluster in memory:
   so finding that host costs a few set look-ups whatever the fleet's size.
 * **One zone first**: nodes are kept in one zone when they fit there (spreading costs
   about 5 % in communication); RDMA clusters never spread.
-* **On-demand first**: on-demand requests are in line before spot ones (FIFO within each),
+* **On-demand first**: on-demand requests are in line before spot ones (fair share within each),
   so capacity reclaimed from spot clusters goes to the request it was reclaimed for.
 * **Fairness**: the first cluster in line for a resource (a GPU model or a CPU type) that
   does not fit *reserves* every host it could use for the rest of the pass. Newer requests
@@ -42,8 +47,10 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -51,7 +58,8 @@ from jobs.base.queue import enqueue_by_name
 from jobs.base.text import Text, argument, stored_reason
 from jobs.events import lifecycle, timeline
 from jobs.events.timeline import reason_fields, set_reason
-from jobs.models import Cluster, Job, Node
+from jobs.models import Cluster, Job, Node, Team
+from jobs.placement import fairshare
 from jobs.placement.capacity import Fleet, PassReport, resource_key, shortage
 from jobs.placement.reclaim import reclaim_spot
 from jobs.placement.restart import carry_saves, plan_kept, started_elsewhere
@@ -70,7 +78,9 @@ log = logging.getLogger(__name__)
 BATCH = 100  # plans written per transaction
 
 
-def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: PassReport) -> None:
+def _commit_batch(
+    batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: PassReport, *, now=None
+) -> None:
     """Write planned placements in one transaction, a handful of statements in all.
 
     The clusters are claimed (still pending, and not being placed by another scheduler)
@@ -78,7 +88,7 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
     takes its slots from what is really free. A cluster whose capacity is gone (another
     scheduler took it) is left pending, whole, for the next pass.
     """
-    now = timezone.now()
+    now = now or timezone.now()
     with transaction.atomic():
         claimed = set(
             Cluster.objects.select_for_update(skip_locked=True)
@@ -94,6 +104,7 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
             ).select_related("host").order_by("cluster_id", "index")
         ):  # fmt: skip
             kept_of[kept_node.cluster_id].append(kept_node)
+        claimed -= _past_limits([c for c, _ in batch if c.pk in claimed], report)
         placed, slots_of = _take_slots(
             [(c, hosts) for c, hosts in batch if c.pk in claimed], kept_of, now, report
         )
@@ -118,6 +129,38 @@ def _commit_batch(batch: list[tuple[Cluster, list[int]]], fleet: Fleet, report: 
     waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state__in=Job.WAITING)
     for cluster_id in set(waiting.values_list("cluster_id", flat=True)):
         lifecycle.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
+
+
+def _past_limits(clusters: list[Cluster], report: PassReport) -> set[int]:
+    """The claimed clusters that would pass their team's GPU limit once what other
+    schedulers placed meanwhile is counted: the limited teams' rows are locked (one writer
+    at a time places for such a team) and their live GPUs counted again. Those are left
+    pending for the next pass (conflicts)."""
+    owners = {c.owner_id for c in clusters if c.total_gpus}
+    limits = dict(
+        Team.objects.select_for_update()
+        .filter(principal_id__in=owners, gpu_limit__isnull=False)
+        .order_by("pk")
+        .values_list("principal_id", "gpu_limit")
+    )
+    if not limits:
+        return set()
+    held = dict(
+        Node.objects.filter(released_at__isnull=True, no_gpu=False, cluster__owner_id__in=limits)
+        .values_list("cluster__owner_id")
+        .annotate(n=Sum("cluster__gpus_per_node"))
+    )
+    out = set()
+    for cluster in clusters:
+        owner = cluster.owner_id
+        if owner not in limits or not cluster.total_gpus:
+            continue
+        if held.get(owner, 0) + cluster.total_gpus > limits[owner]:
+            out.add(cluster.pk)
+            report.conflicts += 1
+        else:
+            held[owner] = held.get(owner, 0) + cluster.total_gpus
+    return out
 
 
 def _take_slots(
@@ -213,9 +256,11 @@ def _set_reason_if_new(cluster: Cluster, reason: Text, *, always: bool = False) 
     return True
 
 
-def place_pending(*, fleet: Fleet | None = None) -> PassReport:
-    """One pass over the queue. Safe to run twice, and by several workers at once."""
+def place_pending(*, fleet: Fleet | None = None, now: datetime | None = None) -> PassReport:
+    """One pass over the queue, in fair-share order (fairshare.py). Safe to run twice, and
+    by several workers at once. `now`: the pass's time (a simulation's; default: now)."""
     fleet = fleet or Fleet.load()
+    given, now = now, now or timezone.now()
     report = PassReport()
     # Running clusters stranded on a failed host go first: they were placed before anything
     # in the queue, and their researchers are waiting on them now.
@@ -223,14 +268,22 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
     heads: dict[str, Cluster] = {}
     on_demand_heads: dict[str, Cluster] = {}  # the first on-demand request that did not fit
     reasons: list[Cluster] = []
-    pending = (
+    pending = list(
         Cluster.objects.filter(state=Cluster.State.PENDING)
         .select_related("gpu_model", "instance_type", "image")
         .order_by("spot", "queued_at", "id")
     )
+    accounts = fairshare.standing(pending, now=now, fleet_gpus=fleet.gpus())
     batch: list[tuple[Cluster, list[int]]] = []
-    for cluster in pending.iterator(chunk_size=2000):
+    for cluster in accounts.order(pending):
         key = resource_key(cluster)
+        limit = accounts.over_limit(cluster)
+        if limit is not None:
+            # Skipped, not a head of line: the requests behind it go on as if it were not there.
+            report.waiting += 1
+            if _set_reason_if_new(cluster, limit):
+                reasons.append(cluster)
+            continue
         if cluster.stopped_at is not None:
             # A stopped cluster waiting to start again: only on the hosts that keep its
             # workspaces. Those hosts are held for it while it waits (not the whole pool).
@@ -250,9 +303,10 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
                     cluster.gpus_per_node,
                     cluster.instance_type.vcpus if cluster.is_cpu_only else 0,
                 )
+            accounts.took(cluster)
             batch.append((cluster, hosts))
             if len(batch) >= BATCH:
-                _commit_batch(batch, fleet, report)
+                _commit_batch(batch, fleet, report, now=given)
                 batch = []
             continue
         report.waiting += 1
@@ -261,7 +315,7 @@ def place_pending(*, fleet: Fleet | None = None) -> PassReport:
         if _set_reason_if_new(cluster, _in_line(cluster, fleet, heads, key)):
             reasons.append(cluster)
     if batch:
-        _commit_batch(batch, fleet, report)
+        _commit_batch(batch, fleet, report, now=given)
     if on_demand_heads:
         _reclaim_for(list(on_demand_heads.values()), fleet, report, reasons)
     # Only rows still pending: a cluster placed or released meanwhile keeps its state.
