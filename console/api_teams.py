@@ -18,8 +18,9 @@ from django.db.models import Count
 from django.http import Http404
 from django.utils import timezone
 from ninja import Field, Router, Schema, Status
+from ninja.pagination import paginate
 
-from console.api import ERRORS, _error, api
+from console.api import ERRORS, Pages, _error, api
 from console.api_schema import Id, Stamp, Whole
 from jobs.models import TeamInvite, TeamMember
 from jobs.teams import services as teams
@@ -44,12 +45,34 @@ _ROLES = Literal["owner", "admin", "member", "viewer"]
 _GRANTS = "admin (the owner alone grants it), member or viewer"
 
 
+def _cap_text(value) -> str | None:
+    return None if value is None else str(value)
+
+
 class TeamOut(Schema):
+    """Read from the caller's membership (annotated with the team's member count)."""
+
     id: int
     name: str
     role: _ROLES = Field(description="your role in it: owner, admin, member or viewer")
     members: int = Field(description="how many people are in it")
     created_at: Stamp
+
+    @staticmethod
+    def resolve_id(obj):
+        return obj.team_id
+
+    @staticmethod
+    def resolve_name(obj):
+        return obj.team.name
+
+    @staticmethod
+    def resolve_members(obj):
+        return obj.n
+
+    @staticmethod
+    def resolve_created_at(obj):
+        return obj.team.created_at
 
 
 class TeamDetailOut(TeamOut):
@@ -58,9 +81,27 @@ class TeamDetailOut(TeamOut):
     monthly_cap: str | None = Field(description="your monthly budget in it; null: no cap")
     gpu_cap: int | None = Field(description="the most GPUs you may hold in it; null: no cap")
 
+    @staticmethod
+    def resolve_share(obj):
+        return obj.team.share
+
+    @staticmethod
+    def resolve_gpu_limit(obj):
+        return obj.team.gpu_limit
+
+    @staticmethod
+    def resolve_monthly_cap(obj):
+        return _cap_text(obj.monthly_cap)
+
 
 class NewTeam(Schema):
     name: str = Field(description="at most 80 characters; you become its owner")
+
+
+def _shows_caps(obj: TeamMember, context) -> bool:
+    """Caps are shown to admins and the owner, and to the member themself."""
+    actor = context["request"].team_actor
+    return actor.at_least(Role.ADMIN) or obj.person_id == actor.person.pk
 
 
 class MemberOut(Schema):
@@ -74,6 +115,22 @@ class MemberOut(Schema):
     )
     gpu_cap: int | None = Field(description="the most GPUs they may hold; as monthly_cap")
     joined_at: Stamp
+
+    @staticmethod
+    def resolve_login(obj):
+        return obj.person.get_username()
+
+    @staticmethod
+    def resolve_name(obj):
+        return obj.person.get_full_name()
+
+    @staticmethod
+    def resolve_monthly_cap(obj, context):
+        return _cap_text(obj.monthly_cap) if _shows_caps(obj, context) else None
+
+    @staticmethod
+    def resolve_gpu_cap(obj, context):
+        return obj.gpu_cap if _shows_caps(obj, context) else None
 
 
 class RoleChange(Schema):
@@ -101,6 +158,22 @@ class InviteOut(Schema):
     created_at: Stamp
     expires_at: Stamp
 
+    @staticmethod
+    def resolve_team(obj):
+        return obj.team_id
+
+    @staticmethod
+    def resolve_team_name(obj):
+        return obj.team.name
+
+    @staticmethod
+    def resolve_login(obj):
+        return obj.login.get_username() if obj.login else None
+
+    @staticmethod
+    def resolve_created_by(obj):
+        return obj.created_by.get_username() if obj.created_by else None
+
 
 class NewInviteOut(InviteOut):
     token: str | None = Field(
@@ -108,9 +181,15 @@ class NewInviteOut(InviteOut):
         "(POST /teams/invitations/accept); null for an invitation to a login"
     )
 
+    @staticmethod
+    def resolve_token(obj):
+        return getattr(obj, "token_once", None) or None
+
 
 class NewInvite(Schema):
-    role: Literal["admin", "member", "viewer"] = Field("member", description=_GRANTS)
+    role: Literal["admin", "member", "viewer"] = Field(
+        "member", description="member (default), admin (the owner alone grants it) or viewer"
+    )
     login: str | None = Field(
         None, description="invite this researcher (they accept it themselves); left out: by link"
     )
@@ -139,13 +218,16 @@ class PartedOut(Schema):
 
 def _actor(request, team_id: int) -> Actor:
     """The caller acting for team `team_id`: 404 unless they are its member now (and, for a
-    request acting for a team, unless it is that team)."""
+    request acting for a team, unless it is that team). Kept on the request for the
+    schemas (what a role is shown)."""
     acting = request.auth.actor
     if acting.team is not None:
         if acting.team.pk != team_id:
             raise Http404("No such team.")
+        request.team_actor = acting
         return acting
-    return Actor.for_team(request.auth.user, team_id)
+    request.team_actor = Actor.for_team(request.auth.user, team_id)
+    return request.team_actor
 
 
 def _person(request, what: str):
@@ -156,15 +238,14 @@ def _person(request, what: str):
     return request.auth.user
 
 
-def _team_out(member: TeamMember, count: int) -> dict:
-    team = member.team
-    return {"id": team.pk, "name": team.name, "role": member.role, "members": count,
-            "created_at": team.created_at}  # fmt: skip
-
-
-def _counts(team_ids) -> dict[int, int]:
-    rows = TeamMember.objects.filter(team_id__in=team_ids).values("team_id")
-    return {r["team_id"]: r["n"] for r in rows.annotate(n=Count("id"))}
+def _memberships(person):
+    """The person's memberships, each with its team's member count, by team name."""
+    return (
+        TeamMember.objects.filter(person=person)
+        .select_related("team")
+        .annotate(n=Count("team__memberships"))
+        .order_by("team__name", "team_id")
+    )
 
 
 def _member(actor: Actor, member_id: int) -> TeamMember:
@@ -176,26 +257,6 @@ def _member(actor: Actor, member_id: int) -> TeamMember:
     if member is None:
         raise Http404("No such member.")
     return member
-
-
-def _member_out(actor: Actor, member: TeamMember) -> dict:
-    shows_caps = actor.at_least(Role.ADMIN) or member.person_id == actor.person.pk
-    cap = member.monthly_cap if shows_caps else None
-    person = member.person
-    return {
-        "id": member.pk, "login": person.get_username(), "name": person.get_full_name(),
-        "role": member.role, "monthly_cap": None if cap is None else str(cap),
-        "gpu_cap": member.gpu_cap if shows_caps else None, "joined_at": member.joined_at,
-    }  # fmt: skip
-
-
-def _invite_out(invite: TeamInvite, token: str | None = None) -> dict:
-    return {
-        "id": invite.pk, "team": invite.team_id, "team_name": invite.team.name,
-        "role": invite.role, "login": invite.login.get_username() if invite.login else None,
-        "created_by": invite.created_by.get_username() if invite.created_by else None,
-        "created_at": invite.created_at, "expires_at": invite.expires_at, "token": token,
-    }  # fmt: skip
 
 
 def _open_invites():
@@ -215,7 +276,7 @@ def _money(raw: str | None) -> Decimal | None:
         raise ValidationError({"monthly_cap": ['Give an amount, e.g. "800.00".']})
     if value >= Decimal("1e12"):
         raise ValidationError({"monthly_cap": ["Give at most 999999999999.99."]})
-    return value
+    return value.quantize(Decimal("0.01"))  # as stored: "800" reads back "800.00"
 
 
 # -- invitations made to me, and joining by a link (before /{team_id}: literal paths first) --
@@ -229,10 +290,11 @@ def _responses(ok: int, schema) -> dict:
 
 @router.get("/invitations", response=_responses(200, list[InviteOut]),
             summary="Open invitations made to you")  # fmt: skip
+@paginate(Pages, items="invitations")
 def team_invitations_mine(request):
-    """Invitations to your login that you may accept or decline."""
+    """Invitations to your login that you may accept or decline, newest first."""
     person = _person(request, "read your invitations")
-    return [_invite_out(i) for i in _open_invites().filter(login=person).order_by("-created_at")]
+    return _open_invites().filter(login=person).order_by("-created_at", "-id")
 
 
 @router.post("/invitations/accept", response=_responses(200, TeamOut),
@@ -245,7 +307,7 @@ def team_invitation_accept_token(request, payload: InviteToken):
             "This invitation was used, revoked or has expired: ask for a new one."
         )
     member = teams.invite_accept(person=person, invite=invite)
-    return _team_out(member, _counts([member.team_id]).get(member.team_id, 1))
+    return _memberships(person).get(pk=member.pk)
 
 
 def _mine(request, invite_id: int) -> tuple[object, TeamInvite]:
@@ -261,7 +323,7 @@ def _mine(request, invite_id: int) -> tuple[object, TeamInvite]:
 def team_invitation_accept(request, invite_id: Id):
     person, invite = _mine(request, invite_id)
     member = teams.invite_accept(person=person, invite=invite)
-    return _team_out(member, _counts([member.team_id]).get(member.team_id, 1))
+    return _memberships(person).get(pk=member.pk)
 
 
 @router.post("/invitations/{invite_id}/decline", response={204: None, **_ERRORS},
@@ -276,30 +338,25 @@ def team_invitation_decline(request, invite_id: Id):
 
 
 @router.get("", response=_responses(200, list[TeamOut]), summary="Your teams")
+@paginate(Pages, items="teams")
 def teams_list(request):
     """The teams you are in, with your role, by name (a team's token: that team only)."""
-    members = TeamMember.objects.filter(person=request.auth.user).select_related("team")
+    members = _memberships(request.auth.user)
     if request.auth.actor.team is not None:
         members = members.filter(team=request.auth.actor.team)
-    members = list(members.order_by("team__name", "team_id"))
-    counts = _counts([m.team_id for m in members])
-    return [_team_out(m, counts.get(m.team_id, 1)) for m in members]
+    return members
 
 
 @router.post("", response=_responses(201, TeamOut), summary="Make a team")
 def team_create(request, payload: NewTeam):
     """You become its owner; it has its own balance, clusters and storage."""
-    team = teams.team_create(person=_person(request, "make a team"), name=payload.name)
-    return Status(201, _team_out(team.memberships.get(), 1))
+    person = _person(request, "make a team")
+    team = teams.team_create(person=person, name=payload.name)
+    return Status(201, _memberships(person).get(team=team))
 
 
-def _detail(actor: Actor) -> dict:
-    team, me = actor.team, actor.membership
-    out = _team_out(me, _counts([team.pk]).get(team.pk, 1))
-    cap = me.monthly_cap
-    out.update(share=team.share, gpu_limit=team.gpu_limit, gpu_cap=me.gpu_cap,
-               monthly_cap=None if cap is None else str(cap))  # fmt: skip
-    return out
+def _detail(actor: Actor) -> TeamMember:
+    return _memberships(actor.person).get(pk=actor.membership.pk)
 
 
 @router.get("/{team_id}", response=_responses(200, TeamDetailOut), summary="A team")
@@ -328,10 +385,11 @@ def team_leave(request, team_id: Id, payload: Parting = None):
 
 @router.get("/{team_id}/members", response=_responses(200, list[MemberOut]),
             summary="A team's members")  # fmt: skip
+@paginate(Pages, items="members")
 def team_members(request, team_id: Id):
+    """Everyone in it, by when they joined; caps shown to admins and to oneself."""
     actor = _actor(request, team_id)
-    rows = actor.team.memberships.select_related("person").order_by("joined_at", "id")
-    return [_member_out(actor, m) for m in rows]
+    return actor.team.memberships.select_related("person").order_by("joined_at", "id")
 
 
 @router.patch("/{team_id}/members/{member_id}", response=_responses(200, MemberOut),
@@ -340,7 +398,7 @@ def team_member_role(request, team_id: Id, member_id: Id, payload: RoleChange):
     """Admins change members and viewers; the owner also admins."""
     actor = _actor(request, team_id)
     member = teams.member_set_role(actor=actor, member=_member(actor, member_id), role=payload.role)
-    return _member_out(actor, member)
+    return member
 
 
 @router.put("/{team_id}/members/{member_id}/caps", response=_responses(200, MemberOut),
@@ -355,7 +413,7 @@ def team_member_caps(request, team_id: Id, member_id: Id, payload: Caps):
         monthly_cap=_money(payload.monthly_cap) if "monthly_cap" in given else member.monthly_cap,
         gpu_cap=payload.gpu_cap if "gpu_cap" in given else member.gpu_cap,
     )  # fmt: skip
-    return _member_out(actor, member)
+    return member
 
 
 @router.delete("/{team_id}/members/{member_id}", response=_responses(200, PartedOut),
@@ -376,11 +434,12 @@ def team_member_remove(
 
 @router.get("/{team_id}/invitations", response=_responses(200, list[InviteOut]),
             summary="A team's open invitations")  # fmt: skip
+@paginate(Pages, items="invitations")
 def team_invites(request, team_id: Id):
     """Admins and the owner."""
     actor = _actor(request, team_id)
     actor.require(Role.ADMIN)
-    return [_invite_out(i) for i in _open_invites().filter(team=actor.team).order_by("-created_at")]
+    return _open_invites().filter(team=actor.team).order_by("-created_at", "-id")
 
 
 @router.post("/{team_id}/invitations", response=_responses(201, NewInviteOut),
@@ -393,7 +452,8 @@ def team_invite_create(request, team_id: Id, payload: NewInvite):
         actor=actor, role=payload.role, login=payload.login or "", days=payload.days
     )
     invite = _open_invites().get(pk=invite.pk)
-    return Status(201, _invite_out(invite, token or None))
+    invite.token_once = token
+    return Status(201, invite)
 
 
 @router.delete("/{team_id}/invitations/{invite_id}", response={204: None, **_ERRORS},

@@ -435,6 +435,20 @@ def test_every_command_prints_json_under_json_and_its_errors_too(console_url, al
         ("notify", "remove"): ([missing], 1),
         ("notify", "test"): ([missing], 1),
         ("notify", "log"): ([missing], 1),
+        ("teams", "list"): ([], 0),
+        ("teams", "create"): ([" "], 1),
+        ("teams", "show"): (["nope"], 1),
+        ("teams", "members"): (["nope"], 1),
+        ("teams", "invitations"): ([], 0),
+        ("teams", "invite"): (["nope", "--link"], 1),
+        ("teams", "revoke"): (["nope", missing], 1),
+        ("teams", "role"): (["nope", "bob", "viewer"], 1),
+        ("teams", "caps"): (["nope", "bob", "--gpus", 1], 1),
+        ("teams", "remove"): (["nope", "bob"], 1),
+        ("teams", "leave"): (["nope"], 1),
+        ("teams", "accept"): (["sli_nope"], 1),
+        ("teams", "decline"): ([missing], 1),
+        ("teams", "use"): (["nope"], 1),
     }
     leaves = {path for path, c in _commands(suanli) if path and not hasattr(c, "commands")}
     assert leaves == set(rows), "a command without a row here"

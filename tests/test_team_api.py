@@ -74,7 +74,8 @@ def test_a_researcher_makes_a_team_lists_it_and_renames_it(alice, bob):
     assert api("post", "teams", {"name": " "}) == (400, {"error": "Give the team a name.",
                                                           "fields": {}})  # fmt: skip
     status, listed = api("get", "teams")
-    assert status == 200 and [t["id"] for t in listed] == [made["id"]]
+    assert status == 200 and [t["id"] for t in listed["teams"]] == [made["id"]]
+    assert listed["count"] == 1 and listed["pages"] == 1
     status, shown = api("get", f"teams/{made['id']}")
     assert status == 200 and shown["share"] == 1 and shown["gpu_limit"] is None
     assert shown["monthly_cap"] is None
@@ -82,7 +83,7 @@ def test_a_researcher_makes_a_team_lists_it_and_renames_it(alice, bob):
     assert status == 200 and renamed["name"] == "Vision"
     # Bob is not in it: every path of it is 404, as a team that does not exist.
     bobs = Api(bob)
-    assert bobs("get", "teams") == (200, [])
+    assert bobs("get", "teams")[1]["teams"] == []
     for method, path in (("get", ""), ("patch", ""), ("get", "/members"),
                          ("get", "/invitations"), ("post", "/leave")):  # fmt: skip
         status, said = bobs(method, f"teams/{made['id']}{path}", {"name": "x"})
@@ -110,7 +111,7 @@ def test_each_role_is_refused_what_the_role_above_it_may_do(alice, lab):
     assert owner("patch", f"{t}/members/{member_id(lab, 'ada')}", {"role": "owner"})[0] == 400
     # Every role reads the team and its members; caps are shown to admins and to oneself.
     status, rows = viewer("get", f"{t}/members")
-    assert status == 200 and [r["login"] for r in rows] == ["alice", "ada", "mo", "vi"]
+    assert status == 200 and [r["login"] for r in rows["members"]] == ["alice", "ada", "mo", "vi"]
     assert viewer("get", t)[0] == 200
 
 
@@ -124,9 +125,9 @@ def test_the_owner_sets_caps_and_they_show_to_the_member_alone(alice, lab):
     assert owner("put", path, {"monthly_cap": "-1"})[1]["error"] == "A budget cannot be negative."
     assert owner("put", path, {"gpu_cap": "two"})[0] == 400
     assert member("get", f"teams/{lab.pk}")[1]["monthly_cap"] == "800.00"
-    mine = {r["login"]: r for r in member("get", f"teams/{lab.pk}/members")[1]}
+    mine = {r["login"]: r for r in member("get", f"teams/{lab.pk}/members")[1]["members"]}
     assert mine["mo"]["gpu_cap"] == 2
-    theirs = {r["login"]: r for r in viewer("get", f"teams/{lab.pk}/members")[1]}
+    theirs = {r["login"]: r for r in viewer("get", f"teams/{lab.pk}/members")[1]["members"]}
     assert theirs["mo"]["gpu_cap"] is None and theirs["mo"]["monthly_cap"] is None
     status, row = owner("put", path, {"monthly_cap": None, "gpu_cap": None})
     assert status == 200 and row["monthly_cap"] is None
@@ -139,6 +140,7 @@ def test_invitations_by_link_and_by_login_through_the_api(alice, bob, lab):
     assert status == 201 and link["token"].startswith("sli_") and link["login"] is None
     assert owner("post", f"{t}/invitations", {"days": 31})[0] == 400
     status, listed = owner("get", f"{t}/invitations")
+    listed = listed["invitations"]
     assert [i["id"] for i in listed] == [link["id"]] and "token" not in listed[0]
     assert not TeamInvite.objects.filter(digest=link["token"]).exists()  # only its digest
 
@@ -152,8 +154,9 @@ def test_invitations_by_link_and_by_login_through_the_api(alice, bob, lab):
     assert status == 201 and to_carol["token"] is None and to_carol["login"] == "carol"
     assert owner("post", f"{t}/invitations", {"login": "nobody"})[0] == 400
     carols, daves = Api(carol), Api(dave)
-    assert [i["id"] for i in carols("get", "teams/invitations")[1]] == [to_carol["id"]]
-    assert daves("get", "teams/invitations") == (200, [])
+    mine = carols("get", "teams/invitations")[1]["invitations"]
+    assert [i["id"] for i in mine] == [to_carol["id"]] and mine[0]["team_name"] == lab.name
+    assert daves("get", "teams/invitations")[1]["invitations"] == []
     assert daves("post", f"teams/invitations/{to_carol['id']}/accept")[0] == 404
     assert carols("post", f"teams/invitations/{to_carol['id']}/accept")[1]["role"] == "viewer"
 
@@ -194,7 +197,7 @@ def test_a_token_made_for_a_team_acts_for_it_and_no_other(alice, lab, make_clust
     mine = make_cluster(owner=who("mo"), name="mine")
     status, rows = for_lab("get", "clusters")
     assert status == 200 and [c["id"] for c in rows["clusters"]] == [ours.pk]
-    assert [t["id"] for t in for_lab("get", "teams")[1]] == [lab.pk]
+    assert [t["id"] for t in for_lab("get", "teams")[1]["teams"]] == [lab.pk]
     # It acts for its team only: not for another by the header, nor for its maker alone.
     status, said = Api(alice, team=lab, header=other.pk)("get", "clusters")
     assert status == 403 and "X-Suanli-Team" in said["error"]

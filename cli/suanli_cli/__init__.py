@@ -23,6 +23,7 @@ from suanli_cli import (  # noqa: F401 (each registers its commands)
     ssh,
     subscriptions,
     sweeps,
+    teams,
 )
 from suanli_cli.main import cli, main
 from suanli_cli.version import VERSION as __version__

@@ -97,6 +97,21 @@ def write_config(data: dict) -> Path:
     return path
 
 
+TEAM_HEADER = "X-Suanli-Team"
+
+
+def team_asked(config: dict) -> str:
+    """The team to act for: `suanli --team`, else SUANLI_TEAM, else the saved `team` ("" or
+    `--team me`: yourself)."""
+    ctx = click.get_current_context(silent=True)
+    given = ((ctx.find_root().obj or {}) if ctx else {}).get("team")
+    if given is None:
+        given = os.environ.get("SUANLI_TEAM")
+    if given is None:
+        given = config.get("team") or ""
+    return "" if given.strip() in ("", "me") else given.strip()
+
+
 def normalise_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if url.endswith(API):
@@ -118,13 +133,37 @@ class Api:
         self.session.headers["User-Agent"] = "suanli-cli"
 
     @classmethod
-    def from_config(cls) -> Api:
+    def from_config(cls, *, acting: bool = True) -> Api:
+        """The saved (or SUANLI_URL/SUANLI_TOKEN) login; acting for the team that `--team`,
+        SUANLI_TEAM or the saved `team` names (sent as X-Suanli-Team), unless `acting` is
+        false (the teams commands name their team themselves)."""
         config = read_config()
         url = os.environ.get("SUANLI_URL") or config.get("url")
         token = os.environ.get("SUANLI_TOKEN") or config.get("token")
         if not url or not token:
             raise Failure("not logged in: run suanli login (or set SUANLI_URL and SUANLI_TOKEN).")
-        return cls(url, token)
+        api = cls(url, token)
+        team = team_asked(config) if acting else ""
+        if team:
+            api.session.headers[TEAM_HEADER] = str(api.team_by_ref(team)["id"])
+        return api
+
+    def team_by_ref(self, ref: str) -> dict:
+        """One of your teams by its name or id (asked without acting for any team)."""
+        ref = str(ref).strip()
+        acting = self.session.headers.pop(TEAM_HEADER, None)
+        try:
+            rows = all_pages(self, "teams", "teams")
+        finally:
+            if acting is not None:
+                self.session.headers[TEAM_HEADER] = acting
+        named = [t for t in rows if t["name"] == ref] or [t for t in rows if str(t["id"]) == ref]
+        if len(named) > 1:
+            ids = ", ".join(str(t["id"]) for t in named)
+            raise Failure(f"you are in several teams named {ref!r} ({ids}): give its id.")
+        if not named:
+            raise Failure(f"you are in no team named {ref!r} (nor one with that id).")
+        return named[0]
 
     def get(self, path: str, what: str = "", **params) -> dict:
         return self.call("GET", path, what, params=params or None)
@@ -132,8 +171,14 @@ class Api:
     def post(self, path: str, what: str = "", body: dict | None = None) -> dict:
         return self.call("POST", path, what, json=body or {})
 
-    def delete(self, path: str, what: str = "") -> dict:
-        return self.call("DELETE", path, what)
+    def patch(self, path: str, what: str = "", body: dict | None = None) -> dict:
+        return self.call("PATCH", path, what, json=body or {})
+
+    def put(self, path: str, what: str = "", body: dict | None = None) -> dict:
+        return self.call("PUT", path, what, json=body or {})
+
+    def delete(self, path: str, what: str = "", **params) -> dict:
+        return self.call("DELETE", path, what, params=params or None)
 
     def call(self, method: str, path: str, what: str, **kwargs) -> dict:
         """The answer's JSON, or a Failure that says what went wrong in words."""

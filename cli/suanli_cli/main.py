@@ -39,6 +39,13 @@ def _version(ctx, param, value) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts).")
 @click.option(
+    "--team",
+    metavar="NAME|ID",
+    default=None,
+    help="Act for one of your teams (its name or id; `me`: yourself). Default: SUANLI_TEAM, "
+    "else the team saved by `suanli teams use`.",
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -47,13 +54,14 @@ def _version(ctx, param, value) -> None:
     help="Show the version and exit.",
 )
 @click.pass_context
-def cli(ctx, as_json):
-    """Suanli's GPU clusters, jobs, pools, sweeps, SSH keys, images and balance from the
-    command line.
+def cli(ctx, as_json, team):
+    """Suanli's GPU clusters, jobs, pools, sweeps, SSH keys, images, teams and balance from
+    the command line.
 
     Start with `suanli login`; SUANLI_URL and SUANLI_TOKEN override the saved login.
+    `--team NAME` (or SUANLI_TEAM) acts for one of your teams.
     """
-    ctx.obj = {"json": as_json}
+    ctx.obj = {"json": as_json, "team": team}
 
 
 @cli.command()
