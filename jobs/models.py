@@ -893,6 +893,9 @@ class Node(models.Model):
                 name="node_unique_live_index",
             )
         ]
+        # Fair share reads the nodes live or ended in its window every pass (placement's
+        # fairshare.recent_usage): not the whole history.
+        indexes = [models.Index(fields=["released_at"], name="node_released_idx")]
 
     def __str__(self) -> str:
         return f"{self.cluster.name}/node{self.index}"
