@@ -20,6 +20,7 @@ from console import (
     views_subscriptions,
     views_sweeps,
     views_webhooks,
+    views_teams,
 )
 from console.powers import queue_pages
 
@@ -40,6 +41,42 @@ urlpatterns = [
     path("settings/", views_account.account_settings, name="account_settings"),
     path("acting/", acting.act_for, name="act_for"),
     path("storage/", views_storage.storage_page, name="storage"),
+    path("teams/", views_teams.team_list, name="teams"),
+    path("teams/join/<str:token>/", views_teams.team_join, name="team_join"),
+    path(
+        "teams/invitations/<int:invite_id>/answer/",
+        views_teams.invite_answer,
+        name="team_invite_answer",
+    ),
+    path("teams/<int:team_id>/", views_teams.team_detail, name="team_detail"),
+    path("teams/<int:team_id>/rename/", views_teams.team_rename, name="team_rename"),
+    path("teams/<int:team_id>/invite/", views_teams.team_invite, name="team_invite"),
+    path(
+        "teams/<int:team_id>/invitations/<int:invite_id>/revoke/",
+        views_teams.team_invite_revoke,
+        name="team_invite_revoke",
+    ),
+    path(
+        "teams/<int:team_id>/members/<int:member_id>/role/",
+        views_teams.member_role,
+        name="team_member_role",
+    ),
+    path(
+        "teams/<int:team_id>/members/<int:member_id>/caps/",
+        views_teams.member_caps,
+        name="team_member_caps",
+    ),
+    path(
+        "teams/<int:team_id>/members/<int:member_id>/owner/",
+        views_teams.member_owner,
+        name="team_member_owner",
+    ),
+    path(
+        "teams/<int:team_id>/members/<int:member_id>/remove/",
+        views_teams.member_remove,
+        name="team_member_remove",
+    ),
+    path("teams/<int:team_id>/leave/", views_teams.team_leave, name="team_leave"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/new/", views.cluster_new, name="cluster_new"),
     path("clusters/<int:cluster_id>/", views.cluster_detail, name="cluster_detail"),
@@ -69,6 +106,16 @@ urlpatterns = [
     ),
     path("clusters/<int:cluster_id>/start/", views.cluster_start, name="cluster_start"),
     path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
+    path(
+        "clusters/<int:cluster_id>/people/add/",
+        views_teams.cluster_person_add,
+        name="cluster_person_add",
+    ),
+    path(
+        "clusters/<int:cluster_id>/people/<int:person_id>/remove/",
+        views_teams.cluster_person_remove,
+        name="cluster_person_remove",
+    ),
     path("pools/", views_pools.pool_list, name="pool_list"),
     path("pools/new/", views_pools.pool_new, name="pool_new"),
     path("pools/<int:pool_id>/", views_pools.pool_detail, name="pool_detail"),

@@ -49,6 +49,9 @@ KINDS = {
     "host-draining": gettext_lazy("host draining"),
     "host-degraded": gettext_lazy("host degraded"),
     "host-down": gettext_lazy("host down"),
+    "handed": gettext_lazy("handed on"),
+    "member-added": gettext_lazy("person added"),
+    "member-removed": gettext_lazy("person removed"),
     # jobs
     "queued": gettext_lazy("queued"),
     "succeeded": gettext_lazy("succeeded"),

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
@@ -319,3 +320,63 @@ def _part(member: TeamMember, *, clusters: str, by: str) -> dict:
 
 
 _GONE = (Cluster.State.RELEASED, Cluster.State.FAILED)
+
+
+def _may_change_people(actor: Actor, cluster: Cluster) -> None:
+    """404 when the actor cannot see `cluster`; 403 unless it is an admin of the team or
+    the person who made the cluster (and still a member); refused for a cluster of no team."""
+    if not actor.sees(cluster):
+        raise Http404(_("No such cluster."))
+    if actor.team is None:
+        raise ValidationError(_("Only a team's cluster has people added to it."), code="team")
+    if not actor.may_change(cluster):
+        actor.require(Role.ADMIN)  # says in words which role it needs
+
+
+def cluster_member_add(*, actor: Actor, cluster: Cluster, person) -> None:
+    """Let a member of the team see and log in to `cluster` (with their own SSH keys)."""
+    _may_change_people(actor, cluster)
+    if not actor.team.memberships.filter(person=person).exists():
+        raise ValidationError(
+            _("%(login)s is not in %(team)s.")
+            % {"login": person.get_username(), "team": actor.team.name},
+            code="not_member",
+        )
+    with transaction.atomic():
+        if cluster.members.filter(pk=person.pk).exists():
+            raise ValidationError(
+                _("%(login)s is already on this cluster.") % {"login": person.get_username()},
+                code="duplicate",
+            )
+        cluster.members.add(person)
+        cluster_event(
+            cluster, "member-added",
+            Text(
+                gettext_noop("%(by)s added %(who)s to the cluster"),
+                by=actor.person.get_username(), who=person.get_username(),
+            ),
+        )  # fmt: skip
+
+
+def cluster_member_remove(*, actor: Actor, cluster: Cluster, person) -> None:
+    """Take a person off `cluster`: they no longer see it (unless an admin), their SSH keys
+    are detached from it, and their open sessions on the team's things are told to end."""
+    _may_change_people(actor, cluster)
+    with transaction.atomic():
+        if not cluster.members.filter(pk=person.pk).exists():
+            raise ValidationError(
+                _("%(login)s is not on this cluster.") % {"login": person.get_username()},
+                code="missing",
+            )
+        cluster.members.remove(person)
+        cluster.ssh_keys.remove(*cluster.ssh_keys.filter(owner=person))
+        cluster_event(
+            cluster, "member-removed",
+            Text(
+                gettext_noop("%(by)s took %(who)s off the cluster (their SSH keys detached)"),
+                by=actor.person.get_username(), who=person.get_username(),
+            ),
+        )  # fmt: skip
+    transaction.on_commit(
+        lambda: announce_revoked(person_id=person.pk, principal_id=cluster.owner_id)
+    )
