@@ -30,8 +30,9 @@ from console.admin_site import may_operate
 from console.asgi import application
 from console.models import ApiToken
 from console.routing import websocket_urlpatterns
-from jobs.models import Cluster, ImageBuild, Job
+from jobs.models import Cluster, ImageBuild, Job, Team
 from jobs.placement import scheduler
+from jobs.teams import services as teams
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +49,8 @@ OPERATOR_PAGES = {
     "ops_host_check": ("POST", ["jobs.change_host"]),
     "ops_host_add": ("GET", ["jobs.add_host"]),
     "ops_host_join_revoke": ("POST", ["jobs.add_host"]),
+    "ops_teams": ("GET", ["jobs.view_team"]),
+    "ops_team": ("GET", ["jobs.view_team"]),
 }
 # Another researcher's job: the owner's pages, open to whoever holds the permission;
 # anyone else gets the 404 every other researcher gets (its existence is not revealed).
@@ -83,6 +86,11 @@ OWN = {
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
     "storage", "cluster_shutdown", "cluster_shutdown_clear",
     "gpu_subscriptions", "gpu_subscription_cancel",
+    # Teams: a team's pages go through the person's membership (tests/test_team_pages.py).
+    "act_for", "teams", "team_join", "team_invite_answer", "team_detail", "team_rename",
+    "team_invite", "team_invite_revoke", "team_member_role", "team_member_caps",
+    "team_member_owner", "team_member_remove", "team_leave", "cluster_person_add",
+    "cluster_person_remove",
 }  # fmt: skip
 # No session at all: the join scripts are public, the join endpoints answer token and
 # credential holders only, whoever is signed in (tests/test_host_join.py).
@@ -103,6 +111,11 @@ API_OWN = {
     "gpu_subscription_delete", "notification_channels", "notification_channel_add",
     "notification_channel", "notification_channel_change", "notification_channel_delete",
     "notification_channel_test", "notification_channel_deliveries",
+    # Teams: through the caller's membership, 404 outside it (tests/test_team_api.py).
+    "team_invitations_mine", "team_invitation_accept_token", "team_invitation_accept",
+    "team_invitation_decline", "teams_list", "team_create", "team", "team_rename",
+    "team_leave", "team_members", "team_member_role", "team_member_caps", "team_member_remove",
+    "team_invites", "team_invite_create", "team_invite_revoke",
 }  # fmt: skip
 # The websockets, by the route's first words: the permission that opens another
 # researcher's, or None where only the owner ever may.
@@ -202,6 +215,10 @@ def _call(client, method, url, data=None):
 
 
 def _operator_args(name, paper_host) -> list:
+    if name == "ops_team":  # a team's page: one team, made once
+        owner, _ = get_user_model().objects.get_or_create(username="tess")
+        team = Team.objects.filter(name="Tess lab").first()
+        return [(team or teams.team_create(person=owner, name="Tess lab")).pk]
     return [paper_host.pk] if name.startswith("ops_host_") and name != "ops_host_add" else []
 
 
