@@ -88,9 +88,10 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "console.preferences.UserLocale",
-    # request.actor: whom the person acts for (themselves or a team), checked per request.
-    "console.acting.ActingFor",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # request.actor: whom the person acts for (themselves or a team), checked per request;
+    # after messages, which say to a removed member that they act for themselves again.
+    "console.acting.ActingFor",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last: turns a log-in refused for too many failures into the lock's page (console/auth.py).
     "axes.middleware.AxesMiddleware",
