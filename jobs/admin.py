@@ -1,6 +1,7 @@
 """The fleet in the Django admin. Operators' actions on running work are permissions of
 their own (jobs.Host / jobs.Cluster Meta): drain_host (drain and undrain), reclaim_spot,
-preempt_cluster, release_cluster; checking an engine needs change_host. Staff who may only
+preempt_cluster, release_cluster; checking an engine needs change_host; a team's fair share
+and GPU limit need manage_teams (its members and invitations are the team's own: read-only). Staff who may only
 view see no such action, and posting one anyway is refused with 403. Jobs are read-only
 here (view_job): their owners start and stop them.
 
@@ -45,6 +46,9 @@ from jobs.models import (
     PublicDataset,
     SshKey,
     Sweep,
+    Team,
+    TeamInvite,
+    TeamMember,
 )
 
 
@@ -668,3 +672,55 @@ class PublicDatasetAdmin(ActionsNeedPermissions, admin.ModelAdmin):
     @admin.action(description=gettext_lazy("Measure size again"), permissions=["change"])
     def measure(self, request, queryset):
         self._each(request, queryset, pub.dataset_measure, _("Measured: %(names)s."))
+
+
+class TeamMemberInline(ReadOnlyInline):
+    model = TeamMember
+    fields = ["person", "role", "monthly_cap", "gpu_cap", "joined_at"]
+    readonly_fields = fields
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    """Teams are made, joined and left by researchers (jobs/teams/services.py); an operator
+    changes only the two figures that are theirs, fair share and GPU limit, and only with
+    manage_teams (change_team alone is not enough: a team's weight is a power of its own)."""
+
+    list_display = ["name", "principal", "share", "gpu_limit", "created_at"]
+    search_fields = ["name", "principal__username", "memberships__person__username"]
+    fields = ["name", "principal", "share", "gpu_limit", "created_at"]
+    readonly_fields = ["name", "principal", "created_at"]
+    inlines = [TeamMemberInline]
+    list_select_related = ["principal"]
+
+    def has_add_permission(self, request):
+        return False  # a researcher makes a team: its principal account comes with it
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # its account holds a ledger and clusters
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm("jobs.manage_teams")
+
+
+@admin.register(TeamMember)
+class TeamMemberAdmin(ReadOnlyAdmin):
+    """Roles and caps are the owner's (the team's pages, API and CLI); removal closes
+    sessions at once there (jobs/teams/services.member_remove): never by deleting a row."""
+
+    list_display = ["team", "person", "role", "monthly_cap", "gpu_cap", "joined_at"]
+    list_filter = ["role"]
+    search_fields = ["team__name", "person__username"]
+    list_select_related = ["team", "person"]
+
+
+@admin.register(TeamInvite)
+class TeamInviteAdmin(ReadOnlyAdmin):
+    """Open, used, revoked and expired invitations; a link's token is never stored (its
+    digest is not shown either)."""
+
+    list_display = ["team", "role", "login", "created_by", "created_at", "expires_at",
+                    "accepted_at", "revoked_at"]  # fmt: skip
+    exclude = ["digest"]
+    search_fields = ["team__name", "login__username"]
+    list_select_related = ["team", "login", "created_by"]

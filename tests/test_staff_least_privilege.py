@@ -239,7 +239,8 @@ def test_each_operator_page_opens_with_its_permission(client, nils, paper_host):
             continue  # the POST actions: tests/test_operator_permissions.py
         user = _grant(get_user_model().objects.create_user(name, is_staff=True), *perms)
         client.force_login(user)
-        assert client.get(reverse(name)).status_code == 200, name
+        url = reverse(name, args=_operator_args(name, paper_host))
+        assert client.get(url).status_code == 200, name
 
 
 def test_another_researchers_job_is_404_to_staff_without_the_permission(client, staff, job):
