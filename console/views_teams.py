@@ -366,10 +366,12 @@ def team_leave(request, team_id: int):
 
 
 def _cluster_person(request, cluster_id: int, person_id):
-    cluster = fleet.cluster_for_user(request.actor, cluster_id)  # 404 unless visible
-    person = (
-        get_user_model().objects.filter(pk=person_id).first() if str(person_id).isdigit() else None
-    )
+    """The cluster (404 unless the actor sees it) and a person of the actor's team (any
+    other id is refused alike, naming nobody: no login is learnt by trying ids)."""
+    cluster = fleet.cluster_for_user(request.actor, cluster_id)
+    team, person = request.actor.team, None
+    if team is not None and str(person_id).isdigit():
+        person = get_user_model().objects.filter(pk=person_id, team_memberships__team=team).first()
     if person is None:
         raise ValidationError(_("Choose a member of the team."))
     return cluster, person

@@ -11,6 +11,8 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.http import Http404
 from django.urls import reverse
 from django.utils import timezone
 
@@ -319,7 +321,7 @@ def test_admins_and_the_clusters_maker_add_and_take_off_team_people(client, lab,
     assert "vi added to the cluster" in words(added)
     assert set(cluster.members.values_list("username", flat=True)) == {"mo", "vi"}
     refused = client.post(add, {"person": bob.pk}, follow=True)
-    assert "bob is not in 张老师课题组" in words(refused)
+    assert "Choose a member of the team" in words(refused) and "bob" not in words(refused)
     # vi (viewer, now on it) sees the cluster but may not change its people: 403
     as_(client, "vi").post(reverse("act_for"), {"team": lab.pk, "next": "/"})
     page = words(client.get(reverse("cluster_detail", args=[cluster.pk])))
@@ -355,6 +357,12 @@ def test_taking_a_person_off_detaches_their_ssh_keys_from_the_cluster(client, la
     teams.cluster_member_remove(actor=ada, cluster=cluster, person=user("mo"))
     assert not cluster.ssh_keys.filter(pk=key.pk).exists()
     assert not cluster.members.filter(username="mo").exists()
+    with pytest.raises(ValidationError, match="carol is not in 张老师课题组"):
+        teams.cluster_member_add(actor=ada, cluster=cluster, person=person("carol"))
+    with pytest.raises(Http404):  # mo, off it and a member, no longer sees it
+        teams.cluster_member_add(
+            actor=Actor.for_team(user("mo"), lab.pk), cluster=cluster, person=user("mo")
+        )
 
 
 # The switcher
