@@ -223,13 +223,17 @@ def _acting_for(request, row: ApiToken) -> Actor:
     once they are no longer a member it is refused like a revoked one (not counted as a
     failed log-in), and it never acts for another team. A personal token acts for its
     owner, or with `X-Suanli-Team: <id>` for that team while they are a member. A team's
-    principal never holds a token (ApiToken.issue refuses it): one found is refused."""
+    token made before its maker's membership began (they were removed and invited again)
+    stays refused: removal ends it for good. A team's principal never holds a token
+    (ApiToken.issue refuses it): one found is refused."""
     asked = request.headers.get(TEAM_HEADER, "").strip()
     if row.team_id:
         try:
             actor = Actor.for_team(row.user, row.team_id)
         except Http404:
             raise NoToken("This token is not valid (unknown or revoked).") from None
+        if row.created_at < actor.membership.joined_at:  # made before a removal: stays dead
+            raise NoToken("This token is not valid (unknown or revoked).")
         if asked and asked != str(row.team_id):
             raise OtherTeam
         return actor

@@ -9,6 +9,7 @@ import json
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.http import Http404
 from django.test import Client
 
 from console.models import ApiToken
@@ -233,8 +234,14 @@ def test_a_removed_members_tokens_for_the_team_stop_at_once(alice, lab):
     status, said = for_lab("get", "clusters")
     assert status == 401 and "not valid" in said["error"]
     assert personal("get", "clusters") == (404, {"error": "No such team.", "fields": {}})
-    with pytest.raises(Exception):  # noqa: B017 (Http404: no longer a member)
+    with pytest.raises(Http404):  # no longer a member
         ApiToken.issue(user=who("mo"), name="again", team=lab)
+    # Invited again, the old token stays dead: removal ended it for good; a new one works.
+    invite, _ = teams.invite_create(actor=Actor.for_team(alice, lab.pk), role="member", login="mo")
+    teams.invite_accept(person=who("mo"), invite=invite)
+    assert for_lab("get", "clusters")[0] == 401
+    assert Api(who("mo"), team=lab)("get", "clusters")[0] == 200
+    assert personal("get", "clusters")[0] == 200
 
 
 def test_a_team_s_principal_never_holds_a_token(alice, lab):
