@@ -387,7 +387,9 @@ def test_the_switcher_shows_for_team_people_and_the_badge_says_whom_they_act_for
 
 @pytest.mark.browser
 @pytest.mark.django_db(transaction=True)  # the live server's thread reads committed rows
-def test_the_team_pages_and_the_switcher_in_chromium(browser, live_server, alice):
+def test_the_team_pages_and_the_switcher_in_chromium(
+    browser, live_server, alice, make_cluster, paper_host
+):
     team = teams.team_create(person=alice, name="张老师课题组")
     owner = Actor.for_team(alice, team.pk)
     for name, role in (("ada", Role.ADMIN), ("mo", Role.MEMBER)):
@@ -399,6 +401,8 @@ def test_the_team_pages_and_the_switcher_in_chromium(browser, live_server, alice
     )
     _, token = teams.invite_create(actor=owner, role=Role.MEMBER)
     person("newbie")
+    cluster = make_cluster(team.principal, "mo-run", created_by=user("mo"))
+    scheduler.place_pending()
     other = teams.team_create(person=person("zhang"), name="Vision lab")
     teams.invite_create(
         actor=Actor.for_team(user("zhang"), other.pk), role=Role.VIEWER, login="alice"
@@ -409,6 +413,7 @@ def test_the_team_pages_and_the_switcher_in_chromium(browser, live_server, alice
             page = context.new_page()
             login(page, live_server, "alice", "alice-pass-123")
             _shoot_teams(page, live_server, team, f"{language}-{width}")
+            _shoot_people(page, live_server, cluster, f"{language}-{width}")
             context.close()
             _shoot_join(browser, live_server, token, width, locale, f"{language}-{width}")
 
@@ -430,6 +435,21 @@ def _shoot_teams(page, live_server, team, tag):
     page.select_option("[data-testid=acting-select]", "")
     page.wait_for_selector("[data-testid=acting-bar]", state="detached")
     assert page.url == f"{live_server.url}/teams/{team.pk}/", "back where it was switched"
+
+
+def _shoot_people(page, live_server, cluster, tag):
+    """The team cluster's People card, acting for the team: alice (owner) adds ada."""
+    page.select_option("[data-testid=acting-select]", str(cluster.owner.team.pk))
+    page.wait_for_selector("[data-testid=acting-bar]")
+    page.goto(f"{live_server.url}/clusters/{cluster.pk}/")
+    if page.locator("[data-testid=person-remove-ada]").count() == 0:
+        page.select_option("#id_person", label="ada")
+        page.click("[data-testid=person-add]")
+        page.wait_for_selector("[data-testid=person-remove-ada]")
+    _fits(page, f"cluster-people-{tag}")
+    page.get_by_test_id("cluster-people").screenshot(
+        path=os.path.join(SHOTS, f"cluster-people-card-{tag}.png")
+    )
 
 
 def _shoot_join(browser, live_server, token, width, locale, tag):
