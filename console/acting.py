@@ -6,7 +6,7 @@ each time, so that a removed member's next page acts for themselves again (and s
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest
+from django.http import HttpRequest
 from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
@@ -18,19 +18,23 @@ SESSION_KEY = "suanli_acting_for"
 
 
 def actor_of(request: HttpRequest) -> Actor:
-    """The request's actor (also for websockets' scope, through the same session key)."""
+    """The request's actor. One query reads the person's memberships, for both the actor
+    and the switcher (`request.my_teams`), so that a page costs one query for teams."""
     user = request.user
+    if not user.is_authenticated:
+        return Actor.of(user)
+    request.my_teams = list(teams_of(user))
     team_id = request.session.get(SESSION_KEY) if hasattr(request, "session") else None
-    if team_id is None or not user.is_authenticated:
+    if team_id is None:
         return Actor.of(user)
-    try:
-        return Actor.for_team(user, team_id)
-    except Http404:
-        request.session.pop(SESSION_KEY, None)
-        messages.warning(
-            request, _("You are no longer a member of that team: you act for yourself again.")
-        )
-        return Actor.of(user)
+    member = next((m for m in request.my_teams if m.team_id == team_id), None)
+    if member is not None:
+        return Actor.of_membership(member, user)
+    request.session.pop(SESSION_KEY, None)
+    messages.warning(
+        request, _("You are no longer a member of that team: you act for yourself again.")
+    )
+    return Actor.of(user)
 
 
 class ActingFor:
@@ -67,4 +71,7 @@ def switcher(request: HttpRequest) -> dict:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    return {"acting": getattr(request, "actor", None), "my_teams": list(teams_of(user))}
+    my_teams = getattr(request, "my_teams", None)
+    if my_teams is None:
+        my_teams = list(teams_of(user))
+    return {"acting": getattr(request, "actor", None), "my_teams": my_teams}

@@ -55,8 +55,14 @@ class Actor:
             )
         except (TeamMember.DoesNotExist, TypeError, ValueError):
             raise Http404(_("No such team.")) from None
+        return cls.of_membership(member, person)
+
+    @classmethod
+    def of_membership(cls, member: TeamMember, person=None) -> "Actor":
+        """The member acting for their team (`member` read with its team and principal;
+        `person`: the member's user when the caller holds it already)."""
         return cls(
-            person=person, principal=member.team.principal, team=member.team,
+            person=person or member.person, principal=member.team.principal, team=member.team,
             role=member.role, membership=member,
         )  # fmt: skip
 
@@ -152,3 +158,23 @@ def teams_of(person) -> QuerySet[TeamMember]:
 def is_team_principal(user) -> bool:
     """A team's principal: nobody logs in as it, no token is made for it."""
     return Team.objects.filter(principal_id=user.pk).exists()
+
+
+def actor_on(person, cluster: Cluster) -> Actor | None:
+    """`person` as they reach `cluster` from outside the console's pages (an SSH key, an
+    app origin's cookie), where no acting-for choice was made: for themselves on their
+    own cluster, as a member of the team that owns it (their role now) on a team's; None
+    for anyone else (a stranger, a removed member)."""
+    if cluster.owner_id == person.pk:
+        return Actor.of(person)
+    member = (
+        TeamMember.objects.select_related("team", "team__principal")
+        .filter(team__principal_id=cluster.owner_id, person=person)
+        .first()
+    )
+    if member is None:
+        return None
+    return Actor(
+        person=person, principal=member.team.principal, team=member.team, role=member.role,
+        membership=member,
+    )  # fmt: skip
