@@ -134,10 +134,22 @@ from jobs.models import (
 from jobs.placement import fleet
 from jobs.pools import autoscaler, subscriptions, sweeps
 from jobs.runs import exits
-from jobs.tenancy.actors import Actor, is_team_principal
+from jobs.tenancy.actors import Actor, Role, is_team_principal
 from monitoring import profiles
 
 BY_API = Text(gettext_noop("its owner (API)"))
+
+
+def _actor(request) -> Actor:
+    """Whom the call acts for (the token's researcher, or a team: TokenAuth)."""
+    return request.auth.actor
+
+
+def _by(request):
+    """Who acted, as a timeline says it: its owner (API), or a team's member by login."""
+    actor = _actor(request)
+    return f"{actor.person.get_username()} (API)" if actor.team else BY_API
+
 
 PAGE = 50
 
@@ -462,7 +474,7 @@ def _as_text(value, sep="\n") -> str:
     return str(value)
 
 
-def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
+def _cluster_request(body: NewCluster, owner, *, person=None) -> ClusterRequest:
     """The API's fields as the cluster spec's request, checked there as given. An image is
     a reference: a catalog image's, one of the owner's own images', or any other (a custom
     image, which may not be another researcher's)."""
@@ -485,7 +497,7 @@ def _cluster_request(body: NewCluster, owner) -> ClusterRequest:
         spot=bool(body.spot),
         volumes=_as_text(body.volumes),
         pub=body.pub is not False,
-        ssh_keys=_keys_asked(body, owner),
+        ssh_keys=_keys_asked(body, person or owner),
         workspace=body.workspace is not False,
         release_policy=body.release_policy,  # NewCluster defaults both to the model's
         idle_minutes=body.idle_minutes,
@@ -550,7 +562,7 @@ def _cluster_form_data(body: NewCluster, owner) -> dict:
 @paginate(Pages, items="clusters")
 def clusters(request):
     """Newest first, 50 a page."""
-    return fleet.clusters_for(request.auth.user)
+    return fleet.clusters_for(_actor(request))
 
 
 @api.post(
@@ -562,14 +574,17 @@ def clusters(request):
 def cluster_create(request, payload: NewCluster):
     """The same checks as the form (the cluster spec's), the balance included. The cluster
     is placed when capacity allows; poll it until `state` is `running`."""
-    user = request.auth.user
+    actor = _actor(request)
+    actor.require(Role.MEMBER)
+    user = actor.principal
     try:
-        spec = _cluster_request(payload, user).validate(
-            Offer.of(user), funds=partial(check_funds, user)
+        spec = _cluster_request(payload, user, person=actor.person).validate(
+            Offer.of(user, person=actor.person), funds=partial(check_funds, actor)
         )
     except ValidationError as exc:
         return _refusals(exc.message_dict.items(), _cluster_names(payload))
-    return Status(201, cluster_services.cluster_create(owner=user, spec=spec))
+    made = cluster_services.cluster_create(owner=user, spec=spec, created_by=actor.person)
+    return Status(201, made)
 
 
 @api.get(
@@ -579,7 +594,7 @@ def cluster_create(request, payload: NewCluster):
     summary="A cluster",
 )
 def cluster(request, cluster_id: Id):
-    return fleet.cluster_for_user(request.auth.user, cluster_id)
+    return fleet.cluster_for_user(_actor(request), cluster_id)
 
 
 @api.post(
@@ -590,10 +605,11 @@ def cluster(request, cluster_id: Id):
 )
 def cluster_release(request, cluster_id: Id):
     """Stop its jobs and its billing; the cluster's storage folders stay."""
-    c = fleet.cluster_for_user(request.auth.user, cluster_id)
-    return cluster_services.cluster_release(
-        cluster=c, reason=Text(gettext_noop("released by its owner (API)"))
-    )
+    c = fleet.cluster_to_change(_actor(request), cluster_id)
+    reason = Text(gettext_noop("released by its owner (API)"))
+    if _actor(request).team:
+        reason = Text(gettext_noop("released by %(who)s"), who=_by(request))
+    return cluster_services.cluster_release(cluster=c, reason=reason)
 
 
 @api.post(
@@ -605,8 +621,8 @@ def cluster_release(request, cluster_id: Id):
 def cluster_stop(request, cluster_id: Id):
     """Cancel its jobs, give its GPUs back (not charged from now) and stop its workspaces,
     keeping every file on their hosts until it is started or released."""
-    c = fleet.cluster_for_user(request.auth.user, cluster_id)
-    return cluster_services.cluster_stop(cluster=c, by=BY_API)
+    c = fleet.cluster_to_use(_actor(request), cluster_id)
+    return cluster_services.cluster_stop(cluster=c, by=_by(request))
 
 
 @api.post(
@@ -620,7 +636,7 @@ def cluster_shutdown(request, cluster_id: Id, payload: Shutdown):
     `{"stop_idle_minutes": 30, "stop_idle_below": 5}` after 30 minutes with every GPU under
     5 % (by the monitor's samples: none, no stop). Its files are kept (a stop, not a
     release). A field left out stays; null clears it. The form's checks and words."""
-    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    c = fleet.cluster_to_use(_actor(request), cluster_id)
     given = payload.dict(exclude_unset=True)
     rules = {n: given.get(n, getattr(c, n)) for n in SHUTDOWN_FIELDS}
     try:
@@ -637,7 +653,7 @@ def cluster_shutdown(request, cluster_id: Id, payload: Shutdown):
     summary="Clear its scheduled and idle stop",
 )
 def cluster_shutdown_clear(request, cluster_id: Id):
-    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    c = fleet.cluster_to_use(_actor(request), cluster_id)
     return shutdown.shutdown_set(cluster=c, schedule=Schedule())
 
 
@@ -650,13 +666,13 @@ def cluster_shutdown_clear(request, cluster_id: Id):
 def cluster_start(request, cluster_id: Id, payload: Start = None):
     """On the hosts that keep its workspaces: `{"mode": "gpu"}` (default; 409 when its GPUs
     there are taken, saying so), `"wait"` (in line for them) or `"no_gpu"`."""
-    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    c = fleet.cluster_to_use(_actor(request), cluster_id)
     mode = payload.mode if payload is not None else "gpu"
     short = start_refusal(c, mode)
     if short:
         return _error(400, short)
     try:
-        return cluster_services.cluster_start(cluster=c, mode=mode, by=BY_API)
+        return cluster_services.cluster_start(cluster=c, mode=mode, by=_by(request))
     except cluster_services.StartBlocked as exc:
         return _error(
             409,
@@ -673,7 +689,7 @@ def cluster_start(request, cluster_id: Id, payload: Start = None):
 )
 def cluster_resize(request, payload: Resize, cluster_id: Id):
     """`{"nodes": N}`: the page's resize, with its balance check for more nodes."""
-    c = fleet.cluster_for_user(request.auth.user, cluster_id)
+    c = fleet.cluster_to_change(_actor(request), cluster_id)
     form = ResizeForm(payload.dict(exclude_none=True), cluster=c)
     if not form.is_valid():
         return _fields_error(form)
@@ -689,7 +705,7 @@ def _key_of(user, key_id: int) -> SshKey:
 
 
 def _cluster_keys(cluster) -> dict:
-    keys = cluster.ssh_keys.filter(owner_id=cluster.owner_id).order_by("pk")
+    keys = cluster.ssh_keys.order_by("pk")  # a team cluster's: its people's
     return {"cluster": cluster.pk, "ssh_keys": list(keys)}
 
 
@@ -698,7 +714,7 @@ def _cluster_keys(cluster) -> dict:
 @paginate(Pages, items="ssh_keys")
 def ssh_keys(request):
     """Oldest first, 50 a page."""
-    return SshKey.objects.filter(owner=request.auth.user).order_by("created_at", "pk")
+    return SshKey.objects.filter(owner=_actor(request).person).order_by("created_at", "pk")
 
 
 @api.post("/ssh-keys", tags=["ssh keys"], response=_responses(201, SshKeyOut),
@@ -710,7 +726,7 @@ def ssh_key_add(request, payload: NewSshKey):
     if not form.is_valid():
         return _fields_error(form)
     key = cluster_services.ssh_key_add(
-        owner=request.auth.user, name=form.cleaned_data["name"],
+        owner=_actor(request).person, name=form.cleaned_data["name"],
         public_key=form.cleaned_data["public_key"], is_default=bool(payload.is_default),
     )  # fmt: skip
     return Status(201, key)
@@ -719,7 +735,7 @@ def ssh_key_add(request, payload: NewSshKey):
 @api.patch("/ssh-keys/{key_id}", tags=["ssh keys"], response=_responses(200, SshKeyOut),
            summary="Make a key a default, or not")  # fmt: skip
 def ssh_key_change(request, key_id: Id, payload: SshKeyChange):
-    key = _key_of(request.auth.user, key_id)
+    key = _key_of(_actor(request).person, key_id)
     cluster_services.ssh_key_set_default(key=key, is_default=payload.is_default)
     return key
 
@@ -728,14 +744,14 @@ def ssh_key_change(request, key_id: Id, payload: SshKeyChange):
             summary="Remove an SSH key")  # fmt: skip
 def ssh_key_delete(request, key_id: Id):
     """Detached from every cluster: its next login is refused everywhere."""
-    cluster_services.ssh_key_delete(key=_key_of(request.auth.user, key_id))
+    cluster_services.ssh_key_delete(key=_key_of(_actor(request).person, key_id))
     return Status(204, None)
 
 
 @api.get("/clusters/{cluster_id}/ssh-keys", tags=["ssh keys"],
          response=_responses(200, ClusterKeysOut), summary="The keys attached to a cluster")  # fmt: skip
 def cluster_keys(request, cluster_id: Id):
-    return _cluster_keys(fleet.cluster_for_user(request.auth.user, cluster_id))
+    return _cluster_keys(fleet.cluster_for_user(_actor(request), cluster_id))
 
 
 @api.post("/clusters/{cluster_id}/ssh-keys", tags=["ssh keys"],
@@ -743,8 +759,8 @@ def cluster_keys(request, cluster_id: Id):
 def cluster_key_attach(request, cluster_id: Id, payload: AttachKey):
     """`{"key": <id>}`: it logs in from its next login on, no restart (a running, pending
     or stopped cluster; not one released). Attached already: nothing changes."""
-    cluster = fleet.cluster_for_user(request.auth.user, cluster_id)
-    key = _key_of(request.auth.user, payload.key)
+    cluster = fleet.cluster_to_use(_actor(request), cluster_id)
+    key = _key_of(_actor(request).person, payload.key)
     cluster_services.ssh_key_attach(cluster=cluster, key=key)
     return _cluster_keys(cluster)
 
@@ -754,8 +770,9 @@ def cluster_key_attach(request, cluster_id: Id, payload: AttachKey):
 def cluster_key_detach(request, cluster_id: Id, key_id: Id):
     """Its next login is refused, and its open connections end within a minute. Not
     attached: nothing changes."""
-    cluster = fleet.cluster_for_user(request.auth.user, cluster_id)
-    cluster_services.ssh_key_detach(cluster=cluster, key=_key_of(request.auth.user, key_id))
+    cluster = fleet.cluster_for_user(_actor(request), cluster_id)
+    key = fleet.key_to_detach(_actor(request), cluster, key_id)
+    cluster_services.ssh_key_detach(cluster=cluster, key=key)
     return _cluster_keys(cluster)
 
 
@@ -786,7 +803,7 @@ class JobFilter(Schema):
 @paginate(Pages, items="jobs")
 def jobs(request, filters: Query[JobFilter]):
     """Newest first, 50 a page; `?cluster=<id>` for one cluster's."""
-    queryset = fleet.jobs_for(request.auth.user)
+    queryset = fleet.jobs_for(_actor(request))
     if filters.cluster:
         queryset = queryset.filter(cluster_id=filters.cluster)
     return queryset
@@ -795,7 +812,7 @@ def jobs(request, filters: Query[JobFilter]):
 @api.post("/jobs", tags=["jobs"], response=_responses(201, JobOut), summary="Submit a job")
 def job_submit(request, payload: NewJob):
     """To one of your clusters; the same checks as the form."""
-    target = fleet.cluster_for_user(request.auth.user, payload.cluster)
+    target = fleet.cluster_to_use(_actor(request), payload.cluster)
     form = JobForm(_job_form_data(payload))
     if not form.is_valid():
         return _fields_error(form)
@@ -805,16 +822,16 @@ def job_submit(request, payload: NewJob):
 
 @api.get("/jobs/{job_id}", tags=["jobs"], response=_responses(200, JobOut), summary="A job")
 def job(request, job_id: Id):
-    return fleet.job_for_user(request.auth.user, job_id)
+    return fleet.job_for_user(_actor(request), job_id)
 
 
 @api.post(
     "/jobs/{job_id}/cancel", tags=["jobs"], response=_responses(200, JobOut), summary="Cancel a job"
 )
 def job_cancel(request, job_id: Id):
-    j = fleet.job_for_user(request.auth.user, job_id, power="jobs.cancel_job")
+    j = fleet.job_to_cancel(_actor(request), job_id)
     with transaction.atomic():
-        return cluster_services.job_cancel(job=j, by=request.auth.user.username)
+        return cluster_services.job_cancel(job=j, by=_actor(request).person.username)
 
 
 _CURSOR = re.compile(r"(\d{1,5})((?:~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64})")
@@ -890,7 +907,7 @@ def job_log(
     """The current attempt's log; with `?since=<cursor>` (each answer's `cursor`) only the
     lines after that answer's, first the rest of an earlier attempt that the cursor was
     reading. `complete` once the job has ended and this is the last attempt's log."""
-    j = fleet.job_for_user(request.auth.user, job_id)
+    j = fleet.job_for_user(_actor(request), job_id)
     attempt, positions = j.attempt, {}
     if since is not None:
         attempt, positions = _parse_cursor(since)
@@ -918,7 +935,7 @@ def job_profile(request, job_id: Id):
     """The traces the job wrote to SUANLI_PROFILE_DIR, per attempt and rank, with their
     summaries (made by the worker: `pending` while some are on their way), the slowest rank
     and the advice of the job page's diagnosis."""
-    j = fleet.job_for_user(request.auth.user, job_id)
+    j = fleet.job_for_user(_actor(request), job_id)
     profile = profiles.profile_of(j)
     return {
         "job": j.pk,
@@ -949,7 +966,7 @@ def job_profile(request, job_id: Id):
 )
 def job_profile_file(request, job_id: Id, attempt: int, name: str):
     """The file as the job wrote it (JSON, or gzip for `.json.gz`)."""
-    return trace_download(fleet.job_for_user(request.auth.user, job_id), attempt, name)
+    return trace_download(fleet.job_for_user(_actor(request), job_id), attempt, name)
 
 
 def _trace_file(j: Job, f) -> dict:
@@ -1010,7 +1027,7 @@ def _pool_of(user, pool_id: int):
 @paginate(Pages, items="pools")
 def pool_list(request):
     """Newest first, 50 a page, closed ones too."""
-    return views_pools.pools_of(request.auth.user)
+    return views_pools.pools_of(_actor(request))
 
 
 @api.post("/pools", tags=["pools"], response=_responses(201, PoolOut), summary="Create a pool")
@@ -1018,12 +1035,16 @@ def pool_create(request, payload: NewPool):
     """The pool form's checks: the clusters' shape as a cluster's (the balance for one of
     them included), 0 <= min_clusters <= max_clusters, and a budget per hour that pays for
     at least one cluster (and for the minimum)."""
-    user = request.auth.user
-    form = PoolForm(_pool_form_data(payload, user), owner=user)
+    actor = _actor(request)
+    actor.require(Role.MEMBER)
+    user = actor.principal
+    form = PoolForm(_pool_form_data(payload, user), owner=actor)
     if not form.is_valid():
         return _fields_error(form, _cluster_names(payload))
-    created = autoscaler.pool_create(owner=user, spec=form.spec(), rate_per_hour=form.rate_per_hour)
-    return Status(201, _pool_of(user, created.pk))
+    created = autoscaler.pool_create(
+        owner=user, spec=form.spec(), rate_per_hour=form.rate_per_hour, created_by=actor.person
+    )
+    return Status(201, _pool_of(actor, created.pk))
 
 
 @api.get(
@@ -1032,7 +1053,7 @@ def pool_create(request, payload: NewPool):
 def pool(request, pool_id: Id):
     """Its settings and money, the figures now, its live clusters, its waiting and running
     jobs, and the newest lines of its timeline."""
-    p = console_pools.refresh(_pool_of(request.auth.user, pool_id))
+    p = console_pools.refresh(_pool_of(_actor(request), pool_id))
     clusters = list(
         p.clusters.filter(state__in=autoscaler.LIVE)
         .select_related("gpu_model", "instance_type")
@@ -1060,7 +1081,8 @@ def pool_job_submit(request, pool_id: Id, payload: JobBody):
     """The body of POST /jobs without `cluster`: the job waits in the pool's queue and runs
     on the first of its clusters to be free. 400 with the reason when the pool is closed
     or may not add the cluster it needs (its maximum, its budget)."""
-    p = _pool_of(request.auth.user, pool_id)
+    p = _pool_of(_actor(request), pool_id)
+    _actor(request).require(Role.MEMBER)
     form = JobForm(_job_form_data(payload))
     if not form.is_valid():
         return _fields_error(form)
@@ -1073,9 +1095,10 @@ def pool_job_submit(request, pool_id: Id, payload: JobBody):
 def pool_close(request, pool_id: Id):
     """No more jobs: its waiting jobs are cancelled, running ones finish, and its clusters
     are released as they turn idle."""
-    p = _pool_of(request.auth.user, pool_id)
+    p = _pool_of(_actor(request), pool_id)
+    _actor(request).require_change(p)
     autoscaler.pool_close(pool=p)
-    return _pool_of(request.auth.user, p.pk)
+    return _pool_of(_actor(request), p.pk)
 
 
 # -- own images -------------------------------------------------------------------------
@@ -1093,7 +1116,7 @@ def _refused(exc: ValidationError) -> JsonResponse:
 @api.get("/images", tags=["images"], response=_responses(200, ImagesOut), summary="Your images")
 def image_list(request):
     """Your own images (by name and tag), the clusters using each, and your quota."""
-    user = request.auth.user
+    user = _actor(request).principal
     own = list(fleet.own_images_for(user))
     for image in own:  # at most the quota's count
         image.using = list(builds.clusters_using(image).order_by("pk"))
@@ -1106,9 +1129,10 @@ def image_list(request):
 def image_build_create(request, payload: NewBuild):
     """Queue a build of a Dockerfile (with one of your storage folders as its context);
     poll `GET /images/builds/{id}?after=<seq>` for its state and new log lines."""
+    _actor(request).require(Role.MEMBER)
     try:
         build = builds.build_create(
-            owner=request.auth.user, name=payload.name or "", tag=payload.tag or "latest",
+            owner=_actor(request).principal, name=payload.name or "", tag=payload.tag or "latest",
             dockerfile=(payload.dockerfile or "").replace("\r\n", "\n"),
             context=payload.context or "", build_args=payload.build_args or {},
         )  # fmt: skip
@@ -1130,7 +1154,7 @@ class BuildLogFilter(Schema):
 def image_build(request, build_id: Id, filters: Query[BuildLogFilter]):
     """Its state, the step being run, the push progress, the error in words, the image
     once pushed, and its log lines numbered from 1 (`?after=<seq>`: only newer ones)."""
-    build = fleet.build_for_user(request.auth.user, build_id)
+    build = fleet.build_for_user(_actor(request), build_id)
     build.lines = [(seq, text) for seq, text in builds.log_lines(build) if seq > filters.after]
     return build
 
@@ -1145,9 +1169,10 @@ def image_build(request, build_id: Id, filters: Query[BuildLogFilter]):
 def image_delete(request, image_id: Id):
     """From the registry and the list; 409, saying which, while a cluster that is not
     released uses it."""
-    image = fleet.own_image_for_user(request.auth.user, image_id)
+    image = fleet.own_image_for_user(_actor(request), image_id)
+    _actor(request).require_change(image)
     try:
-        builds.delete(owner=request.auth.user, image=image)
+        builds.delete(owner=_actor(request).principal, image=image)
     except ValidationError as exc:
         return _error(409, " ".join(exc.messages))
     return Status(204, None)
@@ -1162,10 +1187,10 @@ def image_delete(request, image_id: Id):
 def node_save_image(request, cluster_id: Id, index: NodeIndex, payload: SaveImage):
     """A running or stopped cluster's node: its workspace committed and pushed as one of
     your images. Follow it as a build."""
-    target = fleet.cluster_for_user(request.auth.user, cluster_id)
+    target = fleet.cluster_to_use(_actor(request), cluster_id)
     try:
         build = builds.save_create(
-            owner=request.auth.user, cluster=target, node_index=index,
+            owner=_actor(request).principal, cluster=target, node_index=index,
             name=payload.name or "", tag=payload.tag or "latest",
         )  # fmt: skip
     except ValidationError as exc:
@@ -1326,7 +1351,7 @@ def _sweep_detail(user, sweep_id: int) -> Sweep:
 @paginate(Pages, items="sweeps")
 def sweep_list(request):
     """Newest first, 50 a page."""
-    return _sweeps_of(request.auth.user)
+    return _sweeps_of(_actor(request).principal)
 
 
 @api.post(
@@ -1336,7 +1361,8 @@ def sweep_create(request, payload: NewSweep):
     """On one of your active pools; the same checks as the form. Each trial prints
     `SUANLI_METRIC {"step": 100, "val_loss": 0.41}` lines and reads its parameters from
     `SUANLI_PARAM_<NAME>` or the JSON file at `$SUANLI_PARAMS_FILE`."""
-    user = request.auth.user
+    _actor(request).require(Role.MEMBER)
+    user = _actor(request).principal
     pool = Pool.objects.filter(pk=payload.pool, owner=user).first()
     if pool is None:
         return _error(404, "No such pool.", {"pool": ["No such pool."]})
@@ -1364,7 +1390,7 @@ def sweep_create(request, payload: NewSweep):
 def sweep(request, sweep_id: Id):
     """Its settings, its trials (parameters, state, last and best value, seconds, cost), its
     best trial, and what pruning saved against running every trial to the end."""
-    return _sweep_detail(request.auth.user, sweep_id)
+    return _sweep_detail(_actor(request).principal, sweep_id)
 
 
 @api.post(
@@ -1376,9 +1402,10 @@ def sweep(request, sweep_id: Id):
 def sweep_cancel(request, sweep_id: Id):
     """Its running trials are cancelled (SIGTERM, then SIGKILL) and no new ones start; a
     sweep that has ended stays as it is."""
-    s = _sweep_detail(request.auth.user, sweep_id)
+    s = _sweep_detail(_actor(request).principal, sweep_id)
+    _actor(request).require_change(s)
     sweeps.sweep_cancel(sweep=s)
-    return _sweep_detail(request.auth.user, sweep_id)
+    return _sweep_detail(_actor(request).principal, sweep_id)
 
 
 # -- GPU subscriptions ---------------------------------------------------------------------
@@ -1398,7 +1425,7 @@ def _subscription_of(user, subscription_id: int):
 @paginate(Pages, items="gpu_subscriptions")
 def gpu_subscriptions(request):
     """Newest first, 50 a page."""
-    return subscriptions.subscriptions_of(request.auth.user)
+    return subscriptions.subscriptions_of(_actor(request).principal)
 
 
 @api.post("/gpu-subscriptions", tags=["gpu subscriptions"],
@@ -1408,17 +1435,19 @@ def gpu_subscription_add(request, payload: NewGpuSubscription):
     """The page's checks: a GPU model the hosts offer, a shape they could hold (in the
     zone), 1 to 720 hours, and to rent: the cluster's checks and a budget of 0 or more. It
     fires once, when the GPUs are free (`gpu.available`), or expires unnoticed."""
+    actor = _actor(request)
+    actor.require(Role.MEMBER)
     given = payload.dict(exclude_none=True)
     given["rent"] = bool(payload.rent)
     given["spot"] = bool(payload.spot)
     try:
         sub = subscriptions.subscribe(
-            subscriptions.SubscriptionRequest(owner=request.auth.user, **given),
-            funds=partial(check_funds, request.auth.user),
+            subscriptions.SubscriptionRequest(owner=actor.principal, **given),
+            funds=partial(check_funds, actor),
         )
     except ValidationError as exc:
         return _refusals(exc.message_dict.items())
-    return Status(201, subscriptions.subscription_of(request.auth.user, sub.pk))
+    return Status(201, subscriptions.subscription_of(actor.principal, sub.pk))
 
 
 @api.delete("/gpu-subscriptions/{subscription_id}", tags=["gpu subscriptions"],
@@ -1426,7 +1455,9 @@ def gpu_subscription_add(request, payload: NewGpuSubscription):
 def gpu_subscription_delete(request, subscription_id: Id):
     """A waiting one is cancelled (it never fires); one that fired or expired stays as it
     is."""
-    subscriptions.cancel(_subscription_of(request.auth.user, subscription_id))
+    sub = _subscription_of(_actor(request).principal, subscription_id)
+    _actor(request).require(Role.MEMBER)
+    subscriptions.cancel(sub)
     return Status(204, None)
 
 
@@ -1436,9 +1467,12 @@ def gpu_subscription_delete(request, subscription_id: Id):
 _CHANNEL_NAMES = {"url": "address"}
 
 
-def _channel_of(user, channel_id: int) -> WebhookEndpoint:
-    """One of the user's channels; another researcher's is 404, as one that does not exist."""
-    return get_object_or_404(WebhookEndpoint, pk=channel_id, owner=user)
+def _channel_of(actor: Actor, channel_id: int) -> WebhookEndpoint:
+    """One of the actor's channels; another researcher's is 404, as one that does not
+    exist; a team's, below its admins, 403 (its robots' addresses are secrets)."""
+    channel = get_object_or_404(WebhookEndpoint, pk=channel_id, owner=actor.principal)
+    actor.require(Role.ADMIN)
+    return channel
 
 
 def _channel_refused(exc: ValidationError) -> JsonResponse:
@@ -1452,7 +1486,8 @@ def _channel_refused(exc: ValidationError) -> JsonResponse:
 def notification_channels(request):
     """Webhooks, e-mail addresses and chat robots that events are sent to; newest first, 50
     a page."""
-    return WebhookEndpoint.objects.filter(owner=request.auth.user)
+    _actor(request).require(Role.ADMIN)
+    return WebhookEndpoint.objects.filter(owner=_actor(request).principal)
 
 
 @api.post("/notification-channels", tags=["notifications"],
@@ -1463,6 +1498,7 @@ def notification_channel_add(request, payload: NewNotificationChannel):
     an e-mail address on the internet (one other than your account's is sent a confirmation
     link first, at most 3 an hour), events of the list, at most SUANLI_NOTIFY_CHANNELS_MAX
     channels. A webhook's signing secret is in this answer only."""
+    _actor(request).require(Role.ADMIN)
     form = views_webhooks.EndpointForm(
         {
             "kind": payload.kind or "", "url": payload.address, "events": payload.events,
@@ -1473,7 +1509,7 @@ def notification_channel_add(request, payload: NewNotificationChannel):
     if not form.is_valid():
         return _fields_error(form, _CHANNEL_NAMES)
     try:
-        channel, asked = views_webhooks.add_channel(request.auth.user, form.cleaned_data)
+        channel, asked = views_webhooks.add_channel(_actor(request), form.cleaned_data)
     except ValidationError as exc:
         return _channel_refused(exc)
     channel.confirmation_sent = asked
@@ -1486,7 +1522,7 @@ def notification_channel_add(request, payload: NewNotificationChannel):
          summary="A notification channel")  # fmt: skip
 def notification_channel(request, channel_id: Id):
     """Its kind, address, events, whether it is enabled, confirmed, signed, failing."""
-    return _channel_of(request.auth.user, channel_id)
+    return _channel_of(_actor(request), channel_id)
 
 
 @api.patch("/notification-channels/{channel_id}", tags=["notifications"],
@@ -1496,7 +1532,7 @@ def notification_channel_change(request, channel_id: Id, payload: NotificationCh
     """Its address, events, enabled, a robot's secret; what is left out stays. Its kind is
     fixed. A new e-mail address is confirmed again; enabling a channel turned off for
     failing clears its failure."""
-    channel = _channel_of(request.auth.user, channel_id)
+    channel = _channel_of(_actor(request), channel_id)
     if payload.kind is not None and payload.kind != channel.kind:
         words = f"A channel's kind is fixed ({channel.kind}): add a new channel for another."
         return _error(400, words, {"kind": [words]})
@@ -1512,7 +1548,7 @@ def notification_channel_change(request, channel_id: Id, payload: NotificationCh
     if not form.is_valid():
         return _fields_error(form, _CHANNEL_NAMES)
     try:
-        views_webhooks.save_channel(request.auth.user, channel, form.cleaned_data)
+        views_webhooks.save_channel(_actor(request), channel, form.cleaned_data)
     except ValidationError as exc:
         return _channel_refused(exc)
     return channel
@@ -1522,7 +1558,7 @@ def notification_channel_change(request, channel_id: Id, payload: NotificationCh
             response={204: None, **ERRORS}, summary="Delete a notification channel")  # fmt: skip
 def notification_channel_delete(request, channel_id: Id):
     """It gets nothing more; its delivery log goes with it."""
-    _channel_of(request.auth.user, channel_id).delete()
+    _channel_of(_actor(request), channel_id).delete()
     return Status(204, None)
 
 
@@ -1533,9 +1569,9 @@ def notification_channel_test(request, channel_id: Id):
     """The page's test button: a `webhook.test` event to the channel (at most 30 tests and
     redeliveries an hour); an e-mail address not confirmed yet is sent a new confirmation
     link instead (at most 3 an hour). Past a limit: 429."""
-    channel = _channel_of(request.auth.user, channel_id)
+    channel = _channel_of(_actor(request), channel_id)
     try:
-        asked = views_webhooks.send_channel_test(request.auth.user, channel)
+        asked = views_webhooks.send_channel_test(_actor(request), channel)
     except ValidationError as exc:
         return _error(429, " ".join(exc.messages))
     if asked:
@@ -1551,7 +1587,7 @@ def notification_channel_test(request, channel_id: Id):
 def notification_channel_deliveries(request, channel_id: Id):
     """What was sent to it, newest first, 50 a page: the event, what happened in words,
     pending/delivered/failed, attempts and the last HTTP status."""
-    channel = _channel_of(request.auth.user, channel_id)
+    channel = _channel_of(_actor(request), channel_id)
     return WebhookDelivery.objects.filter(endpoint=channel).select_related("event")
 
 

@@ -21,6 +21,7 @@ from jobs.files import pub, storage
 from jobs.models import Cluster, Image, InstanceType, Job, Pool, SshKey
 from jobs.placement import fleet
 from jobs.pools.autoscaler import PoolSpec
+from jobs.tenancy.actors import Actor
 
 CUSTOM_IMAGE = cluster_spec.CUSTOM
 OWN_IMAGE = "own:"  # + the OwnImage's pk: one of the researcher's own images
@@ -65,7 +66,8 @@ class Funds:
 
 def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> Funds | None:
     """The balance check of creating a cluster (and of growing one); None when the shape
-    has no price on the rate card."""
+    has no price on the rate card. `owner`: a researcher, or an Actor (a team's member:
+    the team's balance)."""
     quote = money.quote_for(
         gpu_model_id=gpu_model.pk if gpu_model else None,
         instance_type_id=instance_type.pk if instance_type else None,
@@ -78,7 +80,7 @@ def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> F
     return Funds(
         per_hour=per_hour,
         needed=(per_hour * minutes / 60).quantize(per_hour),
-        balance=money.balance_of(owner),
+        balance=money.balance_of(Actor.of(owner).principal),
         minutes=minutes,
         currency=quote.currency,
     )
@@ -259,10 +261,13 @@ class ClusterForm(ShutdownFields):
 
     def __init__(self, *args, owner, **kwargs):
         super().__init__(*args, **kwargs)
-        self.owner = owner
+        # `owner`: a researcher, or an Actor. The cluster is its principal's (images, names,
+        # balance); the SSH keys offered are always the person's own.
+        self.actor = Actor.of(owner)
+        self.owner = owner = self.actor.principal
         self.funds_short = None
         self.checked: cluster_spec.Checked | None = None
-        self.offer = cluster_spec.Offer.of(owner)
+        self.offer = cluster_spec.Offer.of(owner, person=self.actor.person)
         self.capacity = self.offer.capacity
         self.rooms = self.offer.rooms  # every registered host: what could ever fit
         self.gpu_models = self.offer.gpu_models
@@ -270,9 +275,10 @@ class ClusterForm(ShutdownFields):
         self._resource_choices()
         self._image_choices()
         self._place_choices()
-        self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=owner)
-        # The owner's default keys come ticked on a new form (SshKey.is_default).
-        self.fields["ssh_keys"].initial = [k.pk for k in ssh_keys_default(owner)]
+        person = self.actor.person
+        self.fields["ssh_keys"].queryset = SshKey.objects.filter(owner=person)
+        # The person's default keys come ticked on a new form (SshKey.is_default).
+        self.fields["ssh_keys"].initial = [k.pk for k in ssh_keys_default(person)]
         self._pub_note()
         self._zone_note()
 
@@ -402,7 +408,7 @@ class ClusterForm(ShutdownFields):
         """The cluster spec's rules on the parsed fields; its refusals on the fields they
         name (the balance above the form)."""
         data = super().clean()
-        self.checked = self._request(data).check(self.offer, funds=partial(check_funds, self.owner))
+        self.checked = self._request(data).check(self.offer, funds=partial(check_funds, self.actor))
         for name, errors in self.checked.errors.items():
             field = None if name == NON_FIELD_ERRORS or name not in self.fields else name
             self.add_error(field, errors)
@@ -535,7 +541,7 @@ class PoolForm(ClusterForm):
         if low < 2 or self.errors:
             return
         funds = check_funds(
-            self.owner, gpu_model=gpu_model, instance_type=instance_type, units=units * low,
+            self.actor, gpu_model=gpu_model, instance_type=instance_type, units=units * low,
             spot=bool(data.get("spot")),
         )  # fmt: skip
         if funds is not None and funds.short:

@@ -42,6 +42,7 @@ from jobs.hosts import services as host_services
 from jobs.images import builds
 from jobs.models import Cluster, Host, Image, InstanceType, Job, Node, SshKey, WebhookEndpoint
 from jobs.placement import fleet
+from jobs.tenancy.actors import Role
 from monitoring import keyavg, profiles
 from monitoring import selectors as metrics
 from monitoring.diagnosis import verdict
@@ -61,9 +62,9 @@ def dashboard(request):
             "instance_types": InstanceType.objects.all(),
             "images": Image.objects.filter(active=True),
             "disabled_endpoints": WebhookEndpoint.objects.filter(
-                owner=request.user, enabled=False
+                owner=request.actor.principal, enabled=False
             ).exclude(disabled_reason=""),
-            "my_active": fleet.clusters_for(request.user)
+            "my_active": fleet.clusters_for(request.actor)
             .filter(
                 state__in=[Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
             )
@@ -146,7 +147,7 @@ def cluster_list(request):
     by partial indexes on (owner, created_at) (jobs.Cluster Meta), so a year of history
     costs one page of it."""
     ended_states = [Cluster.State.RELEASED, Cluster.State.FAILED]
-    mine = fleet.clusters_for(request.user)
+    mine = fleet.clusters_for(request.actor)
     live_nodes = Node.objects.filter(released_at__isnull=True).select_related("host")
     active = (
         mine.exclude(state__in=ended_states)
@@ -168,9 +169,15 @@ def cluster_list(request):
 
 @login_required
 def cluster_new(request):
-    form = ClusterForm(request.POST or None, owner=request.user)
+    """A new cluster, rented for whom the person acts (a team's: its members and above),
+    owned by that principal and made by the person."""
+    actor = request.actor
+    actor.require(Role.MEMBER)
+    form = ClusterForm(request.POST or None, owner=actor)
     if request.method == "POST" and form.is_valid():
-        cluster = cluster_services.cluster_create(owner=request.user, spec=form.spec())
+        cluster = cluster_services.cluster_create(
+            owner=actor.principal, spec=form.spec(), created_by=actor.person
+        )
         messages.success(
             request,
             _("Cluster %(name)s requested: %(shape)s. It runs as soon as it is placed.")
@@ -184,9 +191,9 @@ def cluster_new(request):
             "form": form,
             "zone_note": ZONE_SPREAD_NOTE,
             "prices_json": cluster_form_prices(form),
-            "standing": money.standing(request.user),
+            "standing": money.standing(actor.principal),
             "min_minutes": settings.SUANLI_MIN_BALANCE_MINUTES,
-            "storage": bought_storage.summary(request.user),
+            "storage": bought_storage.summary(actor.principal),
         },
     )
 
@@ -233,22 +240,21 @@ def _save_image_context(cluster: Cluster) -> dict:
     return {"save_nodes": nodes, "save_form": SaveImageForm()}
 
 
-def _cluster_context(cluster: Cluster) -> dict:
+def _cluster_context(cluster: Cluster, person) -> dict:
     return {
         **_cluster_status_context(cluster),
         "volumes": cluster.volumes.all(),
-        **_keys_context(cluster),
+        **_keys_context(cluster, person),
         **_metrics_context(cluster),
         **_save_image_context(cluster),
     }
 
 
-def _keys_context(cluster: Cluster) -> dict:
-    """The keys attached to the cluster, and its owner's others (to attach)."""
-    attached = list(cluster.ssh_keys.filter(owner_id=cluster.owner_id))
-    others = SshKey.objects.filter(owner_id=cluster.owner_id).exclude(
-        pk__in=[k.pk for k in attached]
-    )
+def _keys_context(cluster: Cluster, person) -> dict:
+    """The keys attached to the cluster (a team's: its people's), and the person's others
+    (to attach): SSH keys are always a person's own, whoever they act for."""
+    attached = list(cluster.ssh_keys.select_related("owner").order_by("pk"))
+    others = SshKey.objects.filter(owner=person).exclude(pk__in=[k.pk for k in attached])
     return {"ssh_keys": attached, "other_keys": list(others)}
 
 
@@ -282,8 +288,8 @@ def _metrics_context(cluster: Cluster, job: Job | None = None) -> dict:
 
 @login_required
 def cluster_detail(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
-    context = _cluster_context(cluster)
+    cluster = fleet.cluster_for_user(request.actor, cluster_id)
+    context = _cluster_context(cluster, request.user)
     context["cost"] = money.cluster_cost(cluster)  # billing/_cluster_cost.html polls itself
     context["logins"] = ssh_logins(cluster, request)
     context["shutdown_form"] = ShutdownForm(cluster=cluster)  # console/views_shutdown.py
@@ -295,13 +301,13 @@ def cluster_status(request, cluster_id: int):
     """The parts of the cluster page that change (state, nodes, timeline, jobs; its actions
     when the state differs from the one the page shows, `shown`); polled with htmx until
     the cluster is released. The page starts its charts when this says it ran."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_for_user(request.actor, cluster_id)
     changed = request.GET.get("shown") != cluster.state
     context = {**_cluster_status_context(cluster), "oob": True, "state_changed": changed}
     if changed:  # the login card comes (or goes) with the state, like the actions
         context.update(
             logins=ssh_logins(cluster, request),
-            **_keys_context(cluster),
+            **_keys_context(cluster, request.user),
             volumes=cluster.volumes.all(),
             **_save_image_context(cluster),
         )
@@ -315,7 +321,7 @@ def cluster_status(request, cluster_id: int):
 @login_required
 @require_POST
 def cluster_release(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_change(request.actor, cluster_id)
     if cluster.state in (Cluster.State.RELEASED, Cluster.State.FAILED):
         messages.warning(
             request,
@@ -337,7 +343,7 @@ def cluster_release(request, cluster_id: int):
 @login_required
 @require_POST
 def cluster_stop(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     if cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None:
         cluster_services.cluster_stop_waiting(
             cluster=cluster,
@@ -366,7 +372,7 @@ def cluster_stop(request, cluster_id: int):
 @login_required
 @require_POST
 def cluster_start(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     mode = request.POST.get("mode", "gpu")
     short = start_refusal(cluster, mode) if mode in ("gpu", "wait", "no_gpu") else ""
     if short:
@@ -396,7 +402,7 @@ def cluster_start(request, cluster_id: int):
 @login_required
 @require_POST
 def cluster_resize(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_change(request.actor, cluster_id)
     form = ResizeForm(request.POST, cluster=cluster)
     if form.is_valid():
         try:
@@ -420,7 +426,7 @@ def cluster_resize(request, cluster_id: int):
 def node_terminal(request, cluster_id: int, index: int):
     """A shell in the node's workspace, in the browser (console/terminal.py). Its owner's
     only; the socket says why when there is no workspace to reach."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     login = next((x for x in ssh_logins(cluster, request) if x.node == index), None)
     return render(
         request,
@@ -498,8 +504,9 @@ def _own_key(user, raw) -> SshKey:
 @login_required
 @require_POST
 def cluster_key_attach(request, cluster_id: int):
-    """Attach one of the owner's keys: it logs in from the next login on, no restart."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    """Attach one of the person's own keys (whoever they act for) to a cluster they may
+    use: it logs in from the next login on, no restart."""
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     key = _own_key(request.user, request.POST.get("key"))
     try:
         cluster_services.ssh_key_attach(cluster=cluster, key=key)
@@ -517,9 +524,11 @@ def cluster_key_attach(request, cluster_id: int):
 @login_required
 @require_POST
 def cluster_key_detach(request, cluster_id: int, key_id: int):
-    """Detach a key: its next login is refused, its open connections end."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
-    key = _own_key(request.user, key_id)
+    """Detach a key: its next login is refused, its open connections end. The person's
+    own key from a cluster they may use; another person's from a team cluster, an admin
+    or the owner of the team only."""
+    cluster = fleet.cluster_for_user(request.actor, cluster_id)
+    key = fleet.key_to_detach(request.actor, cluster, key_id)
     if cluster_services.ssh_key_detach(cluster=cluster, key=key):
         messages.success(
             request,
@@ -595,7 +604,7 @@ def ops_host_reclaim(request, host_id: int):
 
 @login_required
 def job_new(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     form = JobForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -640,7 +649,7 @@ def _job_status_context(job: Job) -> dict:
 
 @login_required
 def job_detail(request, job_id: int):
-    job = fleet.job_for_user(request.user, job_id)
+    job = fleet.job_for_user(request.actor, job_id)
     charts = _metrics_context(job.cluster, job)
     log_lines = fleet.job_log_lines(job) if job.is_ended else []
     return render(
@@ -678,7 +687,7 @@ def _last_per_rank(tables: list, ranks: int = 64) -> list:
 def job_status(request, job_id: int):
     """The parts of the job page that change (state, attempt, replicas, timeline); polled
     with htmx until the job ends. The page starts its charts when this says it started."""
-    job = fleet.job_for_user(request.user, job_id)
+    job = fleet.job_for_user(request.actor, job_id)
     response = render(
         request, "console/_job_status.html", {**_job_status_context(job), "oob": True}
     )
@@ -690,7 +699,7 @@ def job_status(request, job_id: int):
 @login_required
 def job_log(request, job_id: int):
     """The whole stored log as text, rank-labelled; readable after the containers are gone."""
-    job = fleet.job_for_user(request.user, job_id)
+    job = fleet.job_for_user(request.actor, job_id)
     body = "".join(f"{ts} [rank {rank}] {text}\n" for ts, rank, text in fleet.job_log_lines(job))
     response = HttpResponse(body, content_type="text/plain; charset=utf-8")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", job.name[:40]).strip("-.") or "job"
@@ -701,7 +710,7 @@ def job_log(request, job_id: int):
 @login_required
 @require_POST
 def job_cancel(request, job_id: int):
-    job = fleet.job_for_user(request.user, job_id, power="jobs.cancel_job")
+    job = fleet.job_to_cancel(request.actor, job_id)
     try:
         cluster_services.job_cancel(job=job, by=request.user.username)
     except ValidationError as exc:

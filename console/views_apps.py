@@ -56,7 +56,7 @@ def _kind(kind: str) -> WorkspaceApp.Kind:
 @login_required
 @require_POST
 def app_start(request, cluster_id: int, index: int, kind: str):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     kind = _kind(kind)
     try:
         app = webapps.start(
@@ -105,7 +105,7 @@ def app_start(request, cluster_id: int, index: int, kind: str):
 @login_required
 @require_POST
 def app_stop(request, cluster_id: int, index: int, kind: str):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     kind = _kind(kind)
     if webapps.stop(cluster=cluster, index=index, kind=kind):
         messages.success(
@@ -127,7 +127,7 @@ def app_stop(request, cluster_id: int, index: int, kind: str):
 def app_status(request, cluster_id: int, index: int):
     """The badges of a node's started apps: answering, starting (for STARTING_S after a
     start), or not answering. One exec in the workspace, so the page loads it after."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_for_user(request.actor, cluster_id)
     apps = list(cluster.apps.filter(node_index=index))
     up = webapps.answering(cluster, index, apps)
     now = timezone.now()
@@ -158,7 +158,7 @@ def app_status(request, cluster_id: int, index: int):
 @require_GET
 def app_open(request, cluster_id: int, index: int, kind: str):
     """The owner, handed over to the app's origin with a ticket (console/app_origin.py)."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     app = app_origin.App(cluster.pk, index, _kind(kind).value)
     ticket = app_origin.ticket_make(user=request.user, app=app)
     return redirect(app_origin.enter_url(request, app, request.GET.get("next", "/"), ticket))

@@ -83,7 +83,7 @@ def _filters(request) -> tuple[str, Cluster | None]:
     cluster = None
     if cluster_id := request.GET.get("cluster"):
         try:
-            cluster = fleet.cluster_for_user(request.user, int(cluster_id))
+            cluster = fleet.cluster_for_user(request.actor, int(cluster_id))
         except ValueError:
             raise Http404("No such cluster.") from None
     return kind, cluster
@@ -160,7 +160,7 @@ def billing(request):
             "kind": kind,
             "kinds": LedgerEntry.Kind.choices,
             "cluster": cluster,
-            "clusters": fleet.clusters_for(user).values("pk", "name")[:200],
+            "clusters": fleet.clusters_for(request.actor).values("pk", "name")[:200],
             "costs": money.cost_per_cluster(user),
             "chart_json": chart,
             "months": _months(user),
@@ -335,7 +335,7 @@ def billing_statement_detail(request, year: int, month: int):
 @login_required
 def cluster_cost(request, cluster_id: int):
     """The cluster page's cost block; polled while the cluster holds capacity."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_for_user(request.actor, cluster_id)
     return render(
         request,
         "billing/_cluster_cost.html",

@@ -33,7 +33,7 @@ def job_metrics(request, job_id: int):
     """The job's samples between `from` and `to` (ISO 8601; UTC when no offset is given;
     either may be left out: the job's start, its end), in the page's series shape: every
     second of a short range, a wide one decimated as the page's overview is."""
-    job = fleet.job_for_user(request.user, job_id)
+    job = fleet.job_for_user(request.actor, job_id)
     bounds = {}
     for name in ("from", "to"):
         text = request.GET.get(name, "").strip()
@@ -62,7 +62,7 @@ def job_profile(request, job_id: int):
     """The job page's Profile section (htmx): its trace files per attempt and rank, their
     summaries (made by the worker; queued here for a file without one), the slowest rank,
     advice and charts. Polled while the job runs or a summary is on its way."""
-    job = fleet.job_for_user(request.user, job_id)
+    job = fleet.job_for_user(request.actor, job_id)
     section = profiles.section(job)
     response = render(request, "console/_job_profile.html", {"job": job, **section})
     if job.is_ended and request.GET.get("after") == "pending" and not section["profile_pending"]:
@@ -74,7 +74,7 @@ def job_profile(request, job_id: int):
 @login_required
 def job_profile_file(request, job_id: int, attempt: int, name: str):
     """One trace file, as it is on the researcher's storage (for Perfetto or TensorBoard)."""
-    return trace_download(fleet.job_for_user(request.user, job_id), attempt, name)
+    return trace_download(fleet.job_for_user(request.actor, job_id), attempt, name)
 
 
 def trace_download(job, attempt: int, name: str) -> FileResponse:

@@ -3,8 +3,9 @@ queue, its clusters, a chart of the queue against the clusters, its timeline of 
 autoscaler's decisions, a form to submit a job and a button to close it.
 
 Writes go through jobs/pools/autoscaler.py (create, close) and console/pools.py (submit, with the
-money figures fresh); reads are here. A pool is its owner's only: anyone else gets 404
-on every URL of it (`pool_for_user`, used by the API too)."""
+money figures fresh); reads are here. A pool is its owner's (a researcher's, or a team's:
+every member sees it, members and above submit to it and make pools, its maker or an admin
+closes it); anyone else gets 404 on every URL of it (`pool_for_user`, used by the API too)."""
 
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ from console.forms import ZONE_SPREAD_NOTE, JobForm, PoolForm, attach_errors
 from console.views_billing import cluster_form_prices
 from jobs.models import Job, Pool
 from jobs.pools import autoscaler
+from jobs.tenancy.actors import Actor, Role
 
 ENDED_SHOWN = 20  # ended jobs on the pool page
 EVENTS_SHOWN = 100  # the newest timeline lines on the pool page
@@ -51,16 +53,33 @@ FIGURE_LABELS = {
 
 
 def pool_for_user(user, pool_id: int) -> Pool:
-    """The one place that decides who may see a pool: its owner. Others get 404."""
+    """The one place that decides who may see a pool: its owner (`user`, a researcher or an
+    Actor: a team's pools, for every member). Others get 404."""
     return get_object_or_404(
-        Pool.objects.select_related("gpu_model", "instance_type"), pk=pool_id, owner=user
-    )
+        Pool.objects.select_related("gpu_model", "instance_type"),
+        pk=pool_id, owner=Actor.of(user).principal,
+    )  # fmt: skip
+
+
+def pool_to_use(user, pool_id: int) -> Pool:
+    """A pool the actor may submit jobs to: 404 unless it sees it, 403 for a viewer."""
+    pool = pool_for_user(user, pool_id)
+    Actor.of(user).require(Role.MEMBER)
+    return pool
+
+
+def pool_to_change(user, pool_id: int) -> Pool:
+    """A pool the actor may close: its maker (a member or above) or a team's admin."""
+    pool = pool_for_user(user, pool_id)
+    Actor.of(user).require_change(pool)
+    return pool
 
 
 def pools_of(user):
-    """The researcher's pools, newest first, with their live clusters and jobs counted."""
+    """The researcher's (an Actor's: its principal's) pools, newest first, with their live
+    clusters and jobs counted."""
     return (
-        Pool.objects.filter(owner=user)
+        Pool.objects.filter(owner=Actor.of(user).principal)
         .select_related("gpu_model", "instance_type")
         .annotate(
             live=Count("clusters", filter=Q(clusters__state__in=autoscaler.LIVE), distinct=True),
@@ -158,18 +177,21 @@ def pool_list(request):
     return render(
         request,
         "console/pool_list.html",
-        {"pools": pools_of(request.user), "currency": currency()},
+        {"pools": pools_of(request.actor), "currency": currency()},
     )
 
 
 @login_required
 def pool_new(request):
-    form = PoolForm(request.POST or None, owner=request.user)
+    actor = request.actor
+    actor.require(Role.MEMBER)
+    form = PoolForm(request.POST or None, owner=actor)
     if request.method == "POST" and form.is_valid():
         try:
             pool = autoscaler.pool_create(
-                owner=request.user, spec=form.spec(), rate_per_hour=form.rate_per_hour
-            )
+                owner=actor.principal, spec=form.spec(), rate_per_hour=form.rate_per_hour,
+                created_by=actor.person,
+            )  # fmt: skip
         except ValidationError as exc:
             attach_errors(form, exc)
         else:
@@ -194,7 +216,7 @@ def pool_new(request):
             "form": form,
             "zone_note": ZONE_SPREAD_NOTE,
             "prices_json": cluster_form_prices(form),
-            "standing": money.standing(request.user),
+            "standing": money.standing(actor.principal),
             "min_minutes": settings.SUANLI_MIN_BALANCE_MINUTES,
         },
     )
@@ -204,28 +226,28 @@ def pool_new(request):
 def pool_detail(request, pool_id: int):
     # The money figures on the row are the cron round's (every SUANLI_POOL_INTERVAL):
     # a page, or its poll, writes nothing.
-    pool = pool_for_user(request.user, pool_id)
+    pool = pool_for_user(request.actor, pool_id)
     return _detail(request, pool)
 
 
 @login_required
 def pool_status(request, pool_id: int):
     """The live parts of the pool page, polled with htmx every few seconds."""
-    pool = pool_for_user(request.user, pool_id)
+    pool = pool_for_user(request.actor, pool_id)
     return render(request, "console/_pool_live.html", _live_context(pool))
 
 
 @login_required
 def pool_samples(request, pool_id: int):
     """The chart's series as JSON (the page draws them and asks again every few seconds)."""
-    pool = pool_for_user(request.user, pool_id)
+    pool = pool_for_user(request.actor, pool_id)
     return JsonResponse(samples_of(pool))
 
 
 @login_required
 @require_POST
 def pool_job_new(request, pool_id: int):
-    pool = pool_for_user(request.user, pool_id)
+    pool = pool_to_use(request.actor, pool_id)
     form = JobForm(request.POST)
     if form.is_valid():
         try:
@@ -244,7 +266,7 @@ def pool_job_new(request, pool_id: int):
 @login_required
 @require_POST
 def pool_close(request, pool_id: int):
-    pool = pool_for_user(request.user, pool_id)
+    pool = pool_to_change(request.actor, pool_id)
     if pool.state == Pool.State.CLOSED:
         messages.warning(request, _("Pool %(name)s is already closed.") % {"name": pool.name})
     else:

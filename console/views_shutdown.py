@@ -23,10 +23,10 @@ from jobs.placement import fleet
 def cluster_shutdown(request, cluster_id: int):
     """Both rules as the form gives them (an empty field: no such rule); refused, the page
     again with the words on their fields, nothing saved."""
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     form = ShutdownForm(request.POST, cluster=cluster)
     if not form.is_valid():
-        context = _cluster_context(cluster)
+        context = _cluster_context(cluster, request.user)
         context.update(
             cost=money.cluster_cost(cluster), logins=ssh_logins(cluster, request),
             shutdown_form=form,
@@ -42,7 +42,7 @@ def cluster_shutdown(request, cluster_id: int):
 @login_required
 @require_POST
 def cluster_shutdown_clear(request, cluster_id: int):
-    cluster = fleet.cluster_for_user(request.user, cluster_id)
+    cluster = fleet.cluster_to_use(request.actor, cluster_id)
     shutdown.shutdown_set(cluster=cluster, schedule=Schedule())
     messages.success(request, _("%(name)s no longer stops on its own.") % {"name": cluster.name})
     return redirect("cluster_detail", cluster_id=cluster.pk)

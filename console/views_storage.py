@@ -4,7 +4,8 @@ what the bought part costs, and the form that buys more or gives some back.
 It only ever shows and changes the signed-in researcher's own storage: no id is read from
 the URL or the form, so there is nothing of another researcher's to guess. Writes go
 through billing/storage.py (`quota_set`, which checks the balance and the usage and writes
-the filesystem's quota); reads too (`summary`)."""
+the filesystem's quota); reads too (`summary`). Acting for a team, it is the team's storage
+(request.actor's principal): every member sees it, its admins and owner change the quota."""
 
 from django import forms
 from django.contrib import messages
@@ -17,6 +18,7 @@ from django.utils.translation import gettext_lazy
 from billing import selectors as money
 from billing import storage as bought
 from jobs.files import storage
+from jobs.tenancy.actors import Role
 
 
 class StorageForm(forms.Form):
@@ -31,8 +33,10 @@ class StorageForm(forms.Form):
 
 @login_required
 def storage_page(request):
-    user = request.user
+    user = request.actor.principal
     form = StorageForm(request.POST or None)
+    if request.method == "POST":
+        request.actor.require(Role.ADMIN)
     if request.method == "POST" and form.is_valid():
         try:
             grant = bought.quota_set(owner=user, extra_gb=form.cleaned_data["extra_gb"])

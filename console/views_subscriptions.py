@@ -20,6 +20,7 @@ from jobs.base.text import duration
 from jobs.models import GpuModel, GpuSubscription, Image
 from jobs.placement import fleet
 from jobs.pools import subscriptions
+from jobs.tenancy.actors import Role
 
 FIELDS = (
     "gpu_model", "nodes", "gpus_per_node", "zone", "expires_in_hours", "rent", "name", "image",
@@ -96,15 +97,17 @@ def subscription_list(request):
     """GET: the page (the form filled from ?gpu_model=&nodes=&gpus_per_node=&zone=, as the
     cluster form links to it); POST: add one."""
     status = 200
+    actor = request.actor
     if request.method == "POST":
+        actor.require(Role.MEMBER)
         form = SubscriptionForm(request.POST)
         given = {name: request.POST.get(name) for name in FIELDS}
         given["rent"] = bool(given["rent"])
         given["spot"] = bool(given["spot"])
         try:
             subscriptions.subscribe(
-                subscriptions.SubscriptionRequest(owner=request.user, **given),
-                funds=partial(check_funds, request.user),
+                subscriptions.SubscriptionRequest(owner=actor.principal, **given),
+                funds=partial(check_funds, actor),
             )
         except forms.ValidationError as exc:
             form.is_valid()
@@ -127,9 +130,9 @@ def subscription_list(request):
         "console/gpu_subscriptions.html",
         {
             "form": form,
-            "rows": _rows(request.user),
+            "rows": _rows(actor.principal),
             "most": subscriptions.waiting_max(),
-            "heard": subscriptions.heard(request.user.pk),
+            "heard": subscriptions.heard(actor.principal.pk),
         },  # fmt: skip
         status=status,
     )
@@ -139,9 +142,11 @@ def subscription_list(request):
 @require_POST
 def subscription_cancel(request, subscription_id: int):
     try:
-        sub = subscriptions.subscription_of(request.user, subscription_id)
+        sub = subscriptions.subscription_of(request.actor.principal, subscription_id)
     except GpuSubscription.DoesNotExist:
         raise Http404 from None
+    # A team's: any member (a wish that costs nothing until it fires), never a viewer.
+    request.actor.require(Role.MEMBER)
     if subscriptions.cancel(sub):
         messages.success(request, _("Subscription cancelled: it will not fire."))
     else:

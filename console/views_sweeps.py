@@ -1,7 +1,8 @@
 """Sweep pages (issue 26): the list, the form, a sweep's page with its trials, its charts
 and what pruning saved, and its cancel. The engine is jobs/pools/sweeps.py; this module reads
 its figures (`sweeps.figures`) and shows them. Every sweep is looked up through its owner
-(`_sweep_for`): another researcher's is 404 on every URL."""
+(`_sweep_for`: a researcher's, or a team's for its every member): another researcher's is
+404 on every URL. A team's members and above start sweeps; its admins cancel them."""
 
 import json
 import math
@@ -23,10 +24,13 @@ from console.forms import attach_errors
 from console.forms_sweeps import SweepForm
 from jobs.models import Pool, Sweep, Trial
 from jobs.pools import sweeps
+from jobs.tenancy.actors import Actor, Role
 
 
 def _sweep_for(user, sweep_id: int) -> Sweep:
-    return get_object_or_404(Sweep.objects.select_related("pool"), pk=sweep_id, owner=user)
+    return get_object_or_404(
+        Sweep.objects.select_related("pool"), pk=sweep_id, owner=Actor.of(user).principal
+    )
 
 
 def _value_text(value) -> str:
@@ -176,7 +180,7 @@ def _context(sweep: Sweep, user) -> dict:
 
 @login_required
 def sweep_list(request):
-    mine = Sweep.objects.filter(owner=request.user).select_related("pool")
+    mine = Sweep.objects.filter(owner=request.actor.principal).select_related("pool")
     page = Paginator(mine, 25).get_page(request.GET.get("page"))
     rows = []
     for sweep in page:
@@ -197,11 +201,13 @@ def sweep_list(request):
 
 @login_required
 def sweep_new(request):
-    form = SweepForm(request.POST or None, owner=request.user)
+    actor = request.actor
+    actor.require(Role.MEMBER)
+    form = SweepForm(request.POST or None, owner=actor.principal)
     if request.method == "POST" and form.is_valid():
         pool = console_pools.refresh(form.cleaned_data["pool"])
         try:
-            sweep = sweeps.sweep_create(owner=request.user, pool=pool, spec=form.spec())
+            sweep = sweeps.sweep_create(owner=actor.principal, pool=pool, spec=form.spec())
         except ValidationError as exc:
             attach_errors(form, exc)
         else:
@@ -216,7 +222,9 @@ def sweep_new(request):
         "console/sweep_new.html",
         {
             "form": form,
-            "has_pools": Pool.objects.filter(owner=request.user, state=Pool.State.ACTIVE).exists(),
+            "has_pools": Pool.objects.filter(
+                owner=actor.principal, state=Pool.State.ACTIVE
+            ).exists(),
             "marker": sweeps.MARKER,
             "params_file": sweeps.PARAMS_FILE,
             "grace_s": settings.SUANLI_STOP_GRACE_S,
@@ -226,8 +234,8 @@ def sweep_new(request):
 
 @login_required
 def sweep_detail(request, sweep_id: int):
-    sweep = _sweep_for(request.user, sweep_id)
-    context = _context(sweep, request.user)
+    sweep = _sweep_for(request.actor, sweep_id)
+    context = _context(sweep, request.actor.principal)
     context["charts"] = chart_data(sweep, context["fig"])
     return render(request, "console/sweep_detail.html", context)
 
@@ -236,20 +244,21 @@ def sweep_detail(request, sweep_id: int):
 def sweep_live(request, sweep_id: int):
     """The parts of the sweep page that change (state, savings, trials), polled with htmx
     while the sweep runs; the page's charts follow from data.json after each swap."""
-    sweep = _sweep_for(request.user, sweep_id)
-    return render(request, "console/_sweep_live.html", _context(sweep, request.user))
+    sweep = _sweep_for(request.actor, sweep_id)
+    return render(request, "console/_sweep_live.html", _context(sweep, request.actor.principal))
 
 
 @login_required
 def sweep_data(request, sweep_id: int):
-    sweep = _sweep_for(request.user, sweep_id)
+    sweep = _sweep_for(request.actor, sweep_id)
     return JsonResponse(chart_data(sweep, sweeps.figures(sweep)))
 
 
 @login_required
 @require_POST
 def sweep_cancel(request, sweep_id: int):
-    sweep = _sweep_for(request.user, sweep_id)
+    sweep = _sweep_for(request.actor, sweep_id)
+    request.actor.require_change(sweep)
     if sweep.state != Sweep.State.RUNNING:
         messages.warning(request, _("Sweep %(name)s has already ended.") % {"name": sweep.name})
     else:

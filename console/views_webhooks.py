@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 
 from jobs.events import netguard, webhooks
 from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from jobs.tenancy.actors import Actor, Role
 
 SECRET_ONCE = "webhook_secret_once"  # noqa: S105 (a session key name, not a secret)
 Kind = WebhookEndpoint.Kind
@@ -128,7 +129,10 @@ def _own_address(user, address: str) -> bool:
 
 
 def _endpoint(request, endpoint_id: int) -> WebhookEndpoint:
-    return get_object_or_404(WebhookEndpoint, pk=endpoint_id, owner=request.user)
+    """The channel, its owner's (a team's: 404 for another's id, 403 below admin)."""
+    endpoint = get_object_or_404(WebhookEndpoint, pk=endpoint_id, owner=request.actor.principal)
+    request.actor.require(Role.ADMIN)
+    return endpoint
 
 
 def add_channel(user, data: dict) -> tuple[WebhookEndpoint, bool]:
@@ -137,10 +141,13 @@ def add_channel(user, data: dict) -> tuple[WebhookEndpoint, bool]:
     address other than the account's own is sent a confirmation link (at most
     CONFIRMATIONS_PER_HOUR an hour). A limit reached is ValidationError({"url": [...]}),
     nothing saved. Returns the channel (a webhook's `secret` is shown once) and whether a
-    confirmation link was sent."""
+    confirmation link was sent. `user` may be an Actor: the channel is its principal's, the
+    address the person's own needs no confirmation, the limits are the principal's."""
     kind = data["kind"]
     secret = webhooks.new_secret() if kind == Kind.WEBHOOK else data["secret"]
-    own = kind == Kind.EMAIL and _own_address(user, data["url"])
+    actor = Actor.of(user)
+    own = kind == Kind.EMAIL and _own_address(actor.person, data["url"])
+    user = actor.principal
     most = settings.SUANLI_NOTIFY_CHANNELS_MAX
     if WebhookEndpoint.objects.filter(owner=user).count() >= most:
         raise ValidationError({"url": [_(
@@ -165,8 +172,10 @@ def save_channel(user, endpoint: WebhookEndpoint, data: dict) -> bool:
     left blank stays, enabling it again clears its failure, an e-mail address changed is
     confirmed again (within CONFIRMATIONS_PER_HOUR: else ValidationError, nothing saved).
     Returns whether a confirmation link was sent."""
+    actor = Actor.of(user)
+    user = actor.principal
     moved = data["url"] != endpoint.url
-    own = endpoint.kind == Kind.EMAIL and _own_address(user, data["url"])
+    own = endpoint.kind == Kind.EMAIL and _own_address(actor.person, data["url"])
     if endpoint.kind == Kind.EMAIL and moved and not own:
         if not webhooks.may_ask_confirmation(user.pk):
             raise ValidationError({"url": [_too_many()]})
@@ -196,6 +205,7 @@ def send_channel_test(user, endpoint: WebhookEndpoint) -> bool:
     and redeliveries an hour), or to an e-mail address not confirmed yet a new confirmation
     link instead (at most CONFIRMATIONS_PER_HOUR). A limit reached is ValidationError.
     Returns whether a confirmation link was sent rather than a test."""
+    user = Actor.of(user).principal
     if endpoint.kind == Kind.EMAIL and endpoint.confirmed_at is None:
         if not webhooks.may_ask_confirmation(user.pk):
             raise ValidationError(_too_many())
@@ -214,16 +224,18 @@ def not_confirmed_words(endpoint: WebhookEndpoint) -> str:
 
 
 def _list_page(request, form):
-    endpoints = WebhookEndpoint.objects.filter(owner=request.user)
+    endpoints = WebhookEndpoint.objects.filter(owner=request.actor.principal)
     return render(request, "console/webhooks.html", {"form": form, "endpoints": endpoints})
 
 
 @login_required
 def endpoint_list(request):
+    # A team's channels carry its robots' addresses (secrets): its admins and owner only.
+    request.actor.require(Role.ADMIN)
     form = EndpointForm(request.POST or None, initial={"enabled": True})
     if request.method == "POST" and form.is_valid():
         try:
-            endpoint, asked = add_channel(request.user, form.cleaned_data)
+            endpoint, asked = add_channel(request.actor, form.cleaned_data)
         except ValidationError as exc:
             for words in exc.message_dict["url"]:
                 form.add_error("url", words)
@@ -274,7 +286,7 @@ def endpoint_detail(request, endpoint_id: int):
     )
     if request.method == "POST" and form.is_valid():
         try:
-            asked = save_channel(request.user, endpoint, form.cleaned_data)
+            asked = save_channel(request.actor, endpoint, form.cleaned_data)
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
             return redirect("webhook_detail", endpoint.pk)
@@ -308,7 +320,7 @@ def endpoint_detail(request, endpoint_id: int):
 def endpoint_test(request, endpoint_id: int):
     endpoint = _endpoint(request, endpoint_id)
     try:
-        asked = send_channel_test(request.user, endpoint)
+        asked = send_channel_test(request.actor, endpoint)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("webhook_detail", endpoint.pk)
@@ -345,7 +357,10 @@ def endpoint_delete(request, endpoint_id: int):
 @login_required
 @require_POST
 def delivery_redeliver(request, delivery_id: int):
-    delivery = get_object_or_404(WebhookDelivery, pk=delivery_id, endpoint__owner=request.user)
+    delivery = get_object_or_404(
+        WebhookDelivery, pk=delivery_id, endpoint__owner=request.actor.principal
+    )
+    request.actor.require(Role.ADMIN)
     if delivery.event.type == webhooks.CONFIRM_EVENT:
         messages.error(
             request,
@@ -356,7 +371,7 @@ def delivery_redeliver(request, delivery_id: int):
             % {"count": webhooks.CONFIRMATIONS_PER_HOUR},
         )
         return redirect("webhook_detail", delivery.endpoint_id)
-    if not webhooks.may_resend(request.user.pk):
+    if not webhooks.may_resend(request.actor.principal.pk):
         messages.error(request, _too_many_resends())
         return redirect("webhook_detail", delivery.endpoint_id)
     webhooks.redeliver(delivery)

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count
+from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
@@ -45,10 +46,12 @@ from jobs.models import (
     Node,
     Pool,
     SshKey,
+    Team,
     Volume,
 )
 from jobs.nodes import runtime, workspaces
 from jobs.placement import capacity, restart, slots
+from jobs.tenancy.actors import Actor
 
 
 @transaction.atomic
@@ -944,12 +947,25 @@ def _key_words(key: SshKey) -> str:
     return f"{key.name} ({key.fingerprint})"
 
 
+def _may_hold_key(cluster: Cluster, key: SshKey) -> bool:
+    """The owner's own key, or a key of a person who may use the team's cluster now."""
+    if key.owner_id == cluster.owner_id:
+        return True
+    team = Team.objects.filter(principal_id=cluster.owner_id).first()
+    if team is None:
+        return False
+    try:
+        return Actor.for_team(key.owner, team.pk).may_use(cluster)
+    except Http404:
+        return False
+
+
 @transaction.atomic
 def ssh_key_attach(*, cluster: Cluster, key: SshKey) -> bool:
     """Let the key log in to the cluster from its next login on (no restart). Only the
-    cluster owner's own keys; not to a cluster that is over. False when it was attached
-    already (nothing written)."""
-    if key.owner_id != cluster.owner_id:
+    cluster owner's own keys, or (a team's cluster) those of a team member who may use it;
+    not to a cluster that is over. False when it was attached already (nothing written)."""
+    if not _may_hold_key(cluster, key):
         raise ValidationError(_("Only your own keys can be attached to your clusters."))
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.state in CLUSTER_OVER:

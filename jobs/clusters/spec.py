@@ -135,12 +135,15 @@ class Offer:
     own_images: list[OwnImage]  # the owner's, by name and tag
     # Where each catalog image can run now (catalog.availability), by image id.
     availability: dict[int, catalog.Availability] = field(default_factory=dict)
+    # Whose SSH keys may be attached: the person asking (a team's member), else the owner.
+    person: Any = None
 
     @classmethod
-    def of(cls, owner) -> "Offer":
+    def of(cls, owner, *, person=None) -> "Offer":
         images = {str(i.pk): i for i in Image.objects.filter(active=True)}
         return cls(
             owner=owner,
+            person=person,
             capacity=fleet.gpu_capacity_by_model(),
             rooms=fleet.host_rooms(),
             gpu_models={m.slug: m for m in GpuModel.objects.all()},
@@ -306,7 +309,7 @@ class ClusterRequest:
             ),
             "volumes": forms.CharField(required=False),
             "ssh_keys": KeyChoices(
-                queryset=SshKey.objects.filter(owner=offer.owner), required=False
+                queryset=SshKey.objects.filter(owner=offer.person or offer.owner), required=False
             ),
             "release_policy": forms.ChoiceField(choices=Cluster.ReleasePolicy.choices),
             "idle_minutes": forms.IntegerField(

@@ -12,9 +12,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from jobs.models import Cluster, Host, ImageBuild, Job, Node, OwnImage
+from jobs.models import Cluster, Host, ImageBuild, Job, Node, OwnImage, SshKey
 from jobs.placement import fairshare
-from jobs.tenancy.actors import Actor
+from jobs.tenancy.actors import Actor, Role
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,48 @@ def cluster_for_user(user, cluster_id: int) -> Cluster:
         return clusters_for(user).get(pk=cluster_id)
     except Cluster.DoesNotExist:
         raise Http404("No such cluster.") from None
+
+
+def cluster_to_use(user, cluster_id: int) -> Cluster:
+    """A cluster the actor may act on (log in, submit to, stop, start, its keys and apps):
+    404 unless it sees it, 403 in words when its role only reads (a viewer)."""
+    cluster = cluster_for_user(user, cluster_id)
+    Actor.of(user).require_use(cluster)
+    return cluster
+
+
+def cluster_to_change(user, cluster_id: int) -> Cluster:
+    """A cluster the actor may change (release, resize): 404 unless it sees it, 403 in
+    words unless it made it or is an admin or the owner of the team."""
+    cluster = cluster_for_user(user, cluster_id)
+    Actor.of(user).require_change(cluster)
+    return cluster
+
+
+def job_to_cancel(user, job_id: int) -> Job:
+    """A job the actor may cancel: one on a cluster it may use (404 unless it sees it, 403
+    for a viewer), or anyone's for whoever holds `jobs.cancel_job`."""
+    job = job_for_user(user, job_id, power="jobs.cancel_job")
+    actor = Actor.of(user)
+    if job.owner_id == actor.principal.pk and actor.sees(job.cluster):
+        actor.require_use(job.cluster)
+    return job
+
+
+def key_to_detach(user, cluster: Cluster, key_id) -> SshKey:
+    """The key the actor may detach from `cluster` (which it sees): the person's own (a
+    member or above), or another person's attached there (admins and the owner). Another's
+    key not attached there is 404; one the actor sees attached but may not detach, 403."""
+    actor = Actor.of(user)
+    key = SshKey.objects.filter(pk=key_id).first()
+    if key is not None and key.owner_id == actor.person.pk:
+        actor.require_use(cluster)
+        return key
+    if key is None or not cluster.ssh_keys.filter(pk=key.pk).exists():
+        raise Http404("No such key.")
+    actor.require_use(cluster)
+    actor.require(Role.ADMIN)
+    return key
 
 
 def cluster_charts_for_user(user, cluster_id: int) -> Cluster:

@@ -69,7 +69,11 @@ class PoolSpec:
 
 
 @transaction.atomic
-def pool_create(*, owner, spec: PoolSpec, rate_per_hour: Decimal | None = None) -> Pool:
+def pool_create(
+    *, owner, spec: PoolSpec, rate_per_hour: Decimal | None = None, created_by=None
+) -> Pool:
+    """`owner` is whom its clusters are rented for (a researcher, or a team's principal);
+    `created_by` the person who made it (default: the owner), its clusters' maker too."""
     c = spec.cluster
     if spec.max_clusters < 1 or spec.min_clusters > spec.max_clusters:
         raise ValidationError(
@@ -79,6 +83,7 @@ def pool_create(*, owner, spec: PoolSpec, rate_per_hour: Decimal | None = None) 
         raise ValidationError(_("You already have a pool named %(name)s.") % {"name": spec.name})
     pool = Pool.objects.create(
         owner=owner,
+        created_by=created_by or owner,
         name=spec.name,
         gpu_model=c.gpu_model,
         instance_type=c.instance_type,
@@ -389,11 +394,7 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
             clusters=f.clusters, min=pool.min_clusters,
         )  # fmt: skip
     if allowed > 0:
-        for _i in range(allowed):
-            made = services.cluster_create(
-                owner=pool.owner, spec=cluster_spec(pool, _name(pool)), created_by=pool.created_by
-            )
-            clusters.append(made)
+        _add_clusters(pool, allowed, clusters)
         pool_event(
             pool, "grow", Text(gettext_noop("%(situation)s: +%(n)s"), situation=situation, n=allowed),
             numbers,
@@ -408,6 +409,15 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
         if last is None or last.kind != "held" or last.text != text_of(PoolEvent, held):
             pool_event(pool, "held", held, numbers)
     return allowed
+
+
+def _add_clusters(pool: Pool, n: int, clusters: list[Cluster]) -> None:
+    """`n` clusters of the pool's shape, made (for caps and spending) by the pool's maker."""
+    for _i in range(n):
+        made = services.cluster_create(
+            owner=pool.owner, spec=cluster_spec(pool, _name(pool)), created_by=pool.created_by
+        )
+        clusters.append(made)
 
 
 def _join(parts: list[Text]) -> Text:
