@@ -216,7 +216,7 @@ def _things(catalog, make_cluster, owner, prefix, *, mo=None, vi=None, ada=None)
         metric="loss", trials=2, parallel=1,
     )  # fmt: skip
     endpoint = WebhookEndpoint.objects.create(
-        owner=owner, url=f"https://hooks.example.com/{prefix}", events=["job.succeeded"]
+        owner=owner, url=f"https://hooks.example.com/{prefix}-hook", events=["job.succeeded"]
     )
     event = WebhookEvent.objects.create(owner=owner, uid=f"{prefix}-e1", type="job.succeeded",
                                         body="{}")  # fmt: skip
@@ -446,3 +446,23 @@ def test_every_url_of_team_things_is_walked():
         elif name not in pages:
             missed.append(route)
     assert missed == []
+
+
+LISTS = ["cluster_list", "pool_list", "sweep_list", "image_list", "gpu_subscriptions", "webhooks"]
+API_LISTS = ["/clusters", "/jobs", "/pools", "/sweeps", "/images", "/notification-channels"]
+
+
+def test_lists_never_mix_a_researchers_own_things_with_a_teams(world):
+    """Alice acting for herself sees her own things and none of her lab's; acting for the
+    lab, the lab's and none of her own (names: solo-... and lab-...)."""
+    alice, lab = world["people"]["alice"], world["lab"]
+    for team, shown, hidden in ((None, "solo-", "lab-"), (lab, "lab-", "solo-")):
+        pages, api = page_client(world, alice, team), api_client(world, alice, team)
+        for name in LISTS:
+            text = pages.get(reverse(name)).content.decode()
+            assert hidden not in text and (name == "gpu_subscriptions" or shown in text), name
+        for path in API_LISTS:
+            text = api.get("/api/v1" + path).content.decode()
+            assert hidden not in text and shown in text, path
+    member = page_client(world, world["people"]["mo"], lab).get("/clusters/").content.decode()
+    assert "lab-mine" in member and "lab-theirs" in member and "lab-hidden" not in member
