@@ -149,7 +149,7 @@ def usage_rows(tag: str, accounts: list[int], cluster_ids: list[int], model_id: 
         (
             accounts[i % len(accounts)], LedgerEntry.Kind.USAGE.value, Decimal("-0.0100"),
             Decimal("999000.0000"), f"bench:{tag}:{i}", cid, start, end, 1, PER_HOUR,
-            model_id, "", end,
+            model_id, "", end, None,
         )
         for i, cid in enumerate(cluster_ids)
     ]  # fmt: skip

@@ -264,7 +264,7 @@ def make_ledger(account_id: int, clusters, plans, model_id: int) -> int:
                 (
                     account_id, LedgerEntry.Kind.TOPUP.value, money_of(k), money_of(balance),
                     f"bench-topup:{account_id}:{ts}", None, None, None, 0, None, None,
-                    "bank transfer", at(ts),
+                    "bank transfer", at(ts), None,
                 )
             )  # fmt: skip
         else:
@@ -275,7 +275,7 @@ def make_ledger(account_id: int, clusters, plans, model_id: int) -> int:
                 (
                     account_id, LedgerEntry.Kind.USAGE.value, amounts[units], money_of(balance),
                     f"usage:{cluster_id}:{ts - TICK_S}:{ts}", cluster_id, at(ts - TICK_S), end,
-                    units, rate, model_id, "", end,
+                    units, rate, model_id, "", end, None,
                 )
             )  # fmt: skip
         if len(rows) >= CHUNK:

@@ -28,7 +28,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from billing import rollups
+from billing import caps, rollups
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import (
     GPU,
@@ -45,12 +45,13 @@ from jobs.base.sql import insert_rows, update_rows
 from jobs.base.text import Moment, Text
 from jobs.clusters import services as cluster_services
 from jobs.events import webhooks
-from jobs.models import Cluster, Job, Node, Pool
+from jobs.models import Cluster, Job, Node, Pool, TeamMember
 
 log = logging.getLogger(__name__)
 
 # Stored as the stopped (or released) clusters' reason (English; translated where shown).
 EXHAUSTED = gettext_noop("stopped: balance exhausted")
+CAPPED = gettext_noop("stopped: %(who)s reached their monthly budget")
 
 # The ends of a node's billing, whichever comes first.
 _ENDS = ("preempted_at", "lost_at", "released_at")
@@ -120,6 +121,7 @@ class AccrualReport:
     charged: Decimal = Decimal("0")
     settled: int = 0
     exhausted: list[int] = field(default_factory=list)
+    charged_accounts: set[int] = field(default_factory=set)  # a member's cap is judged
 
 
 def open_meters(now: datetime) -> int:
@@ -187,6 +189,8 @@ def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
         _accrue_batch(ids[start : start + batch], now, book, report)
     if report.exhausted:
         stop_exhausted(report.exhausted, report)
+    if report.charged_accounts:
+        stop_capped(report.charged_accounts, report)
     return report
 
 
@@ -319,13 +323,22 @@ class _Meter:
     spot: bool
     nodes: int
     gpus_per_node: int
+    owner_id: int
+    created_by_id: int | None
     settled: bool = False
 
     FIELDS = (
         "cluster_id", "account_id", "billed_until", "exact", "charged", "cluster__state",
         "cluster__gpu_model_id", "cluster__instance_type_id", "cluster__spot",
-        "cluster__nodes", "cluster__gpus_per_node",
+        "cluster__nodes", "cluster__gpus_per_node", "cluster__owner_id", "cluster__created_by_id",
     )  # fmt: skip
+
+    @property
+    def member_id(self) -> int | None:
+        """Whose budget its charges count against: a team cluster's maker (someone other
+        than its owner, the team's principal); None for a researcher's own cluster."""
+        made_by = self.created_by_id
+        return made_by if made_by is not None and made_by != self.owner_id else None
 
 
 @dataclass
@@ -339,7 +352,7 @@ class _Account:
 # The columns accrual writes, in the order of the tuples `_entry` makes.
 ENTRY_FIELDS = (
     "account", "kind", "amount", "balance_after", "key", "cluster", "period_from",
-    "period_to", "units", "rate", "gpu_model", "memo", "created_at",
+    "period_to", "units", "rate", "gpu_model", "memo", "created_at", "member",
 )  # fmt: skip
 
 
@@ -401,6 +414,7 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
             [(m.cluster_id, m.billed_until, m.exact, m.charged, m.settled) for m in meters],
         )
         changed = [a for a in accounts.values() if a.charged]
+        report.charged_accounts.update(a.pk for a in changed)
         for account in changed:
             if account.balance <= 0:
                 account.exhausted_at = account.exhausted_at or now
@@ -459,13 +473,13 @@ def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
         LedgerEntry.objects.filter(key__in=minimum).values_list("cluster_id", "pk")
     ) if minimum else {}  # fmt: skip
     pieces = []
-    for account, _kind, amount, _after, key, cluster, *period_to_written in entries:
+    for account, _kind, amount, _after, key, cluster, *period_to_written, member in entries:
         meter = by_cluster[cluster]
         resource = rollups.resource_of(
             names, meter.gpu_model_id, meter.instance_type_id, kind=kind_of_key(key)
         )
         # (start, end, units, rate, gpu, memo, at): the order of Piece's fields after cluster
-        pieces.append(rollups.Piece(account, amount, cluster, *period_to_written, resource))
+        pieces.append(rollups.Piece(account, amount, cluster, *period_to_written, resource, member))
     rollups.add_usage(pieces, minimum_entries=minimum_ids)
 
 
@@ -485,6 +499,7 @@ def _entry(
     return (
         account.pk, LedgerEntry.Kind.USAGE.value, -amount, account.balance, key,
         meter.cluster_id, period[0], period[1], units, rate, gpu_model_id, memo, written,
+        meter.member_id,
     )  # fmt: skip
 
 
@@ -574,12 +589,18 @@ def stop_exhausted(account_ids: list[int], report: AccrualReport | None = None) 
     return ended
 
 
-def _stop_clusters_of(owner_id: int) -> tuple[list[Cluster], list[Cluster]]:
-    """`stop_exhausted`'s rule for one owner's live clusters: (kept, released)."""
-    reason = Text(EXHAUSTED)
+def _stop_clusters_of(
+    owner_id: int, *, reason: Text | None = None, created_by_id: int | None = None
+) -> tuple[list[Cluster], list[Cluster]]:
+    """`stop_exhausted`'s rule for one owner's live clusters (those `created_by_id` made in
+    it, for a member at their cap): (kept, released)."""
+    reason = reason or Text(EXHAUSTED)
     kept, released = [], []
     live = [Cluster.State.PENDING, Cluster.State.RUNNING, Cluster.State.PREEMPTING]
-    for cluster in Cluster.objects.filter(owner_id=owner_id, state__in=live).order_by("pk"):
+    clusters = Cluster.objects.filter(owner_id=owner_id, state__in=live)
+    if created_by_id is not None:
+        clusters = clusters.filter(created_by_id=created_by_id)
+    for cluster in clusters.order_by("pk"):
         if cluster.state == Cluster.State.PENDING and cluster.stopped_at is not None:
             if cluster_services.cluster_stop_waiting(cluster=cluster, reason=reason):
                 kept.append(cluster)  # out of the line, stopped again, files kept
@@ -661,4 +682,80 @@ EXHAUSTED_RELEASED = gettext_noop(
 EXHAUSTED_NOTHING = gettext_noop(
     "Your balance ran out (%(balance)s). Nothing was running; your stopped clusters keep "
     "their files until their release dates. Top up to start them again."
+)
+
+
+# -- a member at their monthly cap -----------------------------------------------------------
+
+
+def stop_capped(account_ids, report: AccrualReport | None = None) -> list[int]:
+    """Stop the clusters of every team member whose spending this month reached their
+    monthly cap (`TeamMember.monthly_cap`; billing.caps), as an exhausted balance stops an
+    account's (`_stop_clusters_of`: running ones stopped with every file kept, ones for jobs
+    only, pools' among them, released), then bill them up to the second they stopped in
+    this same tick, so that no second is charged twice or missed. Their pools get what is
+    left of the cap as their balance at once (the autoscaler holds back; console.pools
+    writes it on each round too). Told once per month and cap (`TeamMember.capped_at`,
+    cleared when the owner sets the caps again): `team.member_capped` on the team's
+    channels, in the transaction of the stops. Returns the clusters stopped or released."""
+    now = report.now if report else floor_s(timezone.now())
+    ended: list[int] = []
+    for member, used in caps.capped_members(account_ids, now=now):
+        with transaction.atomic():
+            Pool.objects.filter(
+                owner_id=member.team.principal_id, created_by_id=member.person_id
+            ).update(balance=Decimal("0"))
+            kept, released = _stop_clusters_of(
+                member.team.principal_id, created_by_id=member.person_id,
+                reason=Text(CAPPED, who=member.person.get_username()),
+            )  # fmt: skip
+            ended += [c.pk for c in kept + released]
+            _tell_capped(member, used, kept + released, now)
+    if ended:
+        later = floor_s(timezone.now())
+        _accrue_batch(ended, later, RateBook.load(), report or AccrualReport(now=later))
+        log.warning("members at their cap: stopped or released clusters %s", ended)
+    return ended
+
+
+def _tell_capped(member: TeamMember, used: Decimal, clusters: list[Cluster], now) -> None:
+    """`team.member_capped`, once per month and cap: a conditional update of the member's
+    marker (unset, or set in an earlier month)."""
+    fresh = Q(capped_at__isnull=True) | Q(capped_at__lt=caps.month_start(now))
+    if not TeamMember.objects.filter(fresh, pk=member.pk).update(capped_at=now):
+        return
+    currency = RateBook.load().currency
+    args = {
+        "who": member.person.get_username(), "team": member.team.name,
+        "spent": f"{used:.2f} {currency}", "cap": f"{member.monthly_cap:.2f} {currency}",
+    }  # fmt: skip
+    if clusters:
+        summary = Text(CAPPED_STOPPED, clusters=", ".join(c.name for c in clusters), **args)
+    else:
+        summary = Text(CAPPED_NOTHING, **args)
+    webhooks.emit(
+        owner_id=member.team.principal_id,
+        event_type="team.member_capped",
+        summary=summary,
+        data={
+            "team": {"id": member.team_id, "name": member.team.name},
+            "member": member.person.get_username(),
+            "spent": str(used), "monthly_cap": str(member.monthly_cap), "currency": currency,
+            "clusters": [{"id": c.pk, "name": c.name, "state": c.state} for c in clusters],
+            "url": webhooks.console_link("billing"),
+        },
+    )  # fmt: skip
+
+
+# The words of `team.member_capped` (English kept; each channel shows them in its reader's
+# language).
+CAPPED_STOPPED = gettext_noop(
+    "%(who)s reached their monthly budget in %(team)s (spent %(spent)s / cap %(cap)s). "
+    "Stopped, every file kept: %(clusters)s. The team's owner may raise the budget; it "
+    "starts again next month."
+)
+CAPPED_NOTHING = gettext_noop(
+    "%(who)s reached their monthly budget in %(team)s (spent %(spent)s / cap %(cap)s). "
+    "Nothing of theirs was running. The team's owner may raise the budget; it starts again "
+    "next month."
 )

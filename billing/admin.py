@@ -98,8 +98,11 @@ class EntryForm(forms.Form):
 
 @admin.register(Account)
 class AccountAdmin(admin.ModelAdmin):
-    list_display = ["user", "balance", "exhausted_at"]
-    search_fields = ["user__username", "user__email"]
+    list_display = ["holder", "balance", "exhausted_at"]
+    # A team's account is found and labelled by the team's name (its principal's login is
+    # a random "team.…" nobody knows).
+    search_fields = ["user__username", "user__email", "user__team__name"]
+    list_select_related = ["user__team"]
     readonly_fields = ["user", "balance", "exhausted_at"]
     change_form_template = "admin/billing/account/change_form.html"
 
@@ -124,6 +127,10 @@ class AccountAdmin(admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+    @admin.display(description=gettext_lazy("account of"), ordering="user__username")
+    def holder(self, account):
+        return account.holder
 
     @staticmethod
     def may_post(request) -> bool:
@@ -204,8 +211,8 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     def rate_per_hour(self, entry):
         return formatting.text(formatting.rate(entry.rate))
 
-    search_fields = ["account__user__username", "key", "memo"]
-    list_select_related = ["account__user", "cluster", "created_by"]
+    search_fields = ["account__user__username", "account__user__team__name", "key", "memo"]
+    list_select_related = ["account__user__team", "cluster", "created_by"]
     # A million rows: no second COUNT(*) for "N total", and the pages' count from
     # PostgreSQL's statistics while the list is unfiltered.
     show_full_result_count = False

@@ -11,7 +11,7 @@ from datetime import UTC
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -167,7 +167,15 @@ class Account(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.user} ({self.balance})"
+        return f"{self.holder} ({self.balance})"
+
+    @property
+    def holder(self) -> str:
+        """Whose it is, as operators know them: a researcher's login, or a team's name."""
+        try:
+            return f"{self.user.team.name} (team)"
+        except ObjectDoesNotExist:
+            return str(self.user)
 
 
 class LedgerEntry(models.Model):
@@ -357,7 +365,8 @@ class BillLine(models.Model):
             models.Index(fields=["cluster", "-at", "-id"], name="billline_cluster_at"),
             # A member's spending this month (caps, the team's billing page).
             models.Index(
-                fields=["account", "member", "at"], condition=models.Q(member__isnull=False),
+                fields=["account", "member", "at"],
+                condition=models.Q(member__isnull=False),
                 name="billline_member_at",
             ),  # fmt: skip
         ]

@@ -31,7 +31,7 @@ USAGE = LedgerEntry.Kind.USAGE.value
 
 LINE_FIELDS = (
     "account", "kind", "at", "amount", "cluster", "hour", "units", "rate", "gpu_model",
-    "seconds", "pieces", "period_from", "period_to", "charged_at", "entry", "memo",
+    "seconds", "pieces", "period_from", "period_to", "charged_at", "entry", "memo", "member",
 )  # fmt: skip
 DAY_FIELDS = ("account", "day", "resource", "amount", "seconds")
 
@@ -51,6 +51,7 @@ class Piece:
     memo: str
     charged_at: datetime
     resource: str
+    member_id: int | None = None  # a team's usage: whose budget it counts against
 
     @property
     def seconds(self) -> int | None:
@@ -133,12 +134,12 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
                 (
                     p.account_id, USAGE, p.charged_at, p.amount, p.cluster_id, None, p.units,
                     p.rate, p.gpu_model_id, None, 1, None, None, p.charged_at,
-                    minimum_entries.get(p.cluster_id), p.memo,
+                    minimum_entries.get(p.cluster_id), p.memo, p.member_id,
                 )
             )  # fmt: skip
             continue
         # The account tells storage lines apart (no cluster); a cluster's is its owner's.
-        key = (p.account_id, p.cluster_id, p.hour, p.units, p.rate, p.memo)
+        key = (p.account_id, p.cluster_id, p.hour, p.units, p.rate, p.memo, p.member_id)
         line = sums.get(key)
         if line is None:
             sums[key] = [p, p.amount, p.seconds, 1, p.period_from, p.period_to, p.charged_at]
@@ -161,6 +162,7 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
                     (
                         p.account_id, USAGE, first, amount, p.cluster_id, p.hour, p.units,
                         p.rate, p.gpu_model_id, seconds, count, first, last, charged, None, p.memo,
+                        p.member_id,
                     )
                 )  # fmt: skip
             else:
@@ -179,14 +181,14 @@ def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
 
 def _existing_lines(sums: dict[tuple, list]) -> dict[tuple, tuple]:
     """The usage lines already written for the keys of `sums` (account, cluster, hour,
-    units, rate, memo), by that key."""
+    units, rate, memo, member), by that key."""
     clusters = {k[1] for k in sums if k[1] is not None}
     storage = {k[0] for k in sums if k[1] is None}
     whose = Q(cluster_id__in=clusters)
     if storage:
         whose |= Q(cluster__isnull=True, account_id__in=storage)
     return {
-        (row[12], row[1], row[2], row[3], row[4], row[5]): row
+        (row[12], row[1], row[2], row[3], row[4], row[5], row[13]): row
         for row in BillLine.objects.filter(
             whose,
             hour__in={k[2] for k in sums},
@@ -207,6 +209,7 @@ def _existing_lines(sums: dict[tuple, list]) -> dict[tuple, tuple]:
             "period_to",
             "charged_at",
             "account_id",
+            "member_id",
         )  # fmt: skip
     }
 
@@ -289,9 +292,10 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
                 "gpu_model_id",
                 "memo",
                 "created_at",
+                "member_id",
             )  # fmt: skip
         )
-        for pk, key, account, kind, amount, cluster, *period_to_written in entries.iterator(
+        for pk, key, account, kind, amount, cluster, *period_to_written, member in entries.iterator(
             chunk_size=5000
         ):
             # (start, end, units, rate, gpu, memo, at): Piece's fields after cluster
@@ -300,13 +304,13 @@ def rebuild(*, account_ids: Iterable[int] | None = None, chunk: int = 50_000) ->
             if kind != USAGE:
                 others.append(
                     (account, kind, at, amount, cluster, None, 0, None, None, None, 1, None,
-                     None, at, pk, memo)
+                     None, at, pk, memo, None)
                 )  # fmt: skip
                 continue
             if start is None:
                 minimum[cluster] = pk
             resource = resource_of(names, gpu, clusters.get(cluster), kind=kind_of_key(key))
-            batch.append(Piece(account, amount, cluster, *period_to_written, resource))
+            batch.append(Piece(account, amount, cluster, *period_to_written, resource, member))
             if len(batch) >= chunk:
                 add_usage(batch, minimum_entries=minimum)
                 batch, minimum = [], {}

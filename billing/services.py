@@ -28,7 +28,7 @@ from billing import formatting, rollups, selectors
 from billing.models import WARN_HOURS_MAX, WARN_HOURS_MIN, Account, LedgerEntry
 from jobs.base.text import Duration, Text, fit
 from jobs.events import webhooks
-from jobs.models import Cluster
+from jobs.models import Cluster, TeamMember
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,12 @@ def post_entry(
         created_by=by,
     )
     rollups.add_entry(entry)
+    _save_balance(account)
+    return entry
+
+
+def _save_balance(account: Account) -> None:
+    """Save a balance changed under its row lock, with the markers money in ends."""
     fields = ["balance"]
     if account.low_notified_at is not None or account.critical_notified_at is not None:
         # Money in that lifts the balance above a threshold ends that warning's spell: the
@@ -116,7 +122,87 @@ def post_entry(
         account.exhausted_notified_at = None  # the next exhaustion is told again
         fields.append("exhausted_notified_at")
     account.save(update_fields=fields)
-    return entry
+
+
+# -- a member's money into a team --------------------------------------------------------------
+
+TRANSFER_MOST = Decimal("1000000.00")  # one transfer: a typo of three zeros is refused
+KEY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_")
+
+
+def transfer_key(key: str) -> tuple[str, str]:
+    """The two entries' idempotency keys of a transfer whose request carries `key` (the
+    form's one-time token, an API client's Idempotency-Key)."""
+    if not key or len(key) > 64 or not set(key) <= KEY_CHARS:
+        raise ValidationError(_("The form has expired: open the page again."), code="key")
+    return f"transfer:{key}:out", f"transfer:{key}:in"
+
+
+@transaction.atomic
+def transfer_to_team(*, person, team, amount, key: str) -> tuple[LedgerEntry, LedgerEntry]:
+    """Move `amount` from `person`'s own balance into `team`'s (any member, viewers too:
+    giving money acts on nothing of the team's). Two entries, one on each account, under
+    both row locks taken in the order of their ids (two transfers the other way round
+    cannot deadlock). A retried request with the same `key` moves the money once and
+    returns the first pair. Refused in words: not a member, an amount not above 0 or past
+    TRANSFER_MOST or finer than a cent, a balance that does not cover it."""
+    out_key, in_key = transfer_key(key)
+    if not TeamMember.objects.filter(team=team, person=person).exists():
+        raise ValidationError(_("You are not in this team."), code="not_member")
+    amount = _transfer_amount(amount)
+    mine, theirs = account_for(person), account_for(team.principal)
+    locked = {
+        a.pk: a
+        for a in Account.objects.select_for_update()
+        .select_related("user")
+        .filter(pk__in=[mine.pk, theirs.pk])
+        .order_by("pk")
+    }
+    done = {e.key: e for e in LedgerEntry.objects.filter(key__in=[out_key, in_key])}
+    if out_key in done:
+        if done[out_key].account_id != mine.pk or done[in_key].account_id != theirs.pk:
+            raise ValidationError(_("The form has expired: open the page again."), code="key")
+        return done[out_key], done[in_key]
+    mine, theirs = locked[mine.pk], locked[theirs.pk]
+    if mine.balance < amount:
+        raise ValidationError(
+            _("Your balance is %(balance)s: it does not cover %(amount)s.")
+            % {"balance": formatting.total(mine.balance), "amount": formatting.total(amount)},
+            code="short",
+        )
+    now = timezone.now()
+    entries = []
+    for account, signed, entry_key, memo in (
+        (mine, -amount, out_key, f"→ {team.name}"),
+        (theirs, amount, in_key, f"← {person.get_username()}"),
+    ):
+        account.balance += signed
+        entry = LedgerEntry.objects.create(
+            account=account, kind=LedgerEntry.Kind.TRANSFER, amount=signed,
+            balance_after=account.balance, key=entry_key, memo=fit(LedgerEntry, "memo", memo),
+            created_at=now, created_by=person,
+        )  # fmt: skip
+        rollups.add_entry(entry)
+        _save_balance(account)
+        entries.append(entry)
+    return entries[0], entries[1]
+
+
+def _transfer_amount(amount) -> Decimal:
+    try:
+        amount = Decimal(str(amount).strip())
+    except (InvalidOperation, ValueError):
+        amount = Decimal("NaN")
+    if not amount.is_finite() or amount <= 0:
+        raise ValidationError(_("Give an amount above 0, such as 100 or 12.50."), code="amount")
+    if amount.as_tuple().exponent < -2:
+        raise ValidationError(_("Give the amount to the cent at most."), code="amount")
+    if amount > TRANSFER_MOST:
+        raise ValidationError(
+            _("One transfer moves at most %(most)s.") % {"most": f"{TRANSFER_MOST:,}"},
+            code="amount",
+        )
+    return amount
 
 
 # -- running out -----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from django.db.models import Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing import accrual, rollups
+from billing import accrual, caps, rollups
 from billing import services as money
 from billing.models import STORAGE_MEMO, STORAGE_RESOURCE, UNIT, Account, LedgerEntry, StorageMeter
 from billing.pricing import RateBook, to_money
@@ -223,12 +223,14 @@ def unbounded() -> tuple[Unbounded | None, str]:
 
 
 @transaction.atomic
-def quota_set(*, owner, extra_gb, now: datetime | None = None) -> StorageGrant | None:
+def quota_set(*, owner, extra_gb, now: datetime | None = None, by=None) -> StorageGrant | None:
     """Set the GB `owner` buys above the free part, from this second on, and the
     filesystem's quota with it (in this transaction: if the filesystem refuses, nothing is
     bought). Refused with a sentence: not a whole number of GB, below 0, more than
     SUANLI_STORAGE_MAX_GB in all, a quota below what the files take now, or a raise the
-    balance cannot pay for SUANLI_MIN_BALANCE_MINUTES. None when it is already so."""
+    balance cannot pay for SUANLI_MIN_BALANCE_MINUTES, or (`by`: the team member who buys
+    it for a team) that would pass their monthly cap (billing.caps). None when it is
+    already so."""
     extra = _whole_gb(extra_gb)
     free = storage.free_gb()
     most = settings.SUANLI_STORAGE_MAX_GB
@@ -286,6 +288,9 @@ def quota_set(*, owner, extra_gb, now: datetime | None = None) -> StorageGrant |
                 },
                 code="balance",
             )
+        added = rate * (extra - current)
+        if by is not None and (why := caps.cap_refusal(principal=owner, person=by, per_hour=added)):
+            raise ValidationError(why, code="cap")
     grant, _made = StorageGrant.objects.update_or_create(
         owner=owner, since=since, defaults={"extra_gb": extra}
     )
@@ -460,7 +465,7 @@ def _accrue_batch(account_ids: list[int], until: datetime, book: RateBook, repor
                     (
                         account.pk, LedgerEntry.Kind.USAGE.value, -amount, account.balance, key,
                         None, piece.start, piece.end, piece.gb, piece.rate, None, STORAGE_MEMO,
-                        written,
+                        written, None,  # a team's storage is the team's: no member's budget
                     )
                 )  # fmt: skip
                 rolled.append(

@@ -5,8 +5,10 @@ cron entry that runs the rounds (jobs/pools/autoscaler.py) and the sweeps' safet
 
 import logging
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from billing import caps
 from billing import selectors as billing
 from jobs.clusters import services
 from jobs.models import Cluster, Job, Pool
@@ -20,6 +22,11 @@ def refresh(pool: Pool, *, book=None) -> Pool:
     rate = billing.pool_rate(pool, book=book)
     spent = billing.charged_for_pool(pool.pk)
     balance = billing.balance_of(pool.owner)
+    # A team pool's clusters are charged to its maker's budget: the autoscaler sees no more
+    # than what is left of it (billing.caps), so it holds back at the cap.
+    left = caps.money_left(pool.owner_id, pool.created_by_id)
+    if left is not None:
+        balance = min(balance, left)
     # Written every time, not only when this object's figures differ: the object may hold
     # figures whose write a refused submit rolled back.
     Pool.objects.filter(pk=pool.pk).update(rate_per_hour=rate, spent=spent, balance=balance)
@@ -51,4 +58,15 @@ def submit(*, pool: Pool, spec: services.JobSpec) -> Job:
     """A job onto the pool, with the money figures fresh (page, API, command line)."""
     with transaction.atomic():
         refresh(pool)
+        if autoscaler.blocked(pool) is not None and (why := caps.pool_refusal(pool)):
+            raise ValidationError(why)  # the maker's cap, in its own words
         return autoscaler.pool_submit(pool=pool, spec=spec)
+
+
+def sweep_create(*, owner, pool: Pool, spec) -> object:
+    """A sweep on the pool (page, API), with the money figures fresh; refused in words when
+    its trials would pass the caps of the pool's maker (billing.caps)."""
+    refresh(pool)
+    if why := caps.pool_refusal(pool):
+        raise ValidationError(why)
+    return sweeps.sweep_create(owner=owner, pool=pool, spec=spec)

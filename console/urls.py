@@ -195,6 +195,7 @@ urlpatterns = [
     path("keys/<int:key_id>/default/", views.ssh_key_default, name="ssh_key_default"),
     path("billing/", views_billing.billing, name="billing"),
     path("billing/ledger/", views_billing.billing_detail, name="billing_detail"),
+    path("billing/transfer/", views_billing.billing_transfer, name="billing_transfer"),
     path(
         "billing/statement/<int:year>-<int:month>.csv",
         views_billing.billing_statement,

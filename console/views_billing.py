@@ -27,15 +27,17 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from billing import formatting
+from billing import caps, formatting
 from billing import selectors as money
 from billing import services as ledger
 from billing import storage as bought
 from billing.models import Account, BillLine, LedgerEntry
 from billing.pricing import RateBook
 from console.powers import operator_required
-from jobs.models import Cluster
+from jobs.models import Cluster, TeamMember
 from jobs.placement import fleet
+
+Role = TeamMember.Role
 
 CHART_LAYOUT = {
     "margin": {"l": 50, "r": 10, "t": 10, "b": 40},
@@ -120,10 +122,24 @@ def _query(request) -> str:
     return filters.urlencode()
 
 
+def _payer(request, *, role=Role.OWNER):
+    """Whose money a page shows: the person's own, or, acting for a team, the team's, to
+    its owner alone (a page of everybody's spending: 403, in words, below)."""
+    actor = request.actor
+    if actor.for_a_team:
+        actor.require(role)
+    return actor.principal
+
+
 @login_required
 def billing(request):
-    """Balance, costs, and the month's bill: one line per cluster and hour."""
-    user = request.user
+    """Balance, costs, and the month's bill: one line per cluster and hour. Acting for a
+    team: its owner sees this with the team's spending per member, cluster and day; the
+    others their own spending and what is left of their cap (`_team_member_billing`)."""
+    actor = request.actor
+    if actor.for_a_team and not actor.at_least(Role.OWNER):
+        return _team_member_billing(request, actor)
+    user = actor.principal
     kind, cluster = _filters(request)
     year, month = _month_param(request)
     lines = money.bill(
@@ -167,6 +183,7 @@ def billing(request):
             "month": (year, month),
             "filter_query": _query(request),
             "zone": _zone(),
+            "team_money": _team_money(request, actor) if actor.for_a_team else None,
         },
     )
 
@@ -175,7 +192,7 @@ def billing(request):
 def billing_detail(request):
     """The ledger as the accrual wrote it (a piece per tick), for audit: narrowed to a
     bill line's cluster and hour, or to a month, a kind, a cluster."""
-    user = request.user
+    user = _payer(request)
     kind, cluster = _filters(request)
     hour = None
     if value := request.GET.get("hour"):
@@ -266,14 +283,13 @@ def billing_statement(request, year: int, month: int):
     it: usage per cluster and hour with its exact seconds, units and rate; every other entry
     on a line of its own. The month is the reader's (in their zone), as the page's."""
     _check_month(year, month)
-    currency = money.standing(request.user).currency
+    user = _payer(request)
+    currency = money.standing(user).currency
     zone = timezone.get_current_timezone()
     _iso = _stamp(zone)
-    opening = money.opening_balance(request.user, money.month_bounds(year, month, zone)[0])
+    opening = money.opening_balance(user, money.month_bounds(year, month, zone)[0])
     lines = money.with_running_balance(
-        money.bill(request.user, year, month, zone=zone)
-        .order_by("at", "id")
-        .iterator(chunk_size=2000),
+        money.bill(user, year, month, zone=zone).order_by("at", "id").iterator(chunk_size=2000),
         opening,
     )
     rows = (
@@ -303,10 +319,11 @@ def billing_statement(request, year: int, month: int):
 def billing_statement_detail(request, year: int, month: int):
     """One month of the ledger as written, a row per entry (every accrual piece), streamed."""
     _check_month(year, month)
-    currency = money.standing(request.user).currency
+    user = _payer(request)
+    currency = money.standing(user).currency
     zone = timezone.get_current_timezone()
     _iso = _stamp(zone)
-    entries = money.statement(request.user, year, month, zone).iterator(chunk_size=5000)
+    entries = money.statement(user, year, month, zone).iterator(chunk_size=5000)
     rows = (
         [
             _iso(e.created_at),
@@ -484,7 +501,9 @@ def _find_accounts(query: str):
     """Accounts whose researcher's name, full name or e-mail holds `query` (any case)."""
     words = Q(user__username__icontains=query) | Q(user__email__icontains=query)
     words |= Q(user__first_name__icontains=query) | Q(user__last_name__icontains=query)
-    return Account.objects.select_related("user").filter(words).order_by("user__username")[:20]
+    words |= Q(user__team__name__icontains=query)  # a team's account, by the team's name
+    found = Account.objects.select_related("user__team").filter(words)
+    return found.order_by("user__username")[:20]
 
 
 def _recent_lines(account: Account, n: int = 20) -> list[BillLine]:
@@ -510,7 +529,7 @@ def ops_topup(request):
         raw = request.POST.get("account") or request.GET.get("account", "")
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):  # "²".isdigit()
             raise Http404("No such account.")
-        account = get_object_or_404(Account.objects.select_related("user"), pk=int(raw))
+        account = get_object_or_404(Account.objects.select_related("user__team"), pk=int(raw))
     form = TopUpForm(initial={"token": uuid.uuid4().hex, "kind": LedgerEntry.Kind.TOPUP})
     status = 200
     if request.method == "POST":
@@ -557,8 +576,111 @@ def _post(request, account: Account, data: dict) -> bool:
             % {
                 "kind": entry.get_kind_display(),
                 "amount": formatting.total(entry.amount),
-                "who": account.user.username,
+                "who": account.holder,
                 "balance": formatting.total(entry.balance_after),
             },
         )
     return True
+
+
+# -- a team's money ----------------------------------------------------------------------------
+
+
+class TransferForm(forms.Form):
+    """Money from the person's own balance into the team they act for. `token` is the
+    form's one-time idempotency key: the same form sent twice moves the money once."""
+
+    amount = forms.DecimalField(
+        label=gettext_lazy("Amount"), max_digits=9, decimal_places=2, min_value=Decimal("0.01"),
+        error_messages={
+            "invalid": gettext_lazy("Give an amount such as 100 or 12.50."),
+            "min_value": gettext_lazy("Give an amount above 0, such as 100 or 12.50."),
+            "max_decimal_places": gettext_lazy("Give the amount to the cent at most."),
+            "max_digits": gettext_lazy("Give an amount up to 1,000,000.00."),
+            "max_whole_digits": gettext_lazy("Give an amount up to 1,000,000.00."),
+        },
+    )  # fmt: skip
+    token = forms.CharField(widget=forms.HiddenInput)
+
+    def clean_token(self) -> str:
+        token = self.cleaned_data["token"]
+        if not TOKEN.match(token):
+            raise ValidationError(_("The form has expired: open the page again."))
+        return token
+
+
+def _transfer_form() -> TransferForm:
+    return TransferForm(initial={"token": uuid.uuid4().hex})
+
+
+def _team_money(request, actor, form: TransferForm | None = None) -> dict:
+    """The team's figures this month (the operator's calendar month) for its billing page:
+    per member (spent, cap, what is left, GPUs held), per cluster and per day; for its
+    owner all of them, for anyone else their own. The transfer form and the person's own
+    balance go with them."""
+    principal = actor.principal
+    account_id = money.account_id_of(principal)
+    mine = None if actor.at_least(Role.OWNER) else actor.person.pk
+    return {
+        "team": actor.team,
+        "month": caps.month_start(),
+        "zone": formatting.zone(caps.month_start()),
+        "members": caps.member_rows(actor.team, account_id, only=mine),
+        "clusters": caps.per_cluster(account_id, member_id=mine),
+        "days": caps.per_day(account_id, member_id=mine),
+        "sees_balance": actor.at_least(Role.ADMIN),
+        "own_balance": money.balance_of(actor.person),
+        "form": form or _transfer_form(),
+    }
+
+
+def _team_member_billing(request, actor, *, form: TransferForm | None = None, status: int = 200):
+    """An admin's, member's or viewer's billing page in a team: their own spending this
+    month and what is left of their cap (admins also the team's balance), and the form
+    that gives the team money of their own."""
+    standing = money.standing(actor.principal)
+    return render(
+        request,
+        "console/billing_team.html",
+        {"standing": standing, "team_money": _team_money(request, actor, form)},
+        status=status,
+    )
+
+
+@login_required
+def billing_transfer(request):
+    """POST: move money from the person's own balance into the team they act for (any
+    member, viewers too). A form sent twice moves it once."""
+    if request.method != "POST":
+        return redirect("billing")
+    actor = request.actor
+    if not actor.for_a_team:
+        raise Http404("Act for a team to give it money.")
+    form = TransferForm(request.POST)
+    if form.is_valid():
+        key = form.cleaned_data["token"]
+        replay = LedgerEntry.objects.filter(key=ledger.transfer_key(key)[0]).exists()
+        try:
+            out, _in = ledger.transfer_to_team(
+                person=actor.person, team=actor.team, amount=form.cleaned_data["amount"], key=key
+            )
+        except ValidationError as exc:
+            form.add_error("amount", exc)
+        else:
+            if replay:
+                messages.info(request, _("This form was already sent: the money moved once."))
+            else:
+                messages.success(
+                    request,
+                    _("%(amount)s moved into %(team)s. Your own balance is now %(balance)s.")
+                    % {
+                        "amount": formatting.total(-out.amount),
+                        "team": actor.team.name,
+                        "balance": formatting.total(out.balance_after),
+                    },  # fmt: skip
+                )
+            return redirect("billing")
+    if actor.at_least(Role.OWNER):
+        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+        return redirect("billing")
+    return _team_member_billing(request, actor, form=form, status=400)

@@ -1207,6 +1207,7 @@ class WebhookEndpoint(models.Model):
         ("balance.low", gettext_lazy("balance low")),
         ("balance.critical", gettext_lazy("balance lasts under 30 minutes")),
         ("balance.exhausted", gettext_lazy("balance ran out: clusters stopped")),
+        ("team.member_capped", gettext_lazy("a team member reached their monthly budget")),
         ("sweep.finished", gettext_lazy("sweep finished")),
         ("build.finished", gettext_lazy("image build finished")),
         ("host.problem", gettext_lazy("a host problem affects your cluster")),
