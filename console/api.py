@@ -1377,7 +1377,10 @@ def sweep_create(request, payload: NewSweep):
         fields = {name: [str(e) for e in errors] for name, errors in form.errors.items()}
         words = [e for errors in fields.values() for e in errors]
         return _error(400, " ".join(words) or "Invalid input.", fields)
-    sweep = sweeps.sweep_create(owner=user, pool=console_pools.refresh(pool), spec=form.spec())
+    try:
+        sweep = console_pools.sweep_create(owner=user, pool=pool, spec=form.spec())
+    except ValidationError as exc:
+        return _error(400, " ".join(exc.messages), {"pool": exc.messages})
     return Status(201, _sweep_detail(user, sweep.pk))
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from billing import formatting
+from billing import caps, formatting
 from billing import selectors as money
 from jobs.base import validators
 from jobs.clusters import spec as cluster_spec
@@ -40,14 +40,19 @@ class Funds:
     balance: Decimal
     minutes: int
     currency: str
+    # Why a team member's caps refuse it (billing.caps.cap_refusal), in words; "": they don't.
+    capped: str = ""
 
     @property
     def short(self) -> bool:
-        return self.balance < self.needed
+        return self.balance < self.needed or bool(self.capped)
 
     def refusal(self, message: str, **extra) -> str:
         """`message` (translated) with the amounts, each with its currency ("¥15.6000"):
-        %(per_hour)s, %(minutes)s, %(needed)s, %(balance)s and any `extra`."""
+        %(per_hour)s, %(minutes)s, %(needed)s, %(balance)s and any `extra`; or the caps'
+        refusal, which says its own figures."""
+        if self.capped:
+            return self.capped
 
         def money(value):
             return formatting.text(value, self.currency)
@@ -60,14 +65,17 @@ class Funds:
     def as_context(self) -> dict:
         return {
             "needed": self.needed, "balance": self.balance, "minutes": self.minutes,
-            "currency": self.currency, "per_hour": self.per_hour,
+            "currency": self.currency, "per_hour": self.per_hour, "capped": self.capped,
         }  # fmt: skip
 
 
-def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> Funds | None:
+def check_funds(
+    owner, *, gpu_model, instance_type, units: int, spot: bool, cluster: Cluster | None = None
+) -> Funds | None:
     """The balance check of creating a cluster (and of growing one); None when the shape
     has no price on the rate card. `owner`: a researcher, or an Actor (a team's member:
-    the team's balance)."""
+    the team's balance, and the person's caps in it). `cluster`: the one being started or
+    grown (its maker's caps; its new size is the ask)."""
     quote = money.quote_for(
         gpu_model_id=gpu_model.pk if gpu_model else None,
         instance_type_id=instance_type.pk if instance_type else None,
@@ -77,13 +85,21 @@ def check_funds(owner, *, gpu_model, instance_type, units: int, spot: bool) -> F
         return None
     per_hour = quote.spot if spot else quote.on_demand
     minutes = settings.SUANLI_MIN_BALANCE_MINUTES
+    actor = Actor.of(owner)
+    principal, person = actor.principal, actor.person
+    if cluster is not None:
+        principal, person = cluster.owner, cluster.created_by
     return Funds(
         per_hour=per_hour,
         needed=(per_hour * minutes / 60).quantize(per_hour),
-        balance=money.balance_of(Actor.of(owner).principal),
+        balance=money.balance_of(principal),
         minutes=minutes,
         currency=quote.currency,
-    )
+        capped=caps.cap_refusal(
+            principal=principal, person=person, per_hour=per_hour,
+            gpus=units if gpu_model else 0, besides=cluster.pk if cluster else None,
+        ),
+    )  # fmt: skip
 
 
 def start_refusal(cluster, mode: str) -> str:
@@ -99,6 +115,9 @@ def start_refusal(cluster, mode: str) -> str:
         funds = Funds(
             per_hour=per_hour, needed=(per_hour * minutes / 60).quantize(per_hour),
             balance=money.balance_of(cluster.owner), minutes=minutes, currency=prices.currency,
+            capped=caps.cap_refusal(
+                principal=cluster.owner, person=cluster.created_by, per_hour=per_hour
+            ),
         )  # fmt: skip
         message = _(
             "Without GPUs this cluster costs %(per_hour)s/h; starting it needs a "
@@ -110,7 +129,7 @@ def start_refusal(cluster, mode: str) -> str:
         funds = check_funds(
             cluster.owner, gpu_model=cluster.gpu_model,
             instance_type=None if cluster.gpu_model_id else cluster.instance_type,
-            units=units, spot=cluster.spot,
+            units=units, spot=cluster.spot, cluster=cluster,
         )  # fmt: skip
         message = _(
             "This cluster costs %(per_hour)s/h; starting it needs a balance for "
@@ -658,6 +677,7 @@ class ResizeForm(forms.Form):
                 instance_type=cluster.instance_type,
                 units=units,
                 spot=cluster.spot,
+                cluster=cluster,
             )
             if funds is None:
                 raise ValidationError(

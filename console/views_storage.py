@@ -39,7 +39,9 @@ def storage_page(request):
         request.actor.require(Role.ADMIN)
     if request.method == "POST" and form.is_valid():
         try:
-            grant = bought.quota_set(owner=user, extra_gb=form.cleaned_data["extra_gb"])
+            grant = bought.quota_set(
+                owner=user, extra_gb=form.cleaned_data["extra_gb"], by=request.actor.person
+            )
         except ValidationError as exc:
             form.add_error("extra_gb", exc)
         else:

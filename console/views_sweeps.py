@@ -205,9 +205,9 @@ def sweep_new(request):
     actor.require(Role.MEMBER)
     form = SweepForm(request.POST or None, owner=actor.principal)
     if request.method == "POST" and form.is_valid():
-        pool = console_pools.refresh(form.cleaned_data["pool"])
+        pool = form.cleaned_data["pool"]
         try:
-            sweep = sweeps.sweep_create(owner=actor.principal, pool=pool, spec=form.spec())
+            sweep = console_pools.sweep_create(owner=actor.principal, pool=pool, spec=form.spec())
         except ValidationError as exc:
             attach_errors(form, exc)
         else:
