@@ -29,7 +29,8 @@ Handing the owner over, since no console cookie reaches an app origin:
 3. Each request and websocket of that origin reads the cookie: the session (a Redis key
    named by the id's SHA-256, SESSION_S long) names its user and its one app, and holds
    the user's session auth hash (a changed password ends it); the proxy then checks that
-   the user owns the running cluster. Anything else is the plain 404. Logging out of the
+   the user owns the running cluster or, on a team's, is a member whose role may use it
+   (on every request: a cookie given to a member lets no one in once they are removed). Anything else is the plain 404. Logging out of the
    console ends every app session of that user (`user_logged_out`); a released cluster's
    apps answer no one.
 """

@@ -7,7 +7,12 @@ live log of an image build, pushed by the build worker (jobs/images/builds.py) t
 A PostgreSQL restart closes no socket (they wait it out); a Redis restart costs a socket
 fed through the channel layer no traceback: it is closed with 1012 (restart) and the page
 reconnects with backoff (static/js/metrics.js; the job page's log after the last line it
-shows). The polling log socket reads only the database and the engine."""
+shows). The polling log socket reads only the database and the engine.
+
+Each socket acts for whom its page does (the session's acting-for choice: a team member
+sees a team's job, chart or build as their role lets them, console/revoked.scope_actor),
+and a member removed from the team (or who left) has every such socket closed at once
+with 4403 (console/revoked.Watch)."""
 
 import asyncio
 import contextlib
@@ -20,6 +25,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
 
+from console import revoked
 from jobs.base.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.images import builds
 from jobs.models import ImageBuild, Job, Replica
@@ -46,26 +52,35 @@ class JobLogPollingConsumer(AsyncJsonWebsocketConsumer):
     # Reads the database only: no channel layer, so that a Redis outage leaves it open.
     channel_layer_alias = None
 
+    watch = None
+
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
         try:
+            actor = await database_sync_to_async(revoked.scope_actor)(self.scope)
             self.job = await database_sync_to_async(fleet.job_for_user)(
-                user, int(self.scope["url_route"]["kwargs"]["job_id"])
+                actor, int(self.scope["url_route"]["kwargs"]["job_id"])
             )
         except Http404:
             await self.close(code=4404)  # another tenant's job: as if it did not exist
             return
         await self.accept()
+        self.watch = revoked.Watch(actor, self.job.owner_id, self._revoked).start()
         self.sent: dict[int, tuple[float | None, set[str]]] = {}
         self.task = asyncio.create_task(self.follow())
+
+    async def _revoked(self) -> None:
+        await self.close(code=revoked.CLOSE_CODE)
 
     async def disconnect(self, code):
         task = getattr(self, "task", None)
         if task:
             task.cancel()
+        if self.watch is not None:
+            await self.watch.stop()
 
     def _tick(self) -> tuple[str, list[dict]]:
         job = Job.objects.get(pk=self.job.pk)
@@ -113,11 +128,13 @@ class JobLogPollingConsumer(AsyncJsonWebsocketConsumer):
 
 class _GroupSocket:
     """A socket fed through the channel layer, for the owner of one object: `_owned` finds
-    it for the socket's user before anything is joined (no one logged in: 4401; another
-    researcher's: 4404, as if it did not exist). When Redis is unreachable the socket is
+    it for the socket's actor before anything is joined (no one logged in: 4401; another
+    researcher's: 4404, as if it did not exist) and watches the actor's membership of the
+    team that owns it (4403 once it is revoked). When Redis is unreachable the socket is
     closed with 1012 (restart), and the page reconnects with backoff; no traceback."""
 
     what = "socket"
+    watch = None
 
     async def _owned(self, lookup, key: str):
         user = self.scope.get("user")
@@ -125,12 +142,23 @@ class _GroupSocket:
             await self.close(code=4401)
             return None
         try:
-            return await database_sync_to_async(lookup)(
-                user, int(self.scope["url_route"]["kwargs"][key])
+            actor = await database_sync_to_async(revoked.scope_actor)(self.scope)
+            found = await database_sync_to_async(lookup)(
+                actor, int(self.scope["url_route"]["kwargs"][key])
             )
         except Http404:
             await self.close(code=4404)
             return None
+        self.watch = revoked.Watch(actor, found.owner_id, self._revoked)
+        return found
+
+    async def _revoked(self) -> None:
+        self.closed = True
+        await self.close(code=revoked.CLOSE_CODE)
+
+    async def _unwatch(self) -> None:
+        if self.watch is not None:
+            await self.watch.stop()
 
     async def __call__(self, scope, receive, send):
         try:
@@ -155,8 +183,10 @@ class ClusterMetricsConsumer(_GroupSocket, AsyncJsonWebsocketConsumer):
         self.group = group_for(cluster.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.watch.start()
 
     async def disconnect(self, code):
+        await self._unwatch()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -227,6 +257,7 @@ class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
         self.group = livelogs.group_for(job.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.watch.start()
         # What was sent before the join is kept; what comes after it queues on this
         # channel and is handled once connect() returns.
         self.state = job.state
@@ -273,6 +304,7 @@ class JobLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         if self.watching:
             self.watching.cancel()
+        await self._unwatch()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -314,6 +346,7 @@ class BuildLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer)
         self.group = builds.group_for(build.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.watch.start()
         # What was published before the join is in the store; what comes after it queues
         # on this channel and is handled once connect() returns.
         build, lines = await database_sync_to_async(self._stored)()
@@ -335,6 +368,7 @@ class BuildLogConsumer(_NumberedLines, _GroupSocket, AsyncJsonWebsocketConsumer)
     async def disconnect(self, code):
         if self.closing:
             self.closing.cancel()
+        await self._unwatch()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 

@@ -19,7 +19,9 @@ where it goes.
 
 Who gets what: the app origin's own cookie (app_origin.COOKIE, from the handover at
 app_origin.ENTER, which is never forwarded) names a user and this one app; that user must
-own the running cluster. Anyone else (another researcher, a browser without the cookie,
+own the running cluster, or be a member of the team that owns it whose role may use it,
+read again on every request and websocket (a removed member's next one is the plain 404;
+an open websocket of theirs closes at once with 4403: console/revoked.Watch). Anyone else (another researcher, a browser without the cookie,
 a cookie of another app) gets the plain 404, or a websocket closed with 4404 before
 anything is forwarded; never a log-in redirect that would tell the cluster exists. The
 owner gets a page in words (a link back to the cluster page on the console, SITE_URL)
@@ -90,13 +92,13 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from console import app_origin
+from console import app_origin, revoked
 from console.preferences import ScopeLocale
 from jobs.access import sessions, streams, webapps
 from jobs.base import outage
-from jobs.models import WorkspaceApp
+from jobs.models import Cluster, WorkspaceApp
 from jobs.nodes import engine, workspaces
-from jobs.placement import fleet
+from jobs.tenancy.actors import Actor, actor_on
 
 log = logging.getLogger("suanli.proxy")
 
@@ -212,6 +214,7 @@ class Upstream:
     kind: str
     label: str
     back: str  # the cluster page, on the console
+    actor: Actor | None = None  # who reaches it: the owner, or a member of its team
 
 
 class Unavailable(Exception):
@@ -223,10 +226,32 @@ class Unavailable(Exception):
 
 
 def resolve(user, route: Route) -> Upstream:
-    """The owner's app (database reads only). Http404 for anyone else; Unavailable in
-    words when the workspace or the app is not there."""
-    cluster = fleet.cluster_for_user(user, route.cluster_id)
+    """The app, for whoever may use its cluster (database reads only, on every request and
+    websocket: a member removed from the team is refused at their next one): its owner, or
+    a member of the team that owns it whose role may use it (jobs.tenancy.actors.actor_on,
+    Actor.may_use). Http404 for anyone else (a stranger, a removed member); a team's
+    viewer is told in words that the role reads only (403); Unavailable in words when the
+    workspace or the app is not there."""
+    cluster = Cluster.objects.filter(pk=route.cluster_id).first()
+    actor = actor_on(user, cluster) if cluster is not None else None
+    if actor is None or not actor.sees(cluster):
+        raise Http404("No such cluster.")
     back = settings.SITE_URL.rstrip("/") + reverse("cluster_detail", args=[cluster.pk])
+    if not actor.may_use(cluster):
+        raise Unavailable(
+            403,
+            _(
+                "Suanli: your role in %(team)s is %(role)s, which reads only: it may not log "
+                "in to cluster %(cluster)s. Ask the team's owner or an admin for the member role."
+            )
+            % {
+                "team": actor.team.name,
+                "role": actor.membership.get_role_display(),
+                "cluster": cluster.name,
+            },  # fmt: skip
+            back,
+            code=4403,
+        )
     label, index = WorkspaceApp.Kind(route.kind).label, route.index
     try:
         node = workspaces.live_node(cluster, index)
@@ -266,7 +291,7 @@ def resolve(user, route: Route) -> Upstream:
     login = sessions.Login(
         name=workspaces.login_name(cluster.pk, index), cluster=cluster, index=index,
         host=node.host, container_id=node.workspace_container, fingerprint="", key_data=b"",
-        exec_base=workspaces.exec_kwargs(cluster, [], tty=False),
+        exec_base=workspaces.exec_kwargs(cluster, [], tty=False), person_id=user.pk,
     )  # fmt: skip
     return Upstream(
         login=login,
@@ -275,6 +300,7 @@ def resolve(user, route: Route) -> Upstream:
         kind=route.kind,
         label=label,
         back=back,
+        actor=actor,
     )
 
 
@@ -990,6 +1016,7 @@ class AppSocket(AsyncWebsocketConsumer):
     pump: asyncio.Task | None = None
     claimed: int | None = None  # the researcher whose open count this socket is in
     closing = False
+    watch: revoked.Watch | None = None  # a team member's membership: 4403 once revoked
 
     async def __call__(self, scope, receive, send):
         try:
@@ -1060,6 +1087,16 @@ class AppSocket(AsyncWebsocketConsumer):
             return
         await self.accept(subprotocol=self.protocol.subprotocol)
         self.pump = asyncio.ensure_future(self._from_app(early))
+        self.watch = revoked.Watch(upstream.actor, upstream.login.cluster.owner_id, self._revoked)
+        self.watch.start()
+
+    async def _revoked(self) -> None:
+        """The member was removed from the cluster's team: the socket closes at once."""
+        if not self.closing:
+            self.closing = True
+            with contextlib.suppress(OSError, RuntimeError):
+                await self.close(code=revoked.CLOSE_CODE)
+            await asyncio.shield(self._clean_up())
 
     async def _handshake(self) -> tuple[Response | None, list]:
         """The app's answer to the opening, and any frames that came with it."""
@@ -1138,6 +1175,9 @@ class AppSocket(AsyncWebsocketConsumer):
         await asyncio.shield(self._clean_up())
 
     async def _clean_up(self) -> None:
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            await watch.stop()
         if self.pump is not None:
             self.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -8,9 +8,13 @@ Frames: binary from the browser are keystrokes (UTF-8, or raw bytes), binary to 
 TTY's output, untouched (xterm.js decodes UTF-8 across frames); a text frame from the
 browser is a control message, `{"resize": [cols, rows]}`.
 
-Only the cluster's owner gets a shell: anyone else's socket is closed before it is
-accepted (4404, as if the cluster did not exist); the origin check is the router's
-(console/asgi.py). A cluster that is not running, or a node without a running workspace,
+Only who may use the cluster gets a shell: its owner, or a member of the team that owns
+it acting for that team whose role may use it (console/revoked.scope_actor: the page's
+acting-for choice; jobs.tenancy.actors.Actor.may_use). Anyone else's socket is closed
+before it is accepted (4404, as if the cluster did not exist); a team's viewer is told in
+the terminal that the role reads only (4403). A member removed from the team (or who
+left) has the terminal closed at once (4403, console/revoked.Watch) and what the shell
+ran hung up. The origin check is the router's (console/asgi.py). A cluster that is not running, or a node without a running workspace,
 gets the reason written into the terminal, then the socket closes (4000).
 
 The engine's socket is the gateway's EngineStream's (threads of its own, TLS-safe), and
@@ -22,7 +26,8 @@ mode), `receive` waits until it drains, so the server's websocket stops reading 
 browser (uvicorn reads one message ahead); a single message over MAX_FRAME closes the
 socket (4413) with a line saying why (terminal.js sends pastes in smaller pieces).
 
-A terminal is one of the researcher's `SUANLI_SSH_MAX_SESSIONS` sessions, counted in Redis
+A terminal is one of the person's `SUANLI_SSH_MAX_SESSIONS` sessions (the person's, on a
+team's cluster too: jobs/access/sessions.py), counted in Redis
 with the gateway's (sessions.session_claim): one over is refused in words (4429). The count
 is refreshed while the terminal is open and released when it closes. A terminal with no
 input and no output for `SUANLI_SSH_IDLE_S` closes (4408) with a line saying so.
@@ -51,6 +56,7 @@ from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from console import revoked
 from jobs.access import sessions, streams
 from jobs.base.text import Text
 from jobs.events import timeline
@@ -65,6 +71,24 @@ HIGH_WATER, LOW_WATER = 64, 16  # output frames waiting for the browser: pause, 
 MAX_FRAME = 64 * 1024  # bytes in one message from the browser: more closes the socket
 _ENDED = object()
 _ENGINE_ERRORS = (docker.errors.DockerException, engine.EngineError, OSError)
+
+
+def _to_use(actor, cluster_id: int):
+    """The cluster the actor sees (else Http404), and why they may not log in to it (a
+    team's viewer), in words; "" when they may."""
+    cluster = fleet.cluster_for_user(actor, cluster_id)
+    return cluster, "" if actor.may_use(cluster) else _read_only(actor, cluster)
+
+
+def _read_only(actor, cluster) -> str:
+    return _(
+        "Suanli: your role in %(team)s is %(role)s, which reads only: it may not log in to "
+        "cluster %(cluster)s. Ask the team's owner or an admin for the member role."
+    ) % {
+        "team": actor.team.name,
+        "role": actor.membership.get_role_display(),
+        "cluster": cluster.name,
+    }
 
 
 def _console_line(text: str) -> bytes:
@@ -86,6 +110,7 @@ class TerminalConsumer(AsyncWebsocketConsumer):
     marker = ""
     closed = False
     active = 0.0  # time.monotonic() of the last input or output
+    watch: revoked.Watch | None = None  # the person's membership of the cluster's team
 
     async def __call__(self, scope, receive, send):
         try:
@@ -94,28 +119,41 @@ class TerminalConsumer(AsyncWebsocketConsumer):
             if self.stream is not None or self.session_owner is not None:
                 self._finish()
 
-    async def connect(self):
+    async def _authorised(self, cluster_id: int) -> bool:
+        """Accepted, and watching the membership, when the socket's actor may use the
+        cluster; else closed (4401 nobody, 4404 unseen, 4403 a viewer, in words)."""
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
-            return
-        route = self.scope["url_route"]["kwargs"]
-        cluster_id, index = int(route["cluster_id"]), int(route["index"])
+            return False
         try:
-            await database_sync_to_async(fleet.cluster_for_user)(user, cluster_id)
+            actor = await database_sync_to_async(revoked.scope_actor)(self.scope)
+            cluster, read_only = await database_sync_to_async(_to_use)(actor, cluster_id)
         except Http404:
             await self.close(code=4404)  # another researcher's: nothing, not even a reason
-            return
+            return False
         await self.accept()
+        if read_only:  # a team's viewer: sees it, may not log in
+            await self._say_and_close(read_only, revoked.CLOSE_CODE)
+            return False
+        self.watch = revoked.Watch(actor, cluster.owner_id, self._revoked).start()
+        return True
+
+    async def connect(self):
+        route = self.scope["url_route"]["kwargs"]
+        cluster_id, index = int(route["cluster_id"]), int(route["index"])
+        if not await self._authorised(cluster_id):
+            return
+        user = self.scope["user"]
         name = workspaces.login_name(cluster_id, index)
         self.session_id = f"web-{secrets.token_hex(8)}"
         try:
             # Not thread-sensitive: a slow engine must not hold the shared sync thread.
             self.login = await database_sync_to_async(sessions.admit, thread_sensitive=False)(
-                name, cluster_id, index, "", b""
+                name, cluster_id, index, "", b"", user.pk
             )
             await asyncio.to_thread(sessions.workspace_up, self.login)  # the engine's say
-            owner_id, limit = self.login.cluster.owner_id, settings.SUANLI_SSH_MAX_SESSIONS
+            owner_id, limit = user.pk, settings.SUANLI_SSH_MAX_SESSIONS  # the person's count
             if not await asyncio.to_thread(
                 sessions.session_claim, owner_id, self.session_id, limit
             ):
@@ -172,6 +210,15 @@ class TerminalConsumer(AsyncWebsocketConsumer):
         self.active = time.monotonic()
         self.sender = asyncio.create_task(self._send_output())
         self.watcher = asyncio.create_task(self._watch())
+
+    async def _revoked(self) -> None:
+        await self._say_and_close(
+            _(
+                "Suanli: your access to this cluster ended: you are no longer a member of the "
+                "team that owns it. The terminal closes."
+            ),
+            revoked.CLOSE_CODE,
+        )
 
     async def _say_and_close(self, text: str, code: int = 4000) -> None:
         """A line of the console's in the terminal, then the socket closes and all ends."""
@@ -282,6 +329,9 @@ class TerminalConsumer(AsyncWebsocketConsumer):
 
     async def _clean_up(self) -> None:
         self.closed = True
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            await watch.stop()
         if self.drained is not None:
             self.drained.set()  # a receive() waiting for the shell returns
         tasks = [task for task in (self.sender, self.watcher) if task is not None]

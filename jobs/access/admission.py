@@ -2,11 +2,16 @@
 of its own: in_db), and failed log-ins per address across gateway processes and the web
 log-in (django-axes). Only the gateway process (jobs/access/ssh.py) imports this.
 
-A key may log in as c<cluster>-<node> when the cluster's owner attached that very key to
-the cluster and the owner's account is on (key_attached); a login may open another
-channel while its cluster runs, its node is live with the same workspace and its key is
-still attached (still_admitted); the heartbeat asks the same of every connection at once
-(live_workspaces). Every login goes on the cluster's timeline (record_login).
+A key may log in as c<cluster>-<node> when that very key is attached to the cluster and
+its holder may use it (key_attached): the owner's own key while the owner's account is
+on; on a team's cluster a member's own key (SSH keys stay personal) while they are in the
+team and their role may use that cluster (member or above and added to it, or an admin
+or the owner; a viewer is told they read only; a stranger or a removed member reads as a
+missing cluster). A login may open another channel while its cluster runs, its node is
+live with the same workspace, its key is still attached and its person still may use
+the cluster (still_admitted); the heartbeat asks the same of every connection at once
+(live_workspaces, attached_keys), and a membership revoked ends the person's connections
+to the team's clusters at once (the gateway's revocations listener). Every login goes on the cluster's timeline (record_login).
 
 Guessing is throttled like the web log-in (console/auth.py): an SSH connection is read as
 a web request by axes (axes_request), so every gateway process and the web log-in count
@@ -41,7 +46,6 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_login_failed
 from django.db import close_old_connections
-from django.db.models import F
 from django.http import HttpRequest
 from django.utils import translation
 from django.utils.translation import gettext, gettext_noop
@@ -51,7 +55,8 @@ from jobs.access.sessions import Login, Refused, workspace_node
 from jobs.base.outage import DB_DOWN, Outage, close_db_connections
 from jobs.base.text import Text
 from jobs.events import timeline
-from jobs.models import Cluster, Node, SshKey
+from jobs.models import Cluster, Node, SshKey, TeamMember
+from jobs.tenancy.actors import actor_on
 
 log = logging.getLogger("suanli.gateway")
 
@@ -83,25 +88,57 @@ async def in_db(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_db_pool, call)
 
 
-def key_attached(cluster_id: int, fingerprint: str, public_data: bytes) -> bool:
-    """The key is one the cluster's owner attached to it (the same key, not only the same
-    fingerprint), and the owner's account is on. False for anything else, alike: another
-    researcher's key, a key attached to no cluster, a cluster that does not exist, an
-    account an operator turned off."""
-    cluster = (
-        Cluster.objects.filter(pk=cluster_id, owner__is_active=True).only("pk", "owner_id").first()
-    )
+class ReadOnly(Refused):
+    """A team's viewer proved an attached key: read only, so no login (told in words)."""
+
+
+def key_attached(cluster_id: int, fingerprint: str, public_data: bytes) -> int | None:
+    """The person who may log in with this very key (not only the same fingerprint)
+    attached to the cluster: its owner's own key while the owner's account is on, or a
+    team member's own key while they are in the team that owns the cluster and their role
+    may use it (jobs.tenancy.actors.Actor.may_use: member or above, added to it, or an
+    admin or the owner). SSH keys stay personal: a member logs in with their own.
+    None for anything else, alike: another researcher's key, a key attached to no
+    cluster, a cluster that does not exist, an account an operator turned off, a member
+    removed from the team (or not added to this cluster). A viewer's attached key is
+    refused in words (ReadOnly): they see the cluster, they may not act on it."""
+    cluster = Cluster.objects.filter(pk=cluster_id, owner__is_active=True).first()
     if cluster is None:
-        return False
-    for text in cluster.ssh_keys.filter(
-        owner_id=cluster.owner_id, fingerprint=fingerprint
-    ).values_list("public_key", flat=True):
+        return None
+    holder = _holder(cluster, fingerprint, public_data)
+    if holder is None:
+        return None
+    if holder.pk == cluster.owner_id:
+        return holder.pk
+    actor = actor_on(holder, cluster)
+    if actor is None or not actor.sees(cluster):
+        return None
+    if not actor.may_use(cluster):
+        with translation.override(language_of(holder.pk)):
+            raise ReadOnly(
+                gettext(
+                    "Suanli: your role in %(team)s is %(role)s, which reads only: it may not "
+                    "log in to cluster %(cluster)s. Ask the team's owner or an admin for the member role."
+                )
+                % {
+                    "team": actor.team.name,
+                    "role": TeamMember.Role(actor.role).label,
+                    "cluster": cluster.name,
+                }
+            )
+    return holder.pk
+
+
+def _holder(cluster: Cluster, fingerprint: str, public_data: bytes):
+    """The active account whose key attached to `cluster` is this very key, else None."""
+    rows = cluster.ssh_keys.filter(fingerprint=fingerprint, owner__is_active=True)
+    for key in rows.select_related("owner"):
         try:
-            if asyncssh.import_public_key(text).public_data == public_data:
-                return True
+            if asyncssh.import_public_key(key.public_key).public_data == public_data:
+                return key.owner
         except (asyncssh.KeyImportError, ValueError):
             continue
-    return False
+    return None
 
 
 # -- the researcher's language -------------------------------------------------------------
@@ -167,24 +204,34 @@ def not_attached_words(cluster_id: int, fingerprint: str, public_data: bytes, ty
         )
 
 
-def admit(name: str, cluster_id: int, index: int, fingerprint: str, key_data: bytes) -> Login:
-    """sessions.admit, its refusals in the cluster owner's language."""
-    owner_id = Cluster.objects.filter(pk=cluster_id).values_list("owner_id", flat=True).first()
-    with translation.override(language_of(owner_id)):
-        return sessions.admit(name, cluster_id, index, fingerprint, key_data)
+def admit(
+    name: str, cluster_id: int, index: int, fingerprint: str, key_data: bytes, person_id: int
+) -> Login:
+    """sessions.admit for `person_id` (key_attached's), its refusals in their language."""
+    with translation.override(language_of(person_id)):
+        login = sessions.admit(name, cluster_id, index, fingerprint, key_data, person_id)
+    login.who = get_user_model().objects.get(pk=person_id).get_username()
+    return login
 
 
 def still_admitted(login: Login) -> str | None:
     """None while a login may open another channel: its cluster runs, its node is live with
-    the same workspace, its key is still attached and the account on. Else why not, in
-    words for the researcher, in their language."""
-    with translation.override(language_of(login.cluster.owner_id)):
+    the same workspace, its key is still attached, the account on and, on a team's
+    cluster, its person still a member who may use it. Else why not, in words for the
+    researcher, in their language."""
+    with translation.override(language_of(login.person_id)):
         return _still_admitted(login)
 
 
 def _still_admitted(login: Login) -> str | None:
     name = login.name
-    if not key_attached(login.cluster.pk, login.fingerprint, login.key_data):
+    if not member_may_use(login):
+        return revoked_words(login)
+    try:
+        holder = key_attached(login.cluster.pk, login.fingerprint, login.key_data)
+    except ReadOnly as exc:
+        return str(exc)
+    if holder != login.person_id:
         return gettext(
             "Suanli: the key %(key)s may not log in as %(login)s any more: it was detached "
             "from the cluster or removed. Attach it again on the cluster's page, %(url)s."
@@ -204,14 +251,57 @@ def _still_admitted(login: Login) -> str | None:
     return None
 
 
-def attached_keys(cluster_ids: set[int]) -> set[tuple[int, str]]:
-    """(cluster, key fingerprint) of the keys attached to those clusters by their owners:
-    the heartbeat ends a connection whose key is no longer among them."""
-    return set(
-        Cluster.ssh_keys.through.objects.filter(
-            cluster_id__in=cluster_ids, sshkey__owner_id=F("cluster__owner_id")
-        ).values_list("cluster_id", "sshkey__fingerprint")
+def member_may_use(login: Login) -> bool:
+    """On a team's cluster, whether the login's person is still a member whose role may
+    use it now (always True on one's own cluster, or a cluster gone: the rest says why)."""
+    cluster = Cluster.objects.filter(pk=login.cluster.pk).first()
+    if cluster is None or login.person_id in (None, cluster.owner_id):
+        return True
+    person = get_user_model().objects.filter(pk=login.person_id, is_active=True).first()
+    actor = actor_on(person, cluster) if person is not None else None
+    return actor is not None and actor.may_use(cluster)
+
+
+def revoked_words(login: Login) -> str:
+    """Why a team member's login ended or may open no more channels: they are no longer in
+    the team that owns the cluster (removed, or they left), or their role or the cluster's
+    members changed so that they may not use it."""
+    return gettext(
+        "Suanli: %(login)s: your access to this cluster ended: you are no longer a member of "
+        "the team that owns it, or your role there no longer lets you log in to it."
+    ) % {"login": login.name}
+
+
+def attached_keys(cluster_ids: set[int]) -> set[tuple[int, str, int]]:
+    """(cluster, key fingerprint, person) of the keys attached to those clusters that may
+    log in (key_attached's rule, for all of them in four queries): the owner's own, and a
+    team member's own while their role may use the cluster. The heartbeat ends a
+    connection whose key and person are no longer among them."""
+    rows = Cluster.ssh_keys.through.objects.filter(
+        cluster_id__in=cluster_ids, sshkey__owner__is_active=True
+    ).values_list("cluster_id", "cluster__owner_id", "sshkey__owner_id", "sshkey__fingerprint")
+    owners = {owner_id for _, owner_id, _, _ in rows}
+    roles = dict(
+        ((principal, person), role)
+        for principal, person, role in TeamMember.objects.filter(
+            team__principal_id__in=owners
+        ).values_list("team__principal_id", "person_id", "role")
     )
+    added = set(
+        Cluster.members.through.objects.filter(cluster_id__in=cluster_ids).values_list(
+            "cluster_id", "user_id"
+        )
+    )
+    may: set[tuple[int, str, int]] = set()
+    for cluster_id, owner_id, person_id, fingerprint in rows:
+        role = roles.get((owner_id, person_id))
+        if (
+            person_id == owner_id
+            or role in (TeamMember.Role.OWNER, TeamMember.Role.ADMIN)
+            or (role == TeamMember.Role.MEMBER and (cluster_id, person_id) in added)
+        ):
+            may.add((cluster_id, fingerprint, person_id))
+    return may
 
 
 def live_workspaces(cluster_ids: set[int]) -> set[tuple[int, int, int, str]]:
@@ -226,15 +316,19 @@ def live_workspaces(cluster_ids: set[int]) -> set[tuple[int, int, int, str]]:
 
 
 def record_login(login: Login) -> None:
-    timeline.cluster_event(
-        login.cluster,
-        "ssh",
-        Text(
+    """The login on the cluster's timeline with its key; on a team's cluster also who
+    logged in (the key's holder, by their login), since several people may."""
+    if login.person_id in (None, login.cluster.owner_id):
+        text = Text(
             gettext_noop("ssh login to node %(index)s with key %(key)s"),
-            index=login.index,
-            key=login.fingerprint,
-        ),
-    )
+            index=login.index, key=login.fingerprint,
+        )  # fmt: skip
+    else:
+        text = Text(
+            gettext_noop("ssh login to node %(index)s by %(who)s with key %(key)s"),
+            index=login.index, who=login.who, key=login.fingerprint,
+        )  # fmt: skip
+    timeline.cluster_event(login.cluster, "ssh", text)
 
 
 # -- failed log-ins per address, across gateway processes (django-axes) ----------------------

@@ -58,6 +58,10 @@ class Login:
     fingerprint: str
     key_data: bytes  # the key it proved, checked again on every channel open
     exec_base: dict  # workspaces.exec_kwargs as the tenant, for every exec of the login
+    # Who logged in: the key's holder (the cluster's owner, or a member of the team that
+    # owns it), whose sessions are counted and whose removal from the team ends the login.
+    person_id: int | None = None
+    who: str = ""  # the person's login, for the timeline and the log
 
 
 class Refused(Exception):
@@ -80,10 +84,14 @@ def workspace_node(cluster: Cluster, index: int, name: str) -> Node:
     return node
 
 
-def admit(name: str, cluster_id: int, index: int, fingerprint: str, key_data: bytes) -> Login:
-    """What the database says of a proven holder of an attached key: the node's workspace
-    to reach, or Refused saying why not (the cluster's state, a missing node, a workspace
-    not made yet). Whether the engine runs it is workspace_up's."""
+def admit(
+    name: str, cluster_id: int, index: int, fingerprint: str, key_data: bytes,
+    person_id: int | None = None,
+) -> Login:  # fmt: skip
+    """What the database says of a proven holder of an attached key (`person_id`, the one
+    who logs in): the node's workspace to reach, or Refused saying why not (the cluster's
+    state, a missing node, a workspace not made yet). Whether the engine runs it is
+    workspace_up's."""
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:  # deleted since its key was checked
         raise Refused(f"Suanli: {name}: there is no such cluster.")
@@ -92,6 +100,7 @@ def admit(name: str, cluster_id: int, index: int, fingerprint: str, key_data: by
         name=name, cluster=cluster, index=index, host=node.host,
         container_id=node.workspace_container, fingerprint=fingerprint, key_data=key_data,
         exec_base=workspaces.exec_kwargs(cluster, [], tty=False),
+        person_id=cluster.owner_id if person_id is None else person_id,
     )  # fmt: skip
 
 
@@ -119,6 +128,11 @@ def workspace_up(login: Login) -> None:
 
 
 # -- sessions per researcher, across gateway processes and terminals (Redis) ----------------
+#
+# Counted per person, the one who logged in (Login.person_id; a web terminal's user), not
+# per owner of the cluster: on a team's clusters every member has SUANLI_SSH_MAX_SESSIONS
+# of their own, so that one member's sessions cannot starve the rest of the lab, and a
+# researcher's own clusters count as before (the owner is the person).
 
 redis_outage = Outage("Redis (gateway)", log)
 

@@ -6,7 +6,13 @@ jobs/access/sessions.py (logins, session counts), streams.py (an exec's stream) 
 hostkey.py (the host key's fingerprint).
 
 `ssh -p 2222 c42-0@console` logs in to node 0 of cluster 42 with a key attached to that
-cluster by its owner; nothing else logs in (no password, no other method). What a login
+cluster by its owner, or on a team's cluster with a member's own key attached to it while
+their role may use it (admission.key_attached); nothing else logs in (no password, no
+other method). A member removed from the team (or who left) is ended at once: the
+gateway follows the Redis channel of revoked memberships (jobs.tenancy.revocations) on a
+thread of its own and ends that person's connections to the team's clusters, and the
+heartbeat checks every connection's membership too (so a message lost while Redis was
+away ends them within HEARTBEAT_S). What a login
 gets, every part through the node's engine, so remote engines and any image work alike:
 - a shell (with a PTY, window changes followed) or `ssh host cmd` with its exit status:
   an exec in the workspace as the tenant's uid (workspaces.exec_kwargs, streams.exec_open);
@@ -81,24 +87,30 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import os
 import secrets
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import asyncssh
+import django_rq
 from axes.helpers import get_cool_off
 from django.conf import settings
 from django.http import HttpRequest
+from django.utils import translation
 
 from jobs.access import admission, hostkey, leftovers, sessions, sftp, streams
 from jobs.base import addresses
+from jobs.base.outage import REDIS_DOWN, Outage
 from jobs.nodes import engine, runtime, workspaces
+from jobs.tenancy import revocations
 
 log = logging.getLogger("suanli.gateway")
 
@@ -176,6 +188,7 @@ class Gateway:
         self.instance = secrets.token_hex(6)
         self.slot = slot
         self.watched: dict[str, tuple] = {}  # other gateways' beats, for the sweep
+        self.loop: asyncio.AbstractEventLoop | None = None  # serve's: revocations come to it
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -197,6 +210,53 @@ class Gateway:
             except Exception:
                 log.exception("checking the connections' clusters failed")
             await self.keep_up()
+
+    def revoked(self, person_id: int, principal_id: int) -> None:
+        """A membership was revoked (jobs.tenancy.revocations): end at once every connection
+        of that person to a cluster the team owns, in words. Their channels hang up what
+        they started (the shells, commands and relays of the execs, the sftp containers),
+        as when any connection drops."""
+        ended = [
+            c for c in self.connections
+            if c.login is not None and not c.lost and c.login.person_id == person_id
+            and c.login.cluster.owner_id == principal_id
+        ]  # fmt: skip
+        if ended:
+            self.spawn(self._end_revoked(ended))
+
+    async def _end_revoked(self, ended: list[Connection]) -> None:
+        try:
+            language = await admission.in_db(admission.language_of, ended[0].login.person_id)
+        except sessions.Refused:
+            language = settings.LANGUAGE_CODE  # the database is away: end them all the same
+        for connection in ended:
+            with translation.override(language):
+                connection.end(admission.revoked_words(connection.login))
+
+    def listen_revocations(self, stop: threading.Event) -> None:
+        """Follow the Redis channel of revoked memberships (jobs.tenancy.revocations), on a
+        thread of its own, until `stop`: each message ends that person's connections to
+        the team's clusters on the loop (revoked). Through a Redis restart it subscribes
+        again with back-off, the outage logged once; what was announced meanwhile is ended
+        by the heartbeat's check of every connection's membership."""
+        loop = self.loop
+        down = Outage("Redis (gateway revocations)", log)
+        while not stop.is_set():
+            try:
+                pubsub = django_rq.get_connection("default").pubsub(ignore_subscribe_messages=True)
+                with contextlib.closing(pubsub):
+                    pubsub.subscribe(revocations.CHANNEL)
+                    down.ok()
+                    while not stop.is_set():
+                        message = pubsub.get_message(timeout=1.0)
+                        body = _revocation(message)
+                        if body is not None:
+                            loop.call_soon_threadsafe(self.revoked, *body)
+            except REDIS_DOWN as exc:
+                stop.wait(down.failed(exc))
+            except Exception:
+                log.exception("following revoked memberships failed; again in 10 s")
+                stop.wait(10)
 
     async def keep_up(self) -> None:
         """Say this gateway is alive (with the workspaces its logins reach), and hang up
@@ -223,7 +283,7 @@ class Gateway:
         for connection in admitted:
             login = connection.login
             where = (login.cluster.pk, login.index, login.host.pk, login.container_id)
-            if where in live and (login.cluster.pk, login.fingerprint) in attached:
+            if where in live and (login.cluster.pk, login.fingerprint, login.person_id) in attached:
                 continue
             problem = await admission.in_db(admission.still_admitted, login)
             if problem is not None:
@@ -464,15 +524,16 @@ class Connection(asyncssh.SSHServer):
             attached = await admission.in_db(
                 admission.key_attached, cluster_id, fingerprint, key.public_data
             )
-        except sessions.Refused as exc:
+        except sessions.Refused as exc:  # the database is away, or a team's viewer
+            self.proved = isinstance(exc, admission.ReadOnly)
             self._banner(str(exc))
             return False
         except Exception:
             log.exception("%s: checking key %s failed", _shown(self.username), fingerprint)
             self._banner("Suanli: the gateway could not check your key; try again in a minute.")
             return False
-        self.proved = bool(attached)
-        if not attached:
+        self.proved = attached is not None
+        if attached is None:
             try:
                 words = await admission.in_db(
                     admission.not_attached_words, cluster_id, fingerprint, key.public_data,
@@ -484,10 +545,10 @@ class Connection(asyncssh.SSHServer):
             return False
         try:
             login = await admission.in_db(
-                admission.admit, name, cluster_id, index, fingerprint, key.public_data
+                admission.admit, name, cluster_id, index, fingerprint, key.public_data, attached
             )
             await asyncio.get_running_loop().run_in_executor(None, sessions.workspace_up, login)
-            owner_id = login.cluster.owner_id
+            owner_id = login.person_id  # the person's count, not the team's (sessions.py)
             limit = settings.SUANLI_SSH_MAX_SESSIONS
             claimed = await asyncio.to_thread(
                 sessions.session_claim, owner_id, self.session_id, limit
@@ -516,7 +577,7 @@ class Connection(asyncssh.SSHServer):
             self._banner(self.refusal)
             return False
         self.login = login
-        log.info("%s: login with %s from %s", login.name, fingerprint,
+        log.info("%s: login by %s with %s from %s", login.name, login.who, fingerprint,
                  self.conn.get_extra_info("peername"))  # fmt: skip
         return True
 
@@ -604,7 +665,7 @@ class Connection(asyncssh.SSHServer):
         self.sftp_live += 1
         if self.sftp_live <= 1:
             return True
-        owner_id = self.login.cluster.owner_id
+        owner_id = self.login.person_id
         claim = f"{self.session_id}.sftp.{secrets.token_hex(4)}"
         limit = settings.SUANLI_SSH_MAX_SESSIONS
         if not await asyncio.to_thread(sessions.session_claim, owner_id, claim, limit):
@@ -1032,6 +1093,18 @@ class PortRelay(Channel, asyncssh.SSHTCPSession):
             self.chan.close()
 
 
+def _revocation(message) -> tuple[int, int] | None:
+    """(person, principal) of a message on revocations.CHANNEL; None for anything else."""
+    if not message or message.get("type") != "message":
+        return None
+    try:
+        body = json.loads(message["data"])
+        return int(body["person"]), int(body["principal"])
+    except (ValueError, TypeError, KeyError):
+        log.warning("a revocation message not understood: %r", message.get("data"))
+        return None
+
+
 # -- the process ----------------------------------------------------------------------------
 
 
@@ -1085,6 +1158,13 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     heartbeat = loop.create_task(gateway.heartbeat())
+    gateway.loop = loop
+    stop_listening = threading.Event()
+    listener = threading.Thread(
+        target=gateway.listen_revocations, args=(stop_listening,), name="gateway-revocations",
+        daemon=True,
+    )  # fmt: skip
+    listener.start()
     # Listening on its slot now: a gateway killed there before hangs up here and now.
     gateway.spawn(gateway.keep_up())
     ready(
@@ -1093,6 +1173,7 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     )
     await stop.wait()
     heartbeat.cancel()
+    stop_listening.set()
     server.close()
     for connection in list(gateway.connections):
         connection.conn.disconnect(asyncssh.DISC_BY_APPLICATION, "the gateway is restarting")
