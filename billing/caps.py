@@ -43,6 +43,12 @@ def operator_zone():
     return zoneinfo.ZoneInfo(settings.TIME_ZONE)
 
 
+def zone_label() -> str:
+    """The operator's zone as the pages name it: "UTC+08:00", "UTC"."""
+    with timezone.override(operator_zone()):
+        return formatting.zone()
+
+
 def month_start(now: datetime | None = None) -> datetime:
     """The first instant of this calendar month in the operator's zone."""
     local = (now or timezone.now()).astimezone(operator_zone())

@@ -623,8 +623,9 @@ def _team_money(request, actor, form: TransferForm | None = None) -> dict:
     mine = None if actor.at_least(Role.OWNER) else actor.person.pk
     return {
         "team": actor.team,
-        "month": caps.month_start(),
-        "zone": formatting.zone(caps.month_start()),
+        # The operator's calendar month, named in the operator's zone (the reader's may differ).
+        "month": caps.month_start().astimezone(caps.operator_zone()).date(),
+        "zone": caps.zone_label(),
         "members": caps.member_rows(actor.team, account_id, only=mine),
         "clusters": caps.per_cluster(account_id, member_id=mine),
         "days": caps.per_day(account_id, member_id=mine),
