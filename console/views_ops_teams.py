@@ -6,6 +6,8 @@ Reading needs `jobs.view_team`; changing share or GPU limit `jobs.manage_teams` 
 staff status alone grants nothing (403), as every operator page (console/powers.py).
 """
 
+from decimal import Decimal
+
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -48,7 +50,7 @@ def _with_figures(teams: list[Team]) -> list[Team]:
     for team in teams:
         team.owner_login = owners.get(team.pk, "")
         team.balance = balances.get(team.principal_id)
-        team.held, team.gpu_hours = use.get(team.principal_id, (0, 0))
+        team.held, team.gpu_hours = use.get(team.principal_id, (0, Decimal("0.0")))
     return teams
 
 
