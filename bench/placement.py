@@ -36,7 +36,7 @@ from jobs.placement import capacity, scheduler  # noqa: E402
 from jobs.placement.catalog import seed_catalog  # noqa: E402
 
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", 10_000))
-FLEETS = [int(n) for n in os.environ.get("BENCH_HOSTS", "100,1000,5000").split(",")]
+FLEETS = [int(n) for n in os.environ.get("BENCH_HOSTS", "100,1000,5000").split(",") if n]
 TEAMS_HOSTS = int(os.environ.get("BENCH_TEAMS_HOSTS", 1000))
 TEAMS = 50
 
