@@ -95,9 +95,14 @@ def test_a_member_logs_in_with_their_own_key_and_removal_ends_the_session_at_onc
     mo_key = _own_key(people["mo"], tmp_path / "mo", "id_mo")
     vi_key = _own_key(people["vi"], tmp_path / "vi", "id_vi")
     bob_key = _own_key(bob, tmp_path / "bob", "id_bob")
-    # Each attaches their own key (SSH keys stay personal); the viewer's was attached
-    # directly, as one attached while a member stays after a change of role.
-    cluster.ssh_keys.add(mo_key.row, vi_key.row)
+    # Each attaches their own key (SSH keys stay personal); vi attached theirs while a
+    # member, then the owner made them a viewer: the key stays, the login does not.
+    services.ssh_key_attach(cluster=cluster, key=mo_key.row)
+    vi_member = TeamMember.objects.get(team=team, person=people["vi"])
+    teams.member_set_role(actor=owner, member=vi_member, role=TeamMember.Role.MEMBER)
+    services.ssh_key_attach(cluster=cluster, key=vi_key.row)
+    teams.member_set_role(actor=owner, member=vi_member, role=TeamMember.Role.VIEWER)
+    assert cluster.ssh_keys.filter(pk=vi_key.row.pk).exists()
     gw = start_gateway()
     login = workspaces.login_name(cluster.pk, 0)
 

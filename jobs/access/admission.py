@@ -274,12 +274,14 @@ def revoked_words(login: Login) -> str:
 
 def attached_keys(cluster_ids: set[int]) -> set[tuple[int, str, int]]:
     """(cluster, key fingerprint, person) of the keys attached to those clusters that may
-    log in (key_attached's rule, for all of them in four queries): the owner's own, and a
+    log in (key_attached's rule, for all of them in three queries): the owner's own, and a
     team member's own while their role may use the cluster. The heartbeat ends a
     connection whose key and person are no longer among them."""
-    rows = Cluster.ssh_keys.through.objects.filter(
-        cluster_id__in=cluster_ids, sshkey__owner__is_active=True
-    ).values_list("cluster_id", "cluster__owner_id", "sshkey__owner_id", "sshkey__fingerprint")
+    rows = list(
+        Cluster.ssh_keys.through.objects.filter(
+            cluster_id__in=cluster_ids, sshkey__owner__is_active=True
+        ).values_list("cluster_id", "cluster__owner_id", "sshkey__owner_id", "sshkey__fingerprint")
+    )
     owners = {owner_id for _, owner_id, _, _ in rows}
     roles = dict(
         ((principal, person), role)

@@ -982,7 +982,7 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             return None
         mounts = await admission.in_db(sftp.sftp_mounts, self.login.cluster)
         self.places = sftp.writable_places(mounts)
-        self.language = await admission.in_db(admission.language_of, self.login.cluster.owner_id)
+        self.language = await admission.in_db(admission.language_of, self.login.person_id)
         home = self.login.exec_base["workdir"]
         if self.watch is not None:
             self.watch.places, self.watch.language = self.places, self.language
@@ -1016,7 +1016,7 @@ class WorkspaceSession(Channel, asyncssh.SSHServerSession):
             if sftp.is_inside(path, home, places):
                 continue
             if not await asyncio.to_thread(sftp.workspace_may_write, self.login, path):
-                language = await admission.in_db(admission.language_of, self.login.cluster.owner_id)
+                language = await admission.in_db(admission.language_of, self.login.person_id)
                 self.fail(
                     sftp.not_writable_words(path, self.places, workspace=True, language=language)
                 )
