@@ -1201,10 +1201,22 @@ def node_save_image(request, cluster_id: Id, index: NodeIndex, payload: SaveImag
 # -- money ------------------------------------------------------------------------------
 
 
+def _payer(request, role: str = Role.OWNER):
+    """Whose money a call reads: the token's researcher's own, or, acting for a team, the
+    team's: its balance to its admins and owner, its ledger and bill (every member's
+    spending) to its owner alone (403, in words, below)."""
+    actor = _actor(request)
+    if actor.for_a_team:
+        actor.require(role)
+    return actor.principal
+
+
 @api.get("/balance", tags=["money"], response=_responses(200, Balance), summary="Your balance")
 def balance(request):
-    """Balance, what runs now costs an hour, and the newest 50 ledger entries."""
-    standing = money.standing(request.auth.user)
+    """Balance, what runs now costs an hour, and the newest 50 ledger entries (acting for
+    a team: its admins see its balance, its owner also the entries)."""
+    user = _payer(request, Role.ADMIN)
+    standing = money.standing(user)
     hours_left = standing.hours_left
     return {
         "currency": standing.currency,
@@ -1213,7 +1225,9 @@ def balance(request):
         "hours_left": round(hours_left, 2) if hours_left is not None else None,
         "seconds_left": standing.seconds_left,
         "time_left": standing.time_left_text if hours_left is not None else None,
-        "entries": list(money.entries_of(request.auth.user)[:PAGE]),
+        "entries": list(money.entries_of(user)[:PAGE])
+        if _actor(request).at_least(Role.OWNER)
+        else [],
     }
 
 
@@ -1232,7 +1246,7 @@ def _warning_of(user) -> dict:
 def balance_warning(request):
     """balance.low (and the pages' banner) when the balance lasts fewer hours than your
     threshold at the current burn; balance.critical under 30 minutes."""
-    return _warning_of(request.auth.user)
+    return _warning_of(_payer(request, Role.ADMIN))
 
 
 @api.put("/balance/warning", tags=["money"], response=_responses(200, BalanceWarningOut),
@@ -1240,11 +1254,12 @@ def balance_warning(request):
 def balance_warning_set(request, payload: BalanceWarning):
     """`{"hours": 3}`: warn when less than 3 hours are left at the current burn (0.5 to
     168); `{"hours": null}`: the operator's default again."""
+    user = _payer(request)
     try:
-        billing_services.set_low_balance_hours(request.auth.user, payload.hours)
+        billing_services.set_low_balance_hours(user, payload.hours)
     except ValidationError as exc:
         return _error(400, " ".join(exc.messages), {"hours": exc.messages})
-    return _warning_of(request.auth.user)
+    return _warning_of(user)
 
 
 def _page_of(queryset, page: int) -> tuple[list, dict]:
@@ -1260,7 +1275,7 @@ def bill(request, filters: Query[BillFilter]):
     """One UTC month's bill, newest first, 50 lines a page (`?page=`): usage summed per
     cluster and hour, every other entry a line of its own, each with the balance after it.
     `?kind=`, `?cluster=` narrow it; a line's pieces are at /bill/{id}/pieces."""
-    user = request.auth.user
+    user = _payer(request)
     now = timezone.now().astimezone(UTC)
     year, month = now.year, now.month
     if filters.month:
@@ -1270,7 +1285,7 @@ def bill(request, filters: Query[BillFilter]):
             return _error(400, words, {"month": [words]})
     cluster_id = None
     if filters.cluster:
-        cluster_id = fleet.cluster_for_user(user, filters.cluster).pk  # another's: 404
+        cluster_id = fleet.cluster_for_user(_actor(request), filters.cluster).pk  # another's: 404
     lines, pages = _page_of(
         money.bill(user, year, month, kind=filters.kind or "", cluster_id=cluster_id),
         filters.page,
@@ -1291,7 +1306,7 @@ def bill(request, filters: Query[BillFilter]):
 def bill_line_pieces(request, line_id: Id, filters: Query[PiecesFilter]):
     """The ledger entries one line sums (a usage hour's pieces, every few seconds), newest
     first, 50 a page; a line of another account is a 404."""
-    user = request.auth.user
+    user = _payer(request)
     line = money.bill_line_of(user, line_id)
     if line is None:
         raise Http404("No such bill line.")

@@ -379,3 +379,26 @@ def test_screenshots_of_the_team_billing_pages(
 
 def _csrf(page) -> str:
     return next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+
+
+def test_the_api_shows_a_teams_money_by_role(lab, alice, bob, placed):
+    from console.models import ApiToken
+
+    placed(lab, bob, "bobs")
+    tick(100)
+    tokens = {
+        who: ApiToken.issue(user=user, name="script", team=lab)[1]
+        for who, user in (("owner", alice), ("member", bob))
+    }
+
+    def get(who, url):
+        return Client().get(f"/api/v1{url}", HTTP_AUTHORIZATION=f"Bearer {tokens[who]}")
+
+    with time_machine.travel(at(100), tick=False):
+        bill = get("owner", "/bill?month=2026-12")
+        assert bill.status_code == 200
+        assert {line["kind"] for line in bill.json()["lines"]} == {"topup", "usage"}
+        assert get("owner", "/balance").json()["balance"] == "99.0000"
+        for url in ("/bill?month=2026-12", "/balance"):
+            refused = get("member", url)
+            assert refused.status_code == 403, url
