@@ -79,7 +79,8 @@ def test_the_images_page_lists_ones_own_images_quota_builds_and_users(
     _build(bob, name="secret", tag="v9")
 
     client = _client(alice)
-    with django_assert_max_num_queries(15):  # the quota's saved system disks: one query
+    # The quota's saved system disks: one query; the person's teams (the switcher): one.
+    with django_assert_max_num_queries(16):
         body = client.get(reverse("image_list")).content.decode()
     assert "my-torch:v1" in body and "tools:latest" in body
     assert f'<code class="copyable" data-testid="image-reference">{torch.reference}</code>' in body
