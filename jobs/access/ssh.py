@@ -251,7 +251,10 @@ class Gateway:
                         message = pubsub.get_message(timeout=1.0)
                         body = _revocation(message)
                         if body is not None:
-                            loop.call_soon_threadsafe(self.revoked, *body)
+                            try:
+                                loop.call_soon_threadsafe(self.revoked, *body)
+                            except RuntimeError:  # the loop closed: the gateway is ending
+                                return
             except REDIS_DOWN as exc:
                 stop.wait(down.failed(exc))
             except Exception:
