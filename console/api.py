@@ -1393,7 +1393,9 @@ def sweep_create(request, payload: NewSweep):
         words = [e for errors in fields.values() for e in errors]
         return _error(400, " ".join(words) or "Invalid input.", fields)
     try:
-        sweep = console_pools.sweep_create(owner=user, pool=pool, spec=form.spec())
+        sweep = console_pools.sweep_create(
+            owner=user, pool=pool, spec=form.spec(), created_by=_actor(request).person
+        )
     except ValidationError as exc:
         return _error(400, " ".join(exc.messages), {"pool": exc.messages})
     return Status(201, _sweep_detail(user, sweep.pk))

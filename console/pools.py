@@ -63,10 +63,10 @@ def submit(*, pool: Pool, spec: services.JobSpec) -> Job:
         return autoscaler.pool_submit(pool=pool, spec=spec)
 
 
-def sweep_create(*, owner, pool: Pool, spec) -> object:
+def sweep_create(*, owner, pool: Pool, spec, created_by=None) -> object:
     """A sweep on the pool (page, API), with the money figures fresh; refused in words when
     its trials would pass the caps of the pool's maker (billing.caps)."""
     refresh(pool)
     if why := caps.pool_refusal(pool):
         raise ValidationError(why)
-    return sweeps.sweep_create(owner=owner, pool=pool, spec=spec)
+    return sweeps.sweep_create(owner=owner, pool=pool, spec=spec, created_by=created_by)

@@ -2,7 +2,8 @@
 and what pruning saved, and its cancel. The engine is jobs/pools/sweeps.py; this module reads
 its figures (`sweeps.figures`) and shows them. Every sweep is looked up through its owner
 (`_sweep_for`: a researcher's, or a team's for its every member): another researcher's is
-404 on every URL. A team's members and above start sweeps; its admins cancel them."""
+404 on every URL. A team's members and above start sweeps and cancel theirs; its admins
+and owner cancel any."""
 
 import json
 import math
@@ -207,7 +208,9 @@ def sweep_new(request):
     if request.method == "POST" and form.is_valid():
         pool = form.cleaned_data["pool"]
         try:
-            sweep = console_pools.sweep_create(owner=actor.principal, pool=pool, spec=form.spec())
+            sweep = console_pools.sweep_create(
+                owner=actor.principal, pool=pool, spec=form.spec(), created_by=actor.person
+            )
         except ValidationError as exc:
             attach_errors(form, exc)
         else:

@@ -1544,6 +1544,11 @@ class Sweep(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sweeps"
     )
+    # The person who started it (a team's member: they may cancel it; admins any).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="sweeps")
     name = models.CharField(max_length=100)
     command = models.TextField()

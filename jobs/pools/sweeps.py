@@ -409,7 +409,9 @@ class SweepSpec:
     workdir: str = "/workspace"
 
 
-def sweep_create(*, owner, pool: Pool, spec: SweepSpec) -> Sweep:
+def sweep_create(*, owner, pool: Pool, spec: SweepSpec, created_by=None) -> Sweep:
+    """`owner`: whose the sweep is (a researcher, a team's principal); `created_by`: the
+    person who started it (default: the owner)."""
     if pool.owner_id != owner.pk:
         raise ValidationError(_("No such pool."))
     if pool.state != Pool.State.ACTIVE:
@@ -427,7 +429,7 @@ def sweep_create(*, owner, pool: Pool, spec: SweepSpec) -> Sweep:
     name = f"suanli-{uuid.uuid4().hex}"
     with transaction.atomic():
         sweep = Sweep.objects.create(
-            owner=owner, pool=pool, name=spec.name, command=spec.command, env=spec.env or {},
+            owner=owner, created_by=created_by or owner, pool=pool, name=spec.name, command=spec.command, env=spec.env or {},
             workdir=spec.workdir, space=space, metric=metric, direction=spec.direction,
             trials=spec.trials, parallel=spec.parallel, pruner=spec.pruner,
             min_steps=max(spec.min_steps, 1), study_name=name,
