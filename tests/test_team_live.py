@@ -10,12 +10,13 @@ import subprocess
 import threading
 import time
 
+import asyncssh
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 from test_app_origin_attacks import SERVE, _cookie_of, _get, _host, _ticket
-from test_gateway import make_key, start_gateway
+from test_gateway import _connect, make_key, start_gateway
 from test_terminal import _closed_with, _hung_up, _logins, _read_until, _workspace
 from test_workspace_apps import WS_SERVER, _in_workspace, _run, _with_workspace, _write
 from test_workspace_apps import _socket as _app_socket
@@ -268,3 +269,35 @@ def test_a_removed_members_open_app_websocket_closes_at_once(lab):
     assert opened[0] is True and hello == "hello from the workspace"
     assert closed == {"type": "websocket.close", "code": 4403}
     assert again == (False, 4404), "the member's cookie opens the team's app no more"
+
+
+def test_a_membership_gone_without_its_message_opens_no_channel_and_ends(
+    start_gateway, lab, tmp_path
+):
+    """The revocation's message is best-effort (Redis may be away): every channel open
+    reads the membership itself. Here the row goes without any message (as if it was
+    lost), the key stays attached: the next channel is refused in words and the
+    connection ends."""
+    team, _owner, cluster, people = lab
+    mo_key = _own_key(people["mo"], tmp_path / "mo", "id_mo")
+    services.ssh_key_attach(cluster=cluster, key=mo_key.row)
+    gw = start_gateway()
+    login = workspaces.login_name(cluster.pk, 0)
+
+    def gone():  # on a thread of its own (the event loop's may not use the database)
+        try:
+            TeamMember.objects.filter(team=team, person=people["mo"]).delete()
+        finally:
+            outage.close_db_connections()
+
+    async def session():
+        async with _connect(gw, login, mo_key) as conn:
+            assert (await conn.run("echo in")).stdout == "in\n"
+            await asyncio.to_thread(gone)
+            with pytest.raises(asyncssh.ChannelOpenError) as refused:
+                await conn.run("echo again")
+            await asyncio.wait_for(conn.wait_closed(), 10)
+            return refused.value.reason
+
+    reason = asyncio.run(session())
+    assert f"{login}: your access to this cluster ended" in reason, reason
