@@ -20,8 +20,8 @@ from console import (
     views_storage,
     views_subscriptions,
     views_sweeps,
-    views_webhooks,
     views_teams,
+    views_webhooks,
 )
 from console.powers import queue_pages
 
@@ -41,7 +41,6 @@ urlpatterns = [
     path("language/", views_account.set_language, name="set_language"),
     path("settings/", views_account.account_settings, name="account_settings"),
     path("acting/", acting.act_for, name="act_for"),
-    path("storage/", views_storage.storage_page, name="storage"),
     path("teams/", views_teams.team_list, name="teams"),
     path("teams/join/<str:token>/", views_teams.team_join, name="team_join"),
     path(
@@ -78,6 +77,7 @@ urlpatterns = [
         name="team_member_remove",
     ),
     path("teams/<int:team_id>/leave/", views_teams.team_leave, name="team_leave"),
+    path("storage/", views_storage.storage_page, name="storage"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     path("clusters/new/", views.cluster_new, name="cluster_new"),
     path("clusters/<int:cluster_id>/", views.cluster_detail, name="cluster_detail"),
@@ -106,7 +106,6 @@ urlpatterns = [
         name="cluster_key_detach",
     ),
     path("clusters/<int:cluster_id>/start/", views.cluster_start, name="cluster_start"),
-    path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
     path(
         "clusters/<int:cluster_id>/people/add/",
         views_teams.cluster_person_add,
@@ -117,6 +116,7 @@ urlpatterns = [
         views_teams.cluster_person_remove,
         name="cluster_person_remove",
     ),
+    path("clusters/<int:cluster_id>/jobs/new/", views.job_new, name="job_new"),
     path("pools/", views_pools.pool_list, name="pool_list"),
     path("pools/new/", views_pools.pool_new, name="pool_new"),
     path("pools/<int:pool_id>/", views_pools.pool_detail, name="pool_detail"),

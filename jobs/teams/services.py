@@ -1,5 +1,5 @@
 """Teams (课题组): making one, inviting and accepting, roles, caps, and removal
-(docs/teams.md). Pages (console/views_teams.py), the API and the CLI all call these; every
+(docs/user/teams.md). Pages (console/views_teams.py), the API and the CLI all call these; every
 function checks the actor's role itself, so no caller can forget to.
 
 Who may do what:
