@@ -91,6 +91,8 @@ OWN = {
     "team_invite", "team_invite_revoke", "team_member_role", "team_member_caps",
     "team_member_owner", "team_member_remove", "team_leave", "cluster_person_add",
     "cluster_person_remove",
+    # A member's money into their team (tests/test_team_money.py).
+    "billing_transfer",
 }  # fmt: skip
 # No session at all: the join scripts are public, the join endpoints answer token and
 # credential holders only, whoever is signed in (tests/test_host_join.py).
