@@ -10,10 +10,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
 from django.db import models
 from django.utils import timezone
-from django.utils.translation import gettext, gettext_lazy
+from django.utils.translation import gettext, gettext_lazy, gettext_noop
 
 from jobs.base import validators
 from jobs.base.crypto import EncryptedTextField
+from jobs.base.text import Text
 from jobs.base.text import show as show_text
 
 # The platform's own environment variables; defined beside the check that refuses them.
@@ -1664,6 +1665,12 @@ class GpuSubscription(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="gpu_subscriptions"
     )
+    # The person who asked (a team's member: when it fires it rents as them, within their
+    # caps, and only while they are still a member or above; see jobs/pools/subscriptions).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
     nodes = models.PositiveSmallIntegerField(default=1)
     gpus_per_node = models.PositiveSmallIntegerField()
@@ -1700,3 +1707,17 @@ class GpuSubscription(models.Model):
     @property
     def outcome_shown(self) -> str:
         return show_text(self.outcome) if self.outcome else ""
+
+    @classmethod
+    def cancel_waiting_of(cls, person, principal) -> int:
+        """Cancel the waiting subscriptions `person` made for `principal` (a team they
+        leave or are removed from: none of them may rent for the team any more), saying
+        why on each; how many. A conditional UPDATE: one that fires at the same moment
+        either fired first or is cancelled."""
+        why = Text(
+            gettext_noop("cancelled: %(person)s is no longer a member of the team"),
+            person=person.get_username(),
+        )
+        return cls.objects.filter(
+            owner=principal, created_by=person, state=cls.State.WAITING
+        ).update(state=cls.State.CANCELLED, outcome=why.as_json())
