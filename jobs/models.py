@@ -1459,6 +1459,9 @@ class Pool(models.Model):
     rate_per_hour = models.DecimalField(null=True, blank=True, **MONEY)
     spent = models.DecimalField(default=0, **MONEY)
     balance = models.DecimalField(null=True, blank=True, **MONEY)  # the owner's, likewise
+    # A team pool's: the GPUs its maker's GPU cap leaves (cap less what their clusters hold,
+    # this pool's included), likewise; None: no cap. The autoscaler adds no cluster past it.
+    gpu_room = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     created_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
