@@ -211,6 +211,10 @@ class Parting(Schema):
 class PartedOut(Schema):
     handed: list[int] = Field(description="clusters handed to the owner")
     stopped: list[int] = Field(description="clusters stopped, files kept")
+    restarted: list[int] = Field(
+        default_factory=list,
+        description="clusters whose workspaces were restarted (every process ended, files kept)",
+    )
 
 
 # -- finding things through the caller ------------------------------------------------------
@@ -419,14 +423,16 @@ def team_member_caps(request, team_id: Id, member_id: Id, payload: Caps):
 @router.delete("/{team_id}/members/{member_id}", response=_responses(200, PartedOut),
                summary="Remove a member")  # fmt: skip
 def team_member_remove(
-    request, team_id: Id, member_id: Id, clusters: Literal["hand", "stop"] = "hand"
-):
+    request, team_id: Id, member_id: Id, clusters: Literal["hand", "stop"] = "hand",
+    restart: bool = True,
+):  # fmt: skip
     """At once: their pages, tokens for the team, SSH sessions and terminals end. Their
     clusters in the team are handed to the owner (`clusters=hand`) or stopped, files kept
-    (`clusters=stop`)."""
+    (`clusters=stop`). `restart` (default true) also restarts the workspaces of every running team
+    cluster they could log in to (files kept), ending anything they left running there."""
     actor = _actor(request, team_id)
     member = _member(actor, member_id)
-    return teams.member_remove(actor=actor, member=member, clusters=clusters)
+    return teams.member_remove(actor=actor, member=member, clusters=clusters, restart=restart)
 
 
 # -- a team's invitations ----------------------------------------------------------------

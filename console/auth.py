@@ -20,6 +20,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import ValidationError
@@ -30,6 +31,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from jobs.base import addresses
+from jobs.tenancy.actors import is_team_principal
 
 # What axes records as the "username" of a failed API token: none (the token is never kept).
 _TOKEN_CREDENTIALS = {"username": None}
@@ -148,3 +150,12 @@ def token_failed(request: HttpRequest) -> bool:
     """Count a token that did not authenticate; True when that locked the address."""
     user_login_failed.send(sender=__name__, credentials=_TOKEN_CREDENTIALS, request=request)
     return bool(getattr(request, "axes_locked_out", False))
+
+
+class PeopleBackend(ModelBackend):
+    """Django's password log-in, for people only: a team's principal (the account a team
+    owns things as) never logs in nor keeps a session, whatever password or flag an
+    operator gives it in the admin (jobs.tenancy.actors.is_team_principal)."""
+
+    def user_can_authenticate(self, user) -> bool:
+        return super().user_can_authenticate(user) and not is_team_principal(user)

@@ -167,7 +167,8 @@ AUTH_PASSWORD_VALIDATORS = [
 # login views do; tests log in with the login form or force_login().
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Django's ModelBackend, refusing teams' principals (nobody logs in as a team).
+    "console.auth.PeopleBackend",
 ]
 AXES_ENABLED = envbool("AXES_ENABLED", True)
 AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 10)

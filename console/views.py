@@ -86,7 +86,7 @@ def signup(request):
             user = form.save()
             billing.account_for(user)  # an operator can top up the new user at once
         # Named: axes' throttling backend comes first and logs nobody in (settings).
-        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        login(request, user, backend="console.auth.PeopleBackend")
         messages.success(request, _("Welcome to Suanli, %(name)s.") % {"name": user.username})
         return redirect("dashboard")
     return render(request, "registration/signup.html", {"form": form})

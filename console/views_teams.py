@@ -324,9 +324,14 @@ def _parted(request, done: dict, who: str) -> None:
     messages.success(
         request,
         _(
-            "%(login)s is out of the team: %(handed)s clusters handed to the owner, %(stopped)s stopped (files kept)."
+            "%(login)s is out of the team: %(handed)s clusters handed to the owner, %(stopped)s stopped (files kept), %(restarted)s restarted."
         )
-        % {"login": who, "handed": len(done["handed"]), "stopped": len(done["stopped"])},
+        % {
+            "login": who,
+            "handed": len(done["handed"]),
+            "stopped": len(done["stopped"]),
+            "restarted": len(done.get("restarted", [])),
+        },  # fmt: skip
     )
 
 
@@ -338,8 +343,9 @@ def member_remove(request, team_id: int, member_id: int):
     who = member.person.get_username()
     try:
         done = teams.member_remove(
-            actor=actor, member=member, clusters=request.POST.get("clusters", "")
-        )
+            actor=actor, member=member, clusters=request.POST.get("clusters", ""),
+            restart=request.POST.get("restart") == "1",
+        )  # fmt: skip
     except ValidationError as exc:
         return _refused(request, exc, _back(team_id))
     _parted(request, done, who)

@@ -113,6 +113,17 @@ def cluster_workspaces_stop(cluster_id: int, tries: int = 0) -> bool:
     return False
 
 
+def cluster_workspaces_restart(cluster_id: int, tries: int = 0) -> bool:
+    """A team member left with "restart": the cluster's running workspaces restarted (files
+    kept), so that nothing they left running outlives them; tried again while an engine does
+    not answer."""
+    if workspaces.restart(cluster_id):
+        return True
+    if tries < 5:
+        enqueue_later(cluster_workspaces_restart, cluster_id, tries + 1, delay_s=10 * (tries + 1))
+    return False
+
+
 def cluster_workspaces_save(cluster_id: int, tries: int = 0) -> bool:
     """After a stop: the kept workspaces' root filesystems pushed to the registry, so that
     the cluster can start on another host when its own has no room; tried again a little

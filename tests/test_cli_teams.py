@@ -68,7 +68,7 @@ def test_a_lab_is_run_from_the_command_line(live_server, alice, bob, tmp_path):
 
     assert "You left Vision lab" in carol("teams", "leave", "Vision lab").stdout
     removed = owner.json("teams", "remove", "Vision lab", "bob", "--clusters", "stop")
-    assert removed == {"handed": [], "stopped": []}
+    assert removed == {"handed": [], "stopped": [], "restarted": []}
     assert not TeamMember.objects.filter(person=bob).exists()
     gone = student.json_error("teams", "show", "Vision lab")
     assert "no team named 'Vision lab'" in gone["error"]

@@ -179,13 +179,13 @@ def test_removing_and_leaving_hand_or_stop_their_clusters(alice, lab, make_clust
     made = make_cluster(owner=lab.principal, name="mo-run", created_by=who("mo"))
     made.members.add(who("mo"))
     status, parted = owner("delete", f"teams/{lab.pk}/members/{member_id(lab, 'mo')}?clusters=hand")
-    assert status == 200 and parted == {"handed": [made.pk], "stopped": []}
+    assert status == 200 and parted == {"handed": [made.pk], "stopped": [], "restarted": []}
     assert Cluster.objects.get(pk=made.pk).created_by == alice
     assert mo("get", f"teams/{lab.pk}")[0] == 404
     assert owner("delete", f"teams/{lab.pk}/members/{member_id(lab, 'vi')}?clusters=burn")[0] == 400
 
     status, left = Api(who("vi"))("post", f"teams/{lab.pk}/leave", {"clusters": "stop"})
-    assert status == 200 and left == {"handed": [], "stopped": []}
+    assert status == 200 and left == {"handed": [], "stopped": [], "restarted": []}
     status, said = owner("post", f"teams/{lab.pk}/leave")
     assert status == 400 and "owner cannot leave" in said["error"]
 

@@ -24,6 +24,7 @@ from waiting import until
 
 from console import proxy
 from console.asgi import application
+from jobs import tasks
 from jobs.access import webapps
 from jobs.base import outage
 from jobs.clusters import services
@@ -301,3 +302,23 @@ def test_a_membership_gone_without_its_message_opens_no_channel_and_ends(
 
     reason = asyncio.run(session())
     assert f"{login}: your access to this cluster ended" in reason, reason
+
+
+def test_removal_with_restart_ends_what_the_member_left_running_and_keeps_the_files(lab):
+    """A shell's `setsid`/`nohup` outlives its SSH session: the member removed with
+    "restart" (the page's default) has the workspaces of every team cluster they could log
+    in to restarted, so that nothing they started runs on; every file stays."""
+    team, owner, cluster, people = lab
+    notes = f"{workspaces.home(cluster)}/notes.txt"
+    _write(cluster, notes, "kept")
+    left = _in_workspace(cluster, "/bin/sh", "-c", "setsid sleep 7777 >/dev/null 2>&1 &")
+    assert left.exit_code == 0, left.output
+    assert b"sleep 7777" in _in_workspace(cluster, "ps", "-eo", "args").output
+    member = TeamMember.objects.get(team=team, person=people["mo"])
+    done = teams.member_remove(actor=owner, member=member, restart=True)
+    assert done["restarted"] == [cluster.pk]
+    assert tasks.cluster_workspaces_restart(cluster.pk)  # what the queued task runs
+    assert b"sleep 7777" not in _in_workspace(cluster, "ps", "-eo", "args").output
+    assert _in_workspace(cluster, "cat", notes).output == b"kept"
+    said = ClusterEvent.objects.filter(cluster=cluster, kind="restarted").get().message
+    assert "mo left the team" in said and "files kept" in said

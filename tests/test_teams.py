@@ -132,7 +132,7 @@ def test_a_removed_member_loses_the_team_at_once_and_their_clusters_go_to_the_ow
     theirs = make_cluster(lab.principal, "mo-run", created_by=mo.person)
     member = TeamMember.objects.get(team=lab, person=mo.person)
     done = teams.member_remove(actor=actor(lab, "alice"), member=member, clusters=teams.HAND)
-    assert done == {"handed": [theirs.pk], "stopped": []}
+    assert done == {"handed": [theirs.pk], "stopped": [], "restarted": []}
     theirs.refresh_from_db()
     assert theirs.created_by.username == "alice"
     assert list(theirs.members.values_list("username", flat=True)) == ["alice"]
@@ -151,3 +151,96 @@ def test_the_owner_leaves_only_after_handing_ownership_on(lab):
     assert actor(lab, "ada").role == Role.OWNER and actor(lab, "alice").role == Role.ADMIN
     teams.member_leave(person=alice.person, team=lab)
     assert not Team.objects.get(pk=lab.pk).memberships.filter(person=alice.person).exists()
+
+
+def test_a_removed_or_demoted_admins_links_let_nobody_in(lab, bob):
+    """An admin's invitation links end with their power: kept by an admin who is removed,
+    a link must not bring them back, nor anyone else."""
+    ada = actor(lab, "ada")
+    _, kept = teams.invite_create(actor=ada, role=Role.MEMBER)
+    _, given = teams.invite_create(actor=ada, role=Role.MEMBER)
+    owner = actor(lab, "alice")
+    teams.member_set_role(
+        actor=owner, member=TeamMember.objects.get(team=lab, person=ada.person), role=Role.VIEWER
+    )
+    assert teams.invite_for_token(given) is None  # revoked with the demotion
+    teams.member_remove(actor=owner, member=TeamMember.objects.get(team=lab, person=ada.person))
+    assert teams.invite_for_token(kept) is None
+    # Even an invitation still open (made before the revocation existed) opens nothing once
+    # its maker may no longer grant its role.
+    invite, token = teams.invite_create(actor=owner, role=Role.ADMIN)
+    teams.owner_transfer(
+        actor=owner, member=TeamMember.objects.get(team=lab, person__username="mo")
+    )
+    with pytest.raises(ValidationError, match="used, revoked or has expired"):
+        teams.invite_accept(person=bob, invite=invite)
+
+
+def test_what_a_removed_member_made_for_the_team_stays_the_teams(lab, catalog):
+    """Their pools and sweeps go to the owner (so that no uncapped spender remains), their
+    waiting GPU subscriptions end."""
+    from jobs.models import GpuModel, GpuSubscription, Pool
+
+    mo = actor(lab, "mo")
+    pool = Pool.objects.create(owner=lab.principal, created_by=mo.person, name="mo-pool")
+    sub = GpuSubscription.objects.create(
+        owner=lab.principal, created_by=mo.person, gpu_model=GpuModel.objects.first(),
+        gpus_per_node=1, expires_at=timezone.now() + timedelta(days=1),
+    )  # fmt: skip
+    teams.member_remove(
+        actor=actor(lab, "alice"), member=TeamMember.objects.get(team=lab, person=mo.person)
+    )
+    pool.refresh_from_db()
+    assert pool.created_by.username == "alice"
+    sub.refresh_from_db()
+    assert sub.state != GpuSubscription.State.WAITING
+
+
+def test_nobody_logs_in_as_a_team_even_with_a_password(lab, client):
+    """An operator who gives a team's account a password in the admin gets no log-in."""
+    lab.principal.set_password("team-pass-123")
+    lab.principal.save()
+    page = client.post("/login/", {"username": lab.principal.username, "password": "team-pass-123"})
+    assert page.status_code == 200 and "_auth_user_id" not in client.session
+
+
+def test_a_member_sees_their_job_on_a_teammates_pool(lab, make_cluster):
+    """A team's pools are shared with its people: a job a member sent to the admin's pool
+    is on a cluster nobody added them to, and still theirs to open."""
+    from jobs.models import Job, Pool
+
+    ada, mo = actor(lab, "ada"), actor(lab, "mo")
+    pool = Pool.objects.create(owner=lab.principal, created_by=ada.person, name="ada-pool")
+    pooled = make_cluster(lab.principal, "ada-pool-1", created_by=ada.person, pool=pool)
+    job = Job.objects.create(
+        cluster=pooled, owner=lab.principal, pool=pool, name="mo-train", command="true"
+    )
+    assert fleet.job_for_user(mo, job.pk) == job
+    assert list(fleet.jobs_for(mo)) == [job]
+    with pytest.raises(Http404):
+        fleet.cluster_for_user(mo, pooled.pk)  # the pool's cluster stays the admin's
+    with pytest.raises(Http404):
+        fleet.job_for_user(mo.person, job.pk)  # acting for himself: not his
+
+
+def test_stop_for_a_leaving_member_leaves_nothing_of_theirs_to_be_placed(lab, make_cluster):
+    """ "Stop their clusters" also withdraws their requests still waiting: nothing of theirs
+    is placed and charged to the team after they leave."""
+    mo = actor(lab, "mo")
+    waiting = make_cluster(lab.principal, "mo-wait", created_by=mo.person, gpus=64)  # no room
+    assert waiting.state == Cluster.State.PENDING
+    done = teams.member_remove(
+        actor=actor(lab, "alice"), member=TeamMember.objects.get(team=lab, person=mo.person),
+        clusters=teams.STOP,
+    )  # fmt: skip
+    assert done["stopped"] == [waiting.pk]
+    waiting.refresh_from_db()
+    assert waiting.state == Cluster.State.RELEASED and "withdrawn" in waiting.state_reason
+
+
+def test_team_services_answer_404_to_someone_acting_for_themselves(lab, alice):
+    member = TeamMember.objects.get(team=lab, person__username="mo")
+    with pytest.raises(Http404):
+        teams.member_set_caps(actor=Actor.of(alice), member=member, monthly_cap=None, gpu_cap=1)
+    with pytest.raises(Http404):
+        teams.invite_create(actor=Actor.of(alice), role=Role.MEMBER)

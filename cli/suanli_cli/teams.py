@@ -206,7 +206,11 @@ def teams_caps(team, login, monthly, gpus, as_json):
 def _parted(data: dict, who: str) -> str:
     handed = ", ".join(map(str, data.get("handed", []))) or "none"
     stopped = ", ".join(map(str, data.get("stopped", []))) or "none"
-    return f"{who}. Clusters handed to the owner: {handed}; stopped (files kept): {stopped}."
+    restarted = ", ".join(map(str, data.get("restarted", []))) or "none"
+    return (
+        f"{who}. Clusters handed to the owner: {handed}; stopped (files kept): {stopped}; "
+        f"workspaces restarted: {restarted}."
+    )
 
 
 CLUSTERS = click.option(
@@ -219,13 +223,21 @@ CLUSTERS = click.option(
 @click.argument("team")
 @click.argument("login", metavar="MEMBER")
 @CLUSTERS
+@click.option(
+    "--restart/--no-restart", default=True, show_default=True,
+    help="Restart the workspaces of the team clusters they could log in to (ends anything "
+    "they left running; files kept).",
+)  # fmt: skip
 @json_option
-def teams_remove(team, login, clusters, as_json):
+def teams_remove(team, login, clusters, restart, as_json):
     """Remove a member at once (their tokens for the team, SSH sessions and terminals end)."""
     api = _api()
     found = _team(api, team)
     member = _member(api, found, login)
-    done = api.delete(f"teams/{found['id']}/members/{member['id']}", login, clusters=clusters)
+    done = api.delete(
+        f"teams/{found['id']}/members/{member['id']}", login, clusters=clusters,
+        restart="true" if restart else "false",
+    )  # fmt: skip
     _done(as_json, done, _parted(done, f"{login} removed from {found['name']}"))
 
 

@@ -499,6 +499,34 @@ def kept_nodes(cluster_id: int):
     ).exclude(workspace_container="")
 
 
+def restart(cluster_id: int) -> bool:
+    """Every running workspace of the cluster restarted in place (its files, GPUs and
+    address kept; every process in it ended: e.g. what a removed team member left running),
+    and the cluster's sftp containers gone. True when all are done; False when an engine
+    did not answer (try again)."""
+    done = True
+    for node in _live_nodes(cluster_id):
+        if not node.workspace_container or node.stopped_at is not None:
+            continue
+        try:
+            client = engine.cached_client(node.host)
+            client.containers.get(node.workspace_container).restart(
+                timeout=settings.SUANLI_WORKSPACE_STOP_S
+            )
+            for container in client.containers.list(
+                ignore_removed=True,
+                all=True,
+                filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
+            ):
+                _remove_one(node.host, container.id)
+        except docker.errors.NotFound:
+            log.warning("the workspace of %s is gone from %s", node, node.host.name)
+        except _ERRORS as exc:
+            log.info("workspace of %s not restarted yet: %s", node, exc)
+            done = False
+    return done
+
+
 def stop(cluster_id: int) -> bool:
     """After a stop: every kept workspace of the cluster stopped (its filesystem stays on
     its host), and the cluster's sftp sessions' containers gone. True when all are

@@ -26,10 +26,19 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from jobs.base.queue import enqueue_by_name
 from jobs.base.text import Text
 from jobs.clusters import services as cluster_services
 from jobs.events.timeline import cluster_event
-from jobs.models import Cluster, Team, TeamInvite, TeamMember
+from jobs.models import (
+    Cluster,
+    GpuSubscription,
+    Pool,
+    Sweep,
+    Team,
+    TeamInvite,
+    TeamMember,
+)
 from jobs.tenancy.actors import Actor, is_team_principal
 from jobs.tenancy.revocations import announce_revoked
 
@@ -77,6 +86,7 @@ def team_create(*, person, name: str) -> Team:
 
 @transaction.atomic
 def team_rename(*, actor: Actor, name: str) -> Team:
+    _team_actor(actor)
     actor.require(Role.ADMIN)
     team = actor.team
     team.name = _clean_name(name)
@@ -84,8 +94,17 @@ def team_rename(*, actor: Actor, name: str) -> Team:
     return team
 
 
+def _team_actor(actor: Actor) -> Team:
+    """The team `actor` acts for; 404 for someone acting for themselves (a caller that
+    forgot Actor.for_team gets the answer of a missing team, not a crash)."""
+    if actor.team is None:
+        raise Http404(_("No such team."))
+    return actor.team
+
+
 def _may_grant(actor: Actor, role: str) -> None:
     """Admins grant member and viewer; the owner also admin. Nobody grants owner here."""
+    _team_actor(actor)
     actor.require(Role.ADMIN)
     if role not in (Role.ADMIN, Role.MEMBER, Role.VIEWER):
         raise ValidationError(_("Choose admin, member or viewer."), code="role")
@@ -95,6 +114,7 @@ def _may_grant(actor: Actor, role: str) -> None:
 
 def _may_manage(actor: Actor, member: TeamMember) -> None:
     """Change or remove `member`: only someone above them (the owner above admins)."""
+    _team_actor(actor)
     actor.require(Role.ADMIN)
     if member.team_id != actor.team.pk:
         raise ValidationError(_("No such member."), code="missing")
@@ -176,6 +196,7 @@ def invite_for_token(token: str) -> TeamInvite | None:
 @transaction.atomic
 def invite_accept(*, person, invite: TeamInvite) -> TeamMember:
     """`person` joins by `invite` (a link's, or one made to their login)."""
+    Team.objects.select_for_update().filter(pk=invite.team_id).first()  # counts members
     invite = TeamInvite.objects.select_for_update().select_related("team").get(pk=invite.pk)
     if not invite.open:
         raise ValidationError(
@@ -190,11 +211,41 @@ def invite_accept(*, person, invite: TeamInvite) -> TeamMember:
         raise ValidationError(
             _("You are already in %(team)s.") % {"team": invite.team.name}, code="duplicate"
         )
+    if invite.team.memberships.count() >= settings.SUANLI_TEAM_MEMBERS_MAX:
+        raise ValidationError(
+            _("%(team)s has %(n)s members, the most a team may.")
+            % {"team": invite.team.name, "n": settings.SUANLI_TEAM_MEMBERS_MAX},
+            code="too_many",
+        )
+    if not _maker_may_still_grant(invite):
+        raise ValidationError(
+            _("This invitation was used, revoked or has expired: ask for a new one."),
+            code="closed",
+        )
     member = TeamMember.objects.create(team=invite.team, person=person, role=invite.role)
     invite.accepted_at = timezone.now()
     invite.accepted_by = person
     invite.save(update_fields=["accepted_at", "accepted_by"])
     return member
+
+
+def _maker_may_still_grant(invite: TeamInvite) -> bool:
+    """An invitation is good only while its maker may still grant its role: made by an admin
+    who was removed or demoted since, it opens nothing (their open ones are revoked then
+    too: _revoke_invites_of)."""
+    maker = invite.team.memberships.filter(person_id=invite.created_by_id).first()
+    if maker is None:
+        return False
+    needed = Role.OWNER if invite.role == Role.ADMIN else Role.ADMIN
+    return maker.at_least(needed)
+
+
+def _revoke_invites_of(team: Team, person) -> None:
+    """The open invitations `person` made for `team` end (they left, or may no longer
+    invite): a link kept by a removed admin must not let them back in."""
+    TeamInvite.objects.filter(
+        team=team, created_by=person, accepted_at__isnull=True, revoked_at__isnull=True
+    ).update(revoked_at=timezone.now())
 
 
 @transaction.atomic
@@ -207,6 +258,7 @@ def invite_decline(*, person, invite: TeamInvite) -> None:
 
 @transaction.atomic
 def invite_revoke(*, actor: Actor, invite: TeamInvite) -> None:
+    _team_actor(actor)
     actor.require(Role.ADMIN)
     if invite.team_id != actor.team.pk:
         raise ValidationError(_("No such invitation."), code="missing")
@@ -219,8 +271,18 @@ def invite_revoke(*, actor: Actor, invite: TeamInvite) -> None:
 def member_set_role(*, actor: Actor, member: TeamMember, role: str) -> TeamMember:
     _may_manage(actor, member)
     _may_grant(actor, role)
+    lower = TeamMember.RANK[role] < TeamMember.RANK[member.role]
     member.role = role
     member.save(update_fields=["role"])
+    if lower:
+        # A demoted person's open invitations end, and what they have open (terminals,
+        # app sockets) is told to close: it reconnects, if it may, with the new role.
+        if role != Role.ADMIN:
+            _revoke_invites_of(member.team, member.person)
+        person_id, principal_id = member.person_id, member.team.principal_id
+        transaction.on_commit(
+            lambda: announce_revoked(person_id=person_id, principal_id=principal_id)
+        )
     return member
 
 
@@ -229,6 +291,7 @@ def member_set_caps(
     *, actor: Actor, member: TeamMember, monthly_cap: Decimal | None, gpu_cap: int | None
 ) -> TeamMember:
     """The owner's caps on one member's spending this month and GPUs held (None: no cap)."""
+    _team_actor(actor)
     actor.require(Role.OWNER)
     if member.team_id != actor.team.pk:
         raise ValidationError(_("No such member."), code="missing")
@@ -246,6 +309,7 @@ def member_set_caps(
 @transaction.atomic
 def owner_transfer(*, actor: Actor, member: TeamMember) -> None:
     """The owner hands ownership to another member, and becomes an admin."""
+    _team_actor(actor)
     actor.require(Role.OWNER)
     if member.team_id != actor.team.pk or member.pk == actor.membership.pk:
         raise ValidationError(_("Choose another member of the team."), code="missing")
@@ -257,13 +321,17 @@ HAND = "hand"
 STOP = "stop"
 
 
-def member_remove(*, actor: Actor, member: TeamMember, clusters: str = HAND) -> dict:
+def member_remove(
+    *, actor: Actor, member: TeamMember, clusters: str = HAND, restart: bool = False
+) -> dict:
     """Remove `member` from the team at once: their pages, API tokens for the team, SSH
     sessions, web terminals and app proxies end (announce_revoked after commit). Their
     clusters in the team are handed to the owner (HAND) or stopped, files kept (STOP).
-    Returns {"handed": [ids], "stopped": [ids]}."""
+    With `restart`, the workspaces of every running team cluster they could log in to are
+    restarted (files kept): nothing they left running there outlives them.
+    Returns {"handed": [ids], "stopped": [ids], "restarted": [ids]}."""
     _may_manage(actor, member)
-    return _part(member, clusters=clusters, by=actor.person.get_username())
+    return _part(member, clusters=clusters, by=actor.person.get_username(), restart=restart)
 
 
 def member_leave(*, person, team: Team, clusters: str = HAND) -> dict:
@@ -278,31 +346,37 @@ def member_leave(*, person, team: Team, clusters: str = HAND) -> dict:
     return _part(member, clusters=clusters, by=person.get_username())
 
 
-def _part(member: TeamMember, *, clusters: str, by: str) -> dict:
+def _part(member: TeamMember, *, clusters: str, by: str, restart: bool = False) -> dict:
+    """`member` leaves: their invitations, waiting GPU subscriptions end; the pools and
+    sweeps they made are the owner's from now on; their clusters are handed or stopped;
+    with `restart`, the workspaces of every running team cluster they could log in to are
+    restarted (files kept), which ends any process they left running there (a shell's
+    `nohup`/`setsid` outlives its session: only a restart ends it for sure)."""
     if clusters not in (HAND, STOP):
         raise ValidationError(_("Choose to hand their clusters to the owner or stop them."))
     team, person = member.team, member.person
     owner = team.memberships.get(role=Role.OWNER).person
-    done = {"handed": [], "stopped": []}
+    done = {"handed": [], "stopped": [], "restarted": []}
     with transaction.atomic():
         theirs = Cluster.objects.select_for_update().filter(owner=team.principal)
         made = [c for c in theirs.filter(created_by=person).exclude(state__in=_GONE)]
+        reached = theirs if member.at_least(Role.ADMIN) else theirs.filter(members=person)
+        reached = list(reached.filter(state=Cluster.State.RUNNING).values_list("pk", flat=True))
         for cluster in Cluster.objects.filter(owner=team.principal, members=person):
             cluster.members.remove(person)
             cluster.ssh_keys.remove(*cluster.ssh_keys.filter(owner=person))
+        _revoke_invites_of(team, person)
+        Pool.objects.filter(owner=team.principal, created_by=person).update(created_by=owner)
+        Sweep.objects.filter(owner=team.principal, created_by=person).update(created_by=owner)
+        GpuSubscription.cancel_waiting_of(person, team.principal)
         member.delete()
     who = person.get_username()
+    if restart:
+        done["restarted"] = _restart_reached(reached, who=who, by=by)
     for cluster in made:
-        if clusters == STOP and cluster.state == Cluster.State.RUNNING:
-            try:
-                cluster_services.cluster_stop(
-                    cluster=cluster, by=by, limited=False,
-                    reason=Text(gettext_noop("stopped: %(who)s left the team"), who=who),
-                )  # fmt: skip
-                done["stopped"].append(cluster.pk)
-                continue
-            except ValidationError:
-                pass  # not stoppable now (releasing): handed on instead
+        if clusters == STOP and _stopped(cluster, who=who, by=by):
+            done["stopped"].append(cluster.pk)
+            continue
         Cluster.objects.filter(pk=cluster.pk).update(created_by=owner)
         cluster.members.add(owner)
         cluster_event(
@@ -320,6 +394,48 @@ def _part(member: TeamMember, *, clusters: str, by: str) -> dict:
 
 
 _GONE = (Cluster.State.RELEASED, Cluster.State.FAILED)
+
+
+def _stopped(cluster: Cluster, *, who: str, by: str) -> bool:
+    """STOP for one cluster of a member who leaves: a running one stops (files kept), one
+    waiting to start again goes back to stopped, a request never placed is withdrawn; so
+    that nothing of theirs is placed and charged to the team after. False when it cannot
+    be stopped now (releasing): it is handed to the owner instead."""
+    reason = Text(gettext_noop("stopped: %(who)s left the team"), who=who)
+    if cluster.state == Cluster.State.PENDING:
+        with transaction.atomic():
+            if cluster.stopped_at is not None:
+                return cluster_services.cluster_stop_waiting(cluster=cluster, reason=reason)
+            withdrawn = Text(gettext_noop("withdrawn: %(who)s left the team"), who=who)
+            cluster_services.cluster_release(cluster=cluster, reason=withdrawn)
+            return True
+    if cluster.state != Cluster.State.RUNNING:
+        return False
+    try:
+        cluster_services.cluster_stop(cluster=cluster, by=by, limited=False, reason=reason)
+    except ValidationError:
+        return False
+    return True
+
+
+def _restart_reached(cluster_ids: list[int], *, who: str, by: str) -> list[int]:
+    """Restart the workspaces of these running clusters (jobs.tasks.cluster_workspaces_restart,
+    queued by name after commit): every process in them ends, their files stay."""
+    for cluster_id in cluster_ids:
+        cluster_event(
+            cluster_id, "restarted",
+            Text(
+                gettext_noop(
+                    "workspaces restarted, files kept: %(who)s left the team (by %(by)s)"
+                ),
+                who=who, by=by,
+            ),
+        )  # fmt: skip
+        enqueue_by_name(
+            "jobs.tasks.cluster_workspaces_restart", cluster_id,
+            job_id=f"ws-restart-{cluster_id}",
+        )  # fmt: skip
+    return list(cluster_ids)
 
 
 def _may_change_people(actor: Actor, cluster: Cluster) -> None:

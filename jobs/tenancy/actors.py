@@ -22,7 +22,7 @@ Layer: tenancy (beside events and files), on models.
 from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 from django.utils.translation import gettext as _
 
@@ -107,9 +107,12 @@ class Actor:
         return clusters
 
     def jobs(self) -> QuerySet[Job]:
+        """The jobs of the clusters it sees, and (a team's pools being shared with all its
+        people) every job of the team's pools: a member's own job on a teammate's pool."""
         jobs = Job.objects.filter(owner=self.principal)
         if not self.sees_all:
-            jobs = jobs.filter(cluster__members=self.person)
+            theirs = Cluster.objects.filter(owner=self.principal, members=self.person)
+            jobs = jobs.filter(Q(cluster__in=theirs) | Q(pool__isnull=False))
         return jobs
 
     def sees(self, cluster: Cluster) -> bool:
