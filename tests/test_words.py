@@ -167,8 +167,6 @@ def test_an_image_saved_from_a_workspace_reads_in_the_readers_language(
     preferences.save(alice, language="zh-hans")
     client.force_login(alice)
     page = client.get(reverse("image_list")).content.decode()
-    with open("/tmp/h/words/images.html", "w") as f:
-        f.write(page)
     assert "saved from train-1 node 0" not in page
     assert "train-1" in page
 
