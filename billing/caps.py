@@ -195,6 +195,17 @@ def pool_refusal(pool) -> str:
     )  # fmt: skip
 
 
+def submitter_refusal(pool, person) -> str:
+    """Why `person`'s own caps refuse the work they submit to a team's pool (a job, a
+    sweep): its clusters are charged to the pool's maker's budget, yet the submitter must be
+    within their own monthly budget, else a member whose budget is spent (or capped at 0)
+    would run on a teammate's pool and dodge their cap. The look-ahead is one of the pool's
+    clusters at its price; no GPUs are asked (the pool's clusters hold its maker's)."""
+    return cap_refusal(
+        principal=pool.owner, person=person, per_hour=pool.rate_per_hour or ZERO, gpus=0
+    )
+
+
 def capped_members(account_ids, *, now: datetime | None = None) -> list[tuple[TeamMember, Decimal]]:
     """The members of these (team) accounts whose spending this month reached their
     monthly cap, with what they spent: the accrual stops their clusters."""

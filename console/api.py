@@ -1086,7 +1086,7 @@ def pool_job_submit(request, pool_id: Id, payload: JobBody):
     form = JobForm(_job_form_data(payload))
     if not form.is_valid():
         return _fields_error(form)
-    return Status(201, console_pools.submit(pool=p, spec=form.spec()))
+    return Status(201, console_pools.submit(pool=p, spec=form.spec(), by=_actor(request).person))
 
 
 @api.post(
@@ -1462,7 +1462,9 @@ def gpu_subscription_add(request, payload: NewGpuSubscription):
     given["spot"] = bool(payload.spot)
     try:
         sub = subscriptions.subscribe(
-            subscriptions.SubscriptionRequest(owner=actor.principal, **given),
+            subscriptions.SubscriptionRequest(
+                owner=actor.principal, created_by=actor.person, **given
+            ),
             funds=partial(check_funds, actor),
         )
     except ValidationError as exc:

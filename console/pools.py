@@ -54,10 +54,14 @@ def tick() -> int:
     return len(ids)
 
 
-def submit(*, pool: Pool, spec: services.JobSpec) -> Job:
-    """A job onto the pool, with the money figures fresh (page, API, command line)."""
+def submit(*, pool: Pool, spec: services.JobSpec, by=None) -> Job:
+    """A job onto the pool, with the money figures fresh (page, API, command line); refused
+    in words when `by` (who submits; default the pool's maker) is past their own monthly
+    budget in the team, or the pool needs a cluster its maker's caps refuse."""
     with transaction.atomic():
         refresh(pool)
+        if why := caps.submitter_refusal(pool, by or pool.created_by):
+            raise ValidationError(why)  # the submitter's own budget, in its own words
         if autoscaler.blocked(pool) is not None and (why := caps.pool_refusal(pool)):
             raise ValidationError(why)  # the maker's cap, in its own words
         return autoscaler.pool_submit(pool=pool, spec=spec)
@@ -65,8 +69,12 @@ def submit(*, pool: Pool, spec: services.JobSpec) -> Job:
 
 def sweep_create(*, owner, pool: Pool, spec, created_by=None) -> object:
     """A sweep on the pool (page, API), with the money figures fresh; refused in words when
-    its trials would pass the caps of the pool's maker (billing.caps)."""
+    the one who starts it (`created_by`; default the pool's maker) is past their own
+    monthly budget in the team, or its trials would pass the caps of the pool's maker
+    (billing.caps)."""
     refresh(pool)
+    if why := caps.submitter_refusal(pool, created_by or pool.created_by):
+        raise ValidationError(why)
     if why := caps.pool_refusal(pool):
         raise ValidationError(why)
     return sweeps.sweep_create(owner=owner, pool=pool, spec=spec, created_by=created_by)

@@ -9,7 +9,8 @@ from jobs.pools import subscriptions
 
 
 def funds_of(owner):
-    """The balance check of a new cluster of `owner`'s (console.forms.check_funds)."""
+    """The balance check of a new cluster of `owner`'s (console.forms.check_funds): a
+    researcher, or a team member's Actor (the team's balance, the member's caps)."""
     return partial(check_funds, owner)
 
 

@@ -251,7 +251,7 @@ def pool_job_new(request, pool_id: int):
     form = JobForm(request.POST)
     if form.is_valid():
         try:
-            job = console_pools.submit(pool=pool, spec=form.spec())
+            job = console_pools.submit(pool=pool, spec=form.spec(), by=request.actor.person)
         except ValidationError as exc:
             attach_errors(form, exc)
         else:

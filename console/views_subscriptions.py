@@ -106,7 +106,9 @@ def subscription_list(request):
         given["spot"] = bool(given["spot"])
         try:
             subscriptions.subscribe(
-                subscriptions.SubscriptionRequest(owner=actor.principal, **given),
+                subscriptions.SubscriptionRequest(
+                    owner=actor.principal, created_by=actor.person, **given
+                ),
                 funds=partial(check_funds, actor),
             )
         except forms.ValidationError as exc:

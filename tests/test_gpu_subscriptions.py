@@ -121,7 +121,7 @@ def test_it_fires_once_when_a_released_clusters_gpus_come_back_and_not_before(
 
     # Once: the next ticks (and a check racing this one) say nothing more.
     assert console_subscriptions.tick()["fired"] == []
-    assert subscriptions.fire(sub, funds=console_subscriptions.funds_of(bob)) is False
+    assert subscriptions.fire(sub, funds_of=console_subscriptions.funds_of) is False
     assert len(_events(bob)) == 1
     assert host.slots.filter(node__isnull=True).count() == 2
 

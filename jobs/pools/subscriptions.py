@@ -14,8 +14,13 @@ then; a refusal is said in the event).
 The balance is asked through `funds=` / `funds_of=` (console.forms.check_funds), since billing
 sits above jobs; `check` runs from console/subscriptions.py.
 
+A team's subscription rents as the member who made it (`created_by`, `renter`): the team's
+balance, that member's caps (budget, GPUs), the cluster theirs (`Cluster.created_by`), and
+only while they are still a member or above; else renting is refused in words. A member who
+leaves or is removed has their waiting ones cancelled (GpuSubscription.cancel_waiting_of).
+
 Layer: pools (above clusters: it may create clusters); uses clusters (spec, services),
-placement (capacity, fleet), events (webhooks), models and base.
+placement (capacity, fleet), events (webhooks), tenancy (actors), models and base.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ from jobs.clusters.spec import (
     image_by_reference,
 )
 from jobs.events import webhooks
-from jobs.models import MAX_GPUS_PER_HOST, Cluster, GpuModel, GpuSubscription
+from jobs.models import MAX_GPUS_PER_HOST, Cluster, GpuModel, GpuSubscription, TeamMember
 from jobs.placement import fleet as fleet_reads
 from jobs.placement.capacity import Fleet
+from jobs.tenancy.actors import Actor, is_team_principal
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +108,11 @@ class SubscriptionRequest:
     """A subscription as asked for (the form's or the API's fields, unparsed). Fields:
     gpu_model (a slug), nodes, gpus_per_node, zone ("" any), expires_in_hours, and to rent:
     rent (bool), name, image (a reference, as the API takes it), spot, ssh_keys (ids; None:
-    the owner's default keys), budget_per_hour (blank: no limit)."""
+    the owner's default keys), budget_per_hour (blank: no limit). `created_by`: the person
+    asking (a team's member; default the owner)."""
 
     owner: Any
+    created_by: Any = None
     gpu_model: Any = None
     nodes: Any = 1
     gpus_per_node: Any = None
@@ -191,6 +199,7 @@ class SubscriptionRequest:
         now = timezone.now()
         return {
             "owner": self.owner,
+            "created_by": self.created_by or self.owner,
             "gpu_model": gpu_model,
             "nodes": nodes,
             "gpus_per_node": gpus,
@@ -348,7 +357,8 @@ def _probe(sub: GpuSubscription) -> Cluster:
 def check(*, funds_of: Callable[[Any], FundsCheck], now=None) -> dict:
     """Expire what is past its time, and fire each waiting subscription that fits now:
     {"expired": n, "fired": [ids]}. Placement's plan on the free capacity decides, after
-    the pending clusters' claim (they are in line before any newcomer)."""
+    the pending clusters' claim (they are in line before any newcomer). `funds_of(who)`:
+    the balance check of a cluster rented by `who` (a user, or a team member's Actor)."""
     now = now or timezone.now()
     expired = GpuSubscription.objects.filter(
         state=GpuSubscription.State.WAITING, expires_at__lte=now
@@ -370,7 +380,7 @@ def check(*, funds_of: Callable[[Any], FundsCheck], now=None) -> dict:
         if hosts is None:
             continue
         try:
-            cluster = fire(sub, funds=funds_of(sub.owner), now=now)
+            cluster = fire(sub, funds_of=funds_of, now=now)
         except Exception:  # one subscription's trouble must not stop the others
             log.exception("GPU subscription %s: not fired", sub.pk)
             continue
@@ -412,9 +422,10 @@ def where(sub: GpuSubscription) -> Text:
     )
 
 
-def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
+def fire(sub: GpuSubscription, *, funds_of: Callable[[Any], FundsCheck], now=None):
     """Fire once: False when another check fired (or cancelled) it first; else the cluster
-    rented (None when notifying only, or when renting was refused)."""
+    rented (None when notifying only, or when renting was refused). `funds_of(who)`: the
+    balance check of a cluster rented by `who` (`renter`)."""
     now = now or timezone.now()
     with transaction.atomic():
         won = GpuSubscription.objects.filter(
@@ -438,7 +449,7 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
                 shape=shape, where=where(sub), url=data["url"],
             )  # fmt: skip
         else:
-            cluster, why = _rent(sub, funds)
+            cluster, why = _rent(sub, funds_of)
             if cluster is not None:
                 data["cluster_id"] = cluster.pk
                 data["url"] = webhooks.console_link("cluster_detail", cluster.pk)
@@ -474,15 +485,46 @@ def fire(sub: GpuSubscription, *, funds: FundsCheck, now=None):
     return cluster
 
 
-def _rent(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | None, Text | str]:
-    """The cluster, through the cluster spec and service as its owner (the balance and the
-    budget checked now), or why not: a short balance and the budget as a Text (said in
-    the reader's language), any other refusal of the spec in English."""
+NO_LONGER_MEMBER = gettext_noop(
+    "%(person)s, who made this subscription, may no longer rent for the team (no longer a "
+    "member, or only a viewer)."
+)
+
+
+def renter(sub: GpuSubscription) -> Actor | None:
+    """Who rents when `sub` fires: its owner, for a researcher's own; for a team's, the
+    member who made it, acting for the team (its balance, their caps), read now and locked
+    against their removal until the transaction ends; None when they are no longer a member
+    (or never were: the principal itself), or only a viewer."""
+    if not is_team_principal(sub.owner):
+        return Actor.of(sub.owner)
+    member = (
+        TeamMember.objects.select_for_update(of=("self",))
+        .select_related("team", "team__principal", "person")
+        .filter(team__principal_id=sub.owner_id, person_id=sub.created_by_id)
+        .first()
+    )
+    if member is None or not member.at_least(TeamMember.Role.MEMBER):
+        return None
+    return Actor.of_membership(member)
+
+
+def _rent(sub: GpuSubscription, funds_of) -> tuple[Cluster | None, Text | str]:
+    """The cluster, through the cluster spec and service as its renter (the balance, the
+    member's caps and the budget checked now), or why not: a short balance, the budget and
+    a maker no longer in the team as a Text (said in the reader's language), any other
+    refusal of the spec (a member's caps too) in English."""
+    who = renter(sub)
+    if who is None:
+        person = sub.created_by.get_username() if sub.created_by_id else "?"
+        return None, Text(NO_LONGER_MEMBER, person=person)
     with translation.override("en"):
-        return _rent_as_owner(sub, funds)
+        return _rent_as(sub, who, funds_of(who))
 
 
-def _rent_as_owner(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | None, Text | str]:
+def _rent_as(
+    sub: GpuSubscription, who: Actor, funds: FundsCheck
+) -> tuple[Cluster | None, Text | str]:
     prices = []
 
     def priced(**kwargs):
@@ -496,6 +538,8 @@ def _rent_as_owner(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | N
         zone=sub.zone, rent=sub.rent,
     )  # fmt: skip
     checked = request.check(Offer.of(sub.owner), funds=priced)
+    if checked.errors and prices and (capped := getattr(prices[0], "capped", "")):
+        return None, capped  # the member's caps, with their figures
     if checked.errors and prices and prices[0].short:
         return None, Text(SHORT_BALANCE, **_amounts(prices[0]))
     if checked.errors:
@@ -511,7 +555,9 @@ def _rent_as_owner(sub: GpuSubscription, funds: FundsCheck) -> tuple[Cluster | N
         )
     try:
         with transaction.atomic():
-            return services.cluster_create(owner=sub.owner, spec=checked.spec), ""
+            return services.cluster_create(
+                owner=sub.owner, spec=checked.spec, created_by=who.person
+            ), ""
     except ValidationError as exc:
         return None, " ".join(exc.messages)
 
