@@ -6,7 +6,9 @@ slept or timed."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -122,33 +124,98 @@ def test_shares_change_the_order(labs, make_paper_host, make_cluster):
 
 
 def test_no_team_starves_over_100_arrivals(labs, make_paper_host, make_cluster, settings):
-    """The light lab submits two requests an hour for 50 hours (100 arrivals) and is owed a
-    thousand times the heavy lab's share, so fair share alone would never pick the heavy
-    lab; one slot frees an hour. The heavy lab's request is placed within the bound."""
+    """Both labs ask steadily for the whole fleet (one host), one slot freeing an hour, for
+    100 arrivals: three of every four from the light lab, which is owed a thousand times
+    the heavy lab's share and has a request waiting at every pass, so fair share alone would
+    never pick the heavy lab. Usage decays slowly (a 1000 h half-life), so the order is fair
+    share's until the bound: the light lab goes first while the heavy lab's requests are
+    within it, and every request is placed within the bound plus one slot period."""
+    settings.SUANLI_FAIRSHARE_HALF_LIFE_H = 1000
+    settings.SUANLI_FAIRSHARE_MAX_WAIT_H = 6
+    bound = timedelta(hours=6)
     heavy, light = labs
     Team.objects.filter(pk=light.pk).update(share=1000)
     make_paper_host("gpu-paper-01", gpus=8)
-    bound = timedelta(hours=settings.SUANLI_FAIRSHARE_MAX_WAIT_H)
-    start = timezone.now() - 60 * H
-    hog = _ask(make_cluster, heavy, "hog", at=start - 20 * H)
+    start = timezone.now() - 150 * H
+    running = _ask(make_cluster, heavy, "hog", at=start - 20 * H)  # 20 h of the whole fleet
     scheduler.place_pending(now=start - 20 * H)
-    waiting = _ask(make_cluster, heavy, "heavy-waits", at=start)
-    running, placed_light = hog, []
-    for step in range(50):
-        at = start + step * H
-        for k in range(2):
-            _ask(make_cluster, light, f"light-{step:02}-{k}", at=at)
+    # Four light requests wait at the start, then one arrival an hour: the heavy lab's
+    # every fourth hour, the light lab's the others (100 in all).
+    arrivals = [(0, light, f"light-start-{k}") for k in range(4)] + [
+        (hour, heavy if hour % 4 == 0 else light, f"{'heavy' if hour % 4 == 0 else 'light'}-{hour:02}")
+        for hour in range(96)
+    ]  # fmt: skip
+    asked, order = {}, []
+    hour = 0
+    while hour < 96 or Cluster.objects.filter(state=Cluster.State.PENDING).exists():
+        at = start + hour * H
+        for _, team, name in (a for a in arrivals if a[0] == hour):
+            asked[name] = _ask(make_cluster, team, name, at=at)
         _end(running, at=at)
+        waiting = {c.name: c.queued_at for c in Cluster.objects.filter(state="pending")}
         scheduler.place_pending(now=at)
         running = Cluster.objects.get(state=Cluster.State.RUNNING)
-        if running == waiting:
-            break
-        placed_light.append(running.name)
-    waiting.refresh_from_db()
-    assert waiting.state == Cluster.State.RUNNING, waiting.state_reason
-    assert waiting.running_since - waiting.queued_at <= bound
-    # The light lab was placed meanwhile, an hour at a time, in its own arrival order.
-    assert len(placed_light) >= 20 and placed_light == sorted(placed_light)
+        order.append(running.name)
+        # While the heavy lab's request is within the bound, a waiting light one goes first.
+        if running.name.startswith("heavy") and at - running.queued_at < bound:
+            assert not any(name.startswith("light") for name in waiting), (hour, running.name)
+        hour += 1
+        assert hour < 150
+    assert len(asked) == 100 and sorted(order) == sorted(asked)
+    waits = {c.name: c.running_since - c.queued_at for c in Cluster.objects.filter(name__in=asked)}
+    assert max(waits.values()) <= bound + H
+    # The heavy lab waited its bound each time (fair share put the light lab first), and
+    # the light lab was placed in its own arrival order, within four hours.
+    assert {w for n, w in waits.items() if n.startswith("heavy")} == {bound}
+    assert max(w for n, w in waits.items() if n.startswith("light")) <= 4 * H
+    lights = [n for n in order if n.startswith("light")]
+    assert lights == sorted(lights, key=lambda n: (asked[n].queued_at, asked[n].pk))
+
+
+def test_a_pending_clusters_poll_reads_the_kept_standing(
+    client, alice, labs, make_paper_host, make_cluster, settings
+):
+    """Many people watching pending clusters: the first poll after a placement pass works
+    out the whole queue's standing, the next polls read it from Redis (no query of the
+    queue or of the accounts' usage), and the next pass's order shows at the next poll.
+    With Redis away, each poll works it out again and still says it."""
+    heavy, light = labs
+    make_paper_host("gpu-paper-01", gpus=8)
+    now = timezone.now()
+    hog = _ask(make_cluster, heavy, "hog", at=now - 10 * H)
+    scheduler.place_pending(now=now - 10 * H)
+    again = _ask(make_cluster, heavy, "heavy-again", at=now - 2 * H)
+    _ask(make_cluster, light, "light-first", at=now - H)
+    scheduler.place_pending(now=now - H)
+    _act_for(client, alice, heavy)
+    status = reverse("cluster_status", args=[again.pk]) + "?shown=pending"
+
+    def poll() -> tuple[str, list[str]]:
+        with CaptureQueriesContext(connection) as ctx:
+            body = client.get(status).content.decode()
+        return body, [q["sql"] for q in ctx.captured_queries]
+
+    def of_the_queue(queries: list[str]) -> list[str]:
+        """The queue's standing: the pending clusters, the accounts' teams and usage."""
+        marks = ("\"jobs_cluster\".\"state\" = 'pending'", "power(2",
+                 'SELECT "jobs_team"."principal_id", "jobs_team"."name"')  # fmt: skip
+        return [q for q in queries if any(m in q for m in marks)]
+
+    first, queries = poll()
+    assert 'data-testid="queue-position">2<' in first
+    assert len(of_the_queue(queries)) >= 2 and any("power(2" in q for q in queries)
+    for _ in range(3):
+        body, queries = poll()
+        assert 'data-testid="queue-position">2<' in body and "fair share" in body
+        assert of_the_queue(queries) == []
+    # A pass places the light lab's request: the next poll says the heavy one is next.
+    _end(hog, at=now)
+    scheduler.place_pending(now=now)
+    body, _ = poll()
+    assert 'data-testid="queue-position">1<' in body
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    body, _ = poll()
+    assert 'data-testid="queue-position">1<' in body
 
 
 def test_a_team_at_its_gpu_limit_waits_and_does_not_block_others(

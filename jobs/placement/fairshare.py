@@ -34,22 +34,37 @@ Cost: two queries a pass, whatever the queue's length: one aggregate of the rece
 owner (usage and held GPUs), one of the teams among those owners. Nothing when a single
 account waits with no limit of its own: its order is first come, first served anyway.
 
-Layer: placement, beside capacity; uses models and base (text). Writes nothing.
+**Kept a few seconds** (`recall`, `remember`): a pending cluster's page polls its status every
+3 s, and computing the whole queue's standing for each poll is several window aggregates a
+second with many watchers. The standing a page computed is kept in Redis for STANDING_TTL_S
+under the number of the latest placement pass (each pass counts itself: `passed`), so a
+pass's changes show at the next poll, the age term drifts by at most those seconds, and a
+poll costs two Redis reads and no query. The pass does not write it itself: its order skips
+the usage of a lone account, and a pass's time is placement's. Redis away: computed each
+time.
+
+Layer: placement, beside capacity; uses models and base (text). Writes no rows.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.utils.translation import gettext_noop
 
-from jobs.base.text import Text
+from jobs.base.text import Text, load
 from jobs.models import Cluster, Node, Team
+
+log = logging.getLogger(__name__)
 
 # Nodes that ended more than this many half-lives ago weigh under 2^-8 (0.4 %): left out.
 WINDOW_HALF_LIVES = 8
@@ -244,3 +259,74 @@ def recent_usage(*, now: datetime, half_life_h: int) -> dict[int, tuple[float, i
         used += gpus * scale * (weight(end or now) - weight(start))
         out[owner] = (used, held + (gpus if end is None else 0))
     return out
+
+
+# -- where each pending cluster stands, kept a few seconds (module docstring) ------------
+
+STANDING_TTL_S = 5
+LATEST_KEY = "suanli:queue:pass"  # the number of the latest placement pass
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one pending cluster stands: its `position` (1 first), `why` (a Text) and its
+    `account` (whose it is, with their figures)."""
+
+    position: int
+    why: Text | str
+    account: Account
+
+    def as_json(self) -> str:
+        why = self.why.as_json() if isinstance(self.why, Text) else self.why
+        return json.dumps([self.position, why, asdict(self.account)])
+
+    @classmethod
+    def of_json(cls, data: bytes | str) -> Place:
+        position, why, account = json.loads(data)
+        return cls(position=position, why=load(why), account=Account(**account))
+
+
+@functools.cache
+def _redis(url: str) -> redis.Redis:
+    """One client (and its connection pool) per process; short timeouts, as a page waits."""
+    return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def _standing_key(number: int) -> str:
+    return f"suanli:queue:standing:{number}"
+
+
+def passed() -> None:
+    """A placement pass ended: what pages kept of the queue before it is no longer read."""
+    try:
+        _redis(settings.REDIS_URL).incr(LATEST_KEY)
+    except redis.RedisError as exc:
+        log.warning("queue standing: the pass was not counted (%s)", exc)
+
+
+def recall(cluster_id: int) -> tuple[int | None, Place | None]:
+    """The number of the latest pass (None with Redis away) and the kept place of the
+    cluster under it (None when not kept)."""
+    try:
+        conn = _redis(settings.REDIS_URL)
+        number = int(conn.get(LATEST_KEY) or 0)
+        kept = conn.hget(_standing_key(number), str(cluster_id))
+    except redis.RedisError:
+        return None, None
+    return number, (Place.of_json(kept) if kept else None)
+
+
+def remember(number: int | None, places: dict[int, Place]) -> None:
+    """Keep the whole queue's places under pass `number` for STANDING_TTL_S (replacing what
+    was kept under it)."""
+    if number is None or not places:
+        return
+    key = _standing_key(number)
+    try:
+        pipe = _redis(settings.REDIS_URL).pipeline()
+        pipe.delete(key)
+        pipe.hset(key, mapping={str(pk): place.as_json() for pk, place in places.items()})
+        pipe.expire(key, STANDING_TTL_S)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("queue standing: not kept (%s)", exc)

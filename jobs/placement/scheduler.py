@@ -325,6 +325,7 @@ def place_pending(*, fleet: Fleet | None = None, now: datetime | None = None) ->
         )
     if report.placed:
         log.info("placed %d cluster(s), %d waiting", len(report.placed), report.waiting)
+    fairshare.passed()  # the pages' kept standings (fairshare.recall) are of an earlier pass
     return report
 
 
