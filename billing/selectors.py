@@ -233,7 +233,7 @@ def entries_of(
     `start`/`end` bound when an entry was charged; `hour`, the start of its period (one
     cluster-hour's pieces, by the cluster's index)."""
     qs = LedgerEntry.objects.filter(account_id=account_id_of(user)).select_related(
-        "cluster", "gpu_model"
+        "cluster", "gpu_model", "member"
     )
     if kind:
         qs = qs.filter(kind=kind)
@@ -305,7 +305,7 @@ def statement(user, year: int, month: int, zone=UTC) -> QuerySet[LedgerEntry]:
         LedgerEntry.objects.filter(
             account_id=account_id_of(user), created_at__gte=start, created_at__lt=end
         )
-        .select_related("cluster", "gpu_model", "created_by")
+        .select_related("cluster", "gpu_model", "created_by", "member")
         .order_by("created_at", "id")
     )
 
@@ -344,7 +344,9 @@ def bill(
         qs = qs.filter(kind=kind)
     if cluster_id:
         qs = qs.filter(cluster_id=cluster_id)
-    return qs.select_related("cluster__instance_type", "gpu_model", "entry").order_by("-at", "-id")
+    return qs.select_related("cluster__instance_type", "gpu_model", "entry", "member").order_by(
+        "-at", "-id"
+    )
 
 
 # -- the balance after each line ---------------------------------------------------------
@@ -419,7 +421,7 @@ def bill_line_of(user, line_id: int) -> BillLine | None:
     """One of the user's own bill lines; None for another account's or none at all."""
     return (
         BillLine.objects.filter(pk=line_id, account_id=account_id_of(user))
-        .select_related("cluster__instance_type", "gpu_model", "entry")
+        .select_related("cluster__instance_type", "gpu_model", "entry", "member")
         .first()
     )
 
@@ -437,12 +439,13 @@ def pieces_of(line: BillLine) -> QuerySet[LedgerEntry]:
         units=line.units,
         rate=line.rate,
         memo=line.memo,
+        member_id=line.member_id,  # an hour handed on within it: a line per member
     )
     if line.cluster_id:
         qs = qs.filter(cluster_id=line.cluster_id)
     else:
         qs = qs.filter(cluster__isnull=True)
-    return qs.select_related("cluster").order_by("-created_at", "-id")
+    return qs.select_related("cluster", "member").order_by("-created_at", "-id")
 
 
 @dataclass(frozen=True)

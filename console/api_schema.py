@@ -474,11 +474,23 @@ class ProfileOut(Schema):
     advice: list[AdviceOut]
 
 
+MEMBER_WORDS = (
+    "a team's usage: the login of the member whose budget it counts against (who made the "
+    "cluster); empty for one researcher's own account, the team's storage and every entry "
+    "not usage"
+)
+
+
+def _login_of(user) -> str:
+    return user.username if user is not None else ""
+
+
 class Entry(Schema):
     kind: str
     amount: Money = Field(description="signed, in the balance's currency: usage is negative")
     balance_after: Money
     cluster: int | None
+    member: str = Field(description=MEMBER_WORDS)
     period_from: Stamp | None
     period_to: Stamp | None
     units: int | None
@@ -489,6 +501,10 @@ class Entry(Schema):
     @staticmethod
     def resolve_cluster(obj) -> int | None:
         return obj.cluster_id
+
+    @staticmethod
+    def resolve_member(obj) -> str:
+        return _login_of(obj.member)
 
 
 class Balance(Schema):
@@ -555,6 +571,7 @@ class BillLineOut(Schema):
     )
     cluster: int | None
     cluster_name: str
+    member: str = Field(description=MEMBER_WORDS)
     resource: str = Field(description="the GPU model, the CPU-only instance type, or storage")
     hour: Stamp | None = Field(description="usage: the UTC hour its pieces began in")
     period_from: Stamp | None
@@ -572,6 +589,10 @@ class BillLineOut(Schema):
     @staticmethod
     def resolve_rate(obj) -> Decimal | None:
         return formatting.rate(obj.rate)  # "3.6920", not the ledger's "3.69200000"
+
+    @staticmethod
+    def resolve_member(obj) -> str:
+        return _login_of(obj.member)
 
 
 class BillOut(Schema):

@@ -269,11 +269,21 @@ def _csv_value(value) -> str:
     return "" if value is None else str(value)
 
 
-# Times ("time", "from", "to") are in the reader's zone, each with its UTC offset.
+# Times ("time", "from", "to") are in the reader's zone, each with its UTC offset. "member":
+# a team's usage, the login whose budget it counts against (empty: one researcher's own
+# account, the team's storage, any entry not usage).
 STATEMENT_HEADER = [
-    "time", "kind", "amount", "currency", "balance after", "cluster", "resource",
+    "time", "kind", "amount", "currency", "balance after", "cluster", "member", "resource",
     "from", "to", "seconds", "units", "rate per unit-hour", "pieces", "memo", "key",
 ]  # fmt: skip
+LEDGER_HEADER = [
+    "time", "kind", "amount", "currency", "balance after", "cluster", "member",
+    "from", "to", "seconds", "units", "rate per unit-hour", "memo", "key",
+]  # fmt: skip
+
+
+def _login(user) -> str:
+    return user.username if user is not None else ""
 
 
 @login_required
@@ -300,6 +310,7 @@ def billing_statement(request, year: int, month: int):
             currency,
             _csv_value(formatting.amount(line.balance_after)),
             line.cluster_name,
+            _login(line.member),
             line.resource,
             _iso(line.period_from),
             _iso(line.period_to),
@@ -332,6 +343,7 @@ def billing_statement_detail(request, year: int, month: int):
             currency,
             formatting.amount(e.balance_after),
             e.cluster.name if e.cluster else "",
+            _login(e.member),
             _iso(e.period_from),
             _iso(e.period_to),
             _csv_value(e.seconds),
@@ -342,11 +354,7 @@ def billing_statement_detail(request, year: int, month: int):
         ]  # fmt: skip
         for e in entries
     )
-    header = [
-        "time", "kind", "amount", "currency", "balance after", "cluster",
-        "from", "to", "seconds", "units", "rate per unit-hour", "memo", "key",
-    ]  # fmt: skip
-    return _csv_stream(f"suanli-ledger-{year:04}-{month:02}.csv", header, rows)
+    return _csv_stream(f"suanli-ledger-{year:04}-{month:02}.csv", LEDGER_HEADER, rows)
 
 
 @login_required
