@@ -18,7 +18,8 @@ log = logging.getLogger("suanli.pools")
 
 
 def refresh(pool: Pool, *, book=None) -> Pool:
-    """One cluster's price now and what the pool has spent, onto the row."""
+    """One cluster's price now, what the pool has spent, and what its maker's caps leave
+    (money, GPUs), onto the row."""
     rate = billing.pool_rate(pool, book=book)
     spent = billing.charged_for_pool(pool.pk)
     balance = billing.balance_of(pool.owner)
@@ -27,10 +28,14 @@ def refresh(pool: Pool, *, book=None) -> Pool:
     left = caps.money_left(pool.owner_id, pool.created_by_id)
     if left is not None:
         balance = min(balance, left)
+    # Likewise the GPUs its maker's GPU cap leaves: it adds no cluster past them.
+    room = caps.gpu_room(pool.owner_id, pool.created_by_id)
     # Written every time, not only when this object's figures differ: the object may hold
     # figures whose write a refused submit rolled back.
-    Pool.objects.filter(pk=pool.pk).update(rate_per_hour=rate, spent=spent, balance=balance)
-    pool.rate_per_hour, pool.spent, pool.balance = rate, spent, balance
+    Pool.objects.filter(pk=pool.pk).update(
+        rate_per_hour=rate, spent=spent, balance=balance, gpu_room=room
+    )
+    pool.rate_per_hour, pool.spent, pool.balance, pool.gpu_room = rate, spent, balance, room
     return pool
 
 
@@ -62,7 +67,7 @@ def submit(*, pool: Pool, spec: services.JobSpec, by=None) -> Job:
         refresh(pool)
         if why := caps.submitter_refusal(pool, by or pool.created_by):
             raise ValidationError(why)  # the submitter's own budget, in its own words
-        if autoscaler.blocked(pool) is not None and (why := caps.pool_refusal(pool)):
+        if autoscaler.blocked(pool) is not None and (why := caps.pool_refusal(pool, by=by)):
             raise ValidationError(why)  # the maker's cap, in its own words
         return autoscaler.pool_submit(pool=pool, spec=spec)
 
@@ -75,6 +80,6 @@ def sweep_create(*, owner, pool: Pool, spec, created_by=None) -> object:
     refresh(pool)
     if why := caps.submitter_refusal(pool, created_by or pool.created_by):
         raise ValidationError(why)
-    if why := caps.pool_refusal(pool):
+    if why := caps.pool_refusal(pool, by=created_by):
         raise ValidationError(why)
     return sweeps.sweep_create(owner=owner, pool=pool, spec=spec, created_by=created_by)

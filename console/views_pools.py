@@ -49,6 +49,7 @@ FIGURE_LABELS = {
     "budget_total": gettext_lazy("total budget"),
     "spent": gettext_lazy("spent"),
     "balance": gettext_lazy("balance"),
+    "gpu_room": gettext_lazy("GPUs its maker's cap leaves"),
 }
 
 

@@ -12,8 +12,9 @@ up to `max_clusters` while the budget allows, releases clusters idle for `idle_m
 down to `min_clusters`, and writes each decision, its reason and the figures it used on
 the pool's timeline. It is level-triggered: cron runs it every few seconds, and a submit
 or a job's end asks for a round. The money figures it uses (one cluster's price per hour,
-what the pool has spent) are written on the pool row by the console from billing
-(`console.pools.refresh`), since jobs does not read billing.
+what the pool has spent), and for a team's pool what its maker's caps leave (money, GPUs),
+are written on the pool row by the console from billing (`console.pools.refresh`), since
+jobs does not read billing.
 
 Layer: pools, under sweeps; uses clusters (services), events (lifecycle, timeline), files
 (storage), models and base (queue, text)."""
@@ -233,6 +234,8 @@ def blocked(pool: Pool) -> Text | None:
             gettext_noop("its total budget of %(budget)s is spent (%(spent)s)"),
             budget=_money(pool.budget_total), spent=_money(pool.spent),
         )  # fmt: skip
+    if gpu_room_of(pool) == 0:
+        return gpu_cap_words(pool)
     if pool.budget_per_hour is not None and (
         pool.rate_per_hour is None or pool.budget_per_hour < pool.rate_per_hour
     ):
@@ -241,6 +244,26 @@ def blocked(pool: Pool) -> Text | None:
             budget=_money(pool.budget_per_hour), n=0, rate=_money(pool.rate_per_hour),
         )  # fmt: skip
     return None
+
+
+def gpu_room_of(pool: Pool) -> int | None:
+    """How many more of the pool's clusters its maker's GPU cap leaves room for (written
+    on the row by the console, `Pool.gpu_room`); None: no cap."""
+    if pool.gpu_room is None or not pool.total_gpus:
+        return None
+    return pool.gpu_room // pool.total_gpus
+
+
+def gpu_cap_words(pool: Pool) -> Text:
+    """Why the GPU cap of the pool's maker holds it back, with the figures."""
+    return Text(
+        gettext_noop(
+            "the GPU cap of %(who)s (its maker) leaves room for %(gpus)s more GPUs: %(n)s "
+            "clusters of %(each)s"
+        ),
+        who=pool.created_by.get_username(), gpus=pool.gpu_room, n=gpu_room_of(pool),
+        each=pool.total_gpus,
+    )  # fmt: skip
 
 
 # -- the autoscaler ---------------------------------------------------------------------------
@@ -306,7 +329,7 @@ def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
         "rate_per_hour": _money(pool.rate_per_hour),
         "budget_per_hour": _money(pool.budget_per_hour),
         "budget_total": _money(pool.budget_total), "spent": _money(pool.spent),
-        "balance": _money(pool.balance),
+        "balance": _money(pool.balance), "gpu_room": pool.gpu_room,
     }  # fmt: skip
     done = []
     spent_out = pool.budget_total is not None and pool.spent >= pool.budget_total
@@ -354,6 +377,47 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
     if short is not None:
         allowed = 0
         limits.append(short)
+    allowed = _within_caps_and_budgets(pool, f, allowed, spent_out, limits)
+    allowed = min(allowed, want)
+    situation = Text(
+        gettext_noop("%(waiting)s waiting, %(starting)s starting, %(free)s free, %(finishing)s finishing"),
+        waiting=f.waiting, starting=f.starting, free=f.free, finishing=f.finishing,
+    )  # fmt: skip
+    if need <= 0 and below_min > 0:
+        situation = Text(
+            gettext_noop("%(clusters)s clusters, below the minimum of %(min)s"),
+            clusters=f.clusters, min=pool.min_clusters,
+        )  # fmt: skip
+    if allowed > 0:
+        _add_clusters(pool, allowed, clusters)
+        if pool.gpu_room is not None:  # until the console writes it again: its own adds
+            pool.gpu_room = max(pool.gpu_room - allowed * pool.total_gpus, 0)
+            Pool.objects.filter(pk=pool.pk).update(gpu_room=pool.gpu_room)
+        pool_event(
+            pool, "grow", Text(gettext_noop("%(situation)s: +%(n)s"), situation=situation, n=allowed),
+            numbers,
+        )  # fmt: skip
+    if allowed < want and limits:
+        held = Text(
+            gettext_noop("%(situation)s: %(n)s more wanted, held back: %(why)s"),
+            situation=situation, n=want - allowed, why=_join(limits),
+        )  # fmt: skip
+        last = pool.events.order_by("-at", "-id").first()
+        # Once per change of reason: a pool held back for an hour has one line, not 700.
+        if last is None or last.kind != "held" or last.text != text_of(PoolEvent, held):
+            pool_event(pool, "held", held, numbers)
+    return allowed
+
+
+def _within_caps_and_budgets(
+    pool: Pool, f: Figures, allowed: int, spent_out: bool, limits: list[Text]
+) -> int:
+    """`allowed` cut to what the maker's GPU cap and the pool's budgets leave, each cut's
+    reason added to `limits`."""
+    gpu_room = gpu_room_of(pool)
+    if gpu_room is not None and allowed > gpu_room:
+        allowed = gpu_room
+        limits.append(gpu_cap_words(pool))
     if spent_out:
         allowed = 0
         limits.append(
@@ -383,31 +447,6 @@ def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_
                         rate=_money(pool.rate_per_hour),
                     )
                 )  # fmt: skip
-    allowed = min(allowed, want)
-    situation = Text(
-        gettext_noop("%(waiting)s waiting, %(starting)s starting, %(free)s free, %(finishing)s finishing"),
-        waiting=f.waiting, starting=f.starting, free=f.free, finishing=f.finishing,
-    )  # fmt: skip
-    if need <= 0 and below_min > 0:
-        situation = Text(
-            gettext_noop("%(clusters)s clusters, below the minimum of %(min)s"),
-            clusters=f.clusters, min=pool.min_clusters,
-        )  # fmt: skip
-    if allowed > 0:
-        _add_clusters(pool, allowed, clusters)
-        pool_event(
-            pool, "grow", Text(gettext_noop("%(situation)s: +%(n)s"), situation=situation, n=allowed),
-            numbers,
-        )  # fmt: skip
-    if allowed < want and limits:
-        held = Text(
-            gettext_noop("%(situation)s: %(n)s more wanted, held back: %(why)s"),
-            situation=situation, n=want - allowed, why=_join(limits),
-        )  # fmt: skip
-        last = pool.events.order_by("-at", "-id").first()
-        # Once per change of reason: a pool held back for an hour has one line, not 700.
-        if last is None or last.kind != "held" or last.text != text_of(PoolEvent, held):
-            pool_event(pool, "held", held, numbers)
     return allowed
 
 
