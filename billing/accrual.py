@@ -28,7 +28,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from billing import caps, rollups
+from billing import caps, formatting, rollups
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import (
     GPU,
@@ -727,7 +727,8 @@ def _tell_capped(member: TeamMember, used: Decimal, clusters: list[Cluster], now
     currency = RateBook.load().currency
     args = {
         "who": member.person.get_username(), "team": member.team.name,
-        "spent": f"{used:.2f} {currency}", "cap": f"{member.monthly_cap:.2f} {currency}",
+        "spent": formatting.text(formatting.total(used), currency),
+        "cap": formatting.text(formatting.total(member.monthly_cap), currency),
     }  # fmt: skip
     if clusters:
         summary = Text(CAPPED_STOPPED, clusters=", ".join(c.name for c in clusters), **args)

@@ -55,19 +55,20 @@ def month_start(now: datetime | None = None) -> datetime:
     return month_bounds(local.year, local.month, operator_zone())[0]
 
 
+def month_usage(*, now: datetime | None = None):
+    """This month's usage lines (negative amounts), unordered: the one place a member's
+    month spending is read from (their caps, the accrual's stop, the team's billing page),
+    narrowed by the caller; served by the index (account, member, at)."""
+    return BillLine.objects.filter(at__gte=month_start(now), kind=LedgerEntry.Kind.USAGE).order_by()
+
+
 def spent(account_id: int | None, member_id: int, *, now: datetime | None = None) -> Decimal:
-    """What the team's account was charged for `member_id` this month (positive), from
-    the bill's lines by their index (account, member, at)."""
+    """What the team's account was charged for `member_id` this month (positive)."""
     if account_id is None:
         return ZERO
     total = (
-        BillLine.objects.filter(
-            account_id=account_id,
-            member_id=member_id,
-            at__gte=month_start(now),
-            kind=LedgerEntry.Kind.USAGE,
-        )  # fmt: skip
-        .order_by()
+        month_usage(now=now)
+        .filter(account_id=account_id, member_id=member_id)
         .aggregate(s=Sum("amount"))["s"]
     )
     return -(total or ZERO)
@@ -78,29 +79,39 @@ def spent_by_member(account_id: int | None, *, now: datetime | None = None) -> d
     if account_id is None:
         return {}
     rows = (
-        BillLine.objects.filter(
-            account_id=account_id,
-            member__isnull=False,
-            at__gte=month_start(now),
-            kind=LedgerEntry.Kind.USAGE,
-        )  # fmt: skip
+        month_usage(now=now)
+        .filter(account_id=account_id, member__isnull=False)
         .values("member_id")
         .annotate(s=Sum("amount"))
-        .order_by()
     )
     return {row["member_id"]: -row["s"] for row in rows}
+
+
+def holding(principal_id: int):
+    """The team's clusters that hold GPUs (or will without anyone asking again): the one
+    place GPUs held are counted from (a member's GPU cap, a pool's room, the billing page)."""
+    return Cluster.objects.filter(
+        owner_id=principal_id, state__in=HOLDING, no_gpu=False, gpu_model__isnull=False
+    ).order_by()
 
 
 def gpus_held(principal_id: int, person_id: int, *, besides: int | None = None) -> int:
     """GPUs held (or about to be) by the clusters `person_id` made in the team, but
     `besides` (a cluster being started or resized: its new size is the ask)."""
-    clusters = Cluster.objects.filter(
-        owner_id=principal_id, created_by_id=person_id, state__in=HOLDING, no_gpu=False,
-        gpu_model__isnull=False,
-    )  # fmt: skip
+    clusters = holding(principal_id).filter(created_by_id=person_id)
     if besides is not None:
         clusters = clusters.exclude(pk=besides)
     return sum(n * g for n, g in clusters.values_list("nodes", "gpus_per_node"))
+
+
+def gpu_room(principal_id: int, person_id: int | None) -> int | None:
+    """The GPUs `person_id`'s GPU cap in the team of `principal_id` still leaves (never
+    below 0); None: no cap (or not a team member). A team pool's clusters are its maker's,
+    so its autoscaler adds none past this (console.pools.refresh)."""
+    member = membership(principal_id, person_id)
+    if member is None or member.gpu_cap is None:
+        return None
+    return max(member.gpu_cap - gpus_held(principal_id, member.person_id), 0)
 
 
 @dataclass(frozen=True)
@@ -143,23 +154,27 @@ def caps_of(member: TeamMember, *, now: datetime | None = None) -> Caps:
     return Caps(member, spent(account_id, member.person_id, now=now), RateBook.load().currency)
 
 
-def cap_refusal(*, principal, person, per_hour: Decimal, gpus: int = 0, besides=None) -> str:
+def cap_refusal(
+    *, principal, person, per_hour: Decimal, gpus: int = 0, besides=None, by=None
+) -> str:
     """Why `person`'s caps in the team of `principal` refuse a request ("" when they do
     not): the monthly cap is passed when this month's spending plus the request's first
     SUANLI_MIN_BALANCE_MINUTES at `per_hour` (the balance check's look-ahead) exceeds it;
     the GPU cap when the GPUs held plus `gpus` exceed it. `besides`: the cluster being
-    started or resized (its GPUs are the ask, not held)."""
+    started or resized (its GPUs are the ask, not held). `by`: who asks (default
+    `person`); when it is someone else (a teammate starting a cluster another made, whose
+    budget it is charged to), the words name whose caps they are."""
     member = membership(principal.pk, getattr(person, "pk", None))
     if member is None or (member.monthly_cap is None and member.gpu_cap is None):
         return ""
-    team = member.team.name
+    theirs = by is not None and by.pk != member.person_id
+    words = {"team": member.team.name, "login": member.person.username}
     if member.gpu_cap is not None and gpus > 0:
         held = gpus_held(principal.pk, member.person_id, besides=besides)
         if held + gpus > member.gpu_cap:
-            return _(
-                "Past your GPU cap in %(team)s: GPUs held %(held)s / cap %(cap)s, and this "
-                "asks for %(asked)s. Ask the team's owner to raise your cap."
-            ) % {"team": team, "held": held, "cap": member.gpu_cap, "asked": gpus}
+            return _gpu_words(theirs) % {
+                **words, "held": held, "cap": member.gpu_cap, "asked": gpus,
+            }  # fmt: skip
     if member.monthly_cap is None:
         return ""
     caps = caps_of(member)
@@ -167,14 +182,36 @@ def cap_refusal(*, principal, person, per_hour: Decimal, gpus: int = 0, besides=
     ahead = per_hour * minutes / 60
     if caps.spent + ahead <= member.monthly_cap:
         return ""
+    return _budget_words(theirs) % {
+        **words, "spent": caps.money(caps.spent), "cap": caps.money(member.monthly_cap),
+        "needed": formatting.text(formatting.amount(ahead), caps.currency), "minutes": minutes,
+    }  # fmt: skip
+
+
+def _gpu_words(theirs: bool) -> str:
+    if theirs:
+        return _(
+            "Past %(login)s's GPU cap in %(team)s: GPUs held %(held)s / cap %(cap)s, and this "
+            "asks for %(asked)s. Ask the team's owner to raise their cap."
+        )
+    return _(
+        "Past your GPU cap in %(team)s: GPUs held %(held)s / cap %(cap)s, and this "
+        "asks for %(asked)s. Ask the team's owner to raise your cap."
+    )
+
+
+def _budget_words(theirs: bool) -> str:
+    if theirs:
+        return _(
+            "Past %(login)s's monthly budget in %(team)s: spent this month %(spent)s / cap "
+            "%(cap)s, and this needs %(needed)s for its first %(minutes)s minutes. Ask the "
+            "team's owner to raise their budget."
+        )
     return _(
         "Past your monthly budget in %(team)s: spent this month %(spent)s / cap %(cap)s, "
         "and this needs %(needed)s for its first %(minutes)s minutes. Ask the team's owner "
         "to raise your budget."
-    ) % {
-        "team": team, "spent": caps.money(caps.spent), "cap": caps.money(member.monthly_cap),
-        "needed": formatting.text(formatting.amount(ahead), caps.currency), "minutes": minutes,
-    }  # fmt: skip
+    )
 
 
 def money_left(principal_id: int, person_id: int | None) -> Decimal | None:
@@ -186,12 +223,13 @@ def money_left(principal_id: int, person_id: int | None) -> Decimal | None:
     return caps_of(member).left
 
 
-def pool_refusal(pool) -> str:
+def pool_refusal(pool, *, by=None) -> str:
     """Why the caps of the pool's maker (whose budget its clusters are charged to) refuse
-    one more cluster of it: a sweep on it, or a job that needs a cluster added."""
+    one more cluster of it: a sweep on it, or a job that needs a cluster added. `by`: who
+    submits (the words name the maker's caps when it is someone else)."""
     return cap_refusal(
         principal=pool.owner, person=pool.created_by, per_hour=pool.rate_per_hour or ZERO,
-        gpus=pool.total_gpus,
+        gpus=pool.total_gpus, by=by,
     )  # fmt: skip
 
 
@@ -216,16 +254,15 @@ def capped_members(account_ids, *, now: datetime | None = None) -> list[tuple[Te
     )
     if not members:
         return []
-    start = month_start(now)
     pairs = Q()
     for m in members:
         pairs |= Q(account__user_id=m.team.principal_id, member_id=m.person_id)
     sums = {
         (row["account__user_id"], row["member_id"]): -row["s"]
-        for row in BillLine.objects.filter(pairs, at__gte=start, kind=LedgerEntry.Kind.USAGE)
+        for row in month_usage(now=now)
+        .filter(pairs)
         .values("account__user_id", "member_id")
         .annotate(s=Sum("amount"))
-        .order_by()
     }
     out = []
     for m in members:
@@ -260,12 +297,9 @@ def member_rows(team: Team, account_id: int | None, *, only: int | None = None) 
     their clusters hold: three queries whatever the team's size."""
     spent_of = spent_by_member(account_id)
     held = dict(
-        Cluster.objects.filter(
-            owner_id=team.principal_id, state__in=HOLDING, no_gpu=False, gpu_model__isnull=False
-        )
+        holding(team.principal_id)
         .values("created_by_id")
         .annotate(gpus=Sum(F("nodes") * F("gpus_per_node")))
-        .order_by()
         .values_list("created_by_id", "gpus")
     )
     members = team.memberships.select_related("person").order_by("person__username")
@@ -277,12 +311,10 @@ def member_rows(team: Team, account_id: int | None, *, only: int | None = None) 
 
 
 def _month_lines(account_id: int | None, member_id: int | None):
-    lines = BillLine.objects.filter(
-        account_id=account_id, at__gte=month_start(), kind=LedgerEntry.Kind.USAGE
-    )
+    lines = month_usage().filter(account_id=account_id)
     if member_id is not None:
         lines = lines.filter(member_id=member_id)
-    return lines.order_by()
+    return lines
 
 
 def per_cluster(account_id: int | None, *, member_id: int | None = None, most: int = 50) -> list:

@@ -668,7 +668,7 @@ def cluster_start(request, cluster_id: Id, payload: Start = None):
     there are taken, saying so), `"wait"` (in line for them) or `"no_gpu"`."""
     c = fleet.cluster_to_use(_actor(request), cluster_id)
     mode = payload.mode if payload is not None else "gpu"
-    short = start_refusal(c, mode)
+    short = start_refusal(c, mode, actor=_actor(request))
     if short:
         return _error(400, short)
     try:

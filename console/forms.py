@@ -98,14 +98,17 @@ def check_funds(
         capped=caps.cap_refusal(
             principal=principal, person=person, per_hour=per_hour,
             gpus=units if gpu_model else 0, besides=cluster.pk if cluster else None,
+            by=actor.person if actor.for_a_team else None,
         ),
     )  # fmt: skip
 
 
-def start_refusal(cluster, mode: str) -> str:
+def start_refusal(cluster, mode: str, *, actor=None) -> str:
     """Why the owner's balance cannot start a stopped cluster in this mode ("" when it
     can): the same minutes of balance as creating one of its shape (no-GPU mode: at its
-    price per node-hour)."""
+    price per node-hour). `actor`: who presses Start (a teammate starting a cluster
+    another made is told whose budget refuses it)."""
+    by = actor.person if actor is not None and actor.for_a_team else None
     if mode == "no_gpu":
         prices = money.stop_prices()
         if prices.no_gpu is None:
@@ -116,7 +119,7 @@ def start_refusal(cluster, mode: str) -> str:
             per_hour=per_hour, needed=(per_hour * minutes / 60).quantize(per_hour),
             balance=money.balance_of(cluster.owner), minutes=minutes, currency=prices.currency,
             capped=caps.cap_refusal(
-                principal=cluster.owner, person=cluster.created_by, per_hour=per_hour
+                principal=cluster.owner, person=cluster.created_by, per_hour=per_hour, by=by
             ),
         )  # fmt: skip
         message = _(
@@ -127,7 +130,7 @@ def start_refusal(cluster, mode: str) -> str:
     else:
         units = cluster.nodes * (cluster.gpus_per_node if cluster.gpu_model_id else 1)
         funds = check_funds(
-            cluster.owner, gpu_model=cluster.gpu_model,
+            actor if by is not None else cluster.owner, gpu_model=cluster.gpu_model,
             instance_type=None if cluster.gpu_model_id else cluster.instance_type,
             units=units, spot=cluster.spot, cluster=cluster,
         )  # fmt: skip

@@ -374,7 +374,11 @@ def cluster_stop(request, cluster_id: int):
 def cluster_start(request, cluster_id: int):
     cluster = fleet.cluster_to_use(request.actor, cluster_id)
     mode = request.POST.get("mode", "gpu")
-    short = start_refusal(cluster, mode) if mode in ("gpu", "wait", "no_gpu") else ""
+    short = (
+        start_refusal(cluster, mode, actor=request.actor)
+        if mode in ("gpu", "wait", "no_gpu")
+        else ""
+    )
     if short:
         messages.error(request, short)
         return redirect("cluster_detail", cluster_id=cluster.pk)

@@ -27,6 +27,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
+from billing.pricing import RateBook
 from console.acting import SESSION_KEY
 from jobs.models import Team, TeamInvite, TeamMember
 from jobs.placement import fleet
@@ -195,6 +196,7 @@ def _team_context(request, actor: Actor) -> dict:
         "grantable": GRANTABLE if actor.at_least(Role.OWNER) else GRANTABLE[1:],
         "offer_switch": request.GET.get("joined") and request.session.get(SESSION_KEY) != team.pk,
         "is_owner": actor.role == Role.OWNER,
+        "currency": RateBook.load().currency,  # the caps' money, as the billing page shows it
     }  # fmt: skip
 
 

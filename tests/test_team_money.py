@@ -10,6 +10,8 @@ Clusters are placed on the real scheduler (on hosts with no engine: the db tier)
 accrual is driven with explicit seconds, as tests/test_billing.py does; the pages are also
 looked at in Chromium (en and zh-hans, 1280 and 390 wide)."""
 
+import csv
+import io
 import json
 import os
 import uuid
@@ -18,6 +20,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from conftest import TEST_IMAGE
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db.models import Sum
@@ -28,12 +31,16 @@ from node_start import ran
 from billing import accrual, caps
 from billing import services as billing
 from billing.models import Account, BillLine, LedgerEntry
+from console import pools as console_pools
 from console.acting import SESSION_KEY
 from console.forms import check_funds, start_refusal
+from console.views_billing import LEDGER_HEADER, STATEMENT_HEADER
 from jobs.base.text import show
 from jobs.clusters import services as cluster_services
-from jobs.models import Node, TeamMember, WebhookEndpoint, WebhookEvent
+from jobs.clusters.services import ClusterSpec
+from jobs.models import Image, Node, TeamMember, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
+from jobs.pools import autoscaler
 from jobs.teams import services as teams
 from jobs.tenancy.actors import Actor
 
@@ -237,8 +244,13 @@ def test_the_gpu_cap_counts_what_the_member_holds_and_a_start_is_judged_for_its_
         cluster_services.cluster_stop(cluster=mine)
         mine.refresh_from_db()
         caps_of(lab, bob, gpus=0)
+        owner = Actor.for_team(alice, lab.pk)
         with translation.override("en"):
-            assert "GPU cap" in start_refusal(mine, "gpu")
+            assert start_refusal(mine, "gpu", actor=owner) == (
+                "Past bob's GPU cap in 张老师课题组: GPUs held 0 / cap 0, and this asks for 1. "
+                "Ask the team's owner to raise their cap."
+            ), "alice presses Start: told whose cap it is"
+            assert start_refusal(mine, "gpu", actor=actor).startswith("Past your GPU cap")
 
 
 # -- stopped at the cap ------------------------------------------------------------------------
@@ -279,11 +291,54 @@ def test_a_member_at_the_cap_has_their_clusters_stopped_files_kept_billed_exactl
     with translation.override("en"):
         words = show(told.summary)
     assert "bob reached their monthly budget in 张老师课题组" in words and "bobs" in words
+    assert "(spent ¥1.00 / cap ¥1.00)" in words, "money as every page shows it"
     assert json.loads(told.body)["data"]["spent"] == "1.0000"
     assert TeamMember.objects.get(team=lab, person=bob).capped_at == at(100)
     # Starting it again is refused while the month's budget is spent.
     with time_machine.travel(at(400), tick=False), translation.override("en"):
         assert "spent this month ¥1.00 / cap ¥1.00" in start_refusal(theirs, "gpu")
+        assert start_refusal(theirs, "gpu", actor=Actor.for_team(alice, lab.pk)).startswith(
+            "Past bob's monthly budget in 张老师课题组: spent this month ¥1.00 / cap ¥1.00"
+        ), "the owner starting bob's cluster is told it is bob's budget"
+
+
+# -- a pool grows within its maker's GPU cap ------------------------------------------------
+
+
+def test_a_capped_members_pool_grows_no_further_than_their_gpu_cap(lab, bob, placed, catalog):
+    placed(lab, bob, "by-hand", gpus=1)
+    caps_of(lab, bob, gpus=2)
+    shape = ClusterSpec(
+        name="", nodes=1, gpu_model=catalog["a100-80gb"], gpus_per_node=1,
+        image=Image.objects.get(reference=TEST_IMAGE),
+    )  # fmt: skip
+    spec = autoscaler.PoolSpec(name="sweep", cluster=shape, min_clusters=3, max_clusters=3)
+
+    def live():
+        return pool.clusters.filter(state__in=autoscaler.LIVE).count()
+
+    with time_machine.travel(at(10), tick=False):
+        pool = autoscaler.pool_create(owner=lab.principal, spec=spec, created_by=bob)
+        console_pools.refresh(pool)
+        assert pool.gpu_room == 1  # a cap of 2, 1 held by hand
+        autoscaler.pool_scale(pool.pk)
+        assert live() == 1
+        autoscaler.pool_scale(pool.pk)  # before the console writes the room again
+        console_pools.refresh(pool)
+        autoscaler.pool_scale(pool.pk)
+    assert live() == 1 and caps.gpus_held(lab.principal_id, bob.pk) == 2, "never past the cap"
+    with translation.override("en"):
+        held = [show(e.text) for e in pool.events.filter(kind="held").order_by("at", "id")]
+    assert held[-1] == (
+        "1 clusters, below the minimum of 3: 2 more wanted, held back: the GPU cap of bob "
+        "(its maker) leaves room for 0 more GPUs: 0 clusters of 1"
+    ), held
+    # The owner raises the cap: the next round grows to it.
+    caps_of(lab, bob, gpus=3)
+    with time_machine.travel(at(20), tick=False):
+        console_pools.refresh(pool)
+        autoscaler.pool_scale(pool.pk)
+    assert live() == 2 and caps.gpus_held(lab.principal_id, bob.pk) == 3
 
 
 # -- the pages -----------------------------------------------------------------------------
@@ -324,6 +379,35 @@ def test_the_owner_sees_every_members_spending_a_member_only_their_own(
                 "/billing/statement/2026-12-detail.csv"):  # fmt: skip
         assert member.get(url).status_code == 403, url
     assert _acting(alice, lab).get("/billing/statement/2026-12.csv").status_code == 200
+
+
+def _csv(response) -> tuple[list[str], list[dict]]:
+    text = b"".join(response.streaming_content).decode("utf-8-sig")
+    return next(csv.reader(io.StringIO(text))), list(csv.DictReader(io.StringIO(text)))
+
+
+def test_the_owners_statements_name_each_members_lines(lab, alice, bob, placed, settings):
+    settings.LANGUAGE_CODE = "en"
+    placed(lab, bob, "bobs", gpus=2)
+    placed(lab, alice, "alices")
+    tick(100)
+    owner = _acting(alice, lab)
+    with time_machine.travel(at(100), tick=False):
+        header, rows = _csv(owner.get("/billing/statement/2026-12.csv"))
+        ledger_header, entries = _csv(owner.get("/billing/statement/2026-12-detail.csv"))
+    assert header == STATEMENT_HEADER and header[5:8] == ["cluster", "member", "resource"]
+    assert ledger_header == LEDGER_HEADER and "member" in ledger_header
+    for listing in (rows, entries):
+        usage = [r for r in listing if r["kind"] == "usage"]
+        assert {(r["cluster"], r["member"]) for r in usage} == {
+            ("bobs", "bob"),
+            ("alices", "alice"),
+        }
+        assert {r["member"] for r in listing if r["kind"] != "usage"} == {""}, "the top-up"
+        by = {}
+        for r in usage:
+            by[r["member"]] = by.get(r["member"], 0) + Decimal(r["amount"])
+        assert by == {"bob": Decimal("-2.00"), "alice": Decimal("-1.00")}
 
 
 SHOTS = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
@@ -398,6 +482,13 @@ def test_the_api_shows_a_teams_money_by_role(lab, alice, bob, placed):
         bill = get("owner", "/bill?month=2026-12")
         assert bill.status_code == 200
         assert {line["kind"] for line in bill.json()["lines"]} == {"topup", "usage"}
+        assert {(line["kind"], line["member"]) for line in bill.json()["lines"]} == {
+            ("topup", ""), ("usage", "bob"),
+        }  # fmt: skip
+        usage = next(line for line in bill.json()["lines"] if line["kind"] == "usage")
+        pieces = get("owner", f"/bill/{usage['id']}/pieces").json()
+        assert pieces["line"]["member"] == "bob"
+        assert pieces["pieces"] and {p["member"] for p in pieces["pieces"]} == {"bob"}
         assert get("owner", "/balance").json()["balance"] == "99.0000"
         for url in ("/bill?month=2026-12", "/balance"):
             refused = get("member", url)
