@@ -157,5 +157,8 @@ class PeopleBackend(ModelBackend):
     owns things as) never logs in nor keeps a session, whatever password or flag an
     operator gives it in the admin (jobs.tenancy.actors.is_team_principal)."""
 
-    def user_can_authenticate(self, user) -> bool:
-        return super().user_can_authenticate(user) and not is_team_principal(user)
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is not None and is_team_principal(user):
+            return None  # checked at log-in only: no session is ever made for one
+        return user
