@@ -535,7 +535,7 @@ class BalanceWarningOut(Schema):
     critical_minutes: int = Field(description="balance.critical comes under this many minutes")
 
 
-BILL_KINDS = ("topup", "usage", "refund", "adjustment", "credit", "transfer")  # billing's LedgerEntry.Kind
+X
 
 
 class BillFilter(Schema):
