@@ -434,7 +434,20 @@ MOST = Decimal("1000000.00")  # one entry, either way: a typo of three zeros is 
 TOKEN = re.compile(r"^[0-9a-f]{32}$")
 
 
-class TopUpForm(forms.Form):
+class OnceForm(forms.Form):
+    """A money form sent once: its hidden token (made when the page was drawn) is the
+    idempotency key of the entry it writes, so a double click or a retry moves money once."""
+
+    token = forms.CharField(widget=forms.HiddenInput)
+
+    def clean_token(self) -> str:
+        token = self.cleaned_data["token"]
+        if not TOKEN.match(token):
+            raise ValidationError(_("The form has expired: open the page again."))
+        return token
+
+
+class TopUpForm(OnceForm):
     """A top-up, refund or adjustment of one account. `token` is the form's one-time
     idempotency key: the same form sent twice posts once."""
 
@@ -465,13 +478,6 @@ class TopUpForm(forms.Form):
         ),
         error_messages={"required": gettext_lazy("Say why: the reason is kept with the entry.")},
     )
-    token = forms.CharField(widget=forms.HiddenInput)
-
-    def clean_token(self) -> str:
-        token = self.cleaned_data["token"]
-        if not TOKEN.match(token):
-            raise ValidationError(_("The form has expired: open the page again."))
-        return token
 
     def clean_memo(self) -> str:
         memo = self.cleaned_data["memo"].strip()
@@ -594,7 +600,7 @@ def _post(request, account: Account, data: dict) -> bool:
 # -- a team's money ----------------------------------------------------------------------------
 
 
-class TransferForm(forms.Form):
+class TransferForm(OnceForm):
     """Money from the person's own balance into the team they act for. `token` is the
     form's one-time idempotency key: the same form sent twice moves the money once."""
 
@@ -608,13 +614,6 @@ class TransferForm(forms.Form):
             "max_whole_digits": gettext_lazy("Give an amount up to 1,000,000.00."),
         },
     )  # fmt: skip
-    token = forms.CharField(widget=forms.HiddenInput)
-
-    def clean_token(self) -> str:
-        token = self.cleaned_data["token"]
-        if not TOKEN.match(token):
-            raise ValidationError(_("The form has expired: open the page again."))
-        return token
 
 
 def _transfer_form() -> TransferForm:

@@ -499,6 +499,16 @@ def kept_nodes(cluster_id: int):
     ).exclude(workspace_container="")
 
 
+def _remove_sftp(client, host: Host, cluster_id: int) -> None:
+    """The cluster's sftp session containers on `host` gone (a stop or a restart ends them)."""
+    for container in client.containers.list(
+        ignore_removed=True,
+        all=True,
+        filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
+    ):
+        _remove_one(host, container.id)
+
+
 def restart(cluster_id: int) -> bool:
     """Every running workspace of the cluster restarted in place (its files, GPUs and
     address kept; every process in it ended: e.g. what a removed team member left running),
@@ -513,12 +523,7 @@ def restart(cluster_id: int) -> bool:
             client.containers.get(node.workspace_container).restart(
                 timeout=settings.SUANLI_WORKSPACE_STOP_S
             )
-            for container in client.containers.list(
-                ignore_removed=True,
-                all=True,
-                filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
-            ):
-                _remove_one(node.host, container.id)
+            _remove_sftp(client, node.host, cluster_id)
         except docker.errors.NotFound:
             log.warning("the workspace of %s is gone from %s", node, node.host.name)
         except _ERRORS as exc:
@@ -543,12 +548,7 @@ def stop(cluster_id: int) -> bool:
             client.containers.get(node.workspace_container).stop(
                 timeout=settings.SUANLI_WORKSPACE_STOP_S
             )
-            for container in client.containers.list(
-                ignore_removed=True,
-                all=True,
-                filters={"label": [LABEL_SFTP, f"{runtime.LABEL_CLUSTER}={cluster_id}"]},
-            ):
-                _remove_one(node.host, container.id)
+            _remove_sftp(client, node.host, cluster_id)
         except docker.errors.NotFound:
             log.warning("the kept workspace of %s is gone from %s", node, node.host.name)
         except _ERRORS as exc:
