@@ -535,7 +535,8 @@ class BalanceWarningOut(Schema):
     critical_minutes: int = Field(description="balance.critical comes under this many minutes")
 
 
-X
+# billing's LedgerEntry.Kind
+BILL_KINDS = ("topup", "usage", "refund", "adjustment", "credit", "transfer")
 
 
 class BillFilter(Schema):
