@@ -81,26 +81,27 @@ def check_funds(
         instance_type_id=instance_type.pk if instance_type else None,
         units=units,
     )
-    if not quote.priced:
-        return None
-    per_hour = quote.spot if spot else quote.on_demand
-    minutes = settings.SUANLI_MIN_BALANCE_MINUTES
     actor = Actor.of(owner)
     principal, person = actor.principal, actor.person
     if cluster is not None:
         principal, person = cluster.owner, cluster.created_by
+    per_hour = (quote.spot if spot else quote.on_demand) if quote.priced else Decimal(0)
+    capped = caps.cap_refusal(
+        principal=principal, person=person, per_hour=per_hour,
+        gpus=units if gpu_model else 0, besides=cluster.pk if cluster else None,
+        by=actor.person if actor.for_a_team else None,
+    )  # fmt: skip
+    if not quote.priced and not capped:
+        return None  # no price: no balance to check (a GPU cap holds all the same)
+    minutes = settings.SUANLI_MIN_BALANCE_MINUTES
     return Funds(
         per_hour=per_hour,
-        needed=(per_hour * minutes / 60).quantize(per_hour),
+        needed=(per_hour * minutes / 60).quantize(per_hour) if quote.priced else per_hour,
         balance=money.balance_of(principal),
         minutes=minutes,
         currency=quote.currency,
-        capped=caps.cap_refusal(
-            principal=principal, person=person, per_hour=per_hour,
-            gpus=units if gpu_model else 0, besides=cluster.pk if cluster else None,
-            by=actor.person if actor.for_a_team else None,
-        ),
-    )  # fmt: skip
+        capped=capped,
+    )
 
 
 def start_refusal(cluster, mode: str, *, actor=None) -> str:

@@ -244,3 +244,18 @@ def test_team_services_answer_404_to_someone_acting_for_themselves(lab, alice):
         teams.member_set_caps(actor=Actor.of(alice), member=member, monthly_cap=None, gpu_cap=1)
     with pytest.raises(Http404):
         teams.invite_create(actor=Actor.of(alice), role=Role.MEMBER)
+
+
+def test_a_gpu_cap_holds_for_a_shape_with_no_price(lab, catalog):
+    """No rate-card price means no balance to check, not no GPU cap."""
+    from console.forms import check_funds
+
+    owner, mo = actor(lab, "alice"), actor(lab, "mo")
+    teams.member_set_caps(
+        actor=owner, member=TeamMember.objects.get(team=lab, person=mo.person),
+        monthly_cap=None, gpu_cap=1,
+    )  # fmt: skip
+    shape = {"gpu_model": catalog["a100-80gb"], "instance_type": None, "spot": False}
+    assert check_funds(mo, units=1, **shape) is None
+    refused = check_funds(mo, units=2, **shape)
+    assert refused.short and "GPU cap" in refused.capped
