@@ -47,8 +47,9 @@ def test_dashboard_counts_free_gpus_per_model_and_zone_from_active_hosts(
     )
 
     client.force_login(alice)
-    # +1: the disabled-webhook notice; +1: the person's language and time zone
-    with django_assert_max_num_queries(10):
+    # +1: the disabled-webhook notice; +1: the person's language and time zone; +1: the
+    # person's teams (the acting-for switcher and request.actor share it)
+    with django_assert_max_num_queries(11):
         response = client.get(reverse("dashboard"))
     rows = {(r.gpu_model, r.zone): (r.free, r.hosts) for r in response.context["availability"]}
     assert rows == {
