@@ -430,6 +430,14 @@ def _shoot_teams(page, live_server, team, tag):
     page.fill("#id_login", "")
     page.click("[data-testid=invite-form] button[type=submit]")
     page.wait_for_selector("[data-testid=invite-url]")
+    # Copy (static/js/copy.js) takes the link itself to the clipboard, and says it did.
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    copy = page.locator("[data-testid=invite-url] + [data-copy]")
+    copy.click()
+    assert page.evaluate("navigator.clipboard.readText()") == page.inner_text(
+        "[data-testid=invite-url]"
+    )
+    assert copy.inner_text() == copy.get_attribute("data-copied")
     page.click("[data-testid=member-mo] summary")
     _fits(page, f"team-{tag}")
     page.select_option("[data-testid=acting-select]", "")
