@@ -1,10 +1,21 @@
 """Thin RQ entry points for money."""
 
+import time
+
 from billing import accrual, services, storage
+from jobs.base import metrics
 
 
 def accrue() -> dict:
+    start = time.perf_counter()
     report = accrual.accrue()
+    metrics.set_gauges(
+        {
+            metrics.ACCRUAL_TICK.name: time.perf_counter() - start,
+            metrics.ACCRUAL_LAST.name: time.time(),
+            metrics.ACCRUAL_NOW: report.now.timestamp(),  # charged up to: the lag's start
+        }
+    )
     return {
         "clusters": report.clusters,
         "entries": report.entries,

@@ -79,3 +79,19 @@ def apps_domain_is_set(app_configs=None, **kwargs) -> list:
             id="suanli.W001",
         )]  # fmt: skip
     return []
+
+
+@register(Tags.security)
+def metrics_ports_closed(app_configs=None, **kwargs) -> list:
+    """The processes' metrics ports (jobs/base/metrics.py) leave the machine only behind a
+    token: a non-loopback SUANLI_METRICS_BIND without SUANLI_METRICS_TOKEN is refused."""
+    from jobs.base.metrics import is_loopback
+
+    if is_loopback(settings.SUANLI_METRICS_BIND) or settings.SUANLI_METRICS_TOKEN:
+        return []
+    return [Error(
+        f"SUANLI_METRICS_BIND={settings.SUANLI_METRICS_BIND} is not a loopback address: set "
+        "SUANLI_METRICS_TOKEN (a long random secret; Prometheus sends it as a bearer token) "
+        "or bind the processes' metrics ports to 127.0.0.1.",
+        id="suanli.E006",
+    )]  # fmt: skip

@@ -44,16 +44,16 @@ def envlist(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def trusted_proxies(raw: str) -> list[str]:
-    """SUANLI_TRUSTED_PROXIES: addresses and networks only. A name or "*" is refused, not
-    passed to uvicorn, which would take "*" as "believe every client's headers"."""
+def trusted_proxies(raw: str, name: str = "SUANLI_TRUSTED_PROXIES") -> list[str]:
+    """SUANLI_TRUSTED_PROXIES (or another list `name`): addresses and networks only. A name or
+    "*" is refused, not passed to uvicorn, which would take "*" as "believe every client's
+    headers"."""
     entries = [item.strip() for item in raw.split(",") if item.strip()]
     for entry in entries:
         try:
             ipaddress.ip_network(entry, strict=False)
         except ValueError:
             raise ValueError(
-                f"SUANLI_TRUSTED_PROXIES: {entry!r} is not an address or network "
-                "(e.g. 10.0.0.2 or 10.0.0.0/24)"
+                f"{name}: {entry!r} is not an address or network (e.g. 10.0.0.2 or 10.0.0.0/24)"
             ) from None
     return entries

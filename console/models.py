@@ -41,6 +41,8 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # An operator's power, kept here for want of a model of its own (console/metrics.py).
+        permissions = [("view_metrics", "Can read the Prometheus metrics (/metrics)")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

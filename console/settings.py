@@ -438,6 +438,32 @@ SUANLI_MONITOR_INTERVAL = envint("SUANLI_MONITOR_INTERVAL", 1)
 # counters from the kernel (cgroup files, /proc/<pid>/net/dev) in one pass a second; the
 # engine is asked only when a container appears. Remote engines keep the engine-stats path.
 SUANLI_MONITOR_KERNEL = envbool("SUANLI_MONITOR_KERNEL", True)
+# Prometheus metrics for operators (jobs/base/metrics.py, console/metrics.py). The web's
+# GET /metrics answers a bearer token equal to this one (a long random secret; empty: no
+# token opens it), an address of METRICS_ALLOW, or a signed-in user holding
+# console.view_metrics; anyone else 401/403. The processes' own ports need it too.
+SUANLI_METRICS_TOKEN = envstr("SUANLI_METRICS_TOKEN", "")
+# Scrapers let in by their address (addresses and networks, comma-separated; none by
+# default): the connection's own address, or the client a trusted proxy names.
+_metrics_allow = os.environ.get("SUANLI_METRICS_ALLOW", "")
+SUANLI_METRICS_ALLOW = trusted_proxies(_metrics_allow, "SUANLI_METRICS_ALLOW")
+# Seconds the fleet-wide series (read from PostgreSQL and Redis) are reused between scrapes.
+SUANLI_METRICS_CACHE_S = envint("SUANLI_METRICS_CACHE_S", 5)
+# The other processes serve their own series on this address; a non-loopback one needs
+# METRICS_TOKEN, sent as a bearer token (`manage.py check` refuses it otherwise).
+SUANLI_METRICS_BIND = envstr("SUANLI_METRICS_BIND", "127.0.0.1")
+# Each process's metrics port (process=port, comma-separated; 0 or left out: none).
+_metrics_ports = envstr(
+    "SUANLI_METRICS_PORTS",
+    "cron=9810,worker=9820,monitor=9830,gateway=9840,logs=9850,watch=9860,builder=9870,profiles=9880",
+)
+SUANLI_METRICS_PORTS = {
+    name.strip(): int(port or 0)
+    for name, _, port in (item.partition("=") for item in _metrics_ports.split(","))
+    if name.strip()
+}
+# A second process of a kind on one machine takes the next free port of this many.
+SUANLI_METRICS_PORT_TRIES = envint("SUANLI_METRICS_PORT_TRIES", 8)
 # Profiler traces (SUANLI_PROFILE_DIR, monitoring.profiles), summarised by the `profiles`
 # worker (its own queue and process, each summary in a forked horse whose data memory is
 # capped at WORKER_MEMORY_MB): a file over STREAM_BYTES is read by streaming its events;

@@ -6,6 +6,7 @@ from django.utils.translation import gettext_lazy
 from console import (
     acting,
     api,
+    metrics,
     views,
     views_account,
     views_apps,
@@ -252,6 +253,8 @@ urlpatterns = [
     path("api/tokens/", api.tokens_page, name="api_tokens"),
     path("api/v1/", include("console.api_urls")),
     path("healthz", views.healthz, name="healthz"),
+    # Prometheus: a token, an allowed scraper or console.view_metrics (console/metrics.py).
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/rq/", include(queue_pages())),  # jobs.manage_queues on every page
     path("admin/", admin.site.urls),
 ]

@@ -6,6 +6,7 @@ these by their dotted name ("jobs.tasks.cluster_dispatch") through `jobs.base.qu
 importing this module.
 """
 
+from jobs.base import metrics
 from jobs.base.queue import enqueue_later, enqueue_unique
 from jobs.clusters import services
 from jobs.events import outbox, webhooks
@@ -39,7 +40,8 @@ def hosts_check_all() -> int:
 
 
 def place_pending() -> int:
-    return len(scheduler.place_pending().placed)
+    with metrics.timed(metrics.PLACEMENT_PASS):
+        return len(scheduler.place_pending().placed)
 
 
 def clusters_release_idle() -> int:

@@ -51,6 +51,7 @@ OPERATOR_PAGES = {
     "ops_host_join_revoke": ("POST", ["jobs.add_host"]),
     "ops_teams": ("GET", ["jobs.view_team"]),
     "ops_team": ("GET", ["jobs.view_team"]),
+    "metrics": ("GET", ["console.view_metrics"]),  # Prometheus (tests/test_metrics.py)
 }
 # Another researcher's job: the owner's pages, open to whoever holds the permission;
 # anyone else gets the 404 every other researcher gets (its existence is not revealed).

@@ -54,6 +54,7 @@ from django.db.models import Sum
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
+from jobs.base import metrics
 from jobs.base.queue import enqueue_by_name
 from jobs.base.text import Text, argument, stored_reason
 from jobs.events import lifecycle, timeline
@@ -126,6 +127,7 @@ def _commit_batch(
         report.placed.append(cluster.pk)
         # Its network now, before any job: by dotted name (the runner sits above us).
         enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
+    metrics.placed([c for c, _ in placed], now)  # placements and their time in the queue
     waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state__in=Job.WAITING)
     for cluster_id in set(waiting.values_list("cluster_id", flat=True)):
         lifecycle.request_dispatch(cluster_id)  # jobs submitted while the cluster was pending
