@@ -7,6 +7,7 @@ from django.http.request import validate_host
 from django.utils.http import is_same_domain
 
 from console import app_origin
+from jobs.base import metrics
 
 
 def _under(name: str, domain: str) -> bool:
@@ -85,9 +86,7 @@ def apps_domain_is_set(app_configs=None, **kwargs) -> list:
 def metrics_ports_closed(app_configs=None, **kwargs) -> list:
     """The processes' metrics ports (jobs/base/metrics.py) leave the machine only behind a
     token: a non-loopback SUANLI_METRICS_BIND without SUANLI_METRICS_TOKEN is refused."""
-    from jobs.base.metrics import is_loopback
-
-    if is_loopback(settings.SUANLI_METRICS_BIND) or settings.SUANLI_METRICS_TOKEN:
+    if metrics.is_loopback(settings.SUANLI_METRICS_BIND) or settings.SUANLI_METRICS_TOKEN:
         return []
     return [Error(
         f"SUANLI_METRICS_BIND={settings.SUANLI_METRICS_BIND} is not a loopback address: set "

@@ -25,6 +25,7 @@ from rq import worker_registration
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
 
+from jobs.base import metrics
 from jobs.base.outage import REDIS_DOWN, Outage
 
 
@@ -74,7 +75,13 @@ class _Resilient:
         # Quiet (SUANLI_WORKER_LOG_LEVEL) unless `-v 2` asks for DEBUG.
         if logging_level in (None, "INFO"):
             logging_level = settings.SUANLI_WORKER_LOG_LEVEL
+        metrics.serve(self.metrics_process())
         return super().work(*args, logging_level=logging_level, **kwargs)
+
+    def metrics_process(self) -> str:
+        """Which Procfile process this is, for its metrics port and beat."""
+        names = set(self.queue_names())
+        return "builder" if "builds" in names else "profiles" if "profiles" in names else "worker"
 
     def _redis_outage(self) -> Outage:
         if "_outage" not in self.__dict__:
@@ -138,6 +145,7 @@ class _Resilient:
 
     def _heartbeat(self, timeout):
         super().heartbeat(timeout)
+        metrics.alive(self.metrics_process())
         if not self.connection.hexists(self.key, "birth"):
             # Redis restarted or was flushed between two heartbeats.
             self._register_again()

@@ -195,7 +195,10 @@ def dispatch_all() -> int:
 
 
 def webhook_deliver(delivery_id: int) -> str:
-    return webhooks.deliver(delivery_id)
+    outcome = webhooks.deliver(delivery_id)
+    if outcome in ("gave up", "gone", "disabled"):  # its last attempt failed
+        metrics.inc(metrics.WEBHOOK_FAILURES)
+    return outcome
 
 
 def webhooks_sweep() -> int:

@@ -30,6 +30,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections, connection, models
 
+from jobs.base import metrics
 from jobs.base.outage import DB_DOWN, REDIS_DOWN, Outage
 from jobs.base.sql import insert_rows
 from jobs.models import Cluster, Host, Node, Replica
@@ -463,6 +464,7 @@ class Monitor:
                     log.exception("monitor tick")
                     await asyncio.sleep(1)
                 done += 1
+                metrics.monitor_tick(str(self.shard[0]), time.monotonic() - started, self.interval)
                 # The engine holds one-shot answers to its own ~1 s tick, so a tick mostly
                 # paces itself; never go faster than the interval.
                 rest = self.interval - (time.monotonic() - started)

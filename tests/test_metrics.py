@@ -295,3 +295,95 @@ def test_an_observation_with_redis_away_costs_its_caller_nothing(settings, caplo
     said = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(said) == 1
     settings.REDIS_URL = os.environ.get("REDIS_URL", settings.REDIS_URL)
+
+
+def _wait_for(check, timeout=30.0, every=0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (OSError, requests.RequestException, KeyError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError("never came")
+        time.sleep(every)
+
+
+def test_the_cron_process_serves_its_port_and_beats(processes):
+    port = _free_port()
+    processes.start(
+        "cron",
+        env={"SUANLI_METRICS_PORTS": f"cron={port}", "SUANLI_METRICS_TOKEN": TOKEN},
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    status, body = _wait_for(lambda: _get(url, token=TOKEN))
+    assert status == 200
+    assert value(parse(body), "suanli_process_info", process="cron") == 1
+    assert _get(url)[0] == 401
+    # Its beat reaches the web's /metrics through Redis.
+    beats = _wait_for(lambda: scrape()["suanli_process_heartbeat_timestamp_seconds"])
+    assert time.time() - beats[(("process", "cron"), ("shard", ""))] < 60
+
+
+def test_a_forked_work_horse_observes_into_metrics(processes):
+    """The Procfile's worker forks a horse per job: the placement pass it runs is timed
+    there and reaches the web's /metrics; the worker's own port serves its series."""
+    from jobs.base.queue import enqueue_unique
+
+    port = _free_port()
+    processes.start("worker", env={"SUANLI_METRICS_PORTS": f"worker={port}"})
+    before = scrape().get("suanli_placement_pass_seconds_count", {}).get((), 0)
+    enqueue_unique("default", "jobs.tasks.place_pending", job_id="place-pending", at_once=True)
+    _wait_for(lambda: value(scrape(), "suanli_placement_pass_seconds_count") > before)
+    s = scrape()
+    assert value(s, "suanli_placement_pass_seconds_bucket", le="+Inf") > before
+    status, body = _wait_for(lambda: _get(f"http://127.0.0.1:{port}/metrics", token=TOKEN))
+    assert value(parse(body), "suanli_process_info", process="worker") == 1
+
+
+@pytest.mark.engine
+def test_a_tenant_container_reaches_no_metrics_port(
+    processes, running_cluster, settle_until, settings
+):
+    """Even bound to every address (with a token, as `manage.py check` demands), the
+    processes' metrics ports are out of a researcher's container's reach: on the console
+    machine's loopback and on its address on the hosts' network alike. Before the probe,
+    this machine shows the port is there."""
+    from jobs.clusters import services
+    from jobs.clusters.services import JobSpec
+    from jobs.runs import dispatch
+
+    gateway = [a for a in os.environ.get("SUANLI_TEST_HOSTS_GATEWAY", "").split(",") if a]
+    if not gateway:
+        pytest.fail("SUANLI_TEST_HOSTS_GATEWAY is not set: run the suite with `make test`")
+    port = _free_port()
+    processes.start(
+        "cron",
+        env={
+            "SUANLI_METRICS_PORTS": f"cron={port}",
+            "SUANLI_METRICS_TOKEN": TOKEN,
+            "SUANLI_METRICS_BIND": "0.0.0.0",  # noqa: S104 (the worst an operator may do)
+        },
+    )
+    url = f"http://{gateway[0]}:{port}/metrics"
+    assert _wait_for(lambda: _get(url, token=TOKEN))[0] == 200
+    assert _get(url)[0] == 401
+    cluster = running_cluster(1)
+    request = "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n'"
+    probes = "; ".join(
+        f"echo PROBE {addr}; {request} | nc -w 2 {addr} {port} 2>&1; true"
+        for addr in ("127.0.0.1", gateway[0])
+    )
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="probe", command=probes))
+    dispatch.dispatch(cluster.pk)
+    job = settle_until(job, timeout=90)
+    log = job.replicas.get().log
+    assert log.count("PROBE") == 2, log
+    assert "HTTP/" not in log and "suanli_" not in log, (
+        f"a container reached a metrics port:\n{log}"
+    )
+    # The job's start was observed (submit -> running) on the way.
+    assert value(scrape(), "suanli_job_start_seconds_count") >= 1

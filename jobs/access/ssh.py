@@ -107,7 +107,7 @@ from django.http import HttpRequest
 from django.utils import translation
 
 from jobs.access import admission, hostkey, leftovers, sessions, sftp, streams
-from jobs.base import addresses
+from jobs.base import addresses, metrics
 from jobs.base.outage import REDIS_DOWN, Outage
 from jobs.nodes import engine, runtime, workspaces
 from jobs.tenancy import revocations
@@ -198,6 +198,7 @@ class Gateway:
 
     async def heartbeat(self) -> None:
         while True:
+            metrics.alive("gateway")
             await asyncio.sleep(sessions.HEARTBEAT_S)
             try:
                 await asyncio.to_thread(sessions.sessions_refresh, dict(self.sessions))
@@ -399,6 +400,7 @@ class Connection(asyncssh.SSHServer):
         self.lost = True
         self.gateway.connections.discard(self)
         if self.asked and self.login is None and not (self.proved or self.locked):
+            metrics.GATEWAY_AUTH_FAILURES.inc()
             self.spawn(self._count_failure())
         if self._idle is not None:
             self._idle.cancel()
@@ -1136,6 +1138,8 @@ async def serve(*, ready: Callable[[str], None] = print) -> None:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="gateway"))
     gateway = Gateway(f"{socket.gethostname()}:{settings.SUANLI_SSH_BIND}:{sessions.ssh_port()}")
+    metrics.GATEWAY_SESSIONS.set_function(lambda: len(gateway.connections))
+    metrics.serve("gateway")
     key = host_key()  # made here when there is none yet: the only process that makes it
     server = await asyncssh.listen(
         settings.SUANLI_SSH_BIND, sessions.ssh_port(),

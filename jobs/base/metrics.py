@@ -244,8 +244,48 @@ def placed(clusters: Iterable, now) -> None:
 
 
 def beat(process: str, shard: str = "") -> None:
-    """This long-running process is alive (suanli_process_heartbeat_timestamp_seconds)."""
+    """Write this process's beat now (suanli_process_heartbeat_timestamp_seconds)."""
     _write(lambda pipe: pipe.hset(BEATS, f"{process}|{shard}", repr(time.time())))
+
+
+BEAT_EVERY_S = 15.0
+_progress: dict[tuple[str, str], float] = {}
+_beater: threading.Thread | None = None
+
+
+def alive(process: str, shard: str = "") -> None:
+    """The process's main loop went round: in memory only (no I/O on the caller's loop); a
+    daemon thread writes the beat to Redis every BEAT_EVERY_S while the loop goes round, so
+    a loop that hangs stops beating although the process lives on."""
+    global _beater
+    _progress[(process, shard)] = time.time()
+    if _beater is None or not _beater.is_alive():
+        with _lock:
+            if _beater is None or not _beater.is_alive():
+                _beater = threading.Thread(target=_beat_forever, name="metrics-beat", daemon=True)
+                _beater.start()
+
+
+def flush_beats() -> None:
+    """Write the beats noted since the last write (the beat thread's round)."""
+    items = list(_progress.items())
+    if not items:
+        return
+    _progress.clear()
+    _write(lambda pipe: pipe.hset(BEATS, mapping={f"{p}|{s}": repr(t) for (p, s), t in items}))
+
+
+def _beat_forever() -> None:
+    while True:
+        flush_beats()
+        time.sleep(BEAT_EVERY_S)
+
+
+def monitor_tick(shard: str, took: float, interval: float) -> None:
+    """One monitor round ended after `took` seconds (its lag: how far past its interval)."""
+    MONITOR_TICKS.labels(shard=shard).inc()
+    MONITOR_LAG.labels(shard=shard).set(max(0.0, took - interval))
+    alive("monitor", shard)
 
 
 # -- reading the store back (the web's /metrics) -----------------------------------------

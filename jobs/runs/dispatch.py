@@ -21,6 +21,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
+from jobs.base import metrics
 from jobs.base.text import Text, join
 from jobs.events import lifecycle
 from jobs.events.timeline import job_event, reason_fields
@@ -364,9 +365,11 @@ def _mark_running(job: Job, replicas: list[Replica]) -> bool:
     """STARTING -> RUNNING once every replica runs; the state, its timeline entry and its
     webhook event at once. False when another caller got there first."""
     with transaction.atomic():
+        now = timezone.now()
         if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
-            state=Job.State.RUNNING, running_since=timezone.now()
+            state=Job.State.RUNNING, running_since=now
         ):
+            metrics.observe(metrics.JOB_START, (now - job.queued_at).total_seconds())
             hosts = join(
                 [
                     Text(gettext_noop("rank %(rank)s on %(host)s"), rank=r.rank, host=r.host.name)

@@ -27,7 +27,7 @@ import redis
 from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection
 
-from jobs.base import logstore
+from jobs.base import logstore, metrics
 from jobs.base.outage import DB_DOWN, REDIS_DOWN, Outage, close_db_connections
 from jobs.base.queue import enqueue_unique
 from jobs.models import Host, Job, Replica
@@ -333,6 +333,8 @@ class Follower:
                 try:
                     self.scan()
                     self.database.ok()
+                    metrics.LOG_FOLLOWERS.set(sum(r.alive for r in self.readers.values()))
+                    metrics.alive("logs")
                 except DB_DOWN as exc:  # the streams go on; new replicas wait for it
                     close_db_connections()
                     stop.wait(self.database.failed(exc))

@@ -18,6 +18,7 @@ from django_rq.cron import DjangoCronScheduler
 from rq.exceptions import StopRequested
 from rq.utils import now
 
+from jobs.base import metrics
 from jobs.base.outage import REDIS_DOWN, Outage
 from jobs.base.queue import enqueue_unique
 
@@ -55,6 +56,7 @@ class SuanliCronScheduler(DjangoCronScheduler):
                     if self.enqueue_jobs():
                         self.save()  # the jobs' timings, for the dashboard
                     self.heartbeat()
+                    metrics.alive("cron")
                 except REDIS_DOWN as exc:
                     registered = False
                     time.sleep(redis.failed(exc))
@@ -82,6 +84,7 @@ class Command(BaseCommand):
         parser.add_argument("config_path", nargs="?", default="console.cron")
 
     def handle(self, *args, config_path, **options):
+        metrics.serve("cron")
         scheduler = SuanliCronScheduler(logging_level=logging.INFO)
         scheduler.load_config_from_file(config_path)
         self.stdout.write(f"cron: {len(scheduler.get_jobs())} periodic tasks from {config_path}")

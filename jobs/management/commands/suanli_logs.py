@@ -9,6 +9,7 @@ import logging
 
 from django.core.management.base import BaseCommand
 
+from jobs.base import metrics
 from jobs.runs.livelogs import Follower
 
 
@@ -17,6 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         logging.basicConfig(level=logging.WARNING)
+        metrics.serve("logs")
         follower = Follower()
         try:
             follower.run()

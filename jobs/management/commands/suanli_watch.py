@@ -13,6 +13,7 @@ import docker
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from jobs.base import metrics
 from jobs.base.outage import DB_DOWN, Outage, close_db_connections
 from jobs.hosts import services as host_services
 from jobs.models import Host, Replica
@@ -101,6 +102,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         logging.basicConfig(level=logging.INFO)
+        metrics.serve("watch")
         stop = threading.Event()
         threads: dict[int, threading.Thread] = {}
         self.stdout.write("watch: following container events of all hosts")
@@ -117,6 +119,7 @@ class Command(BaseCommand):
                     time.sleep(database.failed(exc))
                     continue
                 database.ok()
+                metrics.alive("watch")
                 for host_id in host_ids:
                     thread = threads.get(host_id)
                     if thread is None or not thread.is_alive():

@@ -9,6 +9,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.base import metrics
 from monitoring.monitor import Monitor
 
 log = logging.getLogger("suanli.monitor")
@@ -27,6 +28,7 @@ class Command(BaseCommand):
                 raise ValueError
         except ValueError as exc:
             raise CommandError("--shard is I/N with 0 <= I < N, e.g. 0/2") from exc
+        metrics.serve("monitor")
         asyncio.run(self._run((index, count)))
 
     async def _run(self, shard):
