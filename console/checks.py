@@ -86,7 +86,14 @@ def apps_domain_is_set(app_configs=None, **kwargs) -> list:
 def metrics_ports_closed(app_configs=None, **kwargs) -> list:
     """The processes' metrics ports (jobs/base/metrics.py) leave the machine only behind a
     token: a non-loopback SUANLI_METRICS_BIND without SUANLI_METRICS_TOKEN is refused."""
-    if metrics.is_loopback(settings.SUANLI_METRICS_BIND) or settings.SUANLI_METRICS_TOKEN:
+    token = settings.SUANLI_METRICS_TOKEN
+    if token and len(token) < 32:
+        return [Error(
+            "SUANLI_METRICS_TOKEN is shorter than 32 characters: use a long random secret "
+            "(e.g. `openssl rand -hex 32`); it opens the fleet's metrics to whoever holds it.",
+            id="suanli.E007",
+        )]  # fmt: skip
+    if metrics.is_loopback(settings.SUANLI_METRICS_BIND) or token:
         return []
     return [Error(
         f"SUANLI_METRICS_BIND={settings.SUANLI_METRICS_BIND} is not a loopback address: set "

@@ -76,6 +76,7 @@ class _Resilient:
         if logging_level in (None, "INFO"):
             logging_level = settings.SUANLI_WORKER_LOG_LEVEL
         metrics.serve(self.metrics_process())
+        metrics.alive(self.metrics_process(), always=True)
         return super().work(*args, logging_level=logging_level, **kwargs)
 
     def metrics_process(self) -> str:

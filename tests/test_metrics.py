@@ -227,6 +227,9 @@ def test_a_non_loopback_bind_without_a_token_is_refused(settings):
         call_command("check")
     settings.SUANLI_METRICS_TOKEN = TOKEN
     call_command("check")
+    settings.SUANLI_METRICS_TOKEN = "short"
+    with pytest.raises(SystemCheckError, match="suanli.E007"):
+        call_command("check")
     settings.SUANLI_METRICS_BIND = "127.0.0.1"
     settings.SUANLI_METRICS_TOKEN = ""
     call_command("check")
@@ -342,6 +345,9 @@ def test_a_forked_work_horse_observes_into_metrics(processes):
     assert value(s, "suanli_placement_pass_seconds_bucket", le="+Inf") > before
     status, body = _wait_for(lambda: _get(f"http://127.0.0.1:{port}/metrics", token=TOKEN))
     assert value(parse(body), "suanli_process_info", process="worker") == 1
+    # An idle worker beats too (RQ's own heartbeat comes only every few minutes).
+    beats = _wait_for(lambda: scrape()["suanli_process_heartbeat_timestamp_seconds"])
+    assert time.time() - beats[(("process", "worker"), ("shard", ""))] < 60
 
 
 @pytest.mark.engine

@@ -27,6 +27,7 @@ import bisect
 import hmac
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
@@ -132,6 +133,19 @@ def _split(field: str) -> tuple[str, dict[str, str]]:
 
 _redis_outage = Outage("Redis (metrics)", log, cap=60.0)
 _lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    """An RQ work horse is forked while another thread (the beat's) may hold the lock:
+    the child starts with a free one, and no beat thread of its parent's."""
+    global _lock, _beater
+    _lock = threading.Lock()
+    _beater = None
+    _progress.clear()
+    _always.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 _clients: dict[str, redis.Redis] = {}
@@ -253,12 +267,19 @@ _progress: dict[tuple[str, str], float] = {}
 _beater: threading.Thread | None = None
 
 
-def alive(process: str, shard: str = "") -> None:
+_always: set[tuple[str, str]] = set()
+
+
+def alive(process: str, shard: str = "", *, always: bool = False) -> None:
     """The process's main loop went round: in memory only (no I/O on the caller's loop); a
     daemon thread writes the beat to Redis every BEAT_EVERY_S while the loop goes round, so
-    a loop that hangs stops beating although the process lives on."""
+    a loop that hangs stops beating although the process lives on. `always`: beat for as
+    long as the process lives (an RQ worker, whose loop waits minutes for a job; RQ's own
+    heartbeat tells a hung one)."""
     global _beater
     _progress[(process, shard)] = time.time()
+    if always:
+        _always.add((process, shard))
     if _beater is None or not _beater.is_alive():
         with _lock:
             if _beater is None or not _beater.is_alive():
@@ -268,7 +289,8 @@ def alive(process: str, shard: str = "") -> None:
 
 def flush_beats() -> None:
     """Write the beats noted since the last write (the beat thread's round)."""
-    items = list(_progress.items())
+    now = time.time()
+    items = list(_progress.items()) + [(key, now) for key in _always]
     if not items:
         return
     _progress.clear()
