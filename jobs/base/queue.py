@@ -72,3 +72,23 @@ def enqueue_by_name(func: str, *args, job_id: str, queue: str = "docker", **opti
             log.warning("could not queue %s%s: %s", func, args, exc)
 
     transaction.on_commit(send)
+
+
+def enqueue_many_by_name(
+    func: str, calls: list[tuple[tuple, str]], *, queue: str = "docker"
+) -> None:
+    """`enqueue_by_name` for many calls of one task, each `(args, job_id)`: once the caller's
+    transaction commits, in one Redis pipeline (one connection and one round trip, where
+    one enqueue each would open a client and make several round trips: a placement pass's
+    networks). A Redis that is down is logged, not raised."""
+    if not calls:
+        return
+
+    def send() -> None:
+        try:
+            q = django_rq.get_queue(queue)
+            q.enqueue_many([q.prepare_data(func, args, job_id=job_id) for args, job_id in calls])
+        except Exception as exc:  # Redis down: the reconciler and the job start catch up
+            log.warning("could not queue %s for %d call(s): %s", func, len(calls), exc)
+
+    transaction.on_commit(send)

@@ -62,9 +62,32 @@ def cluster_events(entries: list[tuple[Cluster | int, str, str | Text]], at=None
         for cluster, kind, message in entries
         if webhooks.sent_as("cluster", kind)
     ]
-    now = Cluster.objects.in_bulk([pk for pk, _, _ in sent]) if sent else {}
-    for pk, kind, message in sent:
-        webhooks.timeline_entry(now[pk], kind, message)
+    if not sent:
+        return
+    # Whose channels want them, in one query a webhook type (a placement pass writes
+    # hundreds of lines at once, mostly of owners with no channel): only the clusters of
+    # listening owners are read again, as they are now.
+    owner_of = {c.pk: c.owner_id for c, _, _ in entries if isinstance(c, Cluster)}
+    unknown = {pk for pk, _, _ in sent if pk not in owner_of}
+    if unknown:
+        owner_of.update(Cluster.objects.filter(pk__in=unknown).values_list("pk", "owner_id"))
+    owners = {owner_of[pk] for pk, _, _ in sent if pk in owner_of}
+    listening = {
+        event_type: webhooks.listening(owners, event_type)
+        for event_type in {webhooks.sent_as("cluster", kind) for _, kind, _ in sent}
+    }
+    sent = [
+        (pk, kind, message, endpoints)
+        for pk, kind, message in sent
+        if (endpoints := listening[webhooks.sent_as("cluster", kind)].get(owner_of.get(pk)))
+    ]
+    if not sent:
+        return
+    now = Cluster.objects.select_related("gpu_model", "instance_type").in_bulk(
+        [pk for pk, _, _, _ in sent]
+    )
+    for pk, kind, message, endpoints in sent:
+        webhooks.timeline_entry(now[pk], kind, message, endpoints=endpoints)
 
 
 def job_event(job: Job | int, kind: str, message: str | Text = "", at=None) -> None:

@@ -145,7 +145,7 @@ def sent_as(timeline: str, kind: str) -> str | None:
 
 
 def timeline_entry(
-    subject: Cluster | Job, kind: str, message: str | Text = ""
+    subject: Cluster | Job, kind: str, message: str | Text = "", *, endpoints=None
 ) -> WebhookEvent | None:
     """The webhook event of an entry just written on `subject`'s timeline (in the caller's
     transaction), when SENT_AS sends its kind; `subject` as it is now (its state and
@@ -153,7 +153,7 @@ def timeline_entry(
     (`job_summary`, `cluster_summary`). A stopped cluster's events say when it will be
     released (`release_at`, ISO 8601); a job's end says how long it ran and what that cost
     (`job_end_data`); a host problem names the host (its display name only) and what
-    happened."""
+    happened. `endpoints`: the owner's `listeners` of it, when the caller has them."""
     event_type = sent_as("job" if isinstance(subject, Job) else "cluster", kind)
     if event_type is None:
         return None
@@ -162,7 +162,8 @@ def timeline_entry(
         if kind in Job.ENDED:
             data["job"].update(job_end_data(subject))
         summary = job_summary(subject, kind, data["job"])
-        return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary)
+        return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary,
+                    endpoints=endpoints)  # fmt: skip
     data = cluster_data(subject)
     release_at = subject.release_at if kind != "released" else None
     if release_at is not None:
@@ -172,7 +173,8 @@ def timeline_entry(
         data["host"] = {"name": str(host or ""), "state": kind.removeprefix("host-")}
         data["problem"] = str(message)
     summary = cluster_summary(subject, kind, message, release_at)
-    return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary)
+    return emit(owner_id=subject.owner_id, event_type=event_type, data=data, summary=summary,
+                endpoints=endpoints)  # fmt: skip
 
 
 def listeners(owner_id: int, event_type: str) -> list[int]:
@@ -185,6 +187,22 @@ def listeners(owner_id: int, event_type: str) -> list[int]:
         .values_list("pk", "events")
         if event_type in (wanted or [])
     ]
+
+
+def listening(owner_ids, event_type: str) -> dict[int, list[int]]:
+    """`listeners` of many owners in one query: owner id -> their channels that an event of
+    `event_type` would go to now (owners with none left out)."""
+    out: dict[int, list[int]] = {}
+    rows = (
+        WebhookEndpoint.objects.filter(owner_id__in=set(owner_ids), enabled=True)
+        .exclude(kind=Kind.EMAIL, confirmed_at__isnull=True)
+        .order_by("pk")
+        .values_list("owner_id", "pk", "events")
+    )
+    for owner_id, pk, wanted in rows:
+        if event_type in (wanted or []):
+            out.setdefault(owner_id, []).append(pk)
+    return out
 
 
 def emit(

@@ -71,9 +71,14 @@ class Fleet:
             lambda: [set() for _ in range(MAX_GPUS_PER_HOST + 1)]
         )
         self.reserved: dict[str, set[int]] = defaultdict(set)
+        # image reference -> the hosts whose check recorded it (`only_on`: a look-up, not a
+        # walk over the fleet per request)
+        self.with_image: dict[str, set[int]] = defaultdict(set)
         for cap in hosts:
             if cap.gpu_model_id is not None:
                 self.buckets[_pool_key(cap)][cap.free].add(cap.id)
+            for ref in cap.images:
+                self.with_image[ref].add(cap.id)
 
     @classmethod
     def load(cls, host_ids=None) -> Fleet:
@@ -150,7 +155,7 @@ class Fleet:
         images were recorded), None: it is placed as before, and a host without it fails the
         start in words, charging nothing (the form already refuses an image no host has)."""
         only = only_on_hosts(cluster)
-        if only is None or not any(only in cap.images for cap in self.hosts.values()):
+        if only is None or not self.with_image.get(only):
             return None
         return only
 
@@ -288,7 +293,10 @@ class Fleet:
                 )
             return None
         zones = self.pools_for(cluster)
-        allowed = {cap.id for cap in self.usable_hosts(cluster)} if self.only_on(cluster) else None
+        # The pools hold only hosts of its model, zone and network, and a host with `gpus`
+        # free is large enough: of the usable hosts, what is left to check is the image.
+        only = self.only_on(cluster)
+        allowed = self.with_image[only] if only else None
         best: tuple[int, list[int]] | None = None
         for pools in zones.values():
             chosen = self._fit_gpu_networked(pools, cluster.nodes, cluster.gpus_per_node, allowed)

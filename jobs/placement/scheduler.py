@@ -55,7 +55,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs.base import metrics
-from jobs.base.queue import enqueue_by_name
+from jobs.base.queue import enqueue_many_by_name
 from jobs.base.text import Text, argument, stored_reason
 from jobs.events import lifecycle, timeline
 from jobs.events.timeline import reason_fields, set_reason
@@ -125,8 +125,11 @@ def _commit_batch(
     for cluster, _ in placed:
         cluster.state = Cluster.State.RUNNING
         report.placed.append(cluster.pk)
-        # Its network now, before any job: by dotted name (the runner sits above us).
-        enqueue_by_name("jobs.tasks.cluster_network_ensure", cluster.pk, job_id=f"net-{cluster.pk}")
+    # Their networks now, before any job: by dotted name (the runner sits above us), in one
+    # Redis round trip for the batch.
+    enqueue_many_by_name(
+        "jobs.tasks.cluster_network_ensure", [((c.pk,), f"net-{c.pk}") for c, _ in placed]
+    )
     metrics.placed([c for c, _ in placed], now)  # placements and their time in the queue
     waiting = Job.objects.filter(cluster_id__in=[c.pk for c, _ in placed], state__in=Job.WAITING)
     for cluster_id in set(waiting.values_list("cluster_id", flat=True)):
