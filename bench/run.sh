@@ -31,6 +31,7 @@ if [ "${BENCH_SMOKE:-0}" = 1 ]; then
     # figures (tests/test_bench_smoke.py), not a measurement. A size set by the caller wins.
     smoke() { [ -n "${!1:-}" ] || export "$1=$2"; }
     smoke BENCH_REQUESTS 60;   smoke BENCH_HOSTS 20;  smoke BENCH_TEAMS_HOSTS 20  # placement
+    smoke BENCH_PGBENCH_S 1;   smoke BENCH_PGBENCH_SCALE 1                   # placement
     smoke BENCH_RUNS 2                                   # job_start, gateway, stop_start
     smoke BENCH_JOBS 4;        smoke BENCH_WORKERS 1                         # jobs_burst
     smoke BENCH_CLUSTERS 40;   smoke BENCH_USERS 8;   smoke BENCH_REPEATS 1  # accrual

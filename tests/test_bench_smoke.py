@@ -26,8 +26,8 @@ REDIS_DB = 14
 # bench file -> the cases it prints ("bench" of a line) -> (lines, the keys each has).
 CASES: dict[str, dict[str, tuple[int, set[str]]]] = {
     "bench/placement.py": {
-        "placement": (1, {"hosts", "requests", "placed", "placements_per_s",
-                          "median_ms_per_placement", "p95_ms_per_placement"}),
+        "placement": (1, {"hosts", "requests", "placed", "placements_per_s", "pgbench_tps",
+                          "ratio", "median_ms_per_placement", "p95_ms_per_placement"}),
         "placement_teams": (1, {"hosts", "requests", "teams", "placements_per_s_no_teams",
                                 "placements_per_s_teams", "ratio"}),
     },
@@ -160,6 +160,12 @@ def test_bench_runs_and_prints_its_figures(bench, bench_env):
             assert len(printed) == count, said
         for line in printed:
             assert keys <= line.keys() or line.get("case") == "seed", (case, keys - line.keys())
+    if bench == "bench/placement.py":  # pgbench's scratch database is dropped after
+        with psycopg.connect(os.environ["DATABASE_URL"]) as db:
+            scratch = f"{bench_env['BENCH_DATABASE']}_pgbench"
+            assert not db.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [scratch]
+            ).fetchone()
     # What the figure is of happened.
     for line in lines:
         if line["bench"] == "reclaim":
