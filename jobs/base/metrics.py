@@ -249,8 +249,12 @@ def placed(clusters: Iterable, now) -> None:
         pipe.hincrby(COUNTERS, PLACEMENTS.name, sum(len(w) for w in waits.values()))
         for model, values in waits.items():
             prefix = _field("", {"model": model})
+            counts: dict[int, int] = {}
             for value in values:
-                pipe.hincrby(key, f"{prefix}|{bisect.bisect_left(QUEUE_WAIT.buckets, value)}", 1)
+                i = bisect.bisect_left(QUEUE_WAIT.buckets, value)
+                counts[i] = counts.get(i, 0) + 1
+            for i, n in counts.items():
+                pipe.hincrby(key, f"{prefix}|{i}", n)
             pipe.hincrbyfloat(key, f"{prefix}|sum", float(sum(values)))
             pipe.hincrby(key, f"{prefix}|count", len(values))
 
