@@ -393,3 +393,24 @@ def test_a_tenant_container_reaches_no_metrics_port(
     )
     # The job's start was observed (submit -> running) on the way.
     assert value(scrape(), "suanli_job_start_seconds_count") >= 1
+
+
+def test_the_monitor_counts_its_rounds_on_its_port(db, settings):
+    """The monitor's rounds and lag per shard, as its port serves them."""
+    import asyncio
+
+    from monitoring.monitor import Monitor
+
+    port = _free_port()
+    settings.SUANLI_METRICS_PORTS = {"watch": port}  # any process's port serves the registry
+    metrics._served.pop("watch", None)
+    assert metrics.serve("watch") == port
+    before = metrics.MONITOR_TICKS.labels(shard="0")._value.get()
+    monitor = Monitor(publish=False, interval=0.05)
+    try:
+        asyncio.run(monitor.run(ticks=3))
+    finally:
+        monitor.close()
+    s = parse(_get(f"http://127.0.0.1:{port}/metrics", token=TOKEN)[1])
+    assert value(s, "suanli_monitor_ticks_total", shard="0") == before + 3
+    assert value(s, "suanli_monitor_lag_seconds", shard="0") >= 0
