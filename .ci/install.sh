@@ -17,7 +17,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ALL_PACKAGES=(postgresql redis-server docker.io busybox-static chromium iproute2 iptables
     openssh-client openssh-sftp-server rsync docker-registry apache2-utils curl openssl gettext
     fonts-wqy-microhei btrfs-progs moosefs-master moosefs-chunkserver moosefs-client
-    moosefs-cli)
+    moosefs-cli prometheus)
+# prometheus: tests/test_prometheus.py runs its `promtool` on deploy/prometheus/ and starts a
+# `prometheus` of its own (own config, data folder and free port). Where systemd runs, the
+# package's postinst also starts Debian's own prometheus.service on :9090 scraping only
+# itself; the suite never uses or stops it (and does not disable it: not ours to change).
 if (($#)); then
     wanted=("$@")
 else

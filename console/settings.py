@@ -318,6 +318,10 @@ if envbool("SUANLI_BEHIND_PROXY", False) and not SUANLI_TRUSTED_PROXIES:
     )
 SECURE_PROXY_SSL_HEADER = None  # uvicorn sets the scheme from a trusted proxy's header
 SECURE_SSL_REDIRECT = _https
+# Prometheus scrapes each web process on its own address, as deploy/prometheus/prometheus.yml
+# does on the console's machine: /metrics answers plain HTTP too (its bearer token is sent
+# before any redirect could help; a redirect to https on uvicorn's plain port fails the scrape).
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 SESSION_COOKIE_SECURE = _https
 CSRF_COOKIE_SECURE = _https
 if _https:  # host-only and Secure: no other host (an app origin) can set or replace them
