@@ -19,6 +19,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
+from test_gateway import make_key, start_gateway  # noqa: F401 (the gateway's fixture)
 
 from billing import tasks as billing_tasks
 from billing.catalog import seed_rate_card
@@ -414,3 +415,20 @@ def test_the_monitor_counts_its_rounds_on_its_port(db, settings):
     s = parse(_get(f"http://127.0.0.1:{port}/metrics", token=TOKEN)[1])
     assert value(s, "suanli_monitor_ticks_total", shard="0") == before + 3
     assert value(s, "suanli_monitor_lag_seconds", shard="0") >= 0
+
+
+def test_the_gateway_counts_failed_log_ins_on_its_port(start_gateway, tmp_path, alice):  # noqa: F811
+    """A connection that asked to log in and ended without: one failure on the gateway's
+    port (the same failure django-axes counts against the address)."""
+    port = _free_port()
+    gateway = start_gateway(SUANLI_METRICS_PORTS=f"gateway={port}", SUANLI_METRICS_TOKEN=TOKEN)
+    url = f"http://127.0.0.1:{port}/metrics"
+    s = parse(_wait_for(lambda: _get(url, token=TOKEN))[1])
+    assert value(s, "suanli_gateway_auth_failures_total") == 0
+    assert value(s, "suanli_gateway_sessions") == 0
+    stranger = make_key(tmp_path / "mallory", "id_ed25519")  # a key nobody registered
+    assert gateway.ssh(stranger, "alice-c1", "true", timeout=30).returncode != 0
+    _wait_for(
+        lambda: value(parse(_get(url, token=TOKEN)[1]), "suanli_gateway_auth_failures_total") == 1
+    )
+    assert _get(url)[0] == 401
