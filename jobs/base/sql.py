@@ -36,10 +36,16 @@ def update_rows(model: type[models.Model], key: str, fields: Sequence[str], rows
             # One array a column: the statement's text stays the same size however many
             # rows, and psycopg adapts the values in C.
             arrays = ", ".join(f"%s::{f.cast_db_type(connection)}[]" for f in db_fields)
+            values = [list(column) for column in zip(*rows, strict=True)]
+            for i, f in enumerate(db_fields):
+                if f.get_internal_type() == "JSONField":  # as its text, cast by the array's type
+                    values[i] = [
+                        None if v is None else json.dumps(v, cls=f.encoder) for v in values[i]
+                    ]
             cursor.execute(
                 f"UPDATE {table} SET {assignments} FROM unnest({arrays}) "  # noqa: S608 (names from the model; values bound)
                 f"AS v({', '.join(columns)}) WHERE {table}.{columns[0]} = v.{columns[0]}",
-                [list(column) for column in zip(*rows, strict=True)],
+                values,
             )
             return cursor.rowcount
         for start in range(0, len(rows), CHUNK):

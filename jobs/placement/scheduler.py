@@ -56,6 +56,7 @@ from django.utils.translation import gettext_noop
 
 from jobs.base import metrics
 from jobs.base.queue import enqueue_many_by_name
+from jobs.base.sql import update_rows
 from jobs.base.text import Text, argument, stored_reason
 from jobs.events import lifecycle, timeline
 from jobs.events.timeline import reason_fields, set_reason
@@ -323,15 +324,30 @@ def place_pending(*, fleet: Fleet | None = None, now: datetime | None = None) ->
         _commit_batch(batch, fleet, report, now=given)
     if on_demand_heads:
         _reclaim_for(list(on_demand_heads.values()), fleet, report, reasons)
-    # Only rows still pending: a cluster placed or released meanwhile keeps its state.
-    for cluster in reasons:
-        Cluster.objects.filter(pk=cluster.pk, state=Cluster.State.PENDING).update(
-            state_reason=cluster.state_reason, state_reason_text=cluster.state_reason_text
-        )
+    _write_reasons(reasons)
     if report.placed:
         log.info("placed %d cluster(s), %d waiting", len(report.placed), report.waiting)
     fairshare.passed()  # the pages' kept standings (fairshare.recall) are of an earlier pass
     return report
+
+
+def _write_reasons(clusters: list[Cluster]) -> None:
+    """The waiting clusters' new reasons, in one statement. Only rows still pending: a
+    cluster placed or released meanwhile keeps its state (their rows are locked, in one
+    order, and read again first)."""
+    if not clusters:
+        return
+    with transaction.atomic():
+        still = set(
+            Cluster.objects.select_for_update()
+            .filter(pk__in=[c.pk for c in clusters], state=Cluster.State.PENDING)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        update_rows(
+            Cluster, "id", ["state_reason", "state_reason_text"],
+            [(c.pk, c.state_reason, c.state_reason_text) for c in clusters if c.pk in still],
+        )  # fmt: skip
 
 
 def _in_line(cluster: Cluster, fleet: Fleet, heads: dict[str, Cluster], key: str) -> Text:
