@@ -51,7 +51,8 @@ class Conflict(Exception):
 
 
 def _pool_key(cap: HostCap) -> tuple:
-    return (cap.gpu_model_id, cap.zone, cap.rdma, cap.swarm)
+    # The host's size last: `room` counts whole pools of hosts large enough for a node.
+    return (cap.gpu_model_id, cap.zone, cap.rdma, cap.swarm, cap.gpu_total)
 
 
 def _by_swarm(items, swarm_of) -> dict[str, list]:
@@ -74,6 +75,12 @@ class Fleet:
         # image reference -> the hosts whose check recorded it (`only_on`: a look-up, not a
         # walk over the fleet per request)
         self.with_image: dict[str, set[int]] = defaultdict(set)
+        # the hosts an ended node's GPUs are being freed on (few; fixed for the pass)
+        self.freeing = [cap for cap in hosts if cap.freeing]
+        # GPU hosts out of the buckets for another resource's hold (a stopped CPU-only
+        # cluster's kept hosts): `room` counts them back for a GPU request
+        self.held_for_other: set[int] = set()
+        self._usable: dict[tuple, list[HostCap]] = {}  # `usable_hosts`, per kind of request
         for cap in hosts:
             if cap.gpu_model_id is not None:
                 self.buckets[_pool_key(cap)][cap.free].add(cap.id)
@@ -139,7 +146,7 @@ class Fleet:
         """Matching GPU pools, grouped by zone."""
         zones: dict[str, list[tuple]] = defaultdict(list)
         for key in self.buckets:
-            model, zone, rdma, _ = key
+            model, zone, rdma, _, _ = key
             if model != cluster.gpu_model_id:
                 continue
             if cluster.zone and zone != cluster.zone:
@@ -162,23 +169,18 @@ class Fleet:
     def usable_hosts(self, cluster: Cluster, *, image: bool = True) -> list[HostCap]:
         """Every active host that could ever hold a node of this cluster: of its zone, GPU
         model, network and size, and having its image when that is never pulled
-        (`only_on_hosts`; `image=False`: whether it has it or not)."""
+        (`only_on_hosts`; `image=False`: whether it has it or not). Worked out once per
+        kind of request in a pass (the hosts do not change; their free counts are live):
+        not a walk over the fleet for each request that waits (callers only read it)."""
         only = self.only_on(cluster) if image else None
-        out = []
-        for cap in self.hosts.values():
-            if cluster.zone and cap.zone != cluster.zone:
-                continue
-            if only is not None and only not in cap.images:
-                continue
-            if cluster.is_cpu_only:
-                if cap.cpu_total >= cluster.instance_type.vcpus:
-                    out.append(cap)
-                continue
-            if cap.gpu_model_id != cluster.gpu_model_id or cap.gpu_total < cluster.gpus_per_node:
-                continue
-            if cluster.network == Cluster.Network.RDMA and not cap.rdma:
-                continue
-            out.append(cap)
+        cpu = cluster.instance_type.vcpus if cluster.is_cpu_only else 0
+        rdma = cluster.network == Cluster.Network.RDMA
+        kind = (cluster.zone, only, cpu, cluster.gpu_model_id, cluster.gpus_per_node, rdma)
+        out = self._usable.get(kind)
+        if out is None:
+            out = self._usable[kind] = [
+                cap for cap in self.hosts.values() if _usable(cap, cluster, only, rdma)
+            ]
         return out
 
     # -- planning ---------------------------------------------------------------------
@@ -344,6 +346,8 @@ class Fleet:
             self.reserved[key].add(host_id)
             if cap.gpu_model_id is not None:
                 self.buckets[_pool_key(cap)][cap.free].discard(host_id)
+                if key != f"gpu:{cap.gpu_model_id}":
+                    self.held_for_other.add(host_id)
 
     def reserve_for(self, cluster: Cluster) -> None:
         hosts = self.usable_hosts(cluster)
@@ -355,6 +359,8 @@ class Fleet:
     def room(self, cluster: Cluster) -> tuple[int, int]:
         """(nodes that would fit now one by one, GPUs or vCPUs free) on usable, unreserved hosts."""
         reserved = self.reserved[resource_key(cluster)]
+        if not cluster.is_cpu_only and self.only_on(cluster) is None:
+            return self._gpu_room(cluster, reserved)
         hosts = [h for h in self.usable_hosts(cluster) if h.id not in reserved]
         if cluster.is_cpu_only:
             need = cluster.instance_type.vcpus
@@ -362,6 +368,42 @@ class Fleet:
                 max(h.cpu_free, 0) for h in hosts
             )
         return sum(h.free // cluster.gpus_per_node for h in hosts), sum(h.free for h in hosts)
+
+    def _gpu_room(self, cluster: Cluster, reserved: set[int]) -> tuple[int, int]:
+        """`room` of a GPU request from the buckets: they hold every host of its model that
+        is not reserved for it (nor held for another of its model), by pool and free count,
+        so this counts whole buckets (pools of hosts large enough for a node, in its zone
+        and network), whatever the fleet's size."""
+        gpus = cluster.gpus_per_node
+        fit = free = 0
+        for pools in self.pools_for(cluster).values():
+            for key in pools:
+                if key[4] < gpus:
+                    continue
+                for count, ids in enumerate(self.buckets[key]):
+                    fit += count // gpus * len(ids)
+                    free += count * len(ids)
+        for host_id in self.held_for_other - reserved:  # usually none
+            cap = self.hosts[host_id]
+            if host_id not in self.buckets[_pool_key(cap)][cap.free] and _usable(
+                cap, cluster, None, cluster.network == Cluster.Network.RDMA
+            ):
+                fit += cap.free // gpus
+                free += cap.free
+        return fit, free
+
+
+def _usable(cap: HostCap, cluster: Cluster, only: str | None, rdma: bool) -> bool:
+    """Whether the host could ever hold a node of the cluster (`Fleet.usable_hosts`)."""
+    if cluster.zone and cap.zone != cluster.zone:
+        return False
+    if only is not None and only not in cap.images:
+        return False
+    if cluster.is_cpu_only:
+        return cap.cpu_total >= cluster.instance_type.vcpus
+    if cap.gpu_model_id != cluster.gpu_model_id or cap.gpu_total < cluster.gpus_per_node:
+        return False
+    return not rdma or cap.rdma
 
 
 def only_on_hosts(cluster: Cluster) -> str | None:
@@ -390,7 +432,11 @@ def shortage(cluster: Cluster, fleet: Fleet) -> Text:
     """Why the cluster does not fit now ("waiting for ..."), in the reader's language; with
     the GPUs being freed on the hosts it could use, where there are any."""
     why = _shortage(cluster, fleet)
-    freeing = [h for h in fleet.usable_hosts(cluster) if h.freeing and not cluster.is_cpu_only]
+    only = fleet.only_on(cluster)
+    rdma = cluster.network == Cluster.Network.RDMA
+    freeing = (
+        [] if cluster.is_cpu_only else [h for h in fleet.freeing if _usable(h, cluster, only, rdma)]
+    )
     if not freeing:
         return why
     return Text(
