@@ -440,7 +440,9 @@ class GpuSlot(models.Model):
     nothing of it runs on those GPUs (jobs.nodes.workspaces.free_gpus): placement takes only
     slots whose `node` is empty, so no tenant gets a GPU the last one may still use."""
 
-    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="slots")
+    # No index of its own: the unique (host, index) one serves it, and placement rewrites
+    # slot rows in bulk (each index of the table is written again for every row).
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="slots", db_index=False)
     index = models.PositiveSmallIntegerField()
     node = models.ForeignKey(
         "Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="slots"
