@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext_noop
@@ -460,8 +460,12 @@ def _usage(meter: _Meter, account: _Account, seg: _Segment, written) -> tuple | 
 
 
 def _roll_up(entries: list[tuple], meters: list[_Meter]) -> None:
-    """The bill's hour lines and daily usage for the pieces just written (same transaction)."""
+    """The bill's hour lines and daily usage for the pieces just written (same transaction):
+    on PostgreSQL one statement folds them where they lie (`rollups.fold_entries`)."""
     if not entries:
+        return
+    if connection.vendor == "postgresql":
+        rollups.fold_entries([e[4] for e in entries])
         return
     by_cluster = {m.cluster_id: m for m in meters}
     names = rollups.resource_names(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils.translation import gettext_noop
 
@@ -123,6 +123,88 @@ def add_usage(pieces: list[Piece], *, minimum_entries: dict[int, int] | None = N
         return
     _add_lines(pieces, minimum_entries or {})
     _add_days(pieces)
+
+
+def fold_entries(keys: list[str]) -> None:
+    """PostgreSQL: fold clusters' usage entries just written in the caller's transaction
+    (by their keys) into their hour lines and days, in one statement that reads them
+    back where they lie: the hour lines and the minimum charge's own line as `_add_lines`
+    makes them, the days as `_add_days` does (`resource_of`: the kinds' names from the
+    key's tail, else the cluster's GPU model or CPU-only instance type), each an
+    INSERT ... ON CONFLICT DO UPDATE on the table's unique index. No row goes through
+    Python: at 10,000 clusters a tick this is what keeps the rollups cheap (`add_usage`,
+    which reads each line before it writes it, remains for SQLite, storage and `rebuild`)."""
+    if not keys:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FOLD,
+            {
+                "keys": list(keys), "usage": USAGE,
+                "no_gpu": NO_GPU, "no_gpu_name": KIND_RESOURCE[NO_GPU],
+                "stopped": STOPPED, "stopped_name": KIND_RESOURCE[STOPPED],
+            },
+        )  # fmt: skip
+
+
+# One statement: the entries (`entry`, read once), their lines (hour lines summed per
+# cluster, UTC hour, units, rate, memo and member; a minimum charge a line of its own,
+# linked to its entry) and their days. Each line and day is one row of its INSERT (a
+# conflict can meet a row once), added to what the row already holds.
+_FOLD = f"""
+WITH entry AS (
+    SELECT id, account_id, amount, cluster_id, period_from, period_to, units, rate,
+        gpu_model_id, memo, created_at, member_id, split_part(key, ':', -1) AS tail,
+        extract(epoch FROM period_to - period_from)::integer AS seconds
+    FROM {LedgerEntry._meta.db_table}
+    WHERE key = ANY(%(keys)s::text[]) AND kind = %(usage)s AND cluster_id IS NOT NULL
+), lines AS (
+    INSERT INTO {BillLine._meta.db_table} AS line (
+        account_id, kind, at, amount, cluster_id, hour, units, rate, gpu_model_id, seconds,
+        pieces, period_from, period_to, charged_at, entry_id, memo, member_id
+    )
+    SELECT account_id, %(usage)s, min(period_from), sum(amount), cluster_id, hour, units,
+        rate, min(gpu_model_id), sum(seconds), count(*), min(period_from), max(period_to),
+        max(created_at), NULL, memo, member_id
+    FROM (
+        SELECT *, date_trunc('hour', period_from, 'UTC') AS hour FROM entry
+        WHERE period_from IS NOT NULL
+    ) AS piece
+    GROUP BY account_id, cluster_id, hour, units, rate, memo, member_id
+    UNION ALL
+    SELECT account_id, %(usage)s, created_at, amount, cluster_id, NULL, units, rate,
+        gpu_model_id, NULL, 1, NULL, NULL, created_at, id, memo, member_id
+    FROM entry WHERE period_from IS NULL
+    ON CONFLICT (cluster_id, hour, units, rate, memo, member_id)
+        WHERE cluster_id IS NOT NULL AND hour IS NOT NULL
+    DO UPDATE SET
+        amount = line.amount + excluded.amount,
+        seconds = line.seconds + excluded.seconds,
+        pieces = line.pieces + excluded.pieces,
+        period_from = least(line.period_from, excluded.period_from),
+        period_to = greatest(line.period_to, excluded.period_to),
+        charged_at = greatest(line.charged_at, excluded.charged_at)
+)
+INSERT INTO {UsageDay._meta.db_table} AS usage_day (account_id, day, resource, amount, seconds)
+SELECT entry.account_id, (entry.created_at AT TIME ZONE 'UTC')::date,
+    CASE entry.tail
+        WHEN %(no_gpu)s THEN %(no_gpu_name)s
+        WHEN %(stopped)s THEN %(stopped_name)s
+        ELSE CASE
+            WHEN cluster.gpu_model_id IS NOT NULL THEN coalesce(gpu.name, '')
+            WHEN cluster.instance_type_id IS NOT NULL THEN coalesce(instance.name, '')
+            ELSE ''
+        END
+    END,
+    -sum(entry.amount), sum(entry.units::bigint * coalesce(entry.seconds, 0))
+FROM entry
+JOIN {Cluster._meta.db_table} AS cluster ON cluster.id = entry.cluster_id
+LEFT JOIN {GpuModel._meta.db_table} AS gpu ON gpu.id = cluster.gpu_model_id
+LEFT JOIN {InstanceType._meta.db_table} AS instance ON instance.id = cluster.instance_type_id
+GROUP BY 1, 2, 3
+ON CONFLICT (account_id, day, resource) DO UPDATE SET
+    amount = usage_day.amount + excluded.amount, seconds = usage_day.seconds + excluded.seconds
+"""  # noqa: S608 (table names from the models; values bound)
 
 
 def _add_lines(pieces: list[Piece], minimum_entries: dict[int, int]) -> None:
