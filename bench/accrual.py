@@ -10,7 +10,8 @@ Timed, alternately, REPEATS times each, each on its own and with a fresh
 `time.perf_counter()` around the call only:
 - tick: one `billing.accrual.accrue(now=T + 10 s x k)`, the whole of it (opening meters,
   loading the rate book, locking and charging every meter in batches, one transaction a
-  batch): 10,000 usage entries;
+  batch, each batch's entries folded into the bill's hour lines and daily usage): 10,000
+  usage entries, 10,000 hour lines and 1,000 days rewritten;
 - bulk_insert: one `LedgerEntry.objects.bulk_create` of 10,000 comparable usage rows
   (same columns, unique keys `bench:<tag>:<i>`, batch_size 2000) in one transaction: the
   plain bulk INSERT the issue names;
@@ -45,7 +46,14 @@ from django.utils import timezone  # noqa: E402
 from billing import accrual  # noqa: E402
 from billing import services as billing  # noqa: E402
 from billing.accrual import ENTRY_FIELDS  # noqa: E402
-from billing.models import Account, LedgerEntry, Price, RateCard  # noqa: E402
+from billing.models import (  # noqa: E402
+    Account,
+    BillLine,
+    LedgerEntry,
+    Price,
+    RateCard,
+    UsageDay,
+)
 from jobs.base.sql import insert_rows  # noqa: E402
 from jobs.models import Cluster, GpuModel, GpuSlot, Host, Image, Node  # noqa: E402
 from jobs.placement.catalog import seed_catalog  # noqa: E402
@@ -205,6 +213,14 @@ def main():
     ledger = LedgerEntry.objects.exclude(key__startswith="bench:").aggregate(s=Sum("amount"))["s"]
     balances = Account.objects.aggregate(s=Sum("balance"))["s"]
     assert ledger == balances, (ledger, balances)
+    # And the bill's hour lines and daily usage hold what the tick charged (its rollups).
+    usage = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE).exclude(
+        key__startswith="bench:"
+    )
+    charged = usage.aggregate(s=Sum("amount"))["s"]
+    lines = BillLine.objects.filter(kind=LedgerEntry.Kind.USAGE).aggregate(s=Sum("amount"))["s"]
+    days = UsageDay.objects.aggregate(s=Sum("amount"))["s"]
+    assert charged == lines == -days, (charged, lines, days)
     tick_s, insert_s = statistics.median(ticks), statistics.median(inserts)
     copy_s = statistics.median(copies)
     print(
