@@ -77,7 +77,7 @@ from jobs.placement.stranded import move_stranded
 log = logging.getLogger(__name__)
 
 
-BATCH = 100  # plans written per transaction
+BATCH = 500  # plans written per transaction (each commit waits for a WAL flush)
 
 
 def _commit_batch(
