@@ -41,7 +41,7 @@ from billing.pricing import (
     to_money,
 )
 from billing.services import epoch, floor_s
-from jobs.base.sql import insert_rows, update_rows
+from jobs.base.sql import AnyOf, insert_rows, update_rows
 from jobs.base.text import Moment, Text
 from jobs.clusters import services as cluster_services
 from jobs.events import webhooks
@@ -219,7 +219,7 @@ def _nodes_of(units: dict[int, int], now: datetime) -> dict[int, list[Interval]]
     out: dict[int, list[Interval]] = {}
     grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
     rows = (
-        Node.objects.filter(cluster_id__in=list(units))
+        Node.objects.filter(AnyOf(F("cluster_id"), list(units)))
         .annotate(**_start_flags(grace))
         .values_list(
             "cluster_id", "no_gpu", "stopped_at", "kept_until", "cluster__workspace",
@@ -362,7 +362,7 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
         meters = [
             _Meter(*row)
             for row in Meter.objects.select_for_update(of=("self",))
-            .filter(cluster_id__in=cluster_ids, settled=False)
+            .filter(AnyOf(F("cluster_id"), cluster_ids), settled=False)
             .order_by("cluster_id")
             .values_list(*_Meter.FIELDS)
         ]

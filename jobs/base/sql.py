@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from django.db import connection, models
+from django.db.models.lookups import In
 
 CHUNK = 2000
 
@@ -106,3 +107,16 @@ def insert_rows(model: type[models.Model], fields: Sequence[str], rows: Iterable
                 ],
             )
     return len(rows)
+
+
+class AnyOf(In):
+    """`field IN values` as a lookup expression (`.filter(AnyOf(F("cluster_id"), ids))`):
+    on PostgreSQL `field = ANY(%s)`, one array parameter however many values. An IN of
+    2,000 placeholders costs the client-side binding ~20 ms to split (psycopg
+    `_split_query`) on every statement; the array is adapted in C. Elsewhere, IN."""
+
+    def as_postgresql(self, compiler, connection):
+        lhs, params = self.process_lhs(compiler, connection)
+        field = self.lhs.output_field
+        values = [field.get_db_prep_value(v, connection) for v in self.rhs if v is not None]
+        return f"{lhs} = ANY(%s::{field.cast_db_type(connection)}[])", (*params, values)
