@@ -1,5 +1,6 @@
 """Gang placement onto the real registered hosts, on real PostgreSQL."""
 
+import json
 import threading
 from collections import Counter
 
@@ -315,3 +316,117 @@ def test_hosts_outside_a_swarm_take_multi_node_clusters_only_whole(make_host, ma
     whole.refresh_from_db()
     assert whole.state == Cluster.State.RUNNING
     assert len(set(_hosts_of(whole))) == 1, "both nodes on one host"
+
+
+def test_on_demand_requests_are_placed_before_earlier_spot_ones(make_host, make_cluster, alice):
+    """One host's worth of GPUs, a spot request first and an on-demand one after it: the
+    on-demand one is placed, the spot one waits behind it."""
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    spot = make_cluster(alice, "spot", nodes=1, gpus=8, spot=True)
+    on_demand = make_cluster(alice, "on-demand", nodes=1, gpus=8)
+    report = _place()
+    spot.refresh_from_db()
+    assert report.placed == [on_demand.pk]
+    assert _hosts_of(on_demand) == ["gpu-a-01"]
+    assert spot.state == Cluster.State.PENDING and not spot.node_set.exists()
+
+
+def test_room_counts_only_hosts_large_enough_for_a_node_and_not_held_for_the_head(
+    make_host, make_cluster, alice
+):
+    """A waiting request's reason counts the nodes that would fit and the GPUs free on the
+    hosts it could use: not a host too small for one of its nodes, and, for those behind
+    the head of the line, not the hosts the head holds."""
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    make_host("gpu-a-02", engine=1, gpus=4, check="reuse")
+    head = make_cluster(alice, "head", nodes=2, gpus=8)
+    behind = make_cluster(alice, "behind", nodes=2, gpus=2)
+    _place()
+    head.refresh_from_db()
+    behind.refresh_from_db()
+    assert "room for 1 of 2 nodes now (8 GPUs free)" in head.state_reason
+    # The head holds gpu-a-01; what is left for the next request is the 4-GPU host.
+    assert behind.state == Cluster.State.RUNNING
+    assert _hosts_of(behind) == ["gpu-a-02", "gpu-a-02"]
+
+
+def test_a_pass_queues_each_placed_clusters_network_and_tells_only_listening_owners(
+    make_host, make_cluster, alice, bob
+):
+    """Placed in one pass: each cluster's network is queued (its own RQ job, by its id) once
+    the placement commits, and a "cluster.running" webhook event is recorded for the owner
+    who has a channel that wants it, none for the one without."""
+    import django_rq
+
+    from jobs.events import webhooks
+    from jobs.models import WebhookEndpoint, WebhookEvent
+
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    make_host("gpu-a-02", engine=1, gpus=8, check="reuse")
+    WebhookEndpoint.objects.create(
+        owner=alice, url="https://example.com/hook", events=["cluster.running"],
+        secret=webhooks.new_secret(),
+    )  # fmt: skip
+    mine = [make_cluster(alice, f"a{i}", nodes=1, gpus=4) for i in range(2)]
+    theirs = [make_cluster(bob, f"b{i}", nodes=1, gpus=4) for i in range(2)]
+    report = _place()
+    assert sorted(report.placed) == sorted(c.pk for c in mine + theirs)
+    queue = django_rq.get_queue("docker")
+    for cluster in mine + theirs:
+        job = queue.fetch_job(f"net-{cluster.pk}")
+        assert job is not None and job.func_name == "jobs.tasks.cluster_network_ensure"
+        assert list(job.args) == [cluster.pk]
+    events = WebhookEvent.objects.filter(type="cluster.running")
+    assert sorted(e.owner_id for e in events) == [alice.pk, alice.pk]
+    assert {json.loads(e.body)["data"]["cluster"]["id"] for e in events} == {c.pk for c in mine}
+    assert all(json.loads(e.body)["data"]["cluster"]["state"] == "running" for e in events)
+
+
+@pytest.mark.django_db(transaction=True)  # a second connection holds a slot
+def test_a_gang_is_placed_whole_or_not_at_all_when_another_scheduler_holds_a_slot(
+    make_host, make_cluster, alice
+):
+    """Another scheduler's transaction holds one GPU slot of the second host (its row lock)
+    while a pass writes a 2-node cluster planned across both hosts: the pass skips the
+    locked slot, finds the second host short, and writes nothing of the cluster (no node,
+    no slot on the first host); the next pass, once the lock is gone, places it whole."""
+    assert connection.vendor == "postgresql", "row locks are proven on PostgreSQL: run `make test`"
+    from django.db import transaction
+
+    make_host("gpu-a-01", engine=0, gpus=8, check="reuse")
+    second = make_host("gpu-a-02", engine=1, gpus=8, check="reuse")
+    gang = make_cluster(alice, "gang", nodes=2, gpus=8)
+    held, release, errors = threading.Event(), threading.Event(), []
+
+    def other_scheduler():
+        try:
+            with transaction.atomic():
+                slot = GpuSlot.objects.select_for_update().filter(host=second).first()
+                assert slot is not None
+                held.set()
+                release.wait(30)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+            held.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_scheduler)
+    thread.start()
+    try:
+        assert held.wait(30)
+        report = _place()
+    finally:
+        release.set()
+        thread.join()
+    assert not errors, errors
+    gang.refresh_from_db()
+    assert report.placed == [] and report.conflicts == 1
+    assert gang.state == Cluster.State.PENDING
+    assert not Node.objects.filter(cluster=gang).exists()
+    assert not GpuSlot.objects.filter(node__isnull=False).exists(), "nothing half-held"
+    report = _place()
+    gang.refresh_from_db()
+    assert report.placed == [gang.pk] and gang.state == Cluster.State.RUNNING
+    assert _hosts_of(gang) == ["gpu-a-01", "gpu-a-02"]
+    assert GpuSlot.objects.filter(node__cluster=gang).count() == 16
