@@ -637,6 +637,26 @@ def charged_for_pool(pool_id: int) -> Decimal:
     )
 
 
+def charged_for_pools(pool_ids) -> dict[int, Decimal]:
+    """`charged_for_pool` of many pools in one query (a cron round's): pool id -> charged;
+    a pool none of whose clusters was charged is left out."""
+    return dict(
+        Meter.objects.filter(cluster__pool_id__in=list(pool_ids))
+        .order_by()
+        .values("cluster__pool_id")
+        .annotate(s=Sum("charged"))
+        .values_list("cluster__pool_id", "s")
+    )
+
+
+def balances_of(user_ids) -> dict[int, Decimal]:
+    """`balance_of` of many people in one query: user id -> balance; one without an
+    account is left out (0, as `balance_of` says)."""
+    return dict(
+        Account.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "balance")
+    )
+
+
 def pool_rate(pool, *, book: RateBook | None = None) -> Decimal | None:
     """One of the pool's clusters, per hour now (spot or on demand); None: no price.
     `book`: the rate cards, loaded once for a round over many pools."""

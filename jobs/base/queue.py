@@ -92,3 +92,45 @@ def enqueue_many_by_name(
             log.warning("could not queue %s for %d call(s): %s", func, len(calls), exc)
 
     transaction.on_commit(send)
+
+
+def enqueue_many_unique(
+    queue_name: str, func: Task, calls: list[tuple[tuple, str]], *, again_if_running=False
+) -> int:
+    """`enqueue_unique` (with `at_once`) for many calls of one task, each `(args, job_id)`,
+    on one connection: the state of every id read in one Redis round trip (its follow-up's
+    in a second, for those running), the new jobs queued in one more (a cron round's
+    dispatches: one enqueue_unique each opened a client and made three round trips).
+    Returns how many were queued."""
+    if not calls:
+        return 0
+    queue = django_rq.get_queue(queue_name, commit_mode="auto")
+    known = {s.value: s for s in JobStatus}
+
+    def states(ids: list[str]) -> dict[str, JobStatus | None]:
+        with queue.connection.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hmget(queue.job_class.key_for(job_id), "status", "origin")
+            found = pipe.execute()
+        # As fetch_job: a job of another queue is none of this one's.
+        mine = queue.name.encode()
+        return {
+            job_id: known.get(status.decode()) if status and origin == mine else None
+            for job_id, (status, origin) in zip(ids, found, strict=True)
+        }
+
+    first = states([job_id for _args, job_id in calls])
+    running = [job_id for job_id, s in first.items() if s == JobStatus.STARTED]
+    follow = states([f"{job_id}-next" for job_id in running]) if again_if_running else {}
+    new = []
+    for args, job_id in calls:
+        status = first[job_id]
+        if status == JobStatus.STARTED and again_if_running:
+            job_id = f"{job_id}-next"  # noqa: PLW2901 (its follow-up, as enqueue_unique)
+            status = follow[job_id]
+        if status in _PENDING:
+            continue
+        new.append(queue.prepare_data(func, args, job_id=job_id))
+    if new:
+        queue.enqueue_many(new)
+    return len(new)

@@ -9,15 +9,20 @@ task name through `outbox` (queued once the transaction commits, kept until Redi
 never by importing them.
 """
 
+import logging
+
 from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
+from jobs.base.queue import enqueue_many_unique
 from jobs.base.text import Text, argument, stored_reason, twin_fields
 from jobs.events.outbox import enqueue_after_commit
 from jobs.events.timeline import cluster_event, job_event, reason_fields, set_reason
 from jobs.models import Cluster, Host, Job, Node, WorkspaceApp
+
+log = logging.getLogger(__name__)
 
 # -- work for the parts above, after commit (kept until Redis took it: outbox) ---------------
 
@@ -46,6 +51,25 @@ def request_dispatch(cluster_id: int) -> None:
         "docker", "jobs.tasks.cluster_dispatch", cluster_id, job_id=f"dispatch-{cluster_id}",
         again_if_running=True,
     )  # fmt: skip
+
+
+def request_dispatches(cluster_ids: list[int]) -> None:
+    """`request_dispatch` of many clusters (a cron round of the pools), sent together once
+    this transaction commits. Not kept in the outbox: the next round, seconds later, asks
+    again, so a Redis that is away is only logged."""
+    if not cluster_ids:
+        return
+    calls = [((pk,), f"dispatch-{pk}") for pk in cluster_ids]
+
+    def send() -> None:
+        try:
+            enqueue_many_unique(
+                "docker", "jobs.tasks.cluster_dispatch", calls, again_if_running=True
+            )
+        except Exception as exc:  # Redis away: the next round asks again
+            log.warning("could not queue %d dispatch(es): %s", len(calls), exc)
+
+    transaction.on_commit(send)
 
 
 def request_stop(job_id: int) -> None:

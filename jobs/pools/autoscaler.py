@@ -29,6 +29,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
@@ -290,11 +291,18 @@ def figures_of(pool: Pool, clusters: list[Cluster]) -> Figures:
             "cluster_id", "cancel_requested", "stop_requested_at"
         )
     )
+    waiting = Job.objects.filter(pool=pool, state__in=Job.WAITING).count()
+    return _count(clusters, active, waiting)
+
+
+def _count(clusters: list[Cluster], active: list[dict], waiting: int) -> Figures:
+    """The figures of a pool from its live clusters, their active jobs (`cluster_id`,
+    `cancel_requested`, `stop_requested_at`) and how many of its jobs wait."""
     busy = {a["cluster_id"] for a in active}
     finishing = {a["cluster_id"] for a in active if a["cancel_requested"] or a["stop_requested_at"]}
     running = [c for c in clusters if c.state == Cluster.State.RUNNING]
     return Figures(
-        waiting=Job.objects.filter(pool=pool, state__in=Job.WAITING).count(),
+        waiting=waiting,
         running=len(active),
         clusters=len(clusters),
         starting=len([c for c in clusters if c.state != Cluster.State.RUNNING]),
@@ -555,15 +563,107 @@ def _shrink(
 
 
 def _sample(pool: Pool, f: Figures, now) -> None:
-    last = pool.samples.order_by("-at", "-id").first()
+    sample = _new_sample(pool, f, now, pool.samples.order_by("-at", "-id").first())
+    if sample is not None:
+        sample.save()
+
+
+def _new_sample(pool: Pool, f: Figures, now, last: PoolSample | None) -> PoolSample | None:
+    """The sample this round writes after `last`: on a change, or SAMPLE_EVERY_S after it."""
     values = {"waiting": f.waiting, "running": f.running, "clusters": f.clusters, "ready": f.ready}
     if (
         last is not None
         and all(getattr(last, k) == v for k, v in values.items())
         and (now - last.at).total_seconds() < SAMPLE_EVERY_S
     ):
-        return
-    PoolSample.objects.create(pool=pool, at=now, **values)
+        return None
+    return PoolSample(pool=pool, at=now, **values)
+
+
+# -- many pools at once (the cron round) -----------------------------------------------------
+
+
+def quiet_rounds(pool_ids, *, now=None) -> list[int]:
+    """The rounds of many pools (cron), together where a round decides nothing: every pool
+    that waits for no cluster to be added and has none to release (see `_quiet`) gets what
+    `scale` would do for it, its dispatches asked and its sample written, in one
+    transaction under the pools' row locks, counted with a few queries for all. Returns
+    the pools that need a round of their own (`pool_scale`): those with a decision to
+    take, and those whose row another transaction holds (their round waits for it)."""
+    now = now or timezone.now()
+    ids = list(pool_ids)
+    with transaction.atomic():
+        pools = list(
+            Pool.objects.select_for_update(skip_locked=True).filter(pk__in=ids).order_by("pk")
+        )
+        locked = {p.pk for p in pools}
+        alone = [pk for pk in ids if pk not in locked]
+        clusters: dict[int, list[Cluster]] = {pk: [] for pk in locked}
+        for c in Cluster.objects.filter(pool_id__in=locked, state__in=LIVE).order_by(
+            "created_at", "id"
+        ):
+            clusters[c.pool_id].append(c)
+        active: dict[int, list[dict]] = {}
+        for a in Job.objects.filter(
+            cluster__pool_id__in=locked, cluster__state__in=LIVE, state__in=Job.ACTIVE
+        ).values("cluster__pool_id", "cluster_id", "cancel_requested", "stop_requested_at"):
+            active.setdefault(a["cluster__pool_id"], []).append(a)
+        waiting = dict(
+            Job.objects.filter(pool_id__in=locked, state__in=Job.WAITING)
+            .order_by()
+            .values("pool_id")
+            .annotate(n=Count("id"))
+            .values_list("pool_id", "n")
+        )
+        last = {
+            sample.pool_id: sample
+            for sample in PoolSample.objects.filter(pool_id__in=locked)
+            .order_by("pool_id", "-at", "-id")
+            .distinct("pool_id")
+        }
+        dispatch: list[int] = []
+        samples: list[PoolSample] = []
+        for pool in pools:
+            live = clusters[pool.pk]
+            f = _count(live, active.get(pool.pk, []), waiting.get(pool.pk, 0))
+            if not _quiet(pool, live, f, now):
+                alone.append(pool.pk)
+                continue
+            # As `scale`: a free cluster takes the oldest waiting job.
+            if f.waiting and f.free:
+                dispatch += [c.pk for c in live if c.state == Cluster.State.RUNNING]
+            sample = _new_sample(pool, f, now, last.get(pool.pk))
+            if sample is not None:
+                samples.append(sample)
+        PoolSample.objects.bulk_create(samples)
+        lifecycle.request_dispatches(dispatch)
+    return alone
+
+
+def _quiet(pool: Pool, clusters: list[Cluster], f: Figures, now) -> bool:
+    """Whether `scale` would neither add a cluster (nor say why it holds back) nor release
+    one: then its round only asks dispatches and writes a sample. Where a cluster may be
+    released (whether it is jobless is read under its own lock), not quiet."""
+    spent_out = pool.budget_total is not None and pool.spent >= pool.budget_total
+    closed = pool.state != Pool.State.ACTIVE
+    if not closed:  # _grow
+        need = f.waiting - f.free - f.starting - f.finishing
+        if max(need, pool.min_clusters - f.clusters) > 0:
+            return False
+    # _shrink's candidates
+    idle_since = now if (closed or spent_out) else now - timedelta(minutes=pool.idle_minutes)
+    surplus = f.free + f.starting + f.finishing - f.waiting
+    for c in clusters:
+        if c.state == Cluster.State.PREEMPTING:
+            continue
+        starting = c.state == Cluster.State.PENDING and c.running_since is None
+        if starting and surplus > 0:
+            return False
+        if c.last_active_at <= idle_since:
+            if c.state == Cluster.State.RUNNING and f.waiting and not (closed or spent_out):
+                continue  # it takes a waiting job on this round's dispatch
+            return False
+    return True
 
 
 def prune_samples() -> int:
