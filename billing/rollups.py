@@ -157,7 +157,7 @@ WITH entry AS (
         gpu_model_id, memo, created_at, member_id, split_part(key, ':', -1) AS tail,
         extract(epoch FROM period_to - period_from)::integer AS seconds
     FROM {LedgerEntry._meta.db_table}
-    WHERE key = ANY(%(keys)s::text[]) AND kind = %(usage)s AND cluster_id IS NOT NULL
+    WHERE key = ANY(%(keys)s::text[])  -- by the key's own index alone: nothing else to scan
 ), lines AS (
     INSERT INTO {BillLine._meta.db_table} AS line (
         account_id, kind, at, amount, cluster_id, hour, units, rate, gpu_model_id, seconds,
