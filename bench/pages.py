@@ -34,6 +34,9 @@ encodedDataLength) until the network is idle; `plotly_bytes` the plotly.js part 
 `dcl_ms` DOMContentLoaded after the navigation started (plotly.js is a deferred script:
 it is fetched and run before it), `load_ms` the load event, `ttfb_ms` and `html_ms` the
 page's first and last byte, `plotly_ms` plotly.js's last byte.
+
+BENCH_PAGES (comma-separated page names, e.g. `job,job_first_view`; `first_visit` for the
+browser's visits) runs only those; every page when unset.
 """
 
 import heapq
@@ -91,6 +94,8 @@ LEDGER = int(os.environ.get("BENCH_LEDGER", 1_000_000))
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", 20_000))
 REPEAT = int(os.environ.get("BENCH_REPEAT", 20))
 KEEP = os.environ.get("BENCH_KEEP", "") == "1"  # leave the data for EXPLAIN afterwards
+# Only these pages (see the docstring); every page when unset.
+ONLY = {p for p in os.environ.get("BENCH_PAGES", "").split(",") if p}
 FIRST_VISITS = int(os.environ.get("BENCH_FIRST_VISITS", 5))
 ROOT = Path(__file__).resolve().parent.parent
 DAYS = 100
@@ -694,6 +699,8 @@ def main():
     clients = {"large": logged_in(large.user), "small": logged_in(small.user)}
     pages = {"large": researcher_pages(large), "small": researcher_pages(small)}
     for page in pages["large"]:
+        if ONLY and page not in ONLY:
+            continue
         urls = {who: pages[who][page] for who in clients}
         before = caches["charts"].clear if page.endswith("_first_view") else None
         line = {
@@ -702,9 +709,12 @@ def main():
         print(json.dumps(line), flush=True)
     staff = {"large": logged_in(operator)}
     for page, url in OPERATOR_PAGES.items():
+        if ONLY and page not in ONLY:
+            continue
         line = {"bench": "pages", "page": page, "repeat": REPEAT, **measure(staff, {"large": url})}
         print(json.dumps(line), flush=True)
-    first_visits(large)
+    if not ONLY or "first_visit" in ONLY:
+        first_visits(large)
     if not KEEP:
         reset()
 

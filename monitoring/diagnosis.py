@@ -21,6 +21,7 @@ from django.utils.translation import ngettext
 
 MIN_GPU_SECONDS = 20  # under this a pattern cannot be told from noise
 MAX_GAP_S = 10  # samples further apart start a new stretch (agent restart, lost node)
+_MAX_GAP = timedelta(seconds=MAX_GAP_S)
 IDLE_SHARE = 0.5
 MIN_DIPS = 3
 MIN_DIP_COST = 0.10  # dips costing less GPU time than this where they occur are not worth a word
@@ -290,9 +291,9 @@ def _autocorrelation(seconds: list[_Second], lag: int) -> float:
 
 def _iops_finding(seconds: list[_Second], threshold: float, reference: float) -> Finding | None:
     hold = min(IOPS_HOLD_S, len(seconds))
-    ceiling = max(
-        min(s.iops for s in seconds[i : i + hold]) for i in range(len(seconds) - hold + 1)
-    )
+    iops = [s.iops for s in seconds]
+    # The lowest of each `hold` seconds in a row (zip: the windows, without a slice each).
+    ceiling = max(map(min, zip(*(iops[k:] for k in range(hold)), strict=False)))
     if ceiling < IOPS_FLOOR:
         return None
     run_s = _span_s(seconds)
@@ -337,7 +338,7 @@ def _stretches(seconds: list[_Second]) -> list[list[_Second]]:
     """Split at gaps longer than MAX_GAP_S; shorter gaps are bridged."""
     stretches: list[list[_Second]] = []
     for s in seconds:
-        if stretches and (s.at - stretches[-1][-1].at).total_seconds() <= MAX_GAP_S:
+        if stretches and s.at - stretches[-1][-1].at <= _MAX_GAP:
             stretches[-1].append(s)
         else:
             stretches.append([s])

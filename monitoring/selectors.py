@@ -136,11 +136,10 @@ def _job_chart(
     job: Job, *, since: datetime | None = None, until: datetime | None = None
 ) -> tuple[str, list[dict], int]:
     resolution, samples = _job_source(job, since=since, until=until)
-    nodes = list(
-        samples.order_by()
-        .values("node_index")
-        .annotate(n=Count("id"), first=Min("at"), last=Max("at"))
-    )
+    if connection.vendor == "postgresql":
+        nodes, gpus = buckets.survey(samples)
+    else:
+        nodes, gpus = _nodes(samples), None
     if not nodes:
         return resolution, [], 0
     if max(node["n"] for node in nodes) <= MAX_CHART_POINTS:
@@ -149,7 +148,15 @@ def _job_chart(
         return resolution, *decimate(_values(samples, MAX_POINTS))
     first = min(node["first"] for node in nodes)
     width = _bucket_s(first, max(node["last"] for node in nodes), MAX_CHART_POINTS)
-    return resolution, buckets.min_max(samples, first=first, width=width), width
+    return resolution, buckets.min_max(samples, first=first, width=width, gpus=gpus), width
+
+
+def _nodes(samples: QuerySet) -> list[dict]:
+    return list(
+        samples.order_by()
+        .values("node_index")
+        .annotate(n=Count("id"), first=Min("at"), last=Max("at"))
+    )
 
 
 def _bucket_s(first: datetime, last: datetime, max_points: int) -> int:
