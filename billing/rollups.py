@@ -5,7 +5,10 @@ cluster); people read hours and days. `add_usage` folds a batch of pieces into t
 `BillLine` (cluster, or the account's storage; UTC hour, units, rate) and `UsageDay` (account, UTC day charged, resource)
 in the caller's transaction, so a line always equals the pieces under it, to the last
 digit. The callers hold the row locks of the accounts concerned (accrual and `post_entry`
-both do), which makes read-then-write here safe without an upsert.
+both do), which makes read-then-write here safe without an upsert. On PostgreSQL the
+accrual tick folds its entries with `fold_entries` instead: one statement per batch, an
+upsert of the same lines and days from the rows just written (the tests hold it to
+`rebuild`, which folds with `add_usage`).
 
 `rebuild` recomputes both from the ledger: for the migration that introduces them, for
 the pages benchmark's bulk-seeded ledger, and as the tests' oracle.
