@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import QuerySet
 
@@ -103,7 +104,10 @@ def min_max(
 def survey(queryset: QuerySet) -> tuple[list[dict], list[int]]:
     """Per node its samples' count and first and last time (`node_index`, `n`, `first`,
     `last`), and the longest list of each PER_GPU column (`min_max`'s `gpus`): one scan."""
-    inner, params = _inner(queryset)
+    try:
+        inner, params = _inner(queryset)
+    except EmptyResultSet:  # `.none()`: a job that has not started
+        return [], [0] * len(PER_GPU)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT q.node_index, count(*), min(q.at), max(q.at), "  # noqa: S608 (as above)

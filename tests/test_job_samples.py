@@ -169,3 +169,12 @@ def test_a_finished_jobs_picture_is_kept_and_a_late_sample_still_shows(long_job,
     late.save()  # stored now
     third = _history(owner.get(url).content.decode())
     assert third[-1]["t"] == int(late.at.timestamp())
+
+
+def test_a_job_not_started_yet_has_a_page_with_no_samples(make_cluster, alice, owner):
+    cluster = make_cluster(alice, "waiting", gpus=2)
+    job = services.job_submit(cluster=cluster, spec=JobSpec(name="later", command="true"))
+    response = owner.get(reverse("job_detail", args=[job.pk]))
+    assert response.status_code == 200
+    assert _history(response.content.decode()) == []
+    assert owner.get(reverse("job_metrics", args=[job.pk])).json()["samples"] == []
