@@ -49,7 +49,8 @@ def clusters_release_idle() -> int:
 
 
 def cluster_dispatch(cluster_id: int) -> int | None:
-    return dispatch.dispatch(cluster_id)
+    """The cluster's next job started, with others ready beside it (dispatch.dispatch_ready)."""
+    return dispatch.dispatch_ready(cluster_id)
 
 
 def cluster_network_ensure(cluster_id: int) -> str | None:

@@ -39,7 +39,7 @@ CASES: dict[str, dict[str, tuple[int, set[str]]]] = {
     },
     "bench/jobs_burst.py": {
         "jobs_burst": (1, {"jobs", "workers", "started", "submit_s", "all_started_s",
-                           "jobs_per_s"}),
+                           "jobs_per_s", "bare_docker_run_s", "bare_jobs_per_s", "ratio"}),
     },
     "bench/accrual.py": {
         "accrual": (1, {"clusters", "tick_s", "bulk_insert_s", "ratio", "copy_s",

@@ -7,6 +7,7 @@ import docker
 import pytest
 from django.urls import reverse
 
+from jobs import tasks
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Cluster, Job, Replica
@@ -127,6 +128,26 @@ def test_queued_jobs_run_one_at_a_time_in_order(running_cluster, settle_until):
     dispatch.dispatch(cluster.pk)
     assert settle_until(second).state == Job.State.SUCCEEDED
     assert second.replicas.get().started_at >= first.replicas.get().finished_at
+
+
+@pytest.mark.django_db(transaction=True)  # the others start in threads of their own
+def test_a_dispatch_task_starts_other_clusters_ready_jobs_beside_its_own_once_each(
+    running_cluster, settle_until
+):
+    """A burst of submits queues one dispatch task per cluster: the first to run starts
+    the other clusters' waiting jobs beside its own, and their own tasks then find them
+    started. Each job starts once, in one container."""
+    clusters = [running_cluster(1, name="burst-a"), running_cluster(1, name="burst-b")]
+    jobs = [
+        services.job_submit(cluster=c, spec=JobSpec(name="j", command="sleep 1")) for c in clusters
+    ]
+    assert tasks.cluster_dispatch(clusters[0].pk) == jobs[0].pk
+    assert tasks.cluster_dispatch(clusters[1].pk) is None  # its own task: started already
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.running_since is not None and job.attempt == 1, job.state_reason
+        assert settle_until(job).state == Job.State.SUCCEEDED
+        assert job.replicas.count() == 1
 
 
 def test_two_node_job_across_both_engines_connects_rank1_to_rank0(running_cluster, settle_until):

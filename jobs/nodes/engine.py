@@ -6,6 +6,7 @@ only.
 
 import hashlib
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -117,6 +118,7 @@ def engine_facts(host: Host) -> dict:
 
 
 _clients: dict[tuple, docker.DockerClient] = {}
+_clients_lock = threading.Lock()  # starts side by side share one client per engine
 
 
 def cached_client(host: Host) -> docker.DockerClient:
@@ -128,7 +130,11 @@ def cached_client(host: Host) -> docker.DockerClient:
     )
     client = _clients.get(key)
     if client is None:
-        client = _clients[key] = client_for(host, timeout=max(settings.SUANLI_ENGINE_TIMEOUT, 30))
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                timeout = max(settings.SUANLI_ENGINE_TIMEOUT, 30)
+                client = _clients[key] = client_for(host, timeout=timeout)
     return client
 
 

@@ -159,15 +159,14 @@ def _manager(hosts: Iterable[Host], swarm: str) -> Host:
 
 
 def _create(host: Host, name: str, *, labels: dict, driver: str, **kwargs) -> None:
+    """One round trip: the engine refuses a second network of the name (409), which is
+    then the one to use; no look-up before, and none after (the SDK's model would inspect
+    what it just made)."""
     client = engine.cached_client(host)
     try:
-        existing = client.networks.list(names=[name])
-    except (docker.errors.DockerException, OSError) as exc:
-        raise NetworkError(f"{host.name}: {engine.describe(exc)}", host_id=host.pk) from exc
-    if any(n.name == name for n in existing):
-        return
-    try:
-        client.networks.create(name, driver=driver, labels=labels, check_duplicate=True, **kwargs)
+        client.api.create_network(
+            name, driver=driver, labels=labels, check_duplicate=True, **kwargs
+        )
     except docker.errors.APIError as exc:
         if exc.status_code == 409:
             return  # made meanwhile by a racing call

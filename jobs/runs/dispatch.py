@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import docker
 from django.conf import settings
@@ -39,8 +39,103 @@ log = logging.getLogger(__name__)
 
 def dispatch(cluster_id: int) -> int | None:
     """Claim the cluster's oldest queued job if nothing runs on it; then start it."""
+    job_id = claim(cluster_id)
+    if job_id is not None:
+        start_replicas(job_id)
+    return job_id
+
+
+# Starts one dispatch task keeps in flight at most (its own cluster's and others ready), and
+# how long it goes on taking more as they finish (the tasks queued behind take over).
+BATCH = 8
+KEEP_TAKING_S = 60
+
+
+def dispatch_ready(cluster_id: int) -> int | None:
+    """The dispatch task: `dispatch` of the cluster, and of other running clusters whose
+    next job waits with nothing of theirs active (oldest first), BATCH starts side by
+    side, one thread each, another taken as each one ends, until none waits (or
+    KEEP_TAKING_S has passed). A burst of submits queues one dispatch per cluster, and a
+    start waits on its engine most of its time: the first tasks to run start the burst
+    several at a time, and the tasks queued behind find their job started. Each cluster
+    is claimed as `dispatch` claims it, under its row lock (one that another worker holds
+    is skipped), so a job starts once. Another job's failure is logged (the reconciler
+    starts a job left starting again); the own job's is raised, as `dispatch` raises it.
+    Returns the cluster's own job, as `dispatch` does."""
+    own = claim(cluster_id)
+    if connections["default"].in_atomic_block:
+        # Threads' own connections could not see the caller's uncommitted rows: here.
+        for job_id in ([own] if own is not None else []) + _claim_ready(
+            exclude=cluster_id, most=BATCH - (own is not None)
+        ):
+            _start_one(job_id, own)
+        return own
+    deadline, failed = time.monotonic() + KEEP_TAKING_S, None
+    with ThreadPoolExecutor(max_workers=BATCH) as pool:
+        running = {pool.submit(_start_one, own, own, True)} if own is not None else set()
+        while True:
+            if time.monotonic() < deadline:
+                for job_id in _claim_ready(exclude=cluster_id, most=BATCH - len(running)):
+                    running.add(pool.submit(_start_one, job_id, own, True))
+            if not running:
+                break
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is not None:
+                    # The own job's start failed: the others end theirs, then it is raised.
+                    deadline = 0
+                    failed = future
+    if failed is not None:
+        failed.result()
+    return own
+
+
+def _claim_ready(*, exclude: int, most: int) -> list[int]:
+    """Up to `most` jobs claimed on other clusters that wait for nothing but a dispatch:
+    running with their GPUs, a job waiting, none active (what `dispatch_all` finds)."""
+    if most <= 0:
+        return []
+    candidates = (
+        Job.objects.filter(
+            state__in=Job.WAITING, cluster__state=Cluster.State.RUNNING, cluster__no_gpu=False
+        )
+        .exclude(cluster_id=exclude)
+        .exclude(cluster_id__in=Job.objects.filter(state__in=Job.ACTIVE).values("cluster_id"))
+        .order_by("queued_at", "id")
+        .values_list("cluster_id", flat=True)[: most * 4]
+    )
+    claimed = []
+    for cluster_id in dict.fromkeys(candidates):
+        job_id = claim(cluster_id, skip_locked=True)
+        if job_id is not None:
+            claimed.append(job_id)
+            if len(claimed) == most:
+                break
+    return claimed
+
+
+def _start_one(job_id: int, own: int | None, thread: bool = False) -> None:
+    try:
+        start_replicas(job_id)
+    except Exception:
+        if job_id == own:
+            raise
+        log.exception("job %s: its start failed; the reconciler tries it again", job_id)
+    finally:
+        if thread:
+            connections.close_all()  # this thread's own
+
+
+def claim(cluster_id: int, *, skip_locked: bool = False) -> int | None:
+    """The cluster's oldest queued job claimed for its next attempt, if nothing runs on
+    the cluster and its nodes' hosts can start it; None otherwise. `skip_locked`: None
+    at once when another transaction holds the cluster's row."""
     with transaction.atomic():
-        cluster = Cluster.objects.select_for_update(of=("self",)).filter(pk=cluster_id).first()
+        cluster = (
+            Cluster.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+            .filter(pk=cluster_id)
+            .first()
+        )
         if cluster is None or cluster.state != Cluster.State.RUNNING or cluster.no_gpu:
             return None  # no-GPU mode runs no jobs (job_submit says so)
         if cluster.jobs.filter(state__in=Job.ACTIVE).exists():
@@ -62,7 +157,6 @@ def dispatch(cluster_id: int) -> int | None:
             return None
         if not _claim(job, cluster, nodes):
             return None
-    start_replicas(job.pk)
     return job.pk
 
 
