@@ -3,6 +3,8 @@
 PostgreSQL, real placement passes at explicit times (`place_pending(now=...)`), nothing
 slept or timed."""
 
+import math
+import random
 from datetime import timedelta
 
 import pytest
@@ -14,7 +16,7 @@ from django.utils import timezone
 
 from console.models import ApiToken
 from jobs.models import Cluster, GpuSlot, Node, Team
-from jobs.placement import fleet, scheduler
+from jobs.placement import fairshare, fleet, scheduler
 from jobs.teams import services as teams
 
 pytestmark = pytest.mark.django_db
@@ -280,3 +282,53 @@ def test_fair_share_off_is_first_come_first_served(labs, make_paper_host, make_c
     _ask(make_cluster, heavy, "heavy-again", at=now - 2 * H)
     _ask(make_cluster, light, "light-first", at=now - H)
     assert _line() == ["heavy-again", "light-first"]
+
+
+def test_recent_usage_is_the_decayed_gpu_hours_of_each_account_over_random_histories(
+    alice, labs, make_paper_host, make_cluster
+):
+    """The usage aggregate (float arithmetic in SQL) gives each account the GPU-hours of its
+    nodes weighted 2^(-age / H), as the integral computed here from the rows; so the order
+    of the accounts (their factors) is the one the exact figures give."""
+    for i in range(4):
+        make_paper_host(f"gpu-paper-{i:02}", gpus=8)
+    owners = [labs[0].principal, labs[1].principal, alice]
+    rng = random.Random(43)  # noqa: S311 (a reproducible history, not a secret)
+    for i in range(9):
+        owner = owners[i % 3]
+        make_cluster(owner, f"r{i}", gpus=rng.choice([1, 2, 4]), nodes=rng.choice([1, 2]))
+    scheduler.place_pending()
+    assert Node.objects.count() >= 9
+    now = timezone.now()
+    for node in Node.objects.all():
+        placed = now - timedelta(hours=rng.uniform(0, 300))
+        released = rng.choice([None, placed + timedelta(hours=rng.uniform(0, 100))])
+        if released is not None and released > now:
+            released = None
+        Node.objects.filter(pk=node.pk).update(placed_at=placed, released_at=released)
+    for seed in range(5):
+        rng = random.Random(seed)  # noqa: S311
+        at = now - timedelta(hours=rng.uniform(0, 48))
+        half_life = rng.choice([1, 6, 24, 72])
+        expected: dict[int, list] = {}
+        cutoff = at - timedelta(hours=half_life * fairshare.WINDOW_HALF_LIVES)
+        for node in Node.objects.select_related("cluster"):
+            if node.released_at is not None and node.released_at <= cutoff:
+                continue
+
+            def weight(t, at=at, half_life=half_life):
+                return 2 ** ((min(t, at) - at).total_seconds() / (half_life * 3600))
+
+            end = node.released_at or at
+            gpus = node.cluster.gpus_per_node
+            used = gpus * half_life / math.log(2) * (weight(end) - weight(node.placed_at))
+            mine = expected.setdefault(node.cluster.owner_id, [0.0, 0])
+            mine[0] += used
+            mine[1] += gpus if node.released_at is None else 0
+        got = fairshare.recent_usage(now=at, half_life_h=half_life)
+        assert got.keys() == expected.keys()
+        for owner, (used, held) in expected.items():
+            assert got[owner][0] == pytest.approx(used, rel=1e-9, abs=1e-9)
+            assert got[owner][1] == held
+        ranked = sorted(expected, key=lambda o: (expected[o][0], o))
+        assert sorted(got, key=lambda o: (got[o][0], o)) == ranked
