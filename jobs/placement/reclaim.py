@@ -91,7 +91,12 @@ def choose_victims(
 
 def _spot_capacity() -> tuple[list[SpotHolder], dict[int, tuple[int, int]]]:
     """Running spot clusters' nodes (the candidates) and what preempting clusters hold
-    now and give back soon, per host."""
+    now and give back soon, per host. None running or preempting (most passes): one look-up
+    in the queue's (state, queued_at) index, not the join of the live nodes with their slots
+    (0.1-0.2 s a pass with thousands of live nodes)."""
+    live = [Cluster.State.RUNNING, Cluster.State.PREEMPTING]
+    if not Cluster.objects.filter(state__in=live, spot=True).exists():
+        return [], {}
     holders: dict[int, SpotHolder] = {}
     soon_g: dict[int, int] = defaultdict(int)
     soon_c: dict[int, int] = defaultdict(int)
