@@ -22,7 +22,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import QuerySet
 
-from monitoring.diagnosis import Second
+from monitoring.diagnosis import Seconds
 
 SCALARS = (
     "cpu_pct", "mem_bytes", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps",
@@ -125,11 +125,12 @@ def _length(column: str) -> str:
     return f"jsonb_array_length(CASE WHEN jsonb_typeof(q.{column}) = 'array' THEN q.{column} ELSE '[]'::jsonb END)"
 
 
-def per_second(queryset: QuerySet) -> list[Second]:
+def per_second(queryset: QuerySet) -> Seconds:
     """What `diagnosis.diagnose` reads of each second, summed over the nodes in the
     database: the mean over every GPU of every node, the nodes' network and IOPS totals,
-    in time order. A sample stored twice (same second and node) counts once, as
-    `diagnose` counts it."""
+    in time order, as columns (the times in microseconds since the epoch: no datetime a
+    second). A sample stored twice (same second and node) counts once, as `diagnose`
+    counts it."""
     inner, params = _inner(queryset)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT max({_length('gpu_util')}) FROM ({inner}) q", params)  # noqa: S608 (names from this module; values bound)
@@ -140,7 +141,8 @@ def per_second(queryset: QuerySet) -> list[Second]:
         # Each (second, node)'s figures made before the sort that keeps its last sample:
         # the sort moves 5 numbers a row, not the whole row.
         cursor.execute(
-            f"SELECT {EPOCH}, sum(q.gpu) / nullif(sum(q.gpus), 0), sum(q.net), sum(q.iops) "  # noqa: S608 (as above)
+            f"SELECT ({EPOCH} * 1000000)::int8, sum(q.gpu) / nullif(sum(q.gpus), 0), "  # noqa: S608 (as above)
+            "sum(q.net), sum(q.iops) "
             f"FROM (SELECT DISTINCT ON (q.at, q.node_index) q.at, {gpu_sum} AS gpu, "
             f"{_length('gpu_util')} AS gpus, q.net_rx_bps + q.net_tx_bps AS net, "
             f"q.read_iops + q.write_iops AS iops FROM ({inner}) q "
@@ -148,7 +150,8 @@ def per_second(queryset: QuerySet) -> list[Second]:
             params,
         )
         seconds = cursor.fetchall()
-    return [Second(_at(t), gpu, net, iops) for t, gpu, net, iops in seconds]
+    # One list a column (zip(*rows) would make an iterator a row).
+    return Seconds(*([row[k] for row in seconds] for k in range(4)))
 
 
 def _at(epoch: float) -> datetime:

@@ -9,6 +9,7 @@ to `diagnose_seconds` instead.
 
 import itertools
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -64,16 +65,30 @@ class Finding:
     period_s: float | None = None
 
 
-class Second(NamedTuple):
-    """One second of the whole job (a tuple: tens of thousands are made at once)."""
+class Seconds(NamedTuple):
+    """The job's seconds, in time order, one per second, as columns: tens of thousands of
+    seconds are plain numbers in four lists (which the cyclic garbage collector does not
+    walk), not an object each."""
 
-    at: datetime
-    gpu: float | None  # mean over every GPU of every node; None when no node reported one
-    net_bps: float  # every node's receive + transmit
-    iops: float  # every node's reads + writes
+    at: list[int]  # microseconds since the epoch, UTC
+    gpu: list[float | None]  # mean over every GPU of every node; None when no node reported one
+    net_bps: list[float]  # every node's receive + transmit
+    iops: list[float]  # every node's reads + writes
+    naive: bool = False  # the samples' times had no zone: the findings' times have none either
+
+    def time(self, us: int) -> datetime:
+        """`at`'s microseconds as the datetime a finding shows."""
+        if self.naive:
+            return _NAIVE_EPOCH + timedelta(microseconds=us)
+        return _EPOCH + timedelta(microseconds=us)
 
 
-_Second = Second
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAIVE_EPOCH = datetime(1970, 1, 1)  # noqa: DTZ001 (naive samples: naive findings)
+_MAX_GAP_US = MAX_GAP_S * 1_000_000
+_US = timedelta(microseconds=1)
+
+Run = tuple[int, int]  # seconds [start, stop) by index into the columns
 
 
 def diagnose(
@@ -93,21 +108,26 @@ def diagnose(
 
 
 def diagnose_seconds(
-    seconds: Iterable[Second],
+    seconds: Seconds,
     *,
     cpu_cores: int,
     gpu_threshold: float = 70.0,
     iops_reference: float = 5000.0,
 ) -> list[Finding]:
-    """`diagnose`, from the job's seconds (in time order, one per second)."""
-    seconds = [s for s in seconds if s.gpu is not None]
-    if len(seconds) < MIN_GPU_SECONDS:
+    """`diagnose`, from the job's seconds (`Seconds`: in time order, one per second)."""
+    if None in seconds.gpu:
+        kept = [i for i, u in enumerate(seconds.gpu) if u is not None]
+        seconds = Seconds(
+            *([column[i] for i in kept] for column in seconds[:4]), naive=seconds.naive
+        )
+    if len(seconds.at) < MIN_GPU_SECONDS:
         return []
+    stretches = _stretches(seconds.at)
     causes = [
         f
         for f in (
-            _dips_finding(seconds, gpu_threshold, cpu_cores),
-            _iops_finding(seconds, gpu_threshold, iops_reference),
+            _dips_finding(seconds, stretches, gpu_threshold, cpu_cores),
+            _iops_finding(seconds, stretches, gpu_threshold, iops_reference),
         )
         if f is not None
     ]
@@ -135,36 +155,36 @@ def verdict(series: list[dict], *, step_s: int = 0, period_s: int = 1) -> str:
     return _("No bottleneck found in this run's samples: the GPUs were kept busy.")
 
 
-def _per_second(points: Iterable[Point]) -> list[_Second]:
+def _per_second(points: Iterable[Point]) -> Seconds:
     latest: dict[tuple[datetime, int], Point] = {}
+    naive = False
     for p in points:
-        at = p.at.astimezone(UTC) if p.at.tzinfo else p.at
+        if p.at.tzinfo:
+            at = p.at.astimezone(UTC)
+        else:
+            at, naive = p.at, True
         latest[(at, p.node)] = p  # a re-sent sample must not count twice
     by_at: dict[datetime, list[Point]] = {}
     for (at, _node), p in latest.items():
         by_at.setdefault(at, []).append(p)
-    seconds = []
+    seconds = Seconds([], [], [], [], naive=naive)
     for at in sorted(by_at):
         group = by_at[at]
         # Over GPUs, not nodes: a node with 8 GPUs weighs four times one with 2.
         utils = [u for p in group for u in p.gpu_util]
-        seconds.append(
-            _Second(
-                at=at,
-                gpu=sum(utils) / len(utils) if utils else None,
-                net_bps=sum(p.net_rx_bps + p.net_tx_bps for p in group),
-                iops=sum(p.read_iops + p.write_iops for p in group),
-            )
-        )
+        seconds.at.append((at - (_NAIVE_EPOCH if at.tzinfo is None else _EPOCH)) // _US)
+        seconds.gpu.append(sum(utils) / len(utils) if utils else None)
+        seconds.net_bps.append(sum(p.net_rx_bps + p.net_tx_bps for p in group))
+        seconds.iops.append(sum(p.read_iops + p.write_iops for p in group))
     return seconds
 
 
-def _idle_finding(seconds: list[_Second], threshold: float, severity: str) -> Finding | None:
-    below = sum(1 for s in seconds if s.gpu < threshold)
-    share = below / len(seconds)
+def _idle_finding(seconds: Seconds, threshold: float, severity: str) -> Finding | None:
+    below = sum(1 for u in seconds.gpu if u < threshold)
+    share = below / len(seconds.gpu)
     if share <= IDLE_SHARE:
         return None
-    start, end = seconds[0].at, seconds[-1].at
+    start, end = seconds.time(seconds.at[0]), seconds.time(seconds.at[-1])
     return Finding(
         kind="idle",
         title=_("GPUs idle"),
@@ -181,20 +201,25 @@ def _idle_finding(seconds: list[_Second], threshold: float, severity: str) -> Fi
     )
 
 
-def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> Finding | None:
+def _dips_finding(
+    seconds: Seconds, stretches: list[Run], threshold: float, cpu_cores: int
+) -> Finding | None:
     """Dips between busy phases: communication when they carry network traffic, data
     loading when they are merely regular. One pattern gets one finding, never both."""
-    dips, spacings = _dips(seconds, threshold)
+    at, gpu, net = seconds.at, seconds.gpu, seconds.net_bps
+    dips, spacings = _dips(seconds, stretches, threshold)
     if len(dips) < MIN_DIPS:
         return None
-    start, end = dips[0][0].at, dips[-1][-1].at
-    covered = sum(1 for s in seconds if start <= s.at <= end)
-    if sum(len(d) for d in dips) / covered < MIN_DIP_COST:
+    first, last = at[dips[0][0]], at[dips[-1][1] - 1]
+    # The seconds from the first dip's start to the last one's end (`at` is sorted).
+    lo, hi = bisect_left(at, first), bisect_right(at, last)
+    if sum(b - a for a, b in dips) / (hi - lo) < MIN_DIP_COST:
         return None
+    start, end = seconds.time(first), seconds.time(last)
     period = median(spacings) if spacings else None
-    dip_s = median(_span_s(d) for d in dips)
-    dip_net = median(s.net_bps for d in dips for s in d)
-    busy_net = median(s.net_bps for s in seconds if s.gpu >= threshold)
+    dip_s = median(_span_s(at, d) for d in dips)
+    dip_net = median(net[i] for a, b in dips for i in range(a, b))
+    busy_net = median(v for u, v in zip(gpu, net, strict=True) if u >= threshold)
     if dip_net >= NET_FLOOR_BPS and dip_net >= NET_RATIO * busy_net:
         return Finding(
             kind="communication",
@@ -227,9 +252,9 @@ def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> F
     spread = median(abs(x - period) for x in spacings)
     if spread > max(REGULAR_MAD * period, REGULAR_MAD_FLOOR_S):
         return None
-    window = [s for s in seconds if start <= s.at <= end]
+    by_at = dict(zip(at[lo:hi], gpu[lo:hi], strict=True))
     lags = range(max(1, round(period) - 1), round(period) + 2)  # +-1 s for jitter, 4.5 s periods
-    if max(_autocorrelation(window, lag) for lag in lags) < REGULAR_AUTOCORR:
+    if max(_autocorrelation(by_at, lag) for lag in lags) < REGULAR_AUTOCORR:
         return None
     return Finding(
         kind="dataloader",
@@ -253,31 +278,30 @@ def _dips_finding(seconds: list[_Second], threshold: float, cpu_cores: int) -> F
     )
 
 
-def _dips(seconds: list[_Second], threshold: float) -> tuple[list[list[_Second]], list[float]]:
+def _dips(
+    seconds: Seconds, stretches: list[Run], threshold: float
+) -> tuple[list[Run], list[float]]:
     """Runs below the threshold with a busy run on each side, and the spacings between
     consecutive dip starts. Spacings never span a gap in the samples."""
-    dips: list[list[_Second]] = []
+    at, gpu = seconds.at, seconds.gpu
+    dips: list[Run] = []
     spacings: list[float] = []
-    for stretch in _stretches(seconds):
-        runs: list[tuple[bool, list[_Second]]] = []
-        for s in stretch:
-            busy = s.gpu >= threshold
-            if runs and runs[-1][0] == busy:
-                runs[-1][1].append(s)
-            else:
-                runs.append((busy, [s]))
+    for lo, hi in stretches:
+        # Where busy turns idle or back: the runs' bounds.
+        cuts = [i for i in range(lo + 1, hi) if (gpu[i] >= threshold) != (gpu[i - 1] >= threshold)]
+        bounds = [lo, *cuts, hi]
+        runs = list(itertools.pairwise(bounds))
         # A low run at either end is start-up or shutdown, not a dip.
-        inner = [run for busy, run in runs[1:-1] if not busy]
-        spacings += [(b[0].at - a[0].at).total_seconds() for a, b in itertools.pairwise(inner)]
+        inner = [run for run in runs[1:-1] if gpu[run[0]] < threshold]
+        spacings += [(at[b[0]] - at[a[0]]) / 1_000_000 for a, b in itertools.pairwise(inner)]
         dips += inner
     return dips, spacings
 
 
-def _autocorrelation(seconds: list[_Second], lag: int) -> float:
+def _autocorrelation(by_at: dict[int, float], lag: int) -> float:
     """Pearson correlation of utilisation with itself `lag` seconds later; by timestamp,
     so missing samples drop pairs instead of shifting the series."""
-    by_at = {s.at: s.gpu for s in seconds}
-    step = timedelta(seconds=lag)
+    step = lag * 1_000_000
     pairs = [(u, by_at[at + step]) for at, u in by_at.items() if at + step in by_at]
     if len(pairs) < 2:
         return 0.0
@@ -289,35 +313,39 @@ def _autocorrelation(seconds: list[_Second], lag: int) -> float:
     return cov / math.sqrt(var_x * var_y) if var_x and var_y else 0.0
 
 
-def _iops_finding(seconds: list[_Second], threshold: float, reference: float) -> Finding | None:
-    hold = min(IOPS_HOLD_S, len(seconds))
-    iops = [s.iops for s in seconds]
+def _iops_finding(
+    seconds: Seconds, stretches: list[Run], threshold: float, reference: float
+) -> Finding | None:
+    at, gpu, iops = seconds.at, seconds.gpu, seconds.iops
+    hold = min(IOPS_HOLD_S, len(iops))
     # The lowest of each `hold` seconds in a row (zip: the windows, without a slice each).
     ceiling = max(map(min, zip(*(iops[k:] for k in range(hold)), strict=False)))
     if ceiling < IOPS_FLOOR:
         return None
-    run_s = _span_s(seconds)
-    pinned: list[list[_Second]] = []
-    for stretch in _stretches(seconds):
-        previous_pinned = False
-        for s in stretch:
-            now_pinned = s.iops >= IOPS_BAND * ceiling
-            if now_pinned and previous_pinned:
-                pinned[-1].append(s)
-            elif now_pinned:
-                pinned.append([s])
-            previous_pinned = now_pinned
+    run_s = _span_s(at, (0, len(at)))
+    band = IOPS_BAND * ceiling
+    pinned: list[Run] = []
+    for lo, hi in stretches:
+        i = lo
+        while i < hi:
+            if iops[i] >= band:
+                j = i + 1
+                while j < hi and iops[j] >= band:
+                    j += 1
+                pinned.append((i, j))
+                i = j
+            i += 1
     candidates = [
         p
         for p in pinned
-        if (_span_s(p) >= IOPS_MIN_STRETCH_S or _span_s(p) >= 0.5 * run_s)
+        if (_span_s(at, p) >= IOPS_MIN_STRETCH_S or _span_s(at, p) >= 0.5 * run_s)
         # Mean, not every second: a loader stalled on storage still shows busy bursts.
-        and sum(s.gpu for s in p) / len(p) < threshold
+        and sum(gpu[p[0] : p[1]]) / (p[1] - p[0]) < threshold
     ]
     if not candidates:
         return None
-    stretch = max(candidates, key=_span_s)
-    start, end = stretch[0].at, stretch[-1].at
+    stretch = max(candidates, key=lambda p: _span_s(at, p))
+    start, end = seconds.time(at[stretch[0]]), seconds.time(at[stretch[1] - 1])
     return Finding(
         kind="iops_ceiling",
         title=_("Storage IOPS at a ceiling"),
@@ -334,19 +362,14 @@ def _iops_finding(seconds: list[_Second], threshold: float, reference: float) ->
     )
 
 
-def _stretches(seconds: list[_Second]) -> list[list[_Second]]:
+def _stretches(at: list[int]) -> list[Run]:
     """Split at gaps longer than MAX_GAP_S; shorter gaps are bridged."""
-    stretches: list[list[_Second]] = []
-    for s in seconds:
-        if stretches and s.at - stretches[-1][-1].at <= _MAX_GAP:
-            stretches[-1].append(s)
-        else:
-            stretches.append([s])
-    return stretches
+    cuts = [i for i in range(1, len(at)) if at[i] - at[i - 1] > _MAX_GAP_US]
+    return list(itertools.pairwise([0, *cuts, len(at)])) if at else []
 
 
-def _span_s(run: list[_Second]) -> float:
-    return (run[-1].at - run[0].at).total_seconds() + 1
+def _span_s(at: list[int], run: Run) -> float:
+    return (at[run[1] - 1] - at[run[0]]) / 1_000_000 + 1
 
 
 def _between(start: datetime, end: datetime) -> dict[str, str]:
