@@ -73,6 +73,11 @@ def test_one_round_gives_each_pool_what_its_own_round_would(make_pool, alice):
     short = make_pool("short", min_clusters=1, max_clusters=2)
     # Idle past its idle minutes, above its minimum of 0: released.
     idle = make_pool("idle", running=1, idle_for=timedelta(minutes=30), idle_minutes=10)
+    # Idle past its idle minutes too, but at its minimum of 1: kept, nothing to say.
+    kept = make_pool(
+        "kept", running=1, idle_for=timedelta(minutes=30), idle_minutes=10, min_clusters=1,
+        max_clusters=2,
+    )  # fmt: skip
     # Closed, its cluster idle this very moment: released too.
     closed = make_pool("closed", running=1, max_clusters=2)
     Pool.objects.filter(pk=closed.pk).update(state=Pool.State.CLOSED)
@@ -80,9 +85,9 @@ def test_one_round_gives_each_pool_what_its_own_round_would(make_pool, alice):
     still = make_pool("still", max_clusters=2)
     Pool.objects.update(rate_per_hour=None, spent=Decimal("-1"), balance=None)
 
-    assert console_pools.tick() == 5
+    assert console_pools.tick() == 6
 
-    for pool in (waits, short, idle, closed, still):
+    for pool in (waits, short, idle, kept, closed, still):
         pool.refresh_from_db()
         assert pool.rate_per_hour == billing.pool_rate(pool) > 0
         assert pool.spent == 0 and pool.balance == billing.balance_of(alice) == Decimal("1000")
@@ -98,6 +103,9 @@ def test_one_round_gives_each_pool_what_its_own_round_would(make_pool, alice):
     assert short.clusters.filter(state__in=autoscaler.LIVE).count() == 1
     assert "idle for 10 minutes" in idle.events.get(kind="shrink").message
     assert not idle.clusters.filter(state__in=autoscaler.LIVE).exists()
+    assert kept.clusters.filter(state=Cluster.State.RUNNING).count() == 1
+    assert not kept.events.exclude(kind="created").exists()
+    assert kept.samples.get().clusters == 1
     assert "the pool is closed" in closed.events.get(kind="shrink").message
     assert not closed.clusters.filter(state__in=autoscaler.LIVE).exists()
     assert still.samples.get().clusters == 0

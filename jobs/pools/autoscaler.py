@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -340,7 +340,7 @@ def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
         "balance": _money(pool.balance), "gpu_room": pool.gpu_room,
     }  # fmt: skip
     done = []
-    spent_out = pool.budget_total is not None and pool.spent >= pool.budget_total
+    spent_out = _spent_out(pool)
     if pool.state == Pool.State.ACTIVE:
         added = _grow(pool, clusters, f, numbers, spent_out)
         if added:
@@ -351,22 +351,38 @@ def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
     if released:
         done.append(f"-{released}")
         f.clusters -= released
-    # A free cluster takes the oldest waiting job (dispatch is idempotent and cheap).
-    if f.waiting and f.free:
-        for cluster in clusters:
-            if cluster.state == Cluster.State.RUNNING:
-                lifecycle.request_dispatch(cluster.pk)
+    for cluster_id in _to_dispatch(clusters, f):
+        lifecycle.request_dispatch(cluster_id)
     if done:  # counted again only when this round changed the clusters
         f = figures_of(pool, list(pool.clusters.filter(state__in=LIVE)))
     _sample(pool, f, now)
     return " ".join(done) or "="
 
 
+def _spent_out(pool: Pool) -> bool:
+    """Its total budget is spent: it adds no cluster, keeps none and releases idle ones at once."""
+    return pool.budget_total is not None and pool.spent >= pool.budget_total
+
+
+def _to_dispatch(clusters: list[Cluster], f: Figures) -> list[int]:
+    """The clusters whose dispatch a round asks: while jobs wait and a cluster is free, the
+    running ones (a free cluster takes the oldest waiting job; dispatch is idempotent and
+    cheap)."""
+    if not (f.waiting and f.free):
+        return []
+    return [c.pk for c in clusters if c.state == Cluster.State.RUNNING]
+
+
+def _wanted(pool: Pool, f: Figures) -> tuple[int, int]:
+    """How many more clusters an active pool wants: `need`, for its waiting jobs, and
+    `below_min`, to reach its minimum (`_grow` adds the larger, where positive). Who will
+    take the waiting jobs: free clusters, clusters still starting, and clusters whose job
+    is being stopped (a pruned trial: its cluster is free in a moment)."""
+    return f.waiting - f.free - f.starting - f.finishing, pool.min_clusters - f.clusters
+
+
 def _grow(pool: Pool, clusters: list[Cluster], f: Figures, numbers: dict, spent_out: bool) -> int:
-    # Who will take the waiting jobs: free clusters, clusters still starting, and clusters
-    # whose job is being stopped (a pruned trial: its cluster is free in a moment).
-    need = f.waiting - f.free - f.starting - f.finishing
-    below_min = pool.min_clusters - f.clusters
+    need, below_min = _wanted(pool, f)
     want = max(need, below_min)
     if want <= 0:
         return 0
@@ -490,31 +506,62 @@ def _jobless(cluster: Cluster) -> bool:
     return not cluster.jobs.filter(state__in=[*Job.WAITING, *Job.ACTIVE]).exists()
 
 
+@dataclass
+class _Release:
+    """What a round's release of clusters goes by (`_shrink`, and `_quiet` for the rounds
+    taken together)."""
+
+    ends: bool  # the pool is closed or spent out: none kept, idle ones go at once
+    keep: int  # it releases none below this many live clusters
+    idle_since: datetime  # idle since before this: may go
+    # More clusters coming than jobs waiting for them: a starting cluster without a job
+    # (its job ran on a cluster that was free first) goes at once, before it is placed
+    # and charged for idling.
+    surplus: int
+
+
+def _release_terms(pool: Pool, f: Figures, now, spent_out: bool) -> _Release:
+    ends = pool.state != Pool.State.ACTIVE or spent_out
+    return _Release(
+        ends=ends,
+        keep=0 if ends else pool.min_clusters,
+        idle_since=now if ends else now - timedelta(minutes=pool.idle_minutes),
+        surplus=f.free + f.starting + f.finishing - f.waiting,
+    )
+
+
+UNNEEDED, IDLE = "unneeded", "idle"
+
+
+def _release_candidate(c: Cluster, f: Figures, terms: _Release, surplus: int) -> str | None:
+    """Why the round may release `c`, provided it holds no job (`_jobless`, a query, asked
+    by the caller): UNNEEDED (starting while `surplus`, what is left of `terms.surplus`, is
+    above 0), IDLE, or None: it stays."""
+    if c.state == Cluster.State.PREEMPTING:
+        return None
+    if c.state == Cluster.State.PENDING and c.running_since is None and surplus > 0:
+        return UNNEEDED
+    if c.last_active_at <= terms.idle_since:
+        if c.state == Cluster.State.RUNNING and f.waiting and not terms.ends:
+            return None  # it takes a waiting job on this round's dispatch
+        return IDLE
+    return None
+
+
 def _shrink(
     pool: Pool, clusters: list[Cluster], f: Figures, now, numbers: dict, spent_out: bool
 ) -> int:
     closed = pool.state != Pool.State.ACTIVE
-    keep = 0 if (closed or spent_out) else pool.min_clusters
-    idle_since = now - timedelta(minutes=pool.idle_minutes)
-    if closed or spent_out:
-        idle_since = now
+    terms = _release_terms(pool, f, now, spent_out)
+    keep, idle_since, surplus = terms.keep, terms.idle_since, terms.surplus
     live = [c for c in clusters if c.state in LIVE]
-    # More clusters coming than jobs waiting for them: a starting cluster without a job
-    # (its job ran on a cluster that was free first) goes at once, before it is placed
-    # and charged for idling.
-    surplus = f.free + f.starting + f.finishing - f.waiting
     candidates = []
     for c in live:
-        if c.state == Cluster.State.PREEMPTING:
-            continue
-        starting = c.state == Cluster.State.PENDING and c.running_since is None
-        if starting and surplus > 0 and _jobless(c):
-            candidates.append((c, True))
-            surplus -= 1
-        elif c.last_active_at <= idle_since and _jobless(c):
-            if c.state == Cluster.State.RUNNING and f.waiting and not (closed or spent_out):
-                continue  # it takes a waiting job on this round's dispatch
-            candidates.append((c, False))
+        why = _release_candidate(c, f, terms, surplus)
+        if why is not None and _jobless(c):
+            candidates.append((c, why == UNNEEDED))
+            if why == UNNEEDED:
+                surplus -= 1
     # Starting ones first, then the longest idle.
     candidates.sort(key=lambda item: (not item[1], item[0].last_active_at))
     n = 0
@@ -629,9 +676,7 @@ def quiet_rounds(pool_ids, *, now=None) -> list[int]:
             if not _quiet(pool, live, f, now):
                 alone.append(pool.pk)
                 continue
-            # As `scale`: a free cluster takes the oldest waiting job.
-            if f.waiting and f.free:
-                dispatch += [c.pk for c in live if c.state == Cluster.State.RUNNING]
+            dispatch += _to_dispatch(live, f)  # as `scale`
             sample = _new_sample(pool, f, now, last.get(pool.pk))
             if sample is not None:
                 samples.append(sample)
@@ -644,26 +689,14 @@ def _quiet(pool: Pool, clusters: list[Cluster], f: Figures, now) -> bool:
     """Whether `scale` would neither add a cluster (nor say why it holds back) nor release
     one: then its round only asks dispatches and writes a sample. Where a cluster may be
     released (whether it is jobless is read under its own lock), not quiet."""
-    spent_out = pool.budget_total is not None and pool.spent >= pool.budget_total
-    closed = pool.state != Pool.State.ACTIVE
-    if not closed:  # _grow
-        need = f.waiting - f.free - f.starting - f.finishing
-        if max(need, pool.min_clusters - f.clusters) > 0:
-            return False
-    # _shrink's candidates
-    idle_since = now if (closed or spent_out) else now - timedelta(minutes=pool.idle_minutes)
-    surplus = f.free + f.starting + f.finishing - f.waiting
-    for c in clusters:
-        if c.state == Cluster.State.PREEMPTING:
-            continue
-        starting = c.state == Cluster.State.PENDING and c.running_since is None
-        if starting and surplus > 0:
-            return False
-        if c.last_active_at <= idle_since:
-            if c.state == Cluster.State.RUNNING and f.waiting and not (closed or spent_out):
-                continue  # it takes a waiting job on this round's dispatch
-            return False
-    return True
+    spent_out = _spent_out(pool)
+    if pool.state == Pool.State.ACTIVE and max(_wanted(pool, f)) > 0:
+        return False  # _grow adds, or says why it holds back
+    terms = _release_terms(pool, f, now, spent_out)
+    # _shrink's first candidate, if it holds no job (it releases none at `keep` or below)
+    return len(clusters) <= terms.keep or not any(
+        _release_candidate(c, f, terms, terms.surplus) for c in clusters
+    )
 
 
 def prune_samples() -> int:
