@@ -1,6 +1,8 @@
 """System checks of the settings that keep the workspace apps' origins apart from the
 console's (console/app_origin.py): run by `manage.py check` and at every start."""
 
+import ipaddress
+
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.http.request import validate_host
@@ -101,3 +103,43 @@ def metrics_ports_closed(app_configs=None, **kwargs) -> list:
         "or bind the processes' metrics ports to 127.0.0.1.",
         id="suanli.E006",
     )]  # fmt: skip
+
+
+_LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+
+
+def _reaches_loopback(entry: str) -> bool:
+    network = ipaddress.ip_network(entry, strict=False)
+    return any(network.version == n.version and network.overlaps(n) for n in _LOOPBACK)
+
+
+@register(Tags.security)
+def metrics_scrape_reachable(app_configs=None, **kwargs) -> list:
+    """The shipped Prometheus config (deploy/prometheus/prometheus.yml) scrapes the web at
+    http://127.0.0.1:8000/metrics: Django answers 400 to a Host outside ALLOWED_HOSTS.
+    And no loopback address is let in by its address alone: a reverse proxy on this
+    machine that is not a trusted proxy makes every visitor's request come from it."""
+    problems = []
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:  # as Django's request.get_host() does
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    if settings.SUANLI_METRICS_TOKEN and not (
+        validate_host("127.0.0.1", allowed) or validate_host("localhost", allowed)
+    ):
+        problems.append(Warning(
+            "SUANLI_METRICS_TOKEN is set but ALLOWED_HOSTS names neither 127.0.0.1 nor "
+            "localhost: Prometheus's scrape of http://127.0.0.1:8000/metrics (the shipped "
+            "config) is answered 400. Add 127.0.0.1 to ALLOWED_HOSTS "
+            "(docs/operator/metrics.md).",
+            id="suanli.W002",
+        ))  # fmt: skip
+    loopback = [entry for entry in settings.SUANLI_METRICS_ALLOW if _reaches_loopback(entry)]
+    if loopback:
+        problems.append(Warning(
+            f"SUANLI_METRICS_ALLOW lets in a loopback address ({', '.join(loopback)}): "
+            "behind a reverse proxy on this machine (one not in SUANLI_TRUSTED_PROXIES) every "
+            "visitor's request comes from it, so every researcher would read /metrics. "
+            "Scrape from this machine with SUANLI_METRICS_TOKEN instead.",
+            id="suanli.W003",
+        ))  # fmt: skip
+    return problems

@@ -376,6 +376,9 @@ class Processes:
             f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
         )
         self.env["SUANLI_STATIC_FINDERS"] = "1"
+        # No metrics port unless a test names one: never the defaults (98x0) that a
+        # developer's `make run` or another test tier's process may hold.
+        self.env["SUANLI_METRICS_PORTS"] = ""
         self.tmp_path = tmp_path
         self.procs = []
 

@@ -16,17 +16,20 @@ import requests
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from test_gateway import make_key, start_gateway  # noqa: F401 (the gateway's fixture)
+from test_webhooks import Receiver
 
 from billing import tasks as billing_tasks
 from billing.catalog import seed_rate_card
 from console import metrics as web_metrics
 from console.models import ApiToken
 from jobs.base import metrics
-from jobs.models import Cluster, GpuSlot, Host, Job, Node, Team
+from jobs.events import webhooks
+from jobs.models import Cluster, GpuSlot, Host, ImageBuild, Job, Node, Team, WebhookEndpoint
 from jobs.placement import scheduler
 
 TOKEN = "metrics-token-0123456789abcdef0123456789"
@@ -38,8 +41,19 @@ def _fresh(settings):
     settings.SUANLI_METRICS_ALLOW = []
     settings.SUANLI_METRICS_CACHE_S = 0
     web_metrics.forget_cache()
+    metrics.forget_outages()
     yield
     web_metrics.forget_cache()
+    metrics.forget_outages()
+
+
+@pytest.fixture
+def serving():
+    """`metrics.serve` in this process: every server a test started is shut down after it
+    (its port freed, its process forgotten)."""
+    yield metrics.serve
+    for process in list(metrics._servers):
+        metrics.stop_serving(process)
 
 
 def scrape(client: Client | None = None, **headers) -> dict:
@@ -129,11 +143,42 @@ def test_the_fleet_as_made(fleet, catalog):
     assert value(s, "suanli_revenue_cny_per_hour") == pytest.approx(15.6)
     assert value(s, "suanli_balance_cny", kind="researcher") == pytest.approx(150)
     assert value(s, "suanli_balance_cny", kind="team") == 0
-    assert value(s, "suanli_rq_queue_depth", queue="default") >= 0
-    assert "suanli_builds" in s or value(s, "suanli_builds", state="queued") == 0
+    assert value(s, "suanli_builds", state="queued") == 0
     # No label names a person, a cluster or a job.
     labels = {k for series in s.values() for key in series for k, _ in key}
     assert labels <= {"model", "zone", "state", "host", "queue", "process", "shard", "kind", "le"}
+
+
+def test_a_queued_build_and_a_queued_rq_job_are_counted(db, alice):
+    import django_rq
+
+    ImageBuild.objects.create(owner=alice, name="my-torch", tag="v1", dockerfile="FROM x\n")
+    django_rq.get_queue("default").enqueue("jobs.tasks.webhooks_sweep")
+    s = scrape()
+    assert value(s, "suanli_builds", state="queued") == 1
+    assert value(s, "suanli_builds", state="running") == 0
+    assert value(s, "suanli_rq_queue_depth", queue="default") == 1
+
+
+def test_a_webhook_delivery_given_up_is_counted(db, alice, settings, work_queue):
+    """A receiver answering 500 to the delivery's last attempt: one more failure."""
+    settings.SUANLI_WEBHOOK_ALLOW_NETS = ["127.0.0.0/8"]
+    settings.SUANLI_WEBHOOK_RETRY_DELAYS = [0]  # one attempt only
+    receiver = Receiver()
+    receiver.statuses = [500]
+    try:
+        before = scrape().get("suanli_webhook_delivery_failures_total", {}).get((), 0)
+        endpoint = WebhookEndpoint.objects.create(
+            owner=alice, url=receiver.url, events=["job.failed"], secret=webhooks.new_secret()
+        )
+        with transaction.atomic():
+            webhooks.emit(owner_id=alice.pk, event_type="job.failed", data={"job": {"id": 1}})
+        work_queue("webhooks")
+        assert len(receiver.requests) == 1
+        assert endpoint.deliveries.get().state == "dead"
+        assert scrape()["suanli_webhook_delivery_failures_total"][()] == before + 1
+    finally:
+        receiver.close()
 
 
 def test_balances_split_researchers_and_teams(fleet, fund):
@@ -236,6 +281,41 @@ def test_a_non_loopback_bind_without_a_token_is_refused(settings):
     call_command("check")
 
 
+def test_the_shipped_scrape_needs_its_address_in_allowed_hosts(db, settings):
+    """Prometheus scrapes http://127.0.0.1:8000/metrics (deploy/prometheus/prometheus.yml):
+    with ALLOWED_HOSTS the console's name alone Django answers 400; with 127.0.0.1 added
+    (docs/operator/metrics.md) the scrape reads the series, and other hosts stay refused."""
+    headers = {"HTTP_HOST": "127.0.0.1:8000", "HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    settings.ALLOWED_HOSTS = ["console.example"]
+    assert Client().get("/metrics", **headers).status_code == 400
+    settings.ALLOWED_HOSTS = ["console.example", "127.0.0.1"]
+    assert Client().get("/metrics", **headers).status_code == 200
+    assert Client().get("/metrics", **{**headers, "HTTP_HOST": "evil.example"}).status_code == 400
+
+
+def test_check_warns_of_a_scrape_refused_and_of_a_loopback_allowed(settings):
+    """`manage.py check`: the shipped config scrapes http://127.0.0.1:8000, whose Host
+    must be allowed; a loopback address allowed by address would let in every visitor a
+    local reverse proxy (not a trusted one) forwards."""
+    from django.core.checks import run_checks
+
+    def warned():
+        return {m.id for m in run_checks(tags=["security"]) if m.id.startswith("suanli.W00")}
+
+    settings.ALLOWED_HOSTS = ["console.example"]
+    assert "suanli.W002" in warned()
+    settings.ALLOWED_HOSTS = ["console.example", "127.0.0.1"]
+    assert "suanli.W002" not in warned()
+    settings.SUANLI_METRICS_TOKEN = ""  # no token: no scrape of the shipped config
+    settings.ALLOWED_HOSTS = ["console.example"]
+    assert "suanli.W002" not in warned()
+    for allowed in (["127.0.0.1"], ["10.0.0.0/8", "::1"], ["0.0.0.0/0"]):
+        settings.SUANLI_METRICS_ALLOW = allowed
+        assert "suanli.W003" in warned(), allowed
+    settings.SUANLI_METRICS_ALLOW = ["10.9.0.0/16", "2001:db8::/32"]
+    assert "suanli.W003" not in warned()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -248,12 +328,11 @@ def _get(url: str, token: str | None = None) -> tuple[int, str]:
     return response.status_code, response.text
 
 
-def test_a_process_port_serves_its_series_behind_the_token(settings):
+def test_a_process_port_serves_its_series_behind_the_token(settings, serving):
     base = _free_port()
     settings.SUANLI_METRICS_PORTS = {"monitor": base}
     settings.SUANLI_METRICS_BIND = "127.0.0.1"
-    metrics._served.pop("monitor", None)
-    port = metrics.serve("monitor")
+    port = serving("monitor")
     assert port == base
     metrics.MONITOR_TICKS.labels(shard="0").inc()
     status, _ = _get(f"http://127.0.0.1:{port}/metrics")
@@ -268,8 +347,7 @@ def test_a_process_port_serves_its_series_behind_the_token(settings):
     assert "process_cpu_seconds_total" in s  # prometheus_client's own collectors
     # A second process of a kind on this machine takes the next port, not an error.
     settings.SUANLI_METRICS_PORTS = {"monitor": base, "gateway": base}
-    metrics._served.pop("gateway", None)
-    assert metrics.serve("gateway") not in (None, base)
+    assert serving("gateway") not in (None, base)
 
 
 def test_a_histogram_observed_in_a_forked_process_is_on_metrics(db):
@@ -289,19 +367,42 @@ def test_a_histogram_observed_in_a_forked_process_is_on_metrics(db):
 
 
 def test_an_observation_with_redis_away_costs_its_caller_nothing(settings, caplog):
-    metrics._redis_outage.ok()  # no outage of an earlier test's
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
-    with caplog.at_level("WARNING", logger="jobs.base.metrics"):
-        metrics.observe(metrics.PLACEMENT_PASS, 0.1)
-        metrics.inc(metrics.PLACEMENTS)
-        metrics.beat("cron")
+    """Redis away: logged once, and not tried again until the outage's back-off has passed,
+    so that no caller (a job's start inside its transaction) waits on it each time."""
+    import threading
+
+    tries = []
+    away = socket.socket()  # a "Redis" that hangs up at once on whoever connects
+    away.bind(("127.0.0.1", 0))
+    away.listen(16)
+
+    def hang_up():
+        while True:
+            try:
+                conn, _ = away.accept()
+            except OSError:
+                return  # closed: the test is over
+            tries.append(1)
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    settings.REDIS_URL = f"redis://127.0.0.1:{away.getsockname()[1]}/0"
+    try:
+        with caplog.at_level("WARNING", logger="jobs.base.metrics"):
+            metrics.observe(metrics.PLACEMENT_PASS, 0.1)
+            first = len(tries)
+            metrics.inc(metrics.PLACEMENTS)
+            metrics.beat("cron")
+    finally:
+        away.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        away.close()
+    assert first >= 1 and len(tries) == first  # the next two waited for nothing
     # Logged once for the outage, not once per observation.
     said = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(said) == 1
-    settings.REDIS_URL = os.environ.get("REDIS_URL", settings.REDIS_URL)
 
 
-def _wait_for(check, timeout=30.0, every=0.3):
+def _wait_for(check, timeout=60.0, every=0.3):
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -396,25 +497,25 @@ def test_a_tenant_container_reaches_no_metrics_port(
     assert value(scrape(), "suanli_job_start_seconds_count") >= 1
 
 
-def test_the_monitor_counts_its_rounds_on_its_port(db, settings):
-    """The monitor's rounds and lag per shard, as its port serves them."""
+def test_the_monitor_counts_its_rounds_on_its_port(db, settings, serving):
+    """The monitor's rounds and lag per shard, as its port serves them: rounds longer than
+    their interval (0 here) show as lag."""
     import asyncio
 
     from monitoring.monitor import Monitor
 
     port = _free_port()
     settings.SUANLI_METRICS_PORTS = {"watch": port}  # any process's port serves the registry
-    metrics._served.pop("watch", None)
-    assert metrics.serve("watch") == port
+    assert serving("watch") == port
     before = metrics.MONITOR_TICKS.labels(shard="0")._value.get()
-    monitor = Monitor(publish=False, interval=0.05)
+    monitor = Monitor(publish=False, interval=0)
     try:
         asyncio.run(monitor.run(ticks=3))
     finally:
         monitor.close()
     s = parse(_get(f"http://127.0.0.1:{port}/metrics", token=TOKEN)[1])
     assert value(s, "suanli_monitor_ticks_total", shard="0") == before + 3
-    assert value(s, "suanli_monitor_lag_seconds", shard="0") >= 0
+    assert value(s, "suanli_monitor_lag_seconds", shard="0") > 0
 
 
 def test_the_gateway_counts_failed_log_ins_on_its_port(start_gateway, tmp_path, alice):  # noqa: F811

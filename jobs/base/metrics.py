@@ -131,7 +131,6 @@ def _split(field: str) -> tuple[str, dict[str, str]]:
     return name, {k: v for k, _, v in pairs}
 
 
-_redis_outage = Outage("Redis (metrics)", log, cap=60.0)
 _lock = threading.Lock()
 
 
@@ -149,11 +148,16 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 _clients: dict[str, redis.Redis] = {}
+# Per Redis URL: its outage (logged once) and when to try it again (time.monotonic()).
+_outages: dict[str, Outage] = {}
+_retry_at: dict[str, float] = {}
 
 
 def _connection() -> redis.Redis:
     """One client per process (redis-py's pool opens afresh in a forked child), with short
-    timeouts: Redis away costs an observation two seconds at most, once per outage's try."""
+    timeouts: Redis away costs an observation two seconds at most, and only the first
+    after each of the outage's back-off waits (1, 2, 4 ... 60 s); the others in between
+    are dropped at once."""
     url = settings.REDIS_URL
     client = _clients.get(url)
     if client is None:
@@ -164,22 +168,37 @@ def _connection() -> redis.Redis:
 
 
 def _write(fill) -> None:
-    """Run `fill(pipeline)` as one round trip; Redis away is logged once, never raised.
-    Nor is anything else: a metric must never cost its caller's work."""
+    """Run `fill(pipeline)` as one round trip; Redis away is logged once, never raised, and
+    not tried again before its back-off has passed (an observation made inside a
+    transaction, such as a job's start, is not held up while Redis is away). Nor is
+    anything else raised: a metric must never cost its caller's work."""
+    url = settings.REDIS_URL
+    if _retry_at.get(url, 0.0) > time.monotonic():
+        return  # Redis is away: this observation is lost
     try:
         with _connection().pipeline(transaction=False) as pipe:
             fill(pipe)
             pipe.execute()
     except REDIS_DOWN as exc:
         with _lock:
-            _redis_outage.failed(exc)
+            outage = _outages.setdefault(url, Outage("Redis (metrics)", log, cap=60.0))
+            _retry_at[url] = time.monotonic() + outage.failed(exc)
         return
     except Exception:  # a bug here must not fail a placement or a charge
         log.exception("metrics: an observation was lost")
         return
-    if _redis_outage.down:
+    if url in _outages:
         with _lock:
-            _redis_outage.ok()
+            outage = _outages.pop(url, None)
+            _retry_at.pop(url, None)
+            if outage is not None:
+                outage.ok()
+
+
+def forget_outages() -> None:
+    """Forget every Redis outage seen (tests that pointed REDIS_URL somewhere dead)."""
+    _outages.clear()
+    _retry_at.clear()
 
 
 def inc(metric: Stored, amount: int = 1, **labels: str) -> None:
@@ -206,22 +225,22 @@ def observe(metric: Histogram, value: float, **labels: str) -> None:
 def observe_many(metric: Histogram, values: Iterable[float], **labels: str) -> None:
     """Count several observations (same labels) in one round trip."""
     values = list(values)
-    if not values:
-        return
+    if values:
+        _write(lambda pipe: _fill_histogram(pipe, metric, values, labels))
+
+
+def _fill_histogram(pipe, metric: Histogram, values: list[float], labels: dict) -> None:
+    """Queue on `pipe` the writes that count `values` (same labels) into `metric`."""
     key = HIST + metric.name
     prefix = _field("", labels)
     counts: dict[int, int] = {}
     for value in values:
         i = bisect.bisect_left(metric.buckets, value)  # len(buckets): +Inf only
         counts[i] = counts.get(i, 0) + 1
-
-    def fill(pipe):
-        for i, n in counts.items():
-            pipe.hincrby(key, f"{prefix}|{i}", n)
-        pipe.hincrbyfloat(key, f"{prefix}|sum", float(sum(values)))
-        pipe.hincrby(key, f"{prefix}|count", len(values))
-
-    _write(fill)
+    for i, n in counts.items():
+        pipe.hincrby(key, f"{prefix}|{i}", n)
+    pipe.hincrbyfloat(key, f"{prefix}|sum", float(sum(values)))
+    pipe.hincrby(key, f"{prefix}|count", len(values))
 
 
 @contextmanager
@@ -243,20 +262,11 @@ def placed(clusters: Iterable, now) -> None:
         waits.setdefault(model, []).append(max(0.0, (now - cluster.queued_at).total_seconds()))
     if not waits:
         return
-    key = HIST + QUEUE_WAIT.name
 
     def fill(pipe):
         pipe.hincrby(COUNTERS, PLACEMENTS.name, sum(len(w) for w in waits.values()))
         for model, values in waits.items():
-            prefix = _field("", {"model": model})
-            counts: dict[int, int] = {}
-            for value in values:
-                i = bisect.bisect_left(QUEUE_WAIT.buckets, value)
-                counts[i] = counts.get(i, 0) + 1
-            for i, n in counts.items():
-                pipe.hincrby(key, f"{prefix}|{i}", n)
-            pipe.hincrbyfloat(key, f"{prefix}|sum", float(sum(values)))
-            pipe.hincrby(key, f"{prefix}|count", len(values))
+            _fill_histogram(pipe, QUEUE_WAIT, values, {"model": model})
 
     _write(fill)
 
@@ -308,7 +318,8 @@ def _beat_forever() -> None:
 
 
 def monitor_tick(shard: str, took: float, interval: float) -> None:
-    """One monitor round ended after `took` seconds (its lag: how far past its interval)."""
+    """One monitor round ended after `took` seconds (its lag: how far it overran its
+    interval, 0 when it fit)."""
     MONITOR_TICKS.labels(shard=shard).inc()
     MONITOR_LAG.labels(shard=shard).set(max(0.0, took - interval))
     alive("monitor", shard)
@@ -378,7 +389,7 @@ def _bound(value: float) -> str:
 MONITOR_TICKS = Counter("suanli_monitor_ticks", "Sampling rounds the monitor finished.", ["shard"])
 MONITOR_LAG = Gauge(
     "suanli_monitor_lag_seconds",
-    "How late the monitor's last round started against its interval.",
+    "Seconds the monitor's last round took beyond its interval (0: it kept up).",
     ["shard"],
 )
 GATEWAY_SESSIONS = Gauge("suanli_gateway_sessions", "SSH connections open on this gateway.")
@@ -391,7 +402,8 @@ PROCESS_INFO = Gauge("suanli_process_info", "1: this process serves its metrics.
 # The Procfile's processes that serve a port of their own (SUANLI_METRICS_PORTS).
 PROCESSES = ("cron", "worker", "monitor", "gateway", "logs", "watch", "builder", "profiles")
 
-_served: dict[str, int] = {}
+_served: dict[str, int | None] = {}  # process -> its port (None: none)
+_servers: dict[str, ThreadingWSGIServer] = {}  # process -> its server, while it serves
 
 
 def is_loopback(bind: str) -> bool:
@@ -465,6 +477,7 @@ def serve(process: str, shard: str = "") -> int | None:
         )
         thread.start()
         _served[process] = port
+        _servers[process] = httpd
         log.info("metrics: %s serves http://%s:%d/metrics", process, bind, port)
         return port
     log.warning(
@@ -476,3 +489,17 @@ def serve(process: str, shard: str = "") -> int | None:
     )
     _served[process] = None
     return None
+
+
+def stop_serving(process: str) -> None:
+    """Shut `process`'s metrics server down, free its port and forget it (a later `serve`
+    starts afresh): for tests that serve in their own process."""
+    httpd = _servers.pop(process, None)
+    if httpd is not None:
+        httpd.shutdown()
+        httpd.server_close()
+    _served.pop(process, None)
+    try:
+        PROCESS_INFO.remove(process)
+    except KeyError:  # it never served
+        pass
