@@ -332,3 +332,26 @@ def test_recent_usage_is_the_decayed_gpu_hours_of_each_account_over_random_histo
             assert got[owner][1] == held
         ranked = sorted(expected, key=lambda o: (expected[o][0], o))
         assert sorted(got, key=lambda o: (got[o][0], o)) == ranked
+
+
+def test_a_node_live_for_more_than_a_thousand_half_lives_does_not_stop_placement(
+    alice, labs, make_paper_host, make_cluster, settings
+):
+    """float8's power() raises on underflow (2^-1100), where numeric's gave 0: one tenant's
+    node kept running for years (at a 1-hour half-life, 46 days) must not make every pass
+    raise. Its old hours count as nothing, the GPUs it holds as held, and the next request
+    of anyone is still placed."""
+    settings.SUANLI_FAIRSHARE_HALF_LIFE_H = 1
+    make_paper_host("gpu-paper-00", gpus=8)
+    make_cluster(labs[0].principal, "ancient", gpus=2)
+    scheduler.place_pending()
+    now = timezone.now()
+    Node.objects.update(placed_at=now - timedelta(hours=1100))
+    got = fairshare.recent_usage(now=now, half_life_h=1)
+    used, held = got[labs[0].principal.pk]
+    assert held == 2
+    assert used == pytest.approx(2 / math.log(2), rel=1e-9)  # its whole decayed history
+    fresh = make_cluster(alice, "fresh", gpus=1)
+    scheduler.place_pending()
+    fresh.refresh_from_db()
+    assert fresh.state == fresh.State.RUNNING

@@ -222,14 +222,18 @@ def _factors(accounts, *, fleet_gpus: int, half_life_h: int) -> None:
 
 # In float8: EXTRACT(EPOCH ...) is numeric (PostgreSQL 14+), and power() of a numeric is
 # arbitrary-precision exponentiation, two per node of the window (0.34 s a pass of the 0.36 s
-# this took over 23,000 nodes, bench/placement's placement_teams).
+# this took over 23,000 nodes, bench/placement's placement_teams). The exponent is held at
+# -1000 (2^-1000 is 1e-301, nothing beside a node's GPU-hours): float8's power() raises on
+# underflow where numeric's gave 0, and one node live for 1,075 half-lives would otherwise
+# stop every placement pass.
 USAGE_SQL = """
 SELECT c.owner_id,
        SUM(c.gpus_per_node * (
-           power(2.0::float8, EXTRACT(EPOCH FROM (LEAST(COALESCE(n.released_at, %(now)s),
-                                                        %(now)s) - %(now)s))::float8 / %(h)s)
-         - power(2.0::float8,
-                 EXTRACT(EPOCH FROM (LEAST(n.placed_at, %(now)s) - %(now)s))::float8 / %(h)s))),
+           power(2.0::float8, GREATEST(-1000.0::float8,
+                 EXTRACT(EPOCH FROM (LEAST(COALESCE(n.released_at, %(now)s), %(now)s)
+                                     - %(now)s))::float8 / %(h)s))
+         - power(2.0::float8, GREATEST(-1000.0::float8,
+                 EXTRACT(EPOCH FROM (LEAST(n.placed_at, %(now)s) - %(now)s))::float8 / %(h)s)))),
        COALESCE(SUM(c.gpus_per_node) FILTER (WHERE n.released_at IS NULL), 0)
   FROM jobs_node n JOIN jobs_cluster c ON c.id = n.cluster_id
  WHERE (n.released_at IS NULL OR n.released_at > %(cutoff)s)
