@@ -321,7 +321,7 @@ SECURE_SSL_REDIRECT = _https
 # Prometheus scrapes each web process on its own address, as deploy/prometheus/prometheus.yml
 # does on the console's machine: /metrics answers plain HTTP too (its bearer token is sent
 # before any redirect could help; a redirect to https on uvicorn's plain port fails the scrape).
-SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+SECURE_REDIRECT_EXEMPT = [r"^metrics\Z"]  # exactly /metrics ($ would also match "metrics\n")
 SESSION_COOKIE_SECURE = _https
 CSRF_COOKIE_SECURE = _https
 if _https:  # host-only and Secure: no other host (an app origin) can set or replace them
