@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import django_rq
 from django.db import transaction
-from rq.job import JobStatus
+from rq.job import Job, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +39,38 @@ def enqueue_unique(
     Inside a transaction django_rq queues it once that commits, unless `at_once` (the
     outbox, jobs/events/outbox.py, sends under a row lock and must know Redis took it)."""
     queue = django_rq.get_queue(queue_name, commit_mode="auto" if at_once else None)
-    for candidate in (job_id, f"{job_id}-next") if again_if_running else (job_id,):
+    found: dict[str, tuple[Job | None, JobStatus | None]] = {}
+
+    def status_of(candidate: str) -> JobStatus | None:
         existing = queue.fetch_job(candidate)
         status = existing.get_status(refresh=True) if existing is not None else None
-        if status in _PENDING - {JobStatus.STARTED}:
-            return existing
-        if status == JobStatus.STARTED:
-            if again_if_running:
-                continue
-            return existing
-        return queue.enqueue(func, *args, job_id=candidate, **options)
-    return None
+        found[candidate] = (existing, status)
+        return status
+
+    target = _unique_id(job_id, status_of, again_if_running=again_if_running)
+    if target is not None:
+        return queue.enqueue(func, *args, job_id=target, **options)
+    # Not queued: the job that waits or runs (None where its follow-up runs too).
+    candidate, (existing, status) = list(found.items())[-1]
+    return None if candidate != job_id and status == JobStatus.STARTED else existing
+
+
+def _unique_id(
+    job_id: str, status_of: Callable[[str], JobStatus | None], *, again_if_running: bool
+) -> str | None:
+    """The id `enqueue_unique` queues its call under: `job_id`, or with `again_if_running`
+    its follow-up `<job_id>-next` while that one runs; None: the job of that id still waits
+    or runs (`status_of`: an id's RQ status, None where there is no such job)."""
+    status = status_of(job_id)
+    if status == JobStatus.STARTED and again_if_running:
+        job_id = _follow_up(job_id)
+        status = status_of(job_id)
+    return None if status in _PENDING else job_id
+
+
+def _follow_up(job_id: str) -> str:
+    """The id of a job's one follow-up (`again_if_running`)."""
+    return f"{job_id}-next"
 
 
 def enqueue_later(func: Task, *args, delay_s: int, queue: str = "docker", **options):
@@ -119,18 +140,17 @@ def enqueue_many_unique(
             for job_id, (status, origin) in zip(ids, found, strict=True)
         }
 
-    first = states([job_id for _args, job_id in calls])
-    running = [job_id for job_id, s in first.items() if s == JobStatus.STARTED]
-    follow = states([f"{job_id}-next" for job_id in running]) if again_if_running else {}
+    # The ids' states, then (again_if_running) their follow-ups' where they run, each in
+    # one round trip; `_unique_id` reads them as `enqueue_unique` reads one.
+    known_states = states([job_id for _args, job_id in calls])
+    if again_if_running:
+        running = [job_id for job_id, s in known_states.items() if s == JobStatus.STARTED]
+        known_states |= states([_follow_up(job_id) for job_id in running])
     new = []
     for args, job_id in calls:
-        status = first[job_id]
-        if status == JobStatus.STARTED and again_if_running:
-            job_id = f"{job_id}-next"  # noqa: PLW2901 (its follow-up, as enqueue_unique)
-            status = follow[job_id]
-        if status in _PENDING:
-            continue
-        new.append(queue.prepare_data(func, args, job_id=job_id))
+        target = _unique_id(job_id, known_states.__getitem__, again_if_running=again_if_running)
+        if target is not None:
+            new.append(queue.prepare_data(func, args, job_id=target))
     if new:
         queue.enqueue_many(new)
     return len(new)

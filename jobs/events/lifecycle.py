@@ -45,11 +45,21 @@ def request_subscriptions_check() -> None:
     )  # fmt: skip
 
 
+# A cluster's dispatch task (`request_dispatch`, `request_dispatches`): deduplicated by
+# `dispatch-<cluster id>`, queued again if running (it must see the jobs queued after it
+# started).
+DISPATCH_QUEUE, DISPATCH_TASK, DISPATCH_AGAIN = "docker", "jobs.tasks.cluster_dispatch", True
+
+
+def _dispatch_id(cluster_id: int) -> str:
+    return f"dispatch-{cluster_id}"
+
+
 def request_dispatch(cluster_id: int) -> None:
     """Start the cluster's next queued job once this transaction commits."""
     enqueue_after_commit(
-        "docker", "jobs.tasks.cluster_dispatch", cluster_id, job_id=f"dispatch-{cluster_id}",
-        again_if_running=True,
+        DISPATCH_QUEUE, DISPATCH_TASK, cluster_id, job_id=_dispatch_id(cluster_id),
+        again_if_running=DISPATCH_AGAIN,
     )  # fmt: skip
 
 
@@ -59,12 +69,12 @@ def request_dispatches(cluster_ids: list[int]) -> None:
     again, so a Redis that is away is only logged."""
     if not cluster_ids:
         return
-    calls = [((pk,), f"dispatch-{pk}") for pk in cluster_ids]
+    calls = [((pk,), _dispatch_id(pk)) for pk in cluster_ids]
 
     def send() -> None:
         try:
             enqueue_many_unique(
-                "docker", "jobs.tasks.cluster_dispatch", calls, again_if_running=True
+                DISPATCH_QUEUE, DISPATCH_TASK, calls, again_if_running=DISPATCH_AGAIN
             )
         except Exception as exc:  # Redis away: the next round asks again
             log.warning("could not queue %d dispatch(es): %s", len(calls), exc)
