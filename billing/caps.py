@@ -137,10 +137,16 @@ class Caps:
         return formatting.text(formatting.total(value), self.currency)
 
 
+def own_account(principal_id: int, person_id: int | None) -> bool:
+    """Whether `person_id` (None: nobody's) acts on their own account, not in a team of
+    `principal_id`: no member's caps apply (`membership` is None, read without a query)."""
+    return person_id is None or person_id == principal_id
+
+
 def membership(principal_id: int, person_id: int | None) -> TeamMember | None:
     """`person_id`'s membership in the team whose principal is `principal_id` (None for a
     researcher's own account, or someone no longer in the team)."""
-    if person_id is None or person_id == principal_id:
+    if own_account(principal_id, person_id):
         return None
     return (
         TeamMember.objects.filter(team__principal_id=principal_id, person_id=person_id)

@@ -79,10 +79,13 @@ class Standing:
         return text.duration(self.seconds_left)
 
 
+_NO_BALANCE = ZERO.quantize(UNIT)  # one without an account (or at 0): `balance_of`, `balances_of`
+
+
 def balance_of(user) -> Decimal:
-    return Account.objects.filter(user=user).values_list(
-        "balance", flat=True
-    ).first() or ZERO.quantize(UNIT)
+    return (
+        Account.objects.filter(user=user).values_list("balance", flat=True).first() or _NO_BALANCE
+    )
 
 
 def burn_per_hour(
@@ -631,30 +634,27 @@ def accounts_overview(*, days: int = 30, today: date | None = None) -> QuerySet[
 
 def charged_for_pool(pool_id: int) -> Decimal:
     """What the pool's clusters have been charged so far (their meters, exactly)."""
-    return (
-        Meter.objects.filter(cluster__pool_id=pool_id).order_by().aggregate(s=Sum("charged"))["s"]
-        or ZERO
-    )
+    return charged_for_pools([pool_id])[pool_id]
 
 
 def charged_for_pools(pool_ids) -> dict[int, Decimal]:
-    """`charged_for_pool` of many pools in one query (a cron round's): pool id -> charged;
-    a pool none of whose clusters was charged is left out."""
-    return dict(
-        Meter.objects.filter(cluster__pool_id__in=list(pool_ids))
+    """`charged_for_pool` of many pools in one query (a cron round's): pool id -> charged."""
+    ids = list(pool_ids)
+    found = dict(
+        Meter.objects.filter(cluster__pool_id__in=ids)
         .order_by()
         .values("cluster__pool_id")
         .annotate(s=Sum("charged"))
         .values_list("cluster__pool_id", "s")
     )
+    return {pk: found.get(pk) or ZERO for pk in ids}
 
 
 def balances_of(user_ids) -> dict[int, Decimal]:
-    """`balance_of` of many people in one query: user id -> balance; one without an
-    account is left out (0, as `balance_of` says)."""
-    return dict(
-        Account.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "balance")
-    )
+    """`balance_of` of many people in one query: user id -> balance."""
+    ids = list(user_ids)
+    found = dict(Account.objects.filter(user_id__in=ids).values_list("user_id", "balance"))
+    return {pk: found.get(pk) or _NO_BALANCE for pk in ids}
 
 
 def pool_rate(pool, *, book: RateBook | None = None) -> Decimal | None:

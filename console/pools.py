@@ -10,7 +10,6 @@ from django.db import transaction
 
 from billing import caps
 from billing import selectors as billing
-from billing.models import UNIT
 from jobs.clusters import services
 from jobs.models import Cluster, Job, Pool
 from jobs.pools import autoscaler, sweeps
@@ -18,12 +17,26 @@ from jobs.pools import autoscaler, sweeps
 log = logging.getLogger("suanli.pools")
 
 
+FIGURES = ("rate_per_hour", "spent", "balance", "gpu_room")  # what `refresh` writes
+
+
 def refresh(pool: Pool, *, book=None) -> Pool:
     """One cluster's price now, what the pool has spent, and what its maker's caps leave
     (money, GPUs), onto the row."""
-    rate = billing.pool_rate(pool, book=book)
-    spent = billing.charged_for_pool(pool.pk)
-    balance = billing.balance_of(pool.owner)
+    figures = _figures(
+        pool, book=book, spent=billing.charged_for_pool(pool.pk),
+        balance=billing.balance_of(pool.owner),
+    )  # fmt: skip
+    # Written every time, not only when this object's figures differ: the object may hold
+    # figures whose write a refused submit rolled back.
+    Pool.objects.filter(pk=pool.pk).update(**figures)
+    for field, value in figures.items():
+        setattr(pool, field, value)
+    return pool
+
+
+def _figures(pool: Pool, *, book, spent, balance) -> dict:
+    """The pool's FIGURES from what it was charged (`spent`) and its owner's balance."""
     # A team pool's clusters are charged to its maker's budget: the autoscaler sees no more
     # than what is left of it (billing.caps), so it holds back at the cap.
     left = caps.money_left(pool.owner_id, pool.created_by_id)
@@ -31,13 +44,8 @@ def refresh(pool: Pool, *, book=None) -> Pool:
         balance = min(balance, left)
     # Likewise the GPUs its maker's GPU cap leaves: it adds no cluster past them.
     room = caps.gpu_room(pool.owner_id, pool.created_by_id)
-    # Written every time, not only when this object's figures differ: the object may hold
-    # figures whose write a refused submit rolled back.
-    Pool.objects.filter(pk=pool.pk).update(
-        rate_per_hour=rate, spent=spent, balance=balance, gpu_room=room
-    )
-    pool.rate_per_hour, pool.spent, pool.balance, pool.gpu_room = rate, spent, balance, room
-    return pool
+    rate = billing.pool_rate(pool, book=book)
+    return dict(zip(FIGURES, (rate, spent, balance, room), strict=True))
 
 
 def tick() -> int:
@@ -53,8 +61,8 @@ def tick() -> int:
     )
     book = billing.rate_book()
     pools = list(Pool.objects.filter(pk__in=ids).select_related("owner"))
-    own = [p for p in pools if p.created_by_id in (None, p.owner_id)]
-    alone = [p for p in pools if p.created_by_id not in (None, p.owner_id)]
+    own = [p for p in pools if caps.own_account(p.owner_id, p.created_by_id)]
+    alone = [p for p in pools if not caps.own_account(p.owner_id, p.created_by_id)]
     try:
         refresh_many(own, book=book)
         rounds = autoscaler.quiet_rounds([p.pk for p in own])
@@ -87,16 +95,14 @@ def refresh_many(pools: list[Pool], *, book) -> None:
     balances = billing.balances_of({p.owner_id for p in pools})
     changed = []
     for pool in pools:
-        figures = (
-            billing.pool_rate(pool, book=book),
-            spent.get(pool.pk) or billing.ZERO,
-            balances.get(pool.owner_id) or billing.ZERO.quantize(UNIT),
-            None,  # gpu_room: no GPU cap on one's own pools (caps.gpu_room)
-        )
-        if (pool.rate_per_hour, pool.spent, pool.balance, pool.gpu_room) != figures:
-            pool.rate_per_hour, pool.spent, pool.balance, pool.gpu_room = figures
+        figures = _figures(
+            pool, book=book, spent=spent[pool.pk], balance=balances[pool.owner_id]
+        )  # no query: no caps on one's own pools
+        if any(getattr(pool, field) != value for field, value in figures.items()):
+            for field, value in figures.items():
+                setattr(pool, field, value)
             changed.append(pool)
-    Pool.objects.bulk_update(changed, ["rate_per_hour", "spent", "balance", "gpu_room"])
+    Pool.objects.bulk_update(changed, FIGURES)
 
 
 def submit(*, pool: Pool, spec: services.JobSpec, by=None) -> Job:
