@@ -93,6 +93,9 @@ def min_max(
             else:
                 early[name], late[name] = pair
         early["mem_bytes"], late["mem_bytes"] = int(early["mem_bytes"]), int(late["mem_bytes"])
+        for column in PER_GPU:
+            # Tuples of numbers: the garbage collector stops tracking them (2,000 rows a chart).
+            early[column], late[column] = tuple(early[column]), tuple(late[column])
         if count == 1:
             rows.append(early)  # its minimum is its maximum
         else:
