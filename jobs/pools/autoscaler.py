@@ -284,12 +284,17 @@ class Figures:
         return self.clusters - self.starting
 
 
+# What `_count` reads of the active jobs (`figures_of`, `quiet_rounds`)
+ACTIVE_FIELDS = ("cluster_id", "cancel_requested", "stop_requested_at")
+# The order a round goes through a pool's live clusters in (`scale`, `quiet_rounds`)
+CLUSTER_ORDER = ("created_at", "id")
+LATEST_FIRST = ("-at", "-id")  # a pool's last sample (`_sample`, `quiet_rounds`)
+
+
 def figures_of(pool: Pool, clusters: list[Cluster]) -> Figures:
     ids = [c.pk for c in clusters]
     active = list(
-        Job.objects.filter(cluster_id__in=ids, state__in=Job.ACTIVE).values(
-            "cluster_id", "cancel_requested", "stop_requested_at"
-        )
+        Job.objects.filter(cluster_id__in=ids, state__in=Job.ACTIVE).values(*ACTIVE_FIELDS)
     )
     waiting = Job.objects.filter(pool=pool, state__in=Job.WAITING).count()
     return _count(clusters, active, waiting)
@@ -327,7 +332,7 @@ def pool_scale(pool_id: int, *, now=None) -> str:
 def scale(pool: Pool, *, extra_waiting: int = 0, now=None) -> str:
     """The round itself, with the pool's row locked by the caller."""
     now = now or timezone.now()
-    clusters = list(pool.clusters.filter(state__in=LIVE).order_by("created_at", "id"))
+    clusters = list(pool.clusters.filter(state__in=LIVE).order_by(*CLUSTER_ORDER))
     f = figures_of(pool, clusters)
     f.waiting += extra_waiting
     numbers = {
@@ -610,7 +615,7 @@ def _shrink(
 
 
 def _sample(pool: Pool, f: Figures, now) -> None:
-    sample = _new_sample(pool, f, now, pool.samples.order_by("-at", "-id").first())
+    sample = _new_sample(pool, f, now, pool.samples.order_by(*LATEST_FIRST).first())
     if sample is not None:
         sample.save()
 
@@ -647,13 +652,13 @@ def quiet_rounds(pool_ids, *, now=None) -> list[int]:
         alone = [pk for pk in ids if pk not in locked]
         clusters: dict[int, list[Cluster]] = {pk: [] for pk in locked}
         for c in Cluster.objects.filter(pool_id__in=locked, state__in=LIVE).order_by(
-            "created_at", "id"
+            *CLUSTER_ORDER
         ):
             clusters[c.pool_id].append(c)
         active: dict[int, list[dict]] = {}
         for a in Job.objects.filter(
             cluster__pool_id__in=locked, cluster__state__in=LIVE, state__in=Job.ACTIVE
-        ).values("cluster__pool_id", "cluster_id", "cancel_requested", "stop_requested_at"):
+        ).values("cluster__pool_id", *ACTIVE_FIELDS):
             active.setdefault(a["cluster__pool_id"], []).append(a)
         waiting = dict(
             Job.objects.filter(pool_id__in=locked, state__in=Job.WAITING)
@@ -665,7 +670,7 @@ def quiet_rounds(pool_ids, *, now=None) -> list[int]:
         last = {
             sample.pool_id: sample
             for sample in PoolSample.objects.filter(pool_id__in=locked)
-            .order_by("pool_id", "-at", "-id")
+            .order_by("pool_id", *LATEST_FIRST)
             .distinct("pool_id")
         }
         dispatch: list[int] = []
