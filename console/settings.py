@@ -448,7 +448,8 @@ SUANLI_MONITOR_KERNEL = envbool("SUANLI_MONITOR_KERNEL", True)
 # console.view_metrics; anyone else 401/403. The processes' own ports need it too.
 SUANLI_METRICS_TOKEN = envstr("SUANLI_METRICS_TOKEN", "")
 # Scrapers let in by their address (addresses and networks, comma-separated; none by
-# default): the connection's own address, or the client a trusted proxy names.
+# default): the connection's own address, or the client a trusted proxy names. Never a
+# proxy's own address (a loopback one: `manage.py check` warns); use the token there.
 _metrics_allow = os.environ.get("SUANLI_METRICS_ALLOW", "")
 SUANLI_METRICS_ALLOW = trusted_proxies(_metrics_allow, "SUANLI_METRICS_ALLOW")
 # Seconds the fleet-wide series (read from PostgreSQL and Redis) are reused between scrapes.

@@ -132,6 +132,7 @@ def test_every_alert_says_how_bad_and_what_to_do():
 # Each alert on series that must fire it, and on series just short of it. promtool's unit
 # tests compare an alert's annotations too: they are checked above, and left out of the copy
 # of the rules tested here.
+WEBS = ("10.0.0.1:8000", "10.0.0.2:8000")  # two web processes, each scraped
 ALERT_CASES = [
     {
         "interval": "1m",
@@ -285,6 +286,45 @@ ALERT_CASES = [
                 "alertname": "SuanliWebhookDeliveriesFailing",
                 "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
             },
+        ],
+    },
+    {
+        # Two web processes in suanli-web: each serves the same fleet-wide values. One alert
+        # for the host, not one per web process; the webhook failures counted once (6 an
+        # hour, under the alert's 10; summed over both web processes it would be 12).
+        "interval": "1m",
+        "input_series": [
+            {
+                "series": f'suanli_host_up{{job="suanli-web",instance="{web}",host="gpu-a-01",'
+                'zone="zone-a"}',
+                "values": "1 1 0x10",
+            }
+            for web in WEBS
+        ]
+        + [
+            {
+                "series": f'suanli_webhook_delivery_failures_total{{job="suanli-web",'
+                f'instance="{web}"}}',
+                "values": "0+0.1x120",
+            }
+            for web in WEBS
+        ],
+        "alert_rule_test": [
+            {
+                "eval_time": "6m",
+                "alertname": "SuanliHostDown",
+                "exp_alerts": [
+                    {
+                        "exp_labels": {
+                            "severity": "critical",
+                            "job": "suanli-web",
+                            "host": "gpu-a-01",
+                            "zone": "zone-a",
+                        }
+                    }
+                ],
+            },
+            {"eval_time": "100m", "alertname": "SuanliWebhookDeliveriesFailing", "exp_alerts": []},
         ],
     },
 ]
@@ -528,9 +568,16 @@ def test_prometheus_scrapes_the_console_and_every_process_with_the_shipped_confi
         "SUANLI_SSH_HOST_KEY": str(tmp_path / "gateway" / "ssh_host_ed25519_key"),
     }
     for name in JOBS:
-        own = {"PORT": str(ports["web"]), "SUANLI_HTTPS": "1"} if name == "web" else {}
-        processes.start(name, env={**env, **own})  # the web as in production: HTTPS on
-    until(lambda: _first_cron_round_done(processes), timeout=60, what="the cron's first round")
+        # The web as in production: HTTPS on, ALLOWED_HOSTS the console's name and the
+        # address Prometheus scrapes (as docs/operator/metrics.md says).
+        own = {
+            "PORT": str(ports["web"]),
+            "SUANLI_HTTPS": "1",
+            "ALLOWED_HOSTS": "console.example,127.0.0.1",
+        }
+        processes.start(name, env={**env, **(own if name == "web" else {})})
+    # A wait, not a timed assert: 9 processes start at once on what may be a loaded machine.
+    until(lambda: _first_cron_round_done(processes), timeout=120, what="the cron's first round")
     fleet = _make_fleet(make_paper_host, make_cluster, alice, catalog)
 
     # The shipped config, as an operator installs it: its targets at this test's ports, the
