@@ -53,6 +53,7 @@ cat <<MSG
   Admin (operator):      http://127.0.0.1:${PORT}/admin/
   SSH gateway:           ssh -p ${SUANLI_SSH_PORT:-2222} c<cluster>-<node>@127.0.0.1 (add a key, attach it to a cluster)
   API docs:              http://127.0.0.1:${PORT}/api/v1/docs
+  Metrics (Prometheus):  http://127.0.0.1:${PORT}/metrics (signed in as the operator above); each process's on 127.0.0.1:9810-9880 (docs/operator/metrics.md)
   Workspace apps:        http://c<cluster>-n<node>-<kind>.${SUANLI_APPS_DOMAIN}:${PORT}/ (open them from a cluster's tiles)
   JupyterLab image:      ${jupyter_note}
   Errors are plain pages (DEBUG off, as in production); DEBUG=1 make run shows Django's.

@@ -159,7 +159,9 @@ def main():
         for name in Replica.objects.filter(job_id__in=ids).values_list("host__name", flat=True)
     )
     clean_up(owner)
-    bare = bare_docker_run([ENGINES[e] for e, n in sorted(per_engine.items()) for _ in range(n)])
+    bare = bare_docker_run_parallel(
+        [ENGINES[e] for e, n in sorted(per_engine.items()) for _ in range(n)]
+    )
     print(json.dumps({
         "bench": "jobs_burst", "jobs": JOBS, "workers": WORKERS, "started": n_started,
         "submit_s": round(submitted, 3), "all_started_s": round(total, 3),
@@ -171,7 +173,7 @@ def main():
         sys.exit(f"bench/jobs_burst: {JOBS - n_started} of {JOBS} jobs did not start: {why}")
 
 
-def bare_docker_run(urls: list[str]) -> float:
+def bare_docker_run_parallel(urls: list[str]) -> float:
     """Seconds for `docker run -d` of the image (`sleep 60`), one per entry of `urls` (an
     engine each), all in parallel: what the engines themselves take for the burst's
     containers, on their default bridge, without a cluster's network or hardening."""

@@ -10,6 +10,7 @@ import docker
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
+from prometheus_client import REGISTRY
 
 from console.consumers import JobLogConsumer
 from jobs.clusters import services
@@ -120,13 +121,16 @@ def test_two_viewers_cost_one_stream_per_replica(running_cluster, alice, settle_
             b = await _read_until(second, "r0 10")
             opened = follower.streams_opened
             readers = [t.name for t in threading.enumerate() if t.name.startswith("log-follow-")]
+            # What the logs process's metrics port serves (suanli_log_followers).
+            followers = REGISTRY.get_sample_value("suanli_log_followers")
             await first.disconnect()
             await second.disconnect()
-            return a, b, opened, readers
+            return a, b, opened, readers, followers
 
-        a, b, opened, readers = async_to_sync(two)()
+        a, b, opened, readers, followers = async_to_sync(two)()
         assert opened == 2, "one stream per replica, not per viewer"
         assert len(readers) == 2, readers
+        assert followers == 2
         assert a == b, "both viewers, the same lines"
         for rank in (0, 1):
             assert [t for _, r, t in a if r == rank][:5] == [f"r{rank} {i}" for i in range(1, 6)]
