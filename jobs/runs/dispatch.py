@@ -463,7 +463,9 @@ def _mark_running(job: Job, replicas: list[Replica]) -> bool:
         if Job.objects.filter(pk=job.pk, state=Job.State.STARTING).update(
             state=Job.State.RUNNING, running_since=now
         ):
-            metrics.observe(metrics.JOB_START, (now - job.queued_at).total_seconds())
+            waited = (now - job.queued_at).total_seconds()
+            # After the commit: a Redis that does not answer must not hold the job's row.
+            transaction.on_commit(lambda: metrics.observe(metrics.JOB_START, waited))
             hosts = join(
                 [
                     Text(gettext_noop("rank %(rank)s on %(host)s"), rank=r.rank, host=r.host.name)
