@@ -1,5 +1,6 @@
 """Jobs run on the two real Docker engines, in hardened containers."""
 
+import threading
 import time
 
 import django_rq
@@ -148,6 +149,90 @@ def test_a_dispatch_task_starts_other_clusters_ready_jobs_beside_its_own_once_ea
         assert job.running_since is not None and job.attempt == 1, job.state_reason
         assert settle_until(job).state == Job.State.SUCCEEDED
         assert job.replicas.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the others start in threads of their own
+def test_a_dispatch_task_leaves_another_clusters_pull_to_a_start_task_of_its_own(
+    running_cluster, settle_until, work_queue
+):
+    """Another tenant's job whose image is not on its host does not hold the batch (nor
+    the task past its timeout) behind a pull: its start goes on in a task of its own,
+    which pulls it (here it cannot: the job fails, saying so)."""
+    mine, theirs = running_cluster(1, name="mine"), running_cluster(1, name="theirs")
+    work_queue()  # placement's tasks (networks, workspaces), before the image goes
+    Cluster.objects.filter(pk=theirs.pk).update(image_reference="suanli/no-such-image:1")
+    own = services.job_submit(cluster=mine, spec=JobSpec(name="j", command="true"))
+    other = services.job_submit(cluster=theirs, spec=JobSpec(name="j", command="true"))
+    assert tasks.cluster_dispatch(mine.pk) == own.pk
+    other.refresh_from_db()
+    assert other.state == Job.State.STARTING and other.attempt == 1
+    assert not other.events.filter(kind="pulling").exists(), "not pulled in the batch"
+    work_queue()
+    other = settle_until(other)
+    assert other.state == Job.State.FAILED and other.attempt == 1, other.state_reason
+    assert other.events.filter(kind="pulling").count() == 1
+    assert settle_until(own).state == Job.State.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)  # the starts run in threads of their own
+def test_a_burst_dispatch_holds_one_database_connection_per_start_in_flight(
+    make_host, running_cluster, settle_until
+):
+    """PostgreSQL's connections are shared by the web, cron and billing: a dispatch task
+    starting a burst (BATCH starts side by side, one of them a 16-node job whose every
+    replica pulls, writing its timeline) holds at most one connection per start in
+    flight, not one more per replica."""
+    from django.db import connection, connections
+    from django.db.backends.signals import connection_created
+
+    if connection.vendor != "postgresql":
+        pytest.skip("counts PostgreSQL's connections")
+    for i in range(8):  # 16 hosts: one per node of a 16-node cluster, and room for others
+        make_host(f"gpu-a-{i + 1:02}", engine=0, gpus=2, check="reuse")
+        make_host(f"gpu-b-{i + 1:02}", engine=1, gpus=2, check="reuse")
+    make_host.__dict__["made"] = True
+    pulling = running_cluster(16, name="pulls")
+    Cluster.objects.filter(pk=pulling.pk).update(image_reference="suanli/no-such-image:1")
+    others = [running_cluster(1, name=f"burst-{i}") for i in range(10)]
+    own = services.job_submit(cluster=pulling, spec=JobSpec(name="j", command="true"))
+    jobs = [services.job_submit(cluster=c, spec=JobSpec(name="j", command="true")) for c in others]
+
+    monitor = connections.create_connection("default")  # counts; not one of the dispatch's
+    monitor.inc_thread_sharing()
+    counting, seen = threading.Lock(), []
+
+    def count(sender, connection, **kwargs):
+        if connection is monitor:
+            return
+        with counting, monitor.cursor() as cursor:  # the most there are: right after one opens
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            seen.append(cursor.fetchone()[0])
+
+    with monitor.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        before = cursor.fetchone()[0]  # this test's own (the test client's, any other's)
+    connection_created.connect(count)
+    try:
+        tasks.cluster_dispatch(pulling.pk)
+    finally:
+        connection_created.disconnect(count)
+        monitor.dec_thread_sharing()
+        monitor.close()
+    own.refresh_from_db()
+    events = " ".join(e.message for e in own.events.all())
+    assert events.count("pulling suanli/no-such-image:1") == 16, "every replica tried a pull"
+    assert own.state == Job.State.FAILED
+    # One per start in flight (a closed one may linger a moment in pg_stat_activity).
+    assert seen and max(seen) - before <= dispatch.BATCH + 2, (before, seen)
+    for job in jobs:
+        assert settle_until(job).state == Job.State.SUCCEEDED, job.state_reason
+        assert job.attempt == 1 and job.replicas.count() == 1
 
 
 def test_two_node_job_across_both_engines_connects_rank1_to_rank0(running_cluster, settle_until):

@@ -434,7 +434,12 @@ def push(client: docker.DockerClient, ref: str) -> str:
 
 
 def pull_public(
-    client: docker.DockerClient, ref: str, *, host: str = "", cluster_id: int | None = None
+    client: docker.DockerClient,
+    ref: str,
+    *,
+    host: str = "",
+    cluster_id: int | None = None,
+    db: Callable | None = None,
 ) -> None:
     """Pull `ref` (not one of our registry's: see `pull`) from the registry it names, only
     when that registry is public (validators.registry_refusal): a reference stored before
@@ -444,8 +449,10 @@ def pull_public(
     (built on the machine); whoever owns that name on Docker Hub is not us, and the pulled
     tag would pass for the catalog's on that host. RegistryError says why not. Its
     progress is kept on the cluster (`Cluster.image_pulls`: its page, and `stalled`, read
-    it), as `ensure` keeps our registry's."""
-    if not_pulled(ref):
+    it), as `ensure` keeps our registry's. `db(fn, *args)`: who runs its database work (a
+    thread that makes engine calls only has its caller run them)."""
+    db = db or _direct
+    if db(not_pulled, ref):
         raise RegistryError(
             _(
                 "%(image)s is not on host %(host)s and is never pulled: an operator puts it "
@@ -456,21 +463,21 @@ def pull_public(
         )  # final (`unavailable`)
     if why := registry_refusal(ref):
         raise RegistryError(why, status=403)  # refused before asking: final (`unavailable`)
-    _pull_state(cluster_id, host, state="pulling", done=0, total=0)
+    db(_pull_state, cluster_id, host, state="pulling", done=0, total=0)
     got = {"total": 0}
 
     def progress(done: int, total: int) -> None:
         got["total"] = total
-        _pull_state(cluster_id, host, state="pulling", done=done, total=total)
+        db(_pull_state, cluster_id, host, state="pulling", done=done, total=total)
 
     try:
         pull(client, ref, on_progress=progress)
     except RegistryError as exc:
-        _pull_state(cluster_id, host, state="failed", message=str(exc))
+        db(_pull_state, cluster_id, host, state="failed", message=str(exc))
         if isinstance(exc.__cause__, docker.errors.APIError | requests.RequestException):
             raise exc.__cause__ from None  # the engine's own error: callers tell its kind
         raise
-    _pull_state(cluster_id, host, state="pulled", done=got["total"], total=got["total"])
+    db(_pull_state, cluster_id, host, state="pulled", done=got["total"], total=got["total"])
 
 
 def not_pulled(ref: str) -> bool:
@@ -532,21 +539,26 @@ def has_current(client: docker.DockerClient, ref: str, digest: str = "") -> bool
     return any(d.endswith("@" + digest) for d in image.attrs.get("RepoDigests") or [])
 
 
-def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -> bool:
+def ensure(
+    host, ref: str, *, cluster_id: int | None = None, digest: str = "", db: Callable | None = None
+) -> bool:
     """Before a workspace or a replica is made from `ref` on `host`: an image of our
     registry the engine lacks (or has as an older digest) is pulled with the console's
     credentials, its progress kept on the cluster (`Cluster.image_pulls`, the cluster page
     reads it) and its start, end or failure on the cluster's timeline. False (and nothing
     done) for images of other registries: the caller makes its container and pulls on
-    ImageNotFound, as before. Raises RegistryError, in words, when the pull fails."""
+    ImageNotFound, as before. Raises RegistryError, in words, when the pull fails. `db`: who
+    runs its database work (`pull_public`)."""
+    db = db or _direct
     if not in_registry(ref):
         return False
     client = engine.cached_client(host)
     if has_current(client, ref, digest):
         return True
     started = time.monotonic()
-    _pull_state(cluster_id, host.name, state="pulling", done=0, total=0)
-    _cluster_event(
+    db(_pull_state, cluster_id, host.name, state="pulling", done=0, total=0)
+    db(
+        _cluster_event,
         cluster_id,
         "pulling",
         Text(gettext_noop("pulling %(image)s onto %(host)s"), image=ref, host=host.name),
@@ -556,7 +568,7 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
 
     def progress(done: int, total: int) -> None:
         got["total"] = total
-        _pull_state(cluster_id, host.name, state="pulling", done=done, total=total)
+        db(_pull_state, cluster_id, host.name, state="pulling", done=done, total=total)
 
     try:
         # A reference by digest alone (a saved workspace, jobs/nodes/workspaces.py) is pulled as
@@ -572,14 +584,15 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
             error=exc,
         )
         message = str(failed)
-        _pull_state(cluster_id, host.name, state="failed", message=message)
-        _cluster_event(cluster_id, "pull-failed", failed)
+        db(_pull_state, cluster_id, host.name, state="failed", message=message)
+        db(_cluster_event, cluster_id, "pull-failed", failed)
         raise RegistryError(message) from exc
     finally:
         patient.close()
     seconds = time.monotonic() - started
-    _pull_state(cluster_id, host.name, state="pulled", done=got["total"], total=got["total"])
-    _cluster_event(
+    db(_pull_state, cluster_id, host.name, state="pulled", done=got["total"], total=got["total"])
+    db(
+        _cluster_event,
         cluster_id,
         "pulled",
         Text(
@@ -591,6 +604,10 @@ def ensure(host, ref: str, *, cluster_id: int | None = None, digest: str = "") -
         ),
     )
     return True
+
+
+def _direct(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
 
 
 def _pull_state(cluster_id, host_name: str, **state) -> None:

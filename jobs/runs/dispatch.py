@@ -11,9 +11,9 @@ timeline), models and base (text).
 from __future__ import annotations
 
 import logging
-import threading
+import queue
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import docker
 from django.conf import settings
@@ -46,7 +46,10 @@ def dispatch(cluster_id: int) -> int | None:
 
 
 # Starts one dispatch task keeps in flight at most (its own cluster's and others ready), and
-# how long it goes on taking more as they finish (the tasks queued behind take over).
+# how long it goes on taking more as they finish (the tasks queued behind take over). Another
+# cluster's start never waits for a pull here (`_start_one`): it is a few engine calls, each
+# bounded by the engine client's timeout, so what the task took ends long before RQ's
+# timeout (600 s) could kill it and leave other tenants' jobs half started.
 BATCH = 8
 KEEP_TAKING_S = 60
 
@@ -116,7 +119,10 @@ def _claim_ready(*, exclude: int, most: int) -> list[int]:
 
 def _start_one(job_id: int, own: int | None, thread: bool = False) -> None:
     try:
-        start_replicas(job_id)
+        # Another cluster's job is not pulled for here: one whose image is not on a host
+        # goes on in a start task of its own (`jobs.tasks.job_start`), so no start in the
+        # batch waits behind a pull, nor ties this task's time to the slowest image.
+        start_replicas(job_id, pull=job_id == own)
     except Exception:
         if job_id == own:
             raise
@@ -296,14 +302,18 @@ def _resume_point(job: Job, volumes) -> str:
     return found or ""
 
 
-def _pull(client: docker.DockerClient, job: Job, host: Host, image: str) -> None:
-    job_event(
+def _pull(client: docker.DockerClient, job: Job, host: Host, image: str, db=None) -> None:
+    """`db`: who does its database work (`_launch`'s)."""
+    db = db or _direct
+    db(
+        job_event,
         job.pk,
         "pulling",
         Text(gettext_noop("pulling %(image)s on %(host)s"), image=image, host=host.name),
     )
-    registry.pull_public(client, image, host=host.name, cluster_id=job.cluster_id)
-    job_event(
+    registry.pull_public(client, image, host=host.name, cluster_id=job.cluster_id, db=db)
+    db(
+        job_event,
         job.pk,
         "pulled",
         Text(gettext_noop("%(image)s is on %(host)s"), image=image, host=host.name),
@@ -320,12 +330,14 @@ _START_ERRORS = (
 )
 
 
-def start_replicas(job_id: int) -> None:
+def start_replicas(job_id: int, *, pull: bool = True) -> None:
     """Create and start every replica of the job's current attempt. Safe to repeat: a
     replica's container has a fixed name, so a second try finds it instead of making a
     second one. The replicas start side by side (one thread each, engine calls only), so a
-    multi-node job waits for its slowest container, not for the sum of them."""
-    job = Job.objects.select_related("cluster").get(pk=job_id)
+    multi-node job waits for its slowest container, not for the sum of them. `pull`
+    False: an image missing on a host is not pulled here; the job's start is queued as a
+    task of its own (`jobs.tasks.job_start`), which pulls it."""
+    job = Job.objects.select_related("cluster", "cluster__own_image").get(pk=job_id)
     if job.state != Job.State.STARTING:
         return
     replicas = list(
@@ -349,7 +361,7 @@ def start_replicas(job_id: int) -> None:
     if network_name is None:
         return
     specs = _specs(job, replicas, todo, network_name)
-    if specs is None or not _launch_all(job, replicas, todo, specs):
+    if specs is None or not _launch_all(job, replicas, todo, specs, pull=pull):
         return
     _mark_running(job, replicas)
     job.refresh_from_db()
@@ -404,17 +416,32 @@ def _specs(
 
 
 def _launch_all(
-    job: Job, replicas: list[Replica], todo: list[Replica], specs: list[runtime.ContainerSpec]
+    job: Job,
+    replicas: list[Replica],
+    todo: list[Replica],
+    specs: list[runtime.ContainerSpec],
+    *,
+    pull: bool = True,
 ) -> bool:
     """Launch the replicas side by side and record each one that runs; False when one did
-    not start (the host's failure or the job's, said and settled)."""
+    not start (the host's failure or the job's, said and settled; or, `pull` False, an
+    image to pull first: the start goes on in a task of its own)."""
     if len(todo) == 1:
-        outcomes = [_launch(job, replicas, todo[0], specs[0])]
+        outcomes = [_launch(job, replicas, todo[0], specs[0], pull=pull)]
     else:
         with ThreadPoolExecutor(max_workers=min(len(todo), 16)) as pool:
-            outcomes = list(pool.map(lambda r, s: _launch(job, replicas, r, s), todo, specs))
-    failed = []
+            db = _DatabaseFromCaller()
+            futures = [
+                pool.submit(_launch, job, replicas, r, s, db=db, pull=pull)
+                for r, s in zip(todo, specs, strict=True)
+            ]
+            db.serve(futures)
+            outcomes = [f.result() for f in futures]
+    failed, to_pull = [], False
     for replica, outcome in zip(todo, outcomes, strict=True):
+        if isinstance(outcome, _ImageToPull):
+            to_pull = True
+            continue
         if isinstance(outcome, Exception):
             failed.append((replica, outcome))
             continue
@@ -430,7 +457,52 @@ def _launch_all(
             _fail_replicas(job, [r for r, _ in failed], _where(*failed[0]))
             _fail_cluster_never_ran(job, *failed[0])
         return False
+    if to_pull:
+        enqueue("jobs.tasks.job_start", job.pk, job_id=f"start-{job.pk}")  # as the reconciler
+        return False
     return True
+
+
+class _ImageToPull(Exception):
+    """The replica's image is not on its host, and this start does not pull it."""
+
+
+def _direct(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+class _DatabaseFromCaller:
+    """The database work of a start's launch threads (a pull's progress and timeline
+    entries, a network made again) done by the thread that launched them, on its own
+    connection: launch threads make engine calls only, so a worker holds one database
+    connection per start in flight (BATCH + 1 in all), not one per replica as well (a
+    batch of 16-node jobs pulling their images would hold over 100, past PostgreSQL's
+    default max_connections, and the web, cron and billing would be refused)."""
+
+    def __init__(self) -> None:
+        self._asked: queue.SimpleQueue = queue.SimpleQueue()
+
+    def __call__(self, fn, *args, **kwargs):
+        """In a launch thread: `fn(*args, **kwargs)` run by the caller; its result."""
+        answer: Future = Future()
+        self._asked.put((answer, fn, args, kwargs))
+        return answer.result()
+
+    def serve(self, futures: list[Future]) -> None:
+        """In the caller: run what the launch threads ask until every one has ended."""
+        for future in futures:
+            future.add_done_callback(lambda _: self._asked.put(None))
+        pending = set(futures)
+        while pending:
+            asked = self._asked.get()
+            if asked is None:  # one ended
+                pending = {f for f in pending if not f.done()}
+                continue
+            answer, fn, args, kwargs = asked
+            try:
+                answer.set_result(fn(*args, **kwargs))
+            except Exception as exc:
+                answer.set_exception(exc)
 
 
 def _node_started(node_id: int) -> None:
@@ -555,9 +627,18 @@ def _fail_replicas(job: Job, failed: list[Replica], message: str | Text) -> None
     _fail_start(job, message)
 
 
-def _launch(job: Job, replicas: list[Replica], replica: Replica, spec: runtime.ContainerSpec):
+def _launch(
+    job: Job,
+    replicas: list[Replica],
+    replica: Replica,
+    spec: runtime.ContainerSpec,
+    *,
+    db=_direct,
+    pull: bool = True,
+):
     """One replica's container, created (or found) and started: the container, or the
-    exception that stopped it. Runs in a thread of its own."""
+    exception that stopped it (_ImageToPull: not pulled, `pull` False). In a thread of
+    its own, its database work done by the caller's (`db`, a _DatabaseFromCaller)."""
     try:
         client = engine.cached_client(replica.host)
 
@@ -566,38 +647,41 @@ def _launch(job: Job, replicas: list[Replica], replica: Replica, spec: runtime.C
             return client.containers.create(spec.image, name=spec.name, **kwargs)
 
         if registry.in_registry(spec.image):  # a researcher's own image: pulled with progress
-            own = job.cluster.own_image
-            registry.ensure(
-                replica.host,
-                spec.image,
-                cluster_id=job.cluster_id,
-                digest=own.digest if own else "",
-            )
+            own = job.cluster.own_image  # read with the job (select_related)
+            digest = own.digest if own else ""
+            if not registry.has_current(client, spec.image, digest):
+                if not pull:
+                    return _ImageToPull(spec.image)
+                registry.ensure(
+                    replica.host, spec.image, cluster_id=job.cluster_id, digest=digest, db=db
+                )
         # Straight to `create` (no look-ups first: each is a round trip on every start);
         # what it refuses says what is missing.
         try:
             container = create()
         except docker.errors.ImageNotFound:
-            _pull(client, job, replica.host, spec.image)
+            if not pull:
+                return _ImageToPull(spec.image)
+            _pull(client, job, replica.host, spec.image, db)
             container = create()
         except docker.errors.NotFound as exc:
             if "network" not in engine.describe(exc):
                 raise
             # The network this process remembered is gone: make it again, once.
-            _remake_network(job, replicas)
+            db(_remake_network, job, replicas)
             container = create()
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: made by an earlier try or a duplicate delivery
                 raise
             container = client.containers.get(spec.name)
         if container.status == "created":
-            _start_container(container, remake=lambda: _remake_network(job, replicas))
+            _start_container(container, remake=lambda: db(_remake_network, job, replicas))
         return container
     except _START_ERRORS as exc:
         return exc
     finally:
-        if threading.current_thread() is not threading.main_thread():
-            connections.close_all()  # this thread's own, if it used the database (an event)
+        if db is not _direct:  # a launch thread: its own connection, had anything opened one
+            connections.close_all()
 
 
 def _remake_network(job: Job, replicas: list[Replica]) -> str:
