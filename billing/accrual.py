@@ -24,7 +24,7 @@ from typing import NamedTuple
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -98,9 +98,16 @@ def _start_flags(grace: timedelta) -> dict:
         cluster_id=OuterRef("cluster_id"), created_at__lt=OuterRef("placed_at") + grace
     )
     ran = Node.objects.filter(cluster_id=OuterRef("cluster_id"), started_at__isnull=False)
+    # Each subquery only where `_start_of` reads it (a node seen started at or past its
+    # grace; a node not started), so that the tick's node read of thousands of running
+    # nodes, started within their grace, probes no job.
+    late = Q(started_at__isnull=False, started_at__gte=F("placed_at") + grace)
     return {
-        "submitted": Exists(early),
-        "waiting": Exists(early.filter(finished_at__isnull=True)),
+        "submitted": Case(When(late, then=Exists(early)), default=Value(False)),
+        "waiting": Case(
+            When(started_at__isnull=True, then=Exists(early.filter(finished_at__isnull=True))),
+            default=Value(False),
+        ),
         "failed": Q(cluster__state=Cluster.State.FAILED) & ~Exists(ran),
     }
 
@@ -220,6 +227,7 @@ def _nodes_of(units: dict[int, int], now: datetime) -> dict[int, list[Interval]]
     grace = timedelta(seconds=settings.SUANLI_START_GRACE_S)
     rows = (
         Node.objects.filter(AnyOf(F("cluster_id"), list(units)))
+        .order_by()  # any order (not Node's: a sort by its cluster's creation)
         .annotate(**_start_flags(grace))
         .values_list(
             "cluster_id", "no_gpu", "stopped_at", "kept_until", "cluster__workspace",
