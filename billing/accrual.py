@@ -47,6 +47,13 @@ from jobs.clusters import services as cluster_services
 from jobs.events import webhooks
 from jobs.models import Cluster, Job, Node, Pool, TeamMember
 
+try:  # PostgreSQL's driver: absent where only SQLite is used
+    from psycopg import adapters as psycopg_adapters
+    from psycopg.postgres import types as psycopg_types
+    from psycopg.pq import Format as PqFormat
+except ImportError:  # pragma: no cover
+    psycopg_adapters = psycopg_types = PqFormat = None
+
 log = logging.getLogger(__name__)
 
 # Stored as the stopped (or released) clusters' reason (English; translated where shown).
@@ -231,13 +238,24 @@ def _nodes_of(units: dict[int, int], now: datetime) -> dict[int, list[Interval]]
         .annotate(**_start_flags(grace))
         .values_list(
             "cluster_id", "no_gpu", "stopped_at", "kept_until", "cluster__workspace",
-            "started_at", "placed_at", "submitted", "waiting", "failed", *_ENDS,
+            "started_at", "placed_at", *_ENDS, "submitted", "waiting", "failed",
         )
     )  # fmt: skip
-    for cluster_id, no_gpu, stopped, kept_until, *row in rows:
+    for (
+        cluster_id,
+        no_gpu,
+        stopped,
+        kept_until,
+        workspace,
+        start,
+        placed,
+        *ends,
+        s,
+        w,
+        f,
+    ) in _tuples(rows):
         held = out.setdefault(cluster_id, [])
-        ends = row[6:]
-        started = _start_of(row, now)
+        started = _start_of((workspace, start, placed, s, w, f, *ends), now)
         if started is None:
             continue  # never ran (nor held idle past the grace): never charged
         released = min((t for t in ends if t is not None), default=None)
@@ -256,6 +274,27 @@ def _nodes_of(units: dict[int, int], now: datetime) -> dict[int, list[Interval]]
                 Interval(floor_s(stopped), floor_s(kept_until) if kept_until else None, 1, STOPPED)
             )
     return out
+
+
+# psycopg's own loader of timestamptz (in C where psycopg-binary is installed).
+_TIMESTAMPTZ = psycopg_adapters.get_loader(
+    psycopg_types["timestamptz"].oid, PqFormat.TEXT
+) if psycopg_adapters else None  # fmt: skip
+
+
+def _tuples(queryset) -> list[tuple]:
+    """The rows of a `values_list` queryset (its fields first, then its annotations: the
+    order Django selects them) as plain tuples. On PostgreSQL its timestamps are read by
+    psycopg's own loader: the same aware datetimes in UTC (the session's time zone, which
+    Django sets) as Django's loader gives, which wraps psycopg's pure-Python one (a few
+    microseconds a value: 30,000 of them a tick over 10,000 clusters)."""
+    if connection.vendor != "postgresql" or _TIMESTAMPTZ is None:
+        return list(queryset)
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.cursor.adapters.register_loader("timestamptz", _TIMESTAMPTZ)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 @dataclass
@@ -369,10 +408,12 @@ def _accrue_batch(cluster_ids: list[int], now: datetime, book: RateBook, report)
     with transaction.atomic():
         meters = [
             _Meter(*row)
-            for row in Meter.objects.select_for_update(of=("self",))
-            .filter(AnyOf(F("cluster_id"), cluster_ids), settled=False)
-            .order_by("cluster_id")
-            .values_list(*_Meter.FIELDS)
+            for row in _tuples(
+                Meter.objects.select_for_update(of=("self",))
+                .filter(AnyOf(F("cluster_id"), cluster_ids), settled=False)
+                .order_by("cluster_id")
+                .values_list(*_Meter.FIELDS)
+            )
         ]
         if not meters:
             return
