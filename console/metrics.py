@@ -182,24 +182,21 @@ def gpus_and_hosts():
     yield _gauge("suanli_host_degraded", "1 when the host is degraded.", ["host", "zone"], degraded)
 
 
+def _by_state(model, states) -> dict[tuple, float]:
+    """How many rows of `model` are in each of `states` (0 for none): one GROUP BY."""
+    counts = {(s,): 0 for s in states}
+    rows = model.objects.filter(state__in=states).values("state").annotate(n=Count("id"))
+    for row in rows.order_by():
+        counts[(row["state"],)] = row["n"]
+    return counts
+
+
 def clusters_jobs_queue():
-    clusters = {(s,): 0 for s in CLUSTER_STATES}
-    for row in (
-        Cluster.objects.filter(state__in=CLUSTER_STATES)
-        .values("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    ):
-        clusters[(row["state"],)] = row["n"]
+    clusters = _by_state(Cluster, CLUSTER_STATES)
     yield _gauge(
         "suanli_clusters", "Clusters by state (not released or failed).", ["state"], clusters
     )
-    jobs = {(s,): 0 for s in JOB_STATES}
-    for row in (
-        Job.objects.filter(state__in=JOB_STATES).values("state").annotate(n=Count("id")).order_by()
-    ):
-        jobs[(row["state"],)] = row["n"]
-    yield _gauge("suanli_jobs", "Jobs by state (not ended).", ["state"], jobs)
+    yield _gauge("suanli_jobs", "Jobs by state (not ended).", ["state"], _by_state(Job, JOB_STATES))
     length: dict[tuple, float] = {}
     oldest: dict[tuple, float] = {}
     now = timezone.now()
@@ -279,14 +276,7 @@ def money():
 
 
 def builds():
-    states = {(s,): 0 for s in BUILD_STATES}
-    for row in (
-        ImageBuild.objects.filter(state__in=BUILD_STATES)
-        .values("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    ):
-        states[(row["state"],)] = row["n"]
+    states = _by_state(ImageBuild, BUILD_STATES)
     yield _gauge("suanli_builds", "Image builds and workspace saves under way.", ["state"], states)
 
 
