@@ -633,7 +633,10 @@ mount_moosefs() {
     local in=()
     (($#)) && in=(nsenter "$@")
     if "${in[@]}" awk -v m="$mnt" '$2 == m && $3 == "fuse" { found = 1 } END { exit !found }' /proc/self/mounts 2>/dev/null; then
-        return 0
+        # A mount whose client died with an earlier master (ENOTCONN) is dropped, not kept.
+        "${in[@]}" stat -f "$mnt" >/dev/null 2>&1 && return 0
+        log "dropping a dead MooseFS mount at $mnt${in[*]:+ (in ${in[*]})}"
+        "${in[@]}" umount -l "$mnt" || true
     fi
     "${in[@]}" mkdir -p "$mnt"
     local tries

@@ -142,13 +142,13 @@ def test_researcher_submits_a_job_and_watches_its_live_log(
         )
         page.get_by_role("button", name="Submit job").click()
         log = page.get_by_test_id("log")
-        expect(log).to_contain_text("[rank 0] step 1 on rank 0", timeout=20_000)
+        expect(log).to_contain_text("[rank 0] step 1 on rank 0", timeout=60_000)
         expect(log).to_contain_text("[rank 1] step 1 on rank 1")
         expect(page.get_by_test_id("job-state")).to_have_text("running")
         page.screenshot(
             path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_live.png", full_page=True
         )
-        expect(page.get_by_test_id("job-state")).to_have_text("succeeded", timeout=30_000)
+        expect(page.get_by_test_id("job-state")).to_have_text("succeeded", timeout=60_000)
         expect(page.get_by_test_id("log")).to_contain_text("[rank 1] step 6 on rank 1")
         page.screenshot(
             path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_done.png", full_page=True

@@ -5,6 +5,7 @@ import asyncio
 
 import docker
 import pytest
+from django.utils import timezone
 from waiting import until
 
 from jobs import tasks
@@ -195,3 +196,42 @@ def test_the_api_turns_the_workspace_off_for_batch_use(alice, priced, paper_host
     assert wrong.status_code == 400 and wrong.json()["fields"] == {
         "workspace": ["Give true or false."]
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workspace_start_locks_its_node_only_so_a_stop_holding_the_cluster_does_not_deadlock(
+    make_cluster, alice, paper_host
+):
+    """A stop locks its cluster, then its nodes; a workspace's start locks its node. Had
+    the start's lock taken the cluster's row too (as Django's exists() does with OF), the
+    two would wait on each other (a deadlock seen in CI's stop-and-start test)."""
+    import psycopg
+    from django.db import connection, transaction
+
+    from jobs.models import Node
+    from jobs.placement import scheduler
+
+    cluster = make_cluster(alice, "held")
+    scheduler.place_pending()
+    node = Node.objects.get(cluster=cluster, released_at__isnull=True)
+    s = connection.settings_dict
+    stop = psycopg.connect(
+        host=s["HOST"], port=s["PORT"], user=s["USER"], password=s["PASSWORD"], dbname=s["NAME"]
+    )
+    try:
+        # The stop's first step, in a transaction of its own: its cluster's row, locked.
+        stop.execute("SELECT id FROM jobs_cluster WHERE id = %s FOR UPDATE", (cluster.pk,))
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            assert workspaces._lock_if_live(node)  # no wait on the cluster's row
+            # ...and the node's own row is held: the stop's next step waits for it.
+            stop.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                stop.execute("SELECT id FROM jobs_node WHERE id = %s FOR UPDATE", (node.pk,))
+        stop.rollback()
+        Node.objects.filter(pk=node.pk).update(released_at=timezone.now())
+        with transaction.atomic():
+            assert not workspaces._lock_if_live(node)  # released: no start
+    finally:
+        stop.close()

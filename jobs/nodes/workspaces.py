@@ -253,17 +253,24 @@ def _up(cluster: Cluster, node: Node, network_name: str):
         # while this was pulled or made must not be followed by a start on GPUs that
         # free_gpus may already have given to the next tenant.
         with transaction.atomic():
-            # of=self: the node's row only. Locking the joined cluster row too (a node,
-            # then its cluster) deadlocked with a stop (its cluster, then its nodes).
-            live = Node.objects.select_for_update(of=("self",)).filter(
-                pk=node.pk, released_at__isnull=True, cluster__state=Cluster.State.RUNNING
-            )
-            if live.exists():
+            if _lock_if_live(node):
                 container.start()
                 _started(node)
     else:
         _started(node)
     return container
+
+
+def _lock_if_live(node: Node) -> bool:
+    """Whether `node` still holds its GPUs (not released, its cluster running), its row
+    locked (only its row) for the rest of the caller's transaction when it does."""
+    # of=self: the node's row only. Locking the joined cluster row too (a node, then its
+    # cluster) deadlocks with a stop (its cluster, then its nodes). Rows are read, never
+    # .exists(): Django's exists() drops the OF clause and locks the cluster's row too.
+    live = Node.objects.select_for_update(of=("self",)).filter(
+        pk=node.pk, released_at__isnull=True, cluster__state=Cluster.State.RUNNING
+    )
+    return live.values_list("pk", flat=True).first() is not None
 
 
 def _started(node: Node) -> None:
