@@ -22,6 +22,7 @@ from jobs.base.validators import RESERVED_ENV as RESERVED_ENV
 from jobs.base.validators import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
 
 MAX_GPUS_PER_HOST = 16
+MONEY = {"max_digits": 20, "decimal_places": 4}
 
 
 class GpuModel(models.Model):
@@ -711,6 +712,18 @@ class Cluster(models.Model):
         help_text="When it was stopped (its workspaces kept); cleared when it runs again. A "
         "pending cluster with this set waits for the hosts that keep its workspaces.",
     )
+    # "Stop at ¥X" (jobs/runs/budgets.py): stopped (files kept) when its charges reach it.
+    budget = models.DecimalField(
+        null=True,
+        blank=True,
+        help_text="Stop at this much spent (its own charges), with the normal stop's grace; none: no budget.",
+        **MONEY,
+    )
+    budget_stopped_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its budget stopped it (told once; cleared by a new budget).",
+    )
     release_warned_at = models.DateTimeField(
         null=True, blank=True, help_text="When the release-soon warning of this stop went out."
     )
@@ -1076,6 +1089,33 @@ class Job(models.Model):
     pool = models.ForeignKey(
         "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
     )
+    # "Stop at ¥X" (jobs/runs/budgets.py): stopped (its grace, its preemption script) when
+    # its cost so far, with the stop's grace to come, reaches it.
+    budget = models.DecimalField(
+        null=True,
+        blank=True,
+        help_text="Stop at this much spent (its own charges), with the normal stop's grace; none: no budget.",
+        **MONEY,
+    )
+    budget_stopped_at = models.DateTimeField(null=True, blank=True)
+    budget_warned_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its projection first said the budget stops it."
+    )
+    # Progress (jobs/runs/progress.py): the steps its rank 0 reported on SUANLI_METRIC lines,
+    # [[unix seconds, step], ...] in order (thinned past a cap), and the total it declared
+    # (a line's total_steps, or SUANLI_TOTAL_STEPS); what was wrong with a total, in words.
+    progress = models.JSONField(default=list, blank=True, editable=False)
+    progress_seq = models.BigIntegerField(default=0, editable=False)  # the last log line read
+    total_steps = models.BigIntegerField(null=True, blank=True, editable=False)
+    progress_note = models.CharField(max_length=500, blank=True, editable=False)
+    progress_note_text = models.JSONField(null=True, blank=True, editable=False)
+    # The projection made once a fifth of its steps were done (kept to compare with the end),
+    # and the newest one (for lists, the API and the budget's early warning).
+    projection_early = models.JSONField(null=True, blank=True, editable=False)
+    projection_last = models.JSONField(null=True, blank=True, editable=False)
+    # Its GPUs' energy in joules from the power samples (monitoring/energy.py), written at
+    # its end; None: no power reading (emulated hosts) or not ended.
+    energy_j = models.FloatField(null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = gettext_lazy("job")
@@ -1407,9 +1447,6 @@ class ImageBuild(models.Model):
         return self.state in self.ACTIVE
 
 
-MONEY = {"max_digits": 20, "decimal_places": 4}
-
-
 class Pool(models.Model):
     """A queue and a set of identical clusters that the console adds while jobs wait (up to
     `max_clusters`, within the budget) and releases when idle (down to `min_clusters`)."""
@@ -1570,6 +1607,13 @@ class Sweep(models.Model):
     min_steps = models.PositiveIntegerField(
         default=1, help_text="Steps every trial runs before the pruner may stop it."
     )
+    budget = models.DecimalField(
+        null=True,
+        blank=True,
+        help_text="Stop at this much spent (its own charges), with the normal stop's grace; none: no budget.",
+        **MONEY,
+    )
+    budget_stopped_at = models.DateTimeField(null=True, blank=True)
     study_name = models.CharField(max_length=80, unique=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
     # Why no trial starts now (the pool may not add a cluster...), as for Trial.note.

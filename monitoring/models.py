@@ -16,6 +16,9 @@ class Metrics(models.Model):
     node_index = models.PositiveSmallIntegerField()
     gpu_util = models.JSONField(default=list, help_text="Per GPU of the node, percent.")
     gpu_mem_mib = models.JSONField(default=list, help_text="Per GPU of the node, MiB used.")
+    gpu_power_w = models.JSONField(
+        default=list, blank=True, help_text="Per GPU of the node, watts; empty: no power reading."
+    )
     gpu_source = models.CharField(
         max_length=8, help_text="nvml, dcgm, or derived (emulated-GPU host: from real CPU use)."
     )
