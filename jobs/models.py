@@ -712,7 +712,7 @@ class Cluster(models.Model):
         help_text="When it was stopped (its workspaces kept); cleared when it runs again. A "
         "pending cluster with this set waits for the hosts that keep its workspaces.",
     )
-    # "Stop at ¥X" (jobs/runs/budgets.py): stopped (files kept) when its charges reach it.
+    # "Stop at ¥X" (billing/budgets.py): stopped (files kept) when its charges reach it.
     budget = models.DecimalField(
         null=True,
         blank=True,
@@ -758,6 +758,12 @@ class Cluster(models.Model):
             ),
             # Every cluster of a researcher, newest first: the billing page's cluster filter.
             models.Index(fields=["owner", "-created_at", "-id"], name="cluster_owner_recent_idx"),
+            # The accrual tick's budget look (billing/budgets.py): the few with one to judge.
+            models.Index(
+                fields=["id"],
+                condition=models.Q(budget__isnull=False, budget_stopped_at__isnull=True),
+                name="cluster_budget_idx",
+            ),
         ]
         permissions = [
             ("preempt_cluster", "Can preempt researchers' spot clusters"),
@@ -1089,7 +1095,7 @@ class Job(models.Model):
     pool = models.ForeignKey(
         "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
     )
-    # "Stop at ¥X" (jobs/runs/budgets.py): stopped (its grace, its preemption script) when
+    # "Stop at ¥X" (billing/budgets.py): stopped (its grace, its preemption script) when
     # its cost so far, with the stop's grace to come, reaches it.
     budget = models.DecimalField(
         null=True,
@@ -1126,6 +1132,12 @@ class Job(models.Model):
             # The admin's job list, newest first, all of them or one owner's.
             models.Index(fields=["-created_at", "-id"], name="job_recent_idx"),
             models.Index(fields=["owner", "-created_at", "-id"], name="job_owner_recent_idx"),
+            # The accrual tick's budget look (billing/budgets.py): the few with one to judge.
+            models.Index(
+                fields=["id"],
+                condition=models.Q(budget__isnull=False, budget_stopped_at__isnull=True),
+                name="job_budget_idx",
+            ),
         ]
         # Operators' powers over other researchers' work (the owner holds them over their
         # own): checked by jobs.placement.fleet.job_for_user on pages, API and websockets alike.
