@@ -17,7 +17,7 @@ from jobs.models import Cluster, Host, Job
 from jobs.nodes import network, workspaces
 from jobs.placement import scheduler
 from jobs.pools import autoscaler, sweeps
-from jobs.runs import dispatch, exits, preemption, repair, settle, stopping
+from jobs.runs import dispatch, exits, preemption, progress, repair, settle, stopping
 
 
 def host_check(host_id: int) -> str:
@@ -241,6 +241,18 @@ def sweep_observe(job_id: int) -> str:
 def sweep_job_ended(job_id: int) -> str:
     """Queued by the runner when a pool's job ended: a sweep's trial makes room."""
     return sweeps.job_ended(job_id)
+
+
+def job_progress(job_id: int) -> str:
+    """Queued by the live log follower when a job printed a SUANLI_METRIC line (its step,
+    for its pace: jobs/runs/progress.py)."""
+    return progress.observe(job_id)
+
+
+def job_progress_ended(job_id: int) -> str:
+    """Queued by the runner when a job ended: its last lines, read in full (the pace's
+    last point, for the projected-against-actual comparison)."""
+    return progress.observe(job_id, full=True)
 
 
 def sweeps_tick() -> int:

@@ -1,7 +1,7 @@
 """Checks on what operators and researchers type, with messages that say what to write.
 
-Layer: base, the bottom of jobs/. Uses only addresses (which addresses are public): models (and
-the migrations) use it, so it must not use them.
+Layer: base, the bottom of jobs/. Uses only addresses (which addresses are public) and text
+(words kept to be shown later): models (and the migrations) use it, so it must not use them.
 """
 
 import base64
@@ -18,10 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_noop, ngettext
 
 from jobs.base.addresses import IPAddress, NotAnAddress, ip_literal, is_local_name, resolve, unwrap
 from jobs.base.addresses import why_not_public as _why_not_public
+from jobs.base.text import Text, show
 
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -486,6 +487,50 @@ RESERVED_ENV = frozenset(
 )  # fmt: skip
 
 
+# A job's declared total of steps (jobs/runs/progress.py reads it for the pace): on its
+# SUANLI_METRIC lines ("total_steps") or in its environment, the one SUANLI_ name it may set.
+TOTAL_STEPS_ENV = "SUANLI_TOTAL_STEPS"
+MAX_TOTAL_STEPS = 2**31 - 1  # the sweeps' bound on a step (jobs/pools/sweeps.py MAX_STEP)
+
+
+def total_steps_problem(value, *, text: bool = True) -> Text | None:
+    """None when `value` is a usable total of steps (a whole number from 1 to
+    MAX_TOTAL_STEPS; with `text`, a string of digits too, as SUANLI_TOTAL_STEPS is); else
+    why not, in words (a Text: shown in the reader's language)."""
+    shown = repr(value)[:40] if not isinstance(value, str) else value[:40]
+    if isinstance(value, str):
+        if not text:
+            return Text(
+                gettext_noop("total steps must be a number, not text (%(value)s)"), value=shown
+            )
+        digits = value.strip()
+        if digits.lstrip("-").isascii() and digits.lstrip("-").isdigit() and len(digits) < 40:
+            value = int(digits)
+        else:
+            return Text(
+                gettext_noop("total steps must be a whole number of steps, not %(value)s"),
+                value=shown or '""',
+            )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return Text(
+            gettext_noop("total steps must be a whole number of steps, not %(value)s"),
+            value=shown,
+        )
+    if isinstance(value, float):  # 1000.5, NaN, inf; 1e3 and 1000.0 too: write 1000
+        return Text(
+            gettext_noop("total steps must be a whole number of steps, not %(value)s"),
+            value=shown,
+        )
+    if value < 1:
+        return Text(gettext_noop("total steps must be 1 or more, not %(value)s"), value=value)
+    if value > MAX_TOTAL_STEPS:
+        return Text(
+            gettext_noop("total steps must be at most %(most)s, not %(value)s"),
+            most=MAX_TOTAL_STEPS, value=shown,
+        )  # fmt: skip
+    return None
+
+
 def _assignment_words(what: str, number: int, name: str, most: int) -> tuple[str, str]:
     """The two sentences of parse_assignments that name what its names are: a bad name on
     line `number`, and more than `most` of them."""
@@ -509,7 +554,7 @@ def parse_assignments(
     text: str, *, what: str, example: str, refuse=None, most: int = 200
 ) -> dict[str, str]:
     """KEY=VALUE lines (blank lines and # comments skipped), each name a `what` (variable,
-    argument) checked, each given once; `refuse(name)` may give a reason to refuse a name.
+    argument) checked, each given once; `refuse(name, value)` may give a reason to refuse one.
     ValidationError with one sentence per bad line."""
     found: dict[str, str] = {}
     errors: list[str] = []
@@ -519,7 +564,7 @@ def parse_assignments(
             continue
         name, sep, value = line.partition("=")
         name = name.strip()
-        reason = refuse(name) if refuse and sep and _ENV_NAME.match(name) else ""
+        reason = refuse(name, value.strip()) if refuse and sep and _ENV_NAME.match(name) else ""
         if not sep:
             errors.append(
                 _("Line %(number)s: write KEY=VALUE, e.g. %(example)s.")
@@ -548,9 +593,13 @@ def parse_assignments(
 
 
 def parse_env(text: str) -> dict[str, str]:
-    """KEY=VALUE lines. Names are checked; the platform's own names are refused."""
+    """KEY=VALUE lines. Names are checked; the platform's own names are refused, but for
+    SUANLI_TOTAL_STEPS (the job's total steps, for its projected finish), checked."""
 
-    def reserved(name: str) -> str:
+    def reserved(name: str, value: str) -> str:
+        if name == TOTAL_STEPS_ENV:
+            why = total_steps_problem(value)
+            return "" if why is None else f"{name}: {show(why.as_json())}"
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             return _(
                 "%(name)s is set by Suanli itself (distributed setup, GPUs); pick another name."

@@ -45,12 +45,12 @@ from jobs.clusters import services
 from jobs.events import webhooks
 from jobs.models import Job, Pool, Sweep, Trial
 from jobs.pools import autoscaler
-from jobs.runs import livelogs
+from jobs.runs import livelogs, progress
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-MARKER = "SUANLI_METRIC"
+MARKER = progress.MARKER  # "SUANLI_METRIC"
 PARAMS_FILE = "/tmp/suanli-params.json"  # noqa: S108 (the container's own /tmp)
 TYPES = ("uniform", "log_uniform", "int", "categorical")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # whole: fullmatch
@@ -62,7 +62,7 @@ MAX_PARAMS = 20
 MAX_CHOICES = 50
 MAX_TRIALS = 1000
 CURVE_POINTS = 2000  # per trial: beyond this, every other point is dropped
-LINE_MAX = 2000  # a metric line longer than this is not read
+LINE_MAX = progress.LINE_MAX  # a metric line longer than this is not read
 
 
 # -- the search space -------------------------------------------------------------------------
@@ -278,38 +278,23 @@ def validate_metric(name: str) -> str:
 # -- metric lines -----------------------------------------------------------------------------
 
 
-class MetricLineError(ValueError):
-    pass
+MetricLineError = progress.MetricLineError  # the one reader of the line: jobs/runs/progress.py
 
 
 def parse_metric_line(text: str, metric: str) -> tuple[int, float] | None:
     """(step, value) of a `SUANLI_METRIC {...}` line; None when the line has no marker or
     does not name this metric; MetricLineError with a sentence when it is malformed."""
-    at = text.find(MARKER + " ")
-    if at < 0:
-        return None
-    body = text[at + len(MARKER) + 1 :].strip()
-    if len(body) > LINE_MAX:
-        raise MetricLineError(gettext_noop("the line is too long"))
-    try:
-        data = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        raise MetricLineError(gettext_noop("not a JSON object after SUANLI_METRIC")) from None
-    if not isinstance(data, dict):
-        raise MetricLineError(gettext_noop("not a JSON object after SUANLI_METRIC"))
-    if metric not in data:
+    data = progress.metric_line(text)
+    if data is None or metric not in data:
         return None  # another metric's line: not an error
     step = data.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-        raise MetricLineError(gettext_noop('"step" must be a whole number from 0 to 2147483647'))
+    why = progress.step_problem(step)
+    if why is not None:
+        raise MetricLineError(why)
     value = data[metric]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise MetricLineError(gettext_noop("the metric's value must be a finite number"))
     return step, float(value)
-
-
-def _no_constant(name):
-    raise ValueError(name)
 
 
 # -- Optuna's storage -------------------------------------------------------------------------

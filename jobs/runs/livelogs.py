@@ -264,11 +264,16 @@ class Follower:
                 continue
             self._send(job_id, [[first + i, text] for i, text in enumerate(texts)])
             if any(METRIC_MARKER in text for text in texts):
-                # A sweep's trial reporting its metric (jobs/pools/sweeps.py reads the kept lines).
+                # A sweep's trial reporting its metric (jobs/pools/sweeps.py reads the kept
+                # lines); any job reporting its step (jobs/runs/progress.py: its pace).
                 try:
                     enqueue_unique(
                         "default", "jobs.tasks.sweep_observe", job_id,
                         job_id=f"sweep-observe-{job_id}", again_if_running=True,
+                    )  # fmt: skip
+                    enqueue_unique(
+                        "default", "jobs.tasks.job_progress", job_id,
+                        job_id=f"progress-{job_id}", again_if_running=True,
                     )  # fmt: skip
                 except redis.RedisError as exc:
                     log.warning("job %s: metric lines not passed on: %s", job_id, exc)

@@ -26,12 +26,14 @@ MAX_HOST_RESTARTS = 10
 
 
 PROFILES_TASK = "monitoring.tasks.profiles_summarise"  # a higher app's task, queued by name
+ENERGY_TASK = "monitoring.tasks.job_energy"  # its GPU energy kept on the job, by name too
 
 
 POOL_TASK = "jobs.tasks.pool_scale"  # jobs/pools/autoscaler.py, above the runner
 
 
 SWEEP_TASK = "jobs.tasks.sweep_job_ended"  # jobs/pools/sweeps.py
+PROGRESS_TASK = "jobs.tasks.job_progress_ended"  # jobs/runs/progress.py: its last lines
 
 
 def settle(job_id: int) -> None:
@@ -308,10 +310,19 @@ def finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | None
                 "default", SWEEP_TASK, job_id, job_id=f"sweep-job-{job_id}",
                 again_if_running=True,
             )  # fmt: skip
+        if job.progress_seq or job.progress:
+            # Its progress's last lines (then its projection's last word, by name above us).
+            enqueue_after_commit(
+                "default", PROGRESS_TASK, job_id, job_id=f"progress-end-{job_id}",
+                again_if_running=True,
+            )  # fmt: skip
         # Its profiler traces, if it wrote any, are summarised once it has ended (queued
         # after the commit, kept until Redis took it: the outbox).
         enqueue_after_commit(
             "profiles", PROFILES_TASK, job_id, job_id=f"profiles-{job_id}", again_if_running=True
+        )
+        enqueue_after_commit(
+            "default", ENERGY_TASK, job_id, job_id=f"energy-{job_id}", again_if_running=True
         )
         cluster = job.cluster
         Cluster.objects.filter(pk=cluster.pk).update(last_active_at=now)

@@ -1,0 +1,409 @@
+"""A running job's progress and pace (issue 44): when will it finish?
+
+A job reports its progress by printing
+
+    SUANLI_METRIC {"step": 100, "total_steps": 20000, "loss": 0.41}
+
+lines (the sweeps' marker, jobs/pools/sweeps.py; any other keys are the sweeps' business)
+and may state its total in its environment instead (`SUANLI_TOTAL_STEPS=20000`). The live
+log follower (livelogs.py) queues `observe` when it keeps such a line; `observe` reads rank
+0's new lines, keeps `[unix seconds, step]` points on the job (each at the container's own
+timestamp of its line, so a late read does not slow the pace) and queues the cost
+projection above us ("billing.tasks.job_projection", by name). `pace` says when the job
+will finish, with a range, or in words why it cannot.
+
+The estimator (time only: no money here). From the points, consecutive pairs make
+intervals of `ds` steps in `dt` seconds, a rate of `dt / ds` seconds a step.
+
+1. Warm-up: the leading intervals slower than WARM_FACTOR x the typical rate (the median
+   over all intervals, weighted by steps) are dropped (a first step that compiles, loads
+   data, fills caches). What is left is the history H.
+2. Base rate: the median rate of the newest intervals of H (the window: at least
+   WINDOW_STEPS steps, WINDOW_SECONDS seconds and WINDOW_INTERVALS intervals, else all of H),
+   weighted by steps. A median ignores the odd slow interval, so a checkpoint pause does not
+   move it, and it follows a job that speeds up or slows down.
+3. Pauses, amortised: H's mean rate less H's median rate is the time the job spends
+   beyond its steady pace (checkpoint saves, evaluations, the odd stall) spread over every
+   step. It is added to the base rate, so a job that pauses every N steps gets its pauses
+   counted in its finish wherever the window falls in the cycle (dropping them would be
+   optimistic; counting them only in the window would swing with where the window ends).
+4. The finish: the newest point's time + remaining steps x (base + pauses). Never in the
+   past: a job silent since its newest point (a long pause) finishes no earlier than now.
+5. The range: the window is cut into SUB_WINDOWS runs of steps; each run's median rate +
+   the pauses gives the finish as if the rest of the job went like that run. The earliest
+   and latest are the range; `spread` is half its width over the estimate (0.04 = ±4 %).
+
+What is measured in tests/test_progress.py: recorded series (a slow start, a pause every N
+steps, noise) and a real job on the test engines, the finish projected after 20 % of the
+steps within 10 % of the job's run time of the actual end.
+
+A bad total (0, negative, NaN, infinite, a fraction, above MAX_TOTAL_STEPS, text, not
+above the current step) gives no number: `Pace.why` says why in words, and the same words
+refuse SUANLI_TOTAL_STEPS at submit (jobs/base/validators.py parse_env).
+
+Layer: runs; uses runs (livelogs), placement (fleet), models and base (text, queue,
+validators)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from jobs.base.queue import enqueue_unique
+from jobs.base.text import Text, load, twin_fields
+from jobs.base.validators import MAX_TOTAL_STEPS, TOTAL_STEPS_ENV, total_steps_problem
+from jobs.models import Job
+from jobs.placement import fleet
+from jobs.runs import livelogs
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_TOTAL_STEPS", "POINTS_MAX", "TOTAL_STEPS_ENV", "MetricLineError", "Pace", "metric_line",
+    "observe", "pace", "rate_of", "total_steps_problem",
+]  # fmt: skip
+
+MARKER = "SUANLI_METRIC"
+LINE_MAX = 2000  # a metric line longer than this is not read
+MAX_STEP = 2**31 - 1
+POINTS_MAX = 2000  # Job.progress: beyond this, every other point is dropped (as Trial.curve)
+PROJECTION_TASK = "billing.tasks.job_projection"  # above jobs: queued by name
+
+WARM_FACTOR = 1.5  # a leading interval this much slower than the typical one is warm-up
+WINDOW_STEPS = 200  # the pace is from at least this many recent steps...
+WINDOW_SECONDS = 120.0  # ...over at least this long...
+WINDOW_INTERVALS = 12  # ...and this many intervals (or the whole history, when shorter)
+MIN_INTERVALS = 3  # fewer intervals after the warm-up: too few to say
+SUB_WINDOWS = 4  # the range: the window's runs, each as if it were the rest of the job
+
+# The notes observe writes on the job (progress_note): a bad total stops the projection
+# until a line gives a good one; a bad step only skips its line.
+TOTAL_NOTE = gettext_noop("log line %(n)s: %(why)s")
+STEP_NOTE = gettext_noop("log line %(n)s: %(why)s (the line's step is skipped)")
+
+
+# -- the line -----------------------------------------------------------------------------------
+
+
+class MetricLineError(ValueError):
+    pass
+
+
+def _no_constant(name):
+    raise ValueError(name)
+
+
+def _constant(name):
+    return float(name)  # NaN, Infinity, -Infinity: read, for the words that refuse them
+
+
+def metric_line(text: str, *, constants: bool = False) -> dict | None:
+    """The JSON object of a `SUANLI_METRIC {...}` line; None when the line has no marker;
+    MetricLineError with a sentence (a msgid) when it is malformed. `constants`: NaN and
+    Infinity are read as floats (else the line is not JSON). The one reader of the line:
+    sweeps (jobs/pools/sweeps.py parse_metric_line) and progress both use it."""
+    at = text.find(MARKER + " ")
+    if at < 0:
+        return None
+    body = text[at + len(MARKER) + 1 :].strip()
+    if len(body) > LINE_MAX:
+        raise MetricLineError(gettext_noop("the line is too long"))
+    try:
+        data = json.loads(body, parse_constant=_constant if constants else _no_constant)
+    except (ValueError, RecursionError):
+        raise MetricLineError(gettext_noop("not a JSON object after SUANLI_METRIC")) from None
+    if not isinstance(data, dict):
+        raise MetricLineError(gettext_noop("not a JSON object after SUANLI_METRIC"))
+    return data
+
+
+def step_problem(step) -> str | None:
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        return gettext_noop('"step" must be a whole number from 0 to 2147483647')
+    return None
+
+
+# -- reading the lines --------------------------------------------------------------------------
+
+
+@dataclass
+class _Read:
+    points: list
+    seq: int
+    total: int | None = None
+    note: tuple | None = None  # (msgid, n, why): the newest problem; ("",) clears
+
+
+def _read(job: Job, lines: list, floor: int, last_step: int) -> _Read:
+    read = _Read(points=[], seq=floor)
+    for number, payload in lines:
+        if number <= floor:
+            continue
+        read.seq = max(read.seq, number)
+        rank, _tab, rest = payload.partition("\t")
+        if rank != "0" or MARKER not in rest:
+            continue
+        ts, text = fleet.split_log_line(rest)
+        try:
+            data = metric_line(text, constants=True)
+        except MetricLineError:
+            continue  # the sweep's reader says so on a trial; a job's progress skips it
+        if data is None:
+            continue
+        if "total_steps" in data:
+            why = total_steps_problem(data["total_steps"], text=False)
+            if why is None:
+                read.total, read.note = data["total_steps"], ("",)
+            else:
+                read.note = (TOTAL_NOTE, number, why)
+        if "step" not in data:
+            continue
+        why = step_problem(data["step"])
+        if why is not None:
+            if read.note is None or read.note[0] != TOTAL_NOTE:
+                read.note = (STEP_NOTE, number, Text(why))
+            continue
+        at = livelogs.ts_ns(ts)
+        if at is None or data["step"] <= last_step:
+            continue  # a step already read (or out of order): the first one counts
+        read.points.append([round(at / 1e9, 3), data["step"]])
+        last_step = data["step"]
+    return read
+
+
+def observe(job_id: int, *, full: bool = False) -> str:
+    """Read the job's new SUANLI_METRIC lines (rank 0's) into its progress, then queue its
+    cost projection. `full`: every kept line, not only those after the last one read (at
+    the job's end; a step already kept is skipped either way)."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return "no such job"
+    lines = livelogs.lines(job)
+    top = max((number for number, _payload in lines), default=0)
+    floor = 0 if full or top < job.progress_seq else job.progress_seq
+    last = job.progress[-1][1] if job.progress else -1
+    read = _read(job, lines, floor, last)
+    if not read.points and read.note is None and read.total is None and read.seq <= floor:
+        if full:
+            _project(job_id)  # the job's end: its projection's last word all the same
+        return "nothing new"
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).get(pk=job_id)
+        last = job.progress[-1][1] if job.progress else -1
+        points = job.progress + [p for p in read.points if p[1] > last]
+        while len(points) > POINTS_MAX:
+            points = points[:1] + points[1:-1:2] + points[-1:]
+        fields = {"progress": points, "progress_seq": max(read.seq, 0)}
+        if read.total is not None:
+            fields["total_steps"] = read.total
+        if read.note == ("",):
+            if job.progress_note_text and job.progress_note_text.get("m") == TOTAL_NOTE:
+                fields.update(twin_fields(Job, "progress_note", ""))
+        elif read.note is not None:
+            msgid, n, why = read.note
+            fields.update(twin_fields(Job, "progress_note", Text(msgid, n=n, why=why)))
+        Job.objects.filter(pk=job_id).update(**fields)
+    _project(job_id)
+    return f"{len(points) - len(job.progress)} points"
+
+
+def _project(job_id: int) -> None:
+    """Queue the job's cost projection (billing, above jobs: by name)."""
+    try:
+        enqueue_unique(
+            "default", PROJECTION_TASK, job_id, job_id=f"projection-{job_id}",
+            again_if_running=True,
+        )  # fmt: skip
+    except redis.RedisError as exc:
+        log.warning("job %s: projection not queued: %s", job_id, exc)
+
+
+# -- the pace -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Pace:
+    job_id: int
+    step: int | None  # newest step reported
+    total: int | None  # declared total (Job.total_steps, else SUANLI_TOTAL_STEPS)
+    why: Text | None  # set when no finish can be projected: the words
+    seconds_per_step: float | None
+    spread: float | None  # relative, 0.04 = ±4 %
+    window_steps: int  # how many recent steps the pace is from
+    last_at: datetime | None  # time of the newest point
+    finish_at: datetime | None  # projected end
+    finish_low: datetime | None  # earliest of the range
+    finish_high: datetime | None
+    fraction: float | None  # step / total
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_at is not None
+
+
+@dataclass
+class Rate:
+    """What the points say: seconds a step (base + pauses), the range's slowest and
+    fastest, and how many recent steps the base is from."""
+
+    seconds_per_step: float
+    low: float  # the fastest sub-window's, + pauses
+    high: float  # the slowest's
+    window_steps: int
+    pauses: float  # seconds a step beyond the steady pace (amortised pauses)
+
+
+def _median(rates: list[tuple[float, float]]) -> float:
+    """Median of (rate, weight) pairs, weighted."""
+    ordered = sorted(rates)
+    half = sum(w for _r, w in ordered) / 2
+    seen = 0.0
+    for rate, weight in ordered:
+        seen += weight
+        if seen >= half:
+            return rate
+    return ordered[-1][0]
+
+
+def rate_of(points: list) -> Rate | None:
+    """The pace of `points` ([seconds, step], steps rising), as the module's docstring says;
+    None when too few are left after the warm-up."""
+    intervals = []
+    for (t0, s0), (t1, s1) in zip(points, points[1:], strict=False):
+        if s1 > s0:
+            intervals.append((max(t1 - t0, 0.0), s1 - s0))
+    if len(intervals) < MIN_INTERVALS:
+        return None
+    typical = _median([(dt / ds, ds) for dt, ds in intervals])
+    start = 0
+    while start < len(intervals) // 2 and intervals[start][0] / intervals[start][1] > (
+        WARM_FACTOR * typical
+    ):
+        start += 1
+    history = intervals[start:]
+    if len(history) < MIN_INTERVALS:
+        return None
+    seconds = sum(dt for dt, _ds in history)
+    steps = sum(ds for _dt, ds in history)
+    pauses = max(seconds / steps - _median([(dt / ds, ds) for dt, ds in history]), 0.0)
+    window, w_steps, w_seconds = [], 0, 0.0
+    for dt, ds in reversed(history):
+        window.append((dt, ds))
+        w_steps += ds
+        w_seconds += dt
+        if (
+            w_steps >= WINDOW_STEPS
+            and w_seconds >= WINDOW_SECONDS
+            and len(window) >= WINDOW_INTERVALS
+        ):
+            break
+    window.reverse()
+    base = _median([(dt / ds, ds) for dt, ds in window])
+    size = max(len(window) // SUB_WINDOWS, 1)
+    runs = [window[i : i + size] for i in range(0, len(window), size)]
+    if len(runs) > 1 and len(runs[-1]) < size:
+        runs[-2:] = [runs[-2] + runs[-1]]
+    subs = [_median([(dt / ds, ds) for dt, ds in run]) for run in runs]
+    return Rate(
+        seconds_per_step=base + pauses,
+        low=min(subs) + pauses,
+        high=max(subs) + pauses,
+        window_steps=w_steps,
+        pauses=pauses,
+    )
+
+
+def declared_total(job: Job) -> tuple[int | None, Text | None]:
+    """The job's total and, when there is none to use, why: a line's newest total (a bad
+    one stops the projection, in its words), else SUANLI_TOTAL_STEPS in its env."""
+    note = job.progress_note_text
+    if note and note.get("m") == TOTAL_NOTE:
+        return None, load(note)
+    if job.total_steps is not None:
+        return job.total_steps, None
+    raw = (job.env or {}).get(TOTAL_STEPS_ENV)
+    if raw is None:
+        return None, Text(
+            gettext_noop(
+                'no total steps declared (a "total_steps" on its SUANLI_METRIC lines, or '
+                "SUANLI_TOTAL_STEPS in its environment)"
+            )
+        )
+    why = total_steps_problem(raw)
+    if why is not None:
+        return None, Text(gettext_noop("SUANLI_TOTAL_STEPS: %(why)s"), why=why)
+    return int(raw.strip()), None
+
+
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def pace(job: Job, *, now: datetime | None = None) -> Pace:
+    """When `job` will finish, from its progress; or in `why`, why it cannot be said."""
+    now = now or timezone.now()
+    points = job.progress or []
+    step = points[-1][1] if points else None
+    last_at = _at(points[-1][0]) if points else None
+    total, why = declared_total(job)
+    result = Pace(
+        job_id=job.pk, step=step, total=total, why=why, seconds_per_step=None, spread=None,
+        window_steps=0, last_at=last_at, finish_at=None, finish_low=None, finish_high=None,
+        fraction=None,
+    )  # fmt: skip
+    if total is not None and step is not None:
+        result.fraction = min(step / total, 1.0)
+    rate = rate_of(points)
+    if rate is not None:
+        result.seconds_per_step = rate.seconds_per_step
+        result.window_steps = rate.window_steps
+        result.spread = (
+            (rate.high - rate.low) / 2 / rate.seconds_per_step if rate.seconds_per_step else 0.0
+        )
+    if result.why is not None:
+        return result
+    if job.state not in Job.ACTIVE:
+        result.why = (
+            Text(gettext_noop("the job has ended"))
+            if job.is_ended
+            else Text(gettext_noop("the job is not running yet"))
+        )
+        return result
+    if step is None:
+        result.why = Text(gettext_noop('no step reported yet (SUANLI_METRIC lines with a "step")'))
+        return result
+    if total <= step:
+        result.why = Text(
+            gettext_noop(
+                "step %(step)s has reached the declared total of %(total)s steps"
+                if total == step
+                else "the declared total of %(total)s steps is below step %(step)s, already reported"
+            ),
+            step=step,
+            total=total,
+        )
+        return result
+    if rate is None:
+        result.why = Text(
+            gettext_noop("too few steps reported yet to measure the pace (step %(step)s)"),
+            step=step,
+        )
+        return result
+    left = total - step
+    base = points[-1][0]
+    floor = now.timestamp()
+
+    def finish(per_step: float) -> datetime:
+        return _at(max(base + left * per_step, floor))
+
+    result.finish_at = finish(rate.seconds_per_step)
+    result.finish_low = finish(rate.low)
+    result.finish_high = finish(rate.high)
+    return result
