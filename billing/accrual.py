@@ -28,7 +28,7 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from billing import caps, formatting, rollups
+from billing import budgets, caps, formatting, rollups
 from billing.models import Account, LedgerEntry, Meter
 from billing.pricing import (
     GPU,
@@ -205,7 +205,19 @@ def accrue(*, now: datetime | None = None, batch: int = 2000) -> AccrualReport:
         stop_exhausted(report.exhausted, report)
     if report.charged_accounts:
         stop_capped(report.charged_accounts, report)
+    stop_budgeted(report)
     return report
+
+
+def stop_budgeted(report: AccrualReport) -> list[int]:
+    """The budgets' watch (billing/budgets.py) after the tick's charges: jobs, clusters and
+    sweeps that reached their budget are stopped; the clusters stopped are billed up to the
+    second they stopped in this same tick, as `stop_capped`'s are."""
+    stopped = budgets.enforce(now=report.now)["clusters"]
+    if stopped:
+        later = floor_s(timezone.now())
+        _accrue_batch(stopped, later, RateBook.load(), report)
+    return stopped
 
 
 class Interval(NamedTuple):

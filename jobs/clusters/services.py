@@ -14,6 +14,7 @@ live in `jobs.events.lifecycle` and are re-exported here, so callers keep
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -91,6 +92,7 @@ def cluster_create(*, owner, spec: ClusterSpec, created_by=None) -> Cluster:
         stop_at=spec.stop_at,
         stop_idle_minutes=spec.stop_idle_minutes,
         stop_idle_below=spec.stop_idle_below,
+        budget=spec.budget,
     )
     Volume.objects.bulk_create(
         [
@@ -1029,6 +1031,7 @@ class JobSpec:
     retries: int = 0
     preemption_script: str = ""
     max_preemptions: int = 5
+    budget: Decimal | None = None  # stop at this much spent (billing/budgets.py)
 
 
 @transaction.atomic
@@ -1069,6 +1072,7 @@ def job_submit(*, cluster: Cluster, spec: JobSpec, pool: Pool | None = None) -> 
         retries=spec.retries,
         preemption_script=spec.preemption_script,
         max_preemptions=spec.max_preemptions,
+        budget=spec.budget,
         created_at=now,
         queued_at=now,
         pool=pool,
@@ -1113,3 +1117,53 @@ def job_cancel(*, job: Job, by: str | Text) -> Job:
             request_stop(job.pk)
     job.refresh_from_db()
     return job
+
+
+def job_stop_for(*, job: Job, reason: Text) -> bool:
+    """End a job for a reason of the console's (billing's budget stop): as a preemption
+    notice does, its preemption script first (in every running replica, within
+    `SUANLI_PREEMPT_SCRIPT_S`), then SIGTERM and SIGKILL after the stop's grace
+    (`SUANLI_STOP_GRACE_S`); but it ends cancelled with `reason`, never to run again. A
+    job still waiting is cancelled at once. False when it had ended or was being stopped
+    already (nothing done: idempotent)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).get(pk=job.pk)
+        if job.is_ended or job.cancel_requested:
+            return False
+        now = timezone.now()
+        if job.state in Job.WAITING:
+            Job.objects.filter(pk=job.pk).update(
+                state=Job.State.CANCELLED, finished_at=now, cancel_requested=True,
+                **reason_fields(Job, reason),
+            )  # fmt: skip
+            job_event(job, "cancelled", reason, at=now)
+            request_dispatch(job.cluster_id)
+            return True
+        grace = settings.SUANLI_STOP_GRACE_S
+        script = (
+            job.preemption_script.strip()
+            and job.preempt_requested_at is None
+            and job.stop_requested_at is None
+        )
+        fields = {"cancel_requested": True, **reason_fields(Job, reason)}
+        if script:
+            fields["preempt_requested_at"] = now
+            words = Text(
+                gettext_noop(
+                    "%(reason)s: running its preemption script (limit %(limit)s s), then "
+                    "SIGTERM, SIGKILL after %(grace)s s"
+                ),
+                reason=reason, limit=settings.SUANLI_PREEMPT_SCRIPT_S, grace=grace,
+            )  # fmt: skip
+        else:
+            words = Text(
+                gettext_noop("%(reason)s: SIGTERM, then SIGKILL after %(grace)s s"),
+                reason=reason, grace=grace,
+            )  # fmt: skip
+        Job.objects.filter(pk=job.pk).update(**fields)
+        job_event(job, "budget", words, at=now)
+        if script:  # once this commits: jobs.runs.preemption.preempt, then the stop
+            enqueue_by_name("jobs.tasks.job_preempt", job.pk, job_id=f"preempt-{job.pk}")
+        else:
+            request_stop(job.pk)
+    return True

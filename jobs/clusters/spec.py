@@ -84,6 +84,7 @@ class ClusterSpec:
     stop_at: Any = None  # an aware datetime: stopped then, once (jobs/clusters/shutdown.py)
     stop_idle_minutes: int | None = None  # stopped after this long with every GPU under
     stop_idle_below: int | None = None  # ... this percent (both or neither)
+    budget: Any = None  # a Decimal: stopped at this much spent (billing/budgets.py)
 
 
 class Funds(Protocol):

@@ -392,6 +392,7 @@ class SweepSpec:
     min_steps: int = 1
     env: dict | None = None
     workdir: str = "/workspace"
+    budget: Decimal | None = None  # cancelled at this much spent (billing/budgets.py)
 
 
 def sweep_create(*, owner, pool: Pool, spec: SweepSpec, created_by=None) -> Sweep:
@@ -417,7 +418,7 @@ def sweep_create(*, owner, pool: Pool, spec: SweepSpec, created_by=None) -> Swee
             owner=owner, created_by=created_by or owner, pool=pool, name=spec.name, command=spec.command, env=spec.env or {},
             workdir=spec.workdir, space=space, metric=metric, direction=spec.direction,
             trials=spec.trials, parallel=spec.parallel, pruner=spec.pruner,
-            min_steps=max(spec.min_steps, 1), study_name=name,
+            min_steps=max(spec.min_steps, 1), study_name=name, budget=spec.budget,
         )  # fmt: skip
         # Optuna's own connection, committed at once: made last, so that a failure
         # before it leaves no study behind (and a failure here no sweep).
@@ -455,10 +456,14 @@ def advance(sweep_id: int) -> int:
         started = 0
         study = None
         waiting = None
+        held = None  # the next trial would pass the sweep's budget
         while in_flight < sweep.parallel and len(trials) < sweep.trials:
             waiting = autoscaler.blocked(sweep.pool)
             if waiting is not None:
                 break  # asked again on the next round; no trial is used up meanwhile
+            waiting = held = budget_hold(sweep)
+            if held is not None:
+                break
             study = study or study_of(sweep)
             ask = study.ask(distributions(sweep.space))
             params = dict(ask.params)
@@ -494,15 +499,19 @@ def advance(sweep_id: int) -> int:
         if said["note"] != sweep.note:
             Sweep.objects.filter(pk=sweep.pk).update(**said)
         pool = sweep.pool
-        gone = pool.state != Pool.State.ACTIVE or (
-            pool.budget_total is not None and pool.spent >= pool.budget_total
+        gone = (
+            held is not None
+            or pool.state != Pool.State.ACTIVE
+            or (pool.budget_total is not None and pool.spent >= pool.budget_total)
         )
         if in_flight == 0 and (len(trials) >= sweep.trials or (waiting and gone)):
             # All trials ended, or none can start again: its pool is closed or its total
-            # budget spent (neither comes back).
+            # budget spent (neither comes back), or the next trial would pass its own.
+            now = timezone.now()
             Sweep.objects.filter(pk=sweep.pk).update(
-                state=Sweep.State.FINISHED, finished_at=timezone.now()
-            )
+                state=Sweep.State.FINISHED, finished_at=now,
+                **({"budget_stopped_at": now} if held is not None else {}),
+            )  # fmt: skip
             # Once: the sweep's row is locked and was running (its end is the guard).
             _tell_finished(sweep, trials)
         return started
@@ -554,19 +563,54 @@ def _tell_finished(sweep: Sweep, trials: list[Trial]) -> None:
     webhooks.emit(owner_id=sweep.owner_id, event_type="sweep.finished", data=data, summary=summary)
 
 
-def sweep_cancel(*, sweep: Sweep) -> Sweep:
+def sweep_cancel(*, sweep: Sweep, reason: Text | None = None) -> Sweep:
+    """Cancel a running sweep: no trial starts again, its running trials are cancelled
+    (SIGTERM, then SIGKILL). With `reason` (billing's budget stop) that is its note, and its
+    trials end with it (`services.job_stop_for`)."""
     with transaction.atomic():
         sweep = Sweep.objects.select_for_update().get(pk=sweep.pk)
         if sweep.state != Sweep.State.RUNNING:
             return sweep
         Sweep.objects.filter(pk=sweep.pk).update(
-            state=Sweep.State.CANCELLED, finished_at=timezone.now()
-        )
+            state=Sweep.State.CANCELLED, finished_at=timezone.now(),
+            **(twin_fields(Sweep, "note", reason) if reason is not None else {}),
+        )  # fmt: skip
         for trial in sweep.trial_set.filter(state=Trial.State.RUNNING).select_related("job"):
             if trial.job and not trial.job.is_ended:
-                services.job_cancel(job=trial.job, by=Text(gettext_noop("the sweep's owner")))
+                if reason is not None:
+                    services.job_stop_for(job=trial.job, reason=reason)
+                else:
+                    services.job_cancel(job=trial.job, by=Text(gettext_noop("the sweep's owner")))
     sweep.refresh_from_db()
     return sweep
+
+
+def budget_hold(sweep: Sweep, *, now=None) -> Text | None:
+    """Why no trial of `sweep` may start now for its budget (None: it may): what its trials
+    cost so far, with what its running trials are still expected to cost and the next
+    trial's expected cost (an average ended trial's, at the pool's price per hour: what the
+    sweep page shows), would pass it. Without an ended trial or a price, nothing is
+    expected (billing's budget stop still cancels the sweep at its budget)."""
+    if sweep.budget is None:
+        return None
+    fig = figures(sweep, now=now, curves=False)
+    priced = [f for f in fig.trials if f.cost is not None]
+    ended = [f.cost for f in priced if f.trial.state != Trial.State.RUNNING]
+    if not ended:
+        return None
+    spent = sum((f.cost for f in priced), Decimal(0))
+    each = sum(ended, Decimal(0)) / len(ended)
+    running = [f.cost for f in priced if f.trial.state == Trial.State.RUNNING]
+    coming = sum((max(each - c, Decimal(0)) for c in running), Decimal(0))
+    if spent + coming + each <= sweep.budget:
+        return None
+    return Text(
+        gettext_noop(
+            "the next trial would pass its budget %(budget)s (spent %(spent)s, a trial costs "
+            "about %(each)s)"
+        ),
+        budget=f"{sweep.budget:.2f}", spent=f"{spent:.2f}", each=f"{each:.2f}",
+    )  # fmt: skip
 
 
 # -- reading the metric, pruning --------------------------------------------------------------

@@ -29,6 +29,8 @@ def _start_scripts(job: Job) -> None:
     if not job.preemption_script.strip():
         return
     reason = job.cluster.state_reason.removeprefix("preempting: ") or "spot capacity reclaimed"
+    if job.cancel_requested:  # a stop for good with its script first (a budget's): its reason
+        reason = job.state_reason
     for replica in Replica.objects.filter(
         job=job, attempt=job.attempt, state=Replica.State.RUNNING, preempt_exec_id=""
     ).select_related("host"):
