@@ -442,6 +442,19 @@ SUANLI_MONITOR_INTERVAL = envint("SUANLI_MONITOR_INTERVAL", 1)
 # counters from the kernel (cgroup files, /proc/<pid>/net/dev) in one pass a second; the
 # engine is asked only when a container appears. Remote engines keep the engine-stats path.
 SUANLI_MONITOR_KERNEL = envbool("SUANLI_MONITOR_KERNEL", True)
+# The grid's carbon intensity, grams of CO2 per kWh (e.g. 570.3), that a job's GPU energy
+# is multiplied by for its carbon estimate (monitoring/energy.py): your grid's or your
+# supplier's published figure. Empty (the default): no carbon estimate is shown, never a guess.
+_grid = envstr("SUANLI_GRID_CO2_G_PER_KWH", "").strip()
+try:
+    SUANLI_GRID_CO2_G_PER_KWH = float(_grid) if _grid else None
+except ValueError:
+    SUANLI_GRID_CO2_G_PER_KWH = -1.0  # refused below
+if SUANLI_GRID_CO2_G_PER_KWH is not None and not 0 < SUANLI_GRID_CO2_G_PER_KWH <= 2000:
+    raise ImproperlyConfigured(
+        f"SUANLI_GRID_CO2_G_PER_KWH={_grid!r}: grams of CO2 per kWh, a number above 0 and at "
+        "most 2000 (a coal-fired grid is about 1000), or empty for no carbon estimate"
+    )
 # Prometheus metrics for operators (jobs/base/metrics.py, console/metrics.py). The web's
 # GET /metrics answers a bearer token equal to this one (a long random secret; empty: no
 # token opens it), an address of METRICS_ALLOW, or a signed-in user holding

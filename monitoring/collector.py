@@ -337,20 +337,39 @@ def derived_gpus(cpu_pct: float, mem_bytes: int, *, gpus: int, gpu_mem_mib: int)
     return util, [round(each, 1)] * gpus
 
 
-def nvml_gpus(indices: list[int]) -> tuple[list[float], list[float]] | None:
-    """NVIDIA hosts with the monitor on the machine itself: NVML's readings."""
+def nvml_gpus(indices: list[int], *, power: bool = False):
+    """NVIDIA hosts with the monitor on the machine itself: NVML's readings, per GPU of
+    `indices`: (utilisation %, MiB used), and with `power` a third list, the board's power
+    draw in watts (nvmlDeviceGetPowerUsage's milliwatts / 1000), None for a GPU whose power
+    could not be read (a board without the sensor, a transient error): no reading, never 0.
+    None when NVML is not there or fails as a whole."""
     try:
         import pynvml  # nvidia-ml-py
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-        util, mem = [], []
+        util, mem, watts = [], [], []
         for index in indices:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             util.append(float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
             mem.append(round(pynvml.nvmlDeviceGetMemoryInfo(handle).used / MIB, 1))
-        return util, mem
+            if power:
+                watts.append(_nvml_power(pynvml, handle, index))
+        return (util, mem, watts) if power else (util, mem)
     except pynvml.NVMLError as exc:
         log.warning("NVML: %s", exc)
         return None
+
+
+def _nvml_power(pynvml, handle, index: int) -> float | None:
+    try:
+        milliwatts = pynvml.nvmlDeviceGetPowerUsage(handle)
+    except pynvml.NVMLError as exc:
+        log.debug("NVML power of GPU %s: %s", index, exc)
+        return None
+    try:
+        watts = float(milliwatts) / 1000
+    except (TypeError, ValueError):
+        return None
+    return round(watts, 1) if 0 <= watts < 100_000 else None  # NaN or absurd: no reading

@@ -1,6 +1,7 @@
 """dcgm-exporter's Prometheus text format: the GPU readings an operator's exporter gives.
 
-Reads `DCGM_FI_DEV_GPU_UTIL` (percent) and `DCGM_FI_DEV_FB_USED` (MiB) per GPU, keyed by
+Reads `DCGM_FI_DEV_GPU_UTIL` (percent), `DCGM_FI_DEV_FB_USED` (MiB) and
+`DCGM_FI_DEV_POWER_USAGE` (watts; absent from a scrape: no power reading) per GPU, keyed by
 the `gpu` label (the device index, the same index a node's `gpu_indices` hold), with the
 `UUID` label kept for the record. Comments, other metrics, timestamps and malformed lines
 are skipped; label values may hold escaped quotes, backslashes and commas.
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_USED = "DCGM_FI_DEV_FB_USED"
+POWER = "DCGM_FI_DEV_POWER_USAGE"
+FIELDS = (UTIL, FB_USED, POWER)
 
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -24,6 +27,7 @@ class GpuReading:
     uuid: str = ""
     util: float | None = None
     fb_used_mib: float | None = None
+    power_w: float | None = None
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -35,14 +39,14 @@ def _labels(text: str) -> dict[str, str]:
 
 
 def parse(text: str) -> dict[int, GpuReading]:
-    """GPU index -> its utilisation and framebuffer use, from one scrape."""
+    """GPU index -> its utilisation, framebuffer use and power draw, from one scrape."""
     gpus: dict[int, GpuReading] = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         match = _LINE.match(line)
-        if not match or match.group("name") not in (UTIL, FB_USED):
+        if not match or match.group("name") not in FIELDS:
             continue
         labels = _labels(match.group("labels") or "")
         try:
@@ -50,12 +54,14 @@ def parse(text: str) -> dict[int, GpuReading]:
             value = float(match.group("value"))
         except (KeyError, ValueError):
             continue
-        if value != value:  # NaN: the exporter had no reading this time
-            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            continue  # NaN: the exporter had no reading this time
         reading = gpus.setdefault(index, GpuReading(index=index))
         reading.uuid = labels.get("UUID", reading.uuid)
         if match.group("name") == UTIL:
             reading.util = value
-        else:
+        elif match.group("name") == FB_USED:
             reading.fb_used_mib = value
+        elif 0 <= value < 100_000:  # a negative or absurd draw is no reading
+            reading.power_w = value
     return gpus

@@ -19,6 +19,7 @@ but not published; either is logged once and retried with backoff.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import urllib.request
@@ -42,8 +43,8 @@ from monitoring.models import Sample
 log = logging.getLogger("suanli.monitor")
 
 SAMPLE_FIELDS = (
-    "at", "cluster", "job", "host", "node_index", "gpu_util", "gpu_mem_mib", "gpu_source",
-    "cpu_pct", "mem_bytes", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps",
+    "at", "cluster", "job", "host", "node_index", "gpu_util", "gpu_mem_mib", "gpu_power_w",
+    "gpu_source", "cpu_pct", "mem_bytes", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps",
     "read_iops", "write_iops",
 )  # fmt: skip
 
@@ -349,12 +350,12 @@ class Monitor:
         rows, by_cluster = [], {}
         for target, read_at, rate in nodes.values():
             host = self.hosts[target.host_id]
-            util, mem, source = self._gpus(target, host, rate, gpu_by_host.get(host.pk))
+            util, mem, power, source = self._gpus(target, host, rate, gpu_by_host.get(host.pk))
             at = datetime.fromtimestamp(int(read_at), tz=UTC)
             rows.append(
                 (
                     at, target.cluster_id, target.job_id, target.host_id, target.node_index,
-                    util, mem, source, rate["cpu_pct"], rate["mem_bytes"], rate["net_rx_bps"],
+                    util, mem, power, source, rate["cpu_pct"], rate["mem_bytes"], rate["net_rx_bps"],
                     rate["net_tx_bps"], rate["disk_read_bps"], rate["disk_write_bps"],
                     rate["read_iops"], rate["write_iops"],
                 )
@@ -400,19 +401,25 @@ class Monitor:
         )
 
     def _gpus(self, target: Target, host: HostInfo, rate: dict, readings):
+        """The node's GPUs: utilisation, MiB and watts (None for a GPU without a power
+        reading; [] when none of them has one: an emulated host always) and the source."""
         if readings:
             source, values = readings
-            util = [values.get(i, (0.0, 0.0))[0] for i in target.gpu_indices]
-            mem = [values.get(i, (0.0, 0.0))[1] for i in target.gpu_indices]
-            return util, mem, source
+            util = [values.get(i, (0.0, 0.0, None))[0] for i in target.gpu_indices]
+            mem = [values.get(i, (0.0, 0.0, None))[1] for i in target.gpu_indices]
+            power = [values.get(i, (0.0, 0.0, None))[2] for i in target.gpu_indices]
+            return util, mem, power if any(w is not None for w in power) else [], source
         util, mem = collector.derived_gpus(
             rate["cpu_pct"], rate["mem_bytes"], gpus=len(target.gpu_indices),
             gpu_mem_mib=target.gpu_mem_mib,
         )  # fmt: skip
-        return util, mem, "derived"
+        return util, mem, [], "derived"  # no power reading: never a made-up 0
 
-    async def _gpu_sources(self) -> dict[int, tuple[str, dict[int, tuple[float, float]]]]:
-        """host -> (source, GPU index -> (util, MiB)) for hosts with real GPU readings."""
+    async def _gpu_sources(
+        self,
+    ) -> dict[int, tuple[str, dict[int, tuple[float, float, float | None]]]]:
+        """host -> (source, GPU index -> (util, MiB, watts or None)) for hosts with real GPU
+        readings."""
         out = {}
         loop = asyncio.get_running_loop()
         for host in self.hosts.values():
@@ -421,7 +428,10 @@ class Monitor:
                     got = await loop.run_in_executor(self.io, fetch_dcgm, host.dcgm_url)
                     out[host.pk] = (
                         "dcgm",
-                        {i: (r.util or 0.0, r.fb_used_mib or 0.0) for i, r in got.items()},
+                        {
+                            i: (r.util or 0.0, r.fb_used_mib or 0.0, r.power_w)
+                            for i, r in got.items()
+                        },
                     )
                 except (OSError, ValueError) as exc:
                     log.warning("dcgm-exporter of %s: %s", host.name, exc)
@@ -429,11 +439,13 @@ class Monitor:
                 indices = sorted(
                     {i for t in self.targets if t.host_id == host.pk for i in t.gpu_indices}
                 )
-                got = await loop.run_in_executor(self.io, collector.nvml_gpus, indices)
+                got = await loop.run_in_executor(
+                    self.io, functools.partial(collector.nvml_gpus, indices, power=True)
+                )
                 if got is not None:
                     out[host.pk] = (
                         "nvml",
-                        {i: (u, m) for i, u, m in zip(indices, *got, strict=True)},
+                        {i: (u, m, w) for i, u, m, w in zip(indices, *got, strict=True)},
                     )
         return out
 

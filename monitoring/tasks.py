@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Max, Min
 from django.utils import timezone
 
-from monitoring import profiles
+from monitoring import energy, profiles
 from monitoring.models import Rollup, Sample
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,17 @@ def _mean_lists(lists: list[list[float]]) -> list[float]:
     ]
 
 
+def _mean_readings(lists: list[list[float | None]]) -> list[float | None]:
+    """Per GPU, the mean of the seconds that had a reading (None and a missing place are
+    none: never 0); [] when no second had any (an emulated host's power)."""
+    width = max((len(x) for x in lists), default=0)
+    out: list[float | None] = []
+    for i in range(width):
+        read = [x[i] for x in lists if i < len(x) and x[i] is not None]
+        out.append(round(sum(read) / len(read), 1) if read else None)
+    return out if any(w is not None for w in out) else []
+
+
 def rollup(now: datetime | None = None, *, max_minutes: int = 60) -> int:
     """Roll up the finished minutes after the newest rollup (at most `max_minutes` a run).
     Safe to repeat: a minute already rolled up is skipped by the unique constraint."""
@@ -54,7 +65,7 @@ def rollup(now: datetime | None = None, *, max_minutes: int = 60) -> int:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in Sample.objects.filter(at__gte=start, at__lt=stop).values(
         "at", "cluster_id", "job_id", "host_id", "node_index", "gpu_util", "gpu_mem_mib",
-        "gpu_source", *AVERAGED,
+        "gpu_power_w", "gpu_source", *AVERAGED,
     ).iterator(chunk_size=5000):  # fmt: skip
         groups[(_minute(row["at"]), row["cluster_id"], row["node_index"])].append(row)
     rollups = []
@@ -69,6 +80,7 @@ def rollup(now: datetime | None = None, *, max_minutes: int = 60) -> int:
                 gpu_source=rows[-1]["gpu_source"],
                 gpu_util=_mean_lists([r["gpu_util"] for r in rows]),
                 gpu_mem_mib=_mean_lists([r["gpu_mem_mib"] for r in rows]),
+                gpu_power_w=_mean_readings([r["gpu_power_w"] or [] for r in rows]),
                 **means,
             )
         )  # fmt: skip
@@ -99,3 +111,9 @@ def profiles_summarise(job_id: int) -> dict:
     """Summarise a job's new or rewritten profiler traces (queued at the job's end and by
     its page when it lists a file without a summary)."""
     return profiles.summarise_job(job_id)
+
+
+def job_energy(job_id: int) -> float | None:
+    """Keep an ended job's GPU energy (joules, None: no power reading) on the job: queued
+    by name at its end (jobs.runs.settle.finish)."""
+    return energy.store(job_id)
