@@ -29,9 +29,11 @@ intervals of `ds` steps in `dt` seconds, a rate of `dt / ds` seconds a step.
    optimistic; counting them only in the window would swing with where the window ends).
 4. The finish: the newest point's time + remaining steps x (base + pauses). Never in the
    past: a job silent since its newest point (a long pause) finishes no earlier than now.
-5. The range: the window is cut into SUB_WINDOWS runs of steps; each run's median rate +
-   the pauses gives the finish as if the rest of the job went like that run. The earliest
-   and latest are the range; `spread` is half its width over the estimate (0.04 = ±4 %).
+5. The range: the window is cut into SUB_WINDOWS runs of steps, each as if it were the
+   rest of the job. Half the range is the larger of: half the spread of the runs' median
+   rates (the steady pace drifting), and half the spread of their mean rates (pauses and
+   noise included) shrunk by sqrt(run's steps / steps left), since a long rest averages
+   many runs' ups and downs. `spread` is that half over the estimate (0.04 = ±4 %).
 
 What is measured in tests/test_progress.py: recorded series (a slow start, a pause every N
 steps, noise) and a real job on the test engines, the finish projected after 20 % of the
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -81,7 +84,9 @@ WINDOW_STEPS = 200  # the pace is from at least this many recent steps...
 WINDOW_SECONDS = 120.0  # ...over at least this long...
 WINDOW_INTERVALS = 12  # ...and this many intervals (or the whole history, when shorter)
 MIN_INTERVALS = 3  # fewer intervals after the warm-up: too few to say
+PAUSE_FACTOR = 3.0  # an interval this much slower than the median is a pause
 SUB_WINDOWS = 4  # the range: the window's runs, each as if it were the rest of the job
+SUB_WINDOW_INTERVALS = 3  # ...each of at least this many intervals (a median of one is noise)
 
 # The notes observe writes on the job (progress_note): a bad total stops the projection
 # until a line gives a good one; a bad step only skips its line.
@@ -254,8 +259,8 @@ class Rate:
     fastest, and how many recent steps the base is from."""
 
     seconds_per_step: float
-    low: float  # the fastest sub-window's, + pauses
-    high: float  # the slowest's
+    low: float  # the range's fastest
+    high: float  # its slowest
     window_steps: int
     pauses: float  # seconds a step beyond the steady pace (amortised pauses)
 
@@ -272,51 +277,104 @@ def _median(rates: list[tuple[float, float]]) -> float:
     return ordered[-1][0]
 
 
-def rate_of(points: list) -> Rate | None:
-    """The pace of `points` ([seconds, step], steps rising), as the module's docstring says;
-    None when too few are left after the warm-up."""
-    intervals = []
-    for (t0, s0), (t1, s1) in zip(points, points[1:], strict=False):
-        if s1 > s0:
-            intervals.append((max(t1 - t0, 0.0), s1 - s0))
-    if len(intervals) < MIN_INTERVALS:
-        return None
-    typical = _median([(dt / ds, ds) for dt, ds in intervals])
+def _intervals(points: list) -> list[tuple[float, int, int]]:
+    """(seconds, steps, the step it ends at) between consecutive points."""
+    return [
+        (max(t1 - t0, 0.0), s1 - s0, s1)
+        for (t0, s0), (t1, s1) in zip(points, points[1:], strict=False)
+        if s1 > s0
+    ]
+
+
+def _rates(intervals) -> list[tuple[float, int]]:
+    return [(dt / ds, ds) for dt, ds, _end in intervals]
+
+
+def _after_warm_up(intervals: list) -> list:
+    """The intervals from the first one no slower than WARM_FACTOR x the typical (at
+    most half of them are warm-up)."""
+    typical = _median(_rates(intervals))
     start = 0
-    while start < len(intervals) // 2 and intervals[start][0] / intervals[start][1] > (
-        WARM_FACTOR * typical
+    while start < len(intervals) // 2 and intervals[start][0] > (
+        WARM_FACTOR * typical * intervals[start][1]
     ):
         start += 1
-    history = intervals[start:]
-    if len(history) < MIN_INTERVALS:
-        return None
-    seconds = sum(dt for dt, _ds in history)
-    steps = sum(ds for _dt, ds in history)
-    pauses = max(seconds / steps - _median([(dt / ds, ds) for dt, ds in history]), 0.0)
-    window, w_steps, w_seconds = [], 0, 0.0
-    for dt, ds in reversed(history):
-        window.append((dt, ds))
-        w_steps += ds
-        w_seconds += dt
-        if (
-            w_steps >= WINDOW_STEPS
-            and w_seconds >= WINDOW_SECONDS
-            and len(window) >= WINDOW_INTERVALS
-        ):
+    return intervals[start:]
+
+
+def _pauses(history: list) -> float:
+    """Seconds a step the job spends beyond its steady pace (its median), its pauses
+    amortised. The time beyond the median over the history's steps, but for the pauses
+    proper (intervals over PAUSE_FACTOR x the median): with three or more of them, their
+    mean length over their mean spacing, so a history cut between two pauses does not
+    count one too few (with two, half of each)."""
+    typical = _median(_rates(history))
+    seconds = sum(dt for dt, _ds, _end in history)
+    steps = sum(ds for _dt, ds, _end in history)
+    beyond = max(seconds / steps - typical, 0.0)
+    pauses = [
+        (dt - ds * typical, end) for dt, ds, end in history if dt > PAUSE_FACTOR * typical * ds
+    ]
+    if len(pauses) < 2 or pauses[-1][1] <= pauses[0][1]:
+        return beyond
+    excess = sum(extra for extra, _end in pauses)
+    spaced = excess / len(pauses) * (len(pauses) - 1) / (pauses[-1][1] - pauses[0][1])
+    counted = excess / steps
+    if len(pauses) == 2:
+        spaced = (spaced + counted) / 2
+    return max(beyond - counted + spaced, 0.0)
+
+
+def _window(history: list) -> list:
+    """The newest intervals: at least WINDOW_STEPS steps, WINDOW_SECONDS seconds and
+    WINDOW_INTERVALS intervals (or the whole history)."""
+    window, steps, seconds = [], 0, 0.0
+    for interval in reversed(history):
+        window.append(interval)
+        steps += interval[1]
+        seconds += interval[0]
+        if steps >= WINDOW_STEPS and seconds >= WINDOW_SECONDS and len(window) >= WINDOW_INTERVALS:
             break
     window.reverse()
-    base = _median([(dt / ds, ds) for dt, ds in window])
-    size = max(len(window) // SUB_WINDOWS, 1)
+    return window
+
+
+def _half_range(window: list, per_step: float, left: int | None) -> float:
+    """Half the range of the rest's seconds a step. The window's runs, each as if it
+    were the rest of the job: their steady paces (medians: the pace drifting), and their
+    mean paces, pauses and all, shrunk as the rest is longer than a run (a long rest
+    averages its runs' ups and downs: by the square root of how many runs it holds)."""
+    size = max(len(window) // SUB_WINDOWS, SUB_WINDOW_INTERVALS)
     runs = [window[i : i + size] for i in range(0, len(window), size)]
     if len(runs) > 1 and len(runs[-1]) < size:
         runs[-2:] = [runs[-2] + runs[-1]]
-    subs = [_median([(dt / ds, ds) for dt, ds in run]) for run in runs]
+    if len(runs) < 2:
+        return 0.0
+    steady = [_median(_rates(run)) for run in runs]
+    means = [sum(i[0] for i in run) / sum(i[1] for i in run) for run in runs]
+    run_steps = sum(i[1] for i in window) / len(runs)
+    shrink = min(1.0, math.sqrt(run_steps / left)) if left else 1.0
+    return max((max(steady) - min(steady)) / 2, (max(means) - min(means)) / 2 * shrink)
+
+
+def rate_of(points: list, left: int | None = None) -> Rate | None:
+    """The pace of `points` ([seconds, step], steps rising), as the module's docstring says,
+    its range for `left` more steps; None when too few are left after the warm-up."""
+    intervals = _intervals(points)
+    if len(intervals) < MIN_INTERVALS:
+        return None
+    history = _after_warm_up(intervals)
+    if len(history) < MIN_INTERVALS:
+        return None
+    window = _window(history)
+    per_step = _median(_rates(window)) + _pauses(history)
+    half = _half_range(window, per_step, left)
     return Rate(
-        seconds_per_step=base + pauses,
-        low=min(subs) + pauses,
-        high=max(subs) + pauses,
-        window_steps=w_steps,
-        pauses=pauses,
+        seconds_per_step=per_step,
+        low=max(per_step - half, 0.0),
+        high=per_step + half,
+        window_steps=sum(ds for _dt, ds, _end in window),
+        pauses=per_step - _median(_rates(window)),
     )
 
 
@@ -342,6 +400,32 @@ def declared_total(job: Job) -> tuple[int | None, Text | None]:
     return int(raw.strip()), None
 
 
+def _why_not(job: Job, step: int | None, total: int, rate: Rate | None) -> Text | None:
+    """Why a job with a usable total gets no finish, in words; None when it gets one."""
+    if step is None:
+        return Text(gettext_noop('no step reported yet (SUANLI_METRIC lines with a "step")'))
+    if total == step:
+        return Text(
+            gettext_noop("step %(step)s has reached the declared total of %(total)s steps"),
+            step=step, total=total,
+        )  # fmt: skip
+    if total < step:
+        return Text(
+            gettext_noop("the declared total of %(total)s steps is below step %(step)s, already reported"),
+            step=step, total=total,
+        )  # fmt: skip
+    if job.state not in Job.ACTIVE:
+        if job.is_ended:
+            return Text(gettext_noop("the job has ended"))
+        return Text(gettext_noop("the job is not running yet"))
+    if rate is None:
+        return Text(
+            gettext_noop("too few steps reported yet to measure the pace (step %(step)s)"),
+            step=step,
+        )
+    return None
+
+
 def _at(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
@@ -360,43 +444,17 @@ def pace(job: Job, *, now: datetime | None = None) -> Pace:
     )  # fmt: skip
     if total is not None and step is not None:
         result.fraction = min(step / total, 1.0)
-    rate = rate_of(points)
+    left = total - step if total is not None and step is not None and total > step else None
+    rate = rate_of(points, left)
     if rate is not None:
         result.seconds_per_step = rate.seconds_per_step
         result.window_steps = rate.window_steps
         result.spread = (
             (rate.high - rate.low) / 2 / rate.seconds_per_step if rate.seconds_per_step else 0.0
         )
+    result.why = why or _why_not(job, step, total, rate)
     if result.why is not None:
         return result
-    if job.state not in Job.ACTIVE:
-        result.why = (
-            Text(gettext_noop("the job has ended"))
-            if job.is_ended
-            else Text(gettext_noop("the job is not running yet"))
-        )
-        return result
-    if step is None:
-        result.why = Text(gettext_noop('no step reported yet (SUANLI_METRIC lines with a "step")'))
-        return result
-    if total <= step:
-        result.why = Text(
-            gettext_noop(
-                "step %(step)s has reached the declared total of %(total)s steps"
-                if total == step
-                else "the declared total of %(total)s steps is below step %(step)s, already reported"
-            ),
-            step=step,
-            total=total,
-        )
-        return result
-    if rate is None:
-        result.why = Text(
-            gettext_noop("too few steps reported yet to measure the pace (step %(step)s)"),
-            step=step,
-        )
-        return result
-    left = total - step
     base = points[-1][0]
     floor = now.timestamp()
 
