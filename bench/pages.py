@@ -107,8 +107,8 @@ HOSTS = 16
 LOG_LINES = 500
 
 SAMPLE_FIELDS = (
-    "at", "cluster", "job", "host", "node_index", "gpu_util", "gpu_mem_mib", "gpu_source",
-    "cpu_pct", "mem_bytes", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps",
+    "at", "cluster", "job", "host", "node_index", "gpu_util", "gpu_mem_mib", "gpu_power_w",
+    "gpu_source", "cpu_pct", "mem_bytes", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps",
     "read_iops", "write_iops",
 )  # fmt: skip
 
@@ -335,7 +335,8 @@ def make_sampled_job(job: Job, cluster: Cluster, host: Host, samples: int, rng) 
         util = [float(rng.randint(2, 10) if dip else rng.randint(85, 99)) for _ in range(gpus)]
         rows.append(
             (
-                at(start + s), cluster.pk, job.pk, host.pk, 0, util, [61_000.0] * gpus, "nvml",
+                at(start + s), cluster.pk, job.pk, host.pk, 0, util, [61_000.0] * gpus,
+                [round(90.0 + 6.0 * u, 1) for u in util], "nvml",  # watts follow the load
                 rng.uniform(300, 700), 48 * 2**30, rng.uniform(1e6, 5e7), rng.uniform(1e6, 5e7),
                 rng.uniform(0, 2e8), rng.uniform(0, 1e7), rng.uniform(0, 900), rng.uniform(0, 90),
             )
