@@ -25,8 +25,30 @@ MICRO = timedelta(microseconds=1)
 def run_cost(cluster: Cluster, spans: list[tuple[datetime, datetime]]) -> dict | None:
     """`{"amount": "12.4000", "currency": "CNY", "shown": "¥12.40"}` for `cluster`'s GPUs
     over `spans` (each `(from, to)`), None when a second of them has no price."""
-    book = RateBook.load()
-    units = cluster.nodes if cluster.is_cpu_only else cluster.nodes * max(cluster.gpus_per_node, 1)
+    priced = cost_of(cluster, spans)
+    if priced is None:
+        return None
+    amount, currency = priced
+    return {
+        "amount": str(amount),
+        "currency": currency,
+        "shown": formatting.text(formatting.total(amount), currency),
+    }
+
+
+def units_of(cluster: Cluster) -> int:
+    """What the cluster's price is per hour of: its GPUs, or its CPU-only instances."""
+    return cluster.nodes if cluster.is_cpu_only else cluster.nodes * max(cluster.gpus_per_node, 1)
+
+
+def cost_of(
+    cluster: Cluster, spans: list[tuple[datetime, datetime]], book: RateBook | None = None
+) -> tuple[Decimal, str] | None:
+    """`run_cost`'s amount (rounded once, billing.pricing's rule) and currency, at the rate
+    cards of `book` (loaded when not given): the spans may lie ahead (a projection's rest
+    is priced at the card in force then). None when a second of them has no price."""
+    book = book or RateBook.load()
+    units = units_of(cluster)
     exact = Decimal(0)  # unit-seconds x rate per hour, as billing.pricing keeps it
     currency = book.currency
     for start, end in spans:
@@ -44,9 +66,4 @@ def run_cost(cluster: Cluster, spans: list[tuple[datetime, datetime]]) -> dict |
                 return None
             currency = card.currency
             exact += rate * units * Decimal((to - frm) // MICRO) / 1_000_000
-    amount = to_money(exact)
-    return {
-        "amount": str(amount),
-        "currency": currency,
-        "shown": formatting.text(formatting.total(amount), currency),
-    }
+    return to_money(exact), currency

@@ -2,7 +2,7 @@
 
 import time
 
-from billing import accrual, services, storage
+from billing import accrual, projections, services, storage
 from jobs.base import metrics
 
 
@@ -39,3 +39,9 @@ def storage_accrue() -> dict:
         "charged": str(report.charged),
         "exhausted": report.exhausted,
     }
+
+
+def job_projection(job_id: int) -> str:
+    """A job's finish and cost projected again (queued by name from jobs.runs.progress each
+    time its progress is read, unique per job, and once more at its end)."""
+    return projections.write(job_id)

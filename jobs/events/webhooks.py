@@ -42,7 +42,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from urllib.parse import quote_plus
 
 import django_rq
@@ -275,12 +275,13 @@ def cluster_data(cluster: Cluster) -> dict:
 RUN_COST = "billing.estimates.run_cost"
 
 
-def runs(job: Job) -> list[tuple]:
+def runs(job: Job, *, now: datetime | None = None) -> list[tuple]:
     """When each attempt of `job` ran, oldest first: its replicas' first start to their last
     end (the job's end, or now, for a replica not ended). Attempts that never ran a
-    container are left out."""
+    container are left out. Also what billing's projections (billing/projections.py) price
+    as a job's cost so far."""
     spans: dict[int, tuple] = {}
-    now = timezone.now()
+    now = now or timezone.now()
     rows = Replica.objects.filter(job_id=job.pk, started_at__isnull=False).values_list(
         "attempt", "started_at", "finished_at"
     )
