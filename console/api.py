@@ -64,6 +64,7 @@ from console.api_schema import (
     Id,
     ImagesOut,
     JobBody,
+    JobDetailOut,
     JobOut,
     Log,
     NewBuild,
@@ -820,8 +821,10 @@ def job_submit(request, payload: NewJob):
         return Status(201, cluster_services.job_submit(cluster=target, spec=form.spec()))
 
 
-@api.get("/jobs/{job_id}", tags=["jobs"], response=_responses(200, JobOut), summary="A job")
+@api.get("/jobs/{job_id}", tags=["jobs"], response=_responses(200, JobDetailOut), summary="A job")
 def job(request, job_id: Id):
+    """With its projection (finish time and final cost, from its own progress), the
+    comparison with what it really took once it has ended, and its GPUs' energy."""
     return fleet.job_for_user(_actor(request), job_id)
 
 

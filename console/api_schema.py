@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from billing import formatting
+from console import projection_panel
 from console.logins import ssh_logins
 from jobs.events import webhooks
 from jobs.models import (
@@ -370,6 +371,105 @@ class JobOut(Schema):
     @staticmethod
     def resolve_url(obj, context) -> str:
         return context["request"].build_absolute_uri(reverse("job_detail", args=[obj.pk]))
+
+
+TimeText = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+MoneyText = Annotated[str, WithJsonSchema({"type": "string", "format": "decimal"})]
+
+
+class ProjectionOut(Schema):
+    """A job's finish time and final cost projected from its own progress (its rank 0's
+    SUANLI_METRIC lines: `step`, and `total_steps` or SUANLI_TOTAL_STEPS). A figure it
+    cannot project is null, and `why` says why."""
+
+    at: TimeText | None = Field(description="when it was made (now)")
+    step: int | None = Field(description="the newest step reported")
+    total: int | None = Field(description="the total steps it declared")
+    fraction: float | None = Field(description="step / total")
+    seconds_per_step: float | None = Field(description="the pace, pauses counted")
+    spread: float | None = Field(description="the pace's spread, relative (0.04: ±4 %)")
+    window_steps: int = Field(description="how many recent steps the pace is from")
+    last_at: TimeText | None = Field(description="when the newest step was reported")
+    finish_at: TimeText | None
+    finish_low: TimeText | None = Field(description="the earliest finish of the range")
+    finish_high: TimeText | None = Field(description="the latest finish of the range")
+    why: str | None = Field(description="why no finish is projected; null when one is")
+    elapsed_s: int = Field(description="seconds its attempts ran so far")
+    ended: bool
+    currency: str
+    cost_so_far: MoneyText | None = Field(description="null: the rate card has no price")
+    per_hour: MoneyText | None = Field(description="its cluster's price per hour now")
+    cost: MoneyText | None = Field(description="the projected final cost")
+    cost_low: MoneyText | None
+    cost_high: MoneyText | None
+    budget: MoneyText | None = Field(description="the job's budget (stop at)")
+    budget_fraction: float | None = Field(
+        description="when the projection passes the budget: the share of its steps done "
+        "when the budget stops it"
+    )
+    budget_words: str | None = Field(
+        description="the budget in words: what is spent of it, or its early warning when the "
+        "projection passes it"
+    )
+    words: str = Field(description="the whole projection in a sentence, as the page says it")
+
+
+class ComparisonOut(Schema):
+    """An ended job: the projection made once a fifth of its steps were done against what
+    happened. Errors are signed fractions: + is later or dearer than projected."""
+
+    fraction: float | None = Field(description="the share of its steps done when projected")
+    projected_at: Stamp | None
+    projected_finish: Stamp | None
+    finish: Stamp | None
+    finish_error: float | None = Field(description="a share of its run time")
+    currency: str
+    projected_cost: Money | None
+    cost: Money | None
+    cost_error: float | None = Field(description="a share of its cost")
+    words: str
+
+
+class EnergyOut(Schema):
+    """Its GPUs' energy from the hosts' power readings (NVML, DCGM)."""
+
+    joules: float | None = Field(
+        description="null: no power reading (an emulated host, no GPUs, no samples yet), never 0"
+    )
+    kwh: float | None
+    co2_g: float | None = Field(
+        description="an estimate of its carbon at the operator's grid intensity; null where "
+        "none is set or nothing was read"
+    )
+    seconds_read: int | None = Field(
+        description="the seconds of power readings it is from (null: the total kept at its end)"
+    )
+    source: str = Field(description="nvml, dcgm; derived (emulated GPUs), cpu, stored, or empty")
+    grid_g_per_kwh: float | None = Field(description="the grid intensity the carbon is at")
+    words: str = Field(description="the same in a sentence, as the job page says it")
+
+
+class JobDetailOut(JobOut):
+    """A job with what is projected of it and what it used."""
+
+    projection: ProjectionOut
+    comparison: ComparisonOut | None = Field(
+        description="a succeeded job with a projection made at a fifth of its steps: that "
+        "projection against the actual finish and cost; null otherwise"
+    )
+    energy: EnergyOut
+
+    @staticmethod
+    def resolve_projection(obj) -> dict:
+        return projection_panel.api_projection(obj)
+
+    @staticmethod
+    def resolve_comparison(obj) -> dict | None:
+        return projection_panel.api_comparison(obj)
+
+    @staticmethod
+    def resolve_energy(obj) -> dict:
+        return projection_panel.api_energy(obj)
 
 
 class JobBody(Schema):

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 from billing import selectors as money
 from billing import services as billing
 from billing import storage as bought_storage
+from console import projection_panel
 from console.forms import (
     ZONE_SPREAD_NOTE,
     ClusterForm,
@@ -648,6 +649,7 @@ def _job_status_context(job: Job) -> dict:
         "events": job.events.all(),
         "position": fleet.queue_position_of_job(job),
         "cluster": job.cluster,
+        "panel": projection_panel.job_panel(job),
     }
 
 

@@ -33,6 +33,7 @@ from billing import services as ledger
 from billing import storage as bought
 from billing.models import Account, BillLine, LedgerEntry
 from billing.pricing import RateBook
+from console import projection_panel
 from console.powers import operator_required
 from jobs.models import Cluster, TeamMember
 from jobs.placement import fleet
@@ -184,6 +185,7 @@ def billing(request):
             "filter_query": _query(request),
             "zone": _zone(),
             "team_money": _team_money(request, actor) if actor.for_a_team else None,
+            "accuracy": projection_panel.accuracy_panel(user),
         },
     )
 

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as money
 from console import pools as console_pools
+from console import projection_panel
 from console.forms import ZONE_SPREAD_NOTE, JobForm, PoolForm, attach_errors
 from console.views_billing import cluster_form_prices
 from jobs.models import Job, Pool
@@ -160,6 +161,7 @@ def _live_context(pool: Pool) -> dict:
         "ended_clusters": ended_clusters,
         "events": events,
         "polling": pool.state == Pool.State.ACTIVE or bool(clusters),
+        "projection": projection_panel.pool_panel(pool),
         **queue_of(pool),
     }
 

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 from billing import formatting
 from billing import selectors as money
 from console import pools as console_pools
+from console import projection_panel
 from console.forms import attach_errors
 from console.forms_sweeps import SweepForm
 from jobs.models import Pool, Sweep, Trial
@@ -176,6 +177,9 @@ def _context(sweep: Sweep, user) -> dict:
         "savings": savings(fig, currency),
         "space": sweeps.space_text(sweep.space),
         "best_text": _value_text(fig.best.last_value) if fig.best else "",
+        "projection": projection_panel.sweep_panel(sweep)
+        if sweep.state == Sweep.State.RUNNING
+        else None,
     }
 
 

@@ -132,11 +132,36 @@ def _show_job(j: dict, as_json: bool) -> None:
         emit_json(j)
         return
     print_fields(
-        {**j, **{k: when(j.get(k)) for k in ("created_at", "started_at", "finished_at")}},
+        {**j, **{k: when(j.get(k)) for k in ("created_at", "started_at", "finished_at")},
+         **_outlook(j)},
         ["id", "name", "cluster", "state", "state_reason", "exit_code", "attempt", "launcher",
          "command", "created_at", "started_at", "finished_at", "preemptions", "max_preemptions",
-         "resume_from", "preemption_script", "url"],
+         "resume_from", "preemption_script", "url", *OUTLOOK],
     )  # fmt: skip
+
+
+OUTLOOK = ("projection", "progress", "budget", "compared", "energy")
+
+
+def _outlook(j: dict) -> dict:
+    """The projection, its progress, the budget, the comparison after the run and the
+    energy, as the job page says them (the API's English words); absent from a job list."""
+    p = j.get("projection") or {}
+    progress = None
+    if p.get("step") is not None:
+        total = p.get("total")
+        progress = (
+            f"step {p['step']} of {total} ({100 * p['step'] / total:.1f} %)"
+            if total
+            else f"step {p['step']}; no total declared"
+        )
+    return {
+        "projection": p.get("words"),
+        "progress": progress,
+        "budget": p.get("budget_words"),
+        "compared": (j.get("comparison") or {}).get("words"),
+        "energy": (j.get("energy") or {}).get("words"),
+    }
 
 
 @jobs.command("show")
