@@ -4,8 +4,11 @@ Each sample (`Sample`, one a monitor tick: `SUANLI_MONITOR_INTERVAL`, 1 s) holds
 GPUs' power draw in watts (NVML's `nvmlDeviceGetPowerUsage` or dcgm-exporter's
 `DCGM_FI_DEV_POWER_USAGE`); its energy is their sum times the tick. Where a minute's samples
 were pruned (after `SUANLI_METRICS_RAW_HOURS`), that minute's rollup stands in: the mean
-draw of its seconds with a reading times its seconds. A minute is counted once per node,
-from whichever of the two holds more of its seconds.
+draw of its seconds with a reading times its seconds. A minute is counted once per node:
+from its samples, or from its rollup where that holds more seconds and the minute is at
+the pruning's edge (a minute pruned part way). A rollup holds all its node's seconds (a
+workspace's before the job started too), so a recent minute the job had part of is read
+from the job's own samples.
 
 No reading is never 0: an emulated-GPU host (`gpu_source` "derived") and a GPU whose power
 could not be read store none, and a job none of whose samples had power has no energy
@@ -24,21 +27,25 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import caches
 from django.db import connection
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from jobs.base.text import Duration, Text
 from jobs.models import Job
+from monitoring import selectors
 from monitoring.models import Rollup, Sample
 
 JOULES_PER_KWH = 3_600_000.0
 DERIVED = "derived"  # an emulated-GPU host's samples: no power reading
 STORED = "stored"  # only the total kept at the job's end is left
 CPU_ONLY = "cpu"  # a cluster without GPUs: no GPU energy to read
+LIVE_S = 20  # a running job's energy is at most this old
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ def of_joules(joules: float | None, *, seconds: int | None, source: str) -> Ener
 def energy_of(job: Job) -> Energy:
     """The job's GPU energy from its samples and rollups; for an ended job whose rows were
     pruned, its stored total (`Job.energy_j`)."""
-    joules, seconds, read_sources, all_sources = measure(job.pk)
+    joules, seconds, read_sources, all_sources = _measured(job)
     stored = job.energy_j
     if stored is not None and job.is_ended and (joules is None or joules < stored * 0.999):
         return of_joules(stored, seconds=None, source=STORED)
@@ -102,28 +109,60 @@ def energy_of(job: Job) -> Energy:
     return of_joules(None, seconds=0, source=source)
 
 
-def measure(job_id: int) -> tuple[float | None, int, set[str], set[str]]:
+def _measured(job: Job) -> tuple[float | None, int, set[str], set[str]]:
+    """`measure`, kept per process: a finished job's until its samples change (the charts'
+    key), a running job's for LIVE_S (its page polls; a day of 4 nodes' samples takes
+    ~0.7 s to sum)."""
+    if job.is_ended:
+        return selectors._kept("energy", job, lambda: measure(job.pk))
+    key = f"energy:{job.pk}:{job.attempt}:{job.state}"
+    cache = caches["charts"]
+    found = cache.get(key)
+    if found is None:
+        found = measure(job.pk)
+        cache.set(key, found, LIVE_S)
+    return found
+
+
+def _width(job_id: int) -> int:
+    """How many GPUs a node of the job's cluster has (a row's power list is that long)."""
+    gpus = Job.objects.filter(pk=job_id).values_list("cluster__gpus_per_node", flat=True).first()
+    return min(max(gpus or 0, 1), 64)
+
+
+def _edge(now: datetime | None) -> datetime:
+    """Minutes before this may have lost samples to pruning (which runs each minute)."""
+    now = now or timezone.now()
+    return now - timedelta(hours=settings.SUANLI_METRICS_RAW_HOURS) + timedelta(minutes=2)
+
+
+def measure(
+    job_id: int, *, now: datetime | None = None
+) -> tuple[float | None, int, set[str], set[str]]:
     """(joules or None, seconds with a power reading, the sources of those readings, the
     sources of all the job's rows)."""
     tick = max(1, int(getattr(settings, "SUANLI_MONITOR_INTERVAL", 1) or 1))
     if connection.vendor == "postgresql":
-        watt_ticks, reads, read_sources, all_sources = _measure_sql(job_id)
+        width = _width(job_id)
+        watt_ticks, reads, read_sources, all_sources = _measure_sql(job_id, _edge(now), width)
     else:
-        watt_ticks, reads, read_sources, all_sources = _measure_rows(job_id)
+        watt_ticks, reads, read_sources, all_sources = _measure_rows(job_id, _edge(now))
     if not reads:
         return None, 0, set(), all_sources
     return watt_ticks * tick, reads * tick, read_sources, all_sources
 
 
-def _power_sql(column: str) -> str:
-    # The sum of a row's GPU watts; NULL when none has a reading (an empty list, nulls).
-    return (
-        "(SELECT sum(w::float8) FROM jsonb_array_elements_text(CASE WHEN "  # noqa: S608 (a column name from this module)
-        f"jsonb_typeof({column}) = 'array' THEN {column} ELSE '[]'::jsonb END) AS w)"
-    )
+def _power_sql(column: str, width: int) -> str:
+    """The sum of a row's GPU watts over its first `width` places (the node's GPUs); NULL
+    when none has a reading (an empty list, nulls). Each place read by `->>` (a JSON null
+    or a missing place is NULL): no set-returning function a row."""
+    places = [f"({column}->>{i})::float8" for i in range(width)]
+    read = " OR ".join(f"{place} IS NOT NULL" for place in places)
+    total = " + ".join(f"coalesce({place}, 0)" for place in places)
+    return f"CASE WHEN jsonb_typeof({column}) = 'array' AND ({read}) THEN {total} END"
 
 
-def _measure_sql(job_id: int) -> tuple[float, int, set[str], set[str]]:
+def _measure_sql(job_id: int, edge: datetime, width: int) -> tuple[float, int, set[str], set[str]]:
     samples, rollups = Sample._meta.db_table, Rollup._meta.db_table
     query = f"""
         WITH s AS (
@@ -131,15 +170,15 @@ def _measure_sql(job_id: int) -> tuple[float, int, set[str], set[str]]:
                    count(p) AS reads, sum(p) AS watts,
                    array_agg(DISTINCT gpu_source) AS sources,
                    array_agg(DISTINCT gpu_source) FILTER (WHERE p IS NOT NULL) AS read_sources
-            FROM (SELECT node_index, at, gpu_source, {_power_sql("gpu_power_w")} AS p
+            FROM (SELECT node_index, at, gpu_source, {_power_sql("gpu_power_w", width)} AS p
                   FROM {samples} WHERE job_id = %s) AS x
             GROUP BY node_index, date_trunc('minute', at)
         ), r AS (
             SELECT node_index, at AS m, samples AS n, gpu_source,
-                   {_power_sql("gpu_power_w")} AS p
+                   {_power_sql("gpu_power_w", width)} AS p
             FROM {rollups} WHERE job_id = %s
         ), chosen AS (
-            SELECT s.n IS NOT NULL AND (r.n IS NULL OR s.n >= r.n) AS raw,
+            SELECT s.n IS NOT NULL AND (r.n IS NULL OR s.n >= r.n OR s.m >= %s) AS raw,
                    s.reads, s.watts, s.sources, s.read_sources, r.n AS rn, r.p AS rp,
                    r.gpu_source AS rsource
             FROM s FULL OUTER JOIN r ON s.node_index = r.node_index AND s.m = r.m
@@ -155,7 +194,7 @@ def _measure_sql(job_id: int) -> tuple[float, int, set[str], set[str]]:
         FROM chosen
     """  # noqa: S608 (table names from the models; the job's id bound)
     with connection.cursor() as cursor:
-        cursor.execute(query, [job_id, job_id])
+        cursor.execute(query, [job_id, job_id, edge])
         watts, reads, r_all, r_read, s_all, s_read = cursor.fetchone()
     all_sources = set(r_all or ()) | set(s_all or ())
     read_sources = set(r_read or ()) | set(s_read or ())
@@ -169,7 +208,7 @@ def _row_power(value) -> float | None:
     return sum(read) if read else None
 
 
-def _measure_rows(job_id: int) -> tuple[float, int, set[str], set[str]]:
+def _measure_rows(job_id: int, edge: datetime) -> tuple[float, int, set[str], set[str]]:
     """The same sums from the rows themselves (databases other than PostgreSQL)."""
     raw: dict[tuple[int, datetime], list] = defaultdict(lambda: [0, 0, 0.0, set(), set()])
     for node, at, power, source in Sample.objects.filter(job_id=job_id).values_list(
@@ -192,7 +231,7 @@ def _measure_rows(job_id: int) -> tuple[float, int, set[str], set[str]]:
     watt_ticks, reads, read_sources, all_sources = 0.0, 0, set(), set()
     for key in raw.keys() | rolled.keys():
         minute, rollup = raw.get(key), rolled.get(key)
-        if minute is not None and (rollup is None or minute[0] >= rollup[0]):
+        if minute is not None and (rollup is None or minute[0] >= rollup[0] or key[1] >= edge):
             reads += minute[1]
             watt_ticks += minute[2]
             all_sources |= minute[3]

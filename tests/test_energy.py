@@ -12,6 +12,7 @@ from pathlib import Path
 
 import django_rq
 import pytest
+from django.utils import timezone
 
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
@@ -135,6 +136,19 @@ def _row(model, job, at, node=0, power=(), source="nvml", **extra):
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 
 
+def _energy(job):
+    """What a page shows: the job read afresh, as each request reads it."""
+    return energy.energy_of(Job.objects.select_related("cluster").get(pk=job.pk))
+
+
+def _both_ways(job) -> bool:
+    """The sums made in PostgreSQL are the rows' own (what other databases read)."""
+    edge = energy._edge(None)
+    return energy._measure_rows(job.pk, edge)[:2] == pytest.approx(
+        energy._measure_sql(job.pk, edge, energy._width(job.pk))[:2]
+    )
+
+
 def test_energy_sums_the_samples_watts_and_seconds(ended_job, settings):
     settings.SUANLI_GRID_CO2_G_PER_KWH = None
     job = ended_job
@@ -147,7 +161,7 @@ def test_energy_sums_the_samples_watts_and_seconds(ended_job, settings):
         # A second node of the job.
         + [_row(Sample, job, T0 + timedelta(seconds=s), node=1, power=[100.0, 100.0]) for s in range(60)]
     )  # fmt: skip
-    found = energy.energy_of(job)
+    found = _energy(job)
     assert found.joules == pytest.approx(100 * 550 + 10 * 300 + 60 * 200)  # 70,000 J
     assert found.kwh == pytest.approx(70_000 / 3_600_000)
     assert found.seconds_read == 170 and found.source == "nvml"
@@ -156,7 +170,7 @@ def test_energy_sums_the_samples_watts_and_seconds(ended_job, settings):
     assert words.startswith("0.0194 kWh (70 kJ) of GPU energy over 3 min of power readings")
     assert "no carbon estimate: the operator has set no grid intensity" in words
     # The rows read one by one (other databases) give the same sums.
-    assert energy._measure_rows(job.pk)[:2] == pytest.approx(energy._measure_sql(job.pk)[:2])
+    assert _both_ways(job)
 
 
 def test_pruned_minutes_count_from_their_rollups_once(ended_job, settings):
@@ -171,7 +185,7 @@ def test_pruned_minutes_count_from_their_rollups_once(ended_job, settings):
             if s != 150  # a second the monitor missed: no reading for it
         ]
     )
-    before = energy.energy_of(job)
+    before = _energy(job)
     expected = 60 * 1200 + 60 * 305 + 59 * 238
     assert before.joules == pytest.approx(expected) and before.seconds_read == 179
     # The minutes roll up (their mean draw per GPU, only of readings), then the seconds go.
@@ -179,12 +193,12 @@ def test_pruned_minutes_count_from_their_rollups_once(ended_job, settings):
     assert [r.gpu_power_w for r in Rollup.objects.order_by("at")] == watts
     raw, _ = tasks.prune(now=T0 + timedelta(hours=24, seconds=90))
     assert raw == 90  # the first minute and a half: the second minute is half pruned
-    after = energy.energy_of(job)
+    after = _energy(job)
     # The same energy from the rollups of the pruned minutes and the samples left (the
     # half-pruned minute from its rollup, not twice, not half).
     assert after.joules == pytest.approx(before.joules)
     assert after.seconds_read == 179
-    assert energy._measure_rows(job.pk)[:2] == pytest.approx(energy._measure_sql(job.pk)[:2])
+    assert _both_ways(job)
     # Carbon at the operator's grid intensity, said with it.
     assert after.co2_g == pytest.approx(expected / 3_600_000 * 581)
     assert str(energy.energy_words(after)).endswith(", about 16.8 g CO2 at 581 g/kWh")
@@ -193,7 +207,7 @@ def test_pruned_minutes_count_from_their_rollups_once(ended_job, settings):
     Sample.objects.all().delete()
     Rollup.objects.all().delete()
     job.refresh_from_db()
-    kept = energy.energy_of(job)
+    kept = _energy(job)
     assert kept.joules == pytest.approx(expected) and kept.source == "stored"
     assert kept.seconds_read is None
     assert str(energy.energy_words(kept)).startswith("0.029 kWh (104 kJ) of GPU energy, about")
@@ -201,15 +215,36 @@ def test_pruned_minutes_count_from_their_rollups_once(ended_job, settings):
     assert tasks.job_energy(job.pk) == pytest.approx(expected)
 
 
+def test_a_recent_minute_the_job_shared_with_its_workspace_counts_its_own_seconds(ended_job):
+    # The job started half way through a minute its node's workspace had begun: that
+    # minute's rollup (named for the job, as its last second was) holds 60 seconds, the
+    # job's samples 30. Its samples are all there (a recent minute): they count, not the
+    # workspace's half minute before it.
+    job = ended_job
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    Sample.objects.bulk_create(
+        [_row(Sample, job, start + timedelta(seconds=30 + s), power=[500.0]) for s in range(90)]
+    )
+    Rollup.objects.bulk_create(
+        [
+            _row(Rollup, job, start, power=[350.0], samples=60),
+            _row(Rollup, job, start + timedelta(minutes=1), power=[500.0], samples=60),
+        ]
+    )
+    found = _energy(job)
+    assert found.joules == pytest.approx(90 * 500) and found.seconds_read == 90
+    assert _both_ways(job)
+
+
 def test_a_job_without_any_power_reading_has_no_energy_not_zero(ended_job):
     job = ended_job
-    assert energy.energy_of(job).joules is None
-    said = str(energy.energy_words(energy.energy_of(job)))
+    assert _energy(job).joules is None
+    said = str(energy.energy_words(_energy(job)))
     assert said == "No power reading yet: no samples of this job"
     Sample.objects.bulk_create(
         [_row(Sample, job, T0 + timedelta(seconds=s), source="derived") for s in range(5)]
     )
-    found = energy.energy_of(job)
+    found = _energy(job)
     assert found.joules is None and found.kwh is None and found.co2_g is None
     assert found.source == "derived"
     assert str(energy.energy_words(found)) == "No power reading on this host (emulated GPUs)"
@@ -334,14 +369,14 @@ def test_the_monitor_reads_power_from_dcgm_and_nvml_and_the_job_keeps_its_energy
         ), sample.gpu_power_w
     assert sum(1 for s in from_nvml if s.gpu_power_w) >= 3
     joules = sum(sum(w for w in s.gpu_power_w if w is not None) for s in from_dcgm + from_nvml)
-    found = energy.energy_of(job)
+    found = _energy(job)
     assert found.joules == pytest.approx(joules) and found.source == "dcgm+nvml"
     assert found.co2_g == pytest.approx(joules / 3_600_000 * 570.3)
     assert str(energy.energy_words(found)).endswith(" at 570.3 g/kWh")
     # At its end the runner queues monitoring.tasks.job_energy by name: the job keeps it.
     job = _end(job, settle_until, work_queue)
     assert job.energy_j == pytest.approx(joules)
-    assert energy.energy_of(job).joules == pytest.approx(joules)
+    assert _energy(job).joules == pytest.approx(joules)
 
 
 @pytest.mark.django_db(transaction=True)  # the monitor reads through its executor's connections
@@ -354,7 +389,7 @@ def test_an_emulated_hosts_job_says_it_has_no_power_reading(
     samples = list(Sample.objects.filter(job=job))
     assert samples and all(s.gpu_source == "derived" and s.gpu_power_w == [] for s in samples)
     assert max(s.gpu_util[0] for s in samples) > 50  # its GPU use is derived; its power is not
-    found = energy.energy_of(job)
+    found = _energy(job)
     assert found.joules is None and found.source == "derived"
     assert str(energy.energy_words(found)) == "No power reading on this host (emulated GPUs)"
     job = _end(job, settle_until, work_queue)
