@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -543,88 +543,116 @@ def _quantize(value: Decimal) -> Decimal:
     return formatting.amount(value)
 
 
+@dataclass
+class _Running:
+    """Running jobs' projections summed: what they should still cost, with its range, the
+    whole cost of each (a sweep's trial cost), and those with no projection."""
+
+    currency: str
+    rest: Decimal = ZERO
+    low: Decimal = ZERO
+    high: Decimal = ZERO
+    wholes: list[tuple[Decimal, Decimal, Decimal]] = field(default_factory=list)
+    unprojected: int = 0
+    unprojected_spent: Decimal = ZERO  # what those without a projection spent so far
+
+    @property
+    def projected(self) -> int:
+        return len(self.wholes)
+
+    def add(self, p: Projection) -> None:
+        self.currency = p.currency
+        if p.cost is None:
+            self.unprojected += 1
+            self.unprojected_spent += p.cost_so_far or ZERO
+            return
+        self.rest += p.cost - p.cost_so_far
+        self.low += p.cost_low - p.cost_so_far
+        self.high += p.cost_high - p.cost_so_far
+        self.wholes.append((p.cost, p.cost_low, p.cost_high))
+
+
+def _complete_costs(fig: sweeps.SweepFigures, book: RateBook) -> list[Decimal]:
+    """What each complete trial cost: the sweep page's figure (its pool's price x its run),
+    else (no price written on the pool yet) its job's runs priced."""
+    costs = []
+    for f in fig.trials:
+        if f.trial.state != Trial.State.COMPLETE:
+            continue
+        cost = f.cost if f.cost is not None else _trial_cost(f.trial, book)
+        if cost is not None:
+            costs.append(cost)
+    return costs
+
+
+def _trial_cost(trial: Trial, book: RateBook) -> Decimal | None:
+    job = trial.job
+    if job is None:
+        return None
+    priced = estimates.cost_of(job.cluster, runs(job), book)
+    return priced[0] if priced else None
+
+
+def _pruning(fig: sweeps.SweepFigures) -> tuple[float, float | None, float]:
+    """Pruning's expected saving on a trial, from the trials so far: the share of the ended
+    (complete or pruned) trials that were pruned, the mean share of a full trial's steps a
+    pruned one ran (sweeps.figures: its steps over the longest complete trial's), and the
+    saving, the first x (1 - the second)."""
+    states = [f.trial.state for f in fig.trials]
+    pruned = states.count(Trial.State.PRUNED)
+    ended = pruned + states.count(Trial.State.COMPLETE)
+    ran = [
+        min(f.seconds / f.full_seconds, 1.0)
+        for f in fig.trials
+        if f.trial.state == Trial.State.PRUNED and f.full_seconds > 0
+    ]
+    pruned_share = pruned / ended if ended else 0.0
+    ran_share = statistics.fmean(ran) if ran else None
+    return pruned_share, ran_share, pruned_share * (1.0 - (1.0 if ran_share is None else ran_share))
+
+
 def sweep_projection(sweep: Sweep, *, now: datetime | None = None) -> dict:
-    """What the sweep's trials left should still cost: each running trial's own rest (its
-    projection), and each trial not started yet a trial's projected cost (the mean of the
+    """What the sweep's trials left should still cost: each running trial its own rest (its
+    projection), each trial not started yet a trial's projected cost (the mean of the
     complete trials' costs and the running trials' projected ones) less what pruning is
-    expected to save (from the trials so far: the share of ended trials pruned x the share
-    of the full steps they did not run). The range: the cheapest and the dearest trial so
-    far, for each trial not started, and the running trials' own ranges."""
+    expected to save (`_pruning`). The range: the running trials' own ranges, and for each
+    trial not started the cheapest and the dearest trial so far."""
     now = now or timezone.now()
     book = RateBook.load()
     fig = sweeps.figures(sweep, now=now, curves=False)
-    currency = book.currency
-    trial_costs: list[Decimal] = []  # a whole trial's cost: complete ones, running projected
-    lows: list[Decimal] = []
-    highs: list[Decimal] = []
-    rest = rest_low = rest_high = ZERO
-    running = unprojected = complete = pruned = 0
-    ran_shares: list[float] = []
-    unprojected_spent = ZERO
+    running = _Running(book.currency)
     for f in fig.trials:
-        t = f.trial
-        if t.state == Trial.State.COMPLETE:
-            complete += 1
-            cost = f.cost if f.cost is not None else _trial_cost(t, book)
-            if cost is not None:
-                trial_costs.append(cost)
-                lows.append(cost)
-                highs.append(cost)
-        elif t.state == Trial.State.PRUNED:
-            pruned += 1
-            if f.full_seconds > 0:
-                ran_shares.append(min(f.seconds / f.full_seconds, 1.0))
-        elif t.state == Trial.State.RUNNING and t.job is not None:
-            running += 1
-            p = project(t.job, now=now, book=book)
-            currency = p.currency
-            if p.cost is None:
-                unprojected += 1
-                unprojected_spent += p.cost_so_far or ZERO
-                continue
-            trial_costs.append(p.cost)
-            lows.append(p.cost_low)
-            highs.append(p.cost_high)
-            rest += p.cost - p.cost_so_far
-            rest_low += p.cost_low - p.cost_so_far
-            rest_high += p.cost_high - p.cost_so_far
-    ended = complete + pruned
-    pruned_share = pruned / ended if ended else 0.0
-    ran_share = statistics.fmean(ran_shares) if ran_shares else 1.0
-    saving = pruned_share * (1.0 - ran_share)
+        if f.trial.state == Trial.State.RUNNING and f.trial.job is not None:
+            running.add(project(f.trial.job, now=now, book=book))
+    complete = _complete_costs(fig, book)
+    pruned_share, ran_share, saving = _pruning(fig)
     keep = Decimal(str(round(1.0 - saving, 6)))
-    started = len(fig.trials)
-    not_started = max(sweep.trials - started, 0) if sweep.state == Sweep.State.RUNNING else 0
-    left = not_started + running
+    not_started = 0
+    if sweep.state == Sweep.State.RUNNING:
+        not_started = max(sweep.trials - len(fig.trials), 0)
+    left = not_started + running.projected + running.unprojected
+    currency = running.currency
     out = {
-        "currency": currency,
-        "spent": fig.used_cost,
-        "trials_left": left,
-        "not_started": not_started,
-        "running": running,
-        "unprojected": unprojected,
-        "pruned_share": pruned_share,
-        "ran_share": ran_share if ran_shares else None,
-        "saving_share": saving,
-        "trial_cost": None,
-        "remaining": None,
-        "remaining_low": None,
-        "remaining_high": None,
-    }
+        "currency": currency, "spent": fig.used_cost, "trials_left": left,
+        "not_started": not_started, "running": running.projected + running.unprojected,
+        "unprojected": running.unprojected, "pruned_share": pruned_share,
+        "ran_share": ran_share, "saving_share": saving, "trial_cost": None,
+        "remaining": None, "remaining_low": None, "remaining_high": None,
+    }  # fmt: skip
+    wholes = [(c, c, c) for c in complete] + running.wholes
     if left == 0:
-        out.update(remaining=ZERO, remaining_low=ZERO, remaining_high=ZERO)
-        out["words"] = Text(SWEEP_DONE)
+        out.update(remaining=ZERO, remaining_low=ZERO, remaining_high=ZERO, words=Text(SWEEP_DONE))
         return out
-    if not trial_costs:
+    if not wholes:
         out["words"] = Text(SWEEP_NONE, trials=left, why=Text(SWEEP_NO_TRIAL))
         return out
-    trial = statistics.mean(trial_costs)  # of Decimals: a Decimal
+    trial = statistics.mean(w[0] for w in wholes)  # of Decimals: a Decimal
     fresh = trial * keep  # a trial not started yet, pruning's savings taken off
     # A running trial with no projection yet: a fresh trial less what it spent.
-    blind = max(fresh * unprojected - unprojected_spent, ZERO)
-    remaining = rest + fresh * not_started + blind
-    low = rest_low + min(lows) * keep * not_started + blind
-    high = rest_high + max(highs) * keep * not_started + blind
+    blind = max(fresh * running.unprojected - running.unprojected_spent, ZERO)
+    remaining = running.rest + fresh * not_started + blind
+    low = running.low + min(w[1] for w in wholes) * keep * not_started + blind
+    high = running.high + max(w[2] for w in wholes) * keep * not_started + blind
     out.update(
         trial_cost=_quantize(trial),
         remaining=_quantize(remaining),
@@ -643,54 +671,34 @@ def sweep_projection(sweep: Sweep, *, now: datetime | None = None) -> dict:
     return out
 
 
-def _trial_cost(trial: Trial, book: RateBook) -> Decimal | None:
-    """A complete trial's cost where its pool has no price written yet: its job's runs."""
-    job = trial.job
-    if job is None:
-        return None
-    priced = estimates.cost_of(job.cluster, runs(job), book)
-    return priced[0] if priced else None
-
-
 def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:
     """What the pool's running jobs should still cost (their projections' rests summed,
     with their ranges) and how many running jobs have no projection."""
     now = now or timezone.now()
     book = RateBook.load()
-    jobs = Job.objects.filter(pool=pool, state__in=Job.ACTIVE).select_related("cluster")
-    currency = book.currency
-    rest = low = high = ZERO
-    projected = unprojected = 0
-    for job in jobs:
-        p = project(job, now=now, book=book)
-        currency = p.currency
-        if p.cost is None:
-            unprojected += 1
-            continue
-        projected += 1
-        rest += p.cost - p.cost_so_far
-        low += p.cost_low - p.cost_so_far
-        high += p.cost_high - p.cost_so_far
-    running = projected + unprojected
+    running = _Running(book.currency)
+    for job in Job.objects.filter(pool=pool, state__in=Job.ACTIVE).select_related("cluster"):
+        running.add(project(job, now=now, book=book))
+    projected, currency = running.projected, running.currency
     out = {
         "currency": currency,
-        "running": running,
+        "running": projected + running.unprojected,
         "projected": projected,
-        "unprojected": unprojected,
-        "remaining": rest if projected else None,
-        "remaining_low": low if projected else None,
-        "remaining_high": high if projected else None,
+        "unprojected": running.unprojected,
+        "remaining": running.rest if projected else None,
+        "remaining_low": running.low if projected else None,
+        "remaining_high": running.high if projected else None,
     }
-    if not running:
+    if not out["running"]:
         out["words"] = Text(POOL_IDLE)
     elif not projected:
-        out["words"] = Text(POOL_NONE, running=running)
+        out["words"] = Text(POOL_NONE, running=out["running"])
     else:
         out["words"] = Text(
             POOL_PROJECTED,
-            cost=_money(rest, currency),
-            low=_money(low, currency),
-            high=_money(high, currency),
-            none=unprojected,
+            cost=_money(running.rest, currency),
+            low=_money(running.low, currency),
+            high=_money(running.high, currency),
+            none=running.unprojected,
         )
     return out
