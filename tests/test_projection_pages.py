@@ -436,6 +436,9 @@ def _shoot(browser, live_server, path: str, name: str, *, ready: str = "#job-out
         page.wait_for_selector(ready)
         wide = page.evaluate("document.documentElement.scrollWidth")
         assert wide <= viewport["width"], (name, size, wide)  # no sideways scrolling
+        for cell in page.locator('[data-testid="cost-off"]').all():  # not cut off either
+            box = cell.bounding_box()
+            assert box["x"] + box["width"] <= viewport["width"], (name, size, box)
         page.screenshot(path=f"{SHOTS}/{name}-{size}.png", full_page=True)
         page.locator(ready).screenshot(path=f"{SHOTS}/{name}-{size}-part.png")
         context.close()
