@@ -111,6 +111,21 @@ def test_the_range_holds_the_spread_of_recent_steps():
     assert even.fraction == pytest.approx(0.2)
 
 
+def test_a_long_job_keeps_its_recent_points_and_thins_the_old():
+    points = _series(steps=10_000, per_step=0.4, every=50, pause=10.0, noise=0.05)
+    kept = progress.thinned(points)
+    assert len(kept) <= progress.POINTS_MAX
+    assert (
+        kept[0] == points[0]
+        and kept[-progress.POINTS_RECENT :] == points[-progress.POINTS_RECENT :]
+    )
+    upto = 5000  # the pace from the thinned points, half way, as from all of them
+    now = datetime.fromtimestamp(points[upto][0], tz=UTC)
+    thin = progress.pace(_job(progress.thinned(points[: upto + 1]), 10_000), now=now)
+    full = progress.pace(_job(points[: upto + 1], 10_000), now=now)
+    assert thin.seconds_per_step == pytest.approx(full.seconds_per_step, rel=0.02)
+
+
 def test_the_finish_is_never_in_the_past():
     """A job silent for longer than its projected rest (a long pause, a hang): its finish
     is now at the earliest, counted from its newest point."""
@@ -376,6 +391,11 @@ def test_a_real_job_finishes_within_10_percent_of_its_projection(
         f"error {error:+.1%} of {ran:.1f} s"
     )
     assert abs(error) <= 0.10
+    # ...and what it said at exactly a fifth (its points then, the time then): as good.
+    upto = next(i for i, (_t, s) in enumerate(job.progress) if s >= STEPS // 5)
+    then = datetime.fromtimestamp(job.progress[upto][0], tz=UTC)
+    fifth = progress.pace(_job(job.progress[: upto + 1], STEPS), now=then)
+    assert abs(fifth.finish_at.timestamp() - job.finished_at.timestamp()) <= 0.10 * ran
     if os.environ.get("SUANLI_RECORD_PROGRESS"):  # the unit test above replays these points
         RECORDED.write_text(json.dumps({"total": STEPS, "points": job.progress}) + "\n")
 

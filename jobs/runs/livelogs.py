@@ -40,6 +40,7 @@ FLUSH_S = 0.1  # a line waits at most this long in the process before it is kept
 SCAN_S = 0.5  # how often the running replicas are looked up
 GONE_GRACE_S = 3.0  # a stream outlives its replica's end this long: its last lines come
 METRIC_MARKER = "SUANLI_METRIC "  # jobs/pools/sweeps.py's marker
+PROGRESS_EVERY_S = 2.0  # a job's progress is read at most this often (its pace, live)
 LINES_KEPT = 2000  # per job, in Redis, for a late viewer (the row keeps the whole log)
 LINE_BYTES = 4096  # of one line as kept; a longer one is cut, the rest of it dropped
 LINES_PER_S = 1000  # per replica, live; beyond it a note says how many were not shown live
@@ -206,6 +207,10 @@ class Follower:
         self.readers: dict[int, _Reader] = {}
         self.clients: dict[int, docker.DockerClient] = {}
         self.streams_opened = 0
+        # Progress reads (jobs/runs/progress.py), at most one per job every PROGRESS_EVERY_S:
+        # when it was last queued, and the jobs with marker lines kept since.
+        self.progress_at: dict[int, float] = {}
+        self.progress_due: set[int] = set()
         self.stopping = threading.Event()
         self.database = Outage("PostgreSQL (logs)", log)
         self.store = Outage("Redis (logs)", log)
@@ -265,18 +270,40 @@ class Follower:
             self._send(job_id, [[first + i, text] for i, text in enumerate(texts)])
             if any(METRIC_MARKER in text for text in texts):
                 # A sweep's trial reporting its metric (jobs/pools/sweeps.py reads the kept
-                # lines); any job reporting its step (jobs/runs/progress.py: its pace).
+                # lines); any job reporting its step (progress, below).
                 try:
                     enqueue_unique(
                         "default", "jobs.tasks.sweep_observe", job_id,
                         job_id=f"sweep-observe-{job_id}", again_if_running=True,
                     )  # fmt: skip
-                    enqueue_unique(
-                        "default", "jobs.tasks.job_progress", job_id,
-                        job_id=f"progress-{job_id}", again_if_running=True,
-                    )  # fmt: skip
                 except redis.RedisError as exc:
                     log.warning("job %s: metric lines not passed on: %s", job_id, exc)
+                self.progress_due.add(job_id)
+        self._progress()
+
+    def _progress(self) -> None:
+        """Queue the progress read (jobs/runs/progress.py: the job's pace) of each job with
+        new marker lines, at most once every PROGRESS_EVERY_S a job: a job printing its
+        step ten times a second costs a read every few seconds, not ten; the lines kept
+        meanwhile are read by the next, a moment later."""
+        now = time.monotonic()
+        for job_id in list(self.progress_due):
+            if now - self.progress_at.get(job_id, -PROGRESS_EVERY_S) < PROGRESS_EVERY_S:
+                continue
+            try:
+                enqueue_unique(
+                    "default", "jobs.tasks.job_progress", job_id,
+                    job_id=f"progress-{job_id}", again_if_running=True,
+                )  # fmt: skip
+            except redis.RedisError as exc:
+                log.warning("job %s: progress not passed on: %s", job_id, exc)
+                continue  # tried again at the next flush
+            self.progress_due.discard(job_id)
+            self.progress_at[job_id] = now
+        if len(self.progress_at) > 2 * len(self.readers) + 1000:  # ended jobs' times
+            self.progress_at = {
+                j: at for j, at in self.progress_at.items() if now - at < PROGRESS_EVERY_S
+            }
 
     def _send(self, job_id: int, numbered: list) -> None:
         if self.layer is None:

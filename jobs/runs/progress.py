@@ -76,7 +76,8 @@ __all__ = [
 MARKER = "SUANLI_METRIC"
 LINE_MAX = 2000  # a metric line longer than this is not read
 MAX_STEP = 2**31 - 1
-POINTS_MAX = 2000  # Job.progress: beyond this, every other point is dropped (as Trial.curve)
+POINTS_MAX = 2000  # Job.progress: beyond this, every other older point is dropped...
+POINTS_RECENT = 500  # ...but for the newest, kept as they came
 PROJECTION_TASK = "billing.tasks.job_projection"  # above jobs: queued by name
 
 WARM_FACTOR = 1.5  # a leading interval this much slower than the typical one is warm-up
@@ -183,6 +184,14 @@ def _read(job: Job, lines: list, floor: int, last_step: int) -> _Read:
     return read
 
 
+def thinned(points: list) -> list:
+    """At most POINTS_MAX points: the first, every other one of the older ones, and the
+    newest POINTS_RECENT as they were (the pace's window stays step by step)."""
+    while len(points) > POINTS_MAX:
+        points = points[:1] + points[1:-POINTS_RECENT:2] + points[-POINTS_RECENT:]
+    return points
+
+
 def observe(job_id: int, *, full: bool = False) -> str:
     """Read the job's new SUANLI_METRIC lines (rank 0's) into its progress, then queue its
     cost projection. `full`: every kept line, not only those after the last one read (at
@@ -203,8 +212,7 @@ def observe(job_id: int, *, full: bool = False) -> str:
         job = Job.objects.select_for_update(of=("self",)).get(pk=job_id)
         last = job.progress[-1][1] if job.progress else -1
         points = job.progress + [p for p in read.points if p[1] > last]
-        while len(points) > POINTS_MAX:
-            points = points[:1] + points[1:-1:2] + points[-1:]
+        points = thinned(points)
         fields = {"progress": points, "progress_seq": max(read.seq, 0)}
         if read.total is not None:
             fields["total_steps"] = read.total
