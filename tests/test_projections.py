@@ -6,12 +6,15 @@ cost. No container runs here: the job's attempt and its progress points are writ
 dispatcher and the progress reader would (tests/test_progress.py reads real lines)."""
 
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from conftest import TEST_IMAGE
 from django.utils import timezone, translation
+from test_progress import TRAIN
 
 from billing import projections, tasks
 from console import pools as console_pools
@@ -21,7 +24,8 @@ from jobs.clusters.services import ClusterSpec, JobSpec
 from jobs.models import Image, Job, Replica, Trial
 from jobs.placement import scheduler
 from jobs.pools import autoscaler, sweeps
-from jobs.runs import settle
+from jobs.runs import dispatch, livelogs, repair, settle
+from jobs.runs.livelogs import Follower
 
 pytestmark = pytest.mark.django_db
 
@@ -492,3 +496,52 @@ def test_a_pool_sums_its_running_jobs_rests_and_counts_those_without(lab, alice,
     assert out["remaining"] == p.remaining
     assert out["remaining_low"] <= out["remaining"] <= out["remaining_high"]
     assert _said(out["words"], "en").endswith("running jobs without a projection: 1")
+
+
+# -- a real job on the engines --------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_jobs_projection_at_a_fifth_is_kept_and_compared_with_its_end(
+    priced, alice, running_cluster, work_queue
+):
+    """The live log follower reads the job's lines, the worker runs what it queues (the
+    progress reader, then this projection by name): the projection made once a fifth of
+    the steps were done is kept, and the job's end is compared with it, within 10 %."""
+    follower = Follower(publish=False)
+    stop = threading.Event()
+    thread = threading.Thread(target=follower.run, kwargs={"until": stop}, daemon=True)
+    thread.start()
+    try:
+        cluster = running_cluster(1)
+        job = services.job_submit(cluster=cluster, spec=JobSpec(name="train", command=TRAIN))
+        dispatch.dispatch(cluster.pk)
+        deadline = time.monotonic() + 120
+        while not job.is_ended:
+            assert time.monotonic() < deadline, (job.state, job.progress[-3:])
+            work_queue("default")  # the worker: progress, then billing.tasks.job_projection
+            repair.reconcile()  # the watch process's net: the container's end
+            time.sleep(0.2)
+            job.refresh_from_db()
+        time.sleep(livelogs.FLUSH_S * 3)
+        work_queue("default")  # the end's full read, then the last projection
+        job.refresh_from_db()
+    finally:
+        stop.set()
+        thread.join(10)
+    assert job.state == "succeeded", job.state_reason
+    early = job.projection_early
+    assert early is not None and 0.2 <= early["fraction"] < 0.6, early
+    assert Decimal(early["cost_low"]) <= Decimal(early["cost"]) <= Decimal(early["cost_high"])
+    assert job.projection_last["ended"] and job.projection_last["compared"]
+
+    c = projections.compare(job)
+    spent = projections.project(job).cost_so_far
+    print(
+        f"early at {early['fraction']:.0%}: finish off by {c['finish_error']:+.1%}, cost "
+        f"{c['projected_cost']} projected, {c['cost']} spent ({c['cost_error']:+.1%})"
+    )
+    assert c["cost"] == spent
+    assert abs(c["finish_error"]) <= 0.10
+    assert abs(c["cost_error"]) <= 0.10
+    assert projections.accuracy_of(alice)["jobs"] == 1
