@@ -101,6 +101,16 @@ def test_pauses_are_counted_not_dropped():
     assert p.seconds_per_step == pytest.approx(0.4 + 20 / 50, rel=0.1)
 
 
+def test_a_burst_of_stalls_is_not_taken_for_a_period():
+    """Three 10 s stalls in a row (a slow disk, once): amortised over the steps so far
+    like any pause, never read as a pause every step."""
+    points = _series(steps=400, per_step=0.4, noise=0.05)
+    for i in range(150, len(points)):
+        points[i][0] += 10.0 * min(i - 149, 3)
+    p = progress.pace(_job(points, 2000), now=datetime.fromtimestamp(points[-1][0], tz=UTC))
+    assert 0.4 < p.seconds_per_step < 0.4 + 30 / 250 * 4 / 3
+
+
 def test_the_range_holds_the_spread_of_recent_steps():
     even = progress.pace(_job(_series(steps=400, per_step=1.0), 2000))
     noisy = progress.pace(_job(_series(steps=400, per_step=1.0, noise=0.4, seed=3), 2000))
@@ -124,6 +134,32 @@ def test_a_long_job_keeps_its_recent_points_and_thins_the_old():
     thin = progress.pace(_job(progress.thinned(points[: upto + 1]), 10_000), now=now)
     full = progress.pace(_job(points[: upto + 1], 10_000), now=now)
     assert thin.seconds_per_step == pytest.approx(full.seconds_per_step, rel=0.02)
+
+
+def test_a_job_started_again_is_paced_from_its_new_attempt():
+    """Preempted at step 300, queued ten minutes, resumed from its checkpoint with a slow
+    start: the wait is not a pause of its pace, and its new attempt has its own warm-up."""
+    before = _series(steps=300, per_step=0.4, warm=3, warm_s=5.0, noise=0.05)
+    restart = before[-1][0] + 600
+    after = _series(steps=1700, per_step=0.4, warm=5, warm_s=5.0, noise=0.05, seed=2)
+    shift = restart + 20 - after[0][0]  # its first line 20 s after the start
+    points = before + [[t + shift, s + 300] for t, s in after[1:]]
+    upto = next(i for i, (_t, s) in enumerate(points) if s >= 400)
+    now = datetime.fromtimestamp(points[upto][0], tz=UTC)
+    again = _job(
+        points[: upto + 1], 2000, attempt=2, started_at=datetime.fromtimestamp(restart, UTC)
+    )
+    p = progress.pace(again, now=now)
+    assert p.seconds_per_step == pytest.approx(0.4, rel=0.05)
+    error = (p.finish_at.timestamp() - points[-1][0]) / (points[-1][0] - points[0][0])
+    assert abs(error) <= 0.10
+    early = _job(
+        points[: 300 + 12], 2000, attempt=2, started_at=datetime.fromtimestamp(restart, UTC)
+    )
+    assert progress.pace(early, now=now).seconds_per_step == pytest.approx(0.4, rel=0.1)
+    # Taken as one run, the wait would be a pause the rest of the job pays for again.
+    once = progress.pace(_job(points[: upto + 1], 2000), now=now)
+    assert once.seconds_per_step > 0.8
 
 
 def test_the_finish_is_never_in_the_past():

@@ -27,9 +27,17 @@ intervals of `ds` steps in `dt` seconds, a rate of `dt / ds` seconds a step.
    step. It is added to the base rate, so a job that pauses every N steps gets its pauses
    counted in its finish wherever the window falls in the cycle (dropping them would be
    optimistic; counting them only in the window would swing with where the window ends).
+   The pauses proper (intervals over PAUSE_FACTOR x the median), three or more of them,
+   are counted by their spacing (mean length / mean spacing), not by how many fell in H:
+   H cut between two pauses holds one too few. That correction is held within one pause
+   more or less than counted (a burst of stalls is not a period).
 4. The finish: the newest point's time + remaining steps x (base + pauses). Never in the
    past: a job silent since its newest point (a long pause) finishes no earlier than now.
-5. The range: the window is cut into SUB_WINDOWS runs of steps, each as if it were the
+5. A job started again (a retry, after a preemption; Job.started_at of its attempt):
+   the new attempt's points alone once it has more than WINDOW_INTERVALS; until then all,
+   without the interval across the restart (queued, not paused) nor the new attempt's
+   slow start (by the old attempt's pace).
+6. The range: the window is cut into SUB_WINDOWS runs of steps, each as if it were the
    rest of the job. Half the range is the larger of: half the spread of the runs' median
    rates (the steady pace drifting), and half the spread of their mean rates (pauses and
    noise included) shrunk by sqrt(run's steps / steps left), since a long rest averages
@@ -285,17 +293,17 @@ def _median(rates: list[tuple[float, float]]) -> float:
     return ordered[-1][0]
 
 
-def _intervals(points: list) -> list[tuple[float, int, int]]:
-    """(seconds, steps, the step it ends at) between consecutive points."""
+def _intervals(points: list) -> list[tuple[float, int, int, float]]:
+    """(seconds, steps, the step it ends at, when it starts) between consecutive points."""
     return [
-        (max(t1 - t0, 0.0), s1 - s0, s1)
+        (max(t1 - t0, 0.0), s1 - s0, s1, t0)
         for (t0, s0), (t1, s1) in zip(points, points[1:], strict=False)
         if s1 > s0
     ]
 
 
 def _rates(intervals) -> list[tuple[float, int]]:
-    return [(dt / ds, ds) for dt, ds, _end in intervals]
+    return [(i[0] / i[1], i[1]) for i in intervals]
 
 
 def _after_warm_up(intervals: list) -> list:
@@ -315,21 +323,26 @@ def _pauses(history: list) -> float:
     amortised. The time beyond the median over the history's steps, but for the pauses
     proper (intervals over PAUSE_FACTOR x the median): with three or more of them, their
     mean length over their mean spacing, so a history cut between two pauses does not
-    count one too few (with two, half of each)."""
+    count one too few (with two, half of each); within one pause more or less than
+    counted."""
     typical = _median(_rates(history))
-    seconds = sum(dt for dt, _ds, _end in history)
-    steps = sum(ds for _dt, ds, _end in history)
+    seconds = sum(i[0] for i in history)
+    steps = sum(i[1] for i in history)
     beyond = max(seconds / steps - typical, 0.0)
     pauses = [
-        (dt - ds * typical, end) for dt, ds, end in history if dt > PAUSE_FACTOR * typical * ds
+        (dt - ds * typical, end) for dt, ds, end, _at in history if dt > PAUSE_FACTOR * typical * ds
     ]
     if len(pauses) < 2 or pauses[-1][1] <= pauses[0][1]:
         return beyond
+    n = len(pauses)
     excess = sum(extra for extra, _end in pauses)
-    spaced = excess / len(pauses) * (len(pauses) - 1) / (pauses[-1][1] - pauses[0][1])
+    spaced = excess / n * (n - 1) / (pauses[-1][1] - pauses[0][1])
     counted = excess / steps
-    if len(pauses) == 2:
+    if n == 2:
         spaced = (spaced + counted) / 2
+    # A history cut anywhere holds one pause more or less than its share: no more than
+    # that (pauses close together, a burst of stalls, are not a period).
+    spaced = min(max(spaced, counted * (n - 1) / n), counted * (n + 1) / n)
     return max(beyond - counted + spaced, 0.0)
 
 
@@ -365,10 +378,30 @@ def _half_range(window: list, per_step: float, left: int | None) -> float:
     return max((max(steady) - min(steady)) / 2, (max(means) - min(means)) / 2 * shrink)
 
 
-def rate_of(points: list, left: int | None = None) -> Rate | None:
+def _this_attempt(points: list, restarted_at: float | None) -> list:
+    """The intervals the pace is from. A job started again (a retry, after a preemption)
+    at `restarted_at`: its new attempt's alone once they are enough (a new warm-up, maybe
+    another host); until then, all but the one across the restart (queued, not paused)."""
+    if restarted_at is None or not points or points[-1][0] < restarted_at:
+        return _intervals(points)
+    since = [p for p in points if p[0] >= restarted_at]
+    if len(since) > WINDOW_INTERVALS:
+        return _intervals(since)
+    before = _intervals([p for p in points if p[0] < restarted_at])
+    again = _intervals(since)
+    if before:  # the new attempt's slow start, by the old one's pace
+        typical = _median(_rates(before))
+        while again and again[0][0] > WARM_FACTOR * typical * again[0][1]:
+            again = again[1:]
+    return before + again
+
+
+def rate_of(
+    points: list, left: int | None = None, *, restarted_at: float | None = None
+) -> Rate | None:
     """The pace of `points` ([seconds, step], steps rising), as the module's docstring says,
     its range for `left` more steps; None when too few are left after the warm-up."""
-    intervals = _intervals(points)
+    intervals = _this_attempt(points, restarted_at)
     if len(intervals) < MIN_INTERVALS:
         return None
     history = _after_warm_up(intervals)
@@ -381,7 +414,7 @@ def rate_of(points: list, left: int | None = None) -> Rate | None:
         seconds_per_step=per_step,
         low=max(per_step - half, 0.0),
         high=per_step + half,
-        window_steps=sum(ds for _dt, ds, _end in window),
+        window_steps=sum(i[1] for i in window),
         pauses=per_step - _median(_rates(window)),
     )
 
@@ -453,7 +486,8 @@ def pace(job: Job, *, now: datetime | None = None) -> Pace:
     if total is not None and step is not None:
         result.fraction = min(step / total, 1.0)
     left = total - step if total is not None and step is not None and total > step else None
-    rate = rate_of(points, left)
+    restarted_at = job.started_at.timestamp() if job.attempt > 1 and job.started_at else None
+    rate = rate_of(points, left, restarted_at=restarted_at)
     if rate is not None:
         result.seconds_per_step = rate.seconds_per_step
         result.window_steps = rate.window_steps
