@@ -17,6 +17,7 @@ import json
 import math
 import re
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -43,9 +44,10 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import Field
 
+from billing import budgets
 from billing import selectors as money
 from billing import services as billing_services
-from console import auth, views_pools, views_webhooks
+from console import auth, views_budgets, views_pools, views_webhooks
 from console import pools as console_pools
 from console.api_schema import (
     AttachKey,
@@ -54,6 +56,7 @@ from console.api_schema import (
     BalanceWarningOut,
     BillFilter,
     BillOut,
+    BudgetBody,
     BuildOut,
     ChannelTestOut,
     ClusterKeysOut,
@@ -579,11 +582,16 @@ def cluster_create(request, payload: NewCluster):
     actor.require(Role.MEMBER)
     user = actor.principal
     try:
+        budget = budgets.parse(payload.budget)
+    except ValidationError as exc:
+        return _error(400, " ".join(exc.messages), {"budget": exc.messages})
+    try:
         spec = _cluster_request(payload, user, person=actor.person).validate(
             Offer.of(user, person=actor.person), funds=partial(check_funds, actor)
         )
     except ValidationError as exc:
         return _refusals(exc.message_dict.items(), _cluster_names(payload))
+    spec = replace(spec, budget=budget)
     made = cluster_services.cluster_create(owner=user, spec=spec, created_by=actor.person)
     return Status(201, made)
 
@@ -781,7 +789,7 @@ def cluster_key_detach(request, cluster_id: Id, key_id: Id):
 
 _JOB_FIELDS = (
     "name", "command", "launcher", "workdir", "checkpoint_dir", "max_runtime_min", "retries",
-    "preemption_script", "max_preemptions",
+    "preemption_script", "max_preemptions", "budget",
 )  # fmt: skip
 
 
@@ -835,6 +843,37 @@ def job_cancel(request, job_id: Id):
     j = fleet.job_to_cancel(_actor(request), job_id)
     with transaction.atomic():
         return cluster_services.job_cancel(job=j, by=_actor(request).person.username)
+
+
+def _budget_set(subject, payload: BudgetBody):
+    """Set or clear (null) a budget: billing/budgets.py's rules and words."""
+    try:
+        budgets.set_budget(subject, budgets.parse(payload.budget))
+    except ValidationError as exc:
+        return _error(400, " ".join(exc.messages), {"budget": exc.messages})
+    return subject
+
+
+@api.api_operation(
+    ["PATCH", "POST"], "/jobs/{job_id}/budget", tags=["jobs"],
+    response=_responses(200, JobOut), summary="Set or clear a job's budget",
+)  # fmt: skip
+def job_budget(request, job_id: Id, payload: BudgetBody):
+    """`{"budget": "50.00"}`: stopped before its cost passes ¥50.00 (its preemption script,
+    then SIGTERM and SIGKILL after the grace); `{"budget": null}`: no budget."""
+    j = views_budgets.job_to_budget(_actor(request), job_id)
+    return _budget_set(j, payload)
+
+
+@api.api_operation(
+    ["PATCH", "POST"], "/clusters/{cluster_id}/budget", tags=["clusters"],
+    response=_responses(200, ClusterOut), summary="Set or clear a cluster's budget",
+)  # fmt: skip
+def cluster_budget(request, cluster_id: Id, payload: BudgetBody):
+    """`{"budget": "50.00"}`: stopped, every file kept, before its charges pass ¥50.00;
+    `{"budget": null}`: no budget."""
+    c = fleet.cluster_to_use(_actor(request), cluster_id)
+    return _budget_set(c, payload)
 
 
 _CURSOR = re.compile(r"(\d{1,5})((?:~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64})")
@@ -1428,6 +1467,21 @@ def sweep_cancel(request, sweep_id: Id):
     s = _sweep_detail(_actor(request).principal, sweep_id)
     _actor(request).require_change(s)
     sweeps.sweep_cancel(sweep=s)
+    return _sweep_detail(_actor(request).principal, sweep_id)
+
+
+@api.api_operation(
+    ["PATCH", "POST"], "/sweeps/{sweep_id}/budget", tags=["sweeps"],
+    response=_responses(200, SweepDetailOut), summary="Set or clear a sweep's budget",
+)  # fmt: skip
+def sweep_budget(request, sweep_id: Id, payload: BudgetBody):
+    """`{"budget": "50.00"}`: cancelled before its trials' cost passes ¥50.00, and no trial
+    starts that would pass it; `{"budget": null}`: no budget."""
+    s = _sweep_detail(_actor(request).principal, sweep_id)
+    _actor(request).require_change(s)
+    refused = _budget_set(s, payload)
+    if isinstance(refused, JsonResponse):
+        return refused
     return _sweep_detail(_actor(request).principal, sweep_id)
 
 

@@ -8,7 +8,7 @@ services', the same ones the pages use.
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from django.urls import reverse
 from ninja import Field, Schema
@@ -53,6 +53,27 @@ Money = Annotated[
     PlainSerializer(str, return_type=str),
     WithJsonSchema({"type": "string", "format": "decimal", "example": "12.5000"}),
 ]
+# A budget as a request gives it ("50", "49.90", 50, or null for none), read by
+# billing/budgets.py `parse`, whose words refuse a bad one (the forms' words).
+BudgetIn = Annotated[Any, WithJsonSchema({"type": ["string", "number", "null"], "example": "50"})]
+BUDGET_WORDS = (
+    'stop at this much spent ("stop at ¥X"): an amount above 0 with at most 2 decimals, at '
+    "most 1000000; null or left out: no budget"
+)
+BUDGET_OUT = "stop at this much spent (to the cent); null: no budget"
+# A budget leaves to the cent (it is set to the cent), the same however it was read.
+BudgetOut = Annotated[
+    Decimal,
+    PlainSerializer(lambda d: f"{d:.2f}", return_type=str),
+    WithJsonSchema({"type": "string", "format": "decimal", "example": "50.00"}),
+]
+BUDGET_STOPPED = "when its budget stopped it; null: not stopped by it"
+
+
+class BudgetBody(Schema):
+    """A budget set (or cleared with null): the watch starts again."""
+
+    budget: BudgetIn = Field(description=BUDGET_WORDS)
 
 
 def _whole(value):
@@ -171,6 +192,8 @@ class ClusterOut(Schema):
         description="idle stop: after this many minutes with every GPU under stop_idle_below %"
     )
     stop_idle_below: int | None = Field(description="idle stop: the GPU utilisation, percent")
+    budget: BudgetOut | None = Field(description=BUDGET_OUT)
+    budget_stopped_at: Stamp | None = Field(description=BUDGET_STOPPED)
     release_at: Stamp | None = Field(
         description="when a stopped cluster is released with its workspaces unless started"
     )
@@ -316,6 +339,7 @@ class NewCluster(Schema):
     stop_at: StampIn | None = Field(None, description=SHUTDOWN_WORDS["stop_at"])
     stop_idle_minutes: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_minutes"])
     stop_idle_below: Whole | None = Field(None, description=SHUTDOWN_WORDS["stop_idle_below"])
+    budget: BudgetIn = Field(None, description=BUDGET_WORDS)
 
 
 class Shutdown(Schema):
@@ -355,6 +379,8 @@ class JobOut(Schema):
     preemption_script: str
     max_preemptions: int
     preemptions: int = Field(description="times a spot preemption stopped it so far")
+    budget: BudgetOut | None = Field(description=BUDGET_OUT)
+    budget_stopped_at: Stamp | None = Field(description=BUDGET_STOPPED)
     resume_from: str | None = Field(
         description="the checkpoint the current attempt started from (its SUANLI_RESUME_FROM)"
     )
@@ -496,6 +522,7 @@ class JobBody(Schema):
     max_preemptions: Whole | None = Field(
         None, description="preemptions the job survives (default 5); one more fails it"
     )
+    budget: BudgetIn = Field(None, description=BUDGET_WORDS)
 
 
 class NewJob(JobBody):
@@ -979,6 +1006,7 @@ class NewSweep(Schema):
         description=_one_of(Sweep.Pruner.choices, _default_of(Sweep, "pruner")),
     )
     min_steps: Whole | None = Field(None, description="steps before a trial may be pruned")
+    budget: BudgetIn = Field(None, description=BUDGET_WORDS)
 
 
 class SweepOut(Schema):
@@ -993,6 +1021,8 @@ class SweepOut(Schema):
     best_value: float | None = Field(description="the best complete trial's last value")
     created_at: Stamp
     finished_at: Stamp | None
+    budget: BudgetOut | None = Field(description=BUDGET_OUT)
+    budget_stopped_at: Stamp | None = Field(description=BUDGET_STOPPED)
     url: str = Field(description="the sweep's page in the console")
 
     @staticmethod

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from billing import caps, formatting
+from billing import budgets, caps, formatting
 from billing import selectors as money
 from jobs.base import validators
 from jobs.clusters import spec as cluster_spec
@@ -28,6 +28,53 @@ OWN_IMAGE = "own:"  # + the OwnImage's pk: one of the researcher's own images
 ZONE_SPREAD_NOTE = gettext_lazy(
     "Spreading nodes over zones costs about 5 % more communication time."
 )
+
+
+class BudgetField(forms.CharField):
+    """A budget, "stop at ¥X" (billing/budgets.py): optional; billing.budgets.parse's rules
+    and words (more than 0, at most 2 decimals, at most 1,000,000). Cleaned: a Decimal, or
+    None for no budget."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("max_length", 40)
+        kwargs.setdefault("label", gettext_lazy("Budget: stop at (optional)"))
+        kwargs.setdefault(
+            "widget",
+            forms.TextInput(
+                attrs={"inputmode": "decimal", "placeholder": "50.00", "autocomplete": "off"}
+            ),
+        )
+        super().__init__(**kwargs)
+
+    def clean(self, value):
+        return budgets.parse(super().clean(value))
+
+
+BUDGET_HELP = {
+    "job": gettext_lazy(
+        "Stopped before its cost passes this (its cluster's price x the time it runs): its "
+        "preemption script first, then SIGTERM and SIGKILL after the grace period; you are "
+        "told early when its pace will reach it. Empty: no budget."
+    ),
+    "cluster": gettext_lazy(
+        "Stopped, every file kept, before its charges pass this; you are told. Empty: no budget."
+    ),
+    "sweep": gettext_lazy(
+        "Cancelled before its trials' cost passes this; no trial starts that would pass it. "
+        "Empty: no budget."
+    ),
+}
+
+
+class BudgetForm(forms.Form):
+    """The small form on a job's, cluster's or sweep's page that sets or clears its budget."""
+
+    budget = BudgetField(label=gettext_lazy("Stop at"))
+
+    def __init__(self, *args, kind: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["budget"].help_text = BUDGET_HELP[kind]
 
 
 @dataclass(frozen=True)
@@ -281,6 +328,7 @@ class ClusterForm(ShutdownFields):
         required=False,
         label=gettext_lazy("Idle minutes"),
     )
+    budget = BudgetField(help_text=BUDGET_HELP["cluster"])
 
     def __init__(self, *args, owner, **kwargs):
         super().__init__(*args, **kwargs)
@@ -466,7 +514,7 @@ class ClusterForm(ShutdownFields):
         )
 
     def spec(self) -> ClusterSpec:
-        return self.checked.spec
+        return replace(self.checked.spec, budget=self.cleaned_data.get("budget"))
 
 
 class PoolForm(ClusterForm):
@@ -477,6 +525,7 @@ class PoolForm(ClusterForm):
 
     MOST_CLUSTERS = 100
     unique_name = False  # its own rule (clean_name): no active pool of the owner's with it
+    budget = None  # its own budgets (per hour, total); its clusters have none of their own
 
     min_clusters = forms.IntegerField(
         label=gettext_lazy("Minimum clusters"), min_value=0, max_value=MOST_CLUSTERS, initial=0,
@@ -798,6 +847,7 @@ class JobForm(forms.Form):
             "cluster is placed again); one more fails it. Not counted against retries."
         ),
     )
+    budget = BudgetField(help_text=BUDGET_HELP["job"])
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -870,6 +920,7 @@ class JobForm(forms.Form):
             retries=d.get("retries") or 0,
             preemption_script=d.get("preemption_script") or "",
             max_preemptions=d["max_preemptions"],
+            budget=d.get("budget"),
         )
 
 

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from console.forms import BUDGET_HELP, BudgetField
 from jobs.base import validators
 from jobs.files import storage
 from jobs.models import Pool, Sweep
@@ -94,6 +95,7 @@ class SweepForm(forms.Form):
             "Every trial runs at least this many steps before it may be stopped."
         ),
     )
+    budget = BudgetField(help_text=BUDGET_HELP["sweep"])
 
     def __init__(self, *args, owner, **kwargs):
         super().__init__(*args, **kwargs)
@@ -154,6 +156,7 @@ class SweepForm(forms.Form):
             min_steps=d["min_steps"],
             env=d["env"],
             workdir=d["workdir"],
+            budget=d.get("budget"),
         )
 
 

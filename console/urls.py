@@ -11,6 +11,7 @@ from console import (
     views_account,
     views_apps,
     views_billing,
+    views_budgets,
     views_hosts,
     views_images,
     views_monitoring,
@@ -91,6 +92,7 @@ urlpatterns = [
         views_shutdown.cluster_shutdown,
         name="cluster_shutdown",
     ),
+    path("clusters/<int:cluster_id>/budget/", views_budgets.cluster_budget, name="cluster_budget"),
     path(
         "clusters/<int:cluster_id>/shutdown/clear/",
         views_shutdown.cluster_shutdown_clear,
@@ -131,6 +133,7 @@ urlpatterns = [
     path("sweeps/<int:sweep_id>/live/", views_sweeps.sweep_live, name="sweep_live"),
     path("sweeps/<int:sweep_id>/data.json", views_sweeps.sweep_data, name="sweep_data"),
     path("sweeps/<int:sweep_id>/cancel/", views_sweeps.sweep_cancel, name="sweep_cancel"),
+    path("sweeps/<int:sweep_id>/budget/", views_budgets.sweep_budget, name="sweep_budget"),
     path(
         "clusters/<int:cluster_id>/nodes/<int:index>/terminal/",
         views.node_terminal,
@@ -179,6 +182,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/log/", views.job_log, name="job_log"),
     path("jobs/<int:job_id>/metrics.json", views_monitoring.job_metrics, name="job_metrics"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<int:job_id>/budget/", views_budgets.job_budget, name="job_budget"),
     path("jobs/<int:job_id>/profile/", views_monitoring.job_profile, name="job_profile"),
     path(
         "jobs/<int:job_id>/profile/<int:attempt>/<str:name>",

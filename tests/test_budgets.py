@@ -26,7 +26,7 @@ from billing.models import Account, LedgerEntry, Meter
 from jobs.base.text import show
 from jobs.clusters import services as cluster_services
 from jobs.clusters.services import JobSpec
-from jobs.models import Job, JobEvent, Node, Replica, WebhookEndpoint, WebhookEvent
+from jobs.models import Cluster, Job, JobEvent, Node, Replica, WebhookEndpoint, WebhookEvent
 from jobs.placement import scheduler
 
 pytestmark = pytest.mark.django_db
@@ -278,3 +278,303 @@ def test_a_good_budget_is_read_to_the_cent():
     assert budgets.parse("2.500") == Decimal("2.50")
     assert budgets.parse("") is None and budgets.parse(None) is None
     assert budgets.parse("none") is None
+
+
+# -- a sweep ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pool(money, alice, catalog, make_paper_host, storage_root):
+    """Alice's pool of one-GPU clusters on a paper host, one cluster running from second 0."""
+    from conftest import TEST_IMAGE
+
+    from console import pools as console_pools
+    from jobs.clusters.services import ClusterSpec
+    from jobs.models import Image
+    from jobs.pools import autoscaler
+
+    with time_machine.travel(at(0), tick=False):
+        if not make_paper_host.__dict__.get("made"):
+            make_paper_host(gpus=8)
+            make_paper_host.__dict__["made"] = True
+        shape = ClusterSpec(
+            name="", nodes=1, gpu_model=catalog["a100-80gb"], gpus_per_node=1,
+            image=Image.objects.get(reference=TEST_IMAGE),
+        )  # fmt: skip
+        made = autoscaler.pool_create(
+            owner=alice, spec=autoscaler.PoolSpec(name="hp", cluster=shape, max_clusters=2)
+        )
+        return console_pools.refresh(made)
+
+
+def _sweep(alice, pool, budget, trials=3):
+    from jobs.models import Sweep
+    from jobs.pools import sweeps
+
+    with time_machine.travel(at(0), tick=False):
+        return sweeps.sweep_create(
+            owner=alice, pool=pool,
+            spec=sweeps.SweepSpec(
+                name="quad", command="sleep 600", space=sweeps.parse_space("x: uniform 0 6"),
+                metric="loss", trials=trials, parallel=1, pruner=Sweep.Pruner.NONE,
+                budget=Decimal(budget),
+            ),
+        )  # fmt: skip
+
+
+def _trial_runs(trial, started):
+    """Its job placed and running on its (pool's) cluster from `started`."""
+    job = trial.job
+    with time_machine.travel(at(0), tick=False):
+        scheduler.place_pending()
+    ran(job.cluster)
+    _running(job, started)
+
+
+def test_a_sweep_is_cancelled_at_its_budget_its_trial_stopped_told_once(money, alice, pool):
+    from jobs.models import Trial
+
+    sweep = _sweep(alice, pool, "1.00")
+    trial = Trial.objects.get(sweep=sweep)
+    _trial_runs(trial, at(0))
+    tick(70)  # 0.70 spent, its trial's stop (20 s) 0.20 more: under 1.00
+    sweep.refresh_from_db()
+    assert sweep.state == "running"
+    tick(80)
+    sweep.refresh_from_db()
+    assert sweep.state == "cancelled" and sweep.budget_stopped_at == at(80)
+    with translation.override("en"):
+        assert show(sweep.note_text) == "stopped at its budget ¥1.00: ¥0.80 spent"
+    job = Job.objects.get(pk=trial.job_id)
+    assert job.cancel_requested
+    with translation.override("en"):
+        assert show(job.state_reason_text) == "stopped at its budget ¥1.00: ¥0.80 spent"
+    tick(90)
+    (told,) = WebhookEvent.objects.filter(type="sweep.budget_stopped")
+    assert "Sweep quad stopped at its budget ¥1.00" in _said(told)["en"]
+    assert Trial.objects.filter(sweep=sweep).count() == 1, "no trial after the stop"
+
+
+def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool):
+    from jobs.models import Sweep, Trial
+    from jobs.pools import sweeps
+
+    sweep = _sweep(alice, pool, "1.00")
+    first = Trial.objects.get(sweep=sweep)
+    _trial_runs(first, at(0))
+    # Its first trial ran 60 s (0.60) and completed: a second would bring it to 1.20.
+    Job.objects.filter(pk=first.job_id).update(state=Job.State.SUCCEEDED, finished_at=at(60))
+    Trial.objects.filter(pk=first.pk).update(state=Trial.State.COMPLETE, last_step=10)
+    sweep.refresh_from_db()
+    with translation.override("en"):
+        assert "the next trial would pass its budget 1.00 (spent 0.60" in str(
+            sweeps.budget_hold(sweep)
+        )
+    with time_machine.travel(at(61), tick=False):
+        assert sweeps.advance(sweep.pk) == 0
+    sweep.refresh_from_db()
+    assert sweep.state == Sweep.State.FINISHED and sweep.budget_stopped_at is not None
+    assert "would pass its budget" in sweep.note
+    assert Trial.objects.filter(sweep=sweep).count() == 1
+    # A larger budget would have let it start.
+    Sweep.objects.filter(pk=sweep.pk).update(budget=Decimal("5"))
+    sweep.refresh_from_db()
+    assert sweeps.budget_hold(sweep) is None
+
+
+# -- the input on the pages, the API and the command line ------------------------------------
+
+
+def _page(user):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _api(user):
+    from django.test import Client
+
+    from console.models import ApiToken
+
+    _, token = ApiToken.issue(user=user, name="script")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def call(method, path, body=None):
+        if method == "GET":
+            response = client.get(f"/api/v1/{path}")
+        else:
+            response = getattr(client, method.lower())(
+                f"/api/v1/{path}", data=json.dumps(body or {}), content_type="application/json"
+            )
+        return response.status_code, response.json()
+
+    return call
+
+
+def _messages(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def test_the_job_form_takes_a_budget_and_refuses_a_bad_one_in_words(money, alice, placed):
+    cluster = placed("lab-a")
+    page = _page(alice)
+    form = {"name": "train", "command": "python train.py", "launcher": "plain",
+            "workdir": "/workspace", "checkpoint_dir": "/workspace/checkpoints", "retries": 0,
+            "max_preemptions": 5}  # fmt: skip
+    with translation.override("en"):
+        refused = page.post(f"/clusters/{cluster.pk}/jobs/new/", {**form, "budget": "-5"})
+    assert refused.status_code == 200 and not Job.objects.exists()
+    assert "A budget must be more than 0" in refused.content.decode()
+    refused = page.post(f"/clusters/{cluster.pk}/jobs/new/", {**form, "budget": "12.345"})
+    assert "at most 2 decimals" in refused.content.decode()
+    made = page.post(f"/clusters/{cluster.pk}/jobs/new/", {**form, "budget": "12.5"})
+    assert made.status_code == 302
+    job = Job.objects.get()
+    assert job.budget == Decimal("12.50")
+    # The job's page shows it, and its small form changes or clears it.
+    shown = page.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="budget-form"' in shown and "¥12.50" in shown
+    changed = page.post(f"/jobs/{job.pk}/budget/", {"budget": "20"}, follow=True)
+    job.refresh_from_db()
+    assert job.budget == Decimal("20.00")
+    assert any("stops at its budget of ¥20.00" in m for m in _messages(changed))
+    refused = page.post(f"/jobs/{job.pk}/budget/", {"budget": "abc"}, follow=True)
+    job.refresh_from_db()
+    assert job.budget == Decimal("20.00")
+    assert any("is not a number" in m for m in _messages(refused))
+    page.post(f"/jobs/{job.pk}/budget/", {"budget": ""})
+    job.refresh_from_db()
+    assert job.budget is None
+
+
+def test_the_cluster_and_sweep_pages_change_a_budget(money, alice, placed, pool):
+    from jobs.models import Sweep
+
+    cluster = placed("lab-a")
+    page = _page(alice)
+    assert 'data-testid="budget-form"' in page.get(f"/clusters/{cluster.pk}/").content.decode()
+    page.post(f"/clusters/{cluster.pk}/budget/", {"budget": "30"})
+    cluster.refresh_from_db()
+    assert cluster.budget == Decimal("30.00")
+    sweep = _sweep(alice, pool, "5")
+    assert 'data-testid="budget-form"' in page.get(f"/sweeps/{sweep.pk}/").content.decode()
+    refused = page.post(f"/sweeps/{sweep.pk}/budget/", {"budget": "2000000"}, follow=True)
+    assert any("at most 1,000,000" in m for m in _messages(refused))
+    page.post(f"/sweeps/{sweep.pk}/budget/", {"budget": "7.25"})
+    assert Sweep.objects.get(pk=sweep.pk).budget == Decimal("7.25")
+
+
+def test_another_researcher_can_neither_read_nor_change_a_budget(money, alice, bob, placed, pool):
+    cluster = placed("lab-a", budget=Decimal("10"))
+    with time_machine.travel(at(0), tick=False):
+        job = cluster_services.job_submit(
+            cluster=cluster, spec=JobSpec(name="train", command="x", budget=Decimal("5"))
+        )
+    sweep = _sweep(alice, pool, "5")
+    page = _page(bob)
+    for path in (f"/jobs/{job.pk}/budget/", f"/clusters/{cluster.pk}/budget/",
+                 f"/sweeps/{sweep.pk}/budget/"):  # fmt: skip
+        assert page.post(path, {"budget": "1"}).status_code == 404, path
+    api = _api(bob)
+    for path in (f"jobs/{job.pk}", f"clusters/{cluster.pk}", f"sweeps/{sweep.pk}"):
+        assert api("GET", path)[0] == 404, path
+        for method in ("PATCH", "POST"):
+            assert api(method, f"{path}/budget", {"budget": None})[0] == 404, (method, path)
+    job.refresh_from_db()
+    cluster.refresh_from_db()
+    sweep.refresh_from_db()
+    assert (job.budget, cluster.budget, sweep.budget) == (
+        Decimal("5"),
+        Decimal("10"),
+        Decimal("5"),
+    ), "nothing changed"
+
+
+def test_the_api_takes_a_budget_on_create_and_changes_it_and_refuses_a_bad_one(
+    money, alice, placed, pool
+):
+    cluster = placed("lab-a")
+    api = _api(alice)
+    body = {"cluster": cluster.pk, "name": "train", "command": "python train.py"}
+    with translation.override("en"):
+        status, refused = api("POST", "jobs", {**body, "budget": "1.234"})
+    assert status == 400 and "at most 2 decimals" in refused["fields"]["budget"][0]
+    status, refused = api("POST", "jobs", {**body, "budget": 0})
+    assert status == 400 and "more than 0" in refused["fields"]["budget"][0]
+    status, refused = api("POST", "jobs", {**body, "budget": True})
+    assert status == 400 and refused["fields"]["budget"]
+    assert not Job.objects.exists()
+    status, job = api("POST", "jobs", {**body, "budget": 49.9})
+    assert status == 201 and job["budget"] == "49.90" and job["budget_stopped_at"] is None
+    status, job = api("PATCH", f"jobs/{job['id']}/budget", {"budget": "60"})
+    assert status == 200 and job["budget"] == "60.00"
+    status, refused = api("POST", f"jobs/{job['id']}/budget", {"budget": "NaN"})
+    assert status == 400 and "finite" in refused["error"]
+    status, job = api("POST", f"jobs/{job['id']}/budget", {"budget": None})
+    assert status == 200 and job["budget"] is None
+    # A cluster: refused on create in words, nothing made; set and cleared later.
+    status, refused = api(
+        "POST", "clusters",
+        {"name": "lab-z", "gpu_model": "a100-80gb", "image": "suanli/busybox:latest",
+         "volumes": [], "budget": "ten"},
+    )  # fmt: skip
+    assert status == 400 and "is not a number" in refused["fields"]["budget"][0]
+    assert not Cluster.objects.filter(name="lab-z").exists()
+    status, shown = api("PATCH", f"clusters/{cluster.pk}/budget", {"budget": "25.50"})
+    assert status == 200 and shown["budget"] == "25.50"
+    # A sweep.
+    sweep = _sweep(alice, pool, "5")
+    status, shown = api("PATCH", f"sweeps/{sweep.pk}/budget", {"budget": "-1"})
+    assert status == 400 and "more than 0" in refused_text(shown)
+    status, shown = api("PATCH", f"sweeps/{sweep.pk}/budget", {"budget": "8"})
+    assert status == 200 and shown["budget"] == "8.00"
+
+
+def refused_text(answer: dict) -> str:
+    return " ".join([answer.get("error", ""), *answer.get("fields", {}).get("budget", [])])
+
+
+def test_the_command_line_sets_a_budget_and_says_what_is_wrong_with_a_bad_one(
+    live_server, money, alice, bob, placed, pool, tmp_path
+):
+    from test_cli import Cli
+
+    from console.models import ApiToken
+
+    cluster = placed("lab-a")
+    with time_machine.travel(at(0), tick=False):
+        job = cluster_services.job_submit(cluster=cluster, spec=JobSpec(name="train", command="x"))
+    sweep = _sweep(alice, pool, "5")
+
+    def logged_in(user):
+        _, token = ApiToken.issue(user=user, name="laptop")
+        cli = Cli(tmp_path / user.username)
+        cli("login", "--url", live_server.url, "--token", token)
+        return cli
+
+    cli = logged_in(alice)
+    done = cli("jobs", "budget", job.pk, "--", "-3", ok=False)
+    assert done.returncode == 1 and "A budget must be more than 0" in done.stderr
+    done = cli("clusters", "budget", cluster.pk, "1.005", ok=False)
+    assert done.returncode == 1 and "at most 2 decimals" in done.stderr
+    done = cli("jobs", "submit", "--cluster", cluster.pk, "--budget", "lots", "--", "x", ok=False)
+    assert done.returncode == 1 and "is not a number" in done.stderr
+    assert cli("jobs", "budget", job.pk, "50").stdout.strip() == (
+        f"Job {job.pk} (train) stops at 50.00 spent."
+    )
+    assert cli.json("clusters", "budget", cluster.pk, "12.5")["budget"] == "12.50"
+    assert cli.json("sweeps", "budget", sweep.pk, "none")["budget"] is None
+    made = json.loads(
+        cli("jobs", "submit", "--cluster", cluster.pk, "--budget", "7", "--json", "--", "x").stdout
+    )
+    assert made["budget"] == "7.00"
+    job.refresh_from_db()
+    cluster.refresh_from_db()
+    assert job.budget == Decimal("50") and cluster.budget == Decimal("12.5")
+    # Another researcher: not found, and nothing changed.
+    done = logged_in(bob)("jobs", "budget", job.pk, "none", ok=False)
+    assert done.returncode == 1 and "not found" in done.stderr.lower()
+    job.refresh_from_db()
+    assert job.budget == Decimal("50")

@@ -399,11 +399,13 @@ def test_every_command_prints_json_under_json_and_its_errors_too(console_url, al
         ("clusters", "start"): ([missing], 1),
         ("clusters", "resize"): ([missing, "--nodes", 2], 1),
         ("clusters", "shutdown"): ([missing, "--clear"], 1),
+        ("clusters", "budget"): ([missing, "50"], 1),
         ("jobs", "list"): ([], 0),
         ("jobs", "show"): ([missing], 1),
         ("jobs", "submit"): (["--cluster", missing, "--", "true"], 1),
         ("jobs", "profile"): ([missing], 1),
         ("jobs", "cancel"): ([missing], 1),
+        ("jobs", "budget"): ([missing, "none"], 1),
         ("logs",): ([missing, "-f"], 1),
         ("ssh",): ([missing], 1),
         ("images", "list"): ([], 0),
@@ -420,6 +422,7 @@ def test_every_command_prints_json_under_json_and_its_errors_too(console_url, al
             1,
         ),  # fmt: skip
         ("sweeps", "cancel"): ([missing], 1),
+        ("sweeps", "budget"): ([missing, "5"], 1),
         ("keys", "list"): ([], 0),
         ("keys", "add"): ([folder / "Dockerfile"], 1),  # not a public key
         ("keys", "default"): ([missing], 1),

@@ -12,6 +12,8 @@ from suanli_cli.core import (
     Api,
     Failure,
     all_pages,
+    budget_body,
+    budget_words,
     emit_json,
     group_json,
     json_option,
@@ -103,6 +105,11 @@ def _show_cluster(c: dict, as_json: bool) -> None:
     metavar="PCT",
     help="With --stop-idle-minutes: the GPU utilisation, 1-100.",
 )
+@click.option(
+    "--budget",
+    metavar="AMOUNT",
+    help="Stop at this much spent, e.g. 50 or 49.90 (stopped, every file kept, before its charges pass it).",
+)
 @json_option
 def clusters_create(
     name, gpu_model, instance_type, image, volumes, pub, ssh_keys, stop_at, as_json, **rest
@@ -125,6 +132,22 @@ def clusters_create(
         emit_json(c)
         return
     click.echo(f"Cluster {c['id']} ({c['name']}) is {c['state']}: {c.get('url', '')}")
+
+
+@clusters.command("budget")
+@click.argument("cluster_id", type=int, metavar="CLUSTER")
+@click.argument("amount", metavar="AMOUNT|none")
+@json_option
+def clusters_budget(cluster_id, amount, as_json):
+    """Stop CLUSTER (every file kept) before its charges pass AMOUNT, or `none` for no
+    budget."""
+    c = Api.from_config().patch(
+        f"clusters/{cluster_id}/budget", f"cluster {cluster_id}", budget_body(amount)
+    )
+    if wants_json(as_json):
+        emit_json(c)
+        return
+    click.echo(budget_words("Cluster", c))
 
 
 @clusters.command("list")

@@ -348,3 +348,18 @@ def pool_by_ref(api: Api, ref: str) -> dict:
     if by_id:
         return by_id[0]
     raise Failure(f"you have no pool named {ref!r} (nor one with that id).")
+
+
+def budget_body(amount: str) -> dict:
+    """The body of `suanli jobs|clusters|sweeps budget ID AMOUNT|none`: the amount as
+    written (the console checks it and says what is wrong with it), null for `none`."""
+    amount = amount.strip()
+    return {"budget": None if amount.lower() in ("", "none") else amount}
+
+
+def budget_words(kind: str, obj: dict) -> str:
+    """ "Job 12 (train) stops at 50.00 spent." or "... has no budget now."."""
+    budget = obj.get("budget")
+    if budget is None:
+        return f"{kind} {obj['id']} ({obj['name']}) has no budget now."
+    return f"{kind} {obj['id']} ({obj['name']}) stops at {float(budget):.2f} spent."

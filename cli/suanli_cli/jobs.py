@@ -11,6 +11,8 @@ from suanli_cli.core import (
     Api,
     Failure,
     all_pages,
+    budget_body,
+    budget_words,
     emit_json,
     group_json,
     json_option,
@@ -75,6 +77,11 @@ def _env_pair(ctx, param, values):
 @click.option("--retries", type=int, help="Restarts after a failure (default 0).")
 @click.option("--max-runtime", type=int, metavar="MINUTES", help="Stop it after this long.")
 @click.option("--torchrun", is_flag=True, help="Launch with torchrun, one process per GPU.")
+@click.option(
+    "--budget",
+    metavar="AMOUNT",
+    help="Stop at this much spent, e.g. 50 or 49.90 (its preemption script, then SIGTERM and SIGKILL after the grace).",
+)
 @click.argument("command", nargs=-1, required=True)
 @json_option
 def jobs_submit(
@@ -217,6 +224,20 @@ def jobs_profile(job_id, as_json):
     )  # fmt: skip
     if p["pending"]:
         click.echo("Some summaries are on their way: ask again in a moment.")
+
+
+@jobs.command("budget")
+@click.argument("job_id", type=int, metavar="JOB")
+@click.argument("amount", metavar="AMOUNT|none")
+@json_option
+def jobs_budget(job_id, amount, as_json):
+    """Stop JOB at AMOUNT spent (its preemption script, then SIGTERM and SIGKILL after the
+    grace), or `none` for no budget."""
+    j = Api.from_config().patch(f"jobs/{job_id}/budget", f"job {job_id}", budget_body(amount))
+    if wants_json(as_json):
+        emit_json(j)
+        return
+    click.echo(budget_words("Job", j))
 
 
 @jobs.command("cancel")

@@ -7,6 +7,8 @@ import click
 from suanli_cli.core import (
     Api,
     all_pages,
+    budget_body,
+    budget_words,
     emit_json,
     group_json,
     json_option,
@@ -121,6 +123,11 @@ def sweeps_show(sweep_id, as_json):
 @click.option("--min-steps", type=int, help="Steps before a trial may be pruned.")
 @click.option("--env", multiple=True, callback=_env_pair, metavar="KEY=VALUE", help="Repeatable.")
 @click.option("--workdir", help="The working directory (default /workspace).")
+@click.option(
+    "--budget",
+    metavar="AMOUNT",
+    help="Stop at this much spent, e.g. 50 or 49.90 (cancelled before its trials' cost passes it).",
+)
 @click.argument("command", nargs=-1, required=True)
 @json_option
 def sweeps_create(pool_ref, params, command, env, as_json, **rest):
@@ -138,6 +145,22 @@ def sweeps_create(pool_ref, params, command, env, as_json, **rest):
         emit_json(s)
         return
     click.echo(f"Sweep {s['id']} ({s['name']}) is {s['state']} on pool {pool['name']}: {s['url']}")
+
+
+@sweeps.command("budget")
+@click.argument("sweep_id", type=int, metavar="SWEEP")
+@click.argument("amount", metavar="AMOUNT|none")
+@json_option
+def sweeps_budget(sweep_id, amount, as_json):
+    """Cancel SWEEP before its trials' cost passes AMOUNT (no trial starts that would pass
+    it), or `none` for no budget."""
+    s = Api.from_config().patch(
+        f"sweeps/{sweep_id}/budget", f"sweep {sweep_id}", budget_body(amount)
+    )
+    if wants_json(as_json):
+        emit_json(s)
+        return
+    click.echo(budget_words("Sweep", s))
 
 
 @sweeps.command("cancel")
