@@ -123,12 +123,18 @@ def job_panel(job: Job) -> Panel:
     p = projections.project(job)
     pace = p.pace
     words, warning = budget_line(p, job)
+    said_now = said(p.words)
+    if not job.started_at and not job.is_ended:  # it never ran: nothing "ran so far" yet
+        said_now = _(
+            "Its finish time and cost are projected once it runs and reports its steps "
+            '(SUANLI_METRIC lines with a "step", and a "total_steps" or SUANLI_TOTAL_STEPS).'
+        )
     found = power.energy_of(job)
     compared = _compared(job) if job.is_ended else None
     note = text.show(job.progress_note_text) if job.progress_note_text else job.progress_note
     return Panel(
         projection=p,
-        words=said(p.words),
+        words=said_now,
         why=said(pace.why) if pace.why else "",
         note=note or "",
         percent=round(pace.fraction * 100, 1) if pace.fraction is not None else None,

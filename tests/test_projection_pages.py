@@ -151,6 +151,19 @@ def test_a_job_without_a_total_gets_elapsed_and_cost_so_far_with_why(
     assert "已运行" in words and "SUANLI_TOTAL_STEPS" in words, words
 
 
+def test_a_queued_job_says_when_it_will_be_projected(client, alice, paper_host, catalog, priced):
+    cluster = _cluster(alice, paper_host, catalog)
+    job = Job.objects.create(
+        cluster=cluster, owner=alice, name="later", command="python train.py",
+        env={"SUANLI_TOTAL_STEPS": "5000"},
+    )  # fmt: skip
+    client.force_login(alice)
+    page = _page(client, job)
+    words = _text(page, "projection-words")
+    assert words.startswith("Its finish time and cost are projected once it runs")
+    assert "Ran" not in words and 'data-testid="projection-progress"' not in page
+
+
 def test_a_bad_total_says_why_and_projects_nothing(client, alice, paper_host, catalog, priced):
     job = _job(_cluster(alice, paper_host, catalog), total=500)  # below step 1000
     client.force_login(alice)
