@@ -49,12 +49,17 @@ def _now() -> datetime:
 
 
 def _running(cluster, started: datetime, *, name="train-7", env=None) -> Job:
-    """A job whose attempt 1 runs on the cluster's node since `started` (what dispatch
-    leaves: the job running, its replica's container started)."""
+    """A job submitted to the cluster and running since `started` (`_run`)."""
     job = services.job_submit(
         cluster=cluster, spec=JobSpec(name=name, command="python train.py", env=env or {})
     )
-    node = cluster.node_set.get()
+    return _run(job, started)
+
+
+def _run(job: Job, started: datetime) -> Job:
+    """What dispatch leaves: the job running, its attempt 1's container on its cluster's
+    node started at `started`."""
+    node = job.cluster.node_set.get()
     Job.objects.filter(pk=job.pk).update(
         state=Job.State.RUNNING, attempt=1, started_at=started, running_since=started
     )
@@ -465,6 +470,34 @@ def test_a_sweep_with_pruned_trials_projects_less_than_one_without(make_pool, al
     assert en.startswith("4 trials left should cost about ¥2.38 more (")
     assert "pruning is expected to save 31 % of that" in en
     assert _said(a["words"], "zh-hans").startswith("剩余 4 个试验预计还需约 ¥2.38（")
+
+
+def test_a_running_trial_counts_by_its_own_projection(make_pool, alice, paper_host):
+    sweep = _sweep(make_pool(), alice, "running")
+    scheduler.place_pending()  # the pool's cluster, on the paper host
+    t0, t1, t2, t3 = sweep.trial_set.order_by("number")
+    _fill(t0, state="complete", steps=40, seconds=400)
+    _fill(t1, state="complete", steps=40, seconds=400)
+    _fill(t2, state="pruned", steps=10, seconds=100)
+    assert t3.job.cluster.state == "running", t3.job.cluster.state_reason
+    started = _now() - timedelta(seconds=600)
+    job = _run(Job.objects.select_related("cluster").get(pk=t3.job_id), started)
+    _progress(job, started + timedelta(seconds=5), 50, total=5000)
+    now = started + timedelta(seconds=600)
+
+    out = projections.sweep_projection(sweep, now=now)
+
+    p = projections.project(Job.objects.get(pk=job.pk), now=now)
+    whole = (Decimal("7.80") * 400 / 3600).quantize(Decimal("0.0001"))
+    # A third of the ended trials pruned after a quarter of a full run: 25 % saved a trial.
+    assert out["saving_share"] == pytest.approx(0.25)
+    assert out["running"] == 1 and out["not_started"] == 4 and out["unprojected"] == 0
+    trial = (2 * whole + p.cost) / 3
+    assert out["trial_cost"] == trial.quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)
+    expected = p.remaining + 4 * trial * Decimal("0.75")
+    assert out["remaining"] == expected.quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)
+    assert out["remaining_low"] <= out["remaining"] <= out["remaining_high"]
+    assert _said(out["words"], "en").startswith("5 trials left should cost about ")
 
 
 def test_a_sweep_with_no_trial_ended_yet_says_it_cannot_project(make_pool, alice):
