@@ -578,3 +578,70 @@ def test_the_command_line_sets_a_budget_and_says_what_is_wrong_with_a_bad_one(
     assert done.returncode == 1 and "not found" in done.stderr.lower()
     job.refresh_from_db()
     assert job.budget == Decimal("50")
+
+
+# -- a real job on the engines ---------------------------------------------------------------
+
+
+def test_a_real_job_runs_its_preemption_script_then_stops_at_its_budget(
+    running_cluster, alice, rate_card, fund, processes, storage_root, settings
+):
+    """On the engines, with the Procfile's worker: the accrual's budget watch stops a job
+    that prints a line a second; its preemption script runs in the container first (its
+    words reach the job's log), then SIGTERM; it ends cancelled, with its reason in words."""
+    import time
+
+    from jobs.placement import scheduler as placement
+    from jobs.runs import repair
+
+    settings.SUANLI_ACCRUAL_INTERVAL = 1
+    settings.SUANLI_PREEMPT_SCRIPT_S = 5
+    settings.SUANLI_STOP_GRACE_S = 3
+    from django.utils import timezone
+
+    rate_card({"a100-80gb": "3600"}, effective_from=timezone.now() - timedelta(hours=1))
+    fund(alice, "1000")
+    env = {
+        "SUANLI_PREEMPT_SCRIPT_S": "5", "SUANLI_STOP_GRACE_S": "3",
+        "SUANLI_STORAGE_ROOT": str(storage_root),
+    }  # fmt: skip
+    processes.start("worker", "--worker-class", "console.rqworker.SimpleWorker", env=env)
+    cluster = running_cluster(1, gpus=1)
+    job = cluster_services.job_submit(
+        cluster=cluster,
+        spec=JobSpec(
+            name="priced", command="i=0; while true; do i=$((i+1)); echo step $i; sleep 1; done",
+            preemption_script="echo saving at the budget: $SUANLI_PREEMPTION_REASON",
+            # 1.00 a GPU-second; 9 s of margin (script 5, grace 3, a period 1): ~5 s run
+            budget=Decimal("14"),
+        ),
+    )  # fmt: skip
+
+    def drive(check, timeout=60, what=""):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            repair.reconcile()
+            placement.place_pending()
+            accrual.accrue()
+            job.refresh_from_db()
+            if check():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: {job.state} {job.state_reason}")
+
+    drive(lambda: job.budget_stopped_at is not None, what="stopped at its budget")
+    assert job.cancel_requested and job.preempt_requested_at is not None
+    drive(lambda: job.state == Job.State.CANCELLED, what="ended")
+    with translation.override("en"):
+        reason = show(job.state_reason_text)
+    assert reason.startswith("stopped at its budget ¥14.00: ¥") and reason.endswith(" spent")
+    log = "\n".join(r.log for r in job.replicas.all())
+    assert "step 1" in log
+    assert "saving at the budget: stopped at its budget ¥14.00" in log, log[-500:]
+    kinds = list(job.events.values_list("kind", flat=True))
+    assert "budget" in kinds and kinds[-1] == "cancelled"
+    spent = budgets.job_spent(job)
+    assert spent <= Decimal("14"), f"it never passed its budget: {spent}"
+    cluster.refresh_from_db()
+    assert cluster.state == "running", "its cluster runs on (the budget was the job's)"
+    cluster_services.cluster_release(cluster=cluster)

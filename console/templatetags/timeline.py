@@ -62,6 +62,7 @@ KINDS = {
     "timeout": gettext_lazy("timeout"),
     "lost": gettext_lazy("lost"),
     "notice": gettext_lazy("notice"),
+    "budget": gettext_lazy("budget"),  # billing/budgets.py: its early warning, its stop
     "error": gettext_lazy("error"),
     # pools
     "created": gettext_lazy("created"),
