@@ -200,20 +200,11 @@ def test_a_budget_the_projection_passes_warns_on_the_page(
     assert line.startswith("Budget ¥5000.00: ¥") and line.endswith("spent so far.")
 
 
-def test_a_finished_job_shows_projected_against_actual(client, alice, paper_host, catalog, priced):
-    job = _job(_cluster(alice, paper_host, catalog), steps=5000, ran_s=2520)
-    # What the projection task kept at a fifth of its steps (its finish 60 s late), and at
-    # its end (the run's last read): the comparison is made from these.
-    early_at = job.started_at + timedelta(seconds=510)
-    finished = job.started_at + timedelta(seconds=2520)
-    Job.objects.filter(pk=job.pk).update(
-        state=Job.State.SUCCEEDED, finished_at=finished, projection_early={
-            "at": early_at.isoformat(), "fraction": 0.2, "currency": "CNY",
-            "finish_at": (finished + timedelta(seconds=60)).isoformat(), "cost": "9.9000",
-        },
-    )  # fmt: skip
-    Replica.objects.filter(job=job).update(finished_at=finished)
-    job.refresh_from_db()
+def test_a_finished_job_shows_projected_against_actual(
+    client, alice, paper_host, catalog, priced, token_of
+):
+    # What the projection task kept at a fifth of its steps: its finish 60 s late.
+    job = _finished_with_early(_cluster(alice, paper_host, catalog), late_s=60)
     client.force_login(alice)
     page = _page(client, job)
     assert 'data-testid="projection-compared"' in page
@@ -221,6 +212,13 @@ def test_a_finished_job_shows_projected_against_actual(client, alice, paper_host
     cost_off = _text(page, "cost-off")
     assert re.fullmatch(r"[+-]\d+(\.\d)? %", cost_off), cost_off
     assert "with 20 % of its steps done" in _text(page, "projection-compared-words")
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token_of(alice)}")
+    body = api.get(f"/api/v1/jobs/{job.pk}").json()
+    compared = body["comparison"]
+    assert round(compared["finish_error"], 4) == round(60 / 2520, 4)
+    assert compared["projected_cost"] == "9.9000" and compared["finish"].endswith("Z")
+    assert compared["words"].startswith("Projected at 20 % of its steps")
+    assert body["projection"]["ended"] and body["projection"]["cost"] is None
     preferences.save(alice, language="zh-hans")
     page = _page(client, job)
     assert "预测值" in page and "实际值" in page
