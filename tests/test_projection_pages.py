@@ -29,9 +29,12 @@ from billing import projections
 from console import pools as console_pools
 from console import preferences
 from console.models import ApiToken
+from jobs.base.text import Text, twin_fields
+from jobs.base.validators import total_steps_problem
 from jobs.clusters.services import ClusterSpec
 from jobs.models import Cluster, Image, Job, Node, Replica, Trial
 from jobs.pools import autoscaler, sweeps
+from jobs.runs import progress
 from monitoring.models import Sample
 
 pytestmark = pytest.mark.django_db
@@ -170,6 +173,23 @@ def test_a_bad_total_says_why_and_projects_nothing(client, alice, paper_host, ca
     page = _page(client, job)
     assert "the declared total of 500 steps is below step 1000" in _text(page, "projection-words")
     assert 'data-testid="projection-finish"' not in page and "should finish" not in page
+
+
+def test_a_bad_total_on_a_line_is_named_with_its_line_and_stops_the_projection(
+    client, alice, paper_host, catalog, priced
+):
+    job = _job(_cluster(alice, paper_host, catalog))
+    why = total_steps_problem(float("nan"), text=False)
+    note = twin_fields(Job, "progress_note", Text(progress.TOTAL_NOTE, n=7, why=why))
+    Job.objects.filter(pk=job.pk).update(**note)
+    client.force_login(alice)
+    page = _page(client, job)
+    assert (
+        _text(page, "progress-note")
+        == "log line 7: total steps must be a whole number of steps, not nan"
+    )
+    assert "no finish projected: log line 7:" in _text(page, "projection-words")
+    assert 'data-testid="projection-basis"' not in page
 
 
 def test_the_status_poll_brings_the_panel_along(client, alice, running):
