@@ -70,7 +70,7 @@ BUDGET_HELP = {
 class BudgetForm(forms.Form):
     """The small form on a job's, cluster's or sweep's page that sets or clears its budget."""
 
-    budget = BudgetField(label=gettext_lazy("Stop at"))
+    budget = BudgetField(label=gettext_lazy("Stop at this much spent"))
 
     def __init__(self, *args, kind: str, **kwargs):
         super().__init__(*args, **kwargs)
