@@ -645,3 +645,67 @@ def test_a_real_job_runs_its_preemption_script_then_stops_at_its_budget(
     cluster.refresh_from_db()
     assert cluster.state == "running", "its cluster runs on (the budget was the job's)"
     cluster_services.cluster_release(cluster=cluster)
+
+
+def test_the_budget_forms_in_both_languages_and_sizes(
+    money, alice, placed, pool, live_server, browser
+):
+    """Screenshots (SUANLI_SCREENSHOTS): the job's, cluster's and sweep's budget card, a
+    budget set from the job's page and a bad one refused in words, in Chinese and English,
+    at 1366 and 390 px."""
+    import os
+
+    from browsing import login
+    from django.urls import reverse
+    from playwright.sync_api import expect
+
+    from console import preferences
+
+    shots = os.environ.get("SUANLI_SCREENSHOTS", "/tmp")
+    cluster = placed("lab-a", budget=Decimal("120"))
+    with time_machine.travel(at(0), tick=False):
+        job = cluster_services.job_submit(
+            cluster=cluster, spec=JobSpec(name="train", command="python train.py")
+        )
+    sweep = _sweep(alice, pool, "30")
+    for language in ("zh-hans", "en"):
+        preferences.save(alice, language=language, time_zone="Asia/Shanghai")
+        for width in (1366, 390):
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            try:
+                page = context.new_page()
+                login(page, live_server, "alice", "alice-pass-123")
+                page.goto(f"{live_server.url}{reverse('job_detail', args=[job.pk])}")
+                expect(page.get_by_test_id("budget-none")).to_be_visible()
+                page.fill("#budget #id_budget", "-3")
+                page.get_by_test_id("budget-save").click()
+                expect(page.get_by_test_id("budget-none")).to_be_visible()
+                page.get_by_test_id("budget").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/budget-job-refused-{language}-{width}.png")
+                page.fill("#budget #id_budget", "50")
+                page.get_by_test_id("budget-save").click()
+                expect(
+                    page.get_by_test_id("budget").get_by_test_id("budget-state")
+                ).to_contain_text("¥50.00")
+                page.get_by_test_id("budget").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/budget-job-{language}-{width}.png")
+                page.goto(f"{live_server.url}{reverse('cluster_detail', args=[cluster.pk])}")
+                expect(
+                    page.get_by_test_id("budget").get_by_test_id("budget-state")
+                ).to_contain_text("¥120.00")
+                page.get_by_test_id("budget").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/budget-cluster-{language}-{width}.png")
+                page.goto(f"{live_server.url}{reverse('sweep_detail', args=[sweep.pk])}")
+                expect(
+                    page.get_by_test_id("budget").get_by_test_id("budget-state")
+                ).to_contain_text("¥30.00")
+                page.get_by_test_id("budget").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/budget-sweep-{language}-{width}.png")
+                page.goto(f"{live_server.url}{reverse('job_new', args=[cluster.pk])}")
+                page.locator("#field-budget").scroll_into_view_if_needed()
+                page.screenshot(path=f"{shots}/budget-job-new-{language}-{width}.png")
+            finally:
+                context.close()
+            budgets.set_budget(job, None)
+    job.refresh_from_db()
+    assert job.budget is None
