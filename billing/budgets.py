@@ -132,6 +132,22 @@ def set_budget(subject: Job | Cluster | Sweep, budget: Decimal | None) -> None:
         setattr(subject, name, value)
 
 
+def start_refusal(cluster: Cluster) -> str:
+    """Why a cluster its budget stopped may not start again ("" when it may): until its
+    budget is raised or cleared (`set_budget` starts the watch again), a start would only
+    spend past it."""
+    if cluster.budget is None or cluster.budget_stopped_at is None:
+        return ""
+    charged = Meter.objects.filter(cluster_id=cluster.pk).values_list("charged", flat=True).first()
+    return _(
+        "%(name)s was stopped at its budget of %(budget)s (%(spent)s charged): raise or clear "
+        "its budget first, on its page or with suanli clusters budget."
+    ) % {
+        "name": cluster.name, "budget": shown(cluster.budget),
+        "spent": shown(charged or Decimal(0)),
+    }  # fmt: skip
+
+
 def shown(amount: Decimal | None, currency: str | None = None) -> str:
     """ "¥50.00" (the card's currency)."""
     return formatting.text(
@@ -196,6 +212,9 @@ def check_job(job: Job, projection=None, *, now: datetime | None = None) -> str:
     if spent + _ahead(job.cluster, margin_s(job), now) >= job.budget:
         return "stopped" if stop_job(job, spent, now=now) else "done"
     fraction = _field(projection, "budget_fraction")
+    if isinstance(projection, dict) and projection.get("budget") is not None:
+        if Decimal(str(projection["budget"])) != job.budget:
+            fraction = None  # stored against another budget: the next projection judges
     if fraction is not None and job.budget_warned_at is None:
         return "warned" if warn_job(job, float(fraction), _field(projection, "cost"), now) else "ok"
     return "ok"

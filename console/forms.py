@@ -156,6 +156,8 @@ def start_refusal(cluster, mode: str, *, actor=None) -> str:
     can): the same minutes of balance as creating one of its shape (no-GPU mode: at its
     price per node-hour). `actor`: who presses Start (a teammate starting a cluster
     another made is told whose budget refuses it)."""
+    if why := budgets.start_refusal(cluster):
+        return why
     by = actor.person if actor is not None and actor.for_a_team else None
     if mode == "no_gpu":
         prices = money.stop_prices()

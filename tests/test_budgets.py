@@ -131,10 +131,19 @@ def test_a_cluster_stops_at_its_budget_files_kept_billed_to_the_second_told_once
     said = _said(told)
     assert "lab-a stopped at its budget ¥1.00: ¥0.90 spent; its files are kept" in said["en"]
     assert "¥1.00" in said["zh-hans"] and "lab-a" in said["zh-hans"]
-    # A new budget starts the watch again; started again, it stops at the new one.
+    # Starting it again is refused in words until its budget is raised or cleared; a new
+    # budget starts the watch again.
+    from console.forms import start_refusal
+
+    with translation.override("en"):
+        assert start_refusal(cluster, "gpu") == (
+            "lab-a was stopped at its budget of ¥1.00 (¥0.90 charged): raise or clear its "
+            "budget first, on its page or with suanli clusters budget."
+        )
     budgets.set_budget(cluster, Decimal("2.00"))
     cluster.refresh_from_db()
     assert cluster.budget_stopped_at is None and cluster.budget == Decimal("2.00")
+    assert start_refusal(cluster, "gpu") == ""
 
 
 def test_a_cluster_without_workspaces_is_released_at_its_budget(money, alice, placed):
@@ -245,6 +254,10 @@ def test_a_projection_that_passes_the_budget_warns_once(money, alice, placed):
     budgets.set_budget(job, Decimal("60"))
     job.refresh_from_db()
     assert job.budget_warned_at is None, "a new budget may warn again"
+    stale = {**projection, "budget": "50.0000"}  # stored before the budget changed
+    with time_machine.travel(at(40), tick=False):
+        assert budgets.check_job(job, stale) == "ok", "not judged against the old budget"
+        assert budgets.check_job(job, {**stale, "budget": "60.0000"}) == "warned"
 
 
 # -- the input ------------------------------------------------------------------------------
