@@ -32,6 +32,7 @@ update in the transaction of the stop; setting a budget again (`set_budget`) cle
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
@@ -57,6 +58,7 @@ from jobs.pools import sweeps
 log = logging.getLogger(__name__)
 
 MAX_BUDGET = Decimal("1000000")  # a budget above this is a typing slip, not a plan
+GROUPED = re.compile(r"\d{1,3}(,\d{3})+(\.\d*)?")  # thousands written with commas
 
 STOPPED = gettext_noop("stopped at its budget %(budget)s: %(spent)s spent")
 WARNING = gettext_noop(
@@ -85,9 +87,11 @@ def parse(value) -> Decimal | None:
         return None
     if isinstance(value, bool):
         raise ValidationError(_("A budget is an amount, e.g. 50 or 49.90."), code="budget")
-    text = str(value).strip().replace(",", "")
+    text = str(value).strip()
     for sign in ("¥", "￥", "$"):
         text = text.removeprefix(sign)
+    if GROUPED.fullmatch(text):  # "1,000.50"; a comma elsewhere ("49,90") is not read
+        text = text.replace(",", "")
     try:
         amount = Decimal(text)
     except (InvalidOperation, ValueError):
@@ -111,7 +115,7 @@ def parse(value) -> Decimal | None:
     if amount > MAX_BUDGET:
         raise ValidationError(
             _("A budget is at most %(most)s; %(value)s is more than that.")
-            % {"most": f"{MAX_BUDGET:,.0f}", "value": f"{amount:,f}"[:40]},
+            % {"most": f"{MAX_BUDGET:,.0f}", "value": str(value)[:40]},
             code="budget",
         )
     if amount.as_tuple().exponent < -2 and amount != amount.quantize(formatting.CENT):

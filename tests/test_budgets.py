@@ -274,6 +274,9 @@ def test_a_projection_that_passes_the_budget_warns_once(money, alice, placed):
         ("1.234", "at most 2 decimals"),
         ("1e9", "at most 1,000,000"),
         (True, "an amount"),
+        ("49,90", "is not a number"),  # a decimal comma is not read as 4990
+        ("1e999999999", "at most 1,000,000"),
+        ("1e-999999999", "at most 2 decimals"),
     ],
 )
 def test_a_bad_budget_is_refused_in_words(value, words):
