@@ -371,7 +371,7 @@ def test_a_sweep_is_cancelled_at_its_budget_its_trial_stopped_told_once(money, a
     assert Trial.objects.filter(sweep=sweep).count() == 1, "no trial after the stop"
 
 
-def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool):
+def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool, monkeypatch):
     from jobs.models import Sweep, Trial
     from jobs.pools import sweeps
 
@@ -382,10 +382,17 @@ def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool):
     Job.objects.filter(pk=first.job_id).update(state=Job.State.SUCCEEDED, finished_at=at(60))
     Trial.objects.filter(pk=first.pk).update(state=Trial.State.COMPLETE, last_step=10)
     sweep.refresh_from_db()
+    # From billing's sweep projection: 0.60 spent, nothing running, a trial 0.60.
+    assert sweeps._projected(sweep, None) == (Decimal("0.60"), Decimal(0), Decimal("0.60"))
     with translation.override("en"):
         assert "the next trial would pass its budget 1.00 (spent 0.60" in str(
             sweeps.budget_hold(sweep)
         )
+        # A deployment without projections: an average ended trial's cost, the same here.
+        with monkeypatch.context() as m:
+            m.setattr(sweeps, "SWEEP_PROJECTION", "billing.no_projections.sweep_projection")
+            assert sweeps._projected(sweep, None) is None
+            assert "a trial costs about 0.60" in str(sweeps.budget_hold(sweep))
     with time_machine.travel(at(61), tick=False):
         assert sweeps.advance(sweep.pk) == 0
     sweep.refresh_from_db()

@@ -36,6 +36,7 @@ import optuna
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from sqlalchemy.pool import NullPool
@@ -585,14 +586,51 @@ def sweep_cancel(*, sweep: Sweep, reason: Text | None = None) -> Sweep:
     return sweep
 
 
+# Billing's projection of a sweep's remaining cost, asked by name (billing sits above jobs,
+# which never imports it): {"spent", "trial_cost", "saving_share", "not_started",
+# "remaining", ...} (billing/projections.py `sweep_projection`).
+SWEEP_PROJECTION = "billing.projections.sweep_projection"
+
+
+def _projected(sweep: Sweep, now) -> tuple[Decimal, Decimal, Decimal] | None:
+    """(spent, what its running trials should still cost, the next trial's projected cost
+    with pruning's expected saving) from billing's sweep projection; None without one."""
+    try:
+        p = import_string(SWEEP_PROJECTION)(sweep, now=now)
+    except ImportError:  # a deployment (or a checkout) without projections
+        return None
+    except Exception:  # a projection's trouble must not stop the sweep's round
+        log.exception("sweep %s: no projection for its budget", sweep.pk)
+        return None
+    if p.get("trial_cost") is None or p.get("remaining") is None or p.get("spent") is None:
+        return None
+    keep = Decimal(1) - Decimal(str(p.get("saving_share") or 0))
+    each = Decimal(p["trial_cost"]) * keep
+    coming = max(Decimal(p["remaining"]) - each * p.get("not_started", 0), Decimal(0))
+    return Decimal(p["spent"]), coming, each
+
+
 def budget_hold(sweep: Sweep, *, now=None) -> Text | None:
     """Why no trial of `sweep` may start now for its budget (None: it may): what its trials
     cost so far, with what its running trials are still expected to cost and the next
-    trial's expected cost (an average ended trial's, at the pool's price per hour: what the
-    sweep page shows), would pass it. Without an ended trial or a price, nothing is
-    expected (billing's budget stop still cancels the sweep at its budget)."""
+    trial's expected cost, would pass it. The costs are billing's sweep projection's (a
+    trial's projected cost less pruning's expected saving); without one, an average ended
+    trial's at the pool's price per hour (what the sweep page shows). Without either,
+    nothing is expected (billing's budget stop still cancels the sweep at its budget)."""
     if sweep.budget is None:
         return None
+    projected = _projected(sweep, now)
+    if projected is not None:
+        spent, coming, each = projected
+        if spent + coming + each <= sweep.budget:
+            return None
+        return Text(
+            gettext_noop(
+                "the next trial would pass its budget %(budget)s (spent %(spent)s, a trial "
+                "costs about %(each)s)"
+            ),
+            budget=f"{sweep.budget:.2f}", spent=f"{spent:.2f}", each=f"{each:.2f}",
+        )  # fmt: skip
     fig = figures(sweep, now=now, curves=False)
     priced = [f for f in fig.trials if f.cost is not None]
     ended = [f.cost for f in priced if f.trial.state != Trial.State.RUNNING]
