@@ -588,6 +588,8 @@ def test_the_command_line_sets_a_budget_and_says_what_is_wrong_with_a_bad_one(
         f"Job {job.pk} (train) stops at 50.00 spent."
     )
     assert cli.json("clusters", "budget", cluster.pk, "12.5")["budget"] == "12.50"
+    assert "budget:" in cli("clusters", "show", cluster.pk).stdout
+    assert "12.50" in cli("clusters", "show", cluster.pk).stdout
     assert cli.json("sweeps", "budget", sweep.pk, "none")["budget"] is None
     made = json.loads(
         cli("jobs", "submit", "--cluster", cluster.pk, "--budget", "7", "--json", "--", "x").stdout

@@ -56,9 +56,11 @@ def _show_cluster(c: dict, as_json: bool) -> None:
         return
     print_fields(
         {**_cluster_row(c), "created_at": when(c.get("created_at")),
-         "running_since": when(c.get("running_since")), "released_at": when(c.get("released_at"))},
+         "running_since": when(c.get("running_since")), "released_at": when(c.get("released_at")),
+         "budget_stopped_at": when(c.get("budget_stopped_at"))},
         ["id", "name", "state", "state_reason", "size", "image", "network", "zone",
-         "release_policy", "pub", "created_at", "running_since", "released_at", "url"],
+         "release_policy", "pub", "budget", "budget_stopped_at", "created_at", "running_since",
+         "released_at", "url"],
     )  # fmt: skip
     click.echo(f"{'stops:'.ljust(15)}{_rules_words(c)}")
 

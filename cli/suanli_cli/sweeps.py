@@ -74,9 +74,11 @@ def _show_sweep(s: dict, as_json: bool) -> None:
         return
     print_fields(
         {**_sweep_row(s), "created_at": when(s.get("created_at")),
-         "finished_at": when(s.get("finished_at"))},
+         "finished_at": when(s.get("finished_at")),
+         "budget_stopped_at": when(s.get("budget_stopped_at"))},
         ["id", "name", "pool", "state", "metric", "direction", "done", "parallel", "pruner",
-         "best", "best_trial", "command", "created_at", "finished_at", "url"],
+         "best", "best_trial", "command", "budget", "budget_stopped_at", "created_at",
+         "finished_at", "url"],
     )  # fmt: skip
     trials = [
         {**t, "params": " ".join(f"{k}={v}" for k, v in (t.get("params") or {}).items()),
