@@ -6,7 +6,7 @@ later on its page, `PATCH /api/v1/.../budget` or `suanli ... budget ID AMOUNT|no
 accrual tick (billing.accrual, after its charges) calls `enforce`, which stops each one
 before its spending passes its budget:
 
-* a job, when its cost so far (billing.estimates.run_cost over its attempts: its cluster's
+* a job, when its cost so far (billing.estimates' estimate over its attempts: its cluster's
   price x its GPUs x the seconds it ran, the estimate its end event says) and what its stop
   still costs (its preemption script's limit, the stop's grace, one accrual period) reach
   its budget: as a preemption notice stops it, its preemption script first, then SIGTERM,
@@ -45,7 +45,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from billing import formatting
-from billing.estimates import run_cost
+from billing.estimates import cost_of
 from billing.models import Meter
 from billing.pricing import RateBook
 from jobs.base.text import Text
@@ -173,18 +173,17 @@ def margin_s(job: Job | None = None) -> int:
     return seconds
 
 
-def _amount(cost: dict | None) -> Decimal | None:
-    return None if cost is None else Decimal(cost["amount"])
+def job_spent(job: Job, book: RateBook | None = None) -> Decimal | None:
+    """What a job's attempts cost so far (the estimate of its end event, billing.estimates);
+    None: no price."""
+    priced = cost_of(job.cluster, webhooks.runs(job), book)
+    return None if priced is None else priced[0]
 
 
-def job_spent(job: Job) -> Decimal | None:
-    """What a job's attempts cost so far (the estimate of its end event); None: no price."""
-    return _amount(run_cost(job.cluster, webhooks.runs(job)))
-
-
-def _ahead(cluster: Cluster, seconds: int, now: datetime) -> Decimal:
+def _ahead(cluster: Cluster, seconds: int, now: datetime, book: RateBook | None = None) -> Decimal:
     """What `cluster`'s GPUs cost for the next `seconds` at today's price (0 without one)."""
-    return _amount(run_cost(cluster, [(now, now + timedelta(seconds=seconds))])) or Decimal(0)
+    priced = cost_of(cluster, [(now, now + timedelta(seconds=seconds))], book)
+    return Decimal(0) if priced is None else priced[0]
 
 
 def _field(projection, name: str):
@@ -196,7 +195,9 @@ def _field(projection, name: str):
     return getattr(projection, name, None)
 
 
-def check_job(job: Job, projection=None, *, now: datetime | None = None) -> str:
+def check_job(
+    job: Job, projection=None, *, now: datetime | None = None, book: RateBook | None = None
+) -> str:
     """Judge one job against its budget: stop it when its cost so far and its stop's
     margin reach it; else warn once when `projection` (billing.projections.project, or
     the job's stored `projection_last`) says it will pass it. Returns what was done:
@@ -210,10 +211,11 @@ def check_job(job: Job, projection=None, *, now: datetime | None = None) -> str:
         return "not running"
     if projection is None:
         projection = job.projection_last
-    spent = job_spent(job)  # priced now: a stored projection's may be minutes old
+    book = book or RateBook.load()
+    spent = job_spent(job, book)  # priced now: a stored projection's may be minutes old
     if spent is None:
         return "no price"
-    if spent + _ahead(job.cluster, margin_s(job), now) >= job.budget:
+    if spent + _ahead(job.cluster, margin_s(job), now, book) >= job.budget:
         return "stopped" if stop_job(job, spent, now=now) else "done"
     fraction = _field(projection, "budget_fraction")
     if isinstance(projection, dict) and projection.get("budget") is not None:
@@ -295,10 +297,17 @@ def enforce(now: datetime | None = None) -> dict:
     budget is set."""
     now = now or timezone.now()
     out: dict[str, list[int]] = {"jobs": [], "warned": [], "clusters": [], "sweeps": []}
+    books: list[RateBook] = []  # the rate cards, read once a tick, and only when needed
+
+    def book() -> RateBook:
+        if not books:
+            books.append(RateBook.load())
+        return books[0]
+
     jobs = _watched(Job).filter(state__in=Job.ACTIVE, cancel_requested=False)
     for job in jobs.select_related("cluster").order_by("pk"):
         try:
-            said = check_job(job, now=now)
+            said = check_job(job, now=now, book=book())
         except Exception:  # one job's trouble must not stop the others' (nor the tick)
             log.exception("budget of job %s not judged", job.pk)
             continue
@@ -309,27 +318,29 @@ def enforce(now: datetime | None = None) -> dict:
     clusters = _watched(Cluster).filter(state=Cluster.State.RUNNING)
     for cluster in clusters.order_by("pk"):
         try:
-            if check_cluster(cluster, now=now):
+            if check_cluster(cluster, now=now, book=book()):
                 out["clusters"].append(cluster.pk)
         except Exception:
             log.exception("budget of cluster %s not judged", cluster.pk)
     for sweep in _watched(Sweep).filter(state=Sweep.State.RUNNING).order_by("pk"):
         try:
-            if check_sweep(sweep, now=now):
+            if check_sweep(sweep, now=now, book=book()):
                 out["sweeps"].append(sweep.pk)
         except Exception:
             log.exception("budget of sweep %s not judged", sweep.pk)
     return out
 
 
-def check_cluster(cluster: Cluster, *, now: datetime | None = None) -> bool:
+def check_cluster(
+    cluster: Cluster, *, now: datetime | None = None, book: RateBook | None = None
+) -> bool:
     """Stop (or release) a running cluster whose charges and one accrual period more reach
     its budget. True when it was stopped here."""
     now = now or timezone.now()
     charged = Meter.objects.filter(cluster_id=cluster.pk).values_list("charged", flat=True).first()
     if charged is None:
         return False  # not charged yet (no meter): nothing spent
-    if charged + _ahead(cluster, margin_s(), now) < cluster.budget:
+    if charged + _ahead(cluster, margin_s(), now, book) < cluster.budget:
         return False
     return stop_cluster(cluster, charged, now=now)
 
@@ -373,28 +384,29 @@ def stop_cluster(cluster: Cluster, charged: Decimal, *, now: datetime | None = N
     return True
 
 
-def sweep_spent(sweep: Sweep) -> tuple[Decimal, int]:
+def sweep_spent(sweep: Sweep, book: RateBook | None = None) -> tuple[Decimal, int]:
     """What a sweep's trials cost so far (each trial's job, priced as a job's end event
     prices it), and how many of them run."""
     total, running = Decimal(0), 0
     trials = Trial.objects.filter(sweep=sweep, job__isnull=False).select_related("job__cluster")
     for trial in trials:
-        total += job_spent(trial.job) or Decimal(0)
+        total += job_spent(trial.job, book) or Decimal(0)
         running += trial.state == Trial.State.RUNNING
     return total, running
 
 
-def check_sweep(sweep: Sweep, *, now: datetime | None = None) -> bool:
+def check_sweep(sweep: Sweep, *, now: datetime | None = None, book: RateBook | None = None) -> bool:
     """Cancel a running sweep whose trials' cost so far, with what their stops still cost,
     reaches its budget. True when it was cancelled here."""
     now = now or timezone.now()
-    spent, running = sweep_spent(sweep)
+    book = book or RateBook.load()
+    spent, running = sweep_spent(sweep, book)
     ahead = Decimal(0)
     if running:
         one = Trial.objects.filter(sweep=sweep, state=Trial.State.RUNNING, job__isnull=False)
         trial = one.select_related("job__cluster").first()
         if trial is not None:
-            ahead = _ahead(trial.job.cluster, margin_s(trial.job), now) * running
+            ahead = _ahead(trial.job.cluster, margin_s(trial.job), now, book) * running
     if spent + ahead < sweep.budget:
         return False
     return stop_sweep(sweep, spent, now=now)
