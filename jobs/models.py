@@ -1138,6 +1138,13 @@ class Job(models.Model):
                 condition=models.Q(budget__isnull=False, budget_stopped_at__isnull=True),
                 name="job_budget_idx",
             ),
+            # A researcher's projections against their ends, newest first (the billing page's
+            # "how good the projections were": billing/projections.py accuracy_of).
+            models.Index(
+                fields=["owner", "-finished_at", "-id"],
+                condition=models.Q(state="succeeded", projection_early__isnull=False),
+                name="job_compared_idx",
+            ),
         ]
         # Operators' powers over other researchers' work (the owner holds them over their
         # own): checked by jobs.placement.fleet.job_for_user on pages, API and websockets alike.

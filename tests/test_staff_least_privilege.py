@@ -85,7 +85,8 @@ OWN = {
     "billing_statement", "billing_statement_detail", "cluster_cost", "webhooks",
     "webhook_detail", "webhook_test", "webhook_rotate", "webhook_delete", "webhook_redeliver",
     "api_tokens", "healthz", "app_open", "console.views_apps.app_open_old", "public_data",
-    "storage", "cluster_shutdown", "cluster_shutdown_clear",
+    "storage", "cluster_shutdown", "cluster_shutdown_clear", "cluster_budget", "job_budget",
+    "sweep_budget",
     "gpu_subscriptions", "gpu_subscription_cancel",
     # Teams: a team's pages go through the person's membership (tests/test_team_pages.py).
     "act_for", "teams", "team_join", "team_invite_answer", "team_detail", "team_rename",
@@ -104,6 +105,7 @@ JOIN |= {"notify_confirm"}
 API_OWN = {
     "openapi-json", "openapi-view", "api-root", "clusters", "cluster_create", "cluster",
     "cluster_release", "cluster_stop", "cluster_start", "cluster_resize", "jobs", "job_submit",
+    "cluster_budget", "job_budget", "sweep_budget",
     "pool_list", "pool_create", "pool", "pool_job_submit", "pool_close", "image_list",
     "image_build_create", "image_build", "image_delete", "node_save_image", "balance", "bill",
     "balance_warning", "balance_warning_set",

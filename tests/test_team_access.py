@@ -70,6 +70,7 @@ PAGES = [
     ("GET", "cluster_list", {}, V), ("GET", "cluster_new", {}, M), ("POST", "cluster_new", {}, M),
     ("GET", "cluster_detail", C, V), ("GET", "cluster_status", C, V), ("GET", "cluster_cost", C, V),
     ("POST", "cluster_stop", C, M), ("POST", "cluster_start", C, M),
+    ("POST", "cluster_budget", C, M),
     ("POST", "cluster_shutdown", C, M), ("POST", "cluster_shutdown_clear", C, M),
     ("POST", "cluster_key_attach", C, M),
     ("POST", "cluster_key_detach", {**T, "key_id": "ada_key"}, A),
@@ -82,7 +83,7 @@ PAGES = [
     ("GET", "job_detail", JOB, V), ("GET", "job_status", JOB, V), ("GET", "job_log", JOB, V),
     ("GET", "job_metrics", JOB, V), ("GET", "job_profile", JOB, V),
     ("GET", "job_profile_file", {**JOB, "attempt": 1, "name": "trace.json"}, V),
-    ("POST", "job_cancel", JOB, M),
+    ("POST", "job_cancel", JOB, M), ("POST", "job_budget", JOB, M),
     ("GET", "pool_list", {}, V), ("GET", "pool_new", {}, M), ("POST", "pool_new", {}, M),
     ("GET", "pool_detail", POOL, V), ("GET", "pool_status", POOL, V),
     ("GET", "pool_samples", POOL, V), ("POST", "pool_job_new", POOL, M),
@@ -91,6 +92,7 @@ PAGES = [
     ("GET", "sweep_detail", SWEEP, V), ("GET", "sweep_live", SWEEP, V),
     ("GET", "sweep_data", SWEEP, V), ("POST", "sweep_cancel", {"sweep_id": "sweep_mo"}, M),
     ("POST", "sweep_cancel", SWEEP, A),
+    ("POST", "sweep_budget", {"sweep_id": "sweep_mo"}, M), ("POST", "sweep_budget", SWEEP, A),
     ("GET", "image_list", {}, V), ("POST", "image_list", {}, M),
     ("GET", "image_build", {"build_id": "build"}, V),
     ("POST", "image_delete", {"image_id": "image"}, A),
@@ -108,6 +110,7 @@ API = [
     ("GET", "/clusters", {}, V), ("POST", "/clusters", {}, M),
     ("GET", "/clusters/{mine}", {}, V), ("GET", "/clusters/{mine}/ssh-keys", {}, V),
     ("POST", "/clusters/{mine}/stop", {}, M), ("POST", "/clusters/{mine}/start", {}, M),
+    ("PATCH", "/clusters/{mine}/budget", {"budget": "50"}, M),
     ("POST", "/clusters/{mine}/shutdown", {"stop_idle_minutes": None}, M),
     ("DELETE", "/clusters/{mine}/shutdown", {}, M),
     ("POST", "/clusters/{mine}/ssh-keys", {"key": "own_key"}, M),
@@ -120,7 +123,7 @@ API = [
     ("GET", "/jobs", {}, V), ("POST", "/jobs", {"cluster": "mine"}, M),
     ("GET", "/jobs/{job}", {}, V), ("GET", "/jobs/{job}/log", {}, V),
     ("GET", "/jobs/{job}/profile", {}, V), ("GET", "/jobs/{job}/profile/{attempt}/{name}", {}, V),
-    ("POST", "/jobs/{job}/cancel", {}, M),
+    ("POST", "/jobs/{job}/cancel", {}, M), ("PATCH", "/jobs/{job}/budget", {"budget": "50"}, M),
     ("GET", "/pools", {}, V), ("POST", "/pools", {}, M), ("GET", "/pools/{pool}", {}, V),
     ("POST", "/pools/{pool}/jobs", {}, M), ("POST", "/pools/{pool_mo}/close", {}, M),
     ("POST", "/pools/{pool}/close", {}, A),
@@ -129,6 +132,8 @@ API = [
     ("GET", "/sweeps", {}, V), ("POST", "/sweeps", {"pool": "pool"}, M),
     ("GET", "/sweeps/{sweep}", {}, V), ("POST", "/sweeps/{sweep_mo}/cancel", {}, M),
     ("POST", "/sweeps/{sweep}/cancel", {}, A),
+    ("PATCH", "/sweeps/{sweep_mo}/budget", {"budget": "50"}, M),
+    ("PATCH", "/sweeps/{sweep}/budget", {"budget": "50"}, A),
     ("GET", "/gpu-subscriptions", {}, V), ("POST", "/gpu-subscriptions", {}, M),
     ("DELETE", "/gpu-subscriptions/{subscription}", {}, M),
     ("GET", "/notification-channels", {}, A), ("POST", "/notification-channels", {}, A),
@@ -312,6 +317,8 @@ def _page_data(name, who) -> dict:
     """What a form posts: the person's own key to attach, a node count, nothing else."""
     if name == "cluster_key_attach":
         return {"key": who.ssh_keys.get(name="laptop").pk}
+    if name.endswith("_budget"):
+        return {"budget": "50"}
     return {"nodes": 1} if name == "cluster_resize" else {}
 
 
