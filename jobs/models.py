@@ -1637,6 +1637,9 @@ class Sweep(models.Model):
         **MONEY,
     )
     budget_stopped_at = models.DateTimeField(null=True, blank=True)
+    # Billing's judgement (billing.budgets.enforce, each accrual tick): why the next trial
+    # would pass the budget (a Text's JSON), None: it may start. `sweeps.advance` reads it.
+    budget_hold = models.JSONField(null=True, blank=True, editable=False)
     study_name = models.CharField(max_length=80, unique=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
     # Why no trial starts now (the pool may not add a cluster...), as for Trial.note.
