@@ -1107,11 +1107,9 @@ class Job(models.Model):
     budget_warned_at = models.DateTimeField(
         null=True, blank=True, help_text="When its projection first said the budget stops it."
     )
-    # Progress (jobs/runs/progress.py): the steps its rank 0 reported on SUANLI_METRIC lines,
-    # [[unix seconds, step], ...] in order (thinned past a cap), and the total it declared
-    # (a line's total_steps, or SUANLI_TOTAL_STEPS); what was wrong with a total, in words.
-    progress = models.JSONField(default=list, blank=True, editable=False)
-    progress_seq = models.BigIntegerField(default=0, editable=False)  # the last log line read
+    # Progress (jobs/runs/progress.py): the total it declared (a line's total_steps, or
+    # SUANLI_TOTAL_STEPS); what was wrong with a total, in words. Its points are in a row of
+    # their own (JobProgress: read only where one job's pace is worked out).
     total_steps = models.BigIntegerField(null=True, blank=True, editable=False)
     progress_note = models.CharField(max_length=500, blank=True, editable=False)
     progress_note_text = models.JSONField(null=True, blank=True, editable=False)
@@ -1160,6 +1158,28 @@ class Job(models.Model):
     @property
     def is_ended(self) -> bool:
         return self.state in self.ENDED
+
+
+class JobProgress(models.Model):
+    """A job's progress points (jobs/runs/progress.py), out of the Job row: up to
+    POINTS_MAX of them, read only where one job's pace is worked out (never by a list)."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="progress_row"
+    )
+    # The steps its rank 0 reported on SUANLI_METRIC lines, [[unix seconds, step], ...] in
+    # order (thinned past a cap), of its attempt `attempt` (a retry from step 0 starts them
+    # again); the last log line read.
+    points = models.JSONField(default=list, blank=True)
+    seq = models.BigIntegerField(default=0)
+    attempt = models.PositiveSmallIntegerField(default=1)
+
+    class Meta:
+        verbose_name = gettext_lazy("job progress")
+        verbose_name_plural = gettext_lazy("job progress")
+
+    def __str__(self) -> str:
+        return f"progress of job {self.job_id}"
 
 
 class JobEvent(TimelineEvent):
