@@ -514,7 +514,7 @@ def accuracy_of(user) -> dict:
     ]
     missing = [pk for pk, last in rows if not (last or {}).get("compared")]
     if missing:
-        late = Job.objects.filter(pk__in=missing).select_related("cluster").defer("progress")
+        late = Job.objects.filter(pk__in=missing).select_related("cluster")
         compared += [compare(job) for job in late]
     finish, cost = [], []
     for c in compared:

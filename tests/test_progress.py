@@ -25,7 +25,7 @@ from jobs.base.text import show
 from jobs.base.validators import parse_env
 from jobs.clusters import services
 from jobs.clusters.services import JobSpec
-from jobs.models import Job, Sweep
+from jobs.models import Job, JobProgress, Sweep
 from jobs.runs import dispatch, livelogs, progress
 from jobs.runs.livelogs import Follower
 
@@ -48,8 +48,16 @@ def _series(*, steps, per_step, warm=0, warm_s=0.0, every=0, pause=0.0, noise=0.
     return points
 
 
-def _job(points, total, state=Job.State.RUNNING, **fields):
-    return Job(pk=1, state=state, progress=points, total_steps=total, env={}, **fields)
+def _job(points, total, state=Job.State.RUNNING, env=None, **fields):
+    """An unsaved job with its progress row (its points of its own attempt, or `of`)."""
+    of = fields.pop("of", None)
+    job = Job(pk=1, state=state, total_steps=total, env=env or {}, **fields)
+    job.progress_row = JobProgress(job=job, points=points, attempt=of or job.attempt)
+    return job
+
+
+def _points(job):
+    return JobProgress.objects.get(pk=job.pk).points
 
 
 def _projected_error(points, total, share=0.2):
@@ -162,6 +170,63 @@ def test_a_job_started_again_is_paced_from_its_new_attempt():
     assert once.seconds_per_step > 0.8
 
 
+def test_a_valid_total_too_far_away_gives_words_not_a_date():
+    """The largest total a line may declare, at 200 s a step: thousands of years, past
+    any date there is. Words that say so, never a number (nor a crash)."""
+    points = [[1_800_000_000.0 + i * 200.0, i] for i in range(30)]
+    now = datetime.fromtimestamp(points[-1][0], tz=UTC)
+    p = progress.pace(_job(points, progress.MAX_TOTAL_STEPS), now=now)
+    assert not p.ok and p.finish_at is None and p.finish_low is None and p.finish_high is None
+    assert "would be reached in about 13,6" in str(p.why), str(p.why)
+    assert "years: check its total of steps" in str(p.why)
+    # Within the horizon: a date, as ever.
+    assert progress.pace(_job(points, 100_000), now=now).ok
+
+
+def test_a_few_noisy_intervals_give_a_range_that_brackets_the_end():
+    """A job printing every 50 steps of 1000, its intervals ±50 % apart: at step 250 (five
+    intervals) the range is wide, never ±0 %, and holds where the series really ends."""
+    cycle = [12.9, 13.1, 24.0, 6.2, 19.1]
+    t, points = 1_800_000_000.0, [[1_800_000_000.0, 0]]
+    for i in range(20):
+        t += cycle[i % len(cycle)]
+        points.append([round(t, 3), (i + 1) * 50])
+    seen = points[:6]
+    p = progress.pace(_job(seen, 1000), now=datetime.fromtimestamp(seen[-1][0], tz=UTC))
+    assert p.ok and p.spread >= progress.FEW_SPREAD
+    assert p.finish_low < p.finish_at < p.finish_high
+    assert p.finish_low.timestamp() <= points[-1][0] <= p.finish_high.timestamp()
+    # Even regular intervals, so few: a range all the same.
+    even = [[1_800_000_000.0 + i * 10.0, i * 50] for i in range(6)]
+    p = progress.pace(_job(even, 1000), now=datetime.fromtimestamp(even[-1][0], tz=UTC))
+    assert p.spread == pytest.approx(progress.FEW_SPREAD)
+
+
+def test_a_job_started_again_from_scratch_is_paced_from_its_new_steps():
+    """300 steps at 1 s, retried ten minutes later from step 0, now at new step 200: the
+    new attempt's points alone (fraction 0.20, not 0.30; the finish 800 s away, not now)."""
+    before = [[1_800_000_000.0 + i, i] for i in range(301)]
+    restart = before[-1][0] + 600
+    after = [[restart + 5 + i, i] for i in range(201)]
+    now = datetime.fromtimestamp(after[-1][0], tz=UTC)
+    again = _job(after, 1000, attempt=2, started_at=datetime.fromtimestamp(restart, UTC))
+    p = progress.pace(again, now=now)
+    assert p.fraction == pytest.approx(0.2) and p.step == 200
+    assert p.finish_at.timestamp() == pytest.approx(after[-1][0] + 800, rel=1e-6)
+    # Started again, nothing from its new attempt yet: words, not the old attempt's pace.
+    waiting = _job(before, 1000, attempt=2, started_at=datetime.fromtimestamp(restart, UTC), of=1)
+    p = progress.pace(waiting, now=now)
+    assert not p.ok and "started again (attempt 2): no step reported by this attempt yet" in str(
+        p.why
+    )
+
+
+def test_a_preempted_job_waiting_to_run_again_is_told_so():
+    points = _series(steps=50, per_step=1.0)
+    p = progress.pace(_job(points, 100, state=Job.State.PREEMPTED))
+    assert not p.ok and str(p.why) == "the job was preempted at step 50 and waits to run again"
+
+
 def test_the_finish_is_never_in_the_past():
     """A job silent for longer than its projected rest (a long pause, a hang): its finish
     is now at the earliest, counted from its newest point."""
@@ -222,9 +287,8 @@ def test_a_bad_total_in_the_env_is_refused_at_submit_in_words(value, words):
     assert progress.total_steps_problem(value) is not None
     # ...and a job carrying it anyway (an old row) gets the same words, no number.
     p = progress.pace(
-        Job(pk=1, state=Job.State.RUNNING, progress=_series(steps=50, per_step=1.0),
-            env={"SUANLI_TOTAL_STEPS": value})
-    )  # fmt: skip
+        _job(_series(steps=50, per_step=1.0), None, env={"SUANLI_TOTAL_STEPS": value})
+    )
     assert not p.ok and words in str(p.why)
 
 
@@ -234,9 +298,8 @@ def test_a_good_total_in_the_env_is_taken():
     }  # fmt: skip
     assert progress.total_steps_problem(" 20000 ") is None
     p = progress.pace(
-        Job(pk=1, state=Job.State.RUNNING, progress=_series(steps=50, per_step=1.0),
-            env={"SUANLI_TOTAL_STEPS": "100"})
-    )  # fmt: skip
+        _job(_series(steps=50, per_step=1.0), None, env={"SUANLI_TOTAL_STEPS": "100"})
+    )
     assert p.ok and p.total == 100 and p.fraction == pytest.approx(0.5)
     with pytest.raises(ValidationError, match="SUANLI_JOB is set by Suanli itself"):
         parse_env("SUANLI_JOB=3")
@@ -282,14 +345,41 @@ def test_observe_keeps_rank_0_steps_at_their_line_times(queued_job):
     assert progress.observe(job.pk) == "3 points"
     job.refresh_from_db()
     t0 = 1_800_000_000.0
-    assert job.progress == [[t0 + 1, 1], [t0 + 2, 2], [t0 + 6, 4]]
+    assert _points(job) == [[t0 + 1, 1], [t0 + 2, 2], [t0 + 6, 4]]
     assert job.total_steps == 100 and job.progress_note == ""
     assert progress.observe(job.pk) == "nothing new"
     # Later lines go on from the last one read.
     _keep(job, ['SUANLI_METRIC {"step": 5}'], start=t0 + 10)
     assert progress.observe(job.pk) == "1 points"
     job.refresh_from_db()
-    assert job.progress[-1] == [t0 + 10, 5]
+    assert _points(job)[-1] == [t0 + 10, 5]
+
+
+@pytest.mark.django_db
+def test_observe_starts_the_points_again_for_a_retry_from_scratch(queued_job):
+    """Attempt 1 reached step 300; attempt 2 starts from step 0: its steps are kept (the
+    old ones dropped), its pace its own; a full read at its end adds no old line."""
+    job = queued_job
+    t0 = 1_800_000_000.0
+    _keep(job, [f'SUANLI_METRIC {{"step": {i}, "total_steps": 1000}}' for i in range(301)])
+    assert progress.observe(job.pk) == "301 points"
+    restart = t0 + 900
+    Job.objects.filter(pk=job.pk).update(
+        attempt=2, state=Job.State.RUNNING, started_at=datetime.fromtimestamp(restart, UTC)
+    )
+    job.refresh_from_db()
+    assert "started again (attempt 2)" in str(progress.pace(job).why)
+    _keep(job, [f'SUANLI_METRIC {{"step": {i}}}' for i in range(201)], start=restart + 5)
+    assert progress.observe(job.pk) == "201 points"
+    job.refresh_from_db()
+    kept = _points(job)
+    assert kept[0] == [restart + 5, 0] and kept[-1] == [restart + 205, 200] and len(kept) == 201
+    now = datetime.fromtimestamp(restart + 205, UTC)
+    p = progress.pace(job, now=now)
+    assert p.fraction == pytest.approx(0.2)
+    assert p.finish_at.timestamp() == pytest.approx(restart + 205 + 800, rel=1e-6)
+    progress.observe(job.pk, full=True)  # the job's end: every kept line read again
+    assert _points(job) == kept
 
 
 @pytest.mark.django_db
@@ -316,7 +406,7 @@ def test_a_bad_total_on_a_line_gives_words_never_a_number(queued_job, total, wor
     progress.observe(job.pk)
     Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING)
     job.refresh_from_db()
-    assert job.progress[-1][1] == 30  # the step is read all the same
+    assert _points(job)[-1][1] == 30  # the step is read all the same
     assert job.progress_note == f"log line 30: {words}"
     p = progress.pace(job)
     assert not p.ok and p.finish_at is None and p.finish_high is None
@@ -401,10 +491,11 @@ def test_a_real_job_finishes_within_10_percent_of_its_projection(
         early = None
         deadline = time.monotonic() + 90
         while early is None:
-            assert time.monotonic() < deadline, Job.objects.get(pk=job.pk).progress[-3:]
+            assert time.monotonic() < deadline, progress.points_of(job)[-3:]
             work_queue("default")  # the worker: the follower queued jobs.tasks.job_progress
             job.refresh_from_db()
-            if job.progress and job.progress[-1][1] >= STEPS // 5:
+            kept = progress.points_of(job)
+            if kept and kept[-1][1] >= STEPS // 5:
                 early = progress.pace(job)
             time.sleep(0.2)
         settle_until(job, timeout=90)
@@ -417,8 +508,9 @@ def test_a_real_job_finishes_within_10_percent_of_its_projection(
     assert job.state == "succeeded", job.state_reason
     assert early.ok, early.why
     assert early.total == STEPS and early.step >= STEPS // 5
-    assert job.progress[-1][1] == STEPS  # every step, to the last
-    first_at = job.progress[0][0]
+    kept = progress.points_of(job)
+    assert kept[-1][1] == STEPS  # every step, to the last
+    first_at = kept[0][0]
     ran = job.finished_at.timestamp() - first_at
     error = (early.finish_at.timestamp() - job.finished_at.timestamp()) / ran
     print(
@@ -428,12 +520,12 @@ def test_a_real_job_finishes_within_10_percent_of_its_projection(
     )
     assert abs(error) <= 0.10
     # ...and what it said at exactly a fifth (its points then, the time then): as good.
-    upto = next(i for i, (_t, s) in enumerate(job.progress) if s >= STEPS // 5)
-    then = datetime.fromtimestamp(job.progress[upto][0], tz=UTC)
-    fifth = progress.pace(_job(job.progress[: upto + 1], STEPS), now=then)
+    upto = next(i for i, (_t, s) in enumerate(kept) if s >= STEPS // 5)
+    then = datetime.fromtimestamp(kept[upto][0], tz=UTC)
+    fifth = progress.pace(_job(kept[: upto + 1], STEPS), now=then)
     assert abs(fifth.finish_at.timestamp() - job.finished_at.timestamp()) <= 0.10 * ran
     if os.environ.get("SUANLI_RECORD_PROGRESS"):  # the unit test above replays these points
-        RECORDED.write_text(json.dumps({"total": STEPS, "points": job.progress}) + "\n")
+        RECORDED.write_text(json.dumps({"total": STEPS, "points": kept}) + "\n")
 
 
 @pytest.mark.django_db

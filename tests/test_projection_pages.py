@@ -32,7 +32,7 @@ from console.models import ApiToken
 from jobs.base.text import Text, twin_fields
 from jobs.base.validators import total_steps_problem
 from jobs.clusters.services import ClusterSpec
-from jobs.models import Cluster, Image, Job, Node, Replica, Trial
+from jobs.models import Cluster, Image, Job, JobProgress, Node, Replica, Trial
 from jobs.pools import autoscaler, sweeps
 from jobs.runs import progress
 from monitoring.models import Sample
@@ -71,8 +71,9 @@ def _job(cluster, *, steps=1000, total=5000, ran_s=600, state=Job.State.RUNNING,
     job = Job.objects.create(
         cluster=cluster, owner=cluster.owner, name="train", command="python train.py",
         attempt=1, state=state, started_at=started, finished_at=now if ended else None,
-        progress=points, total_steps=total, **extra,
+        total_steps=total, **extra,
     )  # fmt: skip
+    JobProgress.objects.create(job=job, points=points)
     node = cluster.node_set.get(index=0)
     Replica.objects.create(
         job=job, attempt=1, rank=0, node=node, host=node.host,
@@ -175,6 +176,29 @@ def test_a_bad_total_says_why_and_projects_nothing(client, alice, paper_host, ca
     assert 'data-testid="projection-finish"' not in page and "should finish" not in page
 
 
+def test_a_valid_total_too_far_at_its_pace_gives_words_on_the_page_and_the_api(
+    client, alice, paper_host, catalog, priced, token_of
+):
+    """The largest total a line may declare, at 200 s a step: the end lies thousands of
+    years away, past any date; the page and the API say so in words (no 500, no date)."""
+    job = _job(_cluster(alice, paper_host, catalog), total=progress.MAX_TOTAL_STEPS)
+    end = timezone.now().timestamp() - 10
+    slow = [[round(end - (20 - i) * 200.0, 3), i] for i in range(21)]
+    JobProgress.objects.filter(pk=job.pk).update(points=slow)
+    client.force_login(alice)
+    response = client.get(reverse("job_detail", args=[job.pk]))
+    assert response.status_code == 200
+    words = _text(response.content.decode(), "projection-words")
+    assert "would be reached in about" in words and "years: check its total of steps" in words
+    assert "should finish" not in words
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token_of(alice)}")
+    answer = api.get(f"/api/v1/jobs/{job.pk}")
+    assert answer.status_code == 200
+    p = answer.json()["projection"]
+    assert p["finish_at"] is None and p["finish_high"] is None and p["cost"] is None
+    assert "years: check its total of steps" in p["why"]
+
+
 def test_a_bad_total_on_a_line_is_named_with_its_line_and_stops_the_projection(
     client, alice, paper_host, catalog, priced
 ):
@@ -199,8 +223,9 @@ def test_the_status_poll_brings_the_panel_along(client, alice, running):
     assert 'id="job-outlook" hx-swap-oob="true"' in html
     assert "step 1000 of 5000" in html
     # New steps read since: the next poll says so.
-    points = running.progress + [[running.progress[-1][0] + 500 * PER_STEP, 2000]]
-    Job.objects.filter(pk=running.pk).update(progress=points)
+    kept = progress.points_of(running)
+    points = [*kept, [kept[-1][0] + 500 * PER_STEP, 2000]]
+    JobProgress.objects.filter(pk=running.pk).update(points=points)
     html = client.get(reverse("job_status", args=[running.pk])).content.decode()
     assert "step 2000 of 5000 (40.0 %)" in html
 
@@ -489,8 +514,9 @@ def test_the_panel_follows_the_job_live_and_reads_on_a_laptop_and_a_phone(
     progress = page.locator('[data-testid="projection-progress"]')
     assert "step 1000 of 5000" in progress.inner_text()
     # The reader (jobs.runs.progress) keeps new points: the panel follows without a reload.
-    points = [*job.progress, [job.progress[-1][0] + 500 * PER_STEP, 2000]]
-    Job.objects.filter(pk=job.pk).update(progress=points)
+    kept = JobProgress.objects.get(pk=job.pk).points
+    points = [*kept, [kept[-1][0] + 500 * PER_STEP, 2000]]
+    JobProgress.objects.filter(pk=job.pk).update(points=points)
     page.wait_for_function(
         "document.querySelector('[data-testid=projection-progress]').innerText.includes('2000')"
     )

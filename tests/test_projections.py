@@ -21,10 +21,10 @@ from console import pools as console_pools
 from jobs.base.text import show
 from jobs.clusters import services
 from jobs.clusters.services import ClusterSpec, JobSpec
-from jobs.models import Image, Job, Replica, Trial
+from jobs.models import Image, Job, JobProgress, Replica, Trial
 from jobs.placement import scheduler
 from jobs.pools import autoscaler, sweeps
-from jobs.runs import dispatch, livelogs, repair, settle
+from jobs.runs import dispatch, livelogs, progress, repair, settle
 from jobs.runs.livelogs import Follower
 
 pytestmark = pytest.mark.django_db
@@ -89,7 +89,8 @@ def _progress(job: Job, first_at: datetime, points: int, *, total: int | None) -
         t += JITTER[i % len(JITTER)]
         step += 20
         kept.append([round(t, 3), step])
-    Job.objects.filter(pk=job.pk).update(progress=kept, total_steps=total)
+    JobProgress.objects.update_or_create(job=job, defaults={"points": kept})
+    Job.objects.filter(pk=job.pk).update(total_steps=total)
     job.refresh_from_db()
     return t
 
@@ -551,7 +552,7 @@ def test_a_real_jobs_projection_at_a_fifth_is_kept_and_compared_with_its_end(
         dispatch.dispatch(cluster.pk)
         deadline = time.monotonic() + 120
         while not job.is_ended:
-            assert time.monotonic() < deadline, (job.state, job.progress[-3:])
+            assert time.monotonic() < deadline, (job.state, progress.points_of(job)[-3:])
             work_queue("default")  # the worker: progress, then billing.tasks.job_projection
             repair.reconcile()  # the watch process's net: the container's end
             time.sleep(0.2)

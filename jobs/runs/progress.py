@@ -70,7 +70,7 @@ from django.utils.translation import gettext_noop
 from jobs.base.queue import enqueue_unique
 from jobs.base.text import Text, load, twin_fields
 from jobs.base.validators import MAX_TOTAL_STEPS, TOTAL_STEPS_ENV, total_steps_problem
-from jobs.models import Job
+from jobs.models import Job, JobProgress
 from jobs.placement import fleet
 from jobs.runs import livelogs
 
@@ -96,6 +96,8 @@ MIN_INTERVALS = 3  # fewer intervals after the warm-up: too few to say
 PAUSE_FACTOR = 3.0  # an interval this much slower than the median is a pause
 SUB_WINDOWS = 4  # the range: the window's runs, each as if it were the rest of the job
 SUB_WINDOW_INTERVALS = 3  # ...each of at least this many intervals (a median of one is noise)
+FEW_SPREAD = 0.10  # too few intervals for runs: the range is at least this (±10 %)
+HORIZON_S = 5 * 365.25 * 86400  # a finish further away than this (5 years): words, no date
 
 # The notes observe writes on the job (progress_note): a bad total stops the projection
 # until a line gives a good one; a bad step only skips its line.
@@ -155,7 +157,7 @@ class _Read:
     note: tuple | None = None  # (msgid, n, why): the newest problem; ("",) clears
 
 
-def _read(job: Job, lines: list, floor: int, last_step: int) -> _Read:
+def _read(job: Job, lines: list, floor: int, last_step: int, after: float | None) -> _Read:
     read = _Read(points=[], seq=floor)
     for number, payload in lines:
         if number <= floor:
@@ -187,6 +189,8 @@ def _read(job: Job, lines: list, floor: int, last_step: int) -> _Read:
         at = livelogs.ts_ns(ts)
         if at is None or data["step"] <= last_step:
             continue  # a step already read (or out of order): the first one counts
+        if after is not None and at / 1e9 < after:
+            continue  # before the newest point kept (or this attempt): an older attempt's
         read.points.append([round(at / 1e9, 3), data["step"]])
         last_step = data["step"]
     return read
@@ -200,39 +204,76 @@ def thinned(points: list) -> list:
     return points
 
 
+def points_of(job: Job) -> list:
+    """The job's progress points ([[unix seconds, step], ...]): one query, its own row."""
+    try:
+        return job.progress_row.points or []
+    except JobProgress.DoesNotExist:
+        return []
+
+
+def _attempt_of(job: Job) -> int:
+    """The attempt the job's kept points are from (its own attempt when it has none)."""
+    try:
+        return job.progress_row.attempt
+    except JobProgress.DoesNotExist:
+        return job.attempt
+
+
 def observe(job_id: int, *, full: bool = False) -> str:
     """Read the job's new SUANLI_METRIC lines (rank 0's) into its progress, then queue its
     cost projection. `full`: every kept line, not only those after the last one read (at
-    the job's end; a step already kept is skipped either way)."""
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None:
-        return "no such job"
-    lines = livelogs.lines(job)
-    top = max((number for number, _payload in lines), default=0)
-    floor = 0 if full or top < job.progress_seq else job.progress_seq
-    last = job.progress[-1][1] if job.progress else -1
-    read = _read(job, lines, floor, last)
-    if not read.points and read.note is None and read.total is None and read.seq <= floor:
+    the job's end; a step already kept is skipped either way). A newer attempt that starts
+    its steps again (a retry from scratch, a preemption without a checkpoint) starts the
+    points again: the pace is its own."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).filter(pk=job_id).first()
+        if job is None:
+            return "no such job"
+        row, _new = JobProgress.objects.get_or_create(job=job, defaults={"attempt": job.attempt})
+        lines = livelogs.lines(job)
+        points = row.points or []
+        again = job.attempt > row.attempt  # a newer attempt than the points'
+        top = max((number for number, _payload in lines), default=0)
+        floor = 0 if full or top < row.seq else row.seq
+        if again:
+            # Its steps may start again from 0: read them afresh, its own lines only (all
+            # of them at the job's end: those after the attempt started).
+            last = -1
+            after = job.started_at.timestamp() if full and job.started_at else None
+        else:
+            last = points[-1][1] if points else -1
+            after = points[-1][0] if points else None
+        read = _read(job, lines, floor, last, after)
+        if not read.points and read.note is None and read.total is None and read.seq <= floor:
+            nothing = True
+        else:
+            nothing = False
+            fields = {"seq": max(read.seq, 0)}
+            new = read.points
+            if again and new:
+                fields["attempt"] = job.attempt
+                if points and new[0][1] <= points[-1][1]:
+                    points = []  # started again from scratch (or an older checkpoint)
+            fields["points"] = thinned(points + new)
+            JobProgress.objects.filter(pk=job.pk).update(**fields)
+            job_fields = {}
+            if read.total is not None:
+                job_fields["total_steps"] = read.total
+            if read.note == ("",):
+                if job.progress_note_text and job.progress_note_text.get("m") == TOTAL_NOTE:
+                    job_fields.update(twin_fields(Job, "progress_note", ""))
+            elif read.note is not None:
+                msgid, n, why = read.note
+                job_fields.update(twin_fields(Job, "progress_note", Text(msgid, n=n, why=why)))
+            if job_fields:
+                Job.objects.filter(pk=job_id).update(**job_fields)
+    if nothing:
         if full:
             _project(job_id)  # the job's end: its projection's last word all the same
         return "nothing new"
-    with transaction.atomic():
-        job = Job.objects.select_for_update(of=("self",)).get(pk=job_id)
-        last = job.progress[-1][1] if job.progress else -1
-        points = job.progress + [p for p in read.points if p[1] > last]
-        points = thinned(points)
-        fields = {"progress": points, "progress_seq": max(read.seq, 0)}
-        if read.total is not None:
-            fields["total_steps"] = read.total
-        if read.note == ("",):
-            if job.progress_note_text and job.progress_note_text.get("m") == TOTAL_NOTE:
-                fields.update(twin_fields(Job, "progress_note", ""))
-        elif read.note is not None:
-            msgid, n, why = read.note
-            fields.update(twin_fields(Job, "progress_note", Text(msgid, n=n, why=why)))
-        Job.objects.filter(pk=job_id).update(**fields)
     _project(job_id)
-    return f"{len(points) - len(job.progress)} points"
+    return f"{len(new)} points"
 
 
 def _project(job_id: int) -> None:
@@ -370,7 +411,11 @@ def _half_range(window: list, per_step: float, left: int | None) -> float:
     if len(runs) > 1 and len(runs[-1]) < size:
         runs[-2:] = [runs[-2] + runs[-1]]
     if len(runs) < 2:
-        return 0.0
+        # Too few intervals to cut into runs: the spread of the intervals themselves (the
+        # rest may be any of them), and never less than FEW_SPREAD: early, a range of 0
+        # would claim a certainty there is least ground for.
+        rates = [i[0] / i[1] for i in window]
+        return max((max(rates) - min(rates)) / 2, FEW_SPREAD * per_step)
     steady = [_median(_rates(run)) for run in runs]
     means = [sum(i[0] for i in run) / sum(i[1] for i in run) for run in runs]
     run_steps = sum(i[1] for i in window) / len(runs)
@@ -441,7 +486,9 @@ def declared_total(job: Job) -> tuple[int | None, Text | None]:
     return int(raw.strip()), None
 
 
-def _why_not(job: Job, step: int | None, total: int, rate: Rate | None) -> Text | None:
+def _why_not(
+    job: Job, step: int | None, total: int, rate: Rate | None, *, again: bool = False
+) -> Text | None:
     """Why a job with a usable total gets no finish, in words; None when it gets one."""
     if step is None:
         return Text(gettext_noop('no step reported yet (SUANLI_METRIC lines with a "step")'))
@@ -458,7 +505,20 @@ def _why_not(job: Job, step: int | None, total: int, rate: Rate | None) -> Text 
     if job.state not in Job.ACTIVE:
         if job.is_ended:
             return Text(gettext_noop("the job has ended"))
+        if job.state == Job.State.PREEMPTED:
+            return Text(
+                gettext_noop("the job was preempted at step %(step)s and waits to run again"),
+                step=step,
+            )
         return Text(gettext_noop("the job is not running yet"))
+    if again:
+        return Text(
+            gettext_noop(
+                "started again (attempt %(attempt)s): no step reported by this attempt yet "
+                "(step %(step)s before)"
+            ),
+            attempt=job.attempt, step=step,
+        )  # fmt: skip
     if rate is None:
         return Text(
             gettext_noop("too few steps reported yet to measure the pace (step %(step)s)"),
@@ -474,7 +534,9 @@ def _at(seconds: float) -> datetime:
 def pace(job: Job, *, now: datetime | None = None) -> Pace:
     """When `job` will finish, from its progress; or in `why`, why it cannot be said."""
     now = now or timezone.now()
-    points = job.progress or []
+    points = points_of(job)
+    # A newer attempt than its points' has reported no step yet: they are not its pace.
+    again = bool(points) and job.attempt > _attempt_of(job)
     step = points[-1][1] if points else None
     last_at = _at(points[-1][0]) if points else None
     total, why = declared_total(job)
@@ -487,18 +549,31 @@ def pace(job: Job, *, now: datetime | None = None) -> Pace:
         result.fraction = min(step / total, 1.0)
     left = total - step if total is not None and step is not None and total > step else None
     restarted_at = job.started_at.timestamp() if job.attempt > 1 and job.started_at else None
-    rate = rate_of(points, left, restarted_at=restarted_at)
+    rate = None if again else rate_of(points, left, restarted_at=restarted_at)
     if rate is not None:
         result.seconds_per_step = rate.seconds_per_step
         result.window_steps = rate.window_steps
         result.spread = (
             (rate.high - rate.low) / 2 / rate.seconds_per_step if rate.seconds_per_step else 0.0
         )
-    result.why = why or _why_not(job, step, total, rate)
+    result.why = why or _why_not(job, step, total, rate, again=again)
     if result.why is not None:
         return result
     base = points[-1][0]
     floor = now.timestamp()
+    # In seconds first: a valid total at a slow pace may lie past any date there is.
+    rest = left * rate.high
+    if not math.isfinite(rest) or base + rest - floor > HORIZON_S:
+        years = (base + rest - floor) / (365.25 * 86400) if math.isfinite(rest) else math.inf
+        result.why = Text(
+            gettext_noop(
+                "at this pace (%(per_step)s s a step) step %(total)s would be reached in "
+                "about %(years)s years: check its total of steps"
+            ),
+            per_step=f"{rate.seconds_per_step:.3g}", total=total,
+            years=f"{years:,.0f}" if math.isfinite(years) else "∞",
+        )  # fmt: skip
+        return result
 
     def finish(per_step: float) -> datetime:
         return _at(max(base + left * per_step, floor))

@@ -17,7 +17,7 @@ from jobs.base.text import Moment, Text, argument, join, stored_reason
 from jobs.events import lifecycle
 from jobs.events.outbox import enqueue_after_commit
 from jobs.events.timeline import job_event, reason_fields
-from jobs.models import Cluster, Job, Replica
+from jobs.models import Cluster, Job, JobProgress, Replica
 from jobs.runs.stopping import stop
 
 # Attempts ended by hosts before a job is failed after all: a job that breaks every host it
@@ -310,7 +310,7 @@ def finish(job_id: int, state: str, reason: str | Text, *, exit_code: int | None
                 "default", SWEEP_TASK, job_id, job_id=f"sweep-job-{job_id}",
                 again_if_running=True,
             )  # fmt: skip
-        if job.progress_seq or job.progress:
+        if JobProgress.objects.filter(job_id=job_id).exists():
             # Its progress's last lines (then its projection's last word, by name above us).
             enqueue_after_commit(
                 "default", PROGRESS_TASK, job_id, job_id=f"progress-end-{job_id}",
