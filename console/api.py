@@ -44,7 +44,7 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import Field
 
-from billing import budgets
+from billing import budgets, projections
 from billing import selectors as money
 from billing import services as billing_services
 from console import auth, views_budgets, views_pools, views_webhooks
@@ -849,8 +849,9 @@ def _budget_set(subject, payload: BudgetBody):
     """Set or clear (null) a budget: billing/budgets.py's rules and words."""
     try:
         budgets.set_budget(subject, budgets.parse(payload.budget))
-    except ValidationError as exc:
-        return _error(400, " ".join(exc.messages), {"budget": exc.messages})
+    except ValidationError as exc:  # a bad amount (400), or it has ended (409): words
+        status = 409 if getattr(exc, "code", None) == "ended" else 400
+        return _error(status, " ".join(exc.messages), {"budget": exc.messages})
     return subject
 
 
@@ -911,7 +912,7 @@ def _log_after(job, attempt: int, positions: dict) -> tuple[list[dict], dict]:
     for replica in job.replicas.filter(attempt=attempt).select_related("host").order_by("rank"):
         at, sent_at = positions.get(replica.rank, (None, 0))
         if replica.state in (Replica.State.EXITED, Replica.State.LOST):
-            raw = replica.log.splitlines()
+            raw = fleet.stored_log_lines(replica.log)
         elif replica.state == Replica.State.RUNNING:
             # Docker's `since` is inclusive and in float seconds: ask a second early, and
             # skip what was sent here.
@@ -1378,7 +1379,7 @@ def _sweeps_of(user):
 def _sweep_detail(user, sweep_id: int) -> Sweep:
     """The sweep with its trials and what pruning saved (jobs/pools/sweeps.py `figures`)."""
     sweep = get_object_or_404(_sweeps_of(user).select_related("pool"), pk=sweep_id)
-    fig = sweeps.figures(sweep)
+    fig = projections.sweep_figures(sweep)
     sweep.trial_list = [
         {
             "number": f.trial.number, "state": f.trial.state, "params": f.trial.params,

@@ -88,7 +88,7 @@ class JobLogPollingConsumer(AsyncJsonWebsocketConsumer):
         for replica in Replica.objects.filter(job=job, attempt=job.attempt).select_related("host"):
             since, seen = self.sent.get(replica.pk, (None, set()))
             if replica.state in (Replica.State.EXITED, Replica.State.LOST):
-                raw = replica.log.splitlines()
+                raw = fleet.stored_log_lines(replica.log)
             elif replica.state == Replica.State.RUNNING:
                 raw = exits.live_log_since(replica, since)
             else:

@@ -450,11 +450,18 @@ def split_log_line(line: str) -> tuple[str, str]:
     return ts, text
 
 
+def stored_log_lines(log: str) -> list[str]:
+    """A stored log's lines as the engine wrote them: split at newlines only. Never
+    str.splitlines(): a job printing a carriage return, a form feed or U+2028 would start a
+    "line" of its own whose first word it chose, read as the engine's timestamp."""
+    return [line.removesuffix("\r") for line in log.split("\n") if line]
+
+
 def job_log_lines(job, attempt: int | None = None) -> list[tuple[str, int, str]]:
     """The stored log of every replica of an attempt, merged by time: (ts, rank, text)."""
     lines = []
     for replica in job.replicas.filter(attempt=attempt or job.attempt):
-        for raw in replica.log.splitlines():
+        for raw in stored_log_lines(replica.log):
             ts, text = split_log_line(raw)
             lines.append((ts, replica.rank, text))
     lines.sort(key=lambda item: (item[0], item[1]))

@@ -22,6 +22,7 @@ from jobs.events import lifecycle
 from jobs.events.timeline import job_event
 from jobs.models import Host, Job, Node, Replica
 from jobs.nodes import engine, runtime, workspaces
+from jobs.placement import fleet
 from jobs.runs.settle import settle
 
 log = logging.getLogger(__name__)
@@ -168,4 +169,4 @@ def live_log_since(replica: Replica, since: float | None) -> list[str]:
         )
     except (docker.errors.DockerException, engine.EngineError, OSError):
         return []
-    return raw.decode("utf-8", "replace").splitlines()
+    return fleet.stored_log_lines(raw.decode("utf-8", "replace"))  # newlines only
