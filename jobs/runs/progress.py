@@ -42,6 +42,16 @@ intervals of `ds` steps in `dt` seconds, a rate of `dt / ds` seconds a step.
    rates (the steady pace drifting), and half the spread of their mean rates (pauses and
    noise included) shrunk by sqrt(run's steps / steps left), since a long rest averages
    many runs' ups and downs. `spread` is that half over the estimate (0.04 = ±4 %).
+   Too few intervals for two runs: half the spread of the intervals' own rates, and at
+   least FEW_SPREAD (never a ±0 % range when there is least to go on).
+7. A finish past HORIZON_S (5 years; a valid total at a slow pace may lie past any date)
+   is no date: `why` says how many years, and to check the total.
+8. A newer attempt whose first step is not above the last kept one (a retry from scratch,
+   an older checkpoint) starts the points again (JobProgress.attempt); until it reports a
+   step, `why` says it started again.
+
+The points live in their own row (jobs.models.JobProgress, one-to-one with the job): job
+lists never load them; `points_of(job)` reads them (one query) where a pace is worked out.
 
 What is measured in tests/test_progress.py: recorded series (a slow start, a pause every N
 steps, noise) and a real job on the test engines, the finish projected after 20 % of the
