@@ -61,6 +61,14 @@ MAX_BUDGET = Decimal("1000000")  # a budget above this is a typing slip, not a p
 GROUPED = re.compile(r"\d{1,3}(,\d{3})+(\.\d*)?")  # thousands written with commas
 
 STOPPED = gettext_noop("stopped at its budget %(budget)s: %(spent)s spent")
+JOB_STOPPED = gettext_noop(
+    "stopped at its budget %(budget)s: %(spent)s spent, and up to %(margin)s more while it "
+    "stops (%(seconds)s s)"
+)
+STOPPED_KEPT = gettext_noop(
+    "stopped at its budget %(budget)s: %(spent)s spent; its kept files are still charged "
+    "%(kept)s an hour while it is stopped: release it to stop that"
+)
 WARNING = gettext_noop(
     "At its current pace it stops at its budget %(budget)s, about %(done)s done "
     "(projected cost %(cost)s)"
@@ -68,6 +76,7 @@ WARNING = gettext_noop(
 JOB_STOPPED_WORDS = gettext_noop("Job %(job)s on cluster %(cluster)s %(reason)s: %(url)s")
 JOB_WARNING_WORDS = gettext_noop("Job %(job)s on cluster %(cluster)s: %(words)s: %(url)s")
 CLUSTER_STOPPED_WORDS = gettext_noop("Cluster %(cluster)s %(reason)s; its files are kept: %(url)s")
+CLUSTER_KEPT_WORDS = gettext_noop("Cluster %(cluster)s %(reason)s: %(url)s")  # STOPPED_KEPT
 CLUSTER_RELEASED_WORDS = gettext_noop(
     "Cluster %(cluster)s %(reason)s; it kept no files of its own and was released: %(url)s"
 )
@@ -125,13 +134,44 @@ def parse(value) -> Decimal | None:
     return amount.quantize(formatting.CENT)
 
 
+# A budget no longer applies once its subject has ended: changing it would only erase the
+# record that the budget stopped it ("Stopped at its budget ..." on its page, in the API).
+ENDED = {
+    Job: Job.ENDED,
+    Cluster: (Cluster.State.RELEASING, Cluster.State.RELEASED, Cluster.State.FAILED),
+    Sweep: (Sweep.State.FINISHED, Sweep.State.CANCELLED),
+}
+ENDED_WORDS = {
+    Job: gettext_noop("Job %(name)s has ended (%(state)s); its budget no longer applies."),
+    Cluster: gettext_noop("Cluster %(name)s is %(state)s; its budget no longer applies."),
+    Sweep: gettext_noop(
+        "Sweep %(name)s has ended (%(state)s) and does not start again; its budget no "
+        "longer applies."
+    ),
+}
+
+
+def change_refusal(subject: Job | Cluster | Sweep) -> str:
+    """Why `subject`'s budget may not be changed, in words ("" when it may): it has ended
+    (a job succeeded, failed or cancelled; a cluster releasing, released or failed; a sweep
+    finished or cancelled)."""
+    kind = type(subject)
+    if subject.state not in ENDED[kind]:
+        return ""
+    return _(ENDED_WORDS[kind]) % {"name": subject.name, "state": subject.get_state_display()}
+
+
 def set_budget(subject: Job | Cluster | Sweep, budget: Decimal | None) -> None:
     """Set (or clear, None) a job's, cluster's or sweep's budget; a new budget starts the
-    watch again: its stop (and a job's warning) may be told again."""
+    watch again: its stop (and a job's warning) may be told again. ValidationError in words
+    when it has ended (`change_refusal`): its record stays as it is."""
     fields = {"budget": budget, "budget_stopped_at": None}
     if isinstance(subject, Job):
         fields["budget_warned_at"] = None
-    type(subject).objects.filter(pk=subject.pk).update(**fields)
+    kind = type(subject)
+    if not kind.objects.filter(pk=subject.pk).exclude(state__in=ENDED[kind]).update(**fields):
+        subject.refresh_from_db()
+        raise ValidationError(change_refusal(subject) or _("Invalid input."), code="ended")
     for name, value in fields.items():
         setattr(subject, name, value)
 
@@ -150,6 +190,11 @@ def start_refusal(cluster: Cluster) -> str:
         "name": cluster.name, "budget": shown(cluster.budget),
         "spent": shown(charged or Decimal(0)),
     }  # fmt: skip
+
+
+def api_amount(value) -> str | None:
+    """An amount in a webhook's data as the API gives it: "1.00" (to the cent); None stays."""
+    return None if value is None else str(formatting.total(Decimal(str(value))))
 
 
 def shown(amount: Decimal | None, currency: str | None = None) -> str:
@@ -215,8 +260,9 @@ def check_job(
     spent = job_spent(job, book)  # priced now: a stored projection's may be minutes old
     if spent is None:
         return "no price"
-    if spent + _ahead(job.cluster, margin_s(job), now, book) >= job.budget:
-        return "stopped" if stop_job(job, spent, now=now) else "done"
+    margin = _ahead(job.cluster, margin_s(job), now, book)
+    if spent + margin >= job.budget:
+        return "stopped" if stop_job(job, spent, now=now, margin=margin) else "done"
     fraction = _field(projection, "budget_fraction")
     if isinstance(projection, dict) and projection.get("budget") is not None:
         if Decimal(str(projection["budget"])) != job.budget:
@@ -226,11 +272,21 @@ def check_job(
     return "ok"
 
 
-def stop_job(job: Job, spent: Decimal, *, now: datetime | None = None) -> bool:
-    """Stop `job` at its budget, once (`budget_stopped_at`), and tell its owner."""
+def stop_job(
+    job: Job, spent: Decimal, *, now: datetime | None = None, margin: Decimal | None = None
+) -> bool:
+    """Stop `job` at its budget, once (`budget_stopped_at`), and tell its owner. Its words
+    say what its stop may still cost (`margin`: its cluster's price for `margin_s`), the
+    room it kept below the budget: a budget smaller than that stops it at its start."""
     now = now or timezone.now()
-    currency = RateBook.load().currency
-    reason = Text(STOPPED, budget=shown(job.budget, currency), spent=shown(spent, currency))
+    book = RateBook.load()
+    currency = book.currency
+    if margin is None:
+        margin = _ahead(job.cluster, margin_s(job), now, book)
+    reason = Text(
+        JOB_STOPPED, budget=shown(job.budget, currency), spent=shown(spent, currency),
+        margin=shown(margin, currency), seconds=margin_s(job),
+    )  # fmt: skip
     with transaction.atomic():
         if not Job.objects.filter(pk=job.pk, budget_stopped_at__isnull=True).update(
             budget_stopped_at=now
@@ -241,7 +297,7 @@ def stop_job(job: Job, spent: Decimal, *, now: datetime | None = None) -> bool:
         job.refresh_from_db()
         data = webhooks.job_data(job)
         data["budget"] = {
-            "budget": str(job.budget), "spent": str(spent), "currency": currency,
+            "budget": api_amount(job.budget), "spent": api_amount(spent), "currency": currency,
         }  # fmt: skip
         webhooks.emit(
             owner_id=job.owner_id,
@@ -271,7 +327,7 @@ def warn_job(job: Job, fraction: float, cost, now: datetime) -> bool:
         job_event(job, "budget", words, at=now)
         data = webhooks.job_data(job)
         data["budget"] = {
-            "budget": str(job.budget), "projected_cost": None if cost is None else str(cost),
+            "budget": api_amount(job.budget), "projected_cost": api_amount(cost),
             "fraction_done": round(fraction, 4), "currency": currency,
         }  # fmt: skip
         webhooks.emit(
@@ -350,8 +406,15 @@ def stop_cluster(cluster: Cluster, charged: Decimal, *, now: datetime | None = N
     is stopped, every file kept; one for jobs only keeps no file of its own and is
     released. Once (`budget_stopped_at`), with `cluster.budget_stopped`."""
     now = now or timezone.now()
-    currency = RateBook.load().currency
-    reason = Text(STOPPED, budget=shown(cluster.budget, currency), spent=shown(charged, currency))
+    book = RateBook.load()
+    currency = book.currency
+    amounts = {"budget": shown(cluster.budget, currency), "spent": shown(charged, currency)}
+    card = book.at(now)
+    kept = card.stopped * cluster.nodes if card is not None and cluster.workspace else 0
+    if kept:  # the card's stopped price: its kept files are not free (billing.accrual)
+        reason = Text(STOPPED_KEPT, kept=shown(kept, currency), **amounts)
+    else:
+        reason = Text(STOPPED, **amounts)
     with transaction.atomic():
         if not Cluster.objects.filter(pk=cluster.pk, budget_stopped_at__isnull=True).update(
             budget_stopped_at=now
@@ -363,14 +426,14 @@ def stop_cluster(cluster: Cluster, charged: Decimal, *, now: datetime | None = N
             except ValidationError:  # no longer running (its owner stopped it meanwhile)
                 transaction.set_rollback(True)
                 return False
-            words = CLUSTER_STOPPED_WORDS
+            words = CLUSTER_KEPT_WORDS if kept else CLUSTER_STOPPED_WORDS
         else:
             cluster_services.cluster_release(cluster=cluster, reason=reason)
             words = CLUSTER_RELEASED_WORDS
         cluster.refresh_from_db()
         data = webhooks.cluster_data(cluster)
         data["budget"] = {
-            "budget": str(cluster.budget), "spent": str(charged), "currency": currency,
+            "budget": api_amount(cluster.budget), "spent": api_amount(charged), "currency": currency,
         }  # fmt: skip
         webhooks.emit(
             owner_id=cluster.owner_id,
@@ -429,7 +492,7 @@ def stop_sweep(sweep: Sweep, spent: Decimal, *, now: datetime | None = None) -> 
             data={
                 "sweep": {"id": sweep.pk, "name": sweep.name, "state": Sweep.State.CANCELLED,
                           "url": url},
-                "budget": {"budget": str(sweep.budget), "spent": str(spent),
+                "budget": {"budget": api_amount(sweep.budget), "spent": api_amount(spent),
                            "currency": currency},
             },
             summary=Text(SWEEP_STOPPED_WORDS, sweep=sweep.name, reason=reason, url=url),

@@ -6,6 +6,7 @@ Another researcher's is 404, as one that does not exist."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import Http404
 from django.shortcuts import redirect
 from django.utils.translation import gettext as _
@@ -33,7 +34,11 @@ def _save(request, subject, kind: str) -> None:
         messages.error(request, " ".join(form.errors.get("budget", [])) or _("Invalid input."))
         return
     amount = form.cleaned_data["budget"]
-    budgets.set_budget(subject, amount)
+    try:
+        budgets.set_budget(subject, amount)
+    except ValidationError as exc:  # it has ended: its budget (and its record) stay
+        messages.error(request, " ".join(exc.messages))
+        return
     if amount is None:
         messages.success(request, _("%(name)s has no budget now.") % {"name": subject.name})
     else:

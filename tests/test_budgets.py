@@ -127,7 +127,7 @@ def test_a_cluster_stops_at_its_budget_files_kept_billed_to_the_second_told_once
     # Told once, in words, in the reader's language.
     (told,) = WebhookEvent.objects.filter(type="cluster.budget_stopped")
     data = json.loads(told.body)["data"]
-    assert data["budget"] == {"budget": "1.0000", "spent": "0.9000", "currency": "CNY"}
+    assert data["budget"] == {"budget": "1.00", "spent": "0.90", "currency": "CNY"}
     said = _said(told)
     assert "lab-a stopped at its budget ¥1.00: ¥0.90 spent; its files are kept" in said["en"]
     assert "¥1.00" in said["zh-hans"] and "lab-a" in said["zh-hans"]
@@ -172,6 +172,13 @@ def _running(job: Job, started: datetime) -> None:
     )  # fmt: skip
 
 
+# What its stop may still cost is said: the room kept below the budget (a budget smaller
+# than that stops a job at its start).
+STOPPED_AT_80 = (
+    "stopped at its budget ¥1.00: ¥0.80 spent, and up to ¥0.20 more while it stops (20 s)"
+)
+
+
 def test_a_job_stops_at_its_budget_with_its_grace_and_is_told_once(money, alice, placed):
     cluster = placed("lab-a")
     with time_machine.travel(at(0), tick=False):
@@ -187,15 +194,13 @@ def test_a_job_stops_at_its_budget_with_its_grace_and_is_told_once(money, alice,
     job.refresh_from_db()
     assert job.cancel_requested and job.budget_stopped_at == at(80)
     with translation.override("en"):
-        assert show(job.state_reason_text) == "stopped at its budget ¥1.00: ¥0.80 spent"
+        assert show(job.state_reason_text) == STOPPED_AT_80
     line = JobEvent.objects.filter(job=job, kind="budget").get()
     with translation.override("en"):
-        assert show(line.text) == (
-            "stopped at its budget ¥1.00: ¥0.80 spent: SIGTERM, then SIGKILL after 10 s"
-        )
+        assert show(line.text) == f"{STOPPED_AT_80}: SIGTERM, then SIGKILL after 10 s"
     tick(90)
     (told,) = WebhookEvent.objects.filter(type="job.budget_stopped")
-    assert json.loads(told.body)["data"]["budget"]["spent"] == "0.8000"
+    assert json.loads(told.body)["data"]["budget"]["spent"] == "0.80"
     assert "train on cluster lab-a stopped at its budget ¥1.00" in _said(told)["en"]
     # Its end: cancelled with the same words.
     from jobs.runs.settle import settle
@@ -208,7 +213,7 @@ def test_a_job_stops_at_its_budget_with_its_grace_and_is_told_once(money, alice,
     job.refresh_from_db()
     assert job.state == "cancelled"
     with translation.override("en"):
-        assert show(job.state_reason_text) == "stopped at its budget ¥1.00: ¥0.80 spent"
+        assert show(job.state_reason_text) == STOPPED_AT_80
 
 
 def test_a_job_with_a_preemption_script_keeps_room_for_it_and_runs_it_first(money, alice, placed):
@@ -246,6 +251,8 @@ def test_a_projection_that_passes_the_budget_warns_once(money, alice, placed):
         job.refresh_from_db()
         assert budgets.check_job(job, projection) == "ok", "told once"
     (told,) = WebhookEvent.objects.filter(type="job.budget_warning")
+    amounts = json.loads(told.body)["data"]["budget"]
+    assert (amounts["budget"], amounts["projected_cost"]) == ("50.00", "80.00"), "as the API"
     said = _said(told)
     assert "stops at its budget ¥50.00, about 62 % done" in said["en"]
     assert "62 %" in said["zh-hans"]
@@ -659,7 +666,7 @@ def test_a_real_job_runs_its_preemption_script_then_stops_at_its_budget(
     drive(lambda: job.state == Job.State.CANCELLED, what="ended")
     with translation.override("en"):
         reason = show(job.state_reason_text)
-    assert reason.startswith("stopped at its budget ¥14.00: ¥") and reason.endswith(" spent")
+    assert reason.startswith("stopped at its budget ¥14.00: ¥") and " spent, and up to ¥" in reason
     log = "\n".join(r.log for r in job.replicas.all())
     assert "step 1" in log
     assert "saving at the budget: stopped at its budget ¥14.00" in log, log[-500:]
@@ -734,3 +741,139 @@ def test_the_budget_forms_in_both_languages_and_sizes(
             budgets.set_budget(job, None)
     job.refresh_from_db()
     assert job.budget is None
+
+
+def test_an_ended_job_cluster_or_sweep_keeps_its_budget_and_the_record_of_its_stop(
+    live_server, money, alice, placed, pool, tmp_path
+):
+    """Its budget no longer applies: a change is refused in words on the page, the API and
+    the CLI, and "stopped at its budget" stays on record."""
+    from test_cli import Cli
+
+    from console.models import ApiToken
+    from jobs.models import Sweep
+    from jobs.pools import sweeps
+
+    cluster = placed("lab-a")
+    with time_machine.travel(at(0), tick=False):
+        job = cluster_services.job_submit(
+            cluster=cluster, spec=JobSpec(name="train", command="x", budget=Decimal("1.00"))
+        )
+    assert budgets.stop_job(job, Decimal("0.80"), now=at(80))  # waiting: cancelled at once
+    gone = placed("lab-b", budget=Decimal("3.00"))
+    Cluster.objects.filter(pk=gone.pk).update(budget_stopped_at=at(90))
+    cluster_services.cluster_release(cluster=gone, reason="by hand")
+    sweep = _sweep(alice, pool, "5")
+    Sweep.objects.filter(pk=sweep.pk).update(budget_stopped_at=at(95))
+    sweeps.sweep_cancel(sweep=Sweep.objects.get(pk=sweep.pk))
+    page, api = _page(alice), _api(alice)
+    ended = ((f"jobs/{job.pk}", "Job train has ended (cancelled)"),
+             (f"clusters/{gone.pk}", "Cluster lab-b is "),
+             (f"sweeps/{sweep.pk}", "Sweep quad has ended (cancelled) and does not start again"))  # fmt: skip
+    for path, words in ended:
+        with translation.override("en"):
+            shown = page.get(f"/{path}/").content.decode()
+            assert 'data-testid="budget-form"' not in shown, path
+            assert "Stopped at its budget" in shown, path
+            refused = page.post(f"/{path}/budget/", {"budget": "9"}, follow=True)
+            assert any(words in m and "no longer applies" in m for m in _messages(refused)), path
+            status, answer = api("PATCH", f"{path}/budget", {"budget": "9"})
+            assert status == 409 and words in answer["error"], (path, answer)
+            status, answer = api("POST", f"{path}/budget", {"budget": None})
+            assert status == 409 and "no longer applies" in answer["error"], path
+    _, token = ApiToken.issue(user=alice, name="laptop")
+    cli = Cli(tmp_path / "alice")
+    cli("login", "--url", live_server.url, "--token", token)
+    done = cli("jobs", "budget", job.pk, "9", ok=False)
+    assert done.returncode == 1 and "Job train has ended" in done.stderr
+    done = cli("sweeps", "budget", sweep.pk, "none", ok=False)
+    assert done.returncode == 1 and "no longer applies" in done.stderr
+    for thing, budget in ((job, "1.00"), (gone, "3.00"), (Sweep.objects.get(pk=sweep.pk), "5")):
+        thing.refresh_from_db()
+        assert thing.budget == Decimal(budget), thing
+        assert thing.budget_stopped_at is not None, f"{thing}: the stop stays on record"
+
+
+def test_a_preempted_job_stopped_at_its_budget_releases_its_cluster_as_a_cancel_does(
+    money, alice, placed, django_capture_on_commit_callbacks
+):
+    """A job preempted and waiting to run again, its cluster waiting to be placed again:
+    stopped at its budget it ends at once, and the cluster (released after its last job)
+    is released, as when its owner cancels it, not placed again and charged for nothing."""
+    cluster = placed("lab-a", release_policy=Cluster.ReleasePolicy.AFTER_LAST_JOB)
+    with time_machine.travel(at(0), tick=False):
+        job = cluster_services.job_submit(
+            cluster=cluster, spec=JobSpec(name="train", command="x", budget=Decimal("1.00"))
+        )
+    Job.objects.filter(pk=job.pk).update(state=Job.State.PREEMPTED, attempt=1)
+    Cluster.objects.filter(pk=cluster.pk).update(state=Cluster.State.PENDING)
+    job.refresh_from_db()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert budgets.stop_job(job, Decimal("0.90"), now=at(90))
+    job.refresh_from_db()
+    cluster.refresh_from_db()
+    assert job.state == "cancelled" and job.budget_stopped_at == at(90)
+    assert cluster.state in ("releasing", "released")
+    with translation.override("en"):
+        assert show(cluster.state_reason_text) == (
+            "released automatically after job train was cancelled"
+        )
+
+
+def test_a_cluster_stopped_at_its_budget_still_pays_for_its_kept_files_as_its_words_say(
+    money, alice, placed, rate_card
+):
+    """With a stopped price on the card, a budget stop ends the GPU charges at the stop, to
+    the second; its kept files go on being charged at the stopped price (the words say so,
+    and how to stop that: release it), and the ledger stays exact."""
+    rate_card({"a100-80gb": RATE}, effective_from=at(-1800), stopped_per_hour=Decimal("3.60"))
+    cluster = placed("lab-a", budget=Decimal("1.00"))
+    for t in (50, 90):
+        tick(t)
+    cluster.refresh_from_db()
+    assert cluster.state == "stopped" and cluster.budget_stopped_at == at(90)
+    with translation.override("en"):
+        assert show(cluster.state_reason_text) == (
+            "stopped at its budget ¥1.00: ¥0.90 spent; its kept files are still charged ¥3.60 "
+            "an hour while it is stopped: release it to stop that"
+        )
+    (told,) = WebhookEvent.objects.filter(type="cluster.budget_stopped")
+    assert "still charged ¥3.60 an hour" in _said(told)["en"]
+    assert "¥3.60" in _said(told)["zh-hans"]
+    for t in (100, 200, 400):
+        tick(t)
+    entries = LedgerEntry.objects.filter(cluster=cluster)
+    gpu = entries.exclude(memo__icontains="stopped")
+    kept = entries.filter(memo__icontains="stopped")
+    assert gpu.aggregate(s=Sum("amount"))["s"] == Decimal("-0.90"), "no GPU charge past it"
+    assert gpu.latest("period_to").period_to == at(90)
+    # 310 s kept at 3.60 an hour (0.001 a second), from the second it stopped.
+    assert kept.earliest("period_from").period_from == at(90)
+    assert kept.latest("period_to").period_to == at(400)
+    assert kept.aggregate(s=Sum("amount"))["s"] == Decimal("-0.31")
+    assert _charged(cluster) == Decimal("-1.21")
+    account = Account.objects.get(user=alice)
+    total = LedgerEntry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"]
+    assert total == account.balance, "the ledger adds up to the balance"
+
+
+def test_a_budget_below_what_a_stop_costs_stops_the_job_at_once_and_says_why(money, alice, placed):
+    """Its stop may cost 20 s of its cluster (the grace and one accrual period): ¥0.20 here.
+    A budget of ¥0.15 is below that: the job is stopped at its first tick, and the words say
+    the room its stop needs, so the early stop is understood."""
+    cluster = placed("lab-a")
+    with time_machine.travel(at(0), tick=False):
+        job = cluster_services.job_submit(
+            cluster=cluster,
+            spec=JobSpec(name="train", command="python train.py", budget=Decimal("0.15")),
+        )
+    _running(job, at(0))
+    tick(10)
+    job.refresh_from_db()
+    assert job.cancel_requested and job.budget_stopped_at == at(10)
+    with translation.override("en"):
+        assert show(job.state_reason_text) == (
+            "stopped at its budget ¥0.15: ¥0.10 spent, and up to ¥0.20 more while it stops (20 s)"
+        )
+    (told,) = WebhookEvent.objects.filter(type="job.budget_stopped")
+    assert "up to ¥0.20 more while it stops (20 s)" in _said(told)["en"]

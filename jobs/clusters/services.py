@@ -1087,6 +1087,22 @@ def job_submit(*, cluster: Cluster, spec: JobSpec, pool: Pool | None = None) -> 
     return job
 
 
+def _end_waiting(job: Job, reason: Text, now) -> None:
+    """End a job that waits (queued, or preempted and waiting to run again) at once,
+    cancelled with `reason` (inside the caller's transaction, `job` locked): the one path
+    of job_cancel and job_stop_for. A preempted job may have been its cluster's last: the
+    after-last-job policy then releases the cluster once this commits."""
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.CANCELLED, finished_at=now, cancel_requested=True,
+        **reason_fields(Job, reason),
+    )  # fmt: skip
+    job_event(job, "cancelled", reason, at=now)
+    request_dispatch(job.cluster_id)
+    if job.state == Job.State.PREEMPTED:
+        cluster_id, name = job.cluster_id, job.name
+        transaction.on_commit(lambda: _release_after_last_job(cluster_id, name))
+
+
 def job_cancel(*, job: Job, by: str | Text) -> Job:
     """Cancel a queued job at once; a starting or running one gets SIGTERM, then SIGKILL."""
     with transaction.atomic():
@@ -1098,16 +1114,7 @@ def job_cancel(*, job: Job, by: str | Text) -> Job:
             )
         reason = Text(gettext_noop("cancelled by %(by)s"), by=by)
         if job.state in Job.WAITING:
-            Job.objects.filter(pk=job.pk).update(
-                state=Job.State.CANCELLED,
-                finished_at=timezone.now(),
-                cancel_requested=True,
-                **reason_fields(Job, reason),
-            )
-            job_event(job, "cancelled", reason)
-            request_dispatch(job.cluster_id)
-            if job.state == Job.State.PREEMPTED:
-                transaction.on_commit(lambda: _release_after_last_job(job.cluster_id, job.name))
+            _end_waiting(job, reason, timezone.now())
         else:
             Job.objects.filter(pk=job.pk).update(
                 cancel_requested=True, **reason_fields(Job, reason)
@@ -1132,12 +1139,7 @@ def job_stop_for(*, job: Job, reason: Text) -> bool:
             return False
         now = timezone.now()
         if job.state in Job.WAITING:
-            Job.objects.filter(pk=job.pk).update(
-                state=Job.State.CANCELLED, finished_at=now, cancel_requested=True,
-                **reason_fields(Job, reason),
-            )  # fmt: skip
-            job_event(job, "cancelled", reason, at=now)
-            request_dispatch(job.cluster_id)
+            _end_waiting(job, reason, now)
             return True
         grace = settings.SUANLI_STOP_GRACE_S
         script = (
