@@ -45,7 +45,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from billing import formatting
-from billing.estimates import cost_of
+from billing.estimates import cost_of, costs_so_far
 from billing.models import Meter
 from billing.pricing import RateBook
 from jobs.base.text import Text
@@ -221,8 +221,7 @@ def margin_s(job: Job | None = None) -> int:
 def job_spent(job: Job, book: RateBook | None = None) -> Decimal | None:
     """What a job's attempts cost so far (the estimate of its end event, billing.estimates);
     None: no price."""
-    priced = cost_of(job.cluster, webhooks.runs(job), book)
-    return None if priced is None else priced[0]
+    return costs_so_far([job], book=book)[job.pk]
 
 
 def _ahead(cluster: Cluster, seconds: int, now: datetime, book: RateBook | None = None) -> Decimal:
@@ -450,12 +449,12 @@ def stop_cluster(cluster: Cluster, charged: Decimal, *, now: datetime | None = N
 def sweep_spent(sweep: Sweep, book: RateBook | None = None) -> tuple[Decimal, int]:
     """What a sweep's trials cost so far (each trial's job, priced as a job's end event
     prices it), and how many of them run."""
-    total, running = Decimal(0), 0
-    trials = Trial.objects.filter(sweep=sweep, job__isnull=False).select_related("job__cluster")
-    for trial in trials:
-        total += job_spent(trial.job, book) or Decimal(0)
-        running += trial.state == Trial.State.RUNNING
-    return total, running
+    trials = list(
+        Trial.objects.filter(sweep=sweep, job__isnull=False).select_related("job__cluster")
+    )
+    costs = costs_so_far([t.job for t in trials], book=book)  # one Replica query
+    total = sum((c for c in costs.values() if c is not None), Decimal(0))
+    return total, sum(t.state == Trial.State.RUNNING for t in trials)
 
 
 def check_sweep(sweep: Sweep, *, now: datetime | None = None, book: RateBook | None = None) -> bool:
@@ -471,6 +470,10 @@ def check_sweep(sweep: Sweep, *, now: datetime | None = None, book: RateBook | N
         if trial is not None:
             ahead = _ahead(trial.job.cluster, margin_s(trial.job), now, book) * running
     if spent + ahead < sweep.budget:
+        from billing import projections  # it imports this module
+
+        # Whether its next trial may start: kept on the sweep for its round to read.
+        projections.write_sweep_hold(sweep, now=now, book=book)
         return False
     return stop_sweep(sweep, spent, now=now)
 

@@ -17,7 +17,8 @@ from decimal import Decimal
 
 from billing import formatting
 from billing.pricing import RateBook, to_money
-from jobs.models import Cluster
+from jobs.events import webhooks
+from jobs.models import Cluster, Job
 
 MICRO = timedelta(microseconds=1)
 
@@ -67,3 +68,27 @@ def cost_of(
             currency = card.currency
             exact += rate * units * Decimal((to - frm) // MICRO) / 1_000_000
     return to_money(exact), currency
+
+
+def costs_so_far(
+    jobs: list[Job],
+    *,
+    book: RateBook | None = None,
+    now: datetime | None = None,
+    spans: dict[int, list[tuple]] | None = None,
+) -> dict[int, Decimal | None]:
+    """The one "what a job has cost so far" (its attempts' runs priced, as its end event
+    prices them): job id -> amount, None without a price. One Replica query for all of
+    them (`spans`: `webhooks.runs_of`'s answer, when the caller has it) and one read of the
+    rate cards; the jobs' clusters are read from the jobs (select_related them)."""
+    book = book or RateBook.load()
+    spans = webhooks.runs_of(jobs, now=now) if spans is None else spans
+    out: dict[int, Decimal | None] = {}
+    for job in jobs:
+        ran = spans.get(job.pk, [])
+        if job.cluster_id is None:  # never placed: nothing ran, nothing to price
+            out[job.pk] = None if ran else Decimal(0)
+            continue
+        priced = cost_of(job.cluster, ran, book)
+        out[job.pk] = None if priced is None else priced[0]
+    return out

@@ -37,7 +37,7 @@ from django.utils.translation import gettext_noop
 from billing import budgets, estimates, formatting
 from billing.pricing import RateBook, per_hour_of
 from jobs.base.text import Duration, Moment, Text, load
-from jobs.events.webhooks import runs
+from jobs.events.webhooks import runs, runs_of
 from jobs.models import Job, Pool, Sweep, Trial
 from jobs.pools import sweeps
 from jobs.runs.progress import Pace, pace
@@ -181,15 +181,22 @@ class Projection:
         )
 
 
-def project(job: Job, *, now: datetime | None = None, book: RateBook | None = None) -> Projection:
+def project(
+    job: Job,
+    *,
+    now: datetime | None = None,
+    book: RateBook | None = None,
+    spans: list[tuple] | None = None,
+) -> Projection:
     """`job`'s projection at `now`: its pace priced at its cluster's price, added to what its
     attempts cost so far; words in any case ("elapsed, cost so far" and why not, when no
-    finish can be projected)."""
+    finish can be projected). `spans`: its runs (`webhooks.runs_of`), when the caller read
+    many jobs' at once."""
     now = now or timezone.now()
     book = book or RateBook.load()
     p = pace(job, now=now)
     cluster = job.cluster
-    spans = runs(job, now=now)
+    spans = runs(job, now=now) if spans is None else spans
     elapsed = sum(((end - start) for start, end in spans), timedelta())
     so_far = estimates.cost_of(cluster, spans, book)
     currency = so_far[1] if so_far else book.currency
@@ -581,25 +588,27 @@ class _Running:
         self.wholes.append((p.cost, p.cost_low, p.cost_high))
 
 
-def _complete_costs(fig: sweeps.SweepFigures, book: RateBook) -> list[Decimal]:
-    """What each complete trial cost: the sweep page's figure (its pool's price x its run),
-    else (no price written on the pool yet) its job's runs priced."""
-    costs = []
-    for f in fig.trials:
-        if f.trial.state != Trial.State.COMPLETE:
-            continue
-        cost = f.cost if f.cost is not None else _trial_cost(f.trial, book)
-        if cost is not None:
-            costs.append(cost)
-    return costs
+def sweep_figures(
+    sweep: Sweep,
+    *,
+    now: datetime | None = None,
+    curves: bool = True,
+    book: RateBook | None = None,
+) -> sweeps.SweepFigures:
+    """`sweeps.figures` with each trial's cost as billing prices its job's runs so far
+    (`estimates.costs_so_far`, every attempt, at the rate cards): what the sweep page, its
+    projection, its budget's hold and its budget stop all say. One Replica query."""
+    return _priced(sweep, now=now or timezone.now(), curves=curves, book=book)[0]
 
 
-def _trial_cost(trial: Trial, book: RateBook) -> Decimal | None:
-    job = trial.job
-    if job is None:
-        return None
-    priced = estimates.cost_of(job.cluster, runs(job), book)
-    return priced[0] if priced else None
+def _priced(
+    sweep: Sweep, *, now: datetime, curves: bool, book: RateBook | None
+) -> tuple[sweeps.SweepFigures, dict[int, list[tuple]]]:
+    book = book or RateBook.load()
+    fig = sweeps.figures(sweep, now=now, curves=curves)
+    jobs = [f.trial.job for f in fig.trials if f.trial.job is not None]
+    spans = runs_of(jobs, now=now)
+    return fig.priced(estimates.costs_so_far(jobs, book=book, now=now, spans=spans)), spans
 
 
 def _pruning(fig: sweeps.SweepFigures) -> tuple[float, float | None, float]:
@@ -620,20 +629,25 @@ def _pruning(fig: sweeps.SweepFigures) -> tuple[float, float | None, float]:
     return pruned_share, ran_share, pruned_share * (1.0 - (1.0 if ran_share is None else ran_share))
 
 
-def sweep_projection(sweep: Sweep, *, now: datetime | None = None) -> dict:
+def sweep_projection(
+    sweep: Sweep, *, now: datetime | None = None, book: RateBook | None = None
+) -> dict:
     """What the sweep's trials left should still cost: each running trial its own rest (its
     projection), each trial not started yet a trial's projected cost (the mean of the
     complete trials' costs and the running trials' projected ones) less what pruning is
     expected to save (`_pruning`). The range: the running trials' own ranges, and for each
     trial not started the cheapest and the dearest trial so far."""
     now = now or timezone.now()
-    book = RateBook.load()
-    fig = sweeps.figures(sweep, now=now, curves=False)
+    book = book or RateBook.load()
+    fig, spans = _priced(sweep, now=now, curves=False, book=book)
     running = _Running(book.currency)
     for f in fig.trials:
         if f.trial.state == Trial.State.RUNNING and f.trial.job is not None:
-            running.add(project(f.trial.job, now=now, book=book))
-    complete = _complete_costs(fig, book)
+            job = f.trial.job
+            running.add(project(job, now=now, book=book, spans=spans.get(job.pk, [])))
+    complete = [
+        f.cost for f in fig.trials if f.trial.state == Trial.State.COMPLETE and f.cost is not None
+    ]
     pruned_share, ran_share, saving = _pruning(fig)
     keep = Decimal(str(round(1.0 - saving, 6)))
     not_started = 0
@@ -660,8 +674,12 @@ def sweep_projection(sweep: Sweep, *, now: datetime | None = None) -> dict:
     # A running trial with no projection yet: a fresh trial less what it spent.
     blind = max(fresh * running.unprojected - running.unprojected_spent, ZERO)
     remaining = running.rest + fresh * not_started + blind
-    low = running.low + min(w[1] for w in wholes) * keep * not_started + blind
-    high = running.high + max(w[2] for w in wholes) * keep * not_started + blind
+    # Pruning is the largest unknown: at the low end every trial not started is pruned at
+    # the mean share of its steps a pruned trial ran (none pruned yet: pruning's expected
+    # keep), at the high end none is.
+    cut = keep if ran_share is None else Decimal(str(round(ran_share, 6)))
+    low = running.low + min(w[1] for w in wholes) * cut * not_started + blind
+    high = running.high + max(w[2] for w in wholes) * not_started + blind
     out.update(
         trial_cost=_quantize(trial),
         remaining=_quantize(remaining),
@@ -678,6 +696,51 @@ def sweep_projection(sweep: Sweep, *, now: datetime | None = None) -> dict:
         saving=_percent(saving),
     )
     return out
+
+
+HOLD = gettext_noop(
+    "the next trial would pass its budget %(budget)s (spent %(spent)s, a trial costs about "
+    "%(each)s)"
+)
+
+
+def sweep_hold(
+    sweep: Sweep, p: dict | None = None, *, now: datetime | None = None, book=None
+) -> Text | None:
+    """Why no trial of `sweep` may start now for its budget (None: it may): what its trials
+    cost so far (`sweep_figures`), with what its running trials should still cost and the
+    next trial's projected cost (less pruning's expected saving), would pass it. `p`: its
+    `sweep_projection`, when the caller has it."""
+    if sweep.budget is None:
+        return None
+    p = p or sweep_projection(sweep, now=now, book=book)
+    if p.get("trial_cost") is None or p.get("remaining") is None or p.get("spent") is None:
+        return None
+    keep = Decimal(1) - Decimal(str(p.get("saving_share") or 0))
+    each = _quantize(p["trial_cost"] * keep)
+    coming = max(p["remaining"] - each * p.get("not_started", 0), ZERO)
+    if p["spent"] + coming + each <= sweep.budget:
+        return None
+    currency = p["currency"]
+    return Text(
+        HOLD,
+        budget=_money(sweep.budget, currency),
+        spent=_money(p["spent"], currency),
+        each=_money(each, currency),
+    )
+
+
+def write_sweep_hold(sweep: Sweep, *, now: datetime | None = None, book=None) -> Text | None:
+    """Judge `sweep_hold` and keep it on the sweep (`Sweep.budget_hold`, with the budget it
+    was judged against) for its round (jobs.pools.sweeps.advance) to read: billing's budget
+    watch writes it each accrual tick, so the round never asks billing, nor prices trials
+    inside its lock."""
+    hold = sweep_hold(sweep, now=now, book=book)
+    data = None if hold is None else {"budget": str(sweep.budget), "words": hold.as_json()}
+    if data != sweep.budget_hold:
+        Sweep.objects.filter(pk=sweep.pk).update(budget_hold=data)
+        sweep.budget_hold = data
+    return hold
 
 
 def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:

@@ -18,7 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
-from billing import formatting
+from billing import formatting, projections
 from billing import selectors as money
 from console import pools as console_pools
 from console import projection_panel
@@ -154,7 +154,7 @@ def chart_data(sweep: Sweep, fig: sweeps.SweepFigures) -> dict:
 
 
 def _context(sweep: Sweep, user) -> dict:
-    fig = sweeps.figures(sweep)
+    fig = projections.sweep_figures(sweep)  # priced as its projection and budget price it
     currency = money.standing(user).currency
     best_id = fig.best.pk if fig.best else None
     rows = [

@@ -378,7 +378,10 @@ def test_a_sweep_is_cancelled_at_its_budget_its_trial_stopped_told_once(money, a
     assert Trial.objects.filter(sweep=sweep).count() == 1, "no trial after the stop"
 
 
-def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool, monkeypatch):
+def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool):
+    """Billing judges it on its accrual tick and keeps it on the sweep; the sweep's round
+    reads it (jobs never asks billing, nor prices trials inside the sweep's lock)."""
+    from billing import projections
     from jobs.models import Sweep, Trial
     from jobs.pools import sweeps
 
@@ -389,27 +392,30 @@ def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool, m
     Job.objects.filter(pk=first.job_id).update(state=Job.State.SUCCEEDED, finished_at=at(60))
     Trial.objects.filter(pk=first.pk).update(state=Trial.State.COMPLETE, last_step=10)
     sweep.refresh_from_db()
-    # From billing's sweep projection: 0.60 spent, nothing running, a trial 0.60.
-    assert sweeps._projected(sweep, None) == (Decimal("0.60"), Decimal(0), Decimal("0.60"))
+    assert sweeps.budget_hold(sweep) is None, "not judged yet"
+    # The page, the projection and the budget price it alike: 0.60 spent, a trial 0.60.
+    p = projections.sweep_projection(sweep, now=at(61))
+    assert (p["spent"], p["trial_cost"]) == (Decimal("0.60"), Decimal("0.60"))
+    assert projections.sweep_figures(sweep, now=at(61)).used_cost == Decimal("0.60")
+    assert budgets.sweep_spent(sweep)[0] == Decimal("0.60")
+    tick(61)
+    sweep.refresh_from_db()
+    assert sweep.state == Sweep.State.RUNNING, "under its budget: not cancelled"
     with translation.override("en"):
-        assert "the next trial would pass its budget 1.00 (spent 0.60" in str(
-            sweeps.budget_hold(sweep)
+        assert show(sweeps.budget_hold(sweep)) == (
+            "the next trial would pass its budget ¥1.00 (spent ¥0.60, a trial costs about ¥0.60)"
         )
-        # A deployment without projections: an average ended trial's cost, the same here.
-        with monkeypatch.context() as m:
-            m.setattr(sweeps, "SWEEP_PROJECTION", "billing.no_projections.sweep_projection")
-            assert sweeps._projected(sweep, None) is None
-            assert "a trial costs about 0.60" in str(sweeps.budget_hold(sweep))
-    with time_machine.travel(at(61), tick=False):
+    # Judged against another budget, it holds nothing; billing's next judgement neither.
+    sweep.budget = Decimal("5")
+    assert sweeps.budget_hold(sweep) is None
+    assert projections.sweep_hold(sweep, now=at(61)) is None
+    sweep.refresh_from_db()
+    with time_machine.travel(at(62), tick=False):
         assert sweeps.advance(sweep.pk) == 0
     sweep.refresh_from_db()
     assert sweep.state == Sweep.State.FINISHED and sweep.budget_stopped_at is not None
     assert "would pass its budget" in sweep.note
     assert Trial.objects.filter(sweep=sweep).count() == 1
-    # A larger budget would have let it start.
-    Sweep.objects.filter(pk=sweep.pk).update(budget=Decimal("5"))
-    sweep.refresh_from_db()
-    assert sweeps.budget_hold(sweep) is None
 
 
 # -- the input on the pages, the API and the command line ------------------------------------
@@ -877,3 +883,57 @@ def test_a_budget_below_what_a_stop_costs_stops_the_job_at_once_and_says_why(mon
         )
     (told,) = WebhookEvent.objects.filter(type="job.budget_stopped")
     assert "up to ¥0.20 more while it stops (20 s)" in _said(told)["en"]
+
+
+def test_a_member_may_lower_but_not_lift_a_budget_an_admin_set_on_the_admins_cluster(
+    money, alice, make_cluster, make_paper_host
+):
+    """A budget is a spending control: a member who uses an admin's cluster may lower its
+    budget (or its jobs'), but clearing or raising it needs who may change the cluster."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from console.models import ApiToken
+    from jobs.models import TeamMember
+    from jobs.teams import services as teams
+    from jobs.tenancy.actors import Actor
+
+    team = teams.team_create(person=alice, name="lab")
+    owner = Actor.for_team(alice, team.pk)
+    people = {}
+    for login, role in (("ada", TeamMember.Role.ADMIN), ("mo", TeamMember.Role.MEMBER)):
+        who = get_user_model().objects.create_user(login, password=f"{login}-pass-123")
+        invite, _ = teams.invite_create(actor=owner, role=role, login=login)
+        teams.invite_accept(person=who, invite=invite)
+        people[login] = who
+    make_paper_host(gpus=8)
+    cluster = make_cluster(team.principal, "ada-cluster", created_by=people["ada"])
+    cluster.members.add(people["mo"])
+    budgets.set_budget(cluster, Decimal("10.00"))
+    job = cluster_services.job_submit(
+        cluster=cluster, spec=JobSpec(name="train", command="x", budget=Decimal("5.00"))
+    )
+
+    def api(user, method, path, body):
+        _, token = ApiToken.issue(user=user, name="t", team=team)
+        client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+        answer = getattr(client, method)(
+            f"/api/v1/{path}", json.dumps(body), content_type="application/json"
+        )
+        return answer.status_code
+
+    mo, ada = people["mo"], people["ada"]
+    for path, body in ((f"clusters/{cluster.pk}/budget", {"budget": None}),
+                       (f"clusters/{cluster.pk}/budget", {"budget": "11"}),
+                       (f"jobs/{job.pk}/budget", {"budget": "1000000"}),
+                       (f"jobs/{job.pk}/budget", {"budget": None})):  # fmt: skip
+        assert api(mo, "patch", path, body) == 403, (path, body)
+    cluster.refresh_from_db()
+    job.refresh_from_db()
+    assert (cluster.budget, job.budget) == (Decimal("10.00"), Decimal("5.00")), "unchanged"
+    assert api(mo, "patch", f"clusters/{cluster.pk}/budget", {"budget": "8"}) == 200
+    assert api(mo, "patch", f"jobs/{job.pk}/budget", {"budget": "4"}) == 200
+    assert api(ada, "patch", f"clusters/{cluster.pk}/budget", {"budget": None}) == 200
+    cluster.refresh_from_db()
+    job.refresh_from_db()
+    assert (cluster.budget, job.budget) == (None, Decimal("4.00"))

@@ -23,6 +23,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from test_cli import Cli
+from test_sweep_pages import ran
 from waiting import until
 
 from billing import projections
@@ -381,7 +382,7 @@ def test_the_billing_page_says_how_good_the_projections_were(
 
 
 @pytest.fixture
-def sweep_pool(catalog, priced, alice, storage_root):
+def sweep_pool(catalog, priced, alice, storage_root, paper_host):
     shape = ClusterSpec(
         name="", nodes=1, gpu_model=catalog["a100-80gb"], gpus_per_node=1,
         image=Image.objects.get(reference=TEST_IMAGE),
@@ -427,6 +428,7 @@ def _filled_sweep(owner, pool):
             state=Job.State.SUCCEEDED if state == "complete" else Job.State.CANCELLED,
             started_at=now - timedelta(seconds=seconds), finished_at=now,
         )  # fmt: skip
+        ran(trial.job_id, now - timedelta(seconds=seconds), now)  # what billing prices
     return sweep
 
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import TEST_IMAGE
 from django.utils import timezone, translation
 from test_progress import TRAIN
+from test_sweep_pages import ran
 
 from billing import projections, tasks
 from console import pools as console_pools
@@ -399,9 +400,9 @@ def test_accuracy_of_a_researcher_is_the_median_of_their_jobs_errors(lab, alice,
 
 
 @pytest.fixture
-def make_pool(catalog, priced, alice, storage_root):
-    """A pool of one 1-GPU A100 cluster (at the starting card's ¥7.80 an hour); no host is
-    needed, since no trial is placed."""
+def make_pool(catalog, priced, alice, storage_root, paper_host):
+    """A pool of one 1-GPU A100 cluster (at the starting card's ¥7.80 an hour), placed on
+    the paper host when a trial is said to have run (`_fill`)."""
 
     def make(name="train"):
         shape = ClusterSpec(
@@ -430,6 +431,7 @@ def _fill(trial, *, state, steps, seconds):
         started_at=now - timedelta(seconds=seconds),
         finished_at=now,
     )
+    ran(trial.job_id, now - timedelta(seconds=seconds), now)
 
 
 def _sweep(pool, alice, name):

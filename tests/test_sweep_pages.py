@@ -17,7 +17,8 @@ from django.utils import timezone
 from console import pools as console_pools
 from console.models import ApiToken
 from jobs.clusters.services import ClusterSpec
-from jobs.models import Image, Job, Sweep, Trial
+from jobs.models import Image, Job, Replica, Sweep, Trial
+from jobs.placement import scheduler
 from jobs.pools import autoscaler, sweeps
 
 pytestmark = pytest.mark.django_db
@@ -91,10 +92,25 @@ def _fill(trial, *, state, curve, seconds, note=""):
         started_at=now - timedelta(seconds=seconds),
         finished_at=now,
     )
+    ran(trial.job_id, now - timedelta(seconds=seconds), now)  # what billing prices
+
+
+def ran(job_id: int, started, finished) -> None:
+    """Its attempt 1's container on its (pool's) cluster from `started` to `finished`: what
+    billing prices as its cost (the pool's cluster placed on the paper host first)."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if not job.cluster.node_set.exists():
+        scheduler.place_pending()
+    node = job.cluster.node_set.get()
+    Replica.objects.create(
+        job=job, attempt=1, rank=0, node=node, host=node.host,
+        container_name=f"projection-test-{job.pk}-1-0", state=Replica.State.EXITED,
+        started_at=started, finished_at=finished,
+    )  # fmt: skip
 
 
 @pytest.fixture
-def filled_sweep(make_pool, alice):
+def filled_sweep(make_pool, alice, paper_host):
     """Four trials: two ran to step 40 (400 s each), two were pruned at steps 10 and 20
     (100 s and 200 s), one of those with a note of a malformed metric line."""
     pool = make_pool()

@@ -36,12 +36,11 @@ import optuna
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from sqlalchemy.pool import NullPool
 
-from jobs.base.text import Text, twin_fields
+from jobs.base.text import Text, load, twin_fields
 from jobs.clusters import services
 from jobs.events import webhooks
 from jobs.models import Job, Pool, Sweep, Trial
@@ -586,69 +585,20 @@ def sweep_cancel(*, sweep: Sweep, reason: Text | None = None) -> Sweep:
     return sweep
 
 
-# Billing's projection of a sweep's remaining cost, asked by name (billing sits above jobs,
-# which never imports it): {"spent", "trial_cost", "saving_share", "not_started",
-# "remaining", ...} (billing/projections.py `sweep_projection`).
-SWEEP_PROJECTION = "billing.projections.sweep_projection"
-
-
-def _projected(sweep: Sweep, now) -> tuple[Decimal, Decimal, Decimal] | None:
-    """(spent, what its running trials should still cost, the next trial's projected cost
-    with pruning's expected saving) from billing's sweep projection; None without one."""
-    try:
-        p = import_string(SWEEP_PROJECTION)(sweep, now=now)
-    except ImportError:  # a deployment (or a checkout) without projections
+def budget_hold(sweep: Sweep) -> Text | None:
+    """Why no trial of `sweep` may start now for its budget (None: it may), as billing last
+    judged it (billing.budgets.enforce, each accrual tick, writes `Sweep.budget_hold`: what
+    its trials cost so far, with what its running trials are still expected to cost and the
+    next trial's expected cost, would pass it). A judgement made against another budget (it
+    was changed since) holds nothing: billing judges the new one on its next tick. jobs
+    never asks billing (it sits above): the round reads the row it locked."""
+    hold = sweep.budget_hold
+    if sweep.budget is None or not isinstance(hold, dict) or not hold.get("words"):
         return None
-    except Exception:  # a projection's trouble must not stop the sweep's round
-        log.exception("sweep %s: no projection for its budget", sweep.pk)
+    if hold.get("budget") != str(sweep.budget):
         return None
-    if p.get("trial_cost") is None or p.get("remaining") is None or p.get("spent") is None:
-        return None
-    keep = Decimal(1) - Decimal(str(p.get("saving_share") or 0))
-    each = Decimal(p["trial_cost"]) * keep
-    coming = max(Decimal(p["remaining"]) - each * p.get("not_started", 0), Decimal(0))
-    return Decimal(p["spent"]), coming, each
-
-
-def budget_hold(sweep: Sweep, *, now=None) -> Text | None:
-    """Why no trial of `sweep` may start now for its budget (None: it may): what its trials
-    cost so far, with what its running trials are still expected to cost and the next
-    trial's expected cost, would pass it. The costs are billing's sweep projection's (a
-    trial's projected cost less pruning's expected saving); without one, an average ended
-    trial's at the pool's price per hour (what the sweep page shows). Without either,
-    nothing is expected (billing's budget stop still cancels the sweep at its budget)."""
-    if sweep.budget is None:
-        return None
-    projected = _projected(sweep, now)
-    if projected is not None:
-        spent, coming, each = projected
-        if spent + coming + each <= sweep.budget:
-            return None
-        return Text(
-            gettext_noop(
-                "the next trial would pass its budget %(budget)s (spent %(spent)s, a trial "
-                "costs about %(each)s)"
-            ),
-            budget=f"{sweep.budget:.2f}", spent=f"{spent:.2f}", each=f"{each:.2f}",
-        )  # fmt: skip
-    fig = figures(sweep, now=now, curves=False)
-    priced = [f for f in fig.trials if f.cost is not None]
-    ended = [f.cost for f in priced if f.trial.state != Trial.State.RUNNING]
-    if not ended:
-        return None
-    spent = sum((f.cost for f in priced), Decimal(0))
-    each = sum(ended, Decimal(0)) / len(ended)
-    running = [f.cost for f in priced if f.trial.state == Trial.State.RUNNING]
-    coming = sum((max(each - c, Decimal(0)) for c in running), Decimal(0))
-    if spent + coming + each <= sweep.budget:
-        return None
-    return Text(
-        gettext_noop(
-            "the next trial would pass its budget %(budget)s (spent %(spent)s, a trial costs "
-            "about %(each)s)"
-        ),
-        budget=f"{sweep.budget:.2f}", spent=f"{spent:.2f}", each=f"{each:.2f}",
-    )  # fmt: skip
+    words = load(hold["words"])
+    return words if isinstance(words, Text) else None
 
 
 # -- reading the metric, pruning --------------------------------------------------------------
@@ -914,6 +864,25 @@ class SweepFigures:
     def saved_share(self) -> float:
         return self.saved_seconds / self.full_seconds if self.full_seconds else 0.0
 
+    def priced(self, costs: dict[int, Decimal | None]) -> SweepFigures:
+        """These figures with each trial's cost as billing prices its job's runs so far
+        (`costs`: job id -> amount, billing.estimates.costs_so_far), instead of the pool's
+        price per hour over its last attempt: the sweep page, its projection and its budget
+        then say one amount. What pruning saved is at the sweep's mean price a second."""
+        for f in self.trials:
+            f.cost = costs.get(f.trial.job_id) if f.trial.job_id else None
+        known = [f.cost for f in self.trials if f.cost is not None]
+        self.used_cost = _cent(sum(known, Decimal(0))) if known else None
+        self.saved_cost = None
+        if self.used_cost is not None and self.used_seconds > 0:
+            per_s = sum(known, Decimal(0)) / Decimal(str(round(self.used_seconds, 3)))
+            self.saved_cost = _cent(per_s * Decimal(str(round(self.saved_seconds, 3))))
+        return self
+
+
+def _cent(amount: Decimal) -> Decimal:
+    return amount.quantize(Decimal("0.01"))
+
 
 def _seconds(job: Job | None, now) -> float:
     if job is None or job.started_at is None:
@@ -927,7 +896,7 @@ def figures(sweep: Sweep, *, now=None, curves: bool = True) -> SweepFigures:
     full length is its seconds per step times the steps of the longest trial that ran to
     its end."""
     now = now or timezone.now()
-    trials = sweep.trial_set.select_related("job")
+    trials = sweep.trial_set.select_related("job__cluster")
     trials = list(trials if curves else trials.defer("curve"))  # a list page needs none
     ended = [t for t in trials if t.state == Trial.State.COMPLETE and t.last_step]
     full_steps = max((t.last_step for t in ended), default=None)
