@@ -845,10 +845,14 @@ def job_cancel(request, job_id: Id):
         return cluster_services.job_cancel(job=j, by=_actor(request).person.username)
 
 
-def _budget_set(subject, payload: BudgetBody):
-    """Set or clear (null) a budget: billing/budgets.py's rules and words."""
+def _budget_set(subject, payload: BudgetBody, actor=None):
+    """Set or clear (null) a budget: billing/budgets.py's rules and words; clearing or
+    raising one needs who may change the cluster (views_budgets.require_lift)."""
     try:
-        budgets.set_budget(subject, budgets.parse(payload.budget))
+        amount = budgets.parse(payload.budget)
+        if actor is not None:
+            views_budgets.require_lift(actor, subject, amount)
+        budgets.set_budget(subject, amount)
     except ValidationError as exc:  # a bad amount (400), or it has ended (409): words
         status = 409 if getattr(exc, "code", None) == "ended" else 400
         return _error(status, " ".join(exc.messages), {"budget": exc.messages})
@@ -863,7 +867,7 @@ def job_budget(request, job_id: Id, payload: BudgetBody):
     """`{"budget": "50.00"}`: stopped before its cost passes ¥50.00 (its preemption script,
     then SIGTERM and SIGKILL after the grace); `{"budget": null}`: no budget."""
     j = views_budgets.job_to_budget(_actor(request), job_id)
-    return _budget_set(j, payload)
+    return _budget_set(j, payload, _actor(request))
 
 
 @api.api_operation(
@@ -874,7 +878,7 @@ def cluster_budget(request, cluster_id: Id, payload: BudgetBody):
     """`{"budget": "50.00"}`: stopped, every file kept, before its charges pass ¥50.00;
     `{"budget": null}`: no budget."""
     c = fleet.cluster_to_use(_actor(request), cluster_id)
-    return _budget_set(c, payload)
+    return _budget_set(c, payload, _actor(request))
 
 
 _CURSOR = re.compile(r"(\d{1,5})((?:~\d{1,3}\.\d{1,20}\.\d{1,9}){0,64})")

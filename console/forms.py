@@ -58,7 +58,9 @@ BUDGET_HELP = {
         "told early when its pace will reach it. Empty: no budget."
     ),
     "cluster": gettext_lazy(
-        "Stopped, every file kept, before its charges pass this; you are told. Empty: no budget."
+        "Stopped, every file kept, before its charges pass this; you are told. Its kept files "
+        "are still charged the stopped price (if the rate card has one) until you release it. "
+        "Empty: no budget."
     ),
     "sweep": gettext_lazy(
         "Cancelled before its trials' cost passes this; no trial starts that would pass it. "

@@ -15,7 +15,9 @@ from django.views.decorators.http import require_POST
 from billing import budgets
 from console.forms import BudgetForm
 from console.views_sweeps import _sweep_for
+from jobs.models import Cluster, Job
 from jobs.placement import fleet
+from jobs.tenancy.actors import Role
 
 
 def job_to_budget(actor, job_id: int):
@@ -28,12 +30,25 @@ def job_to_budget(actor, job_id: int):
     return job
 
 
+def require_lift(actor, subject, amount) -> None:
+    """A budget is a spending control: whoever may use a cluster may set one or lower it,
+    but clearing or raising one (on a cluster, or a job on it) needs who may change the
+    cluster (its maker, an admin or the owner), as a resize or a release does: a member
+    cannot lift the budget an admin set. 403 in words otherwise."""
+    if subject.budget is None or (amount is not None and amount <= subject.budget):
+        return
+    cluster = subject.cluster if isinstance(subject, Job) else subject
+    if isinstance(cluster, Cluster) and not actor.may_change(cluster):
+        actor.require(Role.ADMIN)
+
+
 def _save(request, subject, kind: str) -> None:
     form = BudgetForm(request.POST, kind=kind)
     if not form.is_valid():
         messages.error(request, " ".join(form.errors.get("budget", [])) or _("Invalid input."))
         return
     amount = form.cleaned_data["budget"]
+    require_lift(request.actor, subject, amount)
     try:
         budgets.set_budget(subject, amount)
     except ValidationError as exc:  # it has ended: its budget (and its record) stay

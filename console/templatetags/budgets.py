@@ -35,7 +35,7 @@ def budget_box(context, subject, kind: str, card: bool = False) -> dict:
         "budget": budgets.shown(budget) if budget is not None else None,
         "stopped_at": subject.budget_stopped_at,
         "warned_at": getattr(subject, "budget_warned_at", None),
-        "may_change": may and not ended,
+        "may_change": may and not ended, "ended": ended,
         "form": BudgetForm(initial={"budget": budget and f"{budget:.2f}"}, kind=kind),
         "action": reverse(f"{kind}_budget", args=[subject.pk]),
         "csrf_token": context.get("csrf_token"),
