@@ -169,6 +169,18 @@ def set_budget(subject: Job | Cluster | Sweep, budget: Decimal | None) -> None:
     if isinstance(subject, Job):
         fields["budget_warned_at"] = None
     kind = type(subject)
+    row = kind.objects.filter(pk=subject.pk).values("budget", "budget_stopped_at").first()
+    stopped = row and row["budget_stopped_at"] and subject.state not in ENDED[kind]
+    if stopped and budget is not None and row["budget"] is not None:
+        if budget <= row["budget"]:  # the same or lower: it would only spend past it again
+            raise ValidationError(
+                _(
+                    "%(name)s was stopped at its budget of %(budget)s: raise the budget above "
+                    "that, or clear it, to let it run again."
+                )
+                % {"name": subject.name, "budget": shown(row["budget"])},
+                code="budget",
+            )
     if not kind.objects.filter(pk=subject.pk).exclude(state__in=ENDED[kind]).update(**fields):
         subject.refresh_from_db()
         raise ValidationError(change_refusal(subject) or _("Invalid input."), code="ended")

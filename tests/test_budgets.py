@@ -937,3 +937,32 @@ def test_a_member_may_lower_but_not_lift_a_budget_an_admin_set_on_the_admins_clu
     cluster.refresh_from_db()
     job.refresh_from_db()
     assert (cluster.budget, job.budget) == (None, Decimal("4.00"))
+
+
+def test_a_cluster_stopped_at_its_budget_runs_again_only_with_a_higher_budget_or_none(
+    money, alice, placed
+):
+    """Setting the same budget again, or a lower one, would only let it spend past it once
+    more: refused in words (page and API alike: billing/budgets.py set_budget)."""
+    from django.core.exceptions import ValidationError
+
+    from console.forms import start_refusal
+
+    cluster = placed("lab-a", budget=Decimal("1.00"))
+    tick(90)
+    cluster.refresh_from_db()
+    assert cluster.budget_stopped_at == at(90)
+    for same_or_lower in ("1.00", "0.50"):
+        with translation.override("en"), pytest.raises(ValidationError) as refused:
+            budgets.set_budget(cluster, Decimal(same_or_lower))
+        assert refused.value.messages == [
+            "lab-a was stopped at its budget of ¥1.00: raise the budget above that, or clear "
+            "it, to let it run again."
+        ]
+        cluster.refresh_from_db()
+        assert cluster.budget_stopped_at == at(90) and start_refusal(cluster, "gpu")
+    status, answer = _api(alice)("PATCH", f"clusters/{cluster.pk}/budget", {"budget": "1"})
+    assert status == 400 and "raise the budget above" in answer["error"]
+    budgets.set_budget(cluster, Decimal("1.50"))
+    cluster.refresh_from_db()
+    assert cluster.budget_stopped_at is None and start_refusal(cluster, "gpu") == ""
