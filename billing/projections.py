@@ -735,8 +735,15 @@ def write_sweep_hold(sweep: Sweep, *, now: datetime | None = None, book=None) ->
     was judged against) for its round (jobs.pools.sweeps.advance) to read: billing's budget
     watch writes it each accrual tick, so the round never asks billing, nor prices trials
     inside its lock."""
-    hold = sweep_hold(sweep, now=now, book=book)
-    data = None if hold is None else {"budget": str(sweep.budget), "words": hold.as_json()}
+    p = sweep_projection(sweep, now=now, book=book) if sweep.budget is not None else None
+    hold = sweep_hold(sweep, p, now=now, book=book)
+    data = None
+    if hold is not None:  # with what its end at the budget tells (sweep.budget_stopped)
+        spent = p["spent"]
+        data = {
+            "budget": str(sweep.budget), "words": hold.as_json(), "currency": p["currency"],
+            "spent": None if spent is None else str(formatting.total(spent)),
+        }  # fmt: skip
     if data != sweep.budget_hold:
         Sweep.objects.filter(pk=sweep.pk).update(budget_hold=data)
         sweep.budget_hold = data

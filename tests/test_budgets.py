@@ -416,6 +416,14 @@ def test_no_trial_starts_that_would_pass_the_sweeps_budget(money, alice, pool):
     assert sweep.state == Sweep.State.FINISHED and sweep.budget_stopped_at is not None
     assert "would pass its budget" in sweep.note
     assert Trial.objects.filter(sweep=sweep).count() == 1
+    # Its owner is told it was the budget, as a budget cancel tells it, with the currency.
+    (told,) = WebhookEvent.objects.filter(type="sweep.budget_stopped")
+    data = json.loads(told.body)["data"]
+    assert data["sweep"]["state"] == "finished"
+    assert data["budget"] == {"budget": "1.00", "spent": "0.60", "currency": "CNY"}
+    assert _said(told)["en"].startswith(
+        "Sweep quad ended at its budget: the next trial would pass its budget ¥1.00 (spent ¥0.60"
+    )
 
 
 # -- the input on the pages, the API and the command line ------------------------------------

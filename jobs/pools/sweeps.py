@@ -514,7 +514,31 @@ def advance(sweep_id: int) -> int:
             )  # fmt: skip
             # Once: the sweep's row is locked and was running (its end is the guard).
             _tell_finished(sweep, trials)
+            if held is not None:
+                _tell_held(sweep, held)
         return started
+
+
+def _tell_held(sweep: Sweep, held: Text) -> None:
+    """A sweep that ended because its next trial would pass its budget: its owner's
+    `sweep.budget_stopped`, as a budget cancel tells it (the amounts as billing judged them
+    on `Sweep.budget_hold`, to the cent). It ends finished and does not start again."""
+    url = webhooks.console_link("sweep_detail", sweep.pk)
+    hold = sweep.budget_hold if isinstance(sweep.budget_hold, dict) else {}
+    webhooks.emit(
+        owner_id=sweep.owner_id,
+        event_type="sweep.budget_stopped",
+        data={
+            "sweep": {"id": sweep.pk, "name": sweep.name, "state": Sweep.State.FINISHED,
+                      "url": url},
+            "budget": {"budget": f"{sweep.budget:.2f}", "spent": hold.get("spent"),
+                       "currency": hold.get("currency")},
+        },
+        summary=Text(
+            gettext_noop("Sweep %(sweep)s ended at its budget: %(why)s: %(url)s"),
+            sweep=sweep.name, why=held, url=url,
+        ),
+    )  # fmt: skip
 
 
 def best_of(sweep: Sweep, trials: list[Trial]) -> Trial | None:
