@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from django.db.models import prefetch_related_objects
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -103,6 +104,8 @@ POOL_PROJECTED = gettext_noop(
 )
 POOL_NONE = gettext_noop("None of its %(running)s running jobs has a projection yet")
 POOL_IDLE = gettext_noop("No job is running in it")
+# Its waiting jobs have no pace yet: named, not priced.
+POOL_QUEUED = gettext_noop("%(said)s; %(queued)s queued jobs not counted")
 
 
 def _money(value: Decimal | None, currency: str) -> str:
@@ -640,6 +643,8 @@ def sweep_projection(
     now = now or timezone.now()
     book = book or RateBook.load()
     fig, spans = _priced(sweep, now=now, curves=False, book=book)
+    live = [f.trial.job for f in fig.trials if f.trial.state == Trial.State.RUNNING]
+    prefetch_related_objects([j for j in live if j is not None], "progress_row")  # one query
     running = _Running(book.currency)
     for f in fig.trials:
         if f.trial.state == Trial.State.RUNNING and f.trial.job is not None:
@@ -756,8 +761,15 @@ def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     book = RateBook.load()
     running = _Running(book.currency)
-    for job in Job.objects.filter(pool=pool, state__in=Job.ACTIVE).select_related("cluster"):
-        running.add(project(job, now=now, book=book))
+    jobs = list(
+        Job.objects.filter(pool=pool, state__in=Job.ACTIVE).select_related(
+            "cluster", "progress_row"
+        )
+    )
+    spans = runs_of(jobs, now=now)  # one query for all of them
+    for job in jobs:
+        running.add(project(job, now=now, book=book, spans=spans[job.pk]))
+    queued = Job.objects.filter(pool=pool, state__in=Job.WAITING).count()
     projected, currency = running.projected, running.currency
     out = {
         "currency": currency,
@@ -768,6 +780,7 @@ def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:
         "remaining_low": running.low if projected else None,
         "remaining_high": running.high if projected else None,
     }
+    out["queued"] = queued
     if not out["running"]:
         out["words"] = Text(POOL_IDLE)
     elif not projected:
@@ -780,4 +793,6 @@ def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:
             high=_money(running.high, currency),
             none=running.unprojected,
         )
+    if queued:
+        out["words"] = Text(POOL_QUEUED, said=out["words"], queued=queued)
     return out
