@@ -579,6 +579,17 @@ class _Running:
     def projected(self) -> int:
         return len(self.wholes)
 
+    def add_of(self, job: Job, **how) -> None:
+        """`job`'s projection added; one job whose projection fails is counted as one
+        without (and logged): the pool's or sweep's page still shows the others."""
+        try:
+            p = project(job, **how)
+        except Exception:
+            log.exception("job %s: no projection", job.pk)
+            self.unprojected += 1
+            return
+        self.add(p)
+
     def add(self, p: Projection) -> None:
         self.currency = p.currency
         if p.cost is None:
@@ -649,7 +660,7 @@ def sweep_projection(
     for f in fig.trials:
         if f.trial.state == Trial.State.RUNNING and f.trial.job is not None:
             job = f.trial.job
-            running.add(project(job, now=now, book=book, spans=spans.get(job.pk, [])))
+            running.add_of(job, now=now, book=book, spans=spans.get(job.pk, []))
     complete = [
         f.cost for f in fig.trials if f.trial.state == Trial.State.COMPLETE and f.cost is not None
     ]
@@ -768,7 +779,7 @@ def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:
     )
     spans = runs_of(jobs, now=now)  # one query for all of them
     for job in jobs:
-        running.add(project(job, now=now, book=book, spans=spans[job.pk]))
+        running.add_of(job, now=now, book=book, spans=spans[job.pk])
     queued = Job.objects.filter(pool=pool, state__in=Job.WAITING).count()
     projected, currency = running.projected, running.currency
     out = {
