@@ -258,6 +258,8 @@ def test_a_finished_job_shows_projected_against_actual(
     cost_off = _text(page, "cost-off")
     assert re.fullmatch(r"[+-]\d+(\.\d)? %", cost_off), cost_off
     assert "with 20 % of its steps done" in _text(page, "projection-compared-words")
+    # Its times carry their zone, as the sentence beside them does.
+    assert re.search(r"Projected at \d{4}-\d\d-\d\d \d\d:\d\d [A-Z]{3}", page), "zone"
     api = Client(HTTP_AUTHORIZATION=f"Bearer {token_of(alice)}")
     body = api.get(f"/api/v1/jobs/{job.pk}").json()
     compared = body["comparison"]
