@@ -124,7 +124,7 @@ def _number(value: float) -> str:
     return f"{value:.3g}" if value >= 0.001 else f"{value:.6f}"
 
 
-def _percent(share: float | None) -> str:
+def percent(share: float | None) -> str:
     """0.0412 -> "4.1", 0.62 -> "62"."""
     if share is None:
         return "—"
@@ -132,9 +132,9 @@ def _percent(share: float | None) -> str:
     return f"{value:.0f}" if abs(value) >= 10 or value == 0 else f"{value:.1f}"
 
 
-def _signed(share: float) -> str:
+def signed(share: float) -> str:
     """An error as a signed percentage: "+3.1", "-12"."""
-    shown = _percent(abs(share))
+    shown = percent(abs(share))
     return f"-{shown}" if share < 0 and shown not in ("0", "0.0") else f"+{shown}"
 
 
@@ -291,7 +291,7 @@ def _words(p: Projection) -> Text:
     args = {
         "steps": pc.window_steps,
         "per_step": _number(pc.seconds_per_step or 0.0),
-        "spread": _percent(pc.spread or 0.0),
+        "spread": percent(pc.spread or 0.0),
         "finish": Moment(pc.finish_at),
         "early": Moment(early, fmt),
         "late": Moment(late, fmt),
@@ -452,10 +452,10 @@ def _compared_words(
     currency,
 ) -> Text:  # fmt: skip
     args = {
-        "percent": _percent(fraction),
+        "percent": percent(fraction),
         "projected_finish": Moment(projected_finish),
         "finish": Moment(finished),
-        "finish_error": _signed(finish_error),
+        "finish_error": signed(finish_error),
     }
     if cost_error is None:
         return Text(COMPARED_NO_COST, **args)
@@ -463,7 +463,7 @@ def _compared_words(
         COMPARED,
         projected_cost=_money(projected_cost, currency),
         cost=_money(actual, currency),
-        cost_error=_signed(cost_error),
+        cost_error=signed(cost_error),
         **args,
     )
 
@@ -543,14 +543,14 @@ def accuracy_of(user) -> dict:
         out["words"] = Text(ACCURACY_NONE)
     elif not cost:
         out["words"] = Text(
-            ACCURACY_NO_COST, jobs=len(finish), finish_error=_percent(out["finish_error"])
+            ACCURACY_NO_COST, jobs=len(finish), finish_error=percent(out["finish_error"])
         )
     else:
         out["words"] = Text(
             ACCURACY,
             jobs=len(finish),
-            finish_error=_percent(out["finish_error"]),
-            cost_error=_percent(out["cost_error"]),
+            finish_error=percent(out["finish_error"]),
+            cost_error=percent(out["cost_error"]),
         )
     return out
 
@@ -709,7 +709,7 @@ def sweep_projection(
         low=_money(out["remaining_low"], currency),
         high=_money(out["remaining_high"], currency),
         trial=_money(out["trial_cost"], currency),
-        saving=_percent(saving),
+        saving=percent(saving),
     )
     return out
 

@@ -63,16 +63,12 @@ def _total(value, currency: str) -> str:
 
 def _pct(share: float) -> str:
     """A share as a percentage, as billing's sentences write it: 0.0412 "4.1", 0.62 "62"."""
-    value = abs(share) * 100
-    return f"{value:.0f}" if value >= 10 or value == 0 else f"{value:.1f}"
+    return projections.percent(abs(share))
 
 
 def _signed(share: float | None) -> str:
     """An error (a fraction, signed: + later or dearer) as the page shows it: "+3.1"."""
-    if share is None:
-        return ""
-    shown = _pct(share)
-    return f"-{shown}" if share < 0 and shown not in ("0", "0.0") else f"+{shown}"
+    return "" if share is None else projections.signed(share)
 
 
 def budget_line(p: projections.Projection, job: Job) -> tuple[str, bool]:
