@@ -115,10 +115,11 @@ def _no_comparison(job: Job, compared: dict | None) -> str:
     )
 
 
-def job_panel(job: Job) -> Panel:
+def job_panel(job: Job, *, own: bool = True) -> Panel:
+    """`own`: read by the owner's people (the budget's line shown), not by an operator."""
     p = projections.project(job)
     pace = p.pace
-    words, warning = budget_line(p, job)
+    words, warning = budget_line(p, job) if own else ("", False)
     said_now = said(p.words)
     if not job.started_at and not job.is_ended:  # it never ran: nothing "ran so far" yet
         said_now = _(

@@ -642,14 +642,16 @@ def job_new(request, cluster_id: int):
     )
 
 
-def _job_status_context(job: Job) -> dict:
+def _job_status_context(job: Job, actor) -> dict:
     return {
         "job": job,
         "replicas": job.replicas.filter(attempt=job.attempt).select_related("host"),
         "events": job.events.all(),
         "position": fleet.queue_position_of_job(job),
         "cluster": job.cluster,
-        "panel": projection_panel.job_panel(job),
+        # The budget's line for the owner's people only, as the budget card: an operator
+        # reading another researcher's job sees its pace and cost, not what it may spend.
+        "panel": projection_panel.job_panel(job, own=job.owner_id == actor.principal.pk),
     }
 
 
@@ -662,7 +664,7 @@ def job_detail(request, job_id: int):
         request,
         "console/job_detail.html",
         {
-            **_job_status_context(job),
+            **_job_status_context(job, request.actor),
             "log_lines": log_lines,
             # A replica's log is a node's: under torchrun it holds several ranks' prints.
             "key_averages_by_node": job.launcher == Job.Launcher.TORCHRUN,
@@ -695,7 +697,9 @@ def job_status(request, job_id: int):
     with htmx until the job ends. The page starts its charts when this says it started."""
     job = fleet.job_for_user(request.actor, job_id)
     response = render(
-        request, "console/_job_status.html", {**_job_status_context(job), "oob": True}
+        request,
+        "console/_job_status.html",
+        {**_job_status_context(job, request.actor), "oob": True},
     )
     if request.headers.get("HX-Request") and job.is_ended:
         response["HX-Refresh"] = "true"  # ended: redraw the whole page (stored charts, log)

@@ -246,6 +246,27 @@ def test_a_budget_the_projection_passes_warns_on_the_page(
     assert line.startswith("Budget ¥5000.00: ¥") and line.endswith("spent so far.")
 
 
+def test_an_operator_reading_the_job_sees_its_pace_and_cost_but_not_its_budget(
+    client, alice, paper_host, catalog, priced
+):
+    """As the budget card: what a researcher may spend is theirs, not an operator's who
+    holds only the power to read other researchers' job pages."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    job = _job(_cluster(alice, paper_host, catalog), budget="0.50")
+    olga = get_user_model().objects.create_user("olga", password="olga-pass-123", is_staff=True)
+    olga.user_permissions.add(Permission.objects.get(codename="view_job_logs"))
+    client.force_login(olga)
+    page = _page(client, job)
+    assert "should finish at" in _text(page, "projection-words")
+    assert 'data-testid="budget-line"' not in page and "¥0.50" not in page
+    poll = client.get(reverse("job_status", args=[job.pk])).content.decode()
+    assert "should finish at" in poll and 'data-testid="budget-line"' not in poll
+    client.force_login(alice)  # the owner: the line, and its warning
+    assert 'data-testid="budget-line" data-warning="1"' in _page(client, job)
+
+
 def test_a_finished_job_shows_projected_against_actual(
     client, alice, paper_host, catalog, priced, token_of
 ):
