@@ -507,15 +507,18 @@ def _compared_loaded(data: dict) -> dict:
     }
 
 
-def accuracy_of(user) -> dict:
+def accuracy_of(user, *, member_id: int | None = None) -> dict:
     """How good `user`'s projections were, for the billing page: over their newest succeeded
     jobs with a projection at a fifth of their steps, the median |error| of the finish time
-    (a share of the run time) and of the cost (a share of the cost), as fractions."""
+    (a share of the run time) and of the cost (a share of the cost), as fractions.
+    `member_id`: a team's member's own, the jobs on the clusters they made (as a member's
+    spending is counted: billing.caps)."""
     # The comparisons stored at each job's end (write()): one indexed read of one column,
     # never a job's progress points. A job whose last write has not come yet (it ended a
     # moment ago, or the worker was away) is compared here: the few such, in one more query.
     rows = list(
         Job.objects.filter(owner=user, state=Job.State.SUCCEEDED, projection_early__isnull=False)
+        .filter(**({} if member_id is None else {"cluster__created_by_id": member_id}))
         .order_by("-finished_at", "-id")
         .values_list("pk", "projection_last")[:ACCURACY_JOBS]
     )

@@ -211,8 +211,8 @@ def pool_panel(pool) -> dict | None:
     return in_words(projections.pool_projection(pool))
 
 
-def accuracy_panel(user) -> dict:
-    figures = in_words(projections.accuracy_of(user))
+def accuracy_panel(user, *, member_id: int | None = None) -> dict:
+    figures = in_words(projections.accuracy_of(user, member_id=member_id))
     for key in ("finish_error", "cost_error"):
         share = figures.get(key)
         figures[f"{key}_pct"] = _pct(share) if share is not None else None

@@ -652,7 +652,12 @@ def _team_member_billing(request, actor, *, form: TransferForm | None = None, st
     return render(
         request,
         "console/billing_team.html",
-        {"standing": standing, "team_money": _team_money(request, actor, form)},
+        {
+            "standing": standing,
+            "team_money": _team_money(request, actor, form),
+            # How good the projections of their own jobs were (on the clusters they made).
+            "accuracy": projection_panel.accuracy_panel(actor.principal, member_id=actor.person.pk),
+        },
         status=status,
     )
 

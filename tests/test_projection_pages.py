@@ -564,3 +564,34 @@ def test_the_panel_follows_the_job_live_and_reads_on_a_laptop_and_a_phone(
                ready="#pool-projection")  # fmt: skip
         _shoot(browser, live_server, f"/sweeps/{sweep.pk}/", f"sweep-projection-{language}",
                ready="#sweep-projection")  # fmt: skip
+
+
+def test_a_team_member_sees_how_good_the_projections_of_their_own_jobs_were(
+    alice, bob, paper_host, catalog, priced, fund
+):
+    """In a team, each researcher's own: the jobs on the clusters they made (as their
+    spending is counted), on the billing page a member sees."""
+    from console.acting import SESSION_KEY
+    from jobs.teams import services as teams
+    from jobs.tenancy.actors import Actor, Role
+
+    team = teams.team_create(person=alice, name="lab")
+    invite, _token = teams.invite_create(
+        actor=Actor.for_team(alice, team.pk), role=Role.MEMBER, login="bob"
+    )
+    teams.invite_accept(person=bob, invite=invite)
+    mine = _cluster(team.principal, paper_host, catalog, name="bobs")
+    Cluster.objects.filter(pk=mine.pk).update(created_by=bob)
+    _finished_with_early(mine, late_s=60)
+    theirs = _cluster(team.principal, paper_host, catalog, name="alices")
+    Cluster.objects.filter(pk=theirs.pk).update(created_by=alice)
+    _finished_with_early(theirs, late_s=-120)
+    _finished_with_early(Cluster.objects.get(pk=theirs.pk), late_s=-300)
+    member = Client()
+    member.force_login(bob)
+    session = member.session
+    session[SESSION_KEY] = team.pk
+    session.save()
+    page = member.get(reverse("billing"), HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert _text(page, "accuracy-jobs") == "1"  # his one job, not the lab's three
+    assert _text(page, "accuracy-finish") == "2.4 %"  # 60 s late over a 2520 s run
