@@ -490,7 +490,8 @@ RESERVED_ENV = frozenset(
 # A job's declared total of steps (jobs/runs/progress.py reads it for the pace): on its
 # SUANLI_METRIC lines ("total_steps") or in its environment, the one SUANLI_ name it may set.
 TOTAL_STEPS_ENV = "SUANLI_TOTAL_STEPS"
-MAX_TOTAL_STEPS = 2**31 - 1  # the sweeps' bound on a step (jobs/pools/sweeps.py MAX_STEP)
+MAX_STEP = 2**31 - 1  # a reported step: Optuna keeps a step in a 32-bit column (sweeps)
+MAX_TOTAL_STEPS = MAX_STEP
 
 
 def total_steps_problem(value, *, text: bool = True) -> Text | None:

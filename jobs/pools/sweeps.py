@@ -55,7 +55,6 @@ PARAMS_FILE = "/tmp/suanli-params.json"  # noqa: S108 (the container's own /tmp)
 TYPES = ("uniform", "log_uniform", "int", "categorical")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # whole: fullmatch
 METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]{0,63}")
-MAX_STEP = 2**31 - 1  # Optuna keeps a step in a 32-bit column
 MAX_BOUND = 2**53  # a bound beyond this is not a float to search over
 REPORTS_PER_ROUND = 20  # Optuna writes per observe round (the rest of a burst: thinned)
 MAX_PARAMS = 20

@@ -79,7 +79,7 @@ from django.utils.translation import gettext_noop
 
 from jobs.base.queue import enqueue_unique
 from jobs.base.text import Text, load, twin_fields
-from jobs.base.validators import MAX_TOTAL_STEPS, TOTAL_STEPS_ENV, total_steps_problem
+from jobs.base.validators import MAX_STEP, MAX_TOTAL_STEPS, TOTAL_STEPS_ENV, total_steps_problem
 from jobs.models import Job, JobProgress
 from jobs.placement import fleet
 from jobs.runs import livelogs
@@ -93,7 +93,6 @@ __all__ = [
 
 MARKER = "SUANLI_METRIC"
 LINE_MAX = 2000  # a metric line longer than this is not read
-MAX_STEP = 2**31 - 1
 POINTS_MAX = 2000  # Job.progress: beyond this, every other older point is dropped...
 POINTS_RECENT = 500  # ...but for the newest, kept as they came
 PROJECTION_TASK = "billing.tasks.job_projection"  # above jobs: queued by name
