@@ -795,6 +795,14 @@ def test_an_ended_job_cluster_or_sweep_keeps_its_budget_and_the_record_of_its_st
             assert status == 409 and words in answer["error"], (path, answer)
             status, answer = api("POST", f"{path}/budget", {"budget": None})
             assert status == 409 and "no longer applies" in answer["error"], path
+    # One that ended with no budget has no budget card: nothing to set, nothing it was held to.
+    plain = cluster_services.job_submit(
+        cluster=placed("lab-c"), spec=JobSpec(name="plain", command="x")
+    )
+    cluster_services.job_cancel(job=plain, by="alice")
+    with translation.override("en"):
+        shown = page.get(f"/jobs/{plain.pk}/").content.decode()
+    assert 'data-testid="budget"' not in shown and "No budget" not in shown
     _, token = ApiToken.issue(user=alice, name="laptop")
     cli = Cli(tmp_path / "alice")
     cli("login", "--url", live_server.url, "--token", token)

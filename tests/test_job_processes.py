@@ -149,9 +149,15 @@ def test_researcher_submits_a_job_and_watches_its_live_log(
             path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_live.png", full_page=True
         )
         expect(page.get_by_test_id("job-state")).to_have_text("succeeded", timeout=60_000)
+        # The status poll then redraws the whole page (HX-Refresh): the stored log, with its
+        # download link. Wait for that page, or the screenshot races the reload.
+        expect(page.get_by_role("link", name="Download", exact=True)).to_be_visible(timeout=60_000)
+        page.wait_for_load_state("load")
         expect(page.get_by_test_id("log")).to_contain_text("[rank 1] step 6 on rank 1")
         page.screenshot(
-            path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_done.png", full_page=True
+            path=os.environ.get("SUANLI_SCREENSHOTS", "/tmp") + "/job_done.png",
+            full_page=True,
+            timeout=60_000,
         )
         browser.close()
 

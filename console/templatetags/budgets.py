@@ -30,6 +30,8 @@ def budget_box(context, subject, kind: str, card: bool = False) -> dict:
         may = actor.at_least(Role.MEMBER) and actor.sees(cluster)
     ended = subject.state in ENDED[kind]
     budget = subject.budget
+    if ended and budget is None:  # nothing to set, nothing it was held to
+        return {"shown": False}
     return {
         "shown": True, "kind": kind, "subject": subject, "card": card,
         "budget": budgets.shown(budget) if budget is not None else None,
