@@ -352,8 +352,18 @@ def test_local_forwarding_reaches_a_port_of_the_workspace(
             what="the workspace got the laptop's line",
         )
     finally:
-        tunnel.terminate()
-        tunnel.communicate(timeout=10)
+        _end(tunnel)
+
+
+def _end(tunnel: subprocess.Popen) -> tuple[bytes, bytes]:
+    """Stop an `ssh -N` tunnel and read what it printed; on a loaded machine ssh may not act
+    on SIGTERM within the wait (its words came already), so it is killed then."""
+    tunnel.terminate()
+    try:
+        return tunnel.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        tunnel.kill()
+        return tunnel.communicate(timeout=10)
 
 
 # -- what must not work ---------------------------------------------------------------------
@@ -461,12 +471,7 @@ def test_forwarding_goes_nowhere_but_the_workspaces_loopback(
         with socket.create_connection(("127.0.0.1", local), timeout=5) as s:
             assert s.recv(100) == b"", "closed at once"
     finally:
-        tunnel.terminate()
-        try:
-            _, err = tunnel.communicate(timeout=10)
-        except subprocess.TimeoutExpired:  # a loaded machine: the words came already
-            tunnel.kill()
-            _, err = tunnel.communicate(timeout=10)
+        _, err = _end(tunnel)
     assert b"administratively prohibited" in err and b"only to localhost" in err, err
     # No remote forwarding, no agent forwarding.
     done = gw.ssh(
