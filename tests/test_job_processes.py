@@ -138,7 +138,10 @@ def test_researcher_submits_a_job_and_watches_its_live_log(
         page.goto(f"{url}{reverse('job_new', args=[cluster.pk])}")
         page.fill("#id_name", "live")
         page.fill(
-            "#id_command", 'for i in 1 2 3 4 5 6; do echo "step $i on rank $RANK"; sleep 1; done'
+            # 12 s: still running while the live page's screenshot is taken on a loaded machine
+            # (at its end the page redraws itself, which a screenshot must not race)
+            "#id_command",
+            'for i in 1 2 3 4 5 6; do echo "step $i on rank $RANK"; sleep 2; done',
         )
         page.get_by_role("button", name="Submit job").click()
         log = page.get_by_test_id("log")
