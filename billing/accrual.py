@@ -792,8 +792,8 @@ def _tell_capped(member: TeamMember, used: Decimal, clusters: list[Cluster], now
     currency = RateBook.load().currency
     args = {
         "who": member.person.get_username(), "team": member.team.name,
-        "spent": formatting.text(formatting.total(used), currency),
-        "cap": formatting.text(formatting.total(member.monthly_cap), currency),
+        "spent": formatting.total_text(used, currency),
+        "cap": formatting.total_text(member.monthly_cap, currency),
     }  # fmt: skip
     if clusters:
         summary = Text(CAPPED_STOPPED, clusters=", ".join(c.name for c in clusters), **args)

@@ -211,8 +211,8 @@ def api_amount(value) -> str | None:
 
 def shown(amount: Decimal | None, currency: str | None = None) -> str:
     """ "¥50.00" (the card's currency)."""
-    return formatting.text(
-        formatting.total(amount), currency if currency is not None else RateBook.load().currency
+    return formatting.total_text(
+        amount, currency if currency is not None else RateBook.load().currency
     )
 
 

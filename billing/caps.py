@@ -134,7 +134,7 @@ class Caps:
         return max(self.monthly - self.spent, ZERO)
 
     def money(self, value: Decimal) -> str:
-        return formatting.text(formatting.total(value), self.currency)
+        return formatting.total_text(value, self.currency)
 
 
 def own_account(principal_id: int, person_id: int | None) -> bool:

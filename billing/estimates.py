@@ -33,7 +33,7 @@ def run_cost(cluster: Cluster, spans: list[tuple[datetime, datetime]]) -> dict |
     return {
         "amount": str(amount),
         "currency": currency,
-        "shown": formatting.text(formatting.total(amount), currency),
+        "shown": formatting.total_text(amount, currency),
     }
 
 

@@ -74,6 +74,11 @@ def text(value: Decimal | None, currency: str = "") -> str:
     return f"-{sign}{shown[1:]}" if shown.startswith("-") else f"{sign}{shown}"
 
 
+def total_text(value, currency: str = "") -> str:
+    """A balance or a total as every page, sentence and event reads it: "¥38.20"."""
+    return text(total(value), currency)
+
+
 def zone(at=None) -> str:
     """The reader's zone (the active one) at `at` (default now), as the bill's tables and
     the cluster's cost name it: "UTC+08:00", "UTC" (an abbreviation such as "CST" means

@@ -108,11 +108,6 @@ POOL_IDLE = gettext_noop("No job is running in it")
 POOL_QUEUED = gettext_noop("%(said)s; %(queued)s queued jobs not counted")
 
 
-def _money(value: Decimal | None, currency: str) -> str:
-    """A projected amount as a page shows a total: "¥38.20"."""
-    return formatting.text(formatting.total(value), currency)
-
-
 def _number(value: float) -> str:
     """Seconds per step as a person reads them: 3 significant figures, no exponent."""
     if value >= 100:
@@ -178,9 +173,9 @@ class Projection:
             return None
         return Text(
             budgets.WARNING,
-            budget=_money(self.budget, self.currency),
+            budget=formatting.total_text(self.budget, self.currency),
             done=f"{max(0, min(100, round(self.budget_fraction * 100)))} %",
-            cost=_money(self.cost, self.currency),
+            cost=formatting.total_text(self.cost, self.currency),
         )
 
 
@@ -279,12 +274,14 @@ def _words(p: Projection) -> Text:
     if p.ended:
         if p.cost_so_far is None:
             return Text(ENDED_NO_PRICE, elapsed=elapsed)
-        return Text(ENDED, elapsed=elapsed, cost=_money(p.cost_so_far, p.currency))
+        return Text(ENDED, elapsed=elapsed, cost=formatting.total_text(p.cost_so_far, p.currency))
     if not pc.ok:
         why = pc.why if pc.why is not None else Text(NO_WHY)
         if p.cost_so_far is None:
             return Text(SO_FAR_NO_PRICE, elapsed=elapsed, why=why)
-        return Text(SO_FAR, elapsed=elapsed, cost=_money(p.cost_so_far, p.currency), why=why)
+        return Text(
+            SO_FAR, elapsed=elapsed, cost=formatting.total_text(p.cost_so_far, p.currency), why=why
+        )
     early = pc.finish_low or pc.finish_at
     late = pc.finish_high or pc.finish_at
     fmt = _range_fmt(early, late)
@@ -300,10 +297,10 @@ def _words(p: Projection) -> Text:
         return Text(PROJECTED_NO_PRICE, **args)
     return Text(
         PROJECTED,
-        cost=_money(p.cost, p.currency),
-        low=_money(p.cost_low, p.currency),
-        high=_money(p.cost_high, p.currency),
-        so_far=_money(p.cost_so_far, p.currency),
+        cost=formatting.total_text(p.cost, p.currency),
+        low=formatting.total_text(p.cost_low, p.currency),
+        high=formatting.total_text(p.cost_high, p.currency),
+        so_far=formatting.total_text(p.cost_so_far, p.currency),
         **args,
     )
 
@@ -461,8 +458,8 @@ def _compared_words(
         return Text(COMPARED_NO_COST, **args)
     return Text(
         COMPARED,
-        projected_cost=_money(projected_cost, currency),
-        cost=_money(actual, currency),
+        projected_cost=formatting.total_text(projected_cost, currency),
+        cost=formatting.total_text(actual, currency),
         cost_error=signed(cost_error),
         **args,
     )
@@ -708,10 +705,10 @@ def sweep_projection(
     out["words"] = Text(
         SWEEP_PROJECTED,
         trials=left,
-        cost=_money(out["remaining"], currency),
-        low=_money(out["remaining_low"], currency),
-        high=_money(out["remaining_high"], currency),
-        trial=_money(out["trial_cost"], currency),
+        cost=formatting.total_text(out["remaining"], currency),
+        low=formatting.total_text(out["remaining_low"], currency),
+        high=formatting.total_text(out["remaining_high"], currency),
+        trial=formatting.total_text(out["trial_cost"], currency),
         saving=percent(saving),
     )
     return out
@@ -743,9 +740,9 @@ def sweep_hold(
     currency = p["currency"]
     return Text(
         HOLD,
-        budget=_money(sweep.budget, currency),
-        spent=_money(p["spent"], currency),
-        each=_money(each, currency),
+        budget=formatting.total_text(sweep.budget, currency),
+        spent=formatting.total_text(p["spent"], currency),
+        each=formatting.total_text(each, currency),
     )
 
 
@@ -802,9 +799,9 @@ def pool_projection(pool: Pool, *, now: datetime | None = None) -> dict:
     else:
         out["words"] = Text(
             POOL_PROJECTED,
-            cost=_money(running.rest, currency),
-            low=_money(running.low, currency),
-            high=_money(running.high, currency),
+            cost=formatting.total_text(running.rest, currency),
+            low=formatting.total_text(running.low, currency),
+            high=formatting.total_text(running.high, currency),
             none=running.unprojected,
         )
     if queued:

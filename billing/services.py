@@ -278,7 +278,7 @@ USED_UP_WORDS = gettext_noop(
 def warning_summary(standing: selectors.Standing, *, critical: bool = False) -> Text:
     """The warning in words: "Your balance ¥3.20 lasts about 1 h 20 min at ¥2.4000/h; ..."."""
     url = webhooks.console_link("billing")
-    balance = formatting.text(formatting.total(standing.balance), standing.currency)
+    balance = formatting.total_text(standing.balance, standing.currency)
     burn = formatting.text(formatting.amount(standing.burn_per_hour), standing.currency)
     if standing.seconds_left is None or standing.seconds_left <= 0:
         return Text(USED_UP_WORDS, balance=balance, burn=burn, url=url)

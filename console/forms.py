@@ -634,7 +634,7 @@ class PoolForm(ClusterForm):
         if budget is None or not rate:
             return
         values = {
-            "budget": formatting.text(formatting.total(budget), currency),
+            "budget": formatting.total_text(budget, currency),
             "rate": formatting.text(formatting.amount(rate), currency),
         }
         if budget < rate:

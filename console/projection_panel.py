@@ -57,10 +57,6 @@ def _english(value) -> str | None:
     return str(value)
 
 
-def _total(value, currency: str) -> str:
-    return formatting.text(formatting.total(value), currency)
-
-
 def _pct(share: float) -> str:
     """A share as a percentage, as billing's sentences write it: 0.0412 "4.1", 0.62 "62"."""
     return projections.percent(abs(share))
@@ -76,7 +72,7 @@ def budget_line(p: projections.Projection, job: Job) -> tuple[str, bool]:
     passes it ("At this pace it stops at its budget of ¥50.00, about 62 % done")."""
     if p.budget is None:
         return "", False
-    budget = _total(p.budget, p.currency)
+    budget = formatting.total_text(p.budget, p.currency)
     if job.budget_stopped_at:
         return _("Stopped at its budget of %(budget)s.") % {"budget": budget}, False
     warning = p.budget_words
@@ -84,7 +80,7 @@ def budget_line(p: projections.Projection, job: Job) -> tuple[str, bool]:
         return said(warning), True
     if p.cost_so_far is None:
         return _("Budget %(budget)s.") % {"budget": budget}, False
-    spent = _total(p.cost_so_far or Decimal(0), p.currency)
+    spent = formatting.total_text(p.cost_so_far or Decimal(0), p.currency)
     return _("Budget %(budget)s: %(spent)s spent so far.") % {
         "budget": budget,
         "spent": spent,

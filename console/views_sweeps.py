@@ -66,7 +66,7 @@ def savings(fig: sweeps.SweepFigures, currency: str) -> dict:
         "seconds": f"{fig.saved_unit_seconds:,.0f}",
         "used": f"{fig.used_unit_seconds:,.0f}",
         "share": f"{fig.saved_share * 100:.0f}",
-        "money": formatting.text(formatting.total(fig.saved_cost), currency)
+        "money": formatting.total_text(fig.saved_cost, currency)
         if fig.saved_cost is not None
         else "",
         "trials": len(fig.trials),

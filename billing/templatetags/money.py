@@ -15,7 +15,7 @@ def amount(value, currency=""):
 
 @register.filter
 def total(value, currency=""):
-    return formatting.text(formatting.total(value), currency)
+    return formatting.total_text(value, currency)
 
 
 @register.filter
