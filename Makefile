@@ -28,7 +28,7 @@ test-fast:
 	@TIER=fast bash .ci/test.sh $(ARGS)
 
 ## make test: installs what is missing, starts PostgreSQL, Redis, two Docker engines, the
-## registry and MooseFS, runs everything (what CI runs; the fast tier beside the rest).
+## registry and MooseFS, runs everything (what CI runs; the engine tests beside the rest).
 test:
 	@bash .ci/install.sh
 	@$(MAKE) --no-print-directory venv

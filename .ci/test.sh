@@ -2,7 +2,7 @@
 # The suite, in tiers (tests/conftest.py marks each test with what it needs).
 #
 #   bash .ci/test.sh              `make test`: the full services, lint, the whole suite (CI):
-#                                 the fast tier beside the rest (SUANLI_TEST_SPLIT=0: one pytest)
+#                                 the engine tests beside the rest (SUANLI_TEST_SPLIT=0: one pytest)
 #   bash .ci/test.sh ARGS...      the full services, lint, `pytest ARGS...` (`make e2e`: -m e2e)
 #   TIER=fast bash .ci/test.sh    `make test-fast`: PostgreSQL and Redis only, lint, the tests
 #                                 that need no engine, process or browser (two processes, one a
@@ -35,8 +35,9 @@ suite_env() {
 
 # fast_env: `make test-fast`'s own test databases, Redis database numbers and TLS folders
 # (its CA), none of them a full run's, so that it runs beside one (`make test`) on the same
-# servers. Redis numbers: 0 the suite, 1 the suite's fast half, 2 and 3 `make test-fast`'s
-# two processes, 14 the bench smoke tier (tests/test_bench_smoke.py), 15 `make bench`.
+# servers. Redis numbers: 0 the suite's engine tests, 1 its fast tier, 4 its processes and
+# browser tests with no engine, 2 and 3 `make test-fast`'s two processes, 14 the bench smoke
+# tier (tests/test_bench_smoke.py), 15 `make bench`.
 fast_env() {
     unset "${NOT_FAST[@]}"
     export SUANLI_TEST_DATABASE=test_suanli_dev_fast REDIS_URL="${REDIS_URL%/*}/2"
@@ -136,26 +137,39 @@ if [ $# -gt 0 ] || [ "${SUANLI_TEST_SPLIT:-1}" = 0 ]; then
     exit
 fi
 
-# The whole suite in two processes at once: the fast tier (CPU-bound, on its own test
-# database and Redis number) beside the rest (mostly waiting on the engines). Then the
-# tests that stop PostgreSQL and Redis themselves, alone. Every test runs exactly once:
-# the -m expressions split `not e2e`.
+# The whole suite in two processes at once: the engine tests (mostly waiting on the
+# engines, which only one process may drive) beside the fast tier (CPU-bound) and then the
+# tests that need Procfile processes or Chromium but no engine, each on a test database,
+# Redis number and TLS folder of its own. Then the tests that stop PostgreSQL and Redis
+# themselves, alone. Every test runs exactly once: the -m expressions split `not e2e`.
 FAULTS=tests/test_fault_services.py
-fast_log=.run/test/fast-tier.log
-echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the fast tier beside the rest (log: $fast_log)"
+ENGINE='engine and not e2e'
+BESIDE="(procs or browser) and not engine and not e2e"
+side_log=.run/test/fast-tier.log
+echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the engine tests beside the fast tier, then the processes and browser tests with no engine (log: $side_log)"
 (
-    unset "${NOT_FAST[@]}"  # as `make test-fast` runs it: a test needing them must say so
-    export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
-    export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
-    exec python -m pytest -p no:cacheprovider -m "$FAST" --ignore="$FAULTS" --durations=30
-) >"$fast_log" 2>&1 &
-fast_pid=$!
+    side=0
+    (
+        unset "${NOT_FAST[@]}" # as `make test-fast` runs it: a test needing them must say so
+        export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
+        export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
+        exec python -m pytest -p no:cacheprovider -m "$FAST" --ignore="$FAULTS" --durations=30
+    ) || side=$?
+    echo "== the processes and browser tests with no engine ($BESIDE)"
+    (
+        export SUANLI_TEST_DATABASE=test_suanli_beside REDIS_URL="${REDIS_URL%/*}/4"
+        export SUANLI_TLS_DIR="$PWD/.run/test/tls-beside"
+        exec python -m pytest -p no:cacheprovider -m "$BESIDE" --ignore="$FAULTS" --durations=15
+    ) || side=$?
+    exit "$side"
+) >"$side_log" 2>&1 &
+side_pid=$!
 rc=0
-python -m pytest -m "not ($FAST) and not e2e" --ignore="$FAULTS" --durations=30 || rc=$?
+python -m pytest -m "$ENGINE" --ignore="$FAULTS" --durations=30 || rc=$?
 fast_rc=0
-wait "$fast_pid" || fast_rc=$?
-echo "== the fast tier (it ran beside the above):"
-cat "$fast_log"
+wait "$side_pid" || fast_rc=$?
+echo "== the fast tier, then the processes and browser tests with no engine (they ran beside the above):"
+cat "$side_log"
 echo "== $FAULTS (stops PostgreSQL and Redis: alone)"
 python -m pytest "$FAULTS" --durations=5 || rc=$?
 for r in "$rc" "$fast_rc"; do if [ "$r" != 0 ]; then exit "$r"; fi; done
