@@ -139,12 +139,13 @@ fi
 
 # The whole suite in two processes at once: the engine tests (mostly waiting on the
 # engines, which only one process may drive) beside the fast tier (CPU-bound) and then the
-# tests that need Procfile processes or Chromium but no engine, each on a test database,
-# Redis number and TLS folder of its own. Then the tests that stop PostgreSQL and Redis
-# themselves, alone. Every test runs exactly once: the -m expressions split `not e2e`.
-FAULTS=tests/test_fault_services.py
-ENGINE='engine and not e2e'
-BESIDE="(procs or browser) and not engine and not e2e"
+# tests that need Procfile processes or Chromium but no engine, MooseFS or registry, each on
+# a test database, Redis number and TLS folder of its own. Then the tests that stop PostgreSQL and Redis
+# under everyone (marked `alone`), by themselves. Every test runs exactly once: the -m
+# expressions split `not e2e`.
+ENGINE='engine and not e2e and not alone'
+BESIDE='(procs or browser) and not engine and not e2e and not alone'
+ALONE='alone and not e2e'
 side_log=.run/test/fast-tier.log
 echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the engine tests beside the fast tier, then the processes and browser tests with no engine (log: $side_log)"
 (
@@ -153,23 +154,26 @@ echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the engine tests 
         unset "${NOT_FAST[@]}" # as `make test-fast` runs it: a test needing them must say so
         export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
         export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
-        exec python -m pytest -p no:cacheprovider -m "$FAST" --ignore="$FAULTS" --durations=30
+        exec python -m pytest -p no:cacheprovider -m "$FAST and not alone" --durations=30
     ) || side=$?
     echo "== the processes and browser tests with no engine ($BESIDE)"
     (
+        # No engine, MooseFS or registry either: an engine test's faults (an engine killed,
+        # MooseFS remounted) are not theirs, and a test needing them must say so.
+        unset "${NOT_FAST[@]}"
         export SUANLI_TEST_DATABASE=test_suanli_beside REDIS_URL="${REDIS_URL%/*}/4"
         export SUANLI_TLS_DIR="$PWD/.run/test/tls-beside"
-        exec python -m pytest -p no:cacheprovider -m "$BESIDE" --ignore="$FAULTS" --durations=15
+        exec python -m pytest -p no:cacheprovider -m "$BESIDE" --durations=15
     ) || side=$?
     exit "$side"
 ) >"$side_log" 2>&1 &
 side_pid=$!
 rc=0
-python -m pytest -m "$ENGINE" --ignore="$FAULTS" --durations=30 || rc=$?
+python -m pytest -m "$ENGINE" --durations=30 || rc=$?
 fast_rc=0
 wait "$side_pid" || fast_rc=$?
 echo "== the fast tier, then the processes and browser tests with no engine (they ran beside the above):"
 cat "$side_log"
-echo "== $FAULTS (stops PostgreSQL and Redis: alone)"
-python -m pytest "$FAULTS" --durations=5 || rc=$?
+echo "== the tests marked alone ($ALONE): they stop PostgreSQL and Redis under everyone"
+python -m pytest -m "$ALONE" --durations=5 || rc=$?
 for r in "$rc" "$fast_rc"; do if [ "$r" != 0 ]; then exit "$r"; fi; done

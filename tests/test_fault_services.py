@@ -37,7 +37,8 @@ from jobs.clusters import services
 from jobs.clusters.services import JobSpec
 from jobs.models import Job, OutboxTask
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# PostgreSQL and Redis go away under these: nothing else may run meanwhile (.ci/test.sh).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parent.parent
 GRACE_S = 3
@@ -56,11 +57,19 @@ DEAF_TO_TERM = "trap '' TERM; echo deaf; sleep 1000"
 # -- the services ------------------------------------------------------------------------
 
 
+def _alone(request) -> None:
+    """A test that stops PostgreSQL or Redis stops them under every test running beside it:
+    it must be marked `alone` (.ci/test.sh runs those by themselves, last)."""
+    if request.node.get_closest_marker("alone") is None:
+        pytest.fail(f"{request.node.name} stops PostgreSQL or Redis: mark it @pytest.mark.alone")
+
+
 class RedisServer:
     """The test Redis (.ci/services.sh start_redis), stopped and started with its own
-    arguments; nothing else of the test services is touched."""
+    arguments; nothing else of the test services is touched. Only in a test marked `alone`."""
 
-    def __init__(self):
+    def __init__(self, request):
+        _alone(request)
         url = urlparse(settings.REDIS_URL)
         self.port = url.port or 6379
         self.env = {**os.environ, "REDISCLI_AUTH": url.password or ""}
@@ -115,9 +124,11 @@ class RedisServer:
 
 
 class PostgresServer:
-    """The system PostgreSQL cluster the test database lives on (pg_ctlcluster)."""
+    """The system PostgreSQL cluster the test database lives on (pg_ctlcluster). Only in a
+    test marked `alone`."""
 
-    def __init__(self):
+    def __init__(self, request):
+        _alone(request)
         port = str(connection.settings_dict.get("PORT") or 5432)
         rows = subprocess.run(
             ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
@@ -145,15 +156,15 @@ class PostgresServer:
 
 
 @pytest.fixture
-def redis_server():
-    redis = RedisServer()
+def redis_server(request):
+    redis = RedisServer(request)
     yield redis
     redis.start()  # whatever happened, the next test has its Redis
 
 
 @pytest.fixture
-def postgres_server():
-    postgres = PostgresServer()
+def postgres_server(request):
+    postgres = PostgresServer(request)
     yield postgres
     postgres.start()
     connection.close()  # the test's own connection died with the server

@@ -535,14 +535,15 @@ def test_the_gateway_hangs_up_what_a_dropped_session_left(
           what="the process hung up")  # fmt: skip
 
 
+@pytest.mark.alone  # stops PostgreSQL and Redis under every other test
 def test_the_gateway_lives_through_redis_and_postgresql_restarts(
-    start_gateway, workspace_cluster, alice_key
+    start_gateway, workspace_cluster, alice_key, request
 ):
     from django.db import connection
 
     gw = start_gateway()
     login = workspaces.login_name(workspace_cluster().pk, 0)
-    redis, postgres = RedisServer(), PostgresServer()
+    redis, postgres = RedisServer(request), PostgresServer(request)
     try:
         redis.shutdown()
         # Sessions are not counted meanwhile: the login is let in all the same.

@@ -127,12 +127,15 @@ def test_the_build_page_shows_the_log_line_by_line_while_the_build_runs(
 
 @pytest.mark.browser
 def test_the_cluster_page_shows_pulls_and_saves_a_workspace(
-    page, live_server, alice, paper_host, make_cluster
+    page, live_server, alice, paper_host, make_cluster, settings
 ):
     from browsing import login
 
     from jobs.models import Cluster
     from jobs.placement import scheduler
+
+    # Saving is offered where a registry is set; this test queues the save and reaches none.
+    settings.SUANLI_REGISTRY = "registry.invalid:5000"
 
     cluster = make_cluster(alice, "saver", nodes=2, release_policy="never")
     scheduler.place_pending()
