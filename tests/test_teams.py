@@ -259,3 +259,45 @@ def test_a_gpu_cap_holds_for_a_shape_with_no_price(lab, catalog):
     assert check_funds(mo, units=1, **shape) is None
     refused = check_funds(mo, units=2, **shape)
     assert refused.short and "GPU cap" in refused.capped
+
+
+def test_a_revocation_reaches_the_gateways_of_its_own_console_and_no_other_on_the_server():
+    """Redis pub/sub channels are the whole server's: a console whose queues are on another
+    database number of the same Redis (another console, or a test process beside this one)
+    must not end this console's sessions, nor this one its."""
+    import json
+    import time
+
+    import django_rq
+    import redis
+
+    from jobs.tenancy import revocations
+
+    ours = django_rq.get_connection("default")
+    kwargs = ours.connection_pool.connection_kwargs
+    other = redis.Redis(
+        connection_pool=redis.ConnectionPool(
+            connection_class=ours.connection_pool.connection_class,
+            **{**kwargs, "db": (kwargs.get("db", 0) + 1) % 16},
+        )
+    )
+    heard = {}
+    for name, connection in (("ours", ours), ("other", other)):
+        pubsub = connection.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(revocations.channel(connection))
+        heard[name] = pubsub
+    try:
+        revocations.announce_revoked(person_id=7, principal_id=9)
+        got = {name: [] for name in heard}
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not got["ours"]:
+            for name, pubsub in heard.items():
+                message = pubsub.get_message(timeout=0.1)
+                if message and message["type"] == "message":
+                    got[name].append(json.loads(message["data"]))
+        assert got["ours"] == [{"person": 7, "principal": 9}]
+        assert heard["other"].get_message(timeout=0.5) is None and got["other"] == []
+    finally:
+        for pubsub in heard.values():
+            pubsub.close()
+        other.close()

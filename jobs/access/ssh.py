@@ -244,9 +244,10 @@ class Gateway:
         down = Outage("Redis (gateway revocations)", log)
         while not stop.is_set():
             try:
-                pubsub = django_rq.get_connection("default").pubsub(ignore_subscribe_messages=True)
+                queues = django_rq.get_connection("default")
+                pubsub = queues.pubsub(ignore_subscribe_messages=True)
                 with contextlib.closing(pubsub):
-                    pubsub.subscribe(revocations.CHANNEL)
+                    pubsub.subscribe(revocations.channel(queues))
                     down.ok()
                     while not stop.is_set():
                         message = pubsub.get_message(timeout=1.0)
@@ -1099,7 +1100,7 @@ class PortRelay(Channel, asyncssh.SSHTCPSession):
 
 
 def _revocation(message) -> tuple[int, int] | None:
-    """(person, principal) of a message on revocations.CHANNEL; None for anything else."""
+    """(person, principal) of a revocations message; None for anything else."""
     if not message or message.get("type") != "message":
         return None
     try:

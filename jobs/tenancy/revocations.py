@@ -6,7 +6,10 @@ request, channel and heartbeat; this is what makes the end immediate rather than
 next check.
 
 Two carriers, both best-effort (a lost message leaves the per-request checks):
-- Redis pub/sub on CHANNEL, JSON {"person": id, "principal": id}: the gateway subscribes;
+- Redis pub/sub on `channel(redis)`, JSON {"person": id, "principal": id}: the gateway
+  subscribes. A channel is the whole server's, not a database's: its name carries the
+  database number, so that consoles sharing a Redis server on their own numbers (and the
+  test processes beside each other) never end each other's sessions;
 - the Channels group `group_for(person)`, message {"type": "access.revoked", "principal":
   id}: every websocket consumer of the person joins it.
 
@@ -25,6 +28,11 @@ log = logging.getLogger("suanli.teams")
 CHANNEL = "suanli:access:revoked"
 
 
+def channel(connection) -> str:
+    """The revocations' pub/sub channel of the console whose queues are on `connection`."""
+    return f"{CHANNEL}:{connection.connection_pool.connection_kwargs.get('db', 0)}"
+
+
 def group_for(person_id: int) -> str:
     return f"access-{person_id}"
 
@@ -33,7 +41,8 @@ def announce_revoked(*, person_id: int, principal_id: int) -> None:
     """Tell every process that `person_id` may no longer reach what `principal_id` owns."""
     body = {"person": person_id, "principal": principal_id}
     try:
-        django_rq.get_connection("default").publish(CHANNEL, json.dumps(body))
+        queues = django_rq.get_connection("default")
+        queues.publish(channel(queues), json.dumps(body))
     except Exception:  # Redis away: the per-request and heartbeat checks still hold
         log.warning("could not announce a revoked membership on Redis", exc_info=True)
     layer = get_channel_layer()
