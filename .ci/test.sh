@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TIER="${TIER:-all}"
-FAST='not engine and not procs and not browser and not e2e'
+FAST='not engine and not procs and not browser and not e2e and not alone'
 # The full services' settings the fast tier must not see: without them an engine test that
 # is not marked as one fails in `make test-fast` instead of quietly using the engines.
 NOT_FAST=(SUANLI_TEST_ENGINES SUANLI_TEST_ENGINE_ADDRS SUANLI_TEST_ENGINE_NETNS
@@ -35,9 +35,9 @@ suite_env() {
 
 # fast_env: `make test-fast`'s own test databases, Redis database numbers and TLS folders
 # (its CA), none of them a full run's, so that it runs beside one (`make test`) on the same
-# servers. Redis numbers: 0 the suite's engine tests, 1 its fast tier, 4 its processes and
-# browser tests with no engine, 2 and 3 `make test-fast`'s two processes, 14 the bench smoke
-# tier (tests/test_bench_smoke.py), 15 `make bench`.
+# servers. Redis numbers: 0 the suite's engine tests (then its `alone` ones), 1 its fast
+# tier, 4 its processes and browser tests with no engine, 2 and 3 `make test-fast`'s two
+# processes, 14 the bench smoke tier (tests/test_bench_smoke.py), 15 `make bench`.
 fast_env() {
     unset "${NOT_FAST[@]}"
     export SUANLI_TEST_DATABASE=test_suanli_dev_fast REDIS_URL="${REDIS_URL%/*}/2"
@@ -154,7 +154,7 @@ echo "== tests on $DATABASE_URL, engines $SUANLI_TEST_ENGINES: the engine tests 
         unset "${NOT_FAST[@]}" # as `make test-fast` runs it: a test needing them must say so
         export SUANLI_TEST_DATABASE=test_suanli_fast REDIS_URL="${REDIS_URL%/*}/1"
         export SUANLI_TLS_DIR="$PWD/.run/test/tls-fast"
-        exec python -m pytest -p no:cacheprovider -m "$FAST and not alone" --durations=30
+        exec python -m pytest -p no:cacheprovider -m "$FAST" --durations=30
     ) || side=$?
     echo "== the processes and browser tests with no engine ($BESIDE)"
     (

@@ -801,7 +801,9 @@ def test_an_ended_job_cluster_or_sweep_keeps_its_budget_and_the_record_of_its_st
     )
     cluster_services.job_cancel(job=plain, by="alice")
     with translation.override("en"):
-        shown = page.get(f"/jobs/{plain.pk}/").content.decode()
+        answer = page.get(f"/jobs/{plain.pk}/")
+    shown = answer.content.decode()
+    assert answer.status_code == 200 and 'data-state="cancelled"' in shown, shown
     assert 'data-testid="budget"' not in shown and "No budget" not in shown
     _, token = ApiToken.issue(user=alice, name="laptop")
     cli = Cli(tmp_path / "alice")
