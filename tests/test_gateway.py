@@ -286,17 +286,19 @@ def test_sftp_lists_the_volumes_from_a_hardened_container_that_goes_with_the_ses
     assert "/data/note" in out
 
     # While a session is open its container is there, hardened; then it is gone.
+    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
+    client = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
+
+    def sftp_containers(**kw):  # one may go between the engine's list and its inspect
+        return client.containers.list(filters={"label": sftp.LABEL}, ignore_removed=True, **kw)
+
+    until(lambda: not sftp_containers(all=True), what="the first session's container removed")
     proc = subprocess.Popen(
         ["sftp", *gw.options(alice_key), "-P", str(gw.port), f"{login}@127.0.0.1"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    node = cluster.node_set.select_related("host").get(released_at__isnull=True)
-    client = docker.DockerClient(base_url=node.host.engine_url, timeout=10)
     try:
-        (container,) = until(
-            lambda: client.containers.list(filters={"label": sftp.LABEL}),
-            what="the sftp container",
-        )
+        (container,) = until(sftp_containers, what="the sftp container")
         host_config = container.attrs["HostConfig"]
         uid = runtime.tenant_uid(alice.pk)
         assert container.attrs["Config"]["User"] == f"{uid}:{uid}"
@@ -312,10 +314,7 @@ def test_sftp_lists_the_volumes_from_a_hardened_container_that_goes_with_the_ses
         assert all(mounts[t]["Type"] == "bind" for t in ("/workspace", "/data"))
     finally:
         proc.communicate(b"bye\n", timeout=30)
-    until(
-        lambda: not client.containers.list(all=True, filters={"label": sftp.LABEL}),
-        what="the sftp container removed",
-    )
+    until(lambda: not sftp_containers(all=True), what="the sftp container removed")
 
 
 def test_local_forwarding_reaches_a_port_of_the_workspace(
