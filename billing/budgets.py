@@ -81,7 +81,7 @@ CLUSTER_RELEASED_WORDS = gettext_noop(
     "Cluster %(cluster)s %(reason)s; it kept no files of its own and was released: %(url)s"
 )
 SWEEP_STOPPED_WORDS = gettext_noop(
-    "Sweep %(sweep)s %(reason)s; its running trials are stopped: %(url)s"
+    "Sweep %(sweep)s %(why)s; its running trials are stopped: %(url)s"
 )
 
 
@@ -500,17 +500,9 @@ def stop_sweep(sweep: Sweep, spent: Decimal, *, now: datetime | None = None) -> 
         ).update(budget_stopped_at=now):
             return False
         sweeps.sweep_cancel(sweep=sweep, reason=reason)
-        url = webhooks.console_link("sweep_detail", sweep.pk)
-        webhooks.emit(
-            owner_id=sweep.owner_id,
-            event_type="sweep.budget_stopped",
-            data={
-                "sweep": {"id": sweep.pk, "name": sweep.name, "state": Sweep.State.CANCELLED,
-                          "url": url},
-                "budget": {"budget": api_amount(sweep.budget), "spent": api_amount(spent),
-                           "currency": currency},
-            },
-            summary=Text(SWEEP_STOPPED_WORDS, sweep=sweep.name, reason=reason, url=url),
+        sweeps.tell_budget_stopped(
+            sweep, state=Sweep.State.CANCELLED, spent=api_amount(spent), currency=currency,
+            words=SWEEP_STOPPED_WORDS, why=reason,
         )  # fmt: skip
     log.info("sweep %s cancelled at its budget %s (%s spent)", sweep.pk, sweep.budget, spent)
     return True

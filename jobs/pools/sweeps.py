@@ -519,25 +519,34 @@ def advance(sweep_id: int) -> int:
 
 
 def _tell_held(sweep: Sweep, held: Text) -> None:
-    """A sweep that ended because its next trial would pass its budget: its owner's
-    `sweep.budget_stopped`, as a budget cancel tells it (the amounts as billing judged them
-    on `Sweep.budget_hold`, to the cent). It ends finished and does not start again."""
-    url = webhooks.console_link("sweep_detail", sweep.pk)
+    """A sweep that ended because its next trial would pass its budget: told as a budget
+    cancel is (the amounts as billing judged them on `Sweep.budget_hold`, to the cent). It
+    ends finished and does not start again."""
     hold = sweep.budget_hold if isinstance(sweep.budget_hold, dict) else {}
+    tell_budget_stopped(
+        sweep, state=Sweep.State.FINISHED, spent=hold.get("spent"),
+        currency=hold.get("currency"),
+        words=gettext_noop("Sweep %(sweep)s ended at its budget: %(why)s: %(url)s"), why=held,
+    )  # fmt: skip
+
+
+def tell_budget_stopped(
+    sweep: Sweep, *, state: str, spent: str | None, currency: str | None, words: str, why: Text
+) -> None:
+    """The owner's `sweep.budget_stopped`, the one writer of its data, whichever way the
+    sweep ended at its budget: cancelled by billing's watch (billing.budgets.stop_sweep) or
+    finished because its next trial would pass it (`_tell_held`). `spent` is "1.00" (to the
+    cent); `words` a message with %(sweep)s, %(why)s and %(url)s."""
+    url = webhooks.console_link("sweep_detail", sweep.pk)
     webhooks.emit(
         owner_id=sweep.owner_id,
         event_type="sweep.budget_stopped",
         data={
-            "sweep": {"id": sweep.pk, "name": sweep.name, "state": Sweep.State.FINISHED,
-                      "url": url},
-            "budget": {"budget": f"{sweep.budget:.2f}", "spent": hold.get("spent"),
-                       "currency": hold.get("currency")},
+            "sweep": {"id": sweep.pk, "name": sweep.name, "state": state, "url": url},
+            "budget": {"budget": f"{sweep.budget:.2f}", "spent": spent, "currency": currency},
         },
-        summary=Text(
-            gettext_noop("Sweep %(sweep)s ended at its budget: %(why)s: %(url)s"),
-            sweep=sweep.name, why=held, url=url,
-        ),
-    )  # fmt: skip
+        summary=Text(words, sweep=sweep.name, why=why, url=url),
+    )
 
 
 def best_of(sweep: Sweep, trials: list[Trial]) -> Trial | None:
